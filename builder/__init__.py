@@ -1,0 +1,1 @@
+"""enginefarm.builder: recipes → jobs → prepared ONNX → backend artifacts, validated, benchmarked and published."""

@@ -1,0 +1,59 @@
+"""The backend registry: one table maps each name to its module and install hint. There is no second registry."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from enginefarm.cache.manifest import Target
+from enginefarm.errors import BackendUnavailable
+
+from .base import Availability, BackendSession, BuiltFile
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    module: str
+    install: str
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    "onnxruntime": BackendEntry("enginefarm.builder.backends.onnxruntime", "pip install 'enginefarm[onnxruntime]'"),
+    "openvino": BackendEntry("enginefarm.builder.backends.openvino", "pip install 'enginefarm[openvino]'"),
+    "tensorrt": BackendEntry("enginefarm.builder.backends.tensorrt", "pip install 'enginefarm[tensorrt]'"),
+    "tensorrt-rtx": BackendEntry("enginefarm.builder.backends.tensorrt_rtx", "pip install 'enginefarm[tensorrt-rtx]'"),
+    "migraphx": BackendEntry("enginefarm.builder.backends.migraphx", "install ROCm's migraphx Python package"),
+    "coreml": BackendEntry("enginefarm.builder.backends.coreml", "pip install 'enginefarm[coreml]'"),
+}
+
+
+def get_backend(name: str) -> ModuleType:
+    entry = BACKENDS.get(name)
+    if entry is None:
+        raise BackendUnavailable(f"unknown backend {name!r}", hint=f"known backends: {', '.join(BACKENDS)}")
+    return importlib.import_module(entry.module)
+
+
+def availability(target: Target) -> Availability:
+    """Whether `target` can be built and loaded here. Never raises: a broken SDK is reported, not crashed on."""
+    try:
+        backend = get_backend(target.backend)
+        return backend.available(target.device)
+    except BackendUnavailable as exc:
+        return Availability.missing(str(exc))
+    except Exception as exc:  # a half-installed SDK can fail in any way; show why, keep going
+        return Availability.missing(f"{type(exc).__name__}: {exc}")
+
+
+def validate_target(target: Target) -> tuple[str, str] | None:
+    """(reason, hint) if the recipe names a backend or device class that does not exist."""
+    if target.backend not in BACKENDS:
+        return f"unknown backend {target.backend!r} in {target}", f"known backends: {', '.join(BACKENDS)}"
+    backend = get_backend(target.backend)
+    if not backend.DEVICES.match(target.device):
+        return f"{target.backend} has no device class {target.device!r}", f"{target.backend} devices: {backend.DEVICE_HINT}"
+    return None
+
+
+__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "get_backend", "validate_target"]

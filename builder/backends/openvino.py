@@ -1,0 +1,156 @@
+"""Intel OpenVINO: IR (xml + bin) with dynamic bounds from the profile, plus a compiled CPU blob when it loads faster."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from enginefarm.cache.device_info import cpu_description
+from enginefarm.errors import BackendUnavailable
+
+from .base import Availability, BuiltFile
+
+log = logging.getLogger(__name__)
+
+NAME = "openvino"
+DEVICES = re.compile(r"^(cpu|gpu|npu)$")
+DEVICE_HINT = "cpu, gpu or npu"
+ONNX_PRECISION = "fp32"  # fp16 is done by OpenVINO's own weight compression
+BLOB_MIN_GAIN = 0.9  # ship the compiled blob only if importing it takes < 90% of compiling the IR
+_PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+
+
+def _ov():
+    try:
+        import openvino
+    except ImportError as exc:
+        raise BackendUnavailable(f"openvino is not installed ({exc})", hint="pip install 'enginefarm[openvino]'") from None
+    return openvino
+
+
+def available(device: str) -> Availability:
+    try:
+        ov = _ov()
+        devices = ov.Core().available_devices
+    except BackendUnavailable as exc:
+        return Availability.missing(str(exc))
+    want = device.upper()
+    if not any(d.split(".")[0] == want for d in devices):
+        return Availability.missing(f"no OpenVINO {want} device here (found: {', '.join(devices) or 'none'})")
+    return Availability(True, True)
+
+
+def versions() -> dict[str, str]:
+    return {"openvino": _ov().get_version().split("-")[0]}
+
+
+def constraints(job) -> dict:
+    # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
+    # OpenVINO on a CPU with the same instruction sets; elsewhere the loader compiles the IR instead.
+    found = {"runtime": {"openvino": ">=" + versions()["openvino"]}}
+    if job.target.device == "cpu":
+        found["engine"] = {"openvino": versions()["openvino"], "cpu_flags": cpu_description()["flags"]}
+    return found
+
+
+def inference_config(core, device: str, precision: str) -> dict[str, str]:
+    """Ask for the precision the artifact promises; OpenVINO's CPU plugin would otherwise pick bf16 on some CPUs."""
+    hint = "f32"
+    if precision == "fp16":
+        caps = core.get_property(device, "OPTIMIZATION_CAPABILITIES") if device == "CPU" else ["FP16"]
+        hint = "f16" if "FP16" in caps else "f32"
+    return {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
+
+
+def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+    ov = _ov()
+    core = ov.Core()
+    model = core.read_model(str(prepared_onnx))
+    bounds = {}
+    for name, shapes in job.profile.items():
+        dims = [ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi) for lo, hi in zip(shapes["min"], shapes["max"])]
+        bounds[name] = ov.PartialShape(dims)
+    model.reshape(bounds)
+    xml = workdir / "model.xml"
+    ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
+    files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
+    if job.target.device == "cpu":
+        files += _maybe_blob(core, xml, job.precision, workdir)
+    return files
+
+
+def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> list[BuiltFile]:
+    config = inference_config(core, "CPU", precision)
+    compile_ms, compiled = _best_of(2, lambda: core.compile_model(core.read_model(str(xml)), "CPU", config))
+    blob = workdir / "model.blob"
+    exported = compiled.export_model()
+    blob.write_bytes(exported.getvalue() if hasattr(exported, "getvalue") else exported)
+    import_ms, _ = _best_of(2, lambda: core.import_model(blob.read_bytes(), "CPU", config))
+    used = import_ms < BLOB_MIN_GAIN * compile_ms
+    (workdir / "notes.json").write_text(json.dumps({"openvino_compile_ms": round(compile_ms, 1), "openvino_import_ms": round(import_ms, 1), "blob_shipped": used}))
+    log.info("openvino: compile IR %.0f ms, import blob %.0f ms → %s", compile_ms, import_ms, "ship blob" if used else "IR only")
+    if not used:
+        blob.unlink()
+        return []
+    return [BuiltFile("model.blob", "engine")]
+
+
+def _best_of(n: int, fn):
+    best, result = float("inf"), None
+    for _ in range(n):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, (time.perf_counter() - start) * 1000)
+    return best, result
+
+
+class OpenVinoSession:
+    def __init__(self, compiled, how: str) -> None:
+        self._compiled = compiled
+        self._request = compiled.create_infer_request()
+        self.input_names = [p.get_any_name() for p in compiled.inputs]
+        self.output_names = [p.get_any_name() for p in compiled.outputs]
+        hint = compiled.get_property("INFERENCE_PRECISION_HINT")
+        name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+        self.compute_precision = _PRECISION_NAMES.get(name, name)
+        self.how = how
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = self._request.infer(feeds)
+        return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs)}
+
+
+def blob_compatible(manifest) -> str | None:
+    """Why the shipped blob cannot be used here, or None if it can."""
+    wanted = manifest.constraints.get("engine", {})
+    if wanted.get("openvino") != versions()["openvino"]:
+        return f"blob is for OpenVINO {wanted.get('openvino')}, this is {versions()['openvino']}"
+    if wanted.get("cpu_flags") != cpu_description()["flags"]:
+        return "blob was compiled for a CPU with other instruction sets"
+    return None
+
+
+def load(artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
+    ov = _ov()
+    core = ov.Core()
+    dev = manifest.parsed_target.device.upper()
+    config = inference_config(core, dev, manifest.precision)
+    root = Path(artifact_dir)
+    blob = next((f.path for f in manifest.files if f.role == "engine"), None)
+    if blob and dev == "CPU":
+        why_not = blob_compatible(manifest)
+        if why_not is None:
+            try:
+                return OpenVinoSession(core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob")
+            except RuntimeError as exc:
+                log.warning("openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0])
+        else:
+            log.info("openvino: %s; compiling the IR", why_not)
+    xml = next(f.path for f in manifest.files if f.role == "ir")
+    return OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
+

@@ -1,0 +1,80 @@
+"""Benchmark at build: load ms, first-inference ms, p50/p90 latency and peak RSS, in a fresh process.
+
+A fresh process makes load time and peak RSS honest: nothing is warm, and the build's own memory is not counted.
+Run as `python -m enginefarm.builder.bench ARTIFACT_DIR MANIFEST_JSON FEEDS_NPZ` it prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MIN_RUNS = 5
+MAX_RUNS = 50
+TIME_BUDGET_S = 10.0
+
+
+def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path) -> dict[str, Any]:
+    feeds_path = workdir / "bench-feeds.npz"
+    np.savez(feeds_path, **feeds)
+    proc = subprocess.run(
+        [sys.executable, "-m", "enginefarm.builder.bench", str(artifact_dir), str(manifest_path), str(feeds_path)],
+        capture_output=True, text=True, timeout=3600,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"benchmark process failed: {tail[0]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
+
+
+def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
+    from enginefarm.cache.device_info import cpu_description
+    from enginefarm.cache.manifest import Manifest
+
+    from .backends import get_backend
+
+    manifest = Manifest.from_json(Path(manifest_path).read_bytes())
+    with np.load(feeds_path) as data:
+        feeds = {name: data[name] for name in data.files}
+    backend = get_backend(manifest.parsed_target.backend)
+    start = time.perf_counter()
+    session = backend.load(Path(artifact_dir), manifest, manifest.parsed_target.device)
+    load_ms = (time.perf_counter() - start) * 1000
+    start = time.perf_counter()
+    session.run(feeds)
+    first_ms = (time.perf_counter() - start) * 1000
+    times: list[float] = []
+    deadline = time.perf_counter() + TIME_BUDGET_S
+    while len(times) < MAX_RUNS and (len(times) < MIN_RUNS or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        session.run(feeds)
+        times.append((time.perf_counter() - start) * 1000)
+    result = {
+        "device": cpu_description() if manifest.parsed_target.device == "cpu" else {"class": manifest.parsed_target.device},
+        "shape": {name: list(array.shape) for name, array in feeds.items()},
+        "load_ms": round(load_ms, 2),
+        "first_inference_ms": round(first_ms, 2),
+        "p50_ms": round(float(np.percentile(times, 50)), 3),
+        "p90_ms": round(float(np.percentile(times, 90)), 3),
+        "runs": len(times),
+        "peak_rss_mb": peak_rss_mb(),
+        "compute_precision": getattr(session, "compute_precision", "unknown"),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:4])

@@ -1,0 +1,161 @@
+"""One job, end to end: prep → backend build → validate → benchmark → pack → publish.
+
+`build()` checks, hashes and logs; each backend's module does the SDK work. A failed validation never publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from enginefarm.cache.artifacts import pack_files, publish
+from enginefarm.cache.atomic import sha256_file
+from enginefarm.cache.manifest import ArtifactFile, Manifest
+from enginefarm.cache.stores.base import Store
+from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
+
+from .backends import get_backend
+from .bench import measure_in_subprocess
+from .planner import Job
+from .prep import prepare
+from .validate import Thresholds, reference_outputs, sample_cases, validate
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[str], None]
+
+
+@dataclass
+class BuildResult:
+    job_id: str
+    label: str
+    key: str | None
+    status: str  # built | exists | failed
+    reason: str = ""
+    seconds: float = 0.0
+    manifest: Manifest | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2)}
+
+
+def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None) -> tuple[Manifest, Path]:
+    """Build, validate and (optionally) benchmark one job. Returns an unpacked manifest and the artifact folder.
+
+    Raises ValidationFailed if the artifact misses the reference, BuildError if the backend fails."""
+    step = step or (lambda _msg: None)
+    backend = get_backend(job.target.backend)
+    toolchain = job.toolchain()
+    key = job.key(toolchain)
+    workdir = workroot / "jobs" / key[:24]
+    shutil.rmtree(workdir, ignore_errors=True)
+    outdir = workdir / "artifact"
+    outdir.mkdir(parents=True)
+
+    step("prep")
+    prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / job.source.digest[:24])
+    step(f"build {job.target}")
+    started = time.perf_counter()
+    try:
+        built = backend.build(prepared.path, job, outdir)
+    except EnginefarmError:
+        raise
+    except Exception as exc:  # an SDK failure is the job's failure, not the farm's
+        raise BuildError(f"{job.label}: {job.target.backend} failed: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from exc
+    build_s = time.perf_counter() - started
+    for item in built:
+        if not (outdir / item.path).is_file():
+            raise BuildError(f"{job.label}: backend reported {item.path} but did not write it")
+
+    notes_path = outdir / "notes.json"
+    build_notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
+    notes_path.unlink(missing_ok=True)
+    manifest = Manifest(
+        build_key=key,
+        model=job.model,
+        model_version=job.model_version,
+        component=job.component,
+        precision=job.precision,
+        profile_name=job.profile_name,
+        profile=job.profile,
+        target=str(job.target),
+        toolchain=toolchain,
+        files=tuple(_plain_file(outdir, item.path, item.role) for item in built),
+        io={"inputs": [t.to_dict() for t in job.inputs], "outputs": [t.to_dict() for t in job.outputs]},
+        constraints=backend.constraints(job),
+        options={},
+        provenance={
+            "recipe": str(job.recipe_path),
+            "recipe_digest": job.recipe_digest,
+            "source": job.source_url,
+            "source_digest": job.source.digest,
+            "git_commit": _git_commit(job.recipe_path.parent),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "prep_notes": prepared.notes,
+            "build_seconds": round(build_s, 2),
+            "build_notes": build_notes,
+        },
+    )
+
+    step("validate")
+    cases = sample_cases(job.inputs, job.profile, job.validate)
+    references = reference_outputs(job.source.path, cases)
+    session = backend.load(outdir, manifest, job.target.device)
+    report = validate(session, cases, references, Thresholds.for_job(job.precision, job.validate))
+    del session
+    manifest = replace(manifest, validation=report)
+    if not report["passed"]:
+        raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report)
+
+    if bench:
+        step("benchmark")
+        manifest_path = workdir / "draft-manifest.json"
+        manifest_path.write_bytes(manifest.to_json())
+        opt_feeds = dict(cases[1][1])
+        manifest = replace(manifest, benchmarks=(measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir),))
+    return manifest, outdir
+
+
+def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None) -> BuildResult:
+    """Build one job into `store` unless its key is already there."""
+    started = time.perf_counter()
+    key = None
+    workdir = None
+    try:
+        key = job.key(job.toolchain())
+        if store.get_manifest_bytes(key) is not None:
+            return BuildResult(job.id, job.label, key, "exists", seconds=time.perf_counter() - started)
+        manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step)
+        workdir = outdir.parent
+        if step:
+            step("publish")
+        files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
+        manifest = replace(manifest, files=tuple(files))
+        publish(store, manifest, blobs)
+        return BuildResult(job.id, job.label, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
+    except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
+        return BuildResult(job.id, job.label, key, "failed", str(exc), time.perf_counter() - started)
+    finally:
+        if key is not None:
+            shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
+
+
+def _plain_file(root: Path, rel: str, role: str) -> ArtifactFile:
+    path = root / rel
+    size, digest = path.stat().st_size, sha256_file(path)
+    return ArtifactFile(rel, role, size, digest, "none", size, digest)
+
+
+def _git_commit(where: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,64 @@
+"""Run jobs in a local process pool. Each job runs in its own process, so an SDK crash fails one job, not the run."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable
+
+from .build import BuildResult, build
+from .planner import Job
+
+# (job id, event, detail): event is "start", "step" or "done"; detail is a step name or a BuildResult.
+Event = Callable[[str, str, object], None]
+
+
+def _worker(job: Job, store_url: str, workroot: str, bench: bool, events) -> BuildResult:
+    from enginefarm.cache.stores import open_store
+
+    events.put((job.id, "start", job.label))
+    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: events.put((job.id, "step", msg)))
+    result.manifest = None  # keep what crosses the process boundary small
+    return result
+
+
+def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None) -> list[BuildResult]:
+    on_event = on_event or (lambda *_: None)
+    context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
+    manager = context.Manager()
+    events = manager.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.is_set() or not events.empty():
+            try:
+                job_id, kind, detail = events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError):
+                return
+            on_event(job_id, kind, detail)
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    results: list[BuildResult] = []
+    try:
+        with ProcessPoolExecutor(max_workers=max(1, parallel), mp_context=context, max_tasks_per_child=1) as pool:
+            futures = {pool.submit(_worker, job, store_url, str(workroot), bench, events): job for job in jobs}
+            for future in as_completed(futures):
+                job = futures[future]
+                try:
+                    result = future.result()
+                except Exception as exc:  # the worker died (segfault, OOM kill) or raised a bug
+                    result = BuildResult(job.id, job.label, None, "failed", f"build process died: {type(exc).__name__}: {exc}")
+                results.append(result)
+                on_event(job.id, "done", result)
+    finally:
+        stop.set()
+        pumper.join(timeout=5)
+        manager.shutdown()
+    order = {job.id: i for i, job in enumerate(jobs)}
+    return sorted(results, key=lambda r: order.get(r.job_id, 0))

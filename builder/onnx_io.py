@@ -1,0 +1,85 @@
+"""Reading ONNX files safely: header-only loads, I/O signatures, and the external-data escape check."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from enginefarm.errors import ModelError
+
+# ONNX TensorProto elem_type → numpy dtype name.
+_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    dims: tuple[int | str | None, ...]  # int: fixed; str: named dynamic; None: unnamed dynamic ('?', -1)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.dims)}
+
+
+def load_header(path: Path):
+    """The model graph without external weights. Raises ModelError for anything that is not ONNX."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except FileNotFoundError:
+        raise ModelError(f"{path}: file not found") from None
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning or plain Exception depending on damage
+        raise ModelError(f"{path}: not a valid ONNX file ({type(exc).__name__})", hint="re-export or re-download the model") from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelError(f"{path}: not a valid ONNX file (empty graph)", hint="re-export or re-download the model")
+    check_external_data(model, path)
+    return model
+
+
+def check_external_data(model, path: Path) -> list[Path]:
+    """Refuse external-data locations that leave the model's folder (absolute, '..', or symlinks out)."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    base = path.resolve().parent
+    found: list[Path] = []
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != 1:  # EXTERNAL
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        candidate = Path(location)
+        resolved = (base / candidate).resolve()
+        if candidate.is_absolute() or os.path.commonpath([base, resolved]) != str(base):
+            raise ModelError(
+                f"{path}: tensor {tensor.name!r} points at external data outside the model's folder ({location})",
+                hint="keep external data files next to the .onnx file",
+            )
+        if not resolved.is_file():
+            raise ModelError(f"{path}: external data file {location} is missing")
+        found.append(resolved)
+    return sorted(set(found))
+
+
+def opset_of(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _tensor_info(value) -> TensorInfo:
+    ttype = value.type.tensor_type
+    dims: list[int | str | None] = []
+    for dim in ttype.shape.dim:
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param") and dim.dim_param and dim.dim_param != "?":
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return TensorInfo(value.name, _DTYPES.get(ttype.elem_type, f"onnx:{ttype.elem_type}"), tuple(dims))
+
+
+def io_of(model) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = [_tensor_info(v) for v in model.graph.input if v.name not in initializers]
+    outputs = [_tensor_info(v) for v in model.graph.output]
+    return inputs, outputs

@@ -1,0 +1,215 @@
+"""The planner: recipes → jobs (component × precision × profile × target), each with its build key."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enginefarm.cache.keys import build_key, canonical_json
+from enginefarm.cache.manifest import Target
+from enginefarm.cache.stores.base import Store
+from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
+
+from .backends import availability, get_backend
+from .backends.base import Availability
+from .onnx_io import TensorInfo, io_of, load_header, opset_of
+from .prep import prep_versions
+from .profiles import STATIC_PROFILE, Resolved, is_static, resolve_profile
+from .recipe import Recipe, ValidateSpec
+from .sources import LocalSource, materialize
+
+log = logging.getLogger(__name__)
+
+GITHUB_MATRIX_CAP = 256
+
+# Where a farm builds each target: GitHub Actions runner labels. CPU targets run on hosted runners.
+RUNNER_LABELS: dict[str, list[str]] = {
+    "onnxruntime:cpu": ["ubuntu-latest"],
+    "openvino:cpu": ["ubuntu-latest"],
+    "openvino:gpu": ["self-hosted", "intel", "gpu"],
+    "openvino:npu": ["self-hosted", "intel", "npu"],
+    "coreml:apple": ["macos-14"],
+}
+_VENDOR_LABEL = {"tensorrt": "nvidia", "tensorrt-rtx": "nvidia", "migraphx": "amd", "coreml": "apple", "openvino": "intel"}
+
+
+def runner_labels(target: Target) -> list[str]:
+    return RUNNER_LABELS.get(str(target)) or ["self-hosted", _VENDOR_LABEL.get(target.backend, target.backend), target.device]
+
+
+@dataclass(frozen=True)
+class Job:
+    recipe_path: Path
+    recipe_digest: str
+    model: str
+    model_version: str
+    component: str
+    precision: str
+    profile_name: str
+    profile: Resolved
+    target: Target
+    source_url: str
+    source: LocalSource
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    opset: int
+    validate: ValidateSpec
+
+    @property
+    def id(self) -> str:
+        """Stable across toolchains: names *what* to build, where the key names *exactly which* artifact."""
+        ident = [self.model, self.component, self.precision, self.profile_name, str(self.target)]
+        return hashlib.sha256(canonical_json(ident)).hexdigest()[:12]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}/{self.component} {self.precision} {self.profile_name} {self.target}"
+
+    def onnx_precision(self) -> str:
+        backend = get_backend(self.target.backend)
+        return self.precision if backend.ONNX_PRECISION == "same" else "fp32"
+
+    def toolchain(self) -> dict[str, str]:
+        """Every version that shapes the artifact. Raises BackendUnavailable if the SDK is missing."""
+        backend = get_backend(self.target.backend)
+        versions = dict(backend.versions())
+        versions.update(prep_versions(self.onnx_precision()))
+        versions["opset"] = str(self.opset)
+        return versions
+
+    def key(self, toolchain: dict[str, str]) -> str:
+        return build_key(
+            {
+                "model": self.model,
+                "model_version": self.model_version,
+                "source": self.source.digest,
+                "component": self.component,
+                "precision": self.precision,
+                "profile": self.profile,
+                "target": str(self.target),
+                "toolchain": toolchain,
+                "options": {},
+            }
+        )
+
+
+@dataclass
+class PlannedJob:
+    job: Job
+    availability: Availability
+    key: str | None = None
+    toolchain: dict[str, str] = field(default_factory=dict)
+    built: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.built:
+            return "built"
+        if not self.availability.can_build:
+            return f"unavailable here: {self.availability.reason}"
+        return "to build"
+
+    def to_dict(self) -> dict[str, Any]:
+        job = self.job
+        return {
+            "id": job.id,
+            "key": self.key,
+            "model": job.model,
+            "component": job.component,
+            "precision": job.precision,
+            "profile": job.profile_name,
+            "target": str(job.target),
+            "recipe": str(job.recipe_path),
+            "status": self.status,
+            "runs_on": runner_labels(job.target),
+        }
+
+
+def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Job]:
+    jobs: list[Job] = []
+    for comp in recipe.components.values():
+        key = f"components.{comp.name}"
+        try:
+            source = materialize(comp.source, downloads, offline=offline)
+        except EnginefarmError as exc:
+            raise RecipeError(recipe.path, f"{key}.source", str(exc), hint=exc.hint) from None
+        try:
+            header = load_header(source.path)
+        except EnginefarmError as exc:
+            raise RecipeError(recipe.path, f"{key}.source", str(exc), hint=exc.hint) from None
+        inputs, outputs = io_of(header)
+        _check_validate_inputs(recipe, comp.validate, inputs, f"{key}.validate.inputs")
+        if comp.profiles:
+            profiles = {name: resolve_profile(spec, inputs, recipe.path, f"{key}.profiles.{name}") for name, spec in comp.profiles.items()}
+        elif is_static(inputs):
+            profiles = {STATIC_PROFILE: resolve_profile(None, inputs, recipe.path, f"{key}.profiles")}
+        else:
+            resolve_profile(None, inputs, recipe.path, f"{key}.profiles.default")  # raises, naming the dynamic axis
+            raise AssertionError("unreachable")
+        for precision in comp.precisions:
+            for profile_name, profile in profiles.items():
+                for target in comp.targets:
+                    jobs.append(
+                        Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
+                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate)
+                    )
+    return jobs
+
+
+def _check_validate_inputs(recipe: Recipe, spec: ValidateSpec, inputs: list[TensorInfo], key: str) -> None:
+    names = {t.name for t in inputs}
+    for name in spec.inputs:
+        if name not in names:
+            raise RecipeError(recipe.path, f"{key}.{name}", f"the model has no input {name!r}", hint=f"model inputs: {', '.join(sorted(names))}")
+
+
+def plan(
+    recipes: list[Recipe],
+    downloads: Path,
+    *,
+    store: Store | None = None,
+    targets: tuple[str, ...] = (),
+    precisions: tuple[str, ...] = (),
+    components: tuple[str, ...] = (),
+    job_ids: tuple[str, ...] = (),
+    offline: bool = False,
+) -> list[PlannedJob]:
+    jobs = [job for recipe in recipes for job in expand(recipe, downloads, offline=offline)]
+    selected = [
+        job
+        for job in jobs
+        if (not targets or str(job.target) in targets or job.target.backend in targets)
+        and (not precisions or job.precision in precisions)
+        and (not components or job.component in components)
+        and (not job_ids or job.id in job_ids)
+    ]
+    if not selected:
+        asked = ", ".join(f"{n}={v}" for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids)) if v)
+        offered = sorted({str(j.target) for j in jobs})
+        raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=f"the recipes offer targets: {', '.join(offered)}")
+    planned: list[PlannedJob] = []
+    for job in selected:
+        entry = PlannedJob(job, availability(job.target))
+        if entry.availability.can_build:
+            try:
+                entry.toolchain = job.toolchain()
+                entry.key = job.key(entry.toolchain)
+            except BackendUnavailable as exc:
+                entry.availability = Availability.missing(str(exc))
+            except ImportError as exc:
+                entry.availability = Availability.missing(f"missing {exc.name} (pip install 'enginefarm[build]')")
+        if entry.key and store is not None:
+            entry.built = store.get_manifest_bytes(entry.key) is not None
+        planned.append(entry)
+    return planned
+
+
+def github_matrices(planned: list[PlannedJob]) -> dict[str, Any]:
+    """Jobs as GitHub Actions matrices, each under the 256-job cap. Built jobs are left out."""
+    rows = [p.to_dict() for p in planned if not p.built]
+    rows.sort(key=lambda r: (r["runs_on"], r["target"], r["id"]))
+    chunks = [rows[i : i + GITHUB_MATRIX_CAP] for i in range(0, len(rows), GITHUB_MATRIX_CAP)] or [[]]
+    return {"count": len(rows), "matrices": [{"include": chunk} for chunk in chunks]}

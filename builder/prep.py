@@ -1,0 +1,98 @@
+"""ONNX prep: check, shape inference, simplify (kept optional), fp16 with float32 I/O."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from enginefarm.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+# Bump when any step below changes what it writes: it is part of every build key.
+PREP_VERSION = "1"
+_EXTERNAL_THRESHOLD = 1_800_000_000  # protobuf cannot serialize a single message over 2 GB
+
+
+@dataclass
+class Prepared:
+    path: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def prep_versions(precision: str) -> dict[str, str]:
+    import onnx
+
+    versions = {"prep": PREP_VERSION, "onnx": onnx.__version__, "onnxsim": _onnxsim_version() or "absent"}
+    if precision == "fp16":
+        import onnxruntime
+
+        versions["fp16_converter"] = f"onnxruntime-{onnxruntime.__version__}"
+    return versions
+
+
+def _onnxsim_version() -> str | None:
+    try:
+        import onnxsim
+    except ImportError:
+        return None
+    return str(getattr(onnxsim, "__version__", "unknown"))
+
+
+def prepare(source: Path, precision: str, workdir: Path) -> Prepared:
+    """Write the prepared model to `workdir/prepared-<precision>.onnx`. Reuses it if already there."""
+    import onnx
+
+    out = workdir / f"prepared-{precision}.onnx"
+    notes_file = out.with_suffix(".notes")
+    if out.is_file() and notes_file.is_file():
+        return Prepared(out, notes_file.read_text().splitlines())
+    workdir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    try:
+        onnx.checker.check_model(str(source), full_check=False)
+        model = onnx.load(str(source), load_external_data=True)
+    except Exception as exc:
+        raise ModelError(f"{source}: fails the ONNX checker: {str(exc).splitlines()[0][:300]}", hint="re-export the model") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:
+        notes.append(f"shape inference skipped: {str(exc).splitlines()[0][:200]}")
+    model = _simplify(model, notes)
+    if precision == "fp16":
+        model = _to_fp16(model, notes)
+    tmp = workdir / f".prepared-{precision}.tmp.onnx"
+    large = model.ByteSize() > _EXTERNAL_THRESHOLD
+    onnx.save(model, str(tmp), save_as_external_data=large, location=f"{out.name}.data" if large else None)
+    shutil.move(str(tmp), str(out))
+    notes_file.write_text("\n".join(notes))
+    return Prepared(out, notes)
+
+
+def _simplify(model, notes: list[str]):
+    try:
+        import onnxsim
+    except ImportError:
+        notes.append("not simplified: onnxsim is not installed")
+        return model
+    try:
+        simplified, ok = onnxsim.simplify(model, check_n=0)
+    except Exception as exc:  # onnxsim fails on some exotic graphs; the unsimplified model is still correct
+        notes.append(f"not simplified: onnxsim failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+        return model
+    if not ok:
+        notes.append("not simplified: onnxsim could not verify the result")
+        return model
+    notes.append(f"simplified: {len(model.graph.node)} → {len(simplified.graph.node)} nodes")
+    return simplified
+
+
+def _to_fp16(model, notes: list[str]):
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    # keep_io_types: callers feed and read float32; the casts live inside the graph.
+    converted = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    notes.append("converted to fp16 (float32 inputs and outputs)")
+    return converted

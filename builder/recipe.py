@@ -1,0 +1,304 @@
+"""Recipe schema and parsing. Strict: unknown keys are errors, and every error names file, key and reason."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enginefarm.cache.manifest import Target
+from enginefarm.errors import RecipeError
+
+PRECISIONS = ("fp32", "fp16")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class InputShapes:
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """A profile as written: dim-name shorthand and/or per-input shapes. Resolved against the model later."""
+
+    name: str
+    dims: dict[str, tuple[int, int, int]]
+    inputs: dict[str, InputShapes]
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    low: float = -1.0
+    high: float = 1.0
+    file: Path | None = None  # a .npy used as this input instead of seeded noise
+
+
+@dataclass(frozen=True)
+class ValidateSpec:
+    inputs: dict[str, SampleSpec] = field(default_factory=dict)
+    samples: Path | None = None  # a .npz with one array per input name
+    min_cosine: float | None = None
+    max_abs_rel: float | None = None
+    noise_floor: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Source:
+    url: str  # as written
+    sha256: str | None
+    local: Path | None  # for file sources: the resolved path
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    source: Source
+    precisions: tuple[str, ...]
+    targets: tuple[Target, ...]
+    profiles: dict[str, ProfileSpec]
+    validate: ValidateSpec
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    digest: str  # sha256 of the recipe file: provenance, not part of the build key
+    name: str
+    version: str
+    description: str
+    components: dict[str, Component]
+
+
+class _Reader:
+    """Walks a TOML table, checking keys and types, and names the dotted key in every error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, reason: str, hint: str | None = None) -> RecipeError:
+        return RecipeError(self.path, key, reason, hint=hint)
+
+    def table(self, value: Any, key: str, allowed: set[str] | None, required: tuple[str, ...] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table, got {type(value).__name__}")
+        if allowed is not None:
+            for name in value:
+                if name not in allowed:
+                    raise self.fail(_join(key, name), "unknown key", hint=f"allowed here: {', '.join(sorted(allowed))}")
+        for name in required:
+            if name not in value:
+                raise self.fail(_join(key, name), "is required")
+        return value
+
+    def string(self, value: Any, key: str) -> str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, "must be a non-empty string")
+        return value
+
+    def number(self, value: Any, key: str, low: float | None = None, high: float | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(key, f"must be a number, got {value!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise self.fail(key, f"{value} is outside [{low}, {high}]")
+        return float(value)
+
+    def strings(self, value: Any, key: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, "must be a list of strings")
+        return tuple(value)
+
+    def ints(self, value: Any, key: str, length: int | None = None) -> tuple[int, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.fail(key, f"must be a list of integers, got {value!r}")
+        if length is not None and len(value) != length:
+            raise self.fail(key, f"must have {length} entries, got {len(value)}")
+        if any(v < 1 for v in value):
+            raise self.fail(key, f"dimensions must be >= 1, got {value}")
+        return tuple(value)
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(path, "", "recipe file not found") from None
+    except OSError as exc:
+        raise RecipeError(path, "", f"cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RecipeError(path, "", f"not valid TOML: {exc}") from None
+    return parse_recipe(data, path, hashlib.sha256(raw).hexdigest())
+
+
+def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
+    from .backends import validate_target  # the backend registry knows each backend's device classes
+
+    r = _Reader(path)
+    r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
+    model = r.table(data["model"], "model", {"name", "version", "description"}, ("name", "version"))
+    name = r.string(model["name"], "model.name")
+    if not _NAME.match(name):
+        raise r.fail("model.name", f"{name!r} may use only letters, digits, '_', '.', '-'")
+    version = r.string(model["version"], "model.version")
+    description = r.string(model["description"], "model.description") if "description" in model else ""
+
+    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets"})
+    default_precisions = _precisions(r, defaults.get("precisions", ["fp32"]), "defaults.precisions")
+    default_targets = _targets(r, defaults.get("targets", []), "defaults.targets", validate_target)
+
+    components_raw = r.table(data["components"], "components", None)
+    if not components_raw:
+        raise r.fail("components", "no components", hint="add a [components.NAME] table with a source")
+    components: dict[str, Component] = {}
+    for comp_name, comp_raw in components_raw.items():
+        key = f"components.{comp_name}"
+        if not _NAME.match(comp_name):
+            raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
+        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate"}, ("source",))
+        precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
+        targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
+        if not precisions or not targets:
+            missing = "precisions" if not precisions else "targets"
+            raise r.fail(f"{key}.{missing}", "the build matrix is empty", hint=f"set {missing} here or in [defaults]")
+        components[comp_name] = Component(
+            name=comp_name,
+            source=_source(r, comp, key),
+            precisions=precisions,
+            targets=targets,
+            profiles=_profiles(r, comp.get("profiles", {}), f"{key}.profiles"),
+            validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
+        )
+    return Recipe(path, digest, name, version, description, components)
+
+
+def _precisions(r: _Reader, value: Any, key: str) -> tuple[str, ...]:
+    items = r.strings(value, key)
+    for item in items:
+        if item not in PRECISIONS:
+            raise r.fail(key, f"unknown precision {item!r}", hint=f"use one of: {', '.join(PRECISIONS)}")
+    return tuple(dict.fromkeys(items))
+
+
+def _targets(r: _Reader, value: Any, key: str, validate_target) -> tuple[Target, ...]:
+    targets = []
+    for text in r.strings(value, key):
+        try:
+            target = Target.parse(text)
+        except ValueError as exc:
+            raise r.fail(key, str(exc), hint="write targets as backend:device, e.g. openvino:cpu") from None
+        problem = validate_target(target)
+        if problem:
+            reason, hint = problem
+            raise r.fail(key, reason, hint=hint)
+        targets.append(target)
+    return tuple(dict.fromkeys(targets))
+
+
+def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
+    url = r.string(comp["source"], f"{key}.source")
+    sha = comp.get("sha256")
+    if sha is not None:
+        sha = r.string(sha, f"{key}.sha256").lower()
+        if not _SHA256.match(sha):
+            raise r.fail(f"{key}.sha256", "must be 64 hex digits")
+    scheme = url.partition("://")[0].lower() if "://" in url else "file"
+    if scheme in ("https", "http", "hf"):
+        if sha is None:
+            raise r.fail(f"{key}.sha256", f"is required for a {scheme}:// source", hint="run `sha256sum` on the file and paste the digest")
+        return Source(url, sha, None)
+    if scheme != "file":
+        raise r.fail(f"{key}.source", f"unsupported source scheme {scheme}://", hint="use a path, file://, https:// or hf://")
+    rel = url[len("file://"):] if url.startswith("file://") else url
+    local = Path(rel).expanduser()
+    if not local.is_absolute():
+        local = (r.path.parent / local).resolve()
+    if not local.is_file():
+        raise r.fail(f"{key}.source", f"file not found: {local}", hint="paths are relative to the recipe file")
+    return Source(url, sha, local)
+
+
+def _profiles(r: _Reader, value: Any, key: str) -> dict[str, ProfileSpec]:
+    profiles: dict[str, ProfileSpec] = {}
+    for name, raw in r.table(value, key, None).items():
+        pkey = f"{key}.{name}"
+        table = r.table(raw, pkey, None)
+        dims: dict[str, tuple[int, int, int]] = {}
+        inputs: dict[str, InputShapes] = {}
+        for dim, spec in table.items():
+            if dim == "inputs":
+                continue
+            lo, opt, hi = r.ints(spec, f"{pkey}.{dim}", 3)
+            _check_order(r, f"{pkey}.{dim}", (lo,), (opt,), (hi,))
+            dims[dim] = (lo, opt, hi)
+        for input_name, spec in r.table(table.get("inputs", {}), f"{pkey}.inputs", None).items():
+            ikey = f"{pkey}.inputs.{input_name}"
+            shapes = r.table(spec, ikey, {"min", "opt", "max"}, ("min", "opt", "max"))
+            lo = r.ints(shapes["min"], f"{ikey}.min")
+            opt = r.ints(shapes["opt"], f"{ikey}.opt", len(lo))
+            hi = r.ints(shapes["max"], f"{ikey}.max", len(lo))
+            _check_order(r, ikey, lo, opt, hi)
+            inputs[input_name] = InputShapes(lo, opt, hi)
+        if not dims and not inputs:
+            raise r.fail(pkey, "profile is empty", hint="give dim names (batch = [1, 1, 4]) or inputs.NAME.min/opt/max")
+        profiles[name] = ProfileSpec(name, dims, inputs)
+    return profiles
+
+
+def _check_order(r: _Reader, key: str, lo, opt, hi) -> None:
+    for axis, (a, b, c) in enumerate(zip(lo, opt, hi)):
+        where = f" (axis {axis})" if len(lo) > 1 else ""
+        if a > b:
+            raise r.fail(key, f"min {a} > opt {b}{where}", hint="a profile needs min <= opt <= max")
+        if b > c:
+            raise r.fail(key, f"opt {b} > max {c}{where}", hint="a profile needs min <= opt <= max")
+
+
+def _validate(r: _Reader, value: Any, key: str) -> ValidateSpec:
+    table = r.table(value, key, {"inputs", "samples", "min_cosine", "max_abs_rel", "noise_floor", "seed"})
+    inputs: dict[str, SampleSpec] = {}
+    for name, spec in r.table(table.get("inputs", {}), f"{key}.inputs", None).items():
+        ikey = f"{key}.inputs.{name}"
+        spec = r.table(spec, ikey, {"low", "high", "file"})
+        low = r.number(spec.get("low", -1.0), f"{ikey}.low")
+        high = r.number(spec.get("high", 1.0), f"{ikey}.high")
+        if low > high:
+            raise r.fail(ikey, f"low {low} > high {high}")
+        file = _sample_file(r, spec["file"], f"{ikey}.file", (".npy",)) if "file" in spec else None
+        inputs[name] = SampleSpec(low, high, file)
+    samples = _sample_file(r, table["samples"], f"{key}.samples", (".npz",)) if "samples" in table else None
+    return ValidateSpec(
+        inputs=inputs,
+        samples=samples,
+        min_cosine=r.number(table["min_cosine"], f"{key}.min_cosine", -1.0, 1.0) if "min_cosine" in table else None,
+        max_abs_rel=r.number(table["max_abs_rel"], f"{key}.max_abs_rel", 0.0) if "max_abs_rel" in table else None,
+        noise_floor=r.number(table["noise_floor"], f"{key}.noise_floor", 0.0) if "noise_floor" in table else None,
+        seed=int(r.number(table.get("seed", 0), f"{key}.seed", 0)),
+    )
+
+
+def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) -> Path:
+    path = Path(r.string(value, key)).expanduser()
+    if not path.is_absolute():
+        path = (r.path.parent / path).resolve()
+    if path.suffix not in suffixes:
+        raise r.fail(key, f"must be a {' or '.join(suffixes)} file")
+    if not path.is_file():
+        raise r.fail(key, f"file not found: {path}")
+    return path

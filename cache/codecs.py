@@ -1,0 +1,60 @@
+"""Blob codecs. Decoding is capped at the manifest's size, so a bomb or endless stream cannot fill the disk."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import BinaryIO
+
+from enginefarm.errors import IntegrityError
+
+from .atomic import CHUNK
+
+CODECS = ("zstd", "none")
+ZSTD_LEVEL = 3
+
+
+def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
+    with open(src, "rb") as reader:
+        if codec == "none":
+            while chunk := reader.read(CHUNK):
+                dst.write(chunk)
+            return
+        import zstandard
+
+        # A fixed level and single-threaded framing keep the output byte-identical across hosts,
+        # so identical files in different artifacts share one blob.
+        compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
+        compressor.copy_stream(reader, dst, size=src.stat().st_size)
+
+
+def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int) -> str:
+    """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256."""
+    digest = hashlib.sha256()
+    written = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal written
+        written += len(chunk)
+        if written > expected_size:
+            raise IntegrityError(f"blob decodes to more than the {expected_size} bytes its manifest allows")
+        digest.update(chunk)
+        dst.write(chunk)
+
+    if codec == "none":
+        while chunk := src.read(CHUNK):
+            sink(chunk)
+    elif codec == "zstd":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(src, read_across_frames=True)
+        try:
+            while chunk := reader.read(CHUNK):
+                sink(chunk)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"blob is not valid zstd: {exc}") from None
+    else:
+        raise IntegrityError(f"unknown codec {codec!r}", hint="upgrade enginefarm")
+    if written != expected_size:
+        raise IntegrityError(f"blob decodes to {written} bytes, manifest says {expected_size} (truncated?)")
+    return digest.hexdigest()

@@ -1,0 +1,236 @@
+"""The cache on the user's device (ENGINEFARM_HOME): verified, materialized artifacts, with LRU quota.
+
+    artifacts/<build-key>/manifest.json + files   complete artifacts only (a directory appears by rename)
+    tmp/                                          downloads in progress (<key>.<random>.incomplete)
+    locks/                                        best-effort, to avoid fetching the same artifact twice
+
+Nothing is loaded that has not been hashed: `verified_dir` hashes every file against the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from enginefarm.errors import ArtifactNotFoundError, IntegrityError
+
+from .atomic import remove_tree, sha256_file
+from .codecs import decode_stream
+from .locks import file_lock
+from .manifest import Manifest
+from .stores.base import Store
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+_USED_STAMP = ".last_used"
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True)
+class CachedArtifact:
+    manifest: Manifest
+    path: Path
+    size: int
+    last_used: float
+
+
+class DeviceCache:
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+        self.artifacts = self.home / "artifacts"
+        self.tmp = self.home / "tmp"
+        self.locks = self.home / "locks"
+
+    def path_of(self, key: str) -> Path:
+        return self.artifacts / key
+
+    # Reading ---------------------------------------------------------------------------------------------
+    def manifest(self, key: str) -> Manifest | None:
+        try:
+            raw = (self.path_of(key) / MANIFEST_NAME).read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return Manifest.from_json(raw, expect_key=key)
+        except IntegrityError:
+            log.warning("cached manifest %s is corrupt; evicting it", key[:12])
+            self.evict(key)
+            return None
+
+    def entries(self) -> Iterator[CachedArtifact]:
+        if not self.artifacts.is_dir():
+            return
+        for path in sorted(self.artifacts.iterdir()):
+            if path.name.startswith("."):
+                continue
+            manifest = self.manifest(path.name)
+            if manifest is None:
+                continue
+            stamp = path / _USED_STAMP
+            used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
+            yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files), used)
+
+    def problems(self, key: str) -> list[str]:
+        """Hash every file of a cached artifact. Empty list: intact."""
+        manifest = self.manifest(key)
+        if manifest is None:
+            return ["not cached"]
+        root = self.path_of(key)
+        found = []
+        for entry in manifest.files:
+            path = root / entry.path
+            if not path.is_file():
+                found.append(f"{entry.path}: missing")
+            elif path.stat().st_size != entry.size:
+                found.append(f"{entry.path}: {path.stat().st_size} bytes, expected {entry.size}")
+            elif sha256_file(path) != entry.sha256:
+                found.append(f"{entry.path}: sha256 mismatch")
+        return found
+
+    def verified_dir(self, key: str) -> Path | None:
+        """The artifact's directory if every file hashes right; a damaged entry is evicted and None returned."""
+        if self.manifest(key) is None:
+            return None
+        found = self.problems(key)
+        if found:
+            log.warning("cached artifact %s is damaged (%s); evicting it", key[:12], "; ".join(found))
+            self.evict(key)
+            return None
+        self.touch(key)
+        return self.path_of(key)
+
+    def touch(self, key: str) -> None:
+        stamp = self.path_of(key) / _USED_STAMP
+        try:
+            stamp.touch()
+        except OSError:
+            pass
+
+    # Writing ---------------------------------------------------------------------------------------------
+    def fetch(self, store: Store, manifest: Manifest, progress: Progress | None = None) -> Path:
+        """Download, decode and verify every file of `manifest` from `store`, then move the artifact into place.
+
+        A damaged or truncated blob raises IntegrityError and leaves no cache entry behind."""
+        key = manifest.build_key
+        with file_lock(self.locks / f"{key}.lock"):
+            existing = self.verified_dir(key)
+            if existing is not None:
+                return existing
+            staging = self._staging(key)
+            try:
+                total = sum(f.size for f in manifest.files)
+                done = 0
+                for entry in manifest.files:
+                    dest = staging / entry.path
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with store.open_blob(entry.stored_sha256) as src, open(dest, "wb") as out:
+                        digest = decode_stream(_Capped(src, entry.stored_size), out, entry.codec, entry.size)
+                    if digest != entry.sha256:
+                        raise IntegrityError(
+                            f"{manifest.ref} file {entry.path} from {store.url} does not match its manifest (tampered?)",
+                            hint="the artifact was not cached; report it to whoever publishes this store",
+                            key=key,
+                        )
+                    done += entry.size
+                    if progress:
+                        progress(entry.path, done, total)
+                return self._commit(staging, manifest)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def add_local(self, manifest: Manifest, source_dir: Path) -> Path:
+        """Cache an artifact built on this device (files are copied and verified like a download)."""
+        key = manifest.build_key
+        staging = self._staging(key)
+        try:
+            for entry in manifest.files:
+                dest = staging / entry.path
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source_dir / entry.path, dest)
+                if sha256_file(dest) != entry.sha256:
+                    raise IntegrityError(f"built file {entry.path} changed while caching it", key=key)
+            return self._commit(staging, manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _staging(self, key: str) -> Path:
+        staging = self.tmp / f"{key}.{secrets.token_hex(6)}.incomplete"
+        staging.mkdir(parents=True)
+        return staging
+
+    def _commit(self, staging: Path, manifest: Manifest) -> Path:
+        (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
+        with open(staging / MANIFEST_NAME, "rb") as handle:
+            os.fsync(handle.fileno())
+        final = self.path_of(manifest.build_key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(staging, final)
+        except OSError:
+            # Another process committed the same key first: theirs is as good as ours if it verifies.
+            if self.verified_dir(manifest.build_key) is None:
+                remove_tree(final)
+                os.replace(staging, final)
+        self.touch(manifest.build_key)
+        return final
+
+    def evict(self, key: str) -> None:
+        remove_tree(self.path_of(key))
+
+    # Housekeeping ----------------------------------------------------------------------------------------
+    def size(self) -> int:
+        return sum(entry.size for entry in self.entries())
+
+    def gc(self, quota: int | None, *, keep: set[str] = frozenset(), max_tmp_age: float = 86400.0) -> list[str]:
+        """Drop stale downloads, then least-recently-used artifacts until the cache fits `quota` bytes."""
+        removed: list[str] = []
+        if self.tmp.is_dir():
+            now = time.time()
+            for path in self.tmp.iterdir():
+                if now - path.stat().st_mtime > max_tmp_age:
+                    shutil.rmtree(path, ignore_errors=True)
+        if quota is None:
+            return removed
+        entries = sorted(self.entries(), key=lambda e: e.last_used)
+        total = sum(e.size for e in entries)
+        for entry in entries:
+            if total <= quota:
+                break
+            if entry.manifest.build_key in keep:
+                continue
+            self.evict(entry.manifest.build_key)
+            total -= entry.size
+            removed.append(entry.manifest.build_key)
+        return removed
+
+
+class _Capped:
+    """Reads at most `limit` bytes from a stream, then reports more data as an error."""
+
+    def __init__(self, stream, limit: int) -> None:
+        self.stream = stream
+        self.left = limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            if self.stream.read(1):
+                raise IntegrityError("blob is longer than its manifest says")
+            return b""
+        want = self.left if size is None or size < 0 else min(size, self.left)
+        chunk = self.stream.read(want)
+        self.left -= len(chunk)
+        return chunk
+
+
+def require(found: Path | None, what: str) -> Path:
+    if found is None:
+        raise ArtifactNotFoundError(f"{what} is not in the local cache")
+    return found

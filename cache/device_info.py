@@ -1,0 +1,88 @@
+"""Describing a CPU: part of the builder/runner contract (benchmarks name the device class they ran on).
+
+Pure Python, no dependencies beyond psutil; each probe is guarded so a strange host never crashes us.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from typing import Any
+
+_X86_LEVELS = (
+    ("v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("v3", {"avx2", "fma", "bmi2", "f16c", "movbe"}),
+    ("v2", {"sse4_2", "popcnt", "ssse3"}),
+)
+# Flags that change what compiled CPU code may use; an exported CPU blob is only reused where these match.
+NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "neon", "asimd", "sve", "i8mm", "bf16")
+
+
+def _machine() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _linux_cpuinfo() -> tuple[str, set[str]]:
+    name, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key in ("model name", "hardware", "cpu model") and not name:
+                    name = value.strip()
+                elif key in ("flags", "features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return name, flags
+
+
+def _darwin_cpuinfo() -> tuple[str, set[str]]:
+    def sysctl(name: str) -> str:
+        try:
+            return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    name = sysctl("machdep.cpu.brand_string")
+    flags = {f.lower().replace(".", "_") for f in (sysctl("machdep.cpu.features") + " " + sysctl("machdep.cpu.leaf7_features")).split()}
+    if _machine() == "aarch64":
+        flags |= {"neon", "asimd"}
+    return name, flags
+
+
+def isa_level(machine: str, flags: set[str]) -> str:
+    if machine == "x86_64":
+        for level, needed in _X86_LEVELS:
+            if needed <= flags:
+                return level
+        return "v1"
+    return "base"
+
+
+@lru_cache(maxsize=1)
+def cpu_description() -> dict[str, Any]:
+    import psutil
+
+    machine = _machine()
+    system = platform.system()
+    name, flags = _darwin_cpuinfo() if system == "Darwin" else _linux_cpuinfo()
+    if not name:
+        name = platform.processor() or machine
+    level = isa_level(machine, flags)
+    return {
+        "kind": "cpu",
+        "class": f"cpu-{machine}-{level}",
+        "name": name,
+        "arch": machine,
+        "os": system.lower(),
+        "isa_level": level,
+        "flags": sorted(flags & set(NOTABLE_FLAGS)),
+        "logical_cores": os.cpu_count() or 1,
+        "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        "memory_mb": psutil.virtual_memory().total // (1 << 20),
+    }

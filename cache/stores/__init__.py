@@ -1,0 +1,45 @@
+"""Stores: where artifacts live. One registry table maps a URL scheme to its module and install hint."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from enginefarm.errors import StoreError
+
+from .base import Store
+
+# scheme → (dotted path of the Store class, install hint). The only store registry.
+STORES: dict[str, tuple[str, str | None]] = {
+    "file": ("enginefarm.cache.stores.local:LocalStore", None),
+    "s3": ("enginefarm.cache.stores.s3:S3Store", "pip install 'enginefarm[s3]'"),
+    "http": ("enginefarm.cache.stores.http:HttpStore", None),
+    "https": ("enginefarm.cache.stores.http:HttpStore", None),
+}
+
+
+def scheme_of(url: str) -> str:
+    head, sep, _ = url.partition("://")
+    if not sep or len(head) == 1:  # "C://" on Windows is a path, not a scheme
+        return "file"
+    return head.lower()
+
+
+def open_store(url: str | Path) -> Store:
+    url = str(url)
+    scheme = scheme_of(url)
+    if scheme not in STORES:
+        raise StoreError(f"unknown store scheme {scheme!r} in {url}", hint=f"use one of: {', '.join(STORES)}")
+    dotted, hint = STORES[scheme]
+    module_name, _, class_name = dotted.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise StoreError(
+            f"the {scheme}:// store is not available in this version ({exc.name} missing)",
+            hint=hint or "the local store (a directory path) works everywhere",
+        ) from None
+    return getattr(module, class_name)(url)
+
+
+__all__ = ["STORES", "Store", "open_store", "scheme_of"]

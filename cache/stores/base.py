@@ -1,0 +1,68 @@
+"""The store contract. Every store passes one conformance suite (tests/cache/test_store_conformance.py)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+
+class Store(ABC):
+    """Raw object access in the layout of DESIGN.md:
+
+        blobs/sha256/<2>/<digest>   immutable stored bytes, content-addressed
+        manifests/<build-key>.json  immutable, written once after its blobs
+        index/<model>.json          derived, updated by compare-and-swap
+    """
+
+    url: str
+    writable: bool = True
+
+    # Blobs -----------------------------------------------------------------------------------------------
+    @abstractmethod
+    def has_blob(self, digest: str) -> bool: ...
+
+    @abstractmethod
+    def put_blob(self, digest: str, path: Path) -> bool:
+        """Store the file at `path` under `digest` unless present. True if written; an existing blob counts as success."""
+
+    @abstractmethod
+    def open_blob(self, digest: str) -> BinaryIO:
+        """A readable stream of the stored bytes. Raises ArtifactNotFoundError."""
+
+    @abstractmethod
+    def delete_blob(self, digest: str) -> None: ...
+
+    @abstractmethod
+    def list_blobs(self) -> Iterator[tuple[str, float]]:
+        """(digest, modification time) of every blob."""
+
+    # Manifests -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def get_manifest_bytes(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def put_manifest_bytes(self, key: str, data: bytes) -> bool:
+        """Write once. False if a manifest with this key already exists (it is never rewritten)."""
+
+    @abstractmethod
+    def list_manifest_keys(self) -> Iterator[str]: ...
+
+    # Index (the one object that is rewritten) ------------------------------------------------------------
+    @abstractmethod
+    def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
+        """(content, etag) or (None, None)."""
+
+    @abstractmethod
+    def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:
+        """Replace the index if its etag is still `etag` (None: only if absent). False on conflict."""
+
+    @abstractmethod
+    def list_models(self) -> Iterator[str]: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def blob_relpath(digest: str) -> str:
+    return f"blobs/sha256/{digest[:2]}/{digest}"

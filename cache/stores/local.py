@@ -1,0 +1,128 @@
+"""A store in a local directory: the embedded default. Every write is atomic; blobs and manifests are write-once."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from enginefarm.errors import ArtifactNotFoundError, StoreError
+
+from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
+from ..locks import file_lock
+from .base import Store, blob_relpath
+
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _check_digest(digest: str) -> str:
+    if not _HEX.match(digest):
+        raise StoreError(f"{digest!r} is not a sha256 hex digest")
+    return digest
+
+
+def _check_model(model: str) -> str:
+    if not _MODEL.match(model):
+        raise StoreError(f"{model!r} is not a valid model name")
+    return model
+
+
+class LocalStore(Store):
+    def __init__(self, url: str | Path) -> None:
+        text = str(url)
+        self.root = Path(text.removeprefix("file://")).expanduser().resolve()
+        self.url = str(self.root)
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"store {self.root} is not a directory")
+
+    # Blobs -----------------------------------------------------------------------------------------------
+    def _blob(self, digest: str) -> Path:
+        return self.root / blob_relpath(_check_digest(digest))
+
+    def has_blob(self, digest: str) -> bool:
+        return self._blob(digest).is_file()
+
+    def put_blob(self, digest: str, path: Path) -> bool:
+        dest = self._blob(digest)
+        if dest.exists():
+            return False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_sibling(dest)
+        try:
+            with open(path, "rb") as src, open(tmp, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+            try:
+                os.link(tmp, dest)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def open_blob(self, digest: str) -> BinaryIO:
+        try:
+            return open(self._blob(digest), "rb")
+        except FileNotFoundError:
+            raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
+
+    def delete_blob(self, digest: str) -> None:
+        self._blob(digest).unlink(missing_ok=True)
+
+    def list_blobs(self) -> Iterator[tuple[str, float]]:
+        base = self.root / "blobs" / "sha256"
+        if not base.is_dir():
+            return
+        for path in sorted(base.glob("??/*")):
+            if _HEX.match(path.name):
+                yield path.name, path.stat().st_mtime
+
+    # Manifests -------------------------------------------------------------------------------------------
+    def _manifest(self, key: str) -> Path:
+        return self.root / "manifests" / f"{_check_digest(key)}.json"
+
+    def get_manifest_bytes(self, key: str) -> bytes | None:
+        try:
+            return self._manifest(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put_manifest_bytes(self, key: str, data: bytes) -> bool:
+        return write_once(self._manifest(key), data)
+
+    def list_manifest_keys(self) -> Iterator[str]:
+        base = self.root / "manifests"
+        if base.is_dir():
+            for path in sorted(base.glob("*.json")):
+                if _HEX.match(path.stem):
+                    yield path.stem
+
+    # Index -----------------------------------------------------------------------------------------------
+    def _index(self, model: str) -> Path:
+        return self.root / "index" / f"{_check_model(model)}.json"
+
+    def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
+        try:
+            data = self._index(model).read_bytes()
+        except FileNotFoundError:
+            return None, None
+        return data, sha256_bytes(data)
+
+    def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:
+        path = self._index(model)
+        # The lock narrows the race window; a lost update is still harmless (the index is derived).
+        with file_lock(self.root / "locks" / f"index-{model}.lock", timeout=30):
+            _, current = self.get_index_bytes(model)
+            if current != etag:
+                return False
+            with atomic_writer(path) as handle:
+                handle.write(data)
+            return True
+
+    def list_models(self) -> Iterator[str]:
+        base = self.root / "index"
+        if base.is_dir():
+            for path in sorted(base.glob("*.json")):
+                yield path.stem

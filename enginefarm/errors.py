@@ -1,0 +1,73 @@
+"""Typed errors. A leaf module: every layer may raise these, and it imports nothing from the project.
+
+`EnginefarmError` and its subclasses are user-facing: the CLI prints them as one line plus a hint.
+Anything else that escapes is a bug in enginefarm and is shown with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class EnginefarmError(Exception):
+    """Root of every error a user can cause or fix."""
+
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: object) -> None:
+        super().__init__(message)
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+        self.context = context
+        for name, value in context.items():
+            setattr(self, name, value)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class RecipeError(EnginefarmError, ValueError):
+    """A recipe is malformed. Names the file, the key and the reason."""
+
+    def __init__(self, path: object, key: str, reason: str, *, hint: str | None = None) -> None:
+        where = f"{path}: {key}" if key else f"{path}"
+        super().__init__(f"{where}: {reason}", hint=hint, recipe=str(path), key=key, reason=reason)
+
+
+class SourceError(EnginefarmError):
+    """A model source cannot be read, or its digest does not match."""
+
+
+class ModelError(EnginefarmError, ValueError):
+    """An ONNX file is corrupt, unsafe or unusable."""
+
+
+class BackendUnavailable(EnginefarmError, RuntimeError):
+    """A backend's SDK is missing or cannot do what was asked on this machine."""
+
+
+class BuildError(EnginefarmError, RuntimeError):
+    """A backend failed to build an artifact."""
+
+
+class ValidationFailed(EnginefarmError):
+    """An artifact's outputs missed the reference by more than the recipe allows."""
+
+
+class StoreError(EnginefarmError, OSError):
+    """A store cannot be reached or written."""
+
+
+class ArtifactNotFoundError(EnginefarmError, FileNotFoundError):
+    """No stored artifact matches what was asked."""
+
+
+class IntegrityError(EnginefarmError):
+    """Bytes do not hash to what the manifest says: tampered, truncated or corrupt."""
+
+
+class OfflineError(EnginefarmError):
+    """The network is needed but ENGINEFARM_OFFLINE is set."""
+
+
+class ConfigError(EnginefarmError, ValueError):
+    """An environment variable or option has a value that cannot be used."""

@@ -1,0 +1,73 @@
+"""Environment variables, parsed in one place. A leaf module: imports nothing from the project."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from enginefarm.errors import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def parse_bool(name: str, raw: str | None) -> bool:
+    value = (raw or "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean", hint="use 1/0, true/false, yes/no or on/off")
+
+
+def parse_size(name: str, raw: str | None) -> int | None:
+    """'10G', '500M', '123' (bytes) → bytes; empty → None (no quota)."""
+    value = (raw or "").strip().upper().removesuffix("B")
+    if not value:
+        return None
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    scale = units.get(value[-1], 1)
+    digits = value[:-1] if value[-1] in units else value
+    try:
+        size = int(float(digits) * scale)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a size", hint="use bytes or a suffix: 500M, 10G") from None
+    if size <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return size
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    store: str
+    offline: bool
+    cache_quota: int | None
+    recipe_path: tuple[Path, ...]
+
+
+def _default_home() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("enginefarm", appauthor=False))
+
+
+def _default_store() -> str:
+    import platformdirs
+
+    return str(Path(platformdirs.user_data_dir("enginefarm", appauthor=False)) / "store")
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    home = env.get("ENGINEFARM_HOME") or str(_default_home())
+    store = env.get("ENGINEFARM_STORE") or _default_store()
+    recipe_path = tuple(Path(p) for p in (env.get("ENGINEFARM_RECIPE_PATH") or "").split(os.pathsep) if p)
+    return Settings(
+        home=Path(home).expanduser(),
+        store=store,
+        offline=parse_bool("ENGINEFARM_OFFLINE", env.get("ENGINEFARM_OFFLINE")),
+        cache_quota=parse_size("ENGINEFARM_CACHE_QUOTA", env.get("ENGINEFARM_CACHE_QUOTA")),
+        recipe_path=recipe_path,
+    )

@@ -1,0 +1,117 @@
+"""Device detection. Each probe is fast, isolated and never raises: it reports what it found or why not."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from enginefarm.cache.device_info import cpu_description
+from enginefarm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # cpu | nvidia | amd | intel-gpu | apple
+    name: str
+    bench_class: str  # benchmarks measured on this class rank artifacts for this device
+    targets: tuple[str, ...]  # the `backend:device` targets this device can run
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    devices: tuple[Device, ...]
+    reason: str | None = None  # why nothing was found
+
+
+def probe_cpu() -> Probe:
+    info = cpu_description()
+    device = Device("cpu", info["name"], info["class"], ("openvino:cpu", "onnxruntime:cpu"), info)
+    return Probe("cpu", (device,))
+
+
+def probe_nvidia() -> Probe:
+    try:
+        import pynvml
+    except ImportError:
+        return Probe("nvidia", (), "nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver, no GPU, or a container without /dev/nvidia*
+        return Probe("nvidia", (), f"NVML did not start: {exc}")
+    devices = []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else name
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            vram = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)
+            arch = f"sm_{major}{minor}"
+            targets = [f"tensorrt:{arch}", f"tensorrt-rtx:{arch}"] + (["tensorrt:ampere+", "tensorrt-rtx:ampere+"] if major >= 8 else [])
+            devices.append(Device("nvidia", name, f"nvidia-{arch}", tuple(targets), {"index": index, "driver": driver, "vram_mb": vram, "arch": arch}))
+    finally:
+        pynvml.nvmlShutdown()
+    return Probe("nvidia", tuple(devices), None if devices else "no NVIDIA GPU found")
+
+
+def probe_openvino_gpu() -> Probe:
+    try:
+        import openvino
+    except ImportError:
+        return Probe("intel", (), "openvino is not installed, so Intel GPUs/NPUs are not probed")
+    try:
+        core = openvino.Core()
+        found = []
+        for name in core.available_devices:
+            kind = name.split(".")[0]
+            if kind in ("GPU", "NPU"):
+                full = core.get_property(name, "FULL_DEVICE_NAME")
+                found.append(Device(f"intel-{kind.lower()}", full, f"intel-{kind.lower()}", (f"openvino:{kind.lower()}",), {"openvino_device": name}))
+    except Exception as exc:
+        return Probe("intel", (), f"OpenVINO could not list devices: {exc}")
+    return Probe("intel", tuple(found), None if found else "OpenVINO sees no GPU or NPU")
+
+
+def probe_pending(name: str) -> Callable[[], Probe]:
+    return lambda: Probe(name, (), "probe not implemented in this release (issue #4)")
+
+
+PROBES: dict[str, Callable[[], Probe]] = {
+    "cpu": probe_cpu,
+    "nvidia": probe_nvidia,
+    "intel": probe_openvino_gpu,
+    "amd": probe_pending("amd"),
+    "apple": probe_pending("apple"),
+}
+
+
+def run_probes(names: tuple[str, ...] | None = None) -> list[Probe]:
+    results = []
+    for name, probe in PROBES.items():
+        if names is not None and name not in names:
+            continue
+        try:
+            results.append(probe())
+        except Exception as exc:  # a probe must never take the app down
+            log.debug("probe %s failed", name, exc_info=True)
+            results.append(Probe(name, (), f"probe failed: {type(exc).__name__}: {exc}"))
+    return results
+
+
+def detect(device: str = "auto") -> list[Device]:
+    """Devices to consider. 'auto': everything found (GPUs first); 'cpu', 'nvidia', 'intel', ...: that kind only."""
+    if device == "auto":
+        probes = run_probes()
+    elif device in PROBES:
+        probes = run_probes((device,))
+    else:
+        raise ConfigError(f"unknown device {device!r}", hint=f"use auto or one of: {', '.join(PROBES)}")
+    found = [d for p in probes for d in p.devices]
+    return sorted(found, key=lambda d: d.kind == "cpu")

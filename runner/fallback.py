@@ -1,0 +1,67 @@
+"""On-device compile: when no stored artifact fits, build one here through the same builder code, and cache it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from enginefarm.builder.backends import availability
+from enginefarm.builder.build import compile_artifact
+from enginefarm.builder.planner import Job, expand
+from enginefarm.builder.recipe import Recipe, load_recipe
+from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.manifest import Manifest
+from enginefarm.errors import ArtifactNotFoundError, EnginefarmError
+
+from .device import Device
+from .resolve import tier_of
+
+log = logging.getLogger(__name__)
+
+
+def find_recipe(model: str, recipe: str | Path | None, search: tuple[Path, ...]) -> Recipe | None:
+    if recipe is not None:
+        return load_recipe(recipe)
+    for folder in search:
+        for path in sorted(Path(folder).glob("*.toml")) if Path(folder).is_dir() else [Path(folder)]:
+            try:
+                candidate = load_recipe(path)
+            except EnginefarmError:
+                continue
+            if candidate.name == model:
+                return candidate
+    return None
+
+
+def pick_job(recipe: Recipe, component: str, precision: str | None, devices: list[Device], downloads: Path, offline: bool) -> Job:
+    if component not in recipe.components:
+        raise ArtifactNotFoundError(f"recipe {recipe.path} has no component {component!r}", hint=f"components: {', '.join(recipe.components)}")
+    local = replace(recipe, components={component: recipe.components[component]})
+    runnable = {t for d in devices for t in d.targets}
+    jobs = [j for j in expand(local, downloads, offline=offline) if str(j.target) in runnable and (precision is None or j.precision == precision)]
+    jobs = [j for j in jobs if availability(j.target).can_build]
+    if not jobs:
+        raise ArtifactNotFoundError(
+            f"nothing stored fits {recipe.name}/{component}, and its recipe has no target this device can build",
+            hint=f"this device runs: {', '.join(sorted(runnable))}",
+        )
+    order = {d.kind: i for i, d in enumerate(devices)}
+    device_rank = {t: order[d.kind] for d in devices for t in d.targets}
+    # Prefer the first device, then the most specific backend, then fp32 (safer numerics when unbenchmarked).
+    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), tier_of(j.target), j.precision != "fp32"))
+
+
+def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None]) -> Manifest:
+    existing = cache.manifest(job.key(job.toolchain()))
+    if existing is not None:
+        return existing
+    log.info("compiling %s on this device", job.label)
+    try:
+        manifest, outdir = compile_artifact(job, cache.home / "build", bench=False, step=step)
+        cache.add_local(replace(manifest, provenance={**manifest.provenance, "built_on_device": True}), outdir)
+    finally:
+        shutil.rmtree(cache.home / "build" / "jobs", ignore_errors=True)
+    return cache.manifest(manifest.build_key)

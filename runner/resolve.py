@@ -1,0 +1,160 @@
+"""Resolution: which stored artifact to run on this device, and why. One rule table for all vendors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from enginefarm.builder.backends import availability, get_backend
+from enginefarm.builder.backends.base import version_in_range
+from enginefarm.cache.manifest import Target
+
+from .device import Device
+
+# Lower is preferred when no benchmark tells the artifacts apart. Engines for one exact architecture beat
+# hardware-compatible classes, which beat JIT-able engines, portable IR, and finally ONNX for ONNX Runtime.
+TIER_NAMES = {0: "exact-arch engine", 1: "hardware-compatible engine", 2: "JIT-able engine", 3: "portable IR", 4: "ONNX (ORT)"}
+
+
+def tier_of(target: Target) -> int:
+    if target.backend == "onnxruntime":
+        return 4
+    if target.backend == "openvino" or target.backend == "coreml":
+        return 3
+    if target.backend == "tensorrt-rtx":
+        return 2
+    if target.device.endswith("+"):
+        return 1
+    return 0
+
+
+@dataclass
+class Candidate:
+    entry: dict[str, Any]
+    device: Device | None = None
+    reason: str = ""  # why it cannot be used here; empty if usable
+    p50_ms: float | None = None
+    measured_on: str | None = None  # "this device class" | "a similar device (<class>)" | None
+    rank: tuple = ()
+    source: str = "store"  # store | cache
+
+    @property
+    def usable(self) -> bool:
+        return not self.reason
+
+    @property
+    def target(self) -> Target:
+        return Target.parse(self.entry["target"])
+
+    def describe(self) -> str:
+        e = self.entry
+        speed = f"p50 {self.p50_ms:.1f} ms measured on {self.measured_on}" if self.p50_ms is not None else "no benchmark for this device"
+        return f"{e['target']} {e['precision']} [{e['build_key'][:12]}] {TIER_NAMES[tier_of(self.target)]}, {speed}"
+
+
+@dataclass
+class Resolution:
+    ref: str
+    precision: str | None
+    devices: list[Device]
+    candidates: list[Candidate] = field(default_factory=list)
+
+    @property
+    def ranked(self) -> list[Candidate]:
+        return sorted((c for c in self.candidates if c.usable), key=lambda c: c.rank)
+
+    def explain(self, chosen: Candidate | None = None, note: str = "") -> str:
+        lines = [f"{self.ref} (precision {self.precision or 'any'}) on {', '.join(f'{d.kind} {d.name} [{d.bench_class}]' for d in self.devices)}"]
+        if chosen is not None:
+            lines.append(f"chose {chosen.describe()} from the {chosen.source}")
+            lines.append(f"  because: {self._why(chosen)}")
+        if note:
+            lines.append(f"  {note}")
+        others = [c for c in self.candidates if c is not chosen]
+        if others:
+            lines.append("also considered:")
+            for c in sorted(others, key=lambda c: (not c.usable, c.rank)):
+                lines.append(f"  - {c.describe()}: {c.reason or 'usable, ranked lower'}")
+        elif chosen is None:
+            lines.append("no stored artifact for it")
+        return "\n".join(lines)
+
+    def _why(self, chosen: Candidate) -> str:
+        rivals = [c for c in self.ranked if c is not chosen]
+        if chosen.p50_ms is not None:
+            slower = [c for c in rivals if c.p50_ms is not None]
+            if slower:
+                best_other = min(slower, key=lambda c: c.p50_ms)
+                return f"fastest measured: {chosen.p50_ms:.1f} ms vs {best_other.p50_ms:.1f} ms for {best_other.entry['target']} {best_other.entry['precision']}"
+            return "the only usable artifact with a benchmark"
+        if not rivals:
+            return "the only usable artifact"
+        return f"no benchmarks to compare, so the most specific kind wins ({TIER_NAMES[tier_of(chosen.target)]})"
+
+
+def _runtime_version(backend: str) -> str | None:
+    try:
+        versions = get_backend(backend).versions()
+    except Exception:
+        return None
+    return versions.get(backend)
+
+
+def _check(entry: dict[str, Any], component: str, precision: str | None, devices: list[Device], cache: dict) -> tuple[str, Device | None]:
+    if entry.get("component") != component:
+        return "other component", None
+    if precision and entry.get("precision") != precision:
+        return f"precision {entry.get('precision')}, asked for {precision}", None
+    try:
+        target = Target.parse(entry["target"])
+    except (KeyError, ValueError):
+        return "malformed index entry", None
+    device = next((d for d in devices if str(target) in d.targets), None)
+    if device is None:
+        return f"no device here runs {target}", None
+    if str(target) not in cache:
+        cache[str(target)] = availability(target)
+    avail = cache[str(target)]
+    if not avail.can_load:
+        return f"cannot load here: {avail.reason}", device
+    for package, spec in entry.get("constraints", {}).get("runtime", {}).items():
+        have = _runtime_version(package) if package == target.backend else None
+        if have is not None and not version_in_range(have, spec):
+            return f"needs {package} {spec}, this has {have}", device
+    return "", device
+
+
+def _speed(entry: dict[str, Any], device: Device) -> tuple[float | None, str | None]:
+    exact = [b for b in entry.get("benchmarks", []) if b.get("device", {}).get("class") == device.bench_class]
+    if exact:
+        return min(b["p50_ms"] for b in exact), "this device class"
+    kind = device.bench_class.split("-")[0]
+    similar = [b for b in entry.get("benchmarks", []) if str(b.get("device", {}).get("class", "")).startswith(kind)]
+    if similar:
+        best = min(similar, key=lambda b: b["p50_ms"])
+        return best["p50_ms"], f"a similar device ({best['device'].get('class')})"
+    return None, None
+
+
+def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str | None, devices: list[Device]) -> Resolution:
+    """`entries`: (index entry, where it came from). Usable candidates are ranked fastest-measured first."""
+    model, _, component = ref.partition("/")
+    resolution = Resolution(ref, precision, devices)
+    cache: dict = {}
+    seen: set[str] = set()
+    for entry, source in entries:
+        if entry.get("build_key") in seen:
+            continue
+        seen.add(entry.get("build_key"))
+        reason, device = _check(entry, component, precision, devices, cache)
+        if reason == "other component":
+            continue
+        candidate = Candidate(entry, device, reason, source=source)
+        if device is not None:
+            candidate.p50_ms, candidate.measured_on = _speed(entry, device)
+        device_order = devices.index(device) if device in devices else len(devices)
+        exact = 0 if candidate.measured_on == "this device class" else 1
+        measured = candidate.p50_ms is not None
+        candidate.rank = (device_order, exact if measured else 2, candidate.p50_ms if measured else 0.0, tier_of(candidate.target), entry.get("precision") != "fp32")
+        resolution.candidates.append(candidate)
+    return resolution

@@ -100,7 +100,7 @@ def compare(reference: np.ndarray, actual: np.ndarray, limits: Thresholds) -> di
     psnr = float("inf") if mse == 0 else 10 * np.log10(max(value_range, limits.noise_floor) ** 2 / mse)
     norms = float(np.linalg.norm(ref) * np.linalg.norm(got))
     cosine = float(np.dot(ref, got) / norms) if norms > 0 else (1.0 if max_abs == 0 else 0.0)
-    result = {"cosine": round(cosine, 6), "max_abs": max_abs, "range": value_range, "tolerance": tolerance, "psnr": round(min(psnr, 999.0), 2)}
+    result = {"cosine": round(cosine, 9), "max_abs": max_abs, "range": value_range, "tolerance": tolerance, "psnr": round(min(psnr, 999.0), 2)}
     if value_range <= limits.noise_floor:
         passed = max_abs <= tolerance
         decided = "max_abs (cosine ignored: output range below the noise floor)"

@@ -36,13 +36,13 @@ def find_recipe(model: str, recipe: str | Path | None, search: tuple[Path, ...])
     return None
 
 
-def pick_job(recipe: Recipe, component: str, precision: str | None, devices: list[Device], downloads: Path, offline: bool) -> Job:
+def pick_job(recipe: Recipe, component: str, precision: str | None, devices: list[Device], downloads: Path, offline: bool, target: str | None = None) -> Job:
     if component not in recipe.components:
         raise ArtifactNotFoundError(f"recipe {recipe.path} has no component {component!r}", hint=f"components: {', '.join(recipe.components)}")
     local = replace(recipe, components={component: recipe.components[component]})
     runnable = {t for d in devices for t in d.targets}
     jobs = [j for j in expand(local, downloads, offline=offline) if str(j.target) in runnable and (precision is None or j.precision == precision)]
-    jobs = [j for j in jobs if availability(j.target).can_build]
+    jobs = [j for j in jobs if availability(j.target).can_build and (target is None or target in (str(j.target), j.target.backend))]
     if not jobs:
         raise ArtifactNotFoundError(
             f"nothing stored fits {recipe.name}/{component}, and its recipe has no target this device can build",

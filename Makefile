@@ -1,0 +1,34 @@
+# The two commands: `make demo` and `make test`. Each creates or refreshes .venv as it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps re-run the install whenever pyproject.toml changes.
+$(VENV)/.demo-deps: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[onnxruntime,openvino,build]'
+	touch $@
+
+$(VENV)/.test-deps: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e '.[test]'
+	touch $@ $(VENV)/.demo-deps
+
+demo: $(VENV)/.demo-deps
+	$(PY) ci/demo.py
+
+test: $(VENV)/.test-deps
+	@$(PY) -m pytest -q $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$code
+
+# Benchmarks need torch + diffusers for the SD VAE (see bench/README in README.md).
+bench: $(VENV)/.test-deps
+	$(PY) bench/pick.py
+	$(PY) bench/ttfi.py
+
+clean:
+	rm -rf .enginefarm build dist *.egg-info

@@ -1,0 +1,406 @@
+"""The `enginefarm` command. Thin: parse options, call the library, draw results. User errors print one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from enginefarm.errors import EnginefarmError
+from enginefarm.settings import load_settings
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output (CI logs, files) gets wide lines instead of rich's 80-column default.
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
+
+
+def _setup_logging(verbose: int) -> None:
+    from rich.logging import RichHandler
+
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    handler = RichHandler(console=_console(stderr=True), show_path=False, show_time=False)
+    logging.basicConfig(level=level, handlers=[handler], format="%(message)s")
+
+
+class _Group(click.Group):
+    """Turns every EnginefarmError into `error: … / hint: …` and exit 1; other exceptions are bugs and keep their traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EnginefarmError as exc:
+            click.echo(f"error: {exc}", err=True)
+            if exc.hint:
+                click.echo(f"hint: {exc.hint}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+store_option = click.option("--store", metavar="URL", help="Store: a directory, file://, s3:// or https:// (default ENGINEFARM_STORE).")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.version_option(package_name="enginefarm")
+def main(verbose: int) -> None:
+    """Ahead-of-time engines for SD-class models: plan, build and publish them; fetch, verify and run them."""
+    _setup_logging(verbose)
+
+
+def _plan(recipes, store, targets, precisions, components, jobs=()):
+    from enginefarm.builder.planner import plan
+    from enginefarm.builder.recipe import load_recipe
+    from enginefarm.cache.stores import open_store
+
+    settings = load_settings()
+    loaded = [load_recipe(p) for p in recipes]
+    opened = open_store(store or settings.store)
+    planned = plan(loaded, settings.home / "sources", store=opened, targets=targets, precisions=precisions,
+                   components=components, job_ids=jobs, offline=settings.offline)
+    return planned, opened, settings
+
+
+select_options = [
+    click.option("--target", "targets", multiple=True, metavar="T", help="Only this target (backend:device or backend). Repeatable."),
+    click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]), help="Only this precision. Repeatable."),
+    click.option("--component", "components", multiple=True, metavar="NAME", help="Only this component. Repeatable."),
+]
+
+
+def _select(func):
+    for option in reversed(select_options):
+        func = option(func)
+    return func
+
+
+@main.command("plan")
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@store_option
+@_select
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "github"]), default="table", show_default=True)
+def plan_cmd(recipes, store, targets, precisions, components, fmt):
+    """Show the jobs RECIPES expand to, with their build keys and status here."""
+    from enginefarm.builder.planner import github_matrices
+    from enginefarm.cache.keys import short
+
+    planned, _, _ = _plan(recipes, store, targets, precisions, components)
+    if fmt == "json":
+        click.echo(json.dumps([p.to_dict() for p in planned], indent=1))
+        return
+    if fmt == "github":
+        click.echo(json.dumps(github_matrices(planned)))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"{len(planned)} jobs")
+    for column in ("job", "key", "model/component", "precision", "profile", "target", "status"):
+        table.add_column(column)
+    for p in planned:
+        style = "green" if p.built else "yellow" if p.availability.can_build else "dim"
+        table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target), f"[{style}]{escape(p.status)}[/]")
+    _console().print(table)
+
+
+@main.command("build")
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@store_option
+@_select
+@click.option("--job", "jobs", multiple=True, metavar="ID", help="Only the planned job with this id (see `plan`). Repeatable.")
+@click.option("-j", "--jobs-parallel", "parallel", type=click.IntRange(1, 64), default=1, show_default=True, help="Jobs built at once, each in its own process.")
+@click.option("--no-bench", is_flag=True, help="Skip the benchmark (resolution then cannot rank by speed).")
+@click.option("--report", type=click.Path(path_type=Path), help="Write the results as JSON here.")
+def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report):
+    """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from enginefarm.builder.executor import run_jobs
+
+    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs)
+    todo = [p.job for p in planned if p.availability.can_build and not p.built]
+    console = _console()
+    for p in planned:
+        if p.built:
+            console.print(f"[green]exists[/]   {p.job.label}")
+        elif not p.availability.can_build:
+            console.print(f"[dim]skipped[/]  {p.job.label}: {p.status}")
+    results = []
+    if todo:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as bar:
+            overall = bar.add_task(f"building {len(todo)} job(s) into {opened.url}", total=len(todo))
+            rows = {job.id: bar.add_task(f"[dim]queued[/]   {job.label}", total=None) for job in todo}
+            labels = {job.id: job.label for job in todo}
+
+            def on_event(job_id, kind, detail):
+                task = rows.get(job_id)
+                if task is None:
+                    return
+                if kind == "step":
+                    bar.update(task, description=f"[cyan]{detail:<9}[/] {labels[job_id]}")
+                elif kind == "done":
+                    color = {"built": "green", "exists": "green", "failed": "red"}[detail.status]
+                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {detail.reason}" if detail.reason else ""
+                    bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
+                    bar.advance(overall)
+
+            results = run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=not no_bench, on_event=on_event)
+    if report:
+        report.write_text(json.dumps([r.to_dict() for r in results], indent=1))
+    failed = [r for r in results if r.status == "failed"]
+    built = sum(r.status == "built" for r in results)
+    console.print(f"{built} built, {len(failed)} failed, {sum(p.built for p in planned)} already stored, {sum(not p.availability.can_build for p in planned)} unavailable here")
+    if failed:
+        for r in failed:
+            click.echo(f"failed: {r.reason}", err=True)
+        sys.exit(1)
+
+
+@main.command("ls")
+@store_option
+@click.option("--model", metavar="NAME", help="Only this model.")
+@click.option("--json", "as_json", is_flag=True)
+def ls_cmd(store, model, as_json):
+    """List the artifacts in a store (through each model's index)."""
+    from rich.table import Table
+
+    from enginefarm.cache.artifacts import read_index
+    from enginefarm.cache.stores import open_store
+
+    opened = open_store(store or load_settings().store)
+    rows = []
+    for name in opened.list_models():
+        if model and name != model:
+            continue
+        for entry in read_index(opened, name)["entries"].values():
+            bench = (entry.get("benchmarks") or [{}])[0]
+            rows.append({"model": name, **{k: entry.get(k) for k in ("component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")}, "p50_ms": bench.get("p50_ms")})
+    rows.sort(key=lambda r: (r["model"], r["component"], r["target"], r["precision"]))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"{len(rows)} artifacts in {opened.url}")
+    for column in ("model/component", "precision", "profile", "target", "key", "size MiB", "stored MiB", "p50 ms"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(f"{r['model']}/{r['component']}", r["precision"], r["profile_name"], r["target"], r["build_key"][:12],
+                      f"{(r['size'] or 0) / 2**20:.2f}", f"{(r['stored_size'] or 0) / 2**20:.2f}", f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-")
+    _console().print(table)
+
+
+@main.command("index")
+@click.option("--store", metavar="URL", required=True, help="The store whose index to rebuild.")
+def index_cmd(store):
+    """Rebuild every model's index from the store's manifests."""
+    from enginefarm.cache.artifacts import rebuild_index
+    from enginefarm.cache.stores import open_store
+
+    counts = rebuild_index(open_store(store))
+    for model, count in sorted(counts.items()):
+        click.echo(f"{model}: {count} artifacts")
+    if not counts:
+        click.echo("no manifests found")
+
+
+ref_options = [
+    click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="Default: the fastest measured."),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, nvidia, intel, amd or apple."),
+    click.option("--target", metavar="T", help="Only artifacts for this target (backend:device or backend)."),
+    store_option,
+]
+
+
+def _ref_opts(func):
+    for option in reversed(ref_options):
+        func = option(func)
+    return func
+
+
+def _progress_printer():
+    console = _console(stderr=True)
+    return lambda message: console.print(f"[dim]{message}[/]")
+
+
+@main.command("run")
+@click.argument("ref", metavar="MODEL/COMPONENT")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array. Repeatable. A .npz gives all inputs at once.")
+@click.option("--output", type=click.Path(path_type=Path), help="Write all outputs to this .npz.")
+@click.option("--recipe", type=click.Path(path_type=Path), help="Compile here from this recipe if nothing stored fits.")
+@click.option("--explain", is_flag=True, help="Print why this artifact was chosen.")
+@_ref_opts
+def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, store):
+    """Run MODEL/COMPONENT on the best artifact for this device."""
+    import time
+
+    import numpy as np
+
+    from enginefarm.runner.load import load
+
+    feeds = _read_inputs(inputs)
+    start = time.perf_counter()
+    session = load(ref, precision, device, store, recipe=recipe, target=target, progress=_progress_printer())
+    loaded = time.perf_counter()
+    outputs = session.run(feeds)
+    done = time.perf_counter()
+    if explain:
+        click.echo(session.explain())
+    for name, value in outputs.items():
+        click.echo(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.5g} std {float(np.std(value)):.5g}")
+    click.echo(f"{session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]: load {1000 * (loaded - start):.0f} ms, run {1000 * (done - loaded):.0f} ms")
+    if output:
+        from enginefarm.cache.atomic import atomic_writer
+
+        with atomic_writer(output) as handle:
+            np.savez(handle, **outputs)
+        click.echo(f"wrote {output}")
+
+
+def _read_inputs(items: tuple[str, ...]) -> dict:
+    import numpy as np
+
+    from enginefarm.errors import ConfigError
+
+    feeds = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            path, name = name, ""
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"input file not found: {file}")
+        try:
+            if file.suffix == ".npz":
+                with np.load(file) as data:
+                    feeds.update({k: data[k] for k in data.files})
+            else:
+                if not name:
+                    raise ConfigError(f"--input {item}: give NAME=FILE.npy", hint="only .npz files carry their own names")
+                feeds[name] = np.load(file, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"cannot read {file} as a numpy array: {exc}") from None
+    if not feeds:
+        raise ConfigError("no inputs given", hint="--input NAME=FILE.npy (repeat per input) or --input FILE.npz")
+    return feeds
+
+
+@main.command("fetch")
+@click.argument("ref", metavar="MODEL/COMPONENT")
+@click.option("--explain", is_flag=True, help="Print why this artifact was chosen.")
+@_ref_opts
+def fetch_cmd(ref, explain, precision, device, target, store):
+    """Fetch and verify the artifact `run` would use, into the local cache (for offline use later)."""
+    from enginefarm.runner.load import fetch
+
+    manifest, path, why = fetch(ref, precision, device, store, target=target, progress=_progress_printer())
+    if explain:
+        click.echo(why)
+    click.echo(f"{manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] → {path}")
+
+
+@main.command("doctor")
+def doctor_cmd():
+    """Show every device probe and every backend, with the reason when something is missing."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from enginefarm.builder.backends import BACKENDS, availability, get_backend
+    from enginefarm.cache.manifest import Target
+    from enginefarm.runner.device import run_probes
+
+    settings = load_settings()
+    console = _console()
+    devices = Table(title="devices")
+    for column in ("probe", "found", "class", "targets"):
+        devices.add_column(column)
+    for probe in run_probes():
+        if not probe.devices:
+            devices.add_row(probe.name, f"[dim]{escape(probe.reason or '')}[/]", "", "")
+        for d in probe.devices:
+            devices.add_row(probe.name, d.name, d.bench_class, ", ".join(d.targets))
+    console.print(devices)
+    backends = Table(title="backends")
+    for column in ("backend", "versions", "status"):
+        backends.add_column(column)
+    for name, entry in BACKENDS.items():
+        device = "cpu" if name in ("openvino", "onnxruntime") else get_backend(name).DEVICE_HINT.split()[0]
+        avail = availability(Target(name, device))
+        try:
+            versions = ", ".join(f"{k} {v}" for k, v in get_backend(name).versions().items())
+        except Exception:
+            versions = "-"
+        hint = "" if "not implemented" in (avail.reason or "") else f" ({entry.install})"
+        status = "[green]build + load[/]" if avail.can_build and avail.can_load else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
+        backends.add_row(name, versions, status)
+    console.print(backends)
+    console.print(f"store: {settings.store}\ncache: {settings.home}{'  (offline)' if settings.offline else ''}")
+
+
+@main.group("cache")
+def cache_group():
+    """The local cache on this device (ENGINEFARM_HOME)."""
+
+
+@cache_group.command("ls")
+def cache_ls():
+    """List cached artifacts, most recently used first."""
+    from rich.table import Table
+
+    from enginefarm.cache.device_cache import DeviceCache
+
+    settings = load_settings()
+    cache = DeviceCache(settings.home)
+    entries = sorted(cache.entries(), key=lambda e: -e.last_used)
+    table = Table(title=f"{len(entries)} cached in {settings.home}")
+    for column in ("model/component", "precision", "target", "key", "MiB", "last used"):
+        table.add_column(column)
+    import time
+
+    for e in entries:
+        m = e.manifest
+        table.add_row(m.ref, m.precision, m.target, m.build_key[:12], f"{e.size / 2**20:.2f}", time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)))
+    _console().print(table)
+
+
+@cache_group.command("verify")
+def cache_verify():
+    """Hash every cached file; evict damaged artifacts (they are fetched again when needed)."""
+    from enginefarm.cache.device_cache import DeviceCache
+
+    cache = DeviceCache(load_settings().home)
+    bad = 0
+    for e in list(cache.entries()):
+        problems = cache.problems(e.manifest.build_key)
+        if problems:
+            bad += 1
+            cache.evict(e.manifest.build_key)
+            click.echo(f"evicted {e.manifest.ref} {e.manifest.target} [{e.manifest.build_key[:12]}]: {'; '.join(problems)}")
+        else:
+            click.echo(f"ok      {e.manifest.ref} {e.manifest.target} [{e.manifest.build_key[:12]}]")
+    if bad:
+        sys.exit(1)
+
+
+@cache_group.command("gc")
+@click.option("--quota", metavar="SIZE", help="Shrink to this size (e.g. 5G). Default ENGINEFARM_CACHE_QUOTA.")
+def cache_gc(quota):
+    """Remove stale downloads and least-recently-used artifacts beyond the quota."""
+    from enginefarm.cache.device_cache import DeviceCache
+    from enginefarm.settings import parse_size
+
+    settings = load_settings()
+    limit = parse_size("--quota", quota) if quota else settings.cache_quota
+    cache = DeviceCache(settings.home)
+    removed = cache.gc(limit)
+    click.echo(f"removed {len(removed)} artifacts; cache holds {cache.size() / 2**20:.1f} MiB" + ("" if limit else " (no quota set)"))
+
+
+if __name__ == "__main__":
+    main()

@@ -187,7 +187,7 @@ def plan(
         and (not job_ids or job.id in job_ids)
     ]
     if not selected:
-        asked = ", ".join(f"{n}={v}" for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids)) if v)
+        asked = ", ".join(f"{n}={'/'.join(v)}" for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids)) if v)
         offered = sorted({str(j.target) for j in jobs})
         raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=f"the recipes offer targets: {', '.join(offered)}")
     planned: list[PlannedJob] = []

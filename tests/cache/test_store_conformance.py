@@ -1,0 +1,128 @@
+"""One conformance suite for every store. Each store's test class subclasses StoreConformance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from enginefarm.cache.artifacts import publish, read_index, read_manifest, rebuild_index, update_index
+from enginefarm.cache.manifest import ArtifactFile, Manifest
+from enginefarm.cache.stores import open_store
+from enginefarm.errors import ArtifactNotFoundError, StoreError
+
+
+def blob_file(tmp_path: Path, data: bytes) -> tuple[str, Path]:
+    path = tmp_path / f"blob-{hashlib.sha256(data).hexdigest()[:8]}"
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest(), path
+
+
+def make_manifest(key_seed: str, digest: str, size: int, model: str = "m", target: str = "onnxruntime:cpu") -> Manifest:
+    key = hashlib.sha256(key_seed.encode()).hexdigest()
+    return Manifest(
+        build_key=key, model=model, model_version="1", component="c", precision="fp32", profile_name="p",
+        profile={"x": {"min": [1], "opt": [1], "max": [1]}}, target=target, toolchain={"onnxruntime": "1"},
+        files=(ArtifactFile("model.onnx", "model", size, digest, "none", size, digest),),
+    )
+
+
+class StoreConformance:
+    """Subclasses provide a `store` fixture returning a fresh, writable store."""
+
+    def test_blob_round_trip(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"hello blob" * 1000)
+        assert not store.has_blob(digest)
+        assert store.put_blob(digest, path) is True
+        assert store.has_blob(digest)
+        with store.open_blob(digest) as handle:
+            assert handle.read() == b"hello blob" * 1000
+
+    def test_existing_blob_counts_as_success_and_is_not_rewritten(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"same")
+        assert store.put_blob(digest, path)
+        assert store.put_blob(digest, path) is False
+        with store.open_blob(digest) as handle:
+            assert handle.read() == b"same"
+
+    def test_missing_blob_is_a_typed_error(self, store):
+        with pytest.raises(ArtifactNotFoundError):
+            store.open_blob("0" * 64)
+
+    def test_bad_digest_is_refused(self, store, tmp_path):
+        with pytest.raises(StoreError):
+            store.has_blob("../../etc/passwd")
+
+    def test_manifest_is_written_once(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"x")
+        first = make_manifest("k", digest, 1)
+        assert publish(store, first, {digest: path}) is True
+        assert read_manifest(store, first.build_key) == first
+        assert store.put_manifest_bytes(first.build_key, b"{}") is False
+        assert read_manifest(store, first.build_key) == first
+        assert list(store.list_manifest_keys()) == [first.build_key]
+
+    def test_index_lists_published_artifacts(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"x")
+        one, two = make_manifest("a", digest, 1), make_manifest("b", digest, 1, target="openvino:cpu")
+        publish(store, one, {digest: path})
+        publish(store, two, {digest: path})
+        entries = read_index(store, "m")["entries"]
+        assert set(entries) == {one.build_key, two.build_key}
+        assert entries[two.build_key]["target"] == "openvino:cpu"
+        assert list(store.list_models()) == ["m"]
+
+    def test_index_cas_rejects_a_stale_etag(self, store):
+        assert store.cas_index_bytes("m", b'{"v": 1}', None)
+        raw, etag = store.get_index_bytes("m")
+        assert store.cas_index_bytes("m", b'{"v": 2}', None) is False
+        assert store.cas_index_bytes("m", b'{"v": 2}', etag)
+        assert store.cas_index_bytes("m", b'{"v": 3}', etag) is False
+        assert store.get_index_bytes("m")[0] == b'{"v": 2}'
+
+    def test_concurrent_index_updates_lose_nothing(self, store, tmp_path):
+        digest, _ = blob_file(tmp_path, b"x")
+        manifests = [make_manifest(f"k{i}", digest, 1) for i in range(16)]
+        threads = [threading.Thread(target=update_index, args=(store, [m])) for m in manifests]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert set(read_index(store, "m")["entries"]) == {m.build_key for m in manifests}
+
+    def test_lost_index_is_rebuilt_from_manifests(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"x")
+        manifest = make_manifest("k", digest, 1)
+        publish(store, manifest, {digest: path})
+        raw, etag = store.get_index_bytes("m")
+        assert store.cas_index_bytes("m", json.dumps({"format": 1, "model": "m", "entries": {}}).encode(), etag)
+        assert read_index(store, "m")["entries"] == {}
+        assert rebuild_index(store) == {"m": 1}
+        assert set(read_index(store, "m")["entries"]) == {manifest.build_key}
+
+    def test_garbage_index_reads_as_empty(self, store):
+        store.cas_index_bytes("m", b"not json", None)
+        assert read_index(store, "m")["entries"] == {}
+
+
+class TestLocalStore(StoreConformance):
+    @pytest.fixture
+    def store(self, tmp_path):
+        return open_store(tmp_path / "local-store")
+
+    def test_file_url_and_plain_path_are_the_same_store(self, tmp_path):
+        assert open_store(f"file://{tmp_path}/s").url == open_store(tmp_path / "s").url
+
+    def test_no_temp_files_are_left(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"y")
+        publish(store, make_manifest("k", digest, 1), {digest: path})
+        leftovers = [p for p in Path(store.url).rglob("*") if ".incomplete" in p.name]
+        assert leftovers == []
+
+
+def test_unknown_scheme_is_a_clear_error():
+    with pytest.raises(StoreError, match="unknown store scheme 'ftp'"):
+        open_store("ftp://example.com/store")

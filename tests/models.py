@@ -1,0 +1,80 @@
+"""Every model the tests use, described in one place. All are generated with onnx.helper, seeded."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _recipes_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_sd(path: Path, *, unnamed_dims: bool = False) -> Path:
+    """The demo's SD-style decoder: latent [batch, 4, height, width] → sample [batch, 3, 2h, 2w]."""
+    return _recipes_module("make_tiny_sd").make_model(path, unnamed_dims=unnamed_dims)
+
+
+def _save(model, path: Path) -> Path:
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def linear(path: Path, dims=("batch", 8), *, scale: float = 1.0, bias: float = 0.0) -> Path:
+    """y = x @ W * scale + bias with one input `x` whose dims are `dims` (str: named, None: unnamed, int: fixed)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (np.random.default_rng(1).normal(0, 0.3, (8, 8)) * scale).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dims[0], 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.full(8, bias, np.float32), "b")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def two_inputs(path: Path) -> Path:
+    """z = a + b, with a [n, 4] ('p2o.DynamicDimension.0' as exported by Paddle) and b [?, 4] (unnamed)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["z"])],
+        "two_inputs",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 4]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 4])],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def external_data(path: Path, location: str) -> Path:
+    """A linear model whose weight claims to live in external file `location` (which may escape the folder)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [8, 8], vals=[])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(8 * 8 * 4))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path

@@ -1,0 +1,115 @@
+"""The validation gate: cosine paired with a range-relative max-abs; never passes or fails on noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from enginefarm.builder.validate import Thresholds, compare
+from enginefarm.cache.stores import open_store
+from tests import models
+
+FP16 = Thresholds(min_cosine=0.995, max_abs_rel=0.05, noise_floor=1e-6)
+
+
+def test_close_outputs_pass_on_both_criteria():
+    ref = np.random.default_rng(0).normal(size=1000)
+    result = compare(ref, ref + 1e-4, FP16)
+    assert result["passed"] and result["decided_by"] == "cosine and max_abs"
+
+
+def test_near_constant_outputs_are_judged_by_max_abs_not_cosine():
+    rng = np.random.default_rng(0)
+    ref = 1e-9 * rng.normal(size=1000)  # what random inputs can drive a model to
+    noisy = 1e-9 * rng.normal(size=1000)  # just as tiny, uncorrelated: cosine ~0
+    result = compare(ref, noisy, FP16)
+    assert abs(result["cosine"]) < 0.2
+    assert result["passed"], "cosine on noise must not fail the artifact"
+    assert result["decided_by"].startswith("max_abs")
+
+
+def test_near_constant_reference_with_a_wrong_artifact_fails():
+    ref = np.full(1000, 1e-9)
+    result = compare(ref, ref + 1e-3, FP16)
+    assert not result["passed"] and result["decided_by"].startswith("max_abs")
+
+
+def test_same_direction_but_wrong_scale_fails_on_max_abs():
+    ref = np.random.default_rng(0).normal(size=1000)
+    result = compare(ref, ref * 1.5, FP16)
+    assert result["cosine"] > 0.999
+    assert not result["passed"] and result["decided_by"] == "max_abs"
+    assert "max_abs" in result["reason"]
+
+
+def test_uncorrelated_output_fails_on_cosine():
+    rng = np.random.default_rng(0)
+    result = compare(rng.normal(size=1000), rng.normal(size=1000), FP16)
+    assert not result["passed"] and result["decided_by"] == "cosine"
+
+
+def test_nan_and_shape_mismatch_fail():
+    assert compare(np.ones(4), np.array([1, np.nan, 1, 1.0]), FP16)["decided_by"] == "finite"
+    assert compare(np.ones(4), np.ones(5), FP16)["decided_by"] == "shape"
+
+
+def test_failed_artifact_is_not_published_and_the_report_says_by_how_much(tiny_recipe, cli, tmp_path):
+    recipe = tiny_recipe(precisions=("fp16",), targets=("onnxruntime:cpu",))
+    text = recipe.read_text().replace("inputs = {", "min_cosine = 1.0\nmax_abs_rel = 0.0\ninputs = {")
+    recipe.write_text(text)
+    report = tmp_path / "report.json"
+    proc = cli("build", str(recipe), "--report", str(report))
+    assert proc.returncode == 1
+    assert "validation failed" in proc.stderr
+    assert "max_abs" in proc.stderr or "cosine" in proc.stderr
+    assert list(open_store(tmp_path / "store").list_manifest_keys()) == []
+    import json
+
+    (result,) = json.loads(report.read_text())
+    assert result["status"] == "failed" and "validation failed" in result["reason"]
+
+
+def test_real_sample_inputs_are_used(tmp_path, write_recipe, cli):
+    models.linear(tmp_path / "models" / "m.onnx")
+    np.save(tmp_path / "x.npy", np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8))
+    np.savez(tmp_path / "samples.npz", x=np.ones((3, 8), np.float32))
+    recipe = write_recipe("""
+[model]
+name = "lin"
+version = "1"
+[defaults]
+targets = ["onnxruntime:cpu"]
+[components.c]
+source = "models/m.onnx"
+[components.c.profiles.default]
+batch = [1, 2, 4]
+[components.c.validate]
+inputs = { x = { file = "x.npy" } }
+samples = "samples.npz"
+""")
+    cli("build", str(recipe), "--no-bench", check=True)
+    from enginefarm.cache.artifacts import read_index
+
+    (entry,) = read_index(open_store(tmp_path / "store"), "lin")["entries"].values()
+    from enginefarm.cache.artifacts import read_manifest
+
+    manifest = read_manifest(open_store(tmp_path / "store"), entry["build_key"])
+    cases = {c["case"]: c["shape"] for c in manifest.validation["checks"]}
+    assert cases == {"min": [1, 8], "opt": [2, 8], "max": [4, 8], "samples": [3, 8]}
+
+
+@pytest.mark.parametrize("precision,expected", [("fp32", "fp32"), ("fp16", None)])
+def test_openvino_computes_in_the_precision_it_promises(tiny_recipe, cli, tmp_path, precision, expected):
+    """OpenVINO's CPU plugin would pick bf16 on CPUs that have it; an fp32 artifact must compute in fp32."""
+    import openvino
+
+    cli("build", str(tiny_recipe(precisions=(precision,), targets=("openvino:cpu",))), "--no-bench", check=True)
+    from enginefarm.cache.artifacts import read_index, read_manifest
+
+    store = open_store(tmp_path / "store")
+    (key,) = read_index(store, "tiny-sd")["entries"]
+    computed = read_manifest(store, key).validation["compute_precision"]
+    if expected is None:  # fp16 computes in fp16 where the CPU has it, else fp32; never bf16
+        caps = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        expected = "fp16" if "FP16" in caps else "fp32"
+    assert computed == expected

@@ -1,0 +1,142 @@
+"""The device cache: everything is hashed before use; tampered or truncated artifacts leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import enginefarm
+from enginefarm.cache.artifacts import read_index, read_manifest
+from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.stores import open_store
+from enginefarm.cache.stores.base import blob_relpath
+from enginefarm.errors import ArtifactNotFoundError, IntegrityError
+
+
+@pytest.fixture
+def published(tiny_recipe, cli, tmp_path):
+    """One ORT fp32 artifact of the tiny model in the store."""
+    cli("build", str(tiny_recipe()), "--no-bench", check=True)
+    store = open_store(tmp_path / "store")
+    (key,) = read_index(store, "tiny-sd")["entries"]
+    return store, read_manifest(store, key)
+
+
+def blob_path(store, manifest) -> Path:
+    return Path(store.url) / blob_relpath(manifest.files[0].stored_sha256)
+
+
+def cache_dir(tmp_path) -> DeviceCache:
+    return DeviceCache(tmp_path / "home")
+
+
+def test_fetch_verifies_and_caches(published, tmp_path):
+    store, manifest = published
+    path = cache_dir(tmp_path).fetch(store, manifest)
+    assert (path / "model.onnx").is_file()
+    assert cache_dir(tmp_path).problems(manifest.build_key) == []
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "extend", "garbage"])
+def test_damaged_blob_raises_and_leaves_no_cache_entry(published, tmp_path, damage):
+    store, manifest = published
+    blob = blob_path(store, manifest)
+    data = blob.read_bytes()
+    damaged = {
+        "flip": data[:100] + bytes([data[100] ^ 0xFF]) + data[101:],
+        "truncate": data[: len(data) // 2],
+        "extend": data + data,
+        "garbage": os.urandom(len(data)),
+    }[damage]
+    _rewrite(blob, damaged)
+    cache = cache_dir(tmp_path)
+    with pytest.raises(IntegrityError):
+        cache.fetch(store, manifest)
+    assert list(cache.entries()) == []
+    assert not cache.path_of(manifest.build_key).exists()
+    assert not any(cache.tmp.iterdir()), "staging folder must be cleaned up"
+
+
+def test_load_refuses_a_tampered_store_with_a_clear_error(published, tmp_path):
+    store, manifest = published
+    blob = blob_path(store, manifest)
+    _rewrite(blob, blob.read_bytes()[:-10])
+    with pytest.raises(ArtifactNotFoundError, match="no artifact of tiny-sd/decoder fits"):
+        enginefarm.load("tiny-sd/decoder", device="cpu")
+    assert list(cache_dir(tmp_path).entries()) == []
+
+
+def test_corrupted_cache_entry_is_evicted_and_fetched_again(published, tmp_path):
+    store, manifest = published
+    latent = np.zeros((1, 4, 8, 8), np.float32)
+    first = enginefarm.load("tiny-sd/decoder", device="cpu").run({"latent": latent})["sample"]
+    cached = cache_dir(tmp_path).path_of(manifest.build_key) / "model.onnx"
+    data = bytearray(cached.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    again = enginefarm.load("tiny-sd/decoder", device="cpu").run({"latent": latent})["sample"]
+    np.testing.assert_array_equal(first, again)
+    assert cache_dir(tmp_path).problems(manifest.build_key) == []
+
+
+def test_decompression_bomb_is_capped(published, tmp_path):
+    """A blob that decodes to far more than the manifest's size stops at that size."""
+    import dataclasses
+
+    import zstandard
+
+    store, manifest = published
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (64 << 20))
+    digest = __import__("hashlib").sha256(bomb).hexdigest()
+    bomb_file = tmp_path / "bomb"
+    bomb_file.write_bytes(bomb)
+    store.put_blob(digest, bomb_file)
+    entry = dataclasses.replace(manifest.files[0], codec="zstd", stored_size=len(bomb), stored_sha256=digest)
+    evil = dataclasses.replace(manifest, files=(entry,))
+    with pytest.raises(IntegrityError, match="more than"):
+        cache_dir(tmp_path).fetch(store, evil)
+    assert list(cache_dir(tmp_path).entries()) == []
+
+
+def test_cache_verify_cli_evicts_damage(published, tmp_path, cli):
+    store, manifest = published
+    path = cache_dir(tmp_path).fetch(store, manifest)
+    (path / "model.onnx").write_bytes(b"tampered")
+    proc = cli("cache", "verify")
+    assert proc.returncode == 1
+    assert "evicted tiny-sd/decoder" in proc.stdout
+    assert not path.exists()
+
+
+def test_gc_respects_the_quota_in_lru_order(tiny_recipe, cli, tmp_path):
+    cli("build", str(tiny_recipe(precisions=("fp32", "fp16"))), "--no-bench", check=True)
+    store = open_store(tmp_path / "store")
+    cache = cache_dir(tmp_path)
+    keys = list(read_index(store, "tiny-sd")["entries"])
+    for key in keys:
+        cache.fetch(store, read_manifest(store, key))
+    os.utime(cache.path_of(keys[0]) / ".last_used", (1, 1))  # the older one goes first
+    sizes = {e.manifest.build_key: e.size for e in cache.entries()}
+    removed = cache.gc(quota=sizes[keys[1]])
+    assert removed == [keys[0]]
+    assert [e.manifest.build_key for e in cache.entries()] == [keys[1]]
+
+
+def test_offline_uses_the_cache_only(published, tmp_path, monkeypatch):
+    store, manifest = published
+    with pytest.raises(ArtifactNotFoundError):
+        monkeypatch.setenv("ENGINEFARM_OFFLINE", "1")
+        enginefarm.load("tiny-sd/decoder", device="cpu")
+    monkeypatch.setenv("ENGINEFARM_OFFLINE", "0")
+    enginefarm.load("tiny-sd/decoder", device="cpu")
+    monkeypatch.setenv("ENGINEFARM_OFFLINE", "1")
+    session = enginefarm.load("tiny-sd/decoder", device="cpu")
+    assert "offline" in session.explain()

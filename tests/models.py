@@ -64,7 +64,7 @@ def external_data(path: Path, location: str) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    weight = helper.make_tensor("w", TensorProto.FLOAT, [8, 8], vals=[])
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[8, 8])
     weight.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", "0"), ("length", str(8 * 8 * 4))):
         entry = weight.external_data.add()

@@ -1,0 +1,76 @@
+"""ONNX prep: checker, simplify (failure recorded, not fatal), fp16 with float32 I/O, external data confined."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from enginefarm.builder import prep
+from enginefarm.builder.onnx_io import load_header
+from enginefarm.errors import ModelError
+from tests import models
+
+
+def test_fp16_keeps_float32_io_and_stays_close(tiny_sd, tmp_path):
+    prepared = prep.prepare(tiny_sd, "fp16", tmp_path / "work")
+    model = onnx.load(str(prepared.path))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer)
+    latent = np.random.default_rng(0).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
+    ref = ort.InferenceSession(str(tiny_sd)).run(None, {"latent": latent})[0]
+    got = ort.InferenceSession(str(prepared.path)).run(None, {"latent": latent})[0]
+    assert got.dtype == np.float32
+    assert np.max(np.abs(got - ref)) < 0.05 * (ref.max() - ref.min())
+    assert any("simplified" in note for note in prepared.notes)
+
+
+def test_simplify_failure_keeps_the_model_and_records_why(tiny_sd, tmp_path, monkeypatch):
+    import onnxsim
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("simulated onnxsim crash")
+
+    monkeypatch.setattr(onnxsim, "simplify", broken)
+    prepared = prep.prepare(tiny_sd, "fp32", tmp_path / "work")
+    assert any("not simplified: onnxsim failed (RuntimeError: simulated onnxsim crash)" in n for n in prepared.notes)
+    assert len(onnx.load(str(prepared.path)).graph.node) == len(onnx.load(str(tiny_sd)).graph.node)
+
+
+def test_prep_version_is_in_the_toolchain():
+    assert prep.prep_versions("fp32")["prep"] == prep.PREP_VERSION
+    assert "fp16_converter" in prep.prep_versions("fp16")
+
+
+@pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd", "sub/../../outside.bin"])
+def test_external_data_leaving_the_folder_is_refused(tmp_path, location):
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 256)
+    path = models.external_data(tmp_path / "model" / "m.onnx", location)
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        load_header(path)
+
+
+def test_external_data_inside_the_folder_is_fine(tmp_path):
+    path = models.external_data(tmp_path / "model" / "m.onnx", "weights.bin")
+    (tmp_path / "model" / "weights.bin").write_bytes(np.eye(8, dtype=np.float32).tobytes())
+    load_header(path)
+    prepared = prep.prepare(path, "fp32", tmp_path / "work")
+    out = ort.InferenceSession(str(prepared.path)).run(None, {"x": np.arange(8, dtype=np.float32)[None]})[0]
+    np.testing.assert_array_equal(out, np.arange(8, dtype=np.float32)[None])
+
+
+def test_symlinked_external_data_escaping_is_refused(tmp_path):
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 256)
+    path = models.external_data(tmp_path / "model" / "m.onnx", "weights.bin")
+    (tmp_path / "model" / "weights.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        load_header(path)
+
+
+def test_corrupt_onnx_is_a_model_error(tmp_path):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(b"\x12\x34 definitely not a model")
+    with pytest.raises(ModelError, match="not a valid ONNX file"):
+        load_header(path)

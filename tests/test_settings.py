@@ -1,0 +1,49 @@
+"""Environment variables are parsed in one place, strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginefarm.errors import ConfigError
+from enginefarm.settings import load_settings
+
+
+@pytest.mark.parametrize("raw,expected", [("1", True), ("true", True), ("YES", True), ("0", False), ("false", False), ("", False), ("off", False)])
+def test_offline_parsing(raw, expected):
+    assert load_settings({"ENGINEFARM_OFFLINE": raw}).offline is expected
+
+
+def test_offline_zero_is_off_not_on():
+    assert load_settings({"ENGINEFARM_OFFLINE": "0"}).offline is False
+
+
+def test_bad_boolean_is_an_error():
+    with pytest.raises(ConfigError, match="ENGINEFARM_OFFLINE='maybe'"):
+        load_settings({"ENGINEFARM_OFFLINE": "maybe"})
+
+
+@pytest.mark.parametrize("raw,expected", [("", None), ("1024", 1024), ("10M", 10 << 20), ("1.5G", int(1.5 * (1 << 30))), ("2gb", 2 << 30)])
+def test_quota_parsing(raw, expected):
+    assert load_settings({"ENGINEFARM_CACHE_QUOTA": raw}).cache_quota == expected
+
+
+@pytest.mark.parametrize("raw", ["lots", "-5G", "0"])
+def test_bad_quota_is_an_error(raw):
+    with pytest.raises(ConfigError):
+        load_settings({"ENGINEFARM_CACHE_QUOTA": raw})
+
+
+def test_paths(tmp_path):
+    settings = load_settings({"ENGINEFARM_HOME": str(tmp_path / "h"), "ENGINEFARM_STORE": "s3://bucket/x", "ENGINEFARM_RECIPE_PATH": f"{tmp_path}/a:{tmp_path}/b"})
+    assert settings.home == tmp_path / "h" and settings.store == "s3://bucket/x"
+    assert settings.recipe_path == (tmp_path / "a", tmp_path / "b")
+
+
+def test_defaults_are_per_user_dirs():
+    settings = load_settings({})
+    assert "enginefarm" in str(settings.home) and "enginefarm" in settings.store
+
+
+def test_cli_reports_bad_env_in_one_line(cli):
+    proc = cli("cache", "gc", env={"ENGINEFARM_CACHE_QUOTA": "lots"})
+    assert proc.returncode == 1 and proc.stderr.startswith("error: ENGINEFARM_CACHE_QUOTA='lots' is not a size")

@@ -127,13 +127,11 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     """Build one job into `store` unless its key is already there."""
     started = time.perf_counter()
     key = None
-    workdir = None
     try:
         key = job.key(job.toolchain())
         if store.get_manifest_bytes(key) is not None:
             return BuildResult(job.id, job.label, key, "exists", seconds=time.perf_counter() - started)
         manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step)
-        workdir = outdir.parent
         if step:
             step("publish")
         files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")

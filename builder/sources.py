@@ -10,7 +10,7 @@ from pathlib import Path
 
 from enginefarm.cache.atomic import atomic_writer, sha256_file
 from enginefarm.cache.keys import canonical_json
-from enginefarm.errors import SourceError
+from enginefarm.errors import OfflineError, SourceError
 
 from .onnx_io import check_external_data, load_header
 from .recipe import Source
@@ -48,7 +48,7 @@ def materialize(source: Source, downloads: Path, *, offline: bool = False) -> Lo
     if dest.is_file() and sha256_file(dest) == source.sha256:
         return LocalSource(dest, source_digest(dest))
     if offline:
-        raise SourceError(f"{source.url} is not downloaded and ENGINEFARM_OFFLINE is set")
+        raise OfflineError(f"{source.url} is not downloaded and ENGINEFARM_OFFLINE is set", hint="unset ENGINEFARM_OFFLINE once to download it")
     url = hf_to_https(source.url) if source.url.startswith("hf://") else source.url
     log.info("downloading %s", url)
     try:

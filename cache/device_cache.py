@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from enginefarm.errors import ArtifactNotFoundError, IntegrityError
+from enginefarm.errors import IntegrityError
 
 from .atomic import remove_tree, sha256_file
 from .codecs import decode_stream
@@ -229,8 +229,3 @@ class _Capped:
         self.left -= len(chunk)
         return chunk
 
-
-def require(found: Path | None, what: str) -> Path:
-    if found is None:
-        raise ArtifactNotFoundError(f"{what} is not in the local cache")
-    return found

@@ -61,7 +61,6 @@ def two_inputs(path: Path) -> Path:
 
 def external_data(path: Path, location: str) -> Path:
     """A linear model whose weight claims to live in external file `location` (which may escape the folder)."""
-    import onnx
     from onnx import TensorProto, helper
 
     weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[8, 8])

@@ -19,8 +19,6 @@ EDGES = [(1, 8, 8), (1, 16, 16), (2, 32, 32), (2, 8, 32)]
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     """All four artifacts of the tiny model, built once through the CLI with benchmarks."""
-    import os
-
     from tests.conftest import TINY_RECIPE, run_cli
 
     root = tmp_path_factory.mktemp("farm")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from enginefarm.cache.atomic import write_bytes_atomic
+from enginefarm.cache.locks import file_lock
 from enginefarm.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -42,14 +46,36 @@ def _onnxsim_version() -> str | None:
 
 
 def prepare(source: Path, precision: str, workdir: Path) -> Prepared:
-    """Write the prepared model to `workdir/prepared-<precision>.onnx`. Reuses it if already there."""
-    import onnx
+    """Write the prepared model to `workdir/prepared-<precision>.onnx`. Reuses it if already there.
 
+    Parallel jobs share one prep per (source, precision): a lock saves the duplicate work, and the result
+    appears by rename, so a reader never sees half a model even where the lock does not hold."""
     out = workdir / f"prepared-{precision}.onnx"
     notes_file = out.with_suffix(".notes")
-    if out.is_file() and notes_file.is_file():
-        return Prepared(out, notes_file.read_text().splitlines())
     workdir.mkdir(parents=True, exist_ok=True)
+    with file_lock(workdir / f".prepared-{precision}.lock"):
+        if out.is_file() and notes_file.is_file():
+            return Prepared(out, notes_file.read_text().splitlines())
+        notes, model = _prepared_model(source, precision)
+        import onnx
+
+        large = model.ByteSize() > _EXTERNAL_THRESHOLD
+        staging = workdir / f".staging-{precision}-{secrets.token_hex(4)}"
+        staging.mkdir()
+        try:
+            onnx.save(model, str(staging / out.name), save_as_external_data=large, location=f"{out.name}.data" if large else None)
+            if large:
+                os.replace(staging / f"{out.name}.data", workdir / f"{out.name}.data")
+            os.replace(staging / out.name, out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        write_bytes_atomic(notes_file, "\n".join(notes).encode())
+    return Prepared(out, notes)
+
+
+def _prepared_model(source: Path, precision: str):
+    import onnx
+
     notes: list[str] = []
     try:
         onnx.checker.check_model(str(source), full_check=False)
@@ -63,12 +89,7 @@ def prepare(source: Path, precision: str, workdir: Path) -> Prepared:
     model = _simplify(model, notes)
     if precision == "fp16":
         model = _to_fp16(model, notes)
-    tmp = workdir / f".prepared-{precision}.tmp.onnx"
-    large = model.ByteSize() > _EXTERNAL_THRESHOLD
-    onnx.save(model, str(tmp), save_as_external_data=large, location=f"{out.name}.data" if large else None)
-    shutil.move(str(tmp), str(out))
-    notes_file.write_text("\n".join(notes))
-    return Prepared(out, notes)
+    return notes, model
 
 
 def _simplify(model, notes: list[str]):

@@ -81,3 +81,13 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subproc
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `hardware(kind)` run only where ENGINEFARM_TEST_HARDWARE lists that kind."""
+    enabled = {k.strip() for k in os.environ.get("ENGINEFARM_TEST_HARDWARE", "").split(",") if k.strip()}
+    for item in items:
+        marker = item.get_closest_marker("hardware")
+        if marker and marker.args[0] not in enabled:
+            kind = marker.args[0]
+            item.add_marker(pytest.mark.skip(reason=f"needs {kind} hardware: run with ENGINEFARM_TEST_HARDWARE={kind} on a machine that has it"))

@@ -15,10 +15,22 @@ The SDK is imported inside those functions only, so importing a backend module i
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
 import numpy as np
+
+from enginefarm.errors import BackendUnavailable
+
+
+def import_sdk(module: str, install: str) -> ModuleType:
+    """Import a vendor SDK on first use; a missing SDK is a BackendUnavailable naming the install command."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailable(f"{module} is not installed ({exc})", hint=install) from None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, BuiltFile
+from .base import Availability, BuiltFile, import_sdk
 
 NAME = "onnxruntime"
 DEVICES = re.compile(r"^cpu$")
@@ -21,11 +21,7 @@ _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
 
 def _ort():
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise BackendUnavailable(f"onnxruntime is not installed ({exc})", hint="pip install 'enginefarm[onnxruntime]'") from None
-    return onnxruntime
+    return import_sdk("onnxruntime", "pip install 'enginefarm[onnxruntime]'")
 
 
 def available(device: str) -> Availability:

@@ -13,7 +13,7 @@ import numpy as np
 from enginefarm.cache.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, BuiltFile
+from .base import Availability, BuiltFile, import_sdk
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +26,7 @@ _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
 def _ov():
-    try:
-        import openvino
-    except ImportError as exc:
-        raise BackendUnavailable(f"openvino is not installed ({exc})", hint="pip install 'enginefarm[openvino]'") from None
-    return openvino
+    return import_sdk("openvino", "pip install 'enginefarm[openvino]'")
 
 
 def available(device: str) -> Availability:

@@ -284,8 +284,8 @@ def _read_inputs(items: tuple[str, ...]) -> dict:
                 if not name:
                     raise ConfigError(f"--input {item}: give NAME=FILE.npy", hint="only .npz files carry their own names")
                 feeds[name] = np.load(file, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise ConfigError(f"cannot read {file} as a numpy array: {exc}") from None
+        except (ValueError, OSError):
+            raise ConfigError(f"cannot read {file}: not a numpy .npy/.npz file", hint="save arrays with numpy.save or numpy.savez") from None
     if not feeds:
         raise ConfigError("no inputs given", hint="--input NAME=FILE.npy (repeat per input) or --input FILE.npz")
     return feeds

@@ -25,7 +25,7 @@ test: $(VENV)/.test-deps
 	@$(PY) -m pytest -q $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$code
 
-# Benchmarks need torch + diffusers for the SD VAE (see bench/README in README.md).
+# Benchmarks need the SD VAE decoder ONNX: see "Benchmarks" in README.md.
 bench: $(VENV)/.test-deps
 	$(PY) bench/pick.py
 	$(PY) bench/ttfi.py

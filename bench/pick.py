@@ -48,6 +48,8 @@ def main() -> None:
             print(f"skipped {target} {precision}: {exc}")
             continue
         sessions[s.artifact.build_key] = s
+    if not sessions:
+        sys.exit(f"error: no artifact of {args.ref} loads here")
     if len(listed) > len(pairs):
         print(f"note: the store holds {len(listed)} artifacts for {len(pairs)} target x precision pairs; measured the one load() takes for each")
     feeds = _common.opt_feeds(next(iter(sessions.values())).artifact)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from enginefarm.cache.artifacts import pack_files, publish
 from enginefarm.cache.atomic import sha256_file
+from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
@@ -60,7 +61,9 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     outdir.mkdir(parents=True)
 
     step("prep")
-    prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / job.source.digest[:24])
+    # Prepared models are reused across jobs, per source and per prep toolchain (a new version never reuses an old prep).
+    prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter")}})
+    prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / prep_id[:24])
     step(f"build {job.target}")
     started = time.perf_counter()
     try:
@@ -68,7 +71,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     except EnginefarmError:
         raise
     except Exception as exc:  # an SDK failure is the job's failure, not the farm's
-        raise BuildError(f"{job.label}: {job.target.backend} failed: {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}") from exc
+        raise BuildError(f"{job.label}: {job.target.backend} failed: {_first_line(exc)}") from exc
     build_s = time.perf_counter() - started
     for item in built:
         if not (outdir / item.path).is_file():
@@ -107,8 +110,13 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     step("validate")
     cases = sample_cases(job.inputs, job.profile, job.validate)
     references = reference_outputs(job.source.path, cases)
-    session = backend.load(outdir, manifest, job.target.device)
-    report = validate(session, cases, references, Thresholds.for_job(job.precision, job.validate))
+    try:
+        session = backend.load(outdir, manifest, job.target.device)
+        report = validate(session, cases, references, Thresholds.for_job(job.precision, job.validate))
+    except EnginefarmError:
+        raise
+    except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
+        raise BuildError(f"{job.label}: the built artifact does not load or run: {_first_line(exc)}") from exc
     del session
     manifest = replace(manifest, validation=report)
     if not report["passed"]:
@@ -143,6 +151,11 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 def _plain_file(root: Path, rel: str, role: str) -> ArtifactFile:

@@ -16,7 +16,7 @@ from enginefarm.errors import ModelError
 log = logging.getLogger(__name__)
 
 # Bump when any step below changes what it writes: it is part of every build key.
-PREP_VERSION = "1"
+PREP_VERSION = "2"
 _EXTERNAL_THRESHOLD = 1_800_000_000  # protobuf cannot serialize a single message over 2 GB
 
 
@@ -115,5 +115,54 @@ def _to_fp16(model, notes: list[str]):
 
     # keep_io_types: callers feed and read float32; the casts live inside the graph.
     converted = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
-    notes.append("converted to fp16 (float32 inputs and outputs)")
+    removed = _drop_duplicate_nodes(converted.graph)
+    _sort_topologically(converted.graph)
+    notes.append("converted to fp16 (float32 inputs and outputs)" + (f"; merged {removed} duplicate casts" if removed else ""))
     return converted
+
+
+def _sort_topologically(graph) -> None:
+    """The converter appends its input Casts at the end; ONNX requires producers before consumers.
+    Stable: nodes keep their order wherever it is already valid. (Subgraph inputs from outer scope are
+    treated as available, which is all the top-level order needs.)"""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending = list(graph.node)
+    produced_later = {o for n in pending for o in n.output}
+    ordered = []
+    while pending:
+        progressed = False
+        rest = []
+        for node in pending:
+            if all(i in available or i not in produced_later for i in node.input):
+                ordered.append(node)
+                available.update(node.output)
+                progressed = True
+            else:
+                rest.append(node)
+        if not progressed:
+            raise ModelError("fp16 conversion produced a graph with a cycle", hint="report this model; build fp32 meanwhile")
+        pending = rest
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _drop_duplicate_nodes(graph) -> int:
+    """The converter inserts one Cast per consumer of a float-only input (Resize scales). When onnxsim has merged
+    those constants into one, the Casts come out identical, name and output included, which ONNX forbids.
+    Identical nodes compute the same value, so the first one serves every consumer."""
+    seen: dict[str, bytes] = {}
+    keep = []
+    for node in graph.node:
+        body = node.SerializeToString(deterministic=True)
+        for output in node.output:
+            if output in seen and seen[output] != body:
+                raise ModelError(f"fp16 conversion produced two different nodes writing {output!r}", hint="report this model; build fp32 meanwhile")
+        if node.output and all(seen.get(o) == body for o in node.output):
+            continue
+        seen.update({o: body for o in node.output})
+        keep.append(node)
+    removed = len(graph.node) - len(keep)
+    if removed:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return removed

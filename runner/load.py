@@ -13,7 +13,7 @@ from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError
 from enginefarm.settings import Settings, load_settings
 
 from .device import Device, detect
@@ -97,7 +97,7 @@ def _first_usable(found: Lookup, use: Callable[[Candidate], object]):
     for candidate in found.resolution.ranked:
         try:
             return candidate, use(candidate), failures
-        except (EnginefarmError, RuntimeError) as exc:
+        except Exception as exc:  # vendor SDKs raise their own types; any failure means: try the next one
             failures.append(f"{candidate.entry['target']} [{candidate.entry['build_key'][:12]}]: {exc}")
             candidate.reason = f"failed: {exc}"
             log.warning("could not use %s: %s", candidate.describe(), exc)

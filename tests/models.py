@@ -77,3 +77,22 @@ def external_data(path: Path, location: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def shared_resize_scales(path: Path) -> Path:
+    """Two Resize ops sharing one scales constant, as onnxsim leaves SD's upsamplers (fp16 conversion trap)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [
+        helper.make_node("Constant", [], ["s"], value=scales),
+        helper.make_node("Resize", ["x", "", "s"], ["up1"], mode="nearest"),
+        helper.make_node("Relu", ["up1"], ["r"]),
+        helper.make_node("Resize", ["r", "", "s"], ["y"], mode="nearest"),
+    ]
+    graph = helper.make_graph(
+        nodes, "shared_scales",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)

@@ -74,3 +74,16 @@ def test_corrupt_onnx_is_a_model_error(tmp_path):
     path.write_bytes(b"\x12\x34 definitely not a model")
     with pytest.raises(ModelError, match="not a valid ONNX file"):
         load_header(path)
+
+
+def test_fp16_with_a_shared_float_only_constant_is_valid(tmp_path):
+    """onnxsim merges Resize scales into one constant; the fp16 converter then emits identical Casts."""
+    source = models.shared_resize_scales(tmp_path / "m.onnx")
+    prepared = prep.prepare(source, "fp16", tmp_path / "work")
+    onnx.checker.check_model(str(prepared.path))
+    names = [n.name for n in onnx.load(str(prepared.path)).graph.node if n.name]
+    assert len(names) == len(set(names))
+    x = np.random.default_rng(0).normal(size=(1, 2, 4, 4)).astype(np.float32)
+    ref = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(prepared.path)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ref, atol=1e-2)

@@ -50,3 +50,31 @@ def test_explain_names_the_reason_for_each_rejection():
     assert "needs onnxruntime >=999.0" in text
     assert "no device here runs tensorrt:sm_89" in text
     assert "precision fp16, asked for fp32" in text
+
+
+def test_an_artifact_that_fails_to_load_falls_back_to_the_next(tiny_recipe, cli, tmp_path):
+    """A verified-but-broken artifact (say, a bad SDK build) ranked first must not stop load()."""
+    import dataclasses
+    import hashlib
+
+    import numpy as np
+
+    import enginefarm
+    from enginefarm.cache.artifacts import pack_files, publish, read_index, read_manifest
+    from enginefarm.cache.stores import open_store
+
+    cli("build", str(tiny_recipe()), check=True)
+    store = open_store(tmp_path / "store")
+    (good_key,) = read_index(store, "tiny-sd")["entries"]
+    good = read_manifest(store, good_key)
+    broken_dir = tmp_path / "broken"
+    broken_dir.mkdir()
+    (broken_dir / "model.onnx").write_bytes(b"this is not an onnx model")
+    files, blobs = pack_files(broken_dir, [("model.onnx", "model")], tmp_path / "blobs")
+    fast = {**good.benchmarks[0], "p50_ms": good.benchmarks[0]["p50_ms"] / 100}
+    broken = dataclasses.replace(good, build_key=hashlib.sha256(b"broken").hexdigest(), files=tuple(files), benchmarks=(fast,))
+    publish(store, broken, blobs)
+    session = enginefarm.load("tiny-sd/decoder", device="cpu")
+    assert session.artifact.build_key == good_key
+    assert f"[{broken.build_key[:12]}]" in session.explain() and "failed:" in session.explain()
+    assert session.run({"latent": np.zeros((1, 4, 8, 8), np.float32)})["sample"].shape == (1, 3, 16, 16)

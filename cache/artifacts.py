@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import random
 import tempfile
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -14,6 +17,7 @@ from enginefarm.errors import IntegrityError, StoreError
 from .atomic import sha256_file
 from .codecs import encode_file
 from .manifest import ArtifactFile, Manifest
+from .progress import ProgressLike, as_progress
 from .stores.base import Store
 
 log = logging.getLogger(__name__)
@@ -38,19 +42,33 @@ def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, c
     return files, blobs
 
 
-def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: Callable[[str], None] | None = None) -> bool:
+def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: ProgressLike = None) -> bool:
     """Upload blobs (existing ones count as success), then the manifest, then merge into the index.
 
     Returns False if a manifest with this key already existed (nothing is rewritten)."""
     if not store.writable:
         raise StoreError(f"store {store.url} is read-only", hint="publish to a local directory or s3:// store")
+    report = as_progress(progress)
+    sizes = {digest: path.stat().st_size for digest, path in blobs.items()}
+    on_bytes = _byte_counter(report, f"upload {manifest.ref} {manifest.target} {manifest.precision}", sum(sizes.values()))
     for digest, path in blobs.items():
-        if progress:
-            progress(f"upload blob {digest[:12]}")
-        store.put_blob(digest, path)
+        if not store.put_blob(digest, path, progress=on_bytes):
+            on_bytes(sizes[digest])  # already there: nothing to send, but the bar should still fill
     written = store.put_manifest_bytes(manifest.build_key, manifest.to_json())
     update_index(store, [manifest])
     return written
+
+
+def _byte_counter(report, name: str, total: int) -> Callable[[int], None]:
+    """Stores report increments; the progress callback wants running totals."""
+    done = 0
+
+    def on_bytes(increment: int) -> None:
+        nonlocal done
+        done = min(total, done + increment)
+        report.transfer(name, done, total)
+
+    return on_bytes
 
 
 def read_manifest(store: Store, key: str) -> Manifest | None:
@@ -86,18 +104,24 @@ def _dump_index(index: dict[str, Any]) -> bytes:
 
 
 def update_index(store: Store, manifests: list[Manifest], *, replace_all: bool = False) -> None:
-    """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there."""
+    """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there.
+
+    Some servers' conditional writes are not atomic (two writers can both 'win'), so each write is read back:
+    if our entries are not all there, merge again. A lost update in the end costs a rebuild, never an artifact."""
     by_model: dict[str, list[Manifest]] = {}
     for manifest in manifests:
         by_model.setdefault(manifest.model, []).append(manifest)
     for model, items in by_model.items():
-        for _ in range(_CAS_ATTEMPTS):
+        wanted = {m.build_key for m in items}
+        for attempt in range(_CAS_ATTEMPTS):
             raw, etag = store.get_index_bytes(model)
             index = empty_index(model) if replace_all else parse_index(raw, model)
             for manifest in items:
                 index["entries"][manifest.build_key] = manifest.index_entry()
             if store.cas_index_bytes(model, _dump_index(index), etag):
-                break
+                if wanted <= set(read_index(store, model)["entries"]):
+                    break
+            time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
         else:
             log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)
 
@@ -122,3 +146,67 @@ def rebuild_index(store: Store) -> dict[str, int]:
 
 def with_files(manifest: Manifest, files: list[ArtifactFile]) -> Manifest:
     return replace(manifest, files=tuple(files))
+
+
+def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None) -> dict[str, str]:
+    """Copy artifacts between stores: blobs the destination lacks, then the manifest, then the index.
+
+    Blobs are streamed through a temp file and hashed on the way, so a damaged source blob is never published.
+    Returns {key: "copied" | "exists"}."""
+    from .atomic import CHUNK
+
+    report = as_progress(progress)
+    results: dict[str, str] = {}
+    copied: list[Manifest] = []
+    with tempfile.TemporaryDirectory(prefix="enginefarm-copy-") as tmp:
+        for key in keys:
+            manifest = read_manifest(source, key)
+            if manifest is None:
+                raise StoreError(f"{source.url} has no manifest {key[:12]}")
+            if dest.get_manifest_bytes(key) is not None:
+                results[key] = "exists"
+                continue
+            total = sum(f.stored_size for f in manifest.files)
+            on_bytes = _byte_counter(report, f"copy {manifest.ref} {manifest.target} {manifest.precision}", total)
+            for entry in {f.stored_sha256: f for f in manifest.files}.values():
+                if dest.has_blob(entry.stored_sha256):
+                    on_bytes(entry.stored_size)
+                    continue
+                path = Path(tmp) / entry.stored_sha256
+                digest = hashlib.sha256()
+                with source.open_blob(entry.stored_sha256, entry.stored_size) as src, open(path, "wb") as out:
+                    while chunk := src.read(CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                if digest.hexdigest() != entry.stored_sha256:
+                    raise IntegrityError(f"blob {entry.stored_sha256[:12]} in {source.url} does not match its digest", hint="nothing was published for this artifact")
+                dest.put_blob(entry.stored_sha256, path, progress=on_bytes)
+                path.unlink()
+            dest.put_manifest_bytes(key, manifest.to_json())
+            copied.append(manifest)
+            results[key] = "copied"
+    update_index(dest, copied)
+    return results
+
+
+@dataclass(frozen=True)
+class GcPlan:
+    referenced: int
+    unreferenced: list[tuple[str, float]]  # (digest, mtime) of blobs no manifest uses
+    to_delete: list[str]  # those older than the grace period
+
+
+def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
+    """Blobs that no manifest references and that are older than `grace_s` (a builder may be mid-publish:
+    its blobs are written before its manifest, so young orphans are left alone)."""
+    now = time.time() if now is None else now
+    referenced: set[str] = set()
+    for key in store.list_manifest_keys():
+        try:
+            manifest = read_manifest(store, key)
+        except IntegrityError as exc:
+            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to collect garbage", hint="fix or remove that manifest first") from None
+        if manifest is not None:
+            referenced.update(f.stored_sha256 for f in manifest.files)
+    orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
+    return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from enginefarm.errors import IntegrityError
 
@@ -28,8 +28,9 @@ def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
         compressor.copy_stream(reader, dst, size=src.stat().st_size)
 
 
-def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int) -> str:
-    """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256."""
+def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256.
+    `on_bytes` receives the running count of decoded bytes."""
     digest = hashlib.sha256()
     written = 0
 
@@ -40,6 +41,8 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int) 
             raise IntegrityError(f"blob decodes to more than the {expected_size} bytes its manifest allows")
         digest.update(chunk)
         dst.write(chunk)
+        if on_bytes:
+            on_bytes(written)
 
     if codec == "none":
         while chunk := src.read(CHUNK):

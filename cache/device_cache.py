@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from enginefarm.errors import IntegrityError
 
@@ -24,14 +24,16 @@ from .atomic import remove_tree, sha256_file
 from .codecs import decode_stream
 from .locks import file_lock
 from .manifest import Manifest
+from .progress import ProgressLike, as_progress
 from .stores.base import Store
+from .stores.ranged import BlobChanged
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 _USED_STAMP = ".last_used"
 
-Progress = Callable[[str, int, int], None]  # (what, done, total)
+RESTARTS = 3  # times a file is fetched again from zero when the object changes under the transfer
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,12 @@ class DeviceCache:
             pass
 
     # Writing ---------------------------------------------------------------------------------------------
-    def fetch(self, store: Store, manifest: Manifest, progress: Progress | None = None) -> Path:
+    def fetch(self, store: Store, manifest: Manifest, progress: ProgressLike = None) -> Path:
         """Download, decode and verify every file of `manifest` from `store`, then move the artifact into place.
 
         A damaged or truncated blob raises IntegrityError and leaves no cache entry behind."""
         key = manifest.build_key
+        report = as_progress(progress)
         with file_lock(self.locks / f"{key}.lock"):
             existing = self.verified_dir(key)
             if existing is not None:
@@ -128,23 +131,31 @@ class DeviceCache:
             try:
                 total = sum(f.size for f in manifest.files)
                 done = 0
+                name = f"{manifest.ref} {manifest.target} {manifest.precision}"
                 for entry in manifest.files:
-                    dest = staging / entry.path
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    with store.open_blob(entry.stored_sha256) as src, open(dest, "wb") as out:
-                        digest = decode_stream(_Capped(src, entry.stored_size), out, entry.codec, entry.size)
-                    if digest != entry.sha256:
-                        raise IntegrityError(
-                            f"{manifest.ref} file {entry.path} from {store.url} does not match its manifest (tampered?)",
-                            hint="the artifact was not cached; report it to whoever publishes this store",
-                            key=key,
-                        )
+                    self._fetch_file(store, entry, staging / entry.path, lambda n, base=done: report.transfer(name, base + n, total), key)
                     done += entry.size
-                    if progress:
-                        progress(entry.path, done, total)
                 return self._commit(staging, manifest)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+
+    def _fetch_file(self, store: Store, entry, dest: Path, on_bytes, key: str) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(RESTARTS + 1):
+            try:
+                with store.open_blob(entry.stored_sha256, entry.stored_size) as src, open(dest, "wb") as out:
+                    digest = decode_stream(_Capped(src, entry.stored_size), out, entry.codec, entry.size, on_bytes)
+                break
+            except BlobChanged as exc:
+                if attempt == RESTARTS:
+                    raise
+                log.info("%s; fetching %s again from the start", exc, entry.path)
+        if digest != entry.sha256:
+            raise IntegrityError(
+                f"file {entry.path} from {store.url} does not match its manifest (tampered?)",
+                hint="the artifact was not cached; report it to whoever publishes this store",
+                key=key,
+            )
 
     def add_local(self, manifest: Manifest, source_dir: Path) -> Path:
         """Cache an artifact built on this device (files are copied and verified like a download)."""

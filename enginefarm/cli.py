@@ -224,9 +224,37 @@ def _ref_opts(func):
     return func
 
 
-def _progress_printer():
-    console = _console(stderr=True)
-    return lambda message: console.print(f"[dim]{message}[/]")
+class _RichProgress:
+    """Draws the library's progress callback: messages as dim lines, transfers as bars with bytes, rate and ETA."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+        from enginefarm.cache.progress import Progress as Callback
+
+        self.console = _console(stderr=True)
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                             console=self.console, transient=False)
+        self.tasks: dict[str, int] = {}
+        outer = self
+
+        class Callback_(Callback):
+            def message(self, text: str) -> None:
+                outer.console.print(f"[dim]{text}[/]", markup=True, highlight=False)
+
+            def transfer(self, name: str, done: int, total: int) -> None:
+                if name not in outer.tasks:
+                    outer.bars.start()
+                    outer.tasks[name] = outer.bars.add_task(name, total=total)
+                outer.bars.update(outer.tasks[name], completed=done, total=total)
+
+        self.callback = Callback_()
+
+    def __enter__(self):
+        return self.callback
+
+    def __exit__(self, *exc) -> None:
+        self.bars.stop()
 
 
 @main.command("run")
@@ -246,7 +274,8 @@ def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, sto
 
     feeds = _read_inputs(inputs)
     start = time.perf_counter()
-    session = load(ref, precision, device, store, recipe=recipe, target=target, progress=_progress_printer())
+    with _RichProgress() as progress:
+        session = load(ref, precision, device, store, recipe=recipe, target=target, progress=progress)
     loaded = time.perf_counter()
     outputs = session.run(feeds)
     done = time.perf_counter()
@@ -299,7 +328,8 @@ def fetch_cmd(ref, explain, precision, device, target, store):
     """Fetch and verify the artifact `run` would use, into the local cache (for offline use later)."""
     from enginefarm.runner.load import fetch
 
-    manifest, path, why = fetch(ref, precision, device, store, target=target, progress=_progress_printer())
+    with _RichProgress() as progress:
+        manifest, path, why = fetch(ref, precision, device, store, target=target, progress=progress)
     if explain:
         click.echo(why)
     click.echo(f"{manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] → {path}")
@@ -341,6 +371,64 @@ def doctor_cmd():
         backends.add_row(name, versions, status)
     console.print(backends)
     console.print(f"store: {settings.store}\ncache: {settings.home}{'  (offline)' if settings.offline else ''}")
+
+
+@main.command("publish")
+@click.option("--from", "source", metavar="URL", required=True, help="Store to copy from.")
+@click.option("--to", "dest", metavar="URL", required=True, help="Store to copy to (a directory or s3://).")
+@click.option("--model", "models", multiple=True, metavar="NAME", help="Only this model (required when --from is https://). Repeatable.")
+@click.option("--component", "components", multiple=True, metavar="NAME")
+@click.option("--target", "targets", multiple=True, metavar="T", help="backend:device or backend.")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]))
+@click.option("--key", "keys", multiple=True, metavar="KEY", help="Build key or its prefix.")
+def publish_cmd(source, dest, models, components, targets, precisions, keys):
+    """Copy artifacts between stores (local → S3, say), uploading only the blobs the destination lacks."""
+    from enginefarm.cache.artifacts import copy_artifacts, read_index
+    from enginefarm.cache.stores import open_store
+
+    src, dst = open_store(source), open_store(dest)
+    names = models or tuple(src.list_models())
+    selected = []
+    for name in names:
+        for entry in read_index(src, name)["entries"].values():
+            if ((not components or entry["component"] in components)
+                    and (not targets or entry["target"] in targets or entry["target"].split(":")[0] in targets)
+                    and (not precisions or entry["precision"] in precisions)
+                    and (not keys or any(entry["build_key"].startswith(k) for k in keys))):
+                selected.append(entry["build_key"])
+    if not selected:
+        from enginefarm.errors import ArtifactNotFoundError
+
+        raise ArtifactNotFoundError(f"nothing in {src.url} matches the selection", hint="see `enginefarm ls --store URL`")
+    with _RichProgress() as progress:
+        results = copy_artifacts(src, dst, selected, progress=progress)
+    copied = sum(v == "copied" for v in results.values())
+    click.echo(f"{copied} copied, {len(results) - copied} already in {dst.url}")
+
+
+@main.command("gc")
+@click.option("--store", metavar="URL", required=True)
+@click.option("--grace", default="24h", show_default=True, help="Keep unreferenced blobs younger than this (s, m, h, d).")
+@click.option("--delete", is_flag=True, help="Really delete; without it, only show what would go.")
+def gc_cmd(store, grace, delete):
+    """Remove blobs that no manifest references and that are older than the grace period (dry run by default)."""
+    from enginefarm.cache.artifacts import plan_gc
+    from enginefarm.cache.stores import open_store
+    from enginefarm.errors import ConfigError
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        grace_s = float(grace[:-1]) * units[grace[-1]] if grace[-1] in units else float(grace)
+    except (ValueError, IndexError):
+        raise ConfigError(f"--grace {grace!r} is not a duration", hint="e.g. 30m, 24h, 7d") from None
+    opened = open_store(store)
+    plan = plan_gc(opened, grace_s)
+    young = len(plan.unreferenced) - len(plan.to_delete)
+    for digest in plan.to_delete:
+        if delete:
+            opened.delete_blob(digest)
+        click.echo(f"{'deleted' if delete else 'would delete'} blob {digest}")
+    click.echo(f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced {'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}")
 
 
 @main.group("cache")

@@ -11,6 +11,7 @@ from enginefarm.builder.backends import get_backend
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
+from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError
@@ -23,7 +24,6 @@ from .session import Session
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -72,7 +72,7 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
     return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, note, settings)
 
 
-def _materialize(candidate: Candidate, found: Lookup, step: Progress) -> tuple[Manifest, Path]:
+def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple[Manifest, Path]:
     """The candidate's verified folder in the local cache, fetching it from the store if needed."""
     key = candidate.entry["build_key"]
     cache = found.cache
@@ -84,8 +84,8 @@ def _materialize(candidate: Candidate, found: Lookup, step: Progress) -> tuple[M
     manifest = read_manifest(found.store, key)
     if manifest is None:
         raise ArtifactNotFoundError(f"the index lists {key[:12]} but its manifest is missing (run `enginefarm index`)")
-    step(f"fetching {manifest.ref} {manifest.target} {manifest.precision}")
-    cache.fetch(found.store, manifest, progress=lambda what, done, total: step(f"fetched {what} ({done / 2**20:.1f}/{total / 2**20:.1f} MiB)"))
+    report.message(f"fetching {manifest.ref} {manifest.target} {manifest.precision} from {found.store.url}")
+    cache.fetch(found.store, manifest, progress=report)
     path = cache.verified_dir(key)  # hashed again at load time: the cache is shared with other processes
     if path is None:
         raise IntegrityError(f"{manifest.ref}: artifact {key[:12]} was damaged right after download")
@@ -105,10 +105,11 @@ def _first_usable(found: Lookup, use: Callable[[Candidate], object]):
 
 
 def fetch(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, *, target: str | None = None,
-          progress: Progress | None = None, settings: Settings | None = None) -> tuple[Manifest, Path, str]:
+          progress: ProgressLike = None, settings: Settings | None = None) -> tuple[Manifest, Path, str]:
     """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder, explanation)."""
     found = lookup(ref, precision, device, store, target, settings or load_settings())
-    candidate, got, failures = _first_usable(found, lambda c: _materialize(c, found, progress or (lambda _m: None)))
+    report = as_progress(progress)
+    candidate, got, failures = _first_usable(found, lambda c: _materialize(c, found, report))
     if candidate is None:
         raise _not_found(ref, found, failures)
     return got[0], got[1], found.resolution.explain(candidate, note=found.note)
@@ -124,17 +125,17 @@ def load(
     *,
     recipe: str | Path | None = None,
     target: str | None = None,
-    progress: Progress | None = None,
+    progress: ProgressLike = None,
     settings: Settings | None = None,
 ) -> Session:
     settings = settings or load_settings()
     if weights is not None or loras:
         raise ConfigError("custom weights and LoRA stacks are not supported by this release", hint="tracked in issue #5")
-    step = progress or (lambda _msg: None)
+    report = as_progress(progress)
     found = lookup(ref, precision, device, store, target, settings)
 
     def open_session(candidate: Candidate) -> Session:
-        manifest, path = _materialize(candidate, found, step)
+        manifest, path = _materialize(candidate, found, report)
         backend = get_backend(manifest.parsed_target.backend)
         return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, found.resolution.explain(candidate, note=found.note))
 
@@ -147,9 +148,9 @@ def load(
     recipe_found = find_recipe(model, recipe, settings.recipe_path)
     if recipe_found is None:
         raise _not_found(ref, found, failures)
-    step(f"no stored artifact fits; compiling {ref} on this device")
+    report.message(f"no stored artifact fits; compiling {ref} on this device")
     job = pick_job(recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target)
-    manifest = compile_on_device(job, found.cache, step)
+    manifest = compile_on_device(job, found.cache, report.message)
     path = found.cache.verified_dir(manifest.build_key)
     if path is None:
         raise IntegrityError(f"the artifact just compiled for {ref} failed verification", key=manifest.build_key)

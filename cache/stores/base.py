@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 
 class Store(ABC):
@@ -23,12 +23,14 @@ class Store(ABC):
     def has_blob(self, digest: str) -> bool: ...
 
     @abstractmethod
-    def put_blob(self, digest: str, path: Path) -> bool:
-        """Store the file at `path` under `digest` unless present. True if written; an existing blob counts as success."""
+    def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
+        """Store the file at `path` under `digest` unless present. True if written; an existing blob counts as success.
+        `progress` receives byte counts as they are sent."""
 
     @abstractmethod
-    def open_blob(self, digest: str) -> BinaryIO:
-        """A readable stream of the stored bytes. Raises ArtifactNotFoundError."""
+    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
+        """A readable stream of the stored bytes, never longer than `size` when given. Raises
+        ArtifactNotFoundError; a remote stream may raise BlobChanged, meaning: read it again from the start."""
 
     @abstractmethod
     def delete_blob(self, digest: str) -> None: ...

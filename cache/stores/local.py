@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
@@ -17,13 +17,13 @@ _HEX = re.compile(r"^[0-9a-f]{64}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _check_digest(digest: str) -> str:
+def check_digest(digest: str) -> str:
     if not _HEX.match(digest):
         raise StoreError(f"{digest!r} is not a sha256 hex digest")
     return digest
 
 
-def _check_model(model: str) -> str:
+def check_model(model: str) -> str:
     if not _MODEL.match(model):
         raise StoreError(f"{model!r} is not a valid model name")
     return model
@@ -39,12 +39,12 @@ class LocalStore(Store):
 
     # Blobs -----------------------------------------------------------------------------------------------
     def _blob(self, digest: str) -> Path:
-        return self.root / blob_relpath(_check_digest(digest))
+        return self.root / blob_relpath(check_digest(digest))
 
     def has_blob(self, digest: str) -> bool:
         return self._blob(digest).is_file()
 
-    def put_blob(self, digest: str, path: Path) -> bool:
+    def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
         dest = self._blob(digest)
         if dest.exists():
             return False
@@ -54,6 +54,8 @@ class LocalStore(Store):
             with open(path, "rb") as src, open(tmp, "wb") as out:
                 while chunk := src.read(1 << 20):
                     out.write(chunk)
+                    if progress:
+                        progress(len(chunk))
             try:
                 os.link(tmp, dest)
             except FileExistsError:
@@ -62,7 +64,7 @@ class LocalStore(Store):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def open_blob(self, digest: str) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
         try:
             return open(self._blob(digest), "rb")
         except FileNotFoundError:
@@ -81,7 +83,7 @@ class LocalStore(Store):
 
     # Manifests -------------------------------------------------------------------------------------------
     def _manifest(self, key: str) -> Path:
-        return self.root / "manifests" / f"{_check_digest(key)}.json"
+        return self.root / "manifests" / f"{check_digest(key)}.json"
 
     def get_manifest_bytes(self, key: str) -> bytes | None:
         try:
@@ -101,7 +103,7 @@ class LocalStore(Store):
 
     # Index -----------------------------------------------------------------------------------------------
     def _index(self, model: str) -> Path:
-        return self.root / "index" / f"{_check_model(model)}.json"
+        return self.root / "index" / f"{check_model(model)}.json"
 
     def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
         try:

@@ -1,0 +1,196 @@
+"""A read-only store over HTTP(S): a CDN or a public bucket. It cannot be listed, so readers go through
+`index/<model>.json`. Large blobs are fetched with parallel ranged GETs pinned to one ETag."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO, Iterator
+
+from enginefarm.errors import ArtifactNotFoundError, StoreError
+
+from .base import Store, blob_relpath
+from .local import check_digest, check_model
+from .ranged import BlobChanged, Limits, Opened, ResumableReader
+
+PARALLEL_THRESHOLD = 32 << 20
+CHUNK = 8 << 20
+WORKERS = 4
+SOCKET_TIMEOUT = 30.0
+_TRANSIENT = (ConnectionError, TimeoutError, socket.timeout, http.client.IncompleteRead, http.client.RemoteDisconnected, urllib.error.URLError)
+
+
+def limits_from_env() -> Limits:
+    def number(name: str, default: float) -> float:
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            return float(raw)
+        except ValueError:
+            raise StoreError(f"{name}={raw!r} is not a number") from None
+
+    return Limits(deadline_s=number("ENGINEFARM_HTTP_DEADLINE", 3600.0), min_rate=number("ENGINEFARM_HTTP_MIN_RATE", 16 * 1024))
+
+
+class HttpStore(Store):
+    writable = False
+
+    def __init__(self, url: str, *, limits: Limits | None = None, workers: int = WORKERS, parallel_threshold: int = PARALLEL_THRESHOLD) -> None:
+        self.url = url.rstrip("/")
+        self.limits = limits or limits_from_env()
+        self.workers = workers
+        self.parallel_threshold = parallel_threshold
+
+    def _url(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def _request(self, rel: str, method: str = "GET", headers: dict[str, str] | None = None):
+        request = urllib.request.Request(self._url(rel), method=method, headers={"User-Agent": "enginefarm", **(headers or {})})
+        try:
+            return urllib.request.urlopen(request, timeout=SOCKET_TIMEOUT)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code == 404:
+                raise ArtifactNotFoundError(f"{self._url(rel)} not found (404)") from None
+            if exc.code == 403:
+                raise StoreError(f"{self._url(rel)}: access denied (403)", hint="the bucket or CDN must allow public reads of this prefix") from None
+            if exc.code == 412:
+                raise BlobChanged(f"{self._url(rel)} changed during the transfer") from None
+            raise StoreError(f"{self._url(rel)}: HTTP {exc.code} {exc.reason}") from None
+        except _TRANSIENT as exc:
+            raise StoreError(f"cannot reach {self._url(rel)}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network") from None
+
+    def _read_small(self, rel: str) -> tuple[bytes, str | None] | None:
+        try:
+            with self._request(rel, headers={"Cache-Control": "no-cache"}) as response:
+                return response.read(64 << 20), response.headers.get("ETag")
+        except ArtifactNotFoundError:
+            return None
+
+    def _refuse(self, what: str):
+        raise StoreError(f"{self.url} is a read-only HTTP store: cannot {what}", hint="publish to the bucket behind it (s3://…) instead")
+
+    # Blobs -----------------------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        try:
+            self._request(blob_relpath(check_digest(digest)), method="HEAD").close()
+            return True
+        except ArtifactNotFoundError:
+            return False
+
+    def put_blob(self, digest, path, progress=None) -> bool:
+        self._refuse("upload blobs")
+
+    def delete_blob(self, digest: str) -> None:
+        self._refuse("delete blobs")
+
+    def list_blobs(self) -> Iterator[tuple[str, float]]:
+        self._refuse("list blobs")
+
+    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
+        rel = blob_relpath(check_digest(digest))
+        if size is not None and size >= self.parallel_threshold and self.workers > 1:
+            return _ParallelReader(self, rel, size, digest)
+        return self._reader(rel, size, f"blob {digest[:12]}")
+
+    def _reader(self, rel: str, size: int | None, what: str, offset: int = 0, etag: str | None = None, *, whole: bool = True) -> ResumableReader:
+        """A resumable reader of `rel` from `offset` (`size` bytes, or to the end), pinned to `etag` once known."""
+        end = "" if whole or size is None else str(offset + size - 1)
+
+        def opener(start: int, pinned: str | None) -> Opened:
+            headers = {}
+            if start > 0 or not whole:
+                headers["Range"] = f"bytes={start}-{end}"
+                if pinned:
+                    headers["If-Range"] = pinned  # a changed object comes back whole (200), which the reader refuses
+            if pinned:
+                headers["If-Match"] = pinned  # and where supported, as a plain 412
+            response = self._request(rel, headers=headers)
+            content_range = response.headers.get("Content-Range") or ""
+            first = int(content_range.split()[1].split("-")[0]) if response.status == 206 and content_range.startswith("bytes ") else 0
+            return Opened(response, response.headers.get("ETag"), first, response.status == 206)
+
+        return ResumableReader(opener, expected_size=size, transient=_TRANSIENT, limits=self.limits, what=what, base=offset, etag=etag)
+
+    # Manifests -------------------------------------------------------------------------------------------
+    def get_manifest_bytes(self, key: str) -> bytes | None:
+        got = self._read_small(f"manifests/{check_digest(key)}.json")
+        return None if got is None else got[0]
+
+    def put_manifest_bytes(self, key: str, data: bytes) -> bool:
+        self._refuse("write manifests")
+
+    def list_manifest_keys(self) -> Iterator[str]:
+        self._refuse("list manifests (HTTP cannot list; readers use index/<model>.json)")
+
+    # Index -----------------------------------------------------------------------------------------------
+    def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
+        got = self._read_small(f"index/{check_model(model)}.json")
+        return (None, None) if got is None else got
+
+    def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:
+        self._refuse("write the index")
+
+    def list_models(self) -> Iterator[str]:
+        self._refuse("list models")
+
+
+class _ParallelReader:
+    """Fetches a large blob as CHUNK-sized ranges on several threads, all pinned to the first response's ETag,
+    and hands the bytes out in order with bounded read-ahead."""
+
+    def __init__(self, store: HttpStore, rel: str, size: int, digest: str) -> None:
+        self._store, self._rel, self._size = store, rel, size
+        self._what = f"blob {digest[:12]}"
+        head = store._request(rel, method="HEAD")
+        self._etag = head.headers.get("ETag")
+        head.close()
+        self._ranges = [(start, min(CHUNK, size - start)) for start in range(0, size, CHUNK)]
+        self._pool = ThreadPoolExecutor(max_workers=store.workers, thread_name_prefix="enginefarm-get")
+        self._futures = [self._pool.submit(self._fetch, start, length) for start, length in self._ranges[: store.workers + 1]]
+        self._next = len(self._futures)
+        self._buffer = b""
+        self._lock = threading.Lock()
+
+    def _fetch(self, start: int, length: int) -> bytes:
+        reader = self._store._reader(self._rel, length, self._what, start, self._etag, whole=False)
+        parts = []
+        try:
+            while chunk := reader.read(1 << 20):
+                parts.append(chunk)
+        finally:
+            reader.close()
+        data = b"".join(parts)
+        if len(data) != length:
+            raise StoreError(f"{self._what}: range at {start} returned {len(data)} of {length} bytes")
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._buffer and self._futures:
+            future = self._futures.pop(0)
+            self._buffer = future.result()
+            if self._next < len(self._ranges):
+                start, length = self._ranges[self._next]
+                self._futures.append(self._pool.submit(self._fetch, start, length))
+                self._next += 1
+        if size is None or size < 0:
+            size = len(self._buffer)
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def close(self) -> None:
+        for future in self._futures:
+            future.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

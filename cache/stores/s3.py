@@ -1,0 +1,255 @@
+"""A store in an S3 bucket (any S3-compatible endpoint: AWS, MinIO, R2, Ceph, moto).
+
+Credentials and endpoint come from boto3's standard chain (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, profiles,
+instance roles). Blobs and manifests are written with `If-None-Match: *`; the index with `If-Match`.
+Servers whose conditional writes are not atomic (moto) are tolerated: content-addressed blobs are
+identical whoever wins, any manifest of a key is valid, and index updates are re-read and re-merged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from enginefarm.errors import ArtifactNotFoundError, StoreError
+from enginefarm.settings import parse_bool
+
+from ..atomic import sha256_file
+from .base import Store, blob_relpath
+from .local import check_digest, check_model
+from .ranged import Limits, Opened, ResumableReader
+
+log = logging.getLogger(__name__)
+
+MULTIPART_THRESHOLD = 64 << 20
+PART_SIZE = 16 << 20
+
+
+def _boto():
+    try:
+        import boto3
+        import botocore
+    except ImportError:
+        raise StoreError("s3:// stores need boto3", hint="pip install 'enginefarm[s3]'") from None
+    return boto3, botocore
+
+
+class S3Store(Store):
+    def __init__(self, url: str, *, verify_uploads: bool | None = None, part_size: int = PART_SIZE, multipart_threshold: int = MULTIPART_THRESHOLD) -> None:
+        rest = url[len("s3://"):]
+        self.bucket, _, prefix = rest.partition("/")
+        if not self.bucket:
+            raise StoreError(f"{url}: no bucket", hint="write s3://BUCKET[/PREFIX]")
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.verify_uploads = parse_bool("ENGINEFARM_S3_VERIFY", os.environ.get("ENGINEFARM_S3_VERIFY")) if verify_uploads is None else verify_uploads
+        self.part_size = part_size
+        self.multipart_threshold = multipart_threshold
+        self._client = None
+
+    # Plumbing --------------------------------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            boto3, botocore = _boto()
+            from botocore.config import Config
+
+            style = "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
+            config = Config(retries={"mode": "standard", "max_attempts": 10}, s3={"addressing_style": style},
+                            connect_timeout=10, read_timeout=60, max_pool_connections=16)
+            self._client = boto3.session.Session().client("s3", config=config)
+        return self._client
+
+    def _key(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def _code(self, exc) -> tuple[str, int]:
+        response = getattr(exc, "response", {}) or {}
+        return str(response.get("Error", {}).get("Code", "")), int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+    def _fail(self, exc, what: str) -> StoreError:
+        code, status = self._code(exc)
+        if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return StoreError(f"{self.url}: access denied to {what} ({code})", hint="check AWS credentials / bucket policy")
+        if code == "NoSuchBucket":
+            return StoreError(f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL")
+        return StoreError(f"{self.url}: {what} failed: {code or type(exc).__name__} {exc}")
+
+    def _head(self, rel: str) -> dict | None:
+        _, botocore = _boto()
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(rel))
+        except botocore.exceptions.ClientError as exc:
+            code, status = self._code(exc)
+            if status == 404 or code in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._fail(exc, f"HEAD {rel}") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network") from None
+
+    def _get(self, rel: str) -> tuple[bytes, str] | None:
+        _, botocore = _boto()
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(rel))
+            return response["Body"].read(), response.get("ETag")
+        except botocore.exceptions.ClientError as exc:
+            code, status = self._code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                return None
+            raise self._fail(exc, f"GET {rel}") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"{self.url}: cannot reach the store: {exc}") from None
+
+    def _put(self, rel: str, body, **conditions) -> bool:
+        """PUT with conditions; False on 412 Precondition Failed or 409 conditional conflict."""
+        _, botocore = _boto()
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(rel), Body=body, **conditions)
+            return True
+        except botocore.exceptions.ClientError as exc:
+            code, status = self._code(exc)
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise self._fail(exc, f"PUT {rel}") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"{self.url}: cannot reach the store: {exc}") from None
+
+    def _list(self, rel_prefix: str) -> Iterator[dict]:
+        _, botocore = _boto()
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(rel_prefix)):
+                yield from page.get("Contents", [])
+        except botocore.exceptions.ClientError as exc:
+            raise self._fail(exc, f"LIST {rel_prefix}") from None
+
+    # Blobs -----------------------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        return self._head(blob_relpath(check_digest(digest))) is not None
+
+    def put_blob(self, digest: str, path: Path, progress=None) -> bool:
+        rel = blob_relpath(check_digest(digest))
+        if self.has_blob(digest):
+            return False
+        size = path.stat().st_size
+        if size >= self.multipart_threshold:
+            written = self._multipart(rel, path, size, progress)
+        else:
+            with open(path, "rb") as body:
+                written = self._put(rel, body, IfNoneMatch="*")
+            if progress:
+                progress(size)
+        if self.verify_uploads:
+            self._verify(rel, digest)
+        return written
+
+    def _multipart(self, rel: str, path: Path, size: int, progress) -> bool:
+        """Parts are invisible until completion: a writer killed mid-way leaves no object (only parts that a
+        bucket lifecycle rule for incomplete uploads reclaims)."""
+        _, botocore = _boto()
+        key = self._key(rel)
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            with open(path, "rb") as handle:
+                number = 1
+                while chunk := handle.read(self.part_size):
+                    etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=chunk)["ETag"]
+                    parts.append({"ETag": etag, "PartNumber": number})
+                    if progress:
+                        progress(len(chunk))
+                    number += 1
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+            return True
+        except botocore.exceptions.ClientError as exc:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+            code, status = self._code(exc)
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False  # someone else stored this digest first: same bytes, success
+            raise self._fail(exc, f"multipart upload of {rel}") from None
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+            except Exception:
+                pass
+            raise
+
+    def _verify(self, rel: str, digest: str) -> None:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile() as tmp:
+            with self.open_blob(digest) as src:
+                while chunk := src.read(1 << 20):
+                    tmp.write(chunk)
+            tmp.flush()
+            if sha256_file(Path(tmp.name)) != digest:
+                raise StoreError(f"{self.url}: read-back of {rel} does not match its digest", hint="the store altered the object; check the bucket")
+
+    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
+        rel = blob_relpath(check_digest(digest))
+        _, botocore = _boto()
+        import urllib3
+
+        def opener(start: int, etag: str | None) -> Opened:
+            args = {"Bucket": self.bucket, "Key": self._key(rel)}
+            if start:
+                args["Range"] = f"bytes={start}-"
+            if etag:
+                args["IfMatch"] = etag
+            try:
+                response = self.client.get_object(**args)
+            except botocore.exceptions.ClientError as exc:
+                code, status = self._code(exc)
+                if status == 404 or code == "NoSuchKey":
+                    raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
+                if status == 412:
+                    from .ranged import BlobChanged
+
+                    raise BlobChanged(f"blob {digest[:12]} changed during the transfer") from None
+                raise self._fail(exc, f"GET {rel}") from None
+            content_range = response.get("ContentRange") or ""
+            first = int(content_range.split()[1].split("-")[0]) if content_range.startswith("bytes ") else 0
+            return Opened(response["Body"], response.get("ETag"), first, bool(content_range))  # absolute offsets
+
+        transient = (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionError, botocore.exceptions.ResponseStreamingError,
+                     urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, ConnectionError, TimeoutError)
+        return ResumableReader(opener, expected_size=size, transient=transient, limits=Limits(), what=f"blob {digest[:12]}")
+
+    def delete_blob(self, digest: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(blob_relpath(check_digest(digest))))
+
+    def list_blobs(self) -> Iterator[tuple[str, float]]:
+        for item in self._list("blobs/sha256/"):
+            name = item["Key"].rsplit("/", 1)[-1]
+            if len(name) == 64:
+                yield name, item["LastModified"].timestamp()
+
+    # Manifests -------------------------------------------------------------------------------------------
+    def get_manifest_bytes(self, key: str) -> bytes | None:
+        got = self._get(f"manifests/{check_digest(key)}.json")
+        return None if got is None else got[0]
+
+    def put_manifest_bytes(self, key: str, data: bytes) -> bool:
+        return self._put(f"manifests/{check_digest(key)}.json", data, IfNoneMatch="*", ContentType="application/json")
+
+    def list_manifest_keys(self) -> Iterator[str]:
+        for item in self._list("manifests/"):
+            name = item["Key"].rsplit("/", 1)[-1]
+            if name.endswith(".json") and len(name) == 69:
+                yield name[:-5]
+
+    # Index -----------------------------------------------------------------------------------------------
+    def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
+        got = self._get(f"index/{check_model(model)}.json")
+        return (None, None) if got is None else got
+
+    def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:
+        conditions = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        return self._put(f"index/{check_model(model)}.json", data, ContentType="application/json", CacheControl="no-cache", **conditions)
+
+    def list_models(self) -> Iterator[str]:
+        for item in self._list("index/"):
+            name = item["Key"].rsplit("/", 1)[-1]
+            if name.endswith(".json"):
+                yield name[:-5]

@@ -25,7 +25,7 @@ from .codecs import decode_stream
 from .locks import file_lock
 from .manifest import Manifest
 from .progress import ProgressLike, as_progress
-from .stores.base import Store
+from .stores.base import CappedReader, Store
 from .stores.ranged import BlobChanged
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class DeviceCache:
         for attempt in range(RESTARTS + 1):
             try:
                 with store.open_blob(entry.stored_sha256, entry.stored_size) as src, open(dest, "wb") as out:
-                    digest = decode_stream(_Capped(src, entry.stored_size), out, entry.codec, entry.size, on_bytes)
+                    digest = decode_stream(CappedReader(src, entry.stored_size), out, entry.codec, entry.size, on_bytes)
                 break
             except BlobChanged as exc:
                 if attempt == RESTARTS:
@@ -221,22 +221,3 @@ class DeviceCache:
             total -= entry.size
             removed.append(entry.manifest.build_key)
         return removed
-
-
-class _Capped:
-    """Reads at most `limit` bytes from a stream, then reports more data as an error."""
-
-    def __init__(self, stream, limit: int) -> None:
-        self.stream = stream
-        self.left = limit
-
-    def read(self, size: int = -1) -> bytes:
-        if self.left <= 0:
-            if self.stream.read(1):
-                raise IntegrityError("blob is longer than its manifest says")
-            return b""
-        want = self.left if size is None or size < 0 else min(size, self.left)
-        chunk = self.stream.read(want)
-        self.left -= len(chunk)
-        return chunk
-

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+
+from enginefarm.errors import IntegrityError
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -68,3 +70,30 @@ class Store(ABC):
 
 def blob_relpath(digest: str) -> str:
     return f"blobs/sha256/{digest[:2]}/{digest}"
+
+
+class CappedReader:
+    """Reads at most `limit` bytes from a stream; more data than that is an error, never written anywhere."""
+
+    def __init__(self, stream, limit: int) -> None:
+        self.stream = stream
+        self.left = limit
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            if self.stream.read(1):
+                raise IntegrityError("blob is longer than its manifest says")
+            return b""
+        want = self.left if size is None or size < 0 else min(size, self.left)
+        chunk = self.stream.read(want)
+        self.left -= len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def __enter__(self) -> "CappedReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import os
 import socket
-import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -78,8 +77,9 @@ class HttpStore(Store):
 
     # Blobs -----------------------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
+        # A one-byte GET, not HEAD: some CDNs and bucket policies answer HEAD differently from GET.
         try:
-            self._request(blob_relpath(check_digest(digest)), method="HEAD").close()
+            self._request(blob_relpath(check_digest(digest)), headers={"Range": "bytes=0-0"}).close()
             return True
         except ArtifactNotFoundError:
             return False
@@ -148,15 +148,13 @@ class _ParallelReader:
     def __init__(self, store: HttpStore, rel: str, size: int, digest: str) -> None:
         self._store, self._rel, self._size = store, rel, size
         self._what = f"blob {digest[:12]}"
-        head = store._request(rel, method="HEAD")
-        self._etag = head.headers.get("ETag")
-        head.close()
         self._ranges = [(start, min(CHUNK, size - start)) for start in range(0, size, CHUNK)]
+        # The first range runs alone: its response's ETag pins every other range to the same version.
+        self._etag: str | None = None
+        self._buffer = self._fetch(*self._ranges[0])
         self._pool = ThreadPoolExecutor(max_workers=store.workers, thread_name_prefix="enginefarm-get")
-        self._futures = [self._pool.submit(self._fetch, start, length) for start, length in self._ranges[: store.workers + 1]]
-        self._next = len(self._futures)
-        self._buffer = b""
-        self._lock = threading.Lock()
+        self._futures = [self._pool.submit(self._fetch, start, length) for start, length in self._ranges[1 : store.workers + 2]]
+        self._next = 1 + len(self._futures)
 
     def _fetch(self, start: int, length: int) -> bytes:
         reader = self._store._reader(self._rel, length, self._what, start, self._etag, whole=False)
@@ -166,6 +164,8 @@ class _ParallelReader:
                 parts.append(chunk)
         finally:
             reader.close()
+        if self._etag is None:
+            self._etag = reader.etag
         data = b"".join(parts)
         if len(data) != length:
             raise StoreError(f"{self._what}: range at {start} returned {len(data)} of {length} bytes")

@@ -11,7 +11,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..locks import file_lock
-from .base import Store, blob_relpath
+from .base import CappedReader, Store, blob_relpath
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -66,9 +66,10 @@ class LocalStore(Store):
 
     def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
         try:
-            return open(self._blob(digest), "rb")
+            handle = open(self._blob(digest), "rb")
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
+        return handle if size is None else CappedReader(handle, size)
 
     def delete_blob(self, digest: str) -> None:
         self._blob(digest).unlink(missing_ok=True)

@@ -137,6 +137,10 @@ class ResumableReader:
             self._check_pace(len(chunk))
             return chunk
 
+    @property
+    def etag(self) -> str | None:
+        return self._etag
+
     def _drop(self) -> None:
         if self._current is not None:
             try:

@@ -59,7 +59,17 @@ class S3Store(Store):
             style = "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
             config = Config(retries={"mode": "standard", "max_attempts": 10}, s3={"addressing_style": style},
                             connect_timeout=10, read_timeout=60, max_pool_connections=16)
-            self._client = boto3.session.Session().client("s3", config=config)
+            client = boto3.session.Session().client("s3", config=config)
+            try:
+                client.head_bucket(Bucket=self.bucket)
+            except botocore.exceptions.ClientError as exc:
+                code, status = self._code(exc)
+                if status == 404 or code in ("404", "NoSuchBucket"):
+                    raise StoreError(f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL") from None
+                # 403 here can still allow object access (narrow policies); the object calls will tell.
+            except botocore.exceptions.BotoCoreError as exc:
+                raise StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network") from None
+            self._client = client
         return self._client
 
     def _key(self, rel: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from enginefarm.cache.artifacts import publish, read_index, read_manifest, rebuild_index, update_index
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.stores import open_store
-from enginefarm.errors import ArtifactNotFoundError, StoreError
+from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
 
 def blob_file(tmp_path: Path, data: bytes) -> tuple[str, Path]:
@@ -31,49 +32,69 @@ def make_manifest(key_seed: str, digest: str, size: int, model: str = "m", targe
 
 
 class StoreConformance:
-    """Subclasses provide a `store` fixture returning a fresh, writable store."""
+    """Subclasses provide `store` (a fresh store to write with) and may override `reader` (the store readers use:
+    the same one, except for read-only HTTP, which reads what an S3 store wrote)."""
 
-    def test_blob_round_trip(self, store, tmp_path):
+    @pytest.fixture
+    def reader(self, store):
+        return store
+
+    def test_blob_round_trip(self, store, reader, tmp_path):
         digest, path = blob_file(tmp_path, b"hello blob" * 1000)
-        assert not store.has_blob(digest)
+        assert not reader.has_blob(digest)
         assert store.put_blob(digest, path) is True
-        assert store.has_blob(digest)
-        with store.open_blob(digest) as handle:
-            assert handle.read() == b"hello blob" * 1000
+        assert reader.has_blob(digest)
+        with reader.open_blob(digest, 10000) as handle:
+            assert _read_all(handle) == b"hello blob" * 1000
 
-    def test_existing_blob_counts_as_success_and_is_not_rewritten(self, store, tmp_path):
+    def test_existing_blob_counts_as_success_and_is_not_rewritten(self, store, reader, tmp_path):
         digest, path = blob_file(tmp_path, b"same")
         assert store.put_blob(digest, path)
         assert store.put_blob(digest, path) is False
-        with store.open_blob(digest) as handle:
-            assert handle.read() == b"same"
+        with reader.open_blob(digest) as handle:
+            assert _read_all(handle) == b"same"
 
-    def test_missing_blob_is_a_typed_error(self, store):
+    def test_missing_blob_is_a_typed_error(self, reader):
         with pytest.raises(ArtifactNotFoundError):
-            store.open_blob("0" * 64)
+            _read_all(reader.open_blob("0" * 64))
 
-    def test_bad_digest_is_refused(self, store, tmp_path):
+    def test_bad_digest_is_refused(self, reader, tmp_path):
         with pytest.raises(StoreError):
-            store.has_blob("../../etc/passwd")
+            reader.has_blob("../../etc/passwd")
 
-    def test_manifest_is_written_once(self, store, tmp_path):
+    def test_reads_are_capped_at_the_expected_size(self, store, reader, tmp_path):
+        digest, path = blob_file(tmp_path, b"x" * 5000)
+        store.put_blob(digest, path)
+        with pytest.raises(IntegrityError):
+            _read_all(reader.open_blob(digest, 100))
+
+    def test_blob_listing_and_deletion(self, store, tmp_path):
+        digest, path = blob_file(tmp_path, b"to be deleted")
+        store.put_blob(digest, path)
+        assert digest in dict(store.list_blobs())
+        store.delete_blob(digest)
+        assert not store.has_blob(digest)
+
+    def test_manifest_is_written_once(self, store, reader, tmp_path):
         digest, path = blob_file(tmp_path, b"x")
         first = make_manifest("k", digest, 1)
         assert publish(store, first, {digest: path}) is True
-        assert read_manifest(store, first.build_key) == first
+        assert read_manifest(reader, first.build_key) == first
         assert store.put_manifest_bytes(first.build_key, b"{}") is False
-        assert read_manifest(store, first.build_key) == first
+        assert read_manifest(reader, first.build_key) == first
         assert list(store.list_manifest_keys()) == [first.build_key]
+        assert read_manifest(reader, "f" * 64) is None
 
-    def test_index_lists_published_artifacts(self, store, tmp_path):
+    def test_index_lists_published_artifacts(self, store, reader, tmp_path):
         digest, path = blob_file(tmp_path, b"x")
         one, two = make_manifest("a", digest, 1), make_manifest("b", digest, 1, target="openvino:cpu")
         publish(store, one, {digest: path})
         publish(store, two, {digest: path})
-        entries = read_index(store, "m")["entries"]
+        entries = read_index(reader, "m")["entries"]
         assert set(entries) == {one.build_key, two.build_key}
         assert entries[two.build_key]["target"] == "openvino:cpu"
         assert list(store.list_models()) == ["m"]
+        assert read_index(reader, "nomodel")["entries"] == {}
 
     def test_index_cas_rejects_a_stale_etag(self, store):
         assert store.cas_index_bytes("m", b'{"v": 1}', None)
@@ -121,6 +142,71 @@ class TestLocalStore(StoreConformance):
         publish(store, make_manifest("k", digest, 1), {digest: path})
         leftovers = [p for p in Path(store.url).rglob("*") if ".incomplete" in p.name]
         assert leftovers == []
+
+
+class TestS3Store(StoreConformance):
+    @pytest.fixture
+    def store(self, bucket):
+        return open_store(f"s3://{bucket}/farm")
+
+    def test_multipart_upload_of_a_large_blob(self, bucket, tmp_path):
+        from enginefarm.cache.stores.s3 import S3Store
+
+        store = S3Store(f"s3://{bucket}/mp", part_size=5 << 20, multipart_threshold=6 << 20, verify_uploads=True)
+        data = os.urandom(12 << 20)
+        digest, path = blob_file(tmp_path, data)
+        sent = []
+        assert store.put_blob(digest, path, progress=sent.append)
+        assert sum(sent) == len(data) and len(sent) == 3
+        assert _read_all(store.open_blob(digest, len(data))) == data
+        assert store.put_blob(digest, path) is False
+
+    def test_missing_bucket_is_a_clear_error(self, s3_env):
+        with pytest.raises(StoreError, match="bucket nosuchbucket does not exist"):
+            open_store("s3://nosuchbucket/x").has_blob("0" * 64)
+
+
+class TestHttpStore(StoreConformance):
+    """Written through S3, read through plain HTTP GETs of the same bucket, as a CDN or public bucket serves it."""
+
+    @pytest.fixture
+    def store(self, bucket):
+        return open_store(f"s3://{bucket}/farm")
+
+    @pytest.fixture
+    def reader(self, bucket, s3_env):
+        return open_store(f"{s3_env.url}/{bucket}/farm")
+
+    def test_is_read_only(self, reader, tmp_path):
+        digest, path = blob_file(tmp_path, b"x")
+        with pytest.raises(StoreError, match="read-only"):
+            reader.put_blob(digest, path)
+        with pytest.raises(StoreError, match="read-only"):
+            publish(reader, make_manifest("k", digest, 1), {digest: path})
+
+    def test_parallel_ranged_get(self, store, bucket, s3_env, tmp_path):
+        from enginefarm.cache.stores.http import HttpStore
+
+        data = os.urandom(3 << 20)
+        digest, path = blob_file(tmp_path, data)
+        store.put_blob(digest, path)
+        reader = HttpStore(f"{s3_env.url}/{bucket}/farm", parallel_threshold=1 << 20)
+        import enginefarm.cache.stores.http as http_module
+
+        old = http_module.CHUNK
+        http_module.CHUNK = 256 << 10
+        try:
+            assert _read_all(reader.open_blob(digest, len(data))) == data
+        finally:
+            http_module.CHUNK = old
+
+
+def _read_all(handle) -> bytes:
+    with handle:
+        parts = []
+        while chunk := handle.read(1 << 16):
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def test_unknown_scheme_is_a_clear_error():

@@ -56,7 +56,8 @@ class Rule:
     method: str = "GET"
     path_contains: str = ""
     times: int = 1
-    reset_after: int | None = None  # send this many body bytes, then reset the connection
+    reset_after: int | None = None  # send this many body bytes, then break the connection
+    hard_reset: bool = False  # break it with a TCP RST (in-flight bytes may be lost) instead of a clean close
     ignore_range: bool = False
     shift_content_range: int = 0
     status: int | None = None  # answer with this status (e.g. 503) instead of forwarding
@@ -132,7 +133,13 @@ class FaultProxy:
                 elif rule and rule.reset_after is not None:
                     self.wfile.write(data[: rule.reset_after])
                     self.wfile.flush()
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    if rule.after:  # before the break, so the client's retry sees its effect
+                        rule.after()
+                        rule.after = None
+                    if rule.hard_reset:
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    else:
+                        self.connection.shutdown(socket.SHUT_WR)
                     self.close_connection = True
                     self.connection.close()
                 elif rule and rule.trickle_bps:

@@ -223,6 +223,7 @@ class S3Store(Store):
             return Opened(response["Body"], response.get("ETag"), first, bool(content_range))  # absolute offsets
 
         transient = (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionError, botocore.exceptions.ResponseStreamingError,
+                     botocore.exceptions.IncompleteReadError,
                      urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, ConnectionError, TimeoutError)
         return ResumableReader(opener, expected_size=size, transient=transient, limits=Limits(), what=f"blob {digest[:12]}")
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import uuid
 import sys
 import textwrap
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import models
+from tests.servers import FaultProxy, MotoServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,3 +94,46 @@ def pytest_collection_modifyitems(config, items):
         if marker and marker.args[0] not in enabled:
             kind = marker.args[0]
             item.add_marker(pytest.mark.skip(reason=f"needs {kind} hardware: run with ENGINEFARM_TEST_HARDWARE={kind} on a machine that has it"))
+
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch):
+    """boto3's standard configuration, pointed at the loopback moto server."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return moto_server
+
+
+def make_bucket(endpoint: str) -> str:
+    """A fresh bucket whose objects anyone may GET, like a public bucket behind a CDN."""
+    import boto3
+
+    name = f"ef-{uuid.uuid4().hex[:12]}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket=name)
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{name}/*"}]}
+    client.put_bucket_policy(Bucket=name, Policy=json.dumps(policy))
+    return name
+
+
+@pytest.fixture
+def bucket(s3_env):
+    return make_bucket(s3_env.url)
+
+
+@pytest.fixture
+def proxy(moto_server):
+    proxy = FaultProxy(moto_server.port)
+    yield proxy
+    proxy.stop()

@@ -1,0 +1,101 @@
+"""The farm against real remote stores: build straight to S3, publish between stores, load over HTTP, gc."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import enginefarm
+from enginefarm.cache.artifacts import read_index, read_manifest
+from enginefarm.cache.stores import open_store
+
+
+@pytest.fixture
+def farm_bucket(tiny_recipe, cli, bucket):
+    url = f"s3://{bucket}/farm"
+    proc = cli("build", str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))), "--store", url, "-j", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 built" in proc.stdout
+    return url
+
+
+def test_build_publishes_to_s3_and_skips_existing(farm_bucket, tiny_recipe, cli):
+    store = open_store(farm_bucket)
+    keys = set(store.list_manifest_keys())
+    assert len(keys) == 2 and set(read_index(store, "tiny-sd")["entries"]) == keys
+    again = cli("build", str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))), "--store", farm_bucket, check=True)
+    assert "0 built, 0 failed, 2 already stored" in again.stdout
+    listing = json.loads(cli("ls", "--store", farm_bucket, "--json", check=True).stdout)
+    assert {row["target"] for row in listing} == {"onnxruntime:cpu", "openvino:cpu"}
+
+
+def test_app_loads_from_an_https_style_store_through_the_index(farm_bucket, bucket, s3_env, cli, tmp_path):
+    http_url = f"{s3_env.url}/{bucket}/farm"
+    session = enginefarm.load("tiny-sd/decoder", device="cpu", store=http_url)
+    out = session.run({"latent": np.ones((1, 4, 8, 8), np.float32)})["sample"]
+    assert out.shape == (1, 3, 16, 16)
+    np.save(tmp_path / "latent.npy", np.ones((1, 4, 8, 8), np.float32))
+    proc = cli("fetch", "tiny-sd/decoder", "--store", http_url, "--target", "openvino:cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "openvino:cpu fp32" in proc.stdout
+
+
+def test_publish_copies_only_missing_blobs(tiny_recipe, cli, tmp_path, bucket, proxy, monkeypatch):
+    local = tmp_path / "local-store"
+    cli("build", str(tiny_recipe(precisions=("fp32", "fp16"))), "--store", str(local), "--no-bench", check=True)
+    source = open_store(local)
+    keys = list(source.list_manifest_keys())
+    first = read_manifest(source, keys[0])
+    # The destination already holds one of the blobs: publish must not send it again.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    dest_url = f"s3://{bucket}/farm"
+    dest = open_store(dest_url)
+    shared = first.files[0].stored_sha256
+    with source.open_blob(shared) as handle:
+        (tmp_path / "shared").write_bytes(handle.read())
+    dest.put_blob(shared, tmp_path / "shared")
+    proxy.clear()
+    proc = cli("publish", "--from", str(local), "--to", dest_url)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 copied, 0 already" in proc.stdout
+    blob_puts = [path for method, path, _ in proxy.plan.log if method == "PUT" and "/blobs/" in path]
+    assert len(blob_puts) == 1 and shared not in blob_puts[0]
+    assert set(read_index(dest, "tiny-sd")["entries"]) == set(keys)
+    again = cli("publish", "--from", str(local), "--to", dest_url, "--precision", "fp16", check=True)
+    assert "0 copied, 1 already" in again.stdout
+    nothing = cli("publish", "--from", str(local), "--to", dest_url, "--target", "openvino:gpu")
+    assert nothing.returncode == 1 and nothing.stderr.startswith("error: nothing in")
+
+
+def test_gc_is_a_dry_run_unless_asked(farm_bucket, cli, tmp_path):
+    store = open_store(farm_bucket)
+    (tmp_path / "orphan").write_bytes(b"nobody references me")
+    import hashlib
+
+    orphan = hashlib.sha256(b"nobody references me").hexdigest()
+    store.put_blob(orphan, tmp_path / "orphan")
+    young = cli("gc", "--store", farm_bucket, check=True)
+    assert "0 unreferenced to delete" in young.stdout and "1 unreferenced but younger" in young.stdout
+    dry = cli("gc", "--store", farm_bucket, "--grace", "0s", check=True)
+    assert f"would delete blob {orphan}" in dry.stdout and store.has_blob(orphan)
+    real = cli("gc", "--store", farm_bucket, "--grace", "0s", "--delete", check=True)
+    assert f"deleted blob {orphan}" in real.stdout and not store.has_blob(orphan)
+    for key in store.list_manifest_keys():
+        assert all(store.has_blob(f.stored_sha256) for f in read_manifest(store, key).files)
+    assert cli("gc", "--store", farm_bucket, "--grace", "soon").stderr.startswith("error: --grace 'soon'")
+
+
+def test_index_rebuild_on_s3(farm_bucket, cli):
+    store = open_store(farm_bucket)
+    _, etag = store.get_index_bytes("tiny-sd")
+    assert store.cas_index_bytes("tiny-sd", b"garbage", etag)
+    assert read_index(store, "tiny-sd")["entries"] == {}
+    assert "tiny-sd: 2 artifacts" in cli("index", "--store", farm_bucket, check=True).stdout
+    assert len(read_index(store, "tiny-sd")["entries"]) == 2
+
+
+def test_missing_bucket_is_one_line(farm_bucket, cli):
+    proc = cli("ls", "--store", "s3://nosuchbucket-x/farm")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: bucket nosuchbucket-x does not exist")

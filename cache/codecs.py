@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -30,34 +29,45 @@ def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
 
 def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None) -> str:
     """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256.
-    `on_bytes` receives the running count of decoded bytes."""
-    digest = hashlib.sha256()
+    `on_bytes` receives the running count of decoded bytes.
+
+    Reading, decoding and hashing + writing run as a pipeline (cache/pipeline.py)."""
+    from .pipeline import HashingWriter, Prefetcher
+
+    source = Prefetcher(src)
+    writer = HashingWriter(dst)
     written = 0
-
-    def sink(chunk: bytes) -> None:
-        nonlocal written
-        written += len(chunk)
-        if written > expected_size:
-            raise IntegrityError(f"blob decodes to more than the {expected_size} bytes its manifest allows")
-        digest.update(chunk)
-        dst.write(chunk)
-        if on_bytes:
-            on_bytes(written)
-
-    if codec == "none":
-        while chunk := src.read(CHUNK):
-            sink(chunk)
-    elif codec == "zstd":
-        import zstandard
-
-        reader = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(src, read_across_frames=True)
-        try:
-            while chunk := reader.read(CHUNK):
-                sink(chunk)
-        except zstandard.ZstdError as exc:
-            raise IntegrityError(f"blob is not valid zstd: {exc}") from None
-    else:
-        raise IntegrityError(f"unknown codec {codec!r}", hint="upgrade enginefarm")
+    try:
+        if codec == "none":
+            chunks = iter(lambda: source.read(CHUNK), b"")
+        elif codec == "zstd":
+            chunks = _zstd_chunks(source)
+        else:
+            raise IntegrityError(f"unknown codec {codec!r}", hint="upgrade enginefarm")
+        for chunk in chunks:
+            written += len(chunk)
+            if written > expected_size:
+                raise IntegrityError(f"blob decodes to more than the {expected_size} bytes its manifest allows")
+            writer.write(chunk)
+            if on_bytes:
+                on_bytes(written)
+        digest = writer.finish()
+    except BaseException:
+        writer.abandon()
+        raise
+    finally:
+        source.close()
     if written != expected_size:
         raise IntegrityError(f"blob decodes to {written} bytes, manifest says {expected_size} (truncated?)")
-    return digest.hexdigest()
+    return digest
+
+
+def _zstd_chunks(source):
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(source, read_size=CHUNK, read_across_frames=True)
+    try:
+        while chunk := reader.read(CHUNK):
+            yield chunk
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"blob is not valid zstd: {exc}") from None

@@ -190,7 +190,7 @@ class TestHttpStore(StoreConformance):
         data = os.urandom(3 << 20)
         digest, path = blob_file(tmp_path, data)
         store.put_blob(digest, path)
-        reader = HttpStore(f"{s3_env.url}/{bucket}/farm", parallel_threshold=1 << 20)
+        reader = HttpStore(f"{s3_env.url}/{bucket}/farm", parallel_threshold=1 << 20, workers=4)
         import enginefarm.cache.stores.http as http_module
 
         old = http_module.CHUNK

@@ -1,0 +1,111 @@
+"""Overlap the three stages of a fetch: network reads, decoding, and hashing + writing.
+
+Each stage runs on its own thread with a small bounded queue between them; zstd, hashlib and file writes
+release the GIL on large buffers, so the stages really run side by side. Errors in any stage surface in
+the caller's thread, and memory stays bounded (depth × chunk per queue).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from typing import BinaryIO
+
+CHUNK = 1 << 20
+DEPTH = 8
+_END = object()
+
+
+class Prefetcher:
+    """A read-ahead wrapper: a thread pulls chunks from `stream` while the caller consumes earlier ones."""
+
+    def __init__(self, stream, chunk: int = CHUNK, depth: int = DEPTH) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stream = stream
+        self._chunk = chunk
+        self._stop = threading.Event()
+        self._buffer = b""
+        self._done = False
+        self._thread = threading.Thread(target=self._pump, name="enginefarm-prefetch", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set():
+                data = self._stream.read(self._chunk)
+                if not data:
+                    break
+                self._put(data)
+            self._put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._buffer and not self._done:
+            item = self._queue.get()
+            if item is _END:
+                self._done = True
+            elif isinstance(item, BaseException):
+                self._done = True
+                raise item
+            else:
+                self._buffer = item
+        if size is None or size < 0 or size >= len(self._buffer):
+            out, self._buffer = self._buffer, b""
+        else:
+            out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class HashingWriter:
+    """Hashes and writes chunks on a background thread. `finish()` waits and returns the sha256 hex digest."""
+
+    def __init__(self, out: BinaryIO, depth: int = DEPTH) -> None:
+        self._out = out
+        self._digest = hashlib.sha256()
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="enginefarm-write", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if self._error is None:
+                try:
+                    self._digest.update(item)
+                    self._out.write(item)
+                except BaseException as exc:
+                    self._error = exc
+
+    def write(self, chunk: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(chunk)
+
+    def finish(self) -> str:
+        self._queue.put(_END)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._digest.hexdigest()
+
+    def abandon(self) -> None:
+        self._error = self._error or RuntimeError("abandoned")
+        self._queue.put(_END)
+        self._thread.join(timeout=5)

@@ -115,7 +115,10 @@ class ResumableReader:
             try:
                 if self._current is None:
                     self._open()
-                chunk = self._current.read(want)
+                # read1 returns what one socket read brings, so the pace checks run even on a trickle
+                # (a plain read(1 MiB) would block until the whole MiB arrived).
+                reader = getattr(self._current, "read1", None) or self._current.read
+                chunk = reader(want)
             except self._transient as exc:
                 self._drop()
                 self._attempts += 1

@@ -38,6 +38,19 @@ def parse_size(name: str, raw: str | None) -> int | None:
     return size
 
 
+def parse_number(name: str, raw: str | None, default: float, low: float, high: float) -> float:
+    value = (raw or "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{name}={raw!r} must be between {low:g} and {high:g}")
+    return number
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -45,6 +58,10 @@ class Settings:
     offline: bool
     cache_quota: int | None
     recipe_path: tuple[Path, ...]
+    http_deadline_s: float = 3600.0
+    http_min_rate: float = 16 * 1024
+    http_connections: int = 1
+    s3_verify: bool = False
 
 
 def _default_home() -> Path:
@@ -70,4 +87,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         offline=parse_bool("ENGINEFARM_OFFLINE", env.get("ENGINEFARM_OFFLINE")),
         cache_quota=parse_size("ENGINEFARM_CACHE_QUOTA", env.get("ENGINEFARM_CACHE_QUOTA")),
         recipe_path=recipe_path,
+        http_deadline_s=parse_number("ENGINEFARM_HTTP_DEADLINE", env.get("ENGINEFARM_HTTP_DEADLINE"), 3600.0, 1, 7 * 86400),
+        http_min_rate=parse_number("ENGINEFARM_HTTP_MIN_RATE", env.get("ENGINEFARM_HTTP_MIN_RATE"), 16 * 1024, 0, 1e12),
+        http_connections=int(parse_number("ENGINEFARM_HTTP_CONNECTIONS", env.get("ENGINEFARM_HTTP_CONNECTIONS"), 1, 1, 32)),
+        s3_verify=parse_bool("ENGINEFARM_S3_VERIFY", env.get("ENGINEFARM_S3_VERIFY")),
     )

@@ -47,3 +47,15 @@ def test_defaults_are_per_user_dirs():
 def test_cli_reports_bad_env_in_one_line(cli):
     proc = cli("cache", "gc", env={"ENGINEFARM_CACHE_QUOTA": "lots"})
     assert proc.returncode == 1 and proc.stderr.startswith("error: ENGINEFARM_CACHE_QUOTA='lots' is not a size")
+
+
+def test_transfer_settings():
+    settings = load_settings({"ENGINEFARM_HTTP_DEADLINE": "60", "ENGINEFARM_HTTP_MIN_RATE": "1000", "ENGINEFARM_HTTP_CONNECTIONS": "4", "ENGINEFARM_S3_VERIFY": "1"})
+    assert (settings.http_deadline_s, settings.http_min_rate, settings.http_connections, settings.s3_verify) == (60, 1000, 4, True)
+    assert load_settings({}).http_connections == 1 and load_settings({}).s3_verify is False
+
+
+@pytest.mark.parametrize("name,raw", [("ENGINEFARM_HTTP_CONNECTIONS", "100"), ("ENGINEFARM_HTTP_DEADLINE", "soon"), ("ENGINEFARM_HTTP_MIN_RATE", "-1")])
+def test_bad_transfer_settings(name, raw):
+    with pytest.raises(ConfigError, match=name):
+        load_settings({name: raw})

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import http.client
-import os
 import socket
 import urllib.error
 import urllib.request
@@ -19,36 +18,24 @@ from .ranged import BlobChanged, Limits, Opened, ResumableReader
 
 PARALLEL_THRESHOLD = 32 << 20
 CHUNK = 8 << 20
-# One connection by default: measured on loopback, a server that reads the whole object per Range request
-# (moto, some origins) made 4 parallel ranges 9x slower than one stream. CDNs that cap per-connection
-# throughput are the opposite case: raise ENGINEFARM_HTTP_CONNECTIONS there.
-DEFAULT_CONNECTIONS = 1
+# ENGINEFARM_HTTP_CONNECTIONS defaults to 1: measured on loopback, a server that reads the whole object per
+# Range request (moto, some origins) made 4 parallel ranges 9x slower than one stream. CDNs that cap
+# per-connection throughput are the opposite case: raise it there.
 SOCKET_TIMEOUT = 30.0
 _TRANSIENT = (ConnectionError, TimeoutError, socket.timeout, http.client.IncompleteRead, http.client.RemoteDisconnected, urllib.error.URLError)
 
 
 def limits_from_env() -> Limits:
-    def number(name: str, default: float) -> float:
-        raw = os.environ.get(name, "").strip()
-        if not raw:
-            return default
-        try:
-            return float(raw)
-        except ValueError:
-            raise StoreError(f"{name}={raw!r} is not a number") from None
+    from enginefarm.settings import load_settings
 
-    return Limits(deadline_s=number("ENGINEFARM_HTTP_DEADLINE", 3600.0), min_rate=number("ENGINEFARM_HTTP_MIN_RATE", 16 * 1024))
+    settings = load_settings()
+    return Limits(deadline_s=settings.http_deadline_s, min_rate=settings.http_min_rate)
 
 
 def connections_from_env() -> int:
-    raw = os.environ.get("ENGINEFARM_HTTP_CONNECTIONS", "").strip()
-    try:
-        value = int(raw) if raw else DEFAULT_CONNECTIONS
-    except ValueError:
-        raise StoreError(f"ENGINEFARM_HTTP_CONNECTIONS={raw!r} is not a whole number") from None
-    if not 1 <= value <= 32:
-        raise StoreError(f"ENGINEFARM_HTTP_CONNECTIONS={raw!r} must be between 1 and 32")
-    return value
+    from enginefarm.settings import load_settings
+
+    return load_settings().http_connections
 
 
 class HttpStore(Store):

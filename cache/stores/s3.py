@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
-from enginefarm.settings import parse_bool
 
 from ..atomic import sha256_file
 from .base import Store, blob_relpath
@@ -44,7 +43,11 @@ class S3Store(Store):
             raise StoreError(f"{url}: no bucket", hint="write s3://BUCKET[/PREFIX]")
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        self.verify_uploads = parse_bool("ENGINEFARM_S3_VERIFY", os.environ.get("ENGINEFARM_S3_VERIFY")) if verify_uploads is None else verify_uploads
+        if verify_uploads is None:
+            from enginefarm.settings import load_settings
+
+            verify_uploads = load_settings().s3_verify
+        self.verify_uploads = verify_uploads
         self.part_size = part_size
         self.multipart_threshold = multipart_threshold
         self._client = None

@@ -48,8 +48,11 @@ class Candidate:
 
     def describe(self) -> str:
         e = self.entry
-        speed = f"p50 {self.p50_ms:.1f} ms measured on {self.measured_on}" if self.p50_ms is not None else "no benchmark for this device"
-        return f"{e['target']} {e['precision']} [{e['build_key'][:12]}] {TIER_NAMES[tier_of(self.target)]}, {speed}"
+        if self.p50_ms is not None:
+            speed = f", p50 {self.p50_ms:.1f} ms measured on {self.measured_on}"
+        else:
+            speed = "" if self.device is None else ", no benchmark for this device"
+        return f"{e['target']} {e['precision']} [{e['build_key'][:12]}] {TIER_NAMES[tier_of(self.target)]}{speed}"
 
 
 @dataclass

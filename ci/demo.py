@@ -37,7 +37,7 @@ def main() -> int:
 
     latent = np.random.default_rng(0).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
     table = Table(title="tiny-sd/decoder: every artifact, loaded from an empty cache")
-    for column in ("artifact", "backend", "precision", "computes in", "min cosine", "p50 ms (build)", "first inference ms", "output"):
+    for column in ("artifact", "backend", "precision", "computes in", "min cosine", "min PSNR dB", "p50 ms (build)", "first inference ms", "output"):
         table.add_column(column)
     for target in ("openvino:cpu", "onnxruntime:cpu"):
         for precision in ("fp32", "fp16"):
@@ -46,7 +46,7 @@ def main() -> int:
             out = session.run({"latent": latent})["sample"]
             ttfi = (time.perf_counter() - start) * 1000
             m = session.artifact
-            table.add_row(m.build_key[:12], target, precision, session.compute_precision, f"{m.validation['min_cosine']:.6f}",
+            table.add_row(m.build_key[:12], target, precision, session.compute_precision, f"{m.validation['min_cosine']:.8f}", f"{m.validation['min_psnr']:.1f}",
                           f"{m.benchmarks[0]['p50_ms']:.3f}", f"{ttfi:.0f}", f"{list(out.shape)} std {out.std():.3f}")
     console = Console(width=160)
     console.print(table)

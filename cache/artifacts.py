@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from enginefarm.errors import IntegrityError, StoreError
 
 from .atomic import sha256_file
-from .codecs import encode_file
+from .codecs import codec_for, encode_file
 from .manifest import ArtifactFile, Manifest
 from .progress import ProgressLike, as_progress
 from .stores.base import Store
@@ -26,19 +26,21 @@ INDEX_FORMAT = 1
 _CAS_ATTEMPTS = 20
 
 
-def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, codec: str = "zstd") -> tuple[list[ArtifactFile], dict[str, Path]]:
-    """Encode each (relative path, role) under `root` into `blob_dir`. Returns the file records and digest → blob path."""
+def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, codec: str | None = None) -> tuple[list[ArtifactFile], dict[str, Path]]:
+    """Encode each (relative path, role) under `root` into `blob_dir`. Returns the file records and digest → blob path.
+    `codec` None picks per file: efw1 for weight files, zstd for the rest."""
     files: list[ArtifactFile] = []
     blobs: dict[str, Path] = {}
     blob_dir.mkdir(parents=True, exist_ok=True)
     for rel, role in entries:
         src = root / rel
+        chosen = codec or codec_for(role, src.stat().st_size)
         with tempfile.NamedTemporaryFile(dir=blob_dir, delete=False, suffix=".blob") as out:
-            encode_file(src, out, codec)
+            encode_file(src, out, chosen)
         blob = Path(out.name)
         stored_sha = sha256_file(blob)
         blobs[stored_sha] = blob
-        files.append(ArtifactFile(rel, role, src.stat().st_size, sha256_file(src), codec, blob.stat().st_size, stored_sha))
+        files.append(ArtifactFile(rel, role, src.stat().st_size, sha256_file(src), chosen, blob.stat().st_size, stored_sha))
     return files, blobs
 
 

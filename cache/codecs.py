@@ -9,11 +9,22 @@ from enginefarm.errors import IntegrityError
 
 from .atomic import CHUNK
 
-CODECS = ("zstd", "none")
+CODECS = ("efw1", "zstd", "none")
+WEIGHT_ROLES = ("weights", "engine", "model")  # files that are mostly tensors: byte-grouped (cache/codec.py)
+EFW1_MIN_SIZE = 1 << 20
+
+
+def codec_for(role: str, size: int) -> str:
+    return "efw1" if role in WEIGHT_ROLES and size >= EFW1_MIN_SIZE else "zstd"
 ZSTD_LEVEL = 3
 
 
 def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
+    if codec == "efw1":
+        from .codec import encode_file as encode_efw1
+
+        encode_efw1(src, dst)
+        return
     with open(src, "rb") as reader:
         if codec == "none":
             while chunk := reader.read(CHUNK):
@@ -40,6 +51,10 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
     try:
         if codec == "none":
             chunks = iter(lambda: source.read(CHUNK), b"")
+        elif codec == "efw1":
+            from .codec import decode_frames
+
+            chunks = decode_frames(source, expected_size)
         elif codec == "zstd":
             chunks = _zstd_chunks(source)
         else:

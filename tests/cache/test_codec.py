@@ -1,0 +1,163 @@
+"""The efw1 weight codec: exact round trips, corruption detected, bombs refused in bounded memory."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+import zstandard
+
+from enginefarm.cache import codec
+from enginefarm.cache.artifacts import pack_files
+from enginefarm.cache.codecs import decode_stream
+from enginefarm.errors import IntegrityError
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", None]
+
+
+def weights(n: int, dtype: str | None, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    if dtype in (None, "int8", "uint8", "int32", "int64"):
+        return rng.integers(0, 200, n, dtype=np.uint8).tobytes()
+    if dtype == "bfloat16":
+        return (rng.standard_normal(n // 2 + 1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()[:n]
+    return rng.standard_normal(n).astype(dtype).tobytes()[:n]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [0, 1, 3, 7, 1001, codec.FRAME_RAW - 1, codec.FRAME_RAW, codec.FRAME_RAW + 5])
+def test_round_trip_is_exact(dtype, length):
+    data = weights(length, dtype)[:length].ljust(length, b"\x01")
+    blob = codec.compress(data, dtype)
+    assert codec.decompress(blob, len(data)) == data
+
+
+def test_grouping_beats_plain_zstd_on_weights():
+    data = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float16).tobytes()
+    ours = len(codec.compress(data, "float16")) / len(data)
+    plain = len(zstandard.ZstdCompressor(level=3).compress(data)) / len(data)
+    assert ours < plain - 0.05
+
+
+def test_width_is_detected_from_the_data():
+    assert codec.best_width(weights(1 << 20, "float16")) == 2
+    assert codec.best_width(weights(1 << 20, "float32")) == 4
+    assert codec.best_width(b"text that is not weights at all " * 10000) == 1
+
+
+def test_streaming_decode_equals_whole_decode():
+    data = weights(3 * codec.FRAME_RAW + 12345, "float32")
+    blob = codec.compress(data, "float32")
+
+    class Trickle(io.BytesIO):
+        def read(self, size=-1):
+            return super().read(min(size if size and size > 0 else 1 << 30, 777))
+
+    streamed = b"".join(bytes(c) for c in codec.decode_frames(Trickle(blob), len(data)))
+    assert streamed == codec.decompress(blob, len(data)) == data
+
+
+def test_file_encoding_matches_and_streams(tmp_path):
+    data = weights(2 * codec.FRAME_RAW + 99, "float16")
+    (tmp_path / "w.bin").write_bytes(data)
+    with open(tmp_path / "w.efw1", "wb") as out:
+        assert codec.encode_file(tmp_path / "w.bin", out) == 2
+    out = io.BytesIO()
+    digest = decode_stream(open(tmp_path / "w.efw1", "rb"), out, "efw1", len(data))
+    assert out.getvalue() == data and digest == __import__("hashlib").sha256(data).hexdigest()
+
+
+def test_weight_files_are_packed_with_efw1(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "model.bin").write_bytes(weights(3 << 20, "float16"))
+    (tmp_path / "a" / "model.xml").write_bytes(b"<net/>" * 100)
+    files, _ = pack_files(tmp_path / "a", [("model.bin", "weights"), ("model.xml", "ir")], tmp_path / "blobs")
+    assert [f.codec for f in files] == ["efw1", "zstd"]
+    assert files[0].stored_size < 0.9 * files[0].size
+
+
+def _flip(blob: bytes, at: int) -> bytes:
+    return blob[:at] + bytes([blob[at] ^ 0x40]) + blob[at + 1:]
+
+
+@pytest.mark.parametrize("where", ["zstd group", "raw group", "header", "table"])
+def test_corruption_is_detected(where):
+    data = weights(1 << 20, "float16")
+    blob = codec.compress(data, "float16")
+    header = codec._HEADER.size + codec._ENTRY.size
+    record = codec._RECORD.size
+    first_mode, first_size, _ = codec._RECORD.unpack_from(blob, header)
+    at = {
+        "raw group": header + record + first_size // 2,  # group 0 (low bytes) is stored raw
+        "zstd group": header + record + first_size + record + 40,
+        "header": 4,  # the element width
+        "table": codec._HEADER.size + 2,
+    }[where]
+    assert first_mode == codec.RAW
+    with pytest.raises(IntegrityError):
+        codec.decompress(_flip(blob, at), len(data))
+
+
+def test_truncated_blob_is_detected():
+    data = weights(1 << 20, "float32")
+    blob = codec.compress(data, "float32")
+    with pytest.raises(IntegrityError, match="truncated"):
+        codec.decompress(blob[:-100], len(data))
+
+
+def test_declared_size_must_match_the_manifest():
+    blob = codec.compress(b"x" * 1000, None)
+    with pytest.raises(IntegrityError, match="the manifest says 999"):
+        codec.decompress(blob, 999)
+
+
+def _forged(raw_size: int, frame_raw: int, records: list[tuple[int, bytes, int]], width: int = 1, declared_raw: int | None = None) -> bytes:
+    frame = b"".join(codec._RECORD.pack(mode, len(payload), crc) + payload for mode, payload, crc in records)
+    header = codec._HEADER.pack(codec.MAGIC, width, 3, 0, raw_size, frame_raw, 1)
+    return header + codec._ENTRY.pack(len(frame), declared_raw if declared_raw is not None else raw_size) + frame
+
+
+def _peak_mb(fn) -> float:
+    tracemalloc.start()
+    try:
+        with pytest.raises(IntegrityError):
+            fn()
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def test_high_ratio_bomb_is_refused_in_bounded_memory():
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (512 << 20))  # 512 MiB of zeros in ~16 KiB
+    blob = _forged(4096, 4096, [(codec.ZSTD, bomb, 0), (codec.RAW, b"", 0)])
+    assert _peak_mb(lambda: codec.decompress(blob, 4096)) < 32
+
+
+def test_lying_content_size_is_refused():
+    honest = zstandard.ZstdCompressor(write_content_size=True).compress(b"a" * 8192)
+    # Claims 4096 bytes in the table but the frame holds 8192.
+    blob = _forged(4096, 4096, [(codec.ZSTD, honest, 0), (codec.RAW, b"", 0)])
+    assert _peak_mb(lambda: codec.decompress(blob, 4096)) < 32
+
+
+def test_huge_window_frame_is_refused():
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=31, write_content_size=False)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    wide = stream.compress(b"b" * 4096) + stream.flush()  # unknown size: the 2 GiB window stays in the header
+    assert zstandard.get_frame_parameters(wide).window_size == 1 << 31
+    blob = _forged(4096, 4096, [(codec.ZSTD, wide, 0), (codec.RAW, b"", 0)])
+    with pytest.raises(IntegrityError):
+        codec.decompress(blob, 4096)
+
+
+def test_absurd_frame_sizes_are_refused_before_allocation():
+    huge = codec._HEADER.pack(codec.MAGIC, 1, 3, 0, 1 << 40, 0xFFFFFFFF, 256)
+    assert _peak_mb(lambda: codec.decompress(huge + b"\0" * 100, 1 << 40)) < 8
+    many = codec._HEADER.pack(codec.MAGIC, 1, 3, 0, 1 << 40, codec.FRAME_RAW, 0xFFFFFFFF)
+    assert _peak_mb(lambda: codec.decompress(many + b"\0" * 100, 1 << 40)) < 8
+    sneaky = struct.pack("<4sBBHQII", codec.MAGIC, 3, 3, 0, 10, 10, 1)
+    with pytest.raises(IntegrityError, match="width 3"):
+        codec.decompress(sneaky, 10)

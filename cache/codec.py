@@ -141,8 +141,6 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
 
 def _decode_frame(frame: bytes, raw: int, width: int) -> bytes:
     """Rebuild one chunk of `raw` bytes, writing each group straight into its column of the output."""
-    import zstandard
-
     whole = raw - raw % width
     count = whole // width
     plain = np.empty((count, width), np.uint8)

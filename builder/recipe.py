@@ -59,6 +59,14 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What building one job of the component needs; the planner routes jobs only to runners that have it."""
+
+    host_ram_gb: float = 0.0
+    gpu_vram_gb: float = 0.0
+
+
+@dataclass(frozen=True)
 class Component:
     name: str
     source: Source
@@ -66,6 +74,7 @@ class Component:
     targets: tuple[Target, ...]
     profiles: dict[str, ProfileSpec]
     validate: ValidateSpec
+    resources: Resources = Resources()
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate"}, ("source",))
+        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -184,6 +193,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             targets=targets,
             profiles=_profiles(r, comp.get("profiles", {}), f"{key}.profiles"),
             validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
+            resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -290,6 +300,14 @@ def _validate(r: _Reader, value: Any, key: str) -> ValidateSpec:
         max_abs_rel=r.number(table["max_abs_rel"], f"{key}.max_abs_rel", 0.0) if "max_abs_rel" in table else None,
         noise_floor=r.number(table["noise_floor"], f"{key}.noise_floor", 0.0) if "noise_floor" in table else None,
         seed=int(r.number(table.get("seed", 0), f"{key}.seed", 0)),
+    )
+
+
+def _resources(r: _Reader, value: Any, key: str) -> Resources:
+    table = r.table(value, key, {"host_ram_gb", "gpu_vram_gb"})
+    return Resources(
+        host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
+        gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
     )
 
 

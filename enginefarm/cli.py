@@ -56,16 +56,18 @@ def main(verbose: int) -> None:
     _setup_logging(verbose)
 
 
-def _plan(recipes, store, targets, precisions, components, jobs=()):
+def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=()):
     from enginefarm.builder.planner import plan
     from enginefarm.builder.recipe import load_recipe
+    from enginefarm.builder.runners import load_runners
     from enginefarm.cache.stores import open_store
 
     settings = load_settings()
     loaded = [load_recipe(p) for p in recipes]
     opened = open_store(store or settings.store)
     planned = plan(loaded, settings.home / "sources", store=opened, targets=targets, precisions=precisions,
-                   components=components, job_ids=jobs, offline=settings.offline)
+                   components=components, job_ids=jobs, offline=settings.offline,
+                   runners=load_runners(runners) if runners else None, runner_labels_filter=runner_labels)
     return planned, opened, settings
 
 
@@ -87,27 +89,34 @@ def _select(func):
 @store_option
 @_select
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "github"]), default="table", show_default=True)
-def plan_cmd(recipes, store, targets, precisions, components, fmt):
-    """Show the jobs RECIPES expand to, with their build keys and status here."""
-    from enginefarm.builder.planner import github_matrices
+@click.option("--runners", type=click.Path(path_type=Path), help="The farm's runners (TOML): route jobs by target and memory.")
+@click.option("--runner-labels", default="", metavar="A,B,…", help="Only jobs a runner with these labels can build.")
+def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runner_labels):
+    """Show the jobs RECIPES expand to, with their build keys and status here.
+
+    --format github prints {"matrix": …} for a GitHub Actions build matrix (at most 256 entries, jobs batched
+    per runner), the job count, and the jobs no runner can build."""
+    from enginefarm.builder.planner import github_matrix
     from enginefarm.cache.keys import short
 
-    planned, _, _ = _plan(recipes, store, targets, precisions, components)
+    labels = tuple(filter(None, (label.strip() for label in runner_labels.split(","))))
+    planned, _, _ = _plan(recipes, store, targets, precisions, components, runners=runners, runner_labels=labels)
     if fmt == "json":
         click.echo(json.dumps([p.to_dict() for p in planned], indent=1))
         return
     if fmt == "github":
-        click.echo(json.dumps(github_matrices(planned)))
+        click.echo(json.dumps(github_matrix(planned)))
         return
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"{len(planned)} jobs")
-    for column in ("job", "key", "model/component", "precision", "profile", "target", "status"):
+    for column in ("job", "key", "model/component", "precision", "profile", "target", "runs on", "status"):
         table.add_column(column)
     for p in planned:
-        style = "green" if p.built else "yellow" if p.availability.can_build else "dim"
-        table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target), f"[{style}]{escape(p.status)}[/]")
+        style = "green" if p.built else "red" if p.unroutable else "yellow" if p.availability.can_build else "dim"
+        table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target),
+                      escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
     _console().print(table)
 
 

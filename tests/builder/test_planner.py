@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from enginefarm.builder.planner import GITHUB_MATRIX_CAP, plan, runner_labels
+from enginefarm.builder.planner import GITHUB_MATRIX_CAP, github_matrix, plan, runner_labels
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores import open_store
@@ -44,11 +44,13 @@ source = "models/tiny_sd.onnx"
 {profiles}
 """)
     out = json.loads(cli("plan", str(recipe), "--format", "github", check=True).stdout)
-    assert out["count"] == 280
-    sizes = [len(m["include"]) for m in out["matrices"]]
-    assert sum(sizes) == 280 and max(sizes) <= GITHUB_MATRIX_CAP and len(sizes) == 2
-    row = out["matrices"][0]["include"][0]
-    assert {"id", "key", "target", "recipe", "runs_on"} <= set(row)
+    assert out["jobs"] == 280
+    entries = out["matrix"]["include"]
+    assert len(entries) == out["entries"] <= GITHUB_MATRIX_CAP
+    ids = [job for entry in entries for job in entry["jobs"].split()]
+    assert len(ids) == len(set(ids)) == 280
+    assert {tuple(e["runs-on"]) for e in entries} == {("ubuntu-latest",)}
+    assert {"name", "runs-on", "jobs", "recipes"} == set(entries[0])
     as_json = json.loads(cli("plan", str(recipe), "--format", "json", "--target", "openvino:cpu", "--precision", "fp16", check=True).stdout)
     assert len(as_json) == 70 and {r["target"] for r in as_json} == {"openvino:cpu"}
 
@@ -66,3 +68,58 @@ def test_build_one_job_by_id(tiny_recipe, cli, tmp_path):
     proc = cli("build", str(recipe), "--job", wanted.job.id, "--no-bench", check=True)
     assert "1 built" in proc.stdout
     assert list(open_store(tmp_path / "store").list_manifest_keys()) == [wanted.key]
+
+
+RUNNERS = """
+[[runner]]
+name = "cpu"
+labels = ["ubuntu-latest"]
+targets = ["onnxruntime:cpu", "openvino:cpu"]
+ram_gb = 16
+
+[[runner]]
+name = "rtx3060"
+labels = ["self-hosted", "nvidia", "sm_86"]
+targets = ["tensorrt:sm_86", "tensorrt:ampere+"]
+ram_gb = 32
+vram_gb = 12
+
+[[runner]]
+name = "a6000"
+labels = ["self-hosted", "nvidia", "sm_86", "big"]
+targets = ["tensorrt:sm_86", "tensorrt:ampere+"]
+ram_gb = 128
+vram_gb = 48
+"""
+
+
+def test_memory_aware_routing(tiny_recipe, tmp_path, cli):
+    runners = tmp_path / "runners.toml"
+    runners.write_text(RUNNERS)
+    recipe = tiny_recipe(targets=("onnxruntime:cpu", "tensorrt:sm_86", "tensorrt:sm_89"))
+    text = recipe.read_text().replace("[components.decoder.validate]", "[components.decoder.resources]\nhost_ram_gb = 24\ngpu_vram_gb = 16\n\n[components.decoder.validate]")
+    recipe.write_text(text)
+    rows = {r["target"]: r for r in json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "json", check=True).stdout)}
+    assert rows["tensorrt:sm_86"]["runs_on"] == ["self-hosted", "nvidia", "sm_86", "big"]  # the 12 GB card is too small
+    assert rows["onnxruntime:cpu"]["status"].startswith("no runner has enough memory: needs 24 GB RAM (largest onnxruntime:cpu runner: 16)")
+    assert rows["tensorrt:sm_89"]["status"] == "no runner builds tensorrt:sm_89"
+    github = json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "github", check=True).stdout)
+    assert [e["runs-on"] for e in github["matrix"]["include"]] == [["self-hosted", "nvidia", "sm_86", "big"]]
+    assert len(github["skipped"]) == 2
+    only = json.loads(cli("plan", str(recipe), "--runners", str(runners), "--runner-labels", "self-hosted,nvidia,sm_86,big", "--format", "json", check=True).stdout)
+    assert [r["target"] for r in only] == ["tensorrt:sm_86"]
+
+
+def test_bad_runners_file_is_a_clear_error(tiny_recipe, tmp_path, cli):
+    runners = tmp_path / "runners.toml"
+    runners.write_text('[[runner]]\nlabels = ["x"]\ntargets = ["onnxruntime:cpu"]\nvram = 3\n')
+    proc = cli("plan", str(tiny_recipe()), "--runners", str(runners))
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: {runners}: runner[0].vram: unknown key")
+
+
+def test_matrix_batches_jobs_when_over_the_cap(tiny_recipe, tmp_path):
+    recipe = tiny_recipe(precisions=("fp32", "fp16"), targets=("onnxruntime:cpu", "openvino:cpu"))
+    planned = plan([load_recipe(recipe)], tmp_path / "dl")
+    out = github_matrix(planned, cap=3)
+    assert out["entries"] <= 3 and out["jobs"] == 4
+    assert sorted(j for e in out["matrix"]["include"] for j in e["jobs"].split()) == sorted(p.job.id for p in planned)

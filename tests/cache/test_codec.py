@@ -161,3 +161,18 @@ def test_absurd_frame_sizes_are_refused_before_allocation():
     sneaky = struct.pack("<4sBBHQII", codec.MAGIC, 3, 3, 0, 10, 10, 1)
     with pytest.raises(IntegrityError, match="width 3"):
         codec.decompress(sneaky, 10)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64", "float16"])
+def test_rotated_layout_round_trips_and_is_recorded(dtype):
+    data = weights(codec.FRAME_RAW + 13, dtype)
+    blob = codec.compress(data, dtype, rotate=True)
+    assert codec._HEADER.unpack_from(blob)[3] == codec.ROTATE
+    assert codec.decompress(blob, len(data)) == data
+
+
+def test_unknown_flags_are_refused():
+    blob = bytearray(codec.compress(b"x" * 100, "float32"))
+    struct.pack_into("<H", blob, 6, 0x8000)
+    with pytest.raises(IntegrityError, match="unknown flags"):
+        codec.decompress(bytes(blob), 100)

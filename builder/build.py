@@ -10,7 +10,7 @@ import logging
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -42,9 +42,16 @@ class BuildResult:
     reason: str = ""
     seconds: float = 0.0
     manifest: Manifest | None = None
+    what: dict[str, str] = field(default_factory=dict)  # model, component, precision, profile, target: for reports
+
+    @classmethod
+    def of(cls, job: Job, key: str | None, status: str, reason: str = "", seconds: float = 0.0, manifest: Manifest | None = None) -> "BuildResult":
+        what = {"model": job.model, "component": job.component, "precision": job.precision, "profile": job.profile_name, "target": str(job.target)}
+        return cls(job.id, job.label, key, status, reason, seconds, manifest, what)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2)}
+        return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason,
+                "seconds": round(self.seconds, 2), **self.what}
 
 
 def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None) -> tuple[Manifest, Path]:
@@ -138,16 +145,16 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     try:
         key = job.key(job.toolchain())
         if store.get_manifest_bytes(key) is not None:
-            return BuildResult(job.id, job.label, key, "exists", seconds=time.perf_counter() - started)
+            return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
         manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step)
         if step:
             step("publish")
         files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
         manifest = replace(manifest, files=tuple(files))
         publish(store, manifest, blobs)
-        return BuildResult(job.id, job.label, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
+        return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
-        return BuildResult(job.id, job.label, key, "failed", str(exc), time.perf_counter() - started)
+        return BuildResult.of(job, key, "failed", str(exc), time.perf_counter() - started)
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)

@@ -53,7 +53,7 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
                 try:
                     result = future.result()
                 except Exception as exc:  # the worker died (segfault, OOM kill) or raised a bug
-                    result = BuildResult(job.id, job.label, None, "failed", f"build process died: {type(exc).__name__}: {exc}")
+                    result = BuildResult.of(job, None, "failed", f"build process died: {type(exc).__name__}: {exc}")
                 results.append(result)
                 on_event(job.id, "done", result)
     finally:

@@ -37,6 +37,18 @@ RUNNER_LABELS: dict[str, list[str]] = {
 _VENDOR_LABEL = {"tensorrt": "nvidia", "tensorrt-rtx": "nvidia", "migraphx": "amd", "coreml": "apple", "openvino": "intel"}
 
 
+# Extras a build runner installs besides `all`, per backend that needs a vendor SDK.
+EXTRAS = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt-rtx", "coreml": "coreml"}
+
+
+def _relative(path: Path) -> str:
+    """Recipe paths as the workflow's checkout sees them (relative to the working directory when possible)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def runner_labels(target: Target) -> list[str]:
     return RUNNER_LABELS.get(str(target)) or ["self-hosted", _VENDOR_LABEL.get(target.backend, target.backend), target.device]
 
@@ -241,7 +253,8 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
                 "name": f"{', '.join(targets)} ({start // batch + 1}/{-(-len(jobs) // batch)})",
                 "runs-on": list(labels),
                 "jobs": " ".join(p.job.id for p in chunk),
-                "recipes": " ".join(sorted({str(p.job.recipe_path) for p in chunk})),
+                "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
+                "extras": ",".join(["all"] + sorted({EXTRAS[p.job.target.backend] for p in chunk if p.job.target.backend in EXTRAS})),
             })
     skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable} for p in planned if p.unroutable]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}

@@ -415,6 +415,29 @@ def publish_cmd(source, dest, models, components, targets, precisions, keys):
     click.echo(f"{copied} copied, {len(results) - copied} already in {dst.url}")
 
 
+@main.command("report")
+@click.option("--store", metavar="URL", help="The store to report on (default ENGINEFARM_STORE).")
+@click.option("--reports", "reports", multiple=True, type=click.Path(exists=True, path_type=Path), help="Build result JSON files (from `build --report`) or folders of them. Repeatable.")
+@click.option("--recipe", "recipes", multiple=True, type=click.Path(path_type=Path), help="Recipes whose jobs should exist: the ones not built show as missing. Repeatable.")
+@click.option("--runners", type=click.Path(path_type=Path), help="The farm's runners file, so missing jobs say why.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("farm-report"), show_default=True)
+@click.option("--title", default="enginefarm build report", show_default=True)
+def report_cmd(store, reports, recipes, runners, out, title):
+    """Write an HTML report (status grid, validation, latency plots, build times, sizes) and a markdown summary."""
+    from enginefarm.builder.report import collect, write_report
+    from enginefarm.cache.stores import open_store
+
+    opened = open_store(store or load_settings().store)
+    files = [f for p in reports for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    expected = []
+    if recipes:
+        planned, _, _ = _plan(recipes, store, (), (), (), runners=runners)
+        expected = [{**p.to_dict(), "why": p.status} for p in planned if not p.built]
+    rows = collect(opened, files, expected)
+    counts = write_report(rows, out, title)
+    click.echo(f"{counts['built']} built, {counts['failed']} failed, {counts['missing']} missing → {out / 'report.html'}, {out / 'summary.md'}")
+
+
 @main.command("gc")
 @click.option("--store", metavar="URL", required=True)
 @click.option("--grace", default="24h", show_default=True, help="Keep unreferenced blobs younger than this (s, m, h, d).")

@@ -50,7 +50,7 @@ source = "models/tiny_sd.onnx"
     ids = [job for entry in entries for job in entry["jobs"].split()]
     assert len(ids) == len(set(ids)) == 280
     assert {tuple(e["runs-on"]) for e in entries} == {("ubuntu-latest",)}
-    assert {"name", "runs-on", "jobs", "recipes"} == set(entries[0])
+    assert {"name", "runs-on", "jobs", "recipes", "extras"} == set(entries[0])
     as_json = json.loads(cli("plan", str(recipe), "--format", "json", "--target", "openvino:cpu", "--precision", "fp16", check=True).stdout)
     assert len(as_json) == 70 and {r["target"] for r in as_json} == {"openvino:cpu"}
 

@@ -1,0 +1,190 @@
+"""The build report: what was built, what failed and why, how fast each engine runs on each target.
+
+`write_report(rows, out)` writes `report.html` (self-contained: CSS inline, plots embedded as PNG data URIs),
+`summary.md` (for a GitHub job summary) and one `latency-<model>-<component>.png` per component.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from enginefarm.cache.artifacts import read_index, read_manifest
+from enginefarm.cache.stores.base import Store
+from enginefarm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Row:
+    model: str
+    component: str
+    precision: str
+    target: str
+    status: str  # built | failed | missing
+    reason: str = ""
+    key: str = ""
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    load_ms: float | None = None
+    min_cosine: float | None = None
+    min_psnr: float | None = None
+    decided_by: str = ""
+    computes_in: str = ""
+    build_s: float | None = None
+    size: int = 0
+    stored_size: int = 0
+    device: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}/{self.component}"
+
+
+def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[str, str]] = (), models: Iterable[str] | None = None) -> list[Row]:
+    """Rows for every stored artifact, every failed job in `reports` (JSON from `enginefarm build --report`),
+    and every `expected` job (model, component, precision, target) that is neither."""
+    rows: dict[tuple[str, str, str, str], Row] = {}
+    for model in (models if models is not None else store.list_models()):
+        for key in read_index(store, model)["entries"]:
+            manifest = read_manifest(store, key)
+            if manifest is None:
+                continue
+            bench = manifest.benchmarks[0] if manifest.benchmarks else {}
+            checks = manifest.validation.get("checks", [])
+            row = Row(manifest.model, manifest.component, manifest.precision, manifest.target, "built", key=key,
+                      p50_ms=bench.get("p50_ms"), p90_ms=bench.get("p90_ms"), load_ms=bench.get("load_ms"),
+                      min_cosine=manifest.validation.get("min_cosine"), min_psnr=manifest.validation.get("min_psnr"),
+                      decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})), computes_in=manifest.validation.get("compute_precision", ""),
+                      build_s=manifest.provenance.get("build_seconds"), size=sum(f.size for f in manifest.files),
+                      stored_size=sum(f.stored_size for f in manifest.files), device=bench.get("device", {}).get("class", ""))
+            ident = (row.model, row.component, row.precision, row.target)
+            if ident not in rows or (rows[ident].p50_ms or 1e18) > (row.p50_ms or 1e18):
+                rows[ident] = row
+    for path in reports:
+        try:
+            results = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read build report {path}: {exc}", hint="pass the JSON files `enginefarm build --report` wrote") from None
+        for result in results:
+            if result.get("status") != "failed" or "model" not in result:
+                continue
+            ident = (result["model"], result["component"], result["precision"], result["target"])
+            if ident not in rows:
+                rows[ident] = Row(*ident, status="failed", reason=result.get("reason", ""), key=result.get("key") or "", build_s=result.get("seconds"))
+    for job in expected:
+        ident = (job["model"], job["component"], job["precision"], job["target"])
+        rows.setdefault(ident, Row(*ident, status="missing", reason=job.get("why", "not built yet")))
+    return sorted(rows.values(), key=lambda r: (r.model, r.component, r.precision, r.target))
+
+
+def latency_png(rows: list[Row]) -> bytes | None:
+    """Horizontal bars of p50 latency (whiskers to p90) per target and precision, for one component."""
+    measured = [r for r in rows if r.p50_ms is not None]
+    if not measured:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured.sort(key=lambda r: r.p50_ms)
+    labels = [f"{r.target} {r.precision}" for r in measured]
+    p50 = [r.p50_ms for r in measured]
+    spread = [max(0.0, (r.p90_ms or r.p50_ms) - r.p50_ms) for r in measured]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(measured) + 1.2), dpi=110)
+    colors = ["#2e7d32" if i == 0 else "#5c6bc0" for i in range(len(measured))]
+    ax.barh(labels, p50, xerr=[[0] * len(spread), spread], color=colors, capsize=3)
+    for y, value in enumerate(p50):
+        ax.text(value, y, f" {value:.3g} ms", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("latency, ms (bar: p50, whisker: p90)")
+    ax.set_title(f"{measured[0].ref}: latency by target (lower is better)", fontsize=10)
+    ax.margins(x=0.25)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _fmt(value: Any, spec: str = ".3g", unit: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{unit}"
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.2f}"
+
+
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f3f3}.built{background:#e8f5e9}.failed{background:#ffebee}.missing{background:#f5f5f5;color:#777}
+.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}.counts span{margin-right:16px}"""
+
+
+def write_report(rows: list[Row], out: Path, title: str = "enginefarm build report") -> dict[str, int]:
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {status: sum(r.status == status for r in rows) for status in ("built", "failed", "missing")}
+    targets = sorted({r.target for r in rows})
+    refs = sorted({(r.model, r.component, r.precision) for r in rows})
+    cell = {(r.model, r.component, r.precision, r.target): r for r in rows}
+    built = [r for r in rows if r.status == "built"]
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1><p class='counts'><span>✅ built: {counts['built']}</span><span>❌ failed: {counts['failed']}</span>"
+             f"<span>⬜ missing: {counts['missing']}</span></p>", "<h2>Status</h2><table><tr><th>component</th><th>precision</th>"]
+    md = [f"# {title}", "", f"built **{counts['built']}**, failed **{counts['failed']}**, missing **{counts['missing']}**", "", "## Status", "",
+          "| component | precision | " + " | ".join(targets) + " |", "|---|---|" + "---|" * len(targets)]
+    parts += [f"<th>{html.escape(t)}</th>" for t in targets] + ["</tr>"]
+    for model, component, precision in refs:
+        parts.append(f"<tr><td>{html.escape(model)}/{html.escape(component)}</td><td>{precision}</td>")
+        md_cells = []
+        for target in targets:
+            r = cell.get((model, component, precision, target))
+            if r is None:
+                parts.append("<td></td>")
+                md_cells.append("")
+            elif r.status == "built":
+                parts.append(f"<td class='built'>✅ {_fmt(r.p50_ms, '.3g', ' ms')}</td>")
+                md_cells.append(f"✅ {_fmt(r.p50_ms, '.3g', ' ms')}")
+            else:
+                mark = "❌" if r.status == "failed" else "⬜"
+                parts.append(f"<td class='{r.status}'>{mark} {r.status}<div class='small'>{html.escape(r.reason[:300])}</div></td>")
+                md_cells.append(f"{mark} {r.status}: {r.reason[:120].replace('|', '/')}")
+        parts.append("</tr>")
+        md.append(f"| {model}/{component} | {precision} | " + " | ".join(md_cells) + " |")
+    parts.append("</table>")
+
+    parts.append("<h2>Latency</h2>")
+    md += ["", "## Latency and validation", "", "| artifact | target | precision | computes in | p50 ms | p90 ms | load ms | min cosine | min PSNR dB |", "|---|---|---|---|---|---|---|---|---|"]
+    for model, component in sorted({(r.model, r.component) for r in built}):
+        png = latency_png([r for r in built if (r.model, r.component) == (model, component)])
+        if png:
+            (out / f"latency-{model}-{component}.png").write_bytes(png)
+            parts.append(f"<img alt='latency of {html.escape(model)}/{html.escape(component)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+    parts.append("<h2>Validation and benchmarks</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>computes in</th>"
+                 "<th>p50 ms</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR dB</th><th>decided by</th><th>measured on</th></tr>")
+    for r in built:
+        parts.append(f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td><td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
+                     f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
+                     f"<td class='num'>{_fmt(r.min_cosine, '.6f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>")
+        md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.6f')} | {_fmt(r.min_psnr, '.1f')} |")
+    parts.append("</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
+                 "<th>size MiB</th><th>stored MiB</th><th>stored / size</th></tr>")
+    md += ["", "## Build times and sizes", "", "| artifact | target | precision | build s | size MiB | stored MiB | stored / size |", "|---|---|---|---|---|---|---|"]
+    for r in built:
+        ratio = f"{r.stored_size / r.size:.3f}" if r.size else "–"
+        parts.append(f"<tr><td>{html.escape(r.ref)}</td><td>{r.target}</td><td>{r.precision}</td><td class='num'>{_fmt(r.build_s, '.1f')}</td>"
+                     f"<td class='num'>{_mb(r.size)}</td><td class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td></tr>")
+        md.append(f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | {_mb(r.stored_size)} | {ratio} |")
+    parts.append("</table></body></html>")
+    (out / "report.html").write_text("".join(parts), encoding="utf-8")
+    (out / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    return counts

@@ -1,0 +1,59 @@
+"""The build report: status grid with reasons, validation scores, latency plots, build times and sizes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def reported(tiny_recipe, cli, tmp_path):
+    """fp32 builds on both CPU backends, an fp16 ORT job forced to fail validation, and a TensorRT job missing."""
+    good = tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89"), name="good.toml")
+    cli("build", str(good), "--report", str(tmp_path / "r1.json"), check=True)
+    bad = tiny_recipe(precisions=("fp16",), targets=("onnxruntime:cpu",), name="bad.toml")
+    bad.write_text(bad.read_text().replace("inputs = {", "min_cosine = 1.0\nmax_abs_rel = 0.0\ninputs = {"))
+    assert cli("build", str(bad), "--report", str(tmp_path / "r2.json")).returncode == 1
+    out = cli("report", "--reports", str(tmp_path / "r1.json"), "--reports", str(tmp_path / "r2.json"),
+              "--recipe", str(good), "--out", str(tmp_path / "report"), check=True)
+    assert "2 built, 1 failed, 1 missing" in out.stdout
+    return tmp_path / "report"
+
+
+def test_html_has_the_status_grid_with_reasons(reported):
+    page = (reported / "report.html").read_text()
+    assert page.count("class='built'") == 2 and page.count("class='failed'") == 1 and page.count("class='missing'") == 1
+    assert "validation failed" in page and "cosine" in page
+    assert "tensorrt:sm_89" in page and "unavailable here" in page
+    for heading in ("Status", "Latency", "Validation and benchmarks", "Build times and sizes"):
+        assert f"<h2>{heading}</h2>" in page
+
+
+def test_latency_plot_is_a_png_embedded_and_on_disk(reported):
+    png = (reported / "latency-tiny-sd-decoder.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    page = (reported / "report.html").read_text()
+    assert len(re.findall(r"src='data:image/png;base64,[A-Za-z0-9+/=]{1000,}'", page)) == 1
+    assert "<link" not in page and "<script" not in page, "the page must be self-contained"
+
+
+def test_markdown_summary(reported):
+    summary = (reported / "summary.md").read_text()
+    assert "built **2**, failed **1**, missing **1**" in summary
+    assert "| tiny-sd/decoder | fp32 |" in summary and "❌ failed" in summary
+    sizes = [line for line in summary.splitlines() if line.startswith("| tiny-sd/decoder | ") and line.count("|") == 8]
+    assert len(sizes) == 2
+
+
+@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")), reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(reported, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    shot = tmp_path / "report.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+                    "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+                    f"--screenshot={shot}", "--window-size=1200,1600", (reported / "report.html").as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20000

@@ -76,15 +76,14 @@ def methods():
     try:
         import zipnn
 
-        instances: dict[str, object] = {}
         last: list[str] = []
 
         def zip_compress(data, dtype):
             last[:] = [dtype]
-            return instances.setdefault(dtype, zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype)).compress(data)
+            return zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype).compress(data)
 
-        def zip_decompress(blob, n):  # the same configured instance decodes what it encoded
-            return instances[last[0]].decompress(blob)
+        def zip_decompress(blob, n):  # a fresh instance, configured like the encoder (reused ones were seen to mis-decode fp32)
+            return zipnn.ZipNN(input_format="byte", bytearray_dtype=last[0]).decompress(blob)
 
         found["ZipNN"] = (zip_compress, zip_decompress)
     except ImportError:

@@ -32,11 +32,21 @@ class Prefetcher:
 
     def _pump(self) -> None:
         try:
+            pending: list[bytes] = []
+            size = 0
             while not self._stop.is_set():
                 data = self._stream.read(self._chunk)
                 if not data:
                     break
-                self._put(data)
+                # Sources that return one socket read at a time (read1) are coalesced into full chunks,
+                # so the stages downstream handle few large buffers.
+                pending.append(data)
+                size += len(data)
+                if size >= self._chunk:
+                    self._put(pending[0] if len(pending) == 1 else b"".join(pending))
+                    pending, size = [], 0
+            if pending:
+                self._put(b"".join(pending))
             self._put(_END)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)

@@ -148,7 +148,8 @@ class DeviceCache:
                 break
             except BlobChanged as exc:
                 if attempt == RESTARTS:
-                    raise
+                    raise IntegrityError(f"file {entry.path} from {store.url} keeps changing or does not match its manifest ({exc})",
+                                         hint="the artifact was not cached; the store's copy may be damaged", key=key) from None
                 log.info("%s; fetching %s again from the start", exc, entry.path)
         if digest != entry.sha256:
             raise IntegrityError(

@@ -60,7 +60,7 @@ class HttpStore(Store):
                 raise ArtifactNotFoundError(f"{self._url(rel)} not found (404)") from None
             if exc.code == 403:
                 raise StoreError(f"{self._url(rel)}: access denied (403)", hint="the bucket or CDN must allow public reads of this prefix") from None
-            if exc.code == 412:
+            if exc.code in (412, 416):  # a failed If-Match, or a range the object no longer has: it changed
                 raise BlobChanged(f"{self._url(rel)} changed during the transfer") from None
             raise StoreError(f"{self._url(rel)}: HTTP {exc.code} {exc.reason}") from None
         except _TRANSIENT as exc:

@@ -216,7 +216,7 @@ class S3Store(Store):
                 code, status = self._code(exc)
                 if status == 404 or code == "NoSuchKey":
                     raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
-                if status == 412:
+                if status in (412, 416) or code == "InvalidRange":  # the object changed under the transfer
                     from .ranged import BlobChanged
 
                     raise BlobChanged(f"blob {digest[:12]} changed during the transfer") from None

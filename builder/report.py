@@ -102,8 +102,8 @@ def latency_png(rows: list[Row]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(measured) + 1.2), dpi=110)
     colors = ["#2e7d32" if i == 0 else "#5c6bc0" for i in range(len(measured))]
     ax.barh(labels, p50, xerr=[[0] * len(spread), spread], color=colors, capsize=3)
-    for y, value in enumerate(p50):
-        ax.text(value, y, f" {value:.3g} ms", va="center", fontsize=8)
+    for y, (value, extra) in enumerate(zip(p50, spread)):
+        ax.text(value + extra, y, f"  {_fmt(value)} ms", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("latency, ms (bar: p50, whisker: p90)")
     ax.set_title(f"{measured[0].ref}: latency by target (lower is better)", fontsize=10)
@@ -115,8 +115,12 @@ def latency_png(rows: list[Row]) -> bytes | None:
     return buffer.getvalue()
 
 
-def _fmt(value: Any, spec: str = ".3g", unit: str = "") -> str:
-    return "–" if value is None else f"{value:{spec}}{unit}"
+def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
+    if value is None:
+        return "–"
+    if not spec:  # human-friendly: 1834, 12.5, 0.313
+        spec = ".0f" if abs(value) >= 100 else ".1f" if abs(value) >= 10 else ".3g"
+    return f"{value:{spec}}{unit}"
 
 
 def _mb(size: int) -> str:
@@ -126,7 +130,7 @@ def _mb(size: int) -> str:
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.built{background:#e8f5e9}.failed{background:#ffebee}.missing{background:#f5f5f5;color:#777}
-.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}.counts span{margin-right:16px}"""
+.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}.counts span{margin-right:12px;padding:2px 8px}"""
 
 
 def write_report(rows: list[Row], out: Path, title: str = "enginefarm build report") -> dict[str, int]:
@@ -138,8 +142,8 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     built = [r for r in rows if r.status == "built"]
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1><p class='counts'><span>✅ built: {counts['built']}</span><span>❌ failed: {counts['failed']}</span>"
-             f"<span>⬜ missing: {counts['missing']}</span></p>", "<h2>Status</h2><table><tr><th>component</th><th>precision</th>"]
+             f"<h1>{html.escape(title)}</h1><p class='counts'><span class='built'>built: {counts['built']}</span><span class='failed'>failed: {counts['failed']}</span>"
+             f"<span class='missing'>missing: {counts['missing']}</span></p>", "<h2>Status</h2><table><tr><th>component</th><th>precision</th>"]
     md = [f"# {title}", "", f"built **{counts['built']}**, failed **{counts['failed']}**, missing **{counts['missing']}**", "", "## Status", "",
           "| component | precision | " + " | ".join(targets) + " |", "|---|---|" + "---|" * len(targets)]
     parts += [f"<th>{html.escape(t)}</th>" for t in targets] + ["</tr>"]
@@ -152,11 +156,11 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
                 parts.append("<td></td>")
                 md_cells.append("")
             elif r.status == "built":
-                parts.append(f"<td class='built'>✅ {_fmt(r.p50_ms, '.3g', ' ms')}</td>")
-                md_cells.append(f"✅ {_fmt(r.p50_ms, '.3g', ' ms')}")
+                parts.append(f"<td class='built'>built · p50 {_fmt(r.p50_ms, unit=' ms')}</td>")
+                md_cells.append(f"✅ {_fmt(r.p50_ms, unit=' ms')}")
             else:
                 mark = "❌" if r.status == "failed" else "⬜"
-                parts.append(f"<td class='{r.status}'>{mark} {r.status}<div class='small'>{html.escape(r.reason[:300])}</div></td>")
+                parts.append(f"<td class='{r.status}'><b>{r.status}</b><div class='small'>{html.escape(r.reason[:300])}</div></td>")
                 md_cells.append(f"{mark} {r.status}: {r.reason[:120].replace('|', '/')}")
         parts.append("</tr>")
         md.append(f"| {model}/{component} | {precision} | " + " | ".join(md_cells) + " |")
@@ -174,8 +178,8 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     for r in built:
         parts.append(f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td><td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
                      f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
-                     f"<td class='num'>{_fmt(r.min_cosine, '.6f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>")
-        md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.6f')} | {_fmt(r.min_psnr, '.1f')} |")
+                     f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>")
+        md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |")
     parts.append("</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
                  "<th>size MiB</th><th>stored MiB</th><th>stored / size</th></tr>")
     md += ["", "## Build times and sizes", "", "| artifact | target | precision | build s | size MiB | stored MiB | stored / size |", "|---|---|---|---|---|---|---|"]

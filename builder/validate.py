@@ -106,7 +106,7 @@ def compare(reference: np.ndarray, actual: np.ndarray, limits: Thresholds) -> di
         decided = "max_abs (cosine ignored: output range below the noise floor)"
         reason = "" if passed else f"max_abs {max_abs:.3g} > tolerance {tolerance:.3g}"
     elif cosine < limits.min_cosine:
-        passed, decided, reason = False, "cosine", f"cosine {cosine:.6f} < {limits.min_cosine}"
+        passed, decided, reason = False, "cosine", f"cosine {cosine:.8f} < {limits.min_cosine}"
     elif max_abs > tolerance:
         passed, decided, reason = False, "max_abs", f"max_abs {max_abs:.3g} > {limits.max_abs_rel} × range {value_range:.3g}"
     else:

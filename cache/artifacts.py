@@ -8,7 +8,7 @@ import logging
 import random
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -144,10 +144,6 @@ def rebuild_index(store: Store) -> dict[str, int]:
     for manifest in manifests:
         counts[manifest.model] = counts.get(manifest.model, 0) + 1
     return counts
-
-
-def with_files(manifest: Manifest, files: list[ArtifactFile]) -> Manifest:
-    return replace(manifest, files=tuple(files))
 
 
 def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None) -> dict[str, str]:

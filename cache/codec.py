@@ -265,9 +265,6 @@ def best_width(sample: bytes, level: int = LEVEL) -> int:
     return best_layout(sample, level)[0]
 
 
-DTYPE_OF_WIDTH = {1: None, 2: "float16", 4: "float32", 8: "float64"}
-
-
 def encode_file(src, dst: BinaryIO, *, level: int = LEVEL, frame_raw: int = FRAME_RAW, threads: int = 2) -> int:
     """Stream-encode the file at `src` into the seekable `dst`, in bounded memory. The element width is chosen
     from the file's first 8 MiB. Returns the width used."""

@@ -58,13 +58,6 @@ class BackendSession(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
-def version_range(version: str) -> str:
-    """Artifacts load on the same major.minor runtime or a newer patch: '>=X.Y.Z,<X.(Y+1)'."""
-    parts = version.split("+")[0].split(".")
-    major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    return f">={'.'.join(parts[:3])},<{major}.{minor + 1}"
-
-
 def version_in_range(version: str, spec: str) -> bool:
     def as_tuple(text: str) -> tuple[int, ...]:
         out = []

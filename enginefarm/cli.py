@@ -54,6 +54,14 @@ store_option = click.option("--store", metavar="URL", help="Store: a directory, 
 def main(verbose: int) -> None:
     """Ahead-of-time engines for SD-class models: plan, build and publish them; fetch, verify and run them."""
     _setup_logging(verbose)
+    import signal
+
+    # SIGTERM (CI cancelling a job, `kill`) unwinds like Ctrl-C, so worker processes and temp files are cleaned up.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=()):

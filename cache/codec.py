@@ -120,15 +120,26 @@ def compress(data: bytes, dtype: str | None = None, *, level: int = LEVEL, frame
     return header + table + b"".join(frames)
 
 
-def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 2) -> bytes:
-    """Decode a whole blob. `expected_size` (the manifest's) is enforced before any large allocation."""
+def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 2) -> bytearray:
+    """Decode a whole blob into one buffer (frames decode in parallel, each straight into its place).
+    `expected_size` (the manifest's) is enforced before any large allocation. Returns a bytearray."""
     stream = _BytesReader(blob)
-    return b"".join(decode_frames(stream, expected_size, threads=threads))
+    width, rotate, raw_size, entries = _read_layout(stream, expected_size)
+    result = bytearray(raw_size)
+    target = np.frombuffer(result, np.uint8) if raw_size else np.empty(0, np.uint8)
+    jobs, offset = [], 0
+    for compressed, raw in entries:
+        jobs.append((_read_exact(stream, compressed, "frame"), raw, offset))
+        offset += raw
+    if stream.read(1):
+        raise IntegrityError("efw1 blob has trailing bytes")
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        list(pool.map(lambda job: _decode_frame(job[0], job[1], width, rotate, target[job[2] : job[2] + job[1]]), jobs))
+    return result
 
 
-def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = 2, ahead: int = 4) -> Iterator[bytes]:
-    """Yield decoded chunks in order while reading `stream` once, front to back. Up to `ahead` frames decode
-    on `threads` threads while later ones are still arriving."""
+def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
+    """Header and frame table, validated against the expected size before anything large is allocated."""
     header = _read_exact(stream, _HEADER.size, "header")
     magic, width, _level, flags, raw_size, frame_raw, count = _HEADER.unpack(header)
     if magic != MAGIC:
@@ -137,7 +148,6 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
         raise IntegrityError(f"efw1 blob declares element width {width}")
     if flags & ~ROTATE or (flags & ROTATE and width == 1):
         raise IntegrityError(f"efw1 blob has unknown flags {flags:#x}", hint="upgrade enginefarm")
-    rotate = bool(flags & ROTATE)
     if expected_size is not None and raw_size != expected_size:
         raise IntegrityError(f"efw1 blob declares {raw_size} bytes, the manifest says {expected_size}")
     if not 0 < frame_raw <= MAX_FRAME_RAW or count != -(-raw_size // frame_raw):
@@ -146,14 +156,17 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
     entries = [_ENTRY.unpack_from(table, i * _ENTRY.size) for i in range(count)]
     if sum(raw for _, raw in entries) != raw_size or any(raw > frame_raw or compressed > MAX_FRAME_RAW * 2 for compressed, raw in entries):
         raise IntegrityError("efw1 frame table is inconsistent with the declared size")
+    return width, bool(flags & ROTATE), raw_size, entries
 
-    def decode(frame: bytes, raw: int) -> bytes:
-        return _decode_frame(frame, raw, width, rotate)
 
+def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = 2, ahead: int = 4) -> Iterator[bytes]:
+    """Yield decoded chunks in order while reading `stream` once, front to back. Up to `ahead` frames decode
+    on `threads` threads while later ones are still arriving."""
+    width, rotate, _raw_size, entries = _read_layout(stream, expected_size)
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         pending = []
         for compressed, raw in entries:
-            pending.append(pool.submit(decode, _read_exact(stream, compressed, "frame"), raw))
+            pending.append(pool.submit(_decode_frame, _read_exact(stream, compressed, "frame"), raw, width, rotate))
             if len(pending) > ahead:
                 yield pending.pop(0).result()
         for future in pending:
@@ -162,14 +175,14 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
         raise IntegrityError("efw1 blob has trailing bytes")
 
 
-def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False) -> bytes:
-    """Rebuild one chunk of `raw` bytes, writing each group straight into its column of the output."""
+def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out: np.ndarray | None = None):
+    """Rebuild one chunk of `raw` bytes, writing each group straight into its column of `out` (or a new buffer)."""
     whole = raw - raw % width
     count = whole // width
-    plain = np.empty((count, width), np.uint8)
+    out = np.empty(raw, np.uint8) if out is None else out
+    plain = out[:whole].reshape(count, width)
     view, pos = memoryview(frame), 0
     decompressor = _decompressor()
-    pieces = []
     for k in range(width + 1):
         want = count if k < width else raw - whole
         if pos + _RECORD.size > len(view):
@@ -192,14 +205,13 @@ def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False) -> b
             raise IntegrityError(f"efw1 group decodes to {len(part)} bytes, expected {want}")
         if k < width:
             plain[:, k] = np.frombuffer(part, np.uint8)
-        else:
-            pieces.append(bytes(part))
+        elif want:
+            out[whole:raw] = np.frombuffer(part, np.uint8)
     if pos != len(view):
         raise IntegrityError("efw1 frame has trailing bytes")
     if rotate and count:
         _rotate_right_inplace(plain, width)
-    tail = b"".join(pieces)
-    return plain.reshape(-1).data if not tail else plain.tobytes() + tail  # a memoryview: no extra copy
+    return out.data  # a memoryview of the decoded bytes: no extra copy
 
 
 def _unzstd(decompressor, payload, want: int) -> bytes:

@@ -1,6 +1,5 @@
-"""Run jobs in a local process pool. Each job runs in its own process, so an SDK crash fails one job, not the run.
-
-Ctrl-C or SIGTERM stops the run promptly: workers are terminated and their half-built work folders removed.
+"""Run jobs in separate processes, a few at a time. A crash or out-of-memory kill in a vendor SDK fails its job,
+not the run; Ctrl-C or SIGTERM stops the run promptly, terminating the workers and removing their work folders.
 Nothing half-built can be visible in the store, because manifests are written last.
 """
 
@@ -9,8 +8,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import shutil
-import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
 
@@ -20,68 +17,75 @@ from .planner import Job
 # (job id, event, detail): event is "start", "step" or "done"; detail is a step name or a BuildResult.
 Event = Callable[[str, str, object], None]
 
-_events = None  # the queue a worker reports progress on, set by _init_worker
 
-
-def _init_worker(events) -> None:
-    global _events
-    _events = events
-
-
-def _worker(job: Job, store_url: str, workroot: str, bench: bool) -> BuildResult:
+def _child(job: Job, store_url: str, workroot: str, bench: bool, messages) -> None:
     from enginefarm.cache.stores import open_store
 
-    _events.put((job.id, "start", job.label))
-    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: _events.put((job.id, "step", msg)))
+    messages.put((job.id, "start", job.label))
+    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: messages.put((job.id, "step", msg)))
     result.manifest = None  # keep what crosses the process boundary small
-    return result
+    messages.put((job.id, "result", result))
 
 
 def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None) -> list[BuildResult]:
     on_event = on_event or (lambda *_: None)
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
-    events = context.Queue()
-    stop = threading.Event()
+    messages = context.Queue()
+    waiting = list(jobs)
+    running: dict[str, tuple[mp.Process, Job]] = {}
+    results: dict[str, BuildResult] = {}
 
-    def pump() -> None:
-        while not stop.is_set():
-            try:
-                job_id, kind, detail = events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            except (EOFError, OSError, ValueError):
-                return
-            on_event(job_id, kind, detail)
+    def finish(job: Job, result: BuildResult) -> None:
+        results[job.id] = result
+        on_event(job.id, "done", result)
 
-    pumper = threading.Thread(target=pump, daemon=True)
-    pumper.start()
-    results: list[BuildResult] = []
-    pool = ProcessPoolExecutor(max_workers=max(1, parallel), mp_context=context, max_tasks_per_child=1,
-                               initializer=_init_worker, initargs=(events,))
     try:
-        futures = {pool.submit(_worker, job, store_url, str(workroot), bench): job for job in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
+        while waiting or running:
+            while waiting and len(running) < max(1, parallel):
+                job = waiting.pop(0)
+                process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, messages), daemon=True)
+                process.start()
+                running[job.id] = (process, job)
             try:
-                result = future.result()
-            except Exception as exc:  # the worker died (segfault, OOM kill) or raised a bug
-                result = BuildResult.of(job, None, "failed", f"build process died: {type(exc).__name__}: {exc}")
-            results.append(result)
-            on_event(job.id, "done", result)
+                job_id, kind, detail = messages.get(timeout=0.2)
+                _handle(job_id, kind, detail, running, finish, on_event)
+            except queue.Empty:
+                pass
+            for job_id, (process, job) in list(running.items()):
+                if not process.is_alive():
+                    _drain(messages, running, finish, on_event)  # its last words may still be in the queue
+                    if job_id not in results:  # it died without a word: a crash or a kill
+                        finish(job, BuildResult.of(job, None, "failed", f"build process died (exit code {process.exitcode})"))
+                    running.pop(job_id, None)
     except BaseException:
-        for process in list(getattr(pool, "_processes", {}).values()):
+        for process, _ in running.values():
             process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        _remove_work(jobs, workroot)
+        for process, _ in running.values():
+            process.join(timeout=10)
+        _remove_work([job for _, job in running.values()], workroot)
         raise
-    else:
-        pool.shutdown(wait=True)
     finally:
-        stop.set()
-        pumper.join(timeout=5)
-        events.close()
-    order = {job.id: i for i, job in enumerate(jobs)}
-    return sorted(results, key=lambda r: order.get(r.job_id, 0))
+        messages.close()
+    return [results[job.id] for job in jobs if job.id in results]
+
+
+def _handle(job_id, kind, detail, running, finish, on_event) -> None:
+    if kind == "result":
+        process, job = running.pop(job_id)
+        process.join(timeout=30)
+        finish(job, detail)
+    else:
+        on_event(job_id, kind, detail)
+
+
+def _drain(messages, running, finish, on_event) -> None:
+    while True:
+        try:
+            job_id, kind, detail = messages.get(timeout=0.05)
+        except queue.Empty:
+            return
+        if job_id in running:
+            _handle(job_id, kind, detail, running, finish, on_event)
 
 
 def _remove_work(jobs: list[Job], workroot: Path) -> None:

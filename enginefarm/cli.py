@@ -57,7 +57,9 @@ def main(verbose: int) -> None:
     import signal
 
     # SIGTERM (CI cancelling a job, `kill`) unwinds like Ctrl-C, so worker processes and temp files are cleaned up.
+    # SIGINT gets Python's handler even where the launching shell ignored it (background jobs in scripts).
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _interrupt(signum, frame) -> None:

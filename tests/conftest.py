@@ -53,6 +53,12 @@ inputs = {{ latent = {{ low = -3.0, high = 3.0 }} }}
 """
 
 
+def profile_tables(count: int, height: tuple[int, int, int] = (8, 8, 8)) -> str:
+    """`count` profiles for the tiny decoder, p0..pN, differing in max batch: many jobs from one small recipe."""
+    h = list(height)
+    return "\n".join(f"[components.decoder.profiles.p{i}]\nbatch = [1, 1, {i + 1}]\nheight = {h}\nwidth = {h}\n" for i in range(count))
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     def write(text: str, name: str = "recipe.toml") -> Path:

@@ -8,6 +8,7 @@ from enginefarm.builder.planner import GITHUB_MATRIX_CAP, github_matrix, plan, r
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores import open_store
+from tests.conftest import profile_tables
 
 
 def test_matrix_is_component_x_precision_x_profile_x_target(tiny_recipe, tmp_path):
@@ -31,7 +32,7 @@ def test_status_becomes_built_after_a_build(tiny_recipe, cli, tmp_path):
 
 
 def test_github_matrices_split_under_the_cap(tiny_sd, write_recipe, cli):
-    profiles = "\n".join(f"[components.decoder.profiles.p{i}]\nbatch = [1, 1, {i + 1}]\nheight = [8, 8, 8]\nwidth = [8, 8, 8]\n" for i in range(70))
+    profiles = profile_tables(70)
     recipe = write_recipe(f"""
 [model]
 name = "big"

@@ -53,12 +53,70 @@ def probe_nvidia() -> Probe:
             name = name.decode() if isinstance(name, bytes) else name
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             vram = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)
-            arch = f"sm_{major}{minor}"
-            targets = [f"tensorrt:{arch}", f"tensorrt-rtx:{arch}"] + (["tensorrt:ampere+", "tensorrt-rtx:ampere+"] if major >= 8 else [])
-            devices.append(Device("nvidia", name, f"nvidia-{arch}", tuple(targets), {"index": index, "driver": driver, "vram_mb": vram, "arch": arch}))
+            devices.append(nvidia_device(name, major, minor, driver, vram, index))
     finally:
         pynvml.nvmlShutdown()
     return Probe("nvidia", tuple(devices), None if devices else "no NVIDIA GPU found")
+
+
+def nvidia_targets(major: int, minor: int) -> tuple[str, ...]:
+    """What an NVIDIA GPU of compute capability major.minor runs: engines for its exact arch, hardware-compatible
+    `ampere+` engines from Ampere (8.x) on, and TensorRT-RTX's JIT-able engines for its family class."""
+    arch = f"sm_{major}{minor}"
+    targets = [f"tensorrt:{arch}", f"tensorrt-rtx:{arch}"]
+    if major >= 8:
+        targets += ["tensorrt:ampere+", "tensorrt-rtx:ampere+"]
+    families = [("turing+", (7, 5)), ("ampere+", (8, 0)), ("ada+", (8, 9)), ("blackwell+", (12, 0))]
+    targets += [f"tensorrt-rtx:{name}" for name, floor in families if (major, minor) >= floor and f"tensorrt-rtx:{name}" not in targets]
+    return tuple(targets)
+
+
+def nvidia_device(name: str, major: int, minor: int, driver: str, vram_mb: int, index: int = 0) -> Device:
+    arch = f"sm_{major}{minor}"
+    return Device("nvidia", name, f"nvidia-{arch}", nvidia_targets(major, minor), {"index": index, "driver": driver, "vram_mb": vram_mb, "arch": arch})
+
+
+def amd_device(name: str, gfx: str, vram_mb: int) -> Device:
+    return Device("amd", name, f"amd-{gfx}", (f"migraphx:{gfx}",), {"gfx": gfx, "vram_mb": vram_mb})
+
+
+def apple_device(chip: str, macos: str) -> Device:
+    return Device("apple", chip, "apple-" + chip.lower().replace("apple ", "").replace(" ", "-"), ("coreml:apple",), {"os": "darwin", "macos": macos})
+
+
+def probe_amd() -> Probe:
+    """ROCm's rocminfo lists each agent's gfx target; amdsmi would add VRAM but is rarely installed."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("rocminfo")
+    if tool is None:
+        return Probe("amd", (), "rocminfo not found (no ROCm install)")
+    try:
+        text = subprocess.run([tool], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Probe("amd", (), f"rocminfo failed: {exc}")
+    devices, name = [], ""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key.strip() == "Marketing Name":
+            name = value.strip()
+        elif key.strip() == "Name" and value.strip().startswith("gfx"):
+            devices.append(amd_device(name or value.strip(), value.strip(), 0))
+    return Probe("amd", tuple(devices), None if devices else "rocminfo lists no gfx agent")
+
+
+def probe_apple() -> Probe:
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin" or platform.machine() != "arm64":
+        return Probe("apple", (), "not an Apple-silicon Mac")
+    try:
+        chip = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Probe("apple", (), f"sysctl failed: {exc}")
+    return Probe("apple", (apple_device(chip or "Apple silicon", platform.mac_ver()[0]),))
 
 
 def probe_openvino_gpu() -> Probe:
@@ -79,16 +137,12 @@ def probe_openvino_gpu() -> Probe:
     return Probe("intel", tuple(found), None if found else "OpenVINO sees no GPU or NPU")
 
 
-def probe_pending(name: str) -> Callable[[], Probe]:
-    return lambda: Probe(name, (), "probe not implemented in this release (issue #4)")
-
-
 PROBES: dict[str, Callable[[], Probe]] = {
     "cpu": probe_cpu,
     "nvidia": probe_nvidia,
     "intel": probe_openvino_gpu,
-    "amd": probe_pending("amd"),
-    "apple": probe_pending("apple"),
+    "amd": probe_amd,
+    "apple": probe_apple,
 }
 
 

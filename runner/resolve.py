@@ -84,6 +84,8 @@ class Resolution:
 
     def _why(self, chosen: Candidate) -> str:
         rivals = [c for c in self.ranked if c is not chosen]
+        if tier_of(chosen.target) <= 2 and any(tier_of(c.target) > tier_of(chosen.target) for c in rivals):
+            return f"the most specific engine kind usable here ({TIER_NAMES[tier_of(chosen.target)]})"
         if chosen.p50_ms is not None:
             slower = [c for c in rivals if c.p50_ms is not None]
             if slower:
@@ -103,7 +105,7 @@ def _runtime_version(backend: str) -> str | None:
     return versions.get(backend)
 
 
-def _check(entry: dict[str, Any], component: str, precision: str | None, devices: list[Device], cache: dict) -> tuple[str, Device | None]:
+def _check(entry: dict[str, Any], component: str, precision: str | None, devices: list[Device], cache: dict, can_load) -> tuple[str, Device | None]:
     if entry.get("component") != component:
         return "other component", None
     if precision and entry.get("precision") != precision:
@@ -116,15 +118,31 @@ def _check(entry: dict[str, Any], component: str, precision: str | None, devices
     if device is None:
         return f"no device here runs {target}", None
     if str(target) not in cache:
-        cache[str(target)] = availability(target)
+        cache[str(target)] = can_load(target)
     avail = cache[str(target)]
     if not avail.can_load:
         return f"cannot load here: {avail.reason}", device
-    for package, spec in entry.get("constraints", {}).get("runtime", {}).items():
+    constraints = entry.get("constraints", {})
+    for package, spec in constraints.get("runtime", {}).items():
         have = _runtime_version(package) if package == target.backend else None
         if have is not None and not version_in_range(have, spec):
             return f"needs {package} {spec}, this has {have}", device
-    return "", device
+    problem = _device_constraint(constraints, device)
+    return problem, device
+
+
+def _device_constraint(constraints: dict[str, Any], device: Device) -> str:
+    """Minimum driver, OS and VRAM, where the artifact states them and the device reports them."""
+    driver, wanted = device.info.get("driver"), constraints.get("min_driver")
+    if driver and wanted and version_in_range(str(driver), f"<{wanted}"):
+        return f"needs driver {wanted} or newer, this has {driver}"
+    os_list, os_here = constraints.get("os"), device.info.get("os")
+    if os_list and os_here and os_here not in os_list:
+        return f"built for {', '.join(os_list)}, this is {os_here}"
+    vram, need = device.info.get("vram_mb"), constraints.get("vram_mb")
+    if vram and need and need > vram:
+        return f"needs {need} MiB of VRAM, this GPU has {vram}"
+    return ""
 
 
 def _speed(entry: dict[str, Any], device: Device) -> tuple[float | None, str | None]:
@@ -139,8 +157,15 @@ def _speed(entry: dict[str, Any], device: Device) -> tuple[float | None, str | N
     return None, None
 
 
-def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str | None, devices: list[Device]) -> Resolution:
-    """`entries`: (index entry, where it came from). Usable candidates are ranked fastest-measured first."""
+def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str | None, devices: list[Device], *, can_load=availability) -> Resolution:
+    """`entries`: (index entry, where it came from). `can_load(target) -> Availability` says what this machine's
+    SDKs can load (a parameter so the rule table can be tested for hardware this machine lacks).
+
+    Ranking, first difference wins:
+    1. the device: GPUs before the CPU;
+    2. compiled engines (exact arch > hardware-compatible class > JIT-able), by kind first, then by speed;
+    3. portable artifacts (IR, ONNX) by speed measured on this device class, then a similar class, then by kind.
+    """
     model, _, component = ref.partition("/")
     resolution = Resolution(ref, precision, devices)
     cache: dict = {}
@@ -149,15 +174,20 @@ def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str 
         if entry.get("build_key") in seen:
             continue
         seen.add(entry.get("build_key"))
-        reason, device = _check(entry, component, precision, devices, cache)
+        reason, device = _check(entry, component, precision, devices, cache, can_load)
         if reason == "other component":
             continue
         candidate = Candidate(entry, device, reason, source=source)
         if device is not None:
             candidate.p50_ms, candidate.measured_on = _speed(entry, device)
         device_order = devices.index(device) if device in devices else len(devices)
-        exact = 0 if candidate.measured_on == "this device class" else 1
+        tier = tier_of(candidate.target)
         measured = candidate.p50_ms is not None
-        candidate.rank = (device_order, exact if measured else 2, candidate.p50_ms if measured else 0.0, tier_of(candidate.target), entry.get("precision") != "fp32")
+        how_measured = (0 if candidate.measured_on == "this device class" else 1) if measured else 2
+        speed = candidate.p50_ms if measured else 0.0
+        if tier <= 2:  # compiled engines: the most specific kind wins, speed breaks ties
+            candidate.rank = (device_order, 0, tier, how_measured, speed, entry.get("precision") != "fp32")
+        else:  # portable artifacts: the fastest measured here wins
+            candidate.rank = (device_order, 1, 0, how_measured, speed, tier, entry.get("precision") != "fp32")
         resolution.candidates.append(candidate)
     return resolution

@@ -62,7 +62,9 @@ def _rotate_left(elements: np.ndarray, width: int) -> np.ndarray:
 
 def _rotate_right_inplace(plain: np.ndarray, width: int) -> None:
     values = plain.reshape(-1).view(_UINT[width])
-    values[:] = (values >> 1) | (values << (8 * width - 1))
+    low = np.right_shift(values, 1)  # in-place ufuncs: half the time of the expression with temporaries
+    np.left_shift(values, 8 * width - 1, out=values)
+    np.bitwise_or(values, low, out=values)
 
 
 def _compressor(level: int, grouped: bool = False):

@@ -19,6 +19,7 @@ from enginefarm.cache.artifacts import pack_files, publish
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import ArtifactFile, Manifest
+from enginefarm.cache.progress import ProgressLike
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
@@ -138,8 +139,8 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     return manifest, outdir
 
 
-def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None) -> BuildResult:
-    """Build one job into `store` unless its key is already there."""
+def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None) -> BuildResult:
+    """Build one job into `store` unless its key is already there. `progress` receives the upload's bytes."""
     started = time.perf_counter()
     key = None
     try:
@@ -151,7 +152,7 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
             step("publish")
         files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
         manifest = replace(manifest, files=tuple(files))
-        publish(store, manifest, blobs)
+        publish(store, manifest, blobs, progress=progress)
         return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
         return BuildResult.of(job, key, "failed", str(exc), time.perf_counter() - started)

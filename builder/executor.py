@@ -8,21 +8,39 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
+
+from enginefarm.cache.progress import Progress
 
 from .build import BuildResult, build
 from .planner import Job
 
-# (job id, event, detail): event is "start", "step" or "done"; detail is a step name or a BuildResult.
+# (job id, event, detail): event is "start", "step", "transfer" or "done"; detail is a step name,
+# (name, bytes done, bytes total) or a BuildResult.
 Event = Callable[[str, str, object], None]
+
+
+class _Uploads(Progress):
+    """Forwards upload progress to the parent, at most every 0.2 s, so a slow link shows bytes moving."""
+
+    def __init__(self, job_id: str, messages) -> None:
+        self.job_id, self.messages, self.last = job_id, messages, 0.0
+
+    def transfer(self, name: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - self.last > 0.2:
+            self.last = now
+            self.messages.put((self.job_id, "transfer", (name, done, total)))
 
 
 def _child(job: Job, store_url: str, workroot: str, bench: bool, messages) -> None:
     from enginefarm.cache.stores import open_store
 
     messages.put((job.id, "start", job.label))
-    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: messages.put((job.id, "step", msg)))
+    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: messages.put((job.id, "step", msg)),
+                   progress=_Uploads(job.id, messages))
     result.manifest = None  # keep what crosses the process boundary small
     messages.put((job.id, "result", result))
 

@@ -165,6 +165,9 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
                     return
                 if kind == "step":
                     bar.update(task, description=f"[cyan]{detail:<9}[/] {labels[job_id]}")
+                elif kind == "transfer":
+                    _name, done, total = detail
+                    bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
                 elif kind == "done":
                     color = {"built": "green", "exists": "green", "failed": "red"}[detail.status]
                     extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {detail.reason}" if detail.reason else ""

@@ -127,7 +127,8 @@ class PlannedJob:
         if self.unroutable:
             return self.unroutable
         if not self.availability.can_build:
-            return f"unavailable here: {self.availability.reason}"
+            where = f"; needs a runner with {', '.join(self.runs_on)}" if self.runs_on else ""
+            return f"unavailable here: {self.availability.reason}{where}"
         return "to build"
 
     def to_dict(self) -> dict[str, Any]:

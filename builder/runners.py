@@ -64,6 +64,8 @@ def route(target: str, needs: Resources, runners: list[Runner]) -> tuple[Runner 
     able = [r for r in runners if target in r.targets]
     if not able:
         return None, f"no runner builds {target}"
+    if target.endswith(":cpu"):  # a CPU build uses no GPU memory, whatever the component needs on GPUs
+        needs = Resources(needs.host_ram_gb, 0.0)
     fits = [r for r in able if r.ram_gb >= needs.host_ram_gb and r.vram_gb >= needs.gpu_vram_gb]
     if not fits:
         most_ram = max(r.ram_gb for r in able)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from enginefarm.builder.planner import GITHUB_MATRIX_CAP, github_matrix, plan, runner_labels
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores import open_store
 from tests.conftest import profile_tables
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_matrix_is_component_x_precision_x_profile_x_target(tiny_recipe, tmp_path):
@@ -124,3 +127,16 @@ def test_matrix_batches_jobs_when_over_the_cap(tiny_recipe, tmp_path):
     out = github_matrix(planned, cap=3)
     assert out["entries"] <= 3 and out["jobs"] == 4
     assert sorted(j for e in out["matrix"]["include"] for j in e["jobs"].split()) == sorted(p.job.id for p in planned)
+
+
+def test_the_all_vendors_recipe_plans_every_target(tiny_sd, tmp_path, cli):
+    """One recipe lists targets for every vendor; plan says what builds here and which runner the rest needs."""
+    recipe = tmp_path / "all.toml"
+    recipe.write_text((ROOT / "recipes" / "tiny_sd_all_vendors.toml").read_text())
+    rows = json.loads(cli("plan", str(recipe), "--runners", str(ROOT / "ci" / "runners.toml"), "--format", "json", check=True).stdout)
+    status = {r["target"]: r["status"] for r in rows}
+    assert len(status) == 9
+    assert status["onnxruntime:cpu"] == status["openvino:cpu"] == "to build"
+    assert status["tensorrt:sm_89"].endswith("needs a runner with self-hosted, nvidia, sm_89")
+    assert status["migraphx:gfx1100"].endswith("needs a runner with self-hosted, amd, gfx1100")
+    assert status["coreml:apple"].endswith("needs a runner with macos-14")

@@ -38,7 +38,15 @@ source = "models/tiny_sd.onnx"
         time.sleep(0.05)
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=30)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        for child in [*children, psutil.Process(proc.pid)]:  # never leave a hung build behind, even when failing
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise
     assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"worker processes left behind: {alive}"

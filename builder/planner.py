@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.cache.keys import build_key, canonical_json
-from enginefarm.cache.manifest import Target
+from enginefarm.cache.manifest import Target, target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
@@ -202,7 +202,7 @@ def plan(
     selected = [
         job
         for job in jobs
-        if (not targets or str(job.target) in targets or job.target.backend in targets)
+        if target_matches(str(job.target), targets)
         and (not precisions or job.precision in precisions)
         and (not components or job.component in components)
         and (not job_ids or job.id in job_ids)

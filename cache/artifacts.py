@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -15,7 +14,7 @@ from typing import Any, Callable, Iterable
 from enginefarm.errors import IntegrityError, StoreError
 
 from .atomic import sha256_file
-from .codecs import codec_for, encode_file
+from .codecs import codec_for, decode_stream, encode_file
 from .manifest import ArtifactFile, Manifest
 from .progress import ProgressLike, as_progress
 from .stores.base import Store
@@ -151,8 +150,6 @@ def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: Pr
 
     Blobs are streamed through a temp file and hashed on the way, so a damaged source blob is never published.
     Returns {key: "copied" | "exists"}."""
-    from .atomic import CHUNK
-
     report = as_progress(progress)
     results: dict[str, str] = {}
     copied: list[Manifest] = []
@@ -171,12 +168,9 @@ def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: Pr
                     on_bytes(entry.stored_size)
                     continue
                 path = Path(tmp) / entry.stored_sha256
-                digest = hashlib.sha256()
                 with source.open_blob(entry.stored_sha256, entry.stored_size) as src, open(path, "wb") as out:
-                    while chunk := src.read(CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                if digest.hexdigest() != entry.stored_sha256:
+                    digest = decode_stream(src, out, "none", entry.stored_size)  # copies, hashes, enforces the size
+                if digest != entry.stored_sha256:
                     raise IntegrityError(f"blob {entry.stored_sha256[:12]} in {source.url} does not match its digest", hint="nothing was published for this artifact")
                 dest.put_blob(entry.stored_sha256, path, progress=on_bytes)
                 path.unlink()

@@ -14,9 +14,11 @@ WEIGHT_ROLES = ("weights", "engine", "model")  # files that are mostly tensors: 
 EFW1_MIN_SIZE = 1 << 20
 
 
+ZSTD_LEVEL = 3
+
+
 def codec_for(role: str, size: int) -> str:
     return "efw1" if role in WEIGHT_ROLES and size >= EFW1_MIN_SIZE else "zstd"
-ZSTD_LEVEL = 3
 
 
 def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:

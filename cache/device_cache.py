@@ -25,7 +25,7 @@ from .codecs import decode_stream
 from .locks import file_lock
 from .manifest import Manifest
 from .progress import ProgressLike, as_progress
-from .stores.base import CappedReader, Store
+from .stores.base import Store
 from .stores.ranged import BlobChanged
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class DeviceCache:
         for attempt in range(RESTARTS + 1):
             try:
                 with store.open_blob(entry.stored_sha256, entry.stored_size) as src, open(dest, "wb") as out:
-                    digest = decode_stream(CappedReader(src, entry.stored_size), out, entry.codec, entry.size, on_bytes)
+                    digest = decode_stream(src, out, entry.codec, entry.size, on_bytes)
                 break
             except BlobChanged as exc:
                 if attempt == RESTARTS:

@@ -32,6 +32,21 @@ class Target:
     def __str__(self) -> str:
         return f"{self.backend}:{self.device}"
 
+    def matches(self, selector: str) -> bool:
+        """A user's --target: a whole target (`openvino:cpu`) or a backend (`openvino`)."""
+        return selector in (str(self), self.backend)
+
+
+def target_matches(target: str, selectors) -> bool:
+    """True if `target` (text) matches any selector, or there are none."""
+    if not selectors:
+        return True
+    try:
+        parsed = Target.parse(target)
+    except ValueError:
+        return False
+    return any(parsed.matches(s) for s in selectors)
+
 
 @dataclass(frozen=True)
 class ArtifactFile:

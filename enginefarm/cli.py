@@ -406,6 +406,7 @@ def doctor_cmd():
 def publish_cmd(source, dest, models, components, targets, precisions, keys):
     """Copy artifacts between stores (local → S3, say), uploading only the blobs the destination lacks."""
     from enginefarm.cache.artifacts import copy_artifacts, read_index
+    from enginefarm.cache.manifest import target_matches
     from enginefarm.cache.stores import open_store
 
     src, dst = open_store(source), open_store(dest)
@@ -414,7 +415,7 @@ def publish_cmd(source, dest, models, components, targets, precisions, keys):
     for name in names:
         for entry in read_index(src, name)["entries"].values():
             if ((not components or entry["component"] in components)
-                    and (not targets or entry["target"] in targets or entry["target"].split(":")[0] in targets)
+                    and target_matches(entry["target"], targets)
                     and (not precisions or entry["precision"] in precisions)
                     and (not keys or any(entry["build_key"].startswith(k) for k in keys))):
                 selected.append(entry["build_key"])

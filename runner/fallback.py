@@ -42,7 +42,7 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
     local = replace(recipe, components={component: recipe.components[component]})
     runnable = {t for d in devices for t in d.targets}
     jobs = [j for j in expand(local, downloads, offline=offline) if str(j.target) in runnable and (precision is None or j.precision == precision)]
-    jobs = [j for j in jobs if availability(j.target).can_build and (target is None or target in (str(j.target), j.target.backend))]
+    jobs = [j for j in jobs if availability(j.target).can_build and (target is None or j.target.matches(target))]
     if not jobs:
         raise ArtifactNotFoundError(
             f"nothing stored fits {recipe.name}/{component}, and its recipe has no target this device can build",

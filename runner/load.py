@@ -10,7 +10,7 @@ from typing import Callable
 from enginefarm.builder.backends import get_backend
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
-from enginefarm.cache.manifest import Manifest
+from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
@@ -33,10 +33,6 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return model, component
 
 
-def _matches(target: str | None, text: str) -> bool:
-    return target is None or text == target or text.split(":")[0] == target
-
-
 @dataclass
 class Lookup:
     """Everything resolution saw: the ranked candidates, where to fetch from, and why anything was left out."""
@@ -53,7 +49,8 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
     if precision is not None and precision not in ("fp32", "fp16"):
         raise ConfigError(f"unknown precision {precision!r}", hint="use fp32 or fp16, or leave it out for the fastest")
     model, _ = parse_ref(ref)
-    devices = [d for d in detect(device) if any(_matches(target, t) for t in d.targets)]
+    selectors = (target,) if target else ()
+    devices = [d for d in detect(device) if any(target_matches(t, selectors) for t in d.targets)]
     if not devices:
         raise ConfigError(f"no device here runs {target or device}", hint="see `enginefarm doctor`")
     cache = DeviceCache(settings.home)
@@ -68,7 +65,7 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         except StoreError as exc:
             note = f"store unreachable ({exc}); only the local cache was considered"
             log.warning(note)
-    entries = [(e, where) for e, where in entries if _matches(target, str(e.get("target", "")))]
+    entries = [(e, where) for e, where in entries if target_matches(str(e.get("target", "")), selectors)]
     return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, note, settings)
 
 

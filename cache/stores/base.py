@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
-from enginefarm.errors import IntegrityError
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
+
+from enginefarm.errors import IntegrityError
 
 
 class Store(ABC):

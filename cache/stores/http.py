@@ -25,26 +25,16 @@ SOCKET_TIMEOUT = 30.0
 _TRANSIENT = (ConnectionError, TimeoutError, socket.timeout, http.client.IncompleteRead, http.client.RemoteDisconnected, urllib.error.URLError)
 
 
-def limits_from_env() -> Limits:
-    from enginefarm.settings import load_settings
-
-    settings = load_settings()
-    return Limits(deadline_s=settings.http_deadline_s, min_rate=settings.http_min_rate)
-
-
-def connections_from_env() -> int:
-    from enginefarm.settings import load_settings
-
-    return load_settings().http_connections
-
-
 class HttpStore(Store):
     writable = False
 
     def __init__(self, url: str, *, limits: Limits | None = None, workers: int | None = None, parallel_threshold: int = PARALLEL_THRESHOLD) -> None:
+        from enginefarm.settings import load_settings
+
+        settings = load_settings()  # ENGINEFARM_HTTP_DEADLINE, _MIN_RATE, _CONNECTIONS
         self.url = url.rstrip("/")
-        self.limits = limits or limits_from_env()
-        self.workers = workers or connections_from_env()
+        self.limits = limits or Limits(deadline_s=settings.http_deadline_s, min_rate=settings.http_min_rate)
+        self.workers = workers or settings.http_connections
         self.parallel_threshold = parallel_threshold
 
     def _url(self, rel: str) -> str:

@@ -82,7 +82,8 @@ class Channel:
         state = State(root, targets, snapshot, timestamp)
         for role in ROLES:
             try:
-                root.signed.verify_delegate(role, getattr(state, role))
+                metadata = getattr(state, role)
+                root.signed.verify_delegate(role, metadata.signed_bytes, metadata.signatures)
             except UnsignedMetadataError as exc:
                 raise TrustError(f"channel {self.name} in {self.store.url}: {role} metadata does not verify ({exc})", reason="signature",
                                  hint="someone without the keys changed the channel; restore it from a backup") from None

@@ -13,6 +13,7 @@ expiry included: the last verified release is used until its timestamp expires, 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any, Iterator
@@ -175,8 +176,13 @@ class ChannelClient:
         found = []
         for path, info in self.targets().items():
             custom = info.custom if isinstance(info.custom, dict) else {}
-            entry = custom.get("entry")
-            if custom.get("model") != model or not isinstance(entry, dict) or path != target_path(str(custom.get("build_key"))):
+            if custom.get("model") != model or path != target_path(str(custom.get("build_key"))):
+                continue
+            try:
+                entry = json.loads(custom.get("entry") or "")
+            except (TypeError, ValueError):
+                entry = None
+            if not isinstance(entry, dict):
                 continue
             if any(entry.get(f) != custom.get(f) for f in CHECKED_FIELDS if f != "model"):
                 continue  # a malformed target: resolution only trusts entries that agree with their own fields

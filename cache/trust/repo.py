@@ -38,8 +38,11 @@ class State:
 def describe(manifest: Manifest) -> dict[str, Any]:
     """The signed custom fields of a target. The runtime resolves from `entry` and refuses a manifest whose own
     fields differ from these (an artifact of another model, target or build served at this path)."""
+    import json
+
+    # `entry` is JSON text: TUF's canonical JSON has no floats, and benchmarks are floats.
     return {"model": manifest.model, "component": manifest.component, "precision": manifest.precision,
-            "target": manifest.target, "build_key": manifest.build_key, "entry": manifest.index_entry()}
+            "target": manifest.target, "build_key": manifest.build_key, "entry": json.dumps(manifest.index_entry(), sort_keys=True)}
 
 
 class Channel:

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, ConfigError, OfflineError, StoreError, TrustError
 
+from ..locks import file_lock
 from ..manifest import Manifest
 from ..stores.base import Store
 from . import require_tuf, target_path
@@ -121,6 +122,7 @@ class ChannelClient:
         self.what = f"channel {channel} of {store.url}"
         self.dir = trust_dir(home, store.url, channel)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = home / "locks" / f"trust-{self.dir.name}.lock"
         self.offline = offline
         self.note = ""
         try:
@@ -141,14 +143,21 @@ class ChannelClient:
             self.note = f"store unreachable: using the release metadata of {self.what} verified earlier"
 
     def _refresh(self, offline: bool) -> None:
-        from tuf.api.exceptions import DownloadError, DownloadHTTPError, RepositoryError
-        from tuf.ngclient import Updater, UpdaterConfig
+        from tuf.ngclient import UpdaterConfig
 
         store_fetcher, replay_fetcher = _fetchers()
         if offline and not (self.dir / "timestamp.json").is_file():
             raise OfflineError(f"no verified release metadata for {self.what} on this device yet", hint="go online once (unset ENGINEFARM_OFFLINE)")
         fetcher = replay_fetcher(self.dir) if offline else store_fetcher(self.store, self.channel)
         config = UpdaterConfig(prefix_targets_with_hash=False)  # targets are manifests/<build-key>.json, written once
+        # ngclient writes each file atomically; the lock only keeps two processes from refreshing at once.
+        with file_lock(self.lock, timeout=60):
+            self._refresh_locked(fetcher, config)
+
+    def _refresh_locked(self, fetcher, config) -> None:
+        from tuf.api.exceptions import DownloadError, DownloadHTTPError, RepositoryError
+        from tuf.ngclient import Updater
+
         try:
             self.updater = Updater(str(self.dir), f"{_BASE}channels/{self.channel}/", str(self.dir / "manifests"), _BASE, fetcher, config, bootstrap=self.root)
         except (RepositoryError, ValueError, KeyError, TypeError) as exc:

@@ -397,3 +397,12 @@ def test_a_root_from_another_channel_is_refused(release, monkeypatch, tmp_path):
     other_root = tmp_path / "beta-root.json"
     other_root.write_bytes(repo.root_bytes(store, "beta"))
     refused(App(store, other_root, tmp_path / "fresh-device"), monkeypatch, reason="signature")
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"signed": {}, "signatures": []}'])
+def test_a_broken_trusted_root_is_a_clear_error(release, monkeypatch, tmp_path, content):
+    store, keys, a, b, app = release
+    broken = tmp_path / "broken-root.json"
+    broken.write_bytes(content)
+    with pytest.raises(TrustError, match="not valid TUF root metadata"):
+        App(store, broken, tmp_path / "fresh-device").load(monkeypatch)

@@ -100,6 +100,21 @@ def read_index(store: Store, model: str) -> dict[str, Any]:
     return parse_index(raw, model)
 
 
+def select_entries(store: Store, models=(), components=(), targets=(), precisions=(), keys=()) -> list[dict[str, Any]]:
+    """Index entries matching every given filter (empty: any). Shared by `publish` and `release promote`."""
+    from .manifest import target_matches
+
+    selected = []
+    for name in models or tuple(store.list_models()):
+        for entry in read_index(store, name)["entries"].values():
+            if ((not components or entry["component"] in components)
+                    and target_matches(entry["target"], targets)
+                    and (not precisions or entry["precision"] in precisions)
+                    and (not keys or any(entry["build_key"].startswith(k) for k in keys))):
+                selected.append({**entry, "model": name})
+    return selected
+
+
 def _dump_index(index: dict[str, Any]) -> bytes:
     return json.dumps(index, indent=1, sort_keys=True).encode()
 

@@ -24,6 +24,8 @@ def load(ref: str, precision: str | None = None, device: str = "auto", store: st
 
     precision: "fp32", "fp16" or None (the fastest measured). device: "auto", "cpu", "nvidia", "intel"...
     store: a store URL (default ENGINEFARM_STORE). recipe=PATH lets it compile here when nothing stored fits.
+    channel="stable", trusted_root=PATH (the channel's root.json, shipped with the app): load only what the
+    maintainers released and signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT).
     progress=callable(str) receives progress messages.
     """
     from enginefarm.runner.load import load as _load

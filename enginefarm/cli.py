@@ -237,6 +237,8 @@ ref_options = [
     click.option("--device", default="auto", show_default=True, help="auto, cpu, nvidia, intel, amd or apple."),
     click.option("--target", metavar="T", help="Only artifacts for this target (backend:device or backend)."),
     store_option,
+    click.option("--channel", metavar="NAME", help="Only artifacts released in this signed channel (default ENGINEFARM_CHANNEL)."),
+    click.option("--trusted-root", type=click.Path(path_type=Path), help="The channel's root.json (default ENGINEFARM_TRUSTED_ROOT)."),
 ]
 
 
@@ -286,7 +288,7 @@ class _RichProgress:
 @click.option("--recipe", type=click.Path(path_type=Path), help="Compile here from this recipe if nothing stored fits.")
 @click.option("--explain", is_flag=True, help="Print why this artifact was chosen.")
 @_ref_opts
-def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, store):
+def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, store, channel, trusted_root):
     """Run MODEL/COMPONENT on the best artifact for this device."""
     import time
 
@@ -297,7 +299,7 @@ def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, sto
     feeds = _read_inputs(inputs)
     start = time.perf_counter()
     with _RichProgress() as progress:
-        session = load(ref, precision, device, store, recipe=recipe, target=target, progress=progress)
+        session = load(ref, precision, device, store, recipe=recipe, target=target, progress=progress, channel=channel, trusted_root=trusted_root)
     loaded = time.perf_counter()
     outputs = session.run(feeds)
     done = time.perf_counter()
@@ -346,12 +348,12 @@ def _read_inputs(items: tuple[str, ...]) -> dict:
 @click.argument("ref", metavar="MODEL/COMPONENT")
 @click.option("--explain", is_flag=True, help="Print why this artifact was chosen.")
 @_ref_opts
-def fetch_cmd(ref, explain, precision, device, target, store):
+def fetch_cmd(ref, explain, precision, device, target, store, channel, trusted_root):
     """Fetch and verify the artifact `run` would use, into the local cache (for offline use later)."""
     from enginefarm.runner.load import fetch
 
     with _RichProgress() as progress:
-        manifest, path, why = fetch(ref, precision, device, store, target=target, progress=progress)
+        manifest, path, why = fetch(ref, precision, device, store, target=target, progress=progress, channel=channel, trusted_root=trusted_root)
     if explain:
         click.echo(why)
     click.echo(f"{manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] → {path}")
@@ -405,20 +407,11 @@ def doctor_cmd():
 @click.option("--key", "keys", multiple=True, metavar="KEY", help="Build key or its prefix.")
 def publish_cmd(source, dest, models, components, targets, precisions, keys):
     """Copy artifacts between stores (local → S3, say), uploading only the blobs the destination lacks."""
-    from enginefarm.cache.artifacts import copy_artifacts, read_index
-    from enginefarm.cache.manifest import target_matches
+    from enginefarm.cache.artifacts import copy_artifacts, select_entries
     from enginefarm.cache.stores import open_store
 
     src, dst = open_store(source), open_store(dest)
-    names = models or tuple(src.list_models())
-    selected = []
-    for name in names:
-        for entry in read_index(src, name)["entries"].values():
-            if ((not components or entry["component"] in components)
-                    and target_matches(entry["target"], targets)
-                    and (not precisions or entry["precision"] in precisions)
-                    and (not keys or any(entry["build_key"].startswith(k) for k in keys))):
-                selected.append(entry["build_key"])
+    selected = [entry["build_key"] for entry in select_entries(src, models, components, targets, precisions, keys)]
     if not selected:
         from enginefarm.errors import ArtifactNotFoundError
 
@@ -460,13 +453,9 @@ def gc_cmd(store, grace, delete):
     """Remove blobs that no manifest references and that are older than the grace period (dry run by default)."""
     from enginefarm.cache.artifacts import plan_gc
     from enginefarm.cache.stores import open_store
-    from enginefarm.errors import ConfigError
+    from enginefarm.settings import parse_duration
 
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        grace_s = float(grace[:-1]) * units[grace[-1]] if grace[-1] in units else float(grace)
-    except (ValueError, IndexError):
-        raise ConfigError(f"--grace {grace!r} is not a duration", hint="e.g. 30m, 24h, 7d") from None
+    grace_s = parse_duration("--grace", grace)
     opened = open_store(store)
     plan = plan_gc(opened, grace_s)
     young = len(plan.unreferenced) - len(plan.to_delete)
@@ -535,6 +524,10 @@ def cache_gc(quota):
     removed = cache.gc(limit)
     click.echo(f"removed {len(removed)} artifacts; cache holds {cache.size() / 2**20:.1f} MiB" + ("" if limit else " (no quota set)"))
 
+
+from enginefarm.cli_release import release_group  # noqa: E402  (its own module; registered here)
+
+main.add_command(release_group)
 
 if __name__ == "__main__":
     main()

@@ -71,3 +71,9 @@ class OfflineError(EnginefarmError):
 
 class ConfigError(EnginefarmError, ValueError):
     """An environment variable or option has a value that cannot be used."""
+
+
+class TrustError(EnginefarmError):
+    """Release metadata or a released artifact failed verification: unsigned, rolled back, expired, mixed or
+    tampered. `reason` names the check (rollback, expired, signature, hash, too-long, mismatch, missing, invalid).
+    The last trusted state is kept and nothing is cached."""

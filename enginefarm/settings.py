@@ -51,6 +51,19 @@ def parse_number(name: str, raw: str | None, default: float, low: float, high: f
     return number
 
 
+def parse_duration(name: str, raw: str) -> float:
+    """'90s', '30m', '24h', '7d', '2w', '1y' or plain seconds → seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+    value = (raw or "").strip().lower()
+    try:
+        seconds = float(value[:-1]) * units[value[-1]] if value and value[-1] in units else float(value)
+    except (ValueError, IndexError):
+        raise ConfigError(f"{name} {raw!r} is not a duration", hint="e.g. 30m, 24h, 7d, 1y") from None
+    if seconds < 0:
+        raise ConfigError(f"{name} {raw!r} must not be negative")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -62,6 +75,8 @@ class Settings:
     http_min_rate: float = 16 * 1024
     http_connections: int = 1
     s3_verify: bool = False
+    channel: str | None = None  # a signed release channel: resolve only among its targets
+    trusted_root: Path | None = None  # the channel's root.json, shipped with the app
 
 
 def _default_home() -> Path:
@@ -91,4 +106,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         http_min_rate=parse_number("ENGINEFARM_HTTP_MIN_RATE", env.get("ENGINEFARM_HTTP_MIN_RATE"), 16 * 1024, 0, 1e12),
         http_connections=int(parse_number("ENGINEFARM_HTTP_CONNECTIONS", env.get("ENGINEFARM_HTTP_CONNECTIONS"), 1, 1, 32)),
         s3_verify=parse_bool("ENGINEFARM_S3_VERIFY", env.get("ENGINEFARM_S3_VERIFY")),
+        channel=(env.get("ENGINEFARM_CHANNEL") or "").strip() or None,
+        trusted_root=Path(env["ENGINEFARM_TRUSTED_ROOT"]).expanduser() if env.get("ENGINEFARM_TRUSTED_ROOT") else None,
     )

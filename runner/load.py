@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -14,7 +14,7 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError, TrustError
 from enginefarm.settings import Settings, load_settings
 
 from .device import Device, detect
@@ -43,6 +43,8 @@ class Lookup:
     store: Store | None
     note: str
     settings: Settings
+    release: object = None  # the signed channel's client when resolving inside a release channel
+    refusals: list[Exception] = field(default_factory=list)  # trust and integrity failures, raised if nothing loads
 
 
 def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings) -> Lookup:
@@ -54,6 +56,12 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
     if not devices:
         raise ConfigError(f"no device here runs {target or device}", hint="see `enginefarm doctor`")
     cache = DeviceCache(settings.home)
+    if settings.channel or settings.trusted_root:
+        from .release import open_channel, released_entries
+
+        client, opened = open_channel(store, settings)
+        entries = [(e, where) for e, where in released_entries(client, model) if target_matches(str(e.get("target", "")), selectors)]
+        return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, client.note, settings, client)
     entries = [(c.manifest.index_entry(), "cache") for c in cache.entries() if c.manifest.model == model]
     note, opened = "", None
     if settings.offline:
@@ -73,12 +81,17 @@ def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple
     """The candidate's verified folder in the local cache, fetching it from the store if needed."""
     key = candidate.entry["build_key"]
     cache = found.cache
+    released = None
+    if found.release is not None:
+        from .release import released_manifest
+
+        released = released_manifest(found.release, cache, key)
     path = cache.verified_dir(key)
     if path is not None:
         return cache.manifest(key), path
     if found.store is None:
         raise ArtifactNotFoundError("not in the local cache and no store to fetch from")
-    manifest = read_manifest(found.store, key)
+    manifest = released or read_manifest(found.store, key)
     if manifest is None:
         raise ArtifactNotFoundError(f"the index lists {key[:12]} but its manifest is missing (run `enginefarm index`)")
     report.message(f"fetching {manifest.ref} {manifest.target} {manifest.precision} from {found.store.url}")
@@ -95,16 +108,26 @@ def _first_usable(found: Lookup, use: Callable[[Candidate], object]):
         try:
             return candidate, use(candidate), failures
         except Exception as exc:  # vendor SDKs raise their own types; any failure means: try the next one
+            if isinstance(exc, (TrustError, IntegrityError)):
+                found.refusals.append(exc)
             failures.append(f"{candidate.entry['target']} [{candidate.entry['build_key'][:12]}]: {exc}")
             candidate.reason = f"failed: {exc}"
             log.warning("could not use %s: %s", candidate.describe(), exc)
     return None, None, failures
 
 
+def with_channel(settings: Settings, channel: str | None, trusted_root: str | Path | None) -> Settings:
+    """Arguments win over ENGINEFARM_CHANNEL / ENGINEFARM_TRUSTED_ROOT."""
+    if channel is None and trusted_root is None:
+        return settings
+    return replace(settings, channel=channel or settings.channel, trusted_root=Path(trusted_root) if trusted_root else settings.trusted_root)
+
+
 def fetch(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, *, target: str | None = None,
-          progress: ProgressLike = None, settings: Settings | None = None) -> tuple[Manifest, Path, str]:
+          progress: ProgressLike = None, settings: Settings | None = None, channel: str | None = None,
+          trusted_root: str | Path | None = None) -> tuple[Manifest, Path, str]:
     """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder, explanation)."""
-    found = lookup(ref, precision, device, store, target, settings or load_settings())
+    found = lookup(ref, precision, device, store, target, with_channel(settings or load_settings(), channel, trusted_root))
     report = as_progress(progress)
     candidate, got, failures = _first_usable(found, lambda c: _materialize(c, found, report))
     if candidate is None:
@@ -124,8 +147,11 @@ def load(
     target: str | None = None,
     progress: ProgressLike = None,
     settings: Settings | None = None,
+    channel: str | None = None,
+    trusted_root: str | Path | None = None,
 ) -> Session:
-    settings = settings or load_settings()
+    """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json."""
+    settings = with_channel(settings or load_settings(), channel, trusted_root)
     if weights is not None or loras:
         raise ConfigError("custom weights and LoRA stacks are not supported by this release", hint="tracked in issue #5")
     report = as_progress(progress)
@@ -143,7 +169,7 @@ def load(
 
     model, component = parse_ref(ref)
     recipe_found = find_recipe(model, recipe, settings.recipe_path)
-    if recipe_found is None:
+    if recipe_found is None or (found.release is not None and found.refusals):
         raise _not_found(ref, found, failures)
     report.message(f"no stored artifact fits; compiling {ref} on this device")
     job = pick_job(recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target)
@@ -157,7 +183,9 @@ def load(
     return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
 
 
-def _not_found(ref: str, found: Lookup, failures: list[str]) -> ArtifactNotFoundError:
+def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
+    if found.release is not None and found.refusals:
+        return found.refusals[0]  # in a release channel a refusal is the answer, not "nothing fits"
     why = "; ".join(failures) or " ".join(found.resolution.explain(note=found.note).splitlines()[1:]).strip() or "nothing stored"
     return ArtifactNotFoundError(
         f"no artifact of {ref} fits this device: {why}",

@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
-HEAVY = ["openvino", "onnxruntime", "onnx", "boto3", "botocore", "tensorrt", "tensorrt_rtx", "coremltools", "torch", "migraphx", "onnxsim"]
+HEAVY = ["openvino", "onnxruntime", "onnx", "boto3", "botocore", "tensorrt", "tensorrt_rtx", "coremltools", "torch", "migraphx", "onnxsim",
+         "tuf", "securesystemslib", "cryptography"]
 
 
-@pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.cache", "enginefarm.cli", "enginefarm.builder.backends"])
+@pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.cache", "enginefarm.cli", "enginefarm.builder.backends",
+                                    "enginefarm.cache.trust", "enginefarm.runner.release", "enginefarm.cli_release"])
 def test_import_loads_no_heavy_module(module):
     code = f"import sys, json, {module}; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -59,3 +59,9 @@ def test_transfer_settings():
 def test_bad_transfer_settings(name, raw):
     with pytest.raises(ConfigError, match=name):
         load_settings({name: raw})
+
+
+def test_release_channel_settings(tmp_path):
+    settings = load_settings({"ENGINEFARM_CHANNEL": " stable ", "ENGINEFARM_TRUSTED_ROOT": str(tmp_path / "root.json")})
+    assert settings.channel == "stable" and settings.trusted_root == tmp_path / "root.json"
+    assert load_settings({}).channel is None and load_settings({}).trusted_root is None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from enginefarm.errors import IntegrityError
+from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
 
 class Store(ABC):
@@ -15,6 +16,7 @@ class Store(ABC):
         blobs/sha256/<2>/<digest>   immutable stored bytes, content-addressed
         manifests/<build-key>.json  immutable, written once after its blobs
         index/<model>.json          derived, updated by compare-and-swap
+        channels/<channel>/<name>   signed release metadata, written only by `enginefarm release`
     """
 
     url: str
@@ -64,12 +66,42 @@ class Store(ABC):
     @abstractmethod
     def list_models(self) -> Iterator[str]: ...
 
+    def open_manifest(self, key: str) -> BinaryIO:
+        """The manifest as a stream, so a verifier can stop reading at the length it trusts."""
+        import io
+
+        data = self.get_manifest_bytes(key)
+        if data is None:
+            raise ArtifactNotFoundError(f"manifest {key[:12]} is missing from {self.url}")
+        return io.BytesIO(data)
+
+    # Release channels (signed metadata; rewritten only by `enginefarm release`) -----------------------------
+    @abstractmethod
+    def open_channel_file(self, channel: str, name: str) -> BinaryIO:
+        """A stream of channels/<channel>/<name>; raises ArtifactNotFoundError. The caller caps what it reads."""
+
+    @abstractmethod
+    def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
+        """Create or replace channels/<channel>/<name> atomically."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
 
 def blob_relpath(digest: str) -> str:
     return f"blobs/sha256/{digest[:2]}/{digest}"
+
+
+_CHANNEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_CHANNEL_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.json$")
+
+
+def channel_relpath(channel: str, name: str) -> str:
+    if not _CHANNEL.match(channel):
+        raise StoreError(f"{channel!r} is not a valid channel name", hint="letters, digits, '.', '_' and '-'")
+    if not _CHANNEL_FILE.match(name):
+        raise StoreError(f"{name!r} is not a valid channel file name")
+    return f"channels/{channel}/{name}"
 
 
 class CappedReader:

@@ -12,7 +12,7 @@ from typing import BinaryIO, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
-from .base import Store, blob_relpath
+from .base import Store, blob_relpath, channel_relpath
 from .local import check_digest, check_model
 from .ranged import BlobChanged, Limits, Opened, ResumableReader
 
@@ -49,7 +49,7 @@ class HttpStore(Store):
             if exc.code == 404:
                 raise ArtifactNotFoundError(f"{self._url(rel)} not found (404)") from None
             if exc.code == 403:
-                raise StoreError(f"{self._url(rel)}: access denied (403)", hint="the bucket or CDN must allow public reads of this prefix") from None
+                raise StoreError(f"{self._url(rel)}: access denied (403)", hint="the bucket or CDN must allow public reads of this prefix", status=403) from None
             if exc.code in (412, 416):  # a failed If-Match, or a range the object no longer has: it changed
                 raise BlobChanged(f"{self._url(rel)} changed during the transfer") from None
             raise StoreError(f"{self._url(rel)}: HTTP {exc.code} {exc.reason}") from None
@@ -117,6 +117,9 @@ class HttpStore(Store):
     def put_manifest_bytes(self, key: str, data: bytes) -> bool:
         self._refuse("write manifests")
 
+    def open_manifest(self, key: str) -> BinaryIO:
+        return self._request(f"manifests/{check_digest(key)}.json")
+
     def list_manifest_keys(self) -> Iterator[str]:
         self._refuse("list manifests (HTTP cannot list; readers use index/<model>.json)")
 
@@ -130,6 +133,13 @@ class HttpStore(Store):
 
     def list_models(self) -> Iterator[str]:
         self._refuse("list models")
+
+    # Release channels ------------------------------------------------------------------------------------
+    def open_channel_file(self, channel: str, name: str) -> BinaryIO:
+        return self._request(channel_relpath(channel, name), headers={"Cache-Control": "no-cache"})
+
+    def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
+        self._refuse("write release metadata")
 
 
 class _ParallelReader:

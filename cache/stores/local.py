@@ -11,7 +11,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..locks import file_lock
-from .base import CappedReader, Store, blob_relpath
+from .base import CappedReader, Store, blob_relpath, channel_relpath
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -95,6 +95,12 @@ class LocalStore(Store):
     def put_manifest_bytes(self, key: str, data: bytes) -> bool:
         return write_once(self._manifest(key), data)
 
+    def open_manifest(self, key: str) -> BinaryIO:
+        try:
+            return open(self._manifest(key), "rb")
+        except FileNotFoundError:
+            raise ArtifactNotFoundError(f"manifest {key[:12]} is missing from {self.url}") from None
+
     def list_manifest_keys(self) -> Iterator[str]:
         base = self.root / "manifests"
         if base.is_dir():
@@ -129,3 +135,14 @@ class LocalStore(Store):
         if base.is_dir():
             for path in sorted(base.glob("*.json")):
                 yield path.stem
+
+    # Release channels ------------------------------------------------------------------------------------
+    def open_channel_file(self, channel: str, name: str) -> BinaryIO:
+        try:
+            return open(self.root / channel_relpath(channel, name), "rb")
+        except FileNotFoundError:
+            raise ArtifactNotFoundError(f"{channel_relpath(channel, name)} is missing from {self.url}") from None
+
+    def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
+        with atomic_writer(self.root / channel_relpath(channel, name)) as handle:
+            handle.write(data)

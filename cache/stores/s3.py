@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterator
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import sha256_file
-from .base import Store, blob_relpath
+from .base import Store, blob_relpath, channel_relpath
 from .local import check_digest, check_model
 from .ranged import Limits, Opened, ResumableReader
 
@@ -85,7 +85,7 @@ class S3Store(Store):
     def _fail(self, exc, what: str) -> StoreError:
         code, status = self._code(exc)
         if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return StoreError(f"{self.url}: access denied to {what} ({code})", hint="check AWS credentials / bucket policy")
+            return StoreError(f"{self.url}: access denied to {what} ({code})", hint="check AWS credentials / bucket policy", status=403)
         if code == "NoSuchBucket":
             return StoreError(f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL")
         return StoreError(f"{self.url}: {what} failed: {code or type(exc).__name__} {exc}")
@@ -247,6 +247,22 @@ class S3Store(Store):
     def put_manifest_bytes(self, key: str, data: bytes) -> bool:
         return self._put(f"manifests/{check_digest(key)}.json", data, IfNoneMatch="*", ContentType="application/json")
 
+    def open_manifest(self, key: str) -> BinaryIO:
+        return self._open(f"manifests/{check_digest(key)}.json")
+
+    def _open(self, rel: str) -> BinaryIO:
+        """A streaming GET: the reader decides how much of the body it takes."""
+        _, botocore = _boto()
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(rel))["Body"]
+        except botocore.exceptions.ClientError as exc:
+            code, status = self._code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                raise ArtifactNotFoundError(f"{rel} is missing from {self.url}") from None
+            raise self._fail(exc, f"GET {rel}") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"{self.url}: cannot reach the store: {exc}") from None
+
     def list_manifest_keys(self) -> Iterator[str]:
         for item in self._list("manifests/"):
             name = item["Key"].rsplit("/", 1)[-1]
@@ -267,3 +283,11 @@ class S3Store(Store):
             name = item["Key"].rsplit("/", 1)[-1]
             if name.endswith(".json"):
                 yield name[:-5]
+
+    # Release channels ------------------------------------------------------------------------------------
+    def open_channel_file(self, channel: str, name: str) -> BinaryIO:
+        return self._open(channel_relpath(channel, name))
+
+    def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
+        # Versioned files never change; timestamp.json and root.json do, so caches must revalidate them.
+        self._put(channel_relpath(channel, name), data, ContentType="application/json", CacheControl="no-cache")

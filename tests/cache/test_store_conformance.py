@@ -128,6 +128,30 @@ class StoreConformance:
         store.cas_index_bytes("m", b"not json", None)
         assert read_index(store, "m")["entries"] == {}
 
+    def test_channel_files_are_replaced_and_streamed(self, store, reader):
+        store.put_channel_file("stable", "timestamp.json", b'{"v": 1}')
+        store.put_channel_file("stable", "timestamp.json", b'{"v": 2}')
+        store.put_channel_file("beta", "1.root.json", b"root")
+        assert _read_all(reader.open_channel_file("stable", "timestamp.json")) == b'{"v": 2}'
+        assert _read_all(reader.open_channel_file("beta", "1.root.json")) == b"root"
+        with pytest.raises(ArtifactNotFoundError):
+            _read_all(reader.open_channel_file("stable", "2.root.json"))
+
+    @pytest.mark.parametrize("channel,name", [("../x", "root.json"), ("stable", "../../manifests/x.json"), ("stable", "root"), ("", "root.json")])
+    def test_bad_channel_paths_are_refused(self, store, reader, channel, name):
+        with pytest.raises(StoreError):
+            store.put_channel_file(channel, name, b"x")
+        with pytest.raises(StoreError):
+            reader.open_channel_file(channel, name)
+
+    def test_manifest_stream(self, store, reader, tmp_path):
+        digest, path = blob_file(tmp_path, b"x")
+        manifest = make_manifest("k", digest, 1)
+        publish(store, manifest, {digest: path})
+        assert _read_all(reader.open_manifest(manifest.build_key)) == manifest.to_json()
+        with pytest.raises(ArtifactNotFoundError):
+            _read_all(reader.open_manifest("e" * 64))
+
 
 class TestLocalStore(StoreConformance):
     @pytest.fixture
@@ -183,6 +207,8 @@ class TestHttpStore(StoreConformance):
             reader.put_blob(digest, path)
         with pytest.raises(StoreError, match="read-only"):
             publish(reader, make_manifest("k", digest, 1), {digest: path})
+        with pytest.raises(StoreError, match="read-only"):
+            reader.put_channel_file("stable", "timestamp.json", b"{}")
 
     def test_parallel_ranged_get(self, store, bucket, s3_env, tmp_path):
         from enginefarm.cache.stores.http import HttpStore

@@ -71,3 +71,7 @@ class OfflineError(EnginefarmError):
 
 class ConfigError(EnginefarmError, ValueError):
     """An environment variable or option has a value that cannot be used."""
+
+
+class WeightsError(EnginefarmError, ValueError):
+    """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""

@@ -1,0 +1,178 @@
+"""The weight map: which ONNX initializer holds each tensor of a component's checkpoint, and in which layout.
+
+ONNX exports rename and transpose weights (`nn.Linear` becomes MatMul over an anonymous, transposed
+`onnx::MatMul_123`), so names cannot be trusted. The map is derived by matching contents: a checkpoint tensor
+maps to the initializer that holds exactly its values, as is or transposed (2-D). Anything that matches nothing,
+or more than one way, is recorded as unmatched with the reason; nothing is guessed. A name shared by a tensor
+and an initializer with the same values only breaks ties (all-ones norms, zero biases).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from enginefarm.cache.manifest import ArtifactFile, Manifest
+from enginefarm.errors import IntegrityError
+
+from .safetensors_io import FLOATS, SafeTensors
+
+log = logging.getLogger(__name__)
+
+MAP_FILE = "weights.map.json"
+MAP_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Mapped:
+    initializer: str
+    transpose: bool  # the initializer holds the checkpoint tensor transposed (2-D)
+    shape: tuple[int, ...]  # in the checkpoint's layout
+    onnx_shape: tuple[int, ...]  # the initializer's; may differ by size-1 axes (GroupNorm's [C] as [C, 1, 1])
+
+    def to_onnx(self, value: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray((value.T if self.transpose else value).reshape(self.onnx_shape), dtype=np.float32)
+
+    def from_onnx(self, value: np.ndarray) -> np.ndarray:
+        value = np.asarray(value, dtype=np.float32)
+        return value.reshape(self.shape[::-1]).T if self.transpose else value.reshape(self.shape)
+
+
+@dataclass
+class WeightMap:
+    checkpoint_sha256: str
+    mapped: dict[str, Mapped] = field(default_factory=dict)
+    unmatched: dict[str, str] = field(default_factory=dict)  # checkpoint name → why it has no initializer
+    digests: dict[str, str] = field(default_factory=dict)  # unmatched name → its base values' digest
+
+    def to_json(self) -> bytes:
+        body = {
+            "format": MAP_FORMAT,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "mapped": {k: {"initializer": m.initializer, "transpose": m.transpose, "shape": list(m.shape), "onnx_shape": list(m.onnx_shape)}
+                       for k, m in sorted(self.mapped.items())},
+            "unmatched": {k: {"why": v, "digest": self.digests.get(k, "")} for k, v in sorted(self.unmatched.items())},
+        }
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "WeightMap":
+        try:
+            data = json.loads(raw)
+            if data.get("format") != MAP_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}")
+            mapped = {str(k): Mapped(str(v["initializer"]), bool(v["transpose"]), tuple(int(d) for d in v["shape"]), tuple(int(d) for d in v["onnx_shape"]))
+                      for k, v in data["mapped"].items()}
+            unmatched = {str(k): str(v["why"]) for k, v in data["unmatched"].items()}
+            digests = {str(k): str(v["digest"]) for k, v in data["unmatched"].items()}
+            return cls(str(data["checkpoint_sha256"]), mapped, unmatched, digests)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(f"weight map is malformed ({exc})", hint="rebuild the artifact with this enginefarm") from None
+
+    @property
+    def names(self) -> set[str]:
+        """Every tensor name of the base checkpoint."""
+        return set(self.mapped) | set(self.unmatched)
+
+
+def _content_key(array: np.ndarray) -> tuple:
+    data = np.ascontiguousarray(array, dtype=np.float32)
+    return tuple(d for d in data.shape if d != 1), hashlib.blake2b(data.tobytes(), digest_size=16).digest()
+
+
+def tensor_digest(ckpt: SafeTensors, name: str) -> str:
+    """Digest of a tensor's values (floats as float32, so an fp16 copy of the same values agrees)."""
+    entry = ckpt.entries[name]
+    data = ckpt.array(name) if entry.dtype in FLOATS else np.ascontiguousarray(ckpt.raw(name))
+    kind = "float" if entry.dtype in FLOATS else entry.dtype
+    return hashlib.sha256(f"{kind}{list(entry.shape)}".encode() + data.tobytes()).hexdigest()
+
+
+def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightMap:
+    """Match every tensor of `checkpoint` to the initializers of the (fp32) ONNX model at `onnx_path`."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(onnx_path), load_external_data=True)
+    index: dict[tuple, list[str]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for init in model.graph.initializer:
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            index.setdefault(_content_key(numpy_helper.to_array(init)), []).append(init.name)
+            shapes[init.name] = tuple(init.dims)
+    ckpt = SafeTensors(checkpoint)
+    result = WeightMap(checkpoint_sha256)
+    candidates: dict[str, list[tuple[str, bool]]] = {}
+    for name in ckpt.names:
+        entry = ckpt.entries[name]
+        if entry.dtype not in FLOATS:
+            result.unmatched[name] = f"not a float tensor ({entry.dtype})"
+            continue
+        array = ckpt.array(name)
+        found = [(init, False) for init in index.get(_content_key(array), [])]
+        if array.ndim == 2:
+            found += [(init, True) for init in index.get(_content_key(array.T), [])]
+        if not found:
+            result.unmatched[name] = "no initializer holds these values (folded into another constant, or unused by the graph)"
+        candidates[name] = found
+
+    # Ties are broken by name only where the initializer kept the checkpoint's own name, as is.
+    for name, found in candidates.items():
+        if (name, False) in found:
+            result.mapped[name] = Mapped(name, False, ckpt.entries[name].shape, shapes[name])
+    taken = {m.initializer for m in result.mapped.values()}
+    claims: dict[str, list[str]] = {}
+    for name, found in candidates.items():
+        if name not in result.mapped:
+            candidates[name] = [(i, t) for i, t in found if i not in taken]
+            for init in {i for i, _ in candidates[name]}:
+                claims.setdefault(init, []).append(name)
+    for name, found in candidates.items():
+        if name in result.mapped or not found:
+            continue
+        if len(found) == 1 and claims[found[0][0]] == [name]:
+            result.mapped[name] = Mapped(found[0][0], found[0][1], ckpt.entries[name].shape, shapes[found[0][0]])
+            continue
+        others = sorted({o for i, _ in found for o in claims[i] if o != name})
+        why = [f"matches {', '.join(f'{i}' + (' (transposed)' if t else '') for i, t in found)}"]
+        if others:
+            why.append(f"same values as {', '.join(others)}")
+        result.unmatched[name] = "ambiguous: " + "; ".join(why)
+    result.digests = {name: tensor_digest(ckpt, name) for name in result.unmatched}
+    if result.unmatched:
+        log.info("weight map: %d of %d checkpoint tensors unmatched", len(result.unmatched), len(ckpt.names))
+    return result
+
+
+def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoint_sha256: str, prepared_fp32: Path) -> Manifest:
+    """Derive the map, drop what the backend's artifact does not hold, write it beside the artifact and list it
+    in the manifest (role "map"), so it is hashed like every other file."""
+    from enginefarm.cache.atomic import sha256_file
+
+    found = derive(checkpoint, checkpoint_sha256, prepared_fp32)
+    shapes_of = getattr(backend, "weight_shapes", None)
+    if shapes_of is not None:
+        present = shapes_of(outdir, manifest)
+        ckpt = SafeTensors(checkpoint)
+        for name, m in list(found.mapped.items()):
+            if present.get(m.initializer) != m.onnx_shape:
+                del found.mapped[name]
+                found.unmatched[name] = f"{m.initializer} is not a patchable weight of the {manifest.parsed_target.backend} artifact"
+                found.digests[name] = tensor_digest(ckpt, name)
+    path = outdir / MAP_FILE
+    path.write_bytes(found.to_json())
+    size, digest = path.stat().st_size, sha256_file(path)
+    notes = {**manifest.provenance, "weight_map": {"mapped": len(found.mapped), "unmatched": sorted(found.unmatched)}}
+    return replace(manifest, files=manifest.files + (ArtifactFile(MAP_FILE, "map", size, digest, "none", size, digest),), provenance=notes)
+
+
+def read_map(artifact_dir: Path, manifest: Manifest) -> WeightMap | None:
+    entry = next((f for f in manifest.files if f.role == "map"), None)
+    if entry is None:
+        return None
+    return WeightMap.from_json((Path(artifact_dir) / entry.path).read_bytes())

@@ -111,3 +111,27 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
         if start_b < end_a:
             raise bad(f"tensors {a!r} and {b!r} overlap")
     return entries, metadata
+
+
+_NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items() if k != "BF16"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write `tensors` (numpy dtypes with a safetensors name) atomically."""
+    from enginefarm.cache.atomic import atomic_writer
+
+    header, offset, arrays = {}, 0, []
+    for name, value in tensors.items():
+        array = np.ascontiguousarray(value)
+        kind = _NAMES.get(array.dtype.newbyteorder("<").str)
+        if kind is None:
+            raise WeightsError(f"cannot write {name!r}: dtype {array.dtype} has no safetensors name")
+        header[name] = {"dtype": kind, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        arrays.append(array.astype(np.dtype(_DTYPES[kind]), copy=False))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with atomic_writer(Path(path)) as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for array in arrays:
+            handle.write(array.tobytes())

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
+from enginefarm.builder.backends.base import BuiltFile
+from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map, tensor_digest
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
@@ -28,6 +29,8 @@ from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, W
 from .lora import LoraLayer, read_lora
 
 log = logging.getLogger(__name__)
+
+REFIT_FILE = "refit.safetensors"  # a refit stack's cached merged weights, by ONNX initializer name
 
 
 @dataclass(frozen=True)
@@ -81,12 +84,7 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
         return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
     key = stack_key(manifest.build_key, stack)
     if hasattr(backend, "refit"):
-        started = time.perf_counter()
-        report.message(f"refitting {manifest.ref} with {_describe(stack)}")
-        weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True)
-        session = backend.refit(artifact_dir, manifest, weights, device)
-        log.info("refit in %.1f s", time.perf_counter() - started)
-        return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), "refit in place")
+        return _refit(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
     if not hasattr(backend, "patch_weights"):
         raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
     path = cache.verified_dir(key)
@@ -97,6 +95,42 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
         how = "patched and compiled on this device"
     patched = cache.manifest(key)
     return Applied(backend.load(path, patched, device), patched, how)
+
+
+def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras,
+           cache: DeviceCache, report: Progress) -> Applied:
+    """Refit with every weight the map covers. The merged weights are what is cached: a later load refits
+    straight from them."""
+    report.message(f"refitting {manifest.ref} {manifest.target} with {_describe(stack)}")
+    path = cache.verified_dir(key)
+    if path is not None:
+        cached = SafeTensors(path / REFIT_FILE)
+        weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"
+    else:
+        weights, how = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True), "refit in place"
+        workdir = cache.home / "build" / "stacks" / key[:24]
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        try:
+            write_safetensors(workdir / REFIT_FILE, weights)
+            cache.add_local(_stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    started = time.perf_counter()
+    session = backend.refit(artifact_dir, manifest, weights, manifest.parsed_target.device)
+    log.info("refit %d weights in %.2f s", len(weights), time.perf_counter() - started)
+    return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), how)
+
+
+def _stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, built, extra: tuple, seconds: float = 0.0) -> Manifest:
+    from enginefarm.builder.build import plain_file
+
+    return replace(
+        manifest, build_key=key, files=tuple(plain_file(workdir, b.path, b.role) for b in built) + extra, benchmarks=(),
+        validation={"passed": None, "note": "custom weights: not validated against a reference"},
+        options={**manifest.options, "stack": _stack_record(manifest, stack, key)},
+        provenance={**manifest.provenance, "built_on_device": True, "stack_seconds": round(seconds, 2)},
+    )
 
 
 def stack_key(base_key: str, stack: Stack) -> str:
@@ -188,8 +222,6 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
 
 def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest,
                      custom, loras, cache: DeviceCache) -> Path:
-    from enginefarm.builder.build import plain_file
-
     workdir = cache.home / "build" / "stacks" / key[:24]
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -199,13 +231,7 @@ def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_
         built = backend.patch_weights(artifact_dir, manifest, weights, workdir)
         map_entry = next(f for f in manifest.files if f.role == "map")
         shutil.copyfile(Path(artifact_dir) / map_entry.path, workdir / map_entry.path)
-        files = tuple(plain_file(workdir, b.path, b.role) for b in built) + (map_entry,)
-        patched = replace(
-            manifest, build_key=key, files=files, benchmarks=(),
-            validation={"passed": None, "note": "custom weights: not validated against a reference"},
-            options={**manifest.options, "stack": _stack_record(manifest, stack, key)},
-            provenance={**manifest.provenance, "built_on_device": True, "stack_seconds": round(time.perf_counter() - started, 2)},
-        )
+        patched = _stack_manifest(manifest, stack, key, workdir, built, (map_entry,), time.perf_counter() - started)
         cache.add_local(patched, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

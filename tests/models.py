@@ -101,10 +101,12 @@ def shared_resize_scales(path: Path) -> Path:
 # A small net in the shape of a torch export, for custom weights and LoRA: Conv 3×3 (`conv_in.weight`, named as
 # torch keeps it), Conv 1×1 over an anonymous initializer (`onnx::Conv_7`), then tokens through two nn.Linear
 # layers, exported as MatMul over anonymous *transposed* initializers (`onnx::MatMul_11`, `onnx::MatMul_12`).
+# A norm's scale `norm.weight` [8] sits in the graph reshaped to [8, 1, 1] (`onnx::Mul_9`), as GroupNorm exports;
+# a Relu keeps onnxsim from folding it into the 1×1 Conv's weights (which it does, and the map then reports).
 # Its checkpoint uses torch names and layouts; `extra.scale` is a buffer the graph never uses (unmatched).
 LORA_NET_SHAPES = {
     "conv_in.weight": (8, 4, 3, 3), "conv_in.bias": (8,),
-    "mid.conv.weight": (8, 8, 1, 1), "mid.conv.bias": (8,),
+    "mid.conv.weight": (8, 8, 1, 1), "mid.conv.bias": (8,), "norm.weight": (8,),
     "attn.to_q.weight": (16, 8), "attn.to_q.bias": (16,),
     "attn.to_out.weight": (8, 16), "attn.to_out.bias": (8,),
     "extra.scale": (3,),
@@ -123,7 +125,7 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None) -> Path:
     w = weights or lora_net_checkpoint()
     inits = {
         "conv_in.weight": w["conv_in.weight"], "conv_in.bias": w["conv_in.bias"],
-        "onnx::Conv_7": w["mid.conv.weight"], "mid.conv.bias": w["mid.conv.bias"],
+        "onnx::Conv_7": w["mid.conv.weight"], "mid.conv.bias": w["mid.conv.bias"], "onnx::Mul_9": w["norm.weight"].reshape(8, 1, 1),
         "onnx::MatMul_11": w["attn.to_q.weight"].T, "attn.to_q.bias": w["attn.to_q.bias"],
         "onnx::MatMul_12": w["attn.to_out.weight"].T, "attn.to_out.bias": w["attn.to_out.bias"],
         "shape": np.array([0, 8, 64], np.int64),
@@ -132,7 +134,9 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None) -> Path:
         helper.make_node("Conv", ["x", "conv_in.weight", "conv_in.bias"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
         helper.make_node("Conv", ["r1", "onnx::Conv_7", "mid.conv.bias"], ["c2"]),
-        helper.make_node("Reshape", ["c2", "shape"], ["flat"]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Mul", ["r2", "onnx::Mul_9"], ["n"]),
+        helper.make_node("Reshape", ["n", "shape"], ["flat"]),
         helper.make_node("Transpose", ["flat"], ["tokens"], perm=[0, 2, 1]),
         helper.make_node("MatMul", ["tokens", "onnx::MatMul_11"], ["q0"]),
         helper.make_node("Add", ["q0", "attn.to_q.bias"], ["q"]),

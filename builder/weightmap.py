@@ -48,7 +48,9 @@ class WeightMap:
     checkpoint_sha256: str
     mapped: dict[str, Mapped] = field(default_factory=dict)
     unmatched: dict[str, str] = field(default_factory=dict)  # checkpoint name → why it has no initializer
-    digests: dict[str, str] = field(default_factory=dict)  # unmatched name → its base values' digest
+    # unmatched name → digests of its base values as stored in F32, F16 and BF16 (or raw, for non-floats): a custom
+    # checkpoint may repeat such a tensor, in any of those precisions, only unchanged
+    digests: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         body = {
@@ -56,7 +58,7 @@ class WeightMap:
             "checkpoint_sha256": self.checkpoint_sha256,
             "mapped": {k: {"initializer": m.initializer, "transpose": m.transpose, "shape": list(m.shape), "onnx_shape": list(m.onnx_shape)}
                        for k, m in sorted(self.mapped.items())},
-            "unmatched": {k: {"why": v, "digest": self.digests.get(k, "")} for k, v in sorted(self.unmatched.items())},
+            "unmatched": {k: {"why": v, "digests": self.digests.get(k, {})} for k, v in sorted(self.unmatched.items())},
         }
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
@@ -69,7 +71,7 @@ class WeightMap:
             mapped = {str(k): Mapped(str(v["initializer"]), bool(v["transpose"]), tuple(int(d) for d in v["shape"]), tuple(int(d) for d in v["onnx_shape"]))
                       for k, v in data["mapped"].items()}
             unmatched = {str(k): str(v["why"]) for k, v in data["unmatched"].items()}
-            digests = {str(k): str(v["digest"]) for k, v in data["unmatched"].items()}
+            digests = {str(k): {str(a): str(b) for a, b in v["digests"].items()} for k, v in data["unmatched"].items()}
             return cls(str(data["checkpoint_sha256"]), mapped, unmatched, digests)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(f"weight map is malformed ({exc})", hint="rebuild the artifact with this enginefarm") from None
@@ -85,12 +87,35 @@ def _content_key(array: np.ndarray) -> tuple:
     return tuple(d for d in data.shape if d != 1), hashlib.blake2b(data.tobytes(), digest_size=16).digest()
 
 
-def tensor_digest(ckpt: SafeTensors, name: str) -> str:
-    """Digest of a tensor's values (floats as float32, so an fp16 copy of the same values agrees)."""
+def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "F16":
+        return values.astype(np.float16).astype(np.float32)
+    if dtype == "BF16":  # round to nearest even, as torch does
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return bits.astype(np.uint32).view(np.float32)
+    return values.astype(np.float32)
+
+
+def _digest(tag: str, shape, data: np.ndarray) -> str:
+    return hashlib.sha256(f"{tag}{list(shape)}".encode() + np.ascontiguousarray(data).tobytes()).hexdigest()
+
+
+def base_digests(ckpt: SafeTensors, name: str) -> dict[str, str]:
     entry = ckpt.entries[name]
-    data = ckpt.array(name) if entry.dtype in FLOATS else np.ascontiguousarray(ckpt.raw(name))
-    kind = "float" if entry.dtype in FLOATS else entry.dtype
-    return hashlib.sha256(f"{kind}{list(entry.shape)}".encode() + data.tobytes()).hexdigest()
+    if entry.dtype not in FLOATS:
+        return {"raw": _digest(entry.dtype, entry.shape, ckpt.raw(name))}
+    values = ckpt.array(name)
+    return {kind: _digest("float", entry.shape, _rounded(values, kind)) for kind in ("F32", "F16", "BF16")}
+
+
+def same_as_base(ckpt: SafeTensors, name: str, digests: dict[str, str]) -> bool:
+    """Whether `name` in `ckpt` holds the base's values, at the precision `ckpt` stores it in."""
+    entry = ckpt.entries[name]
+    if entry.dtype not in FLOATS:
+        return digests.get("raw") == _digest(entry.dtype, entry.shape, ckpt.raw(name))
+    kind = entry.dtype if entry.dtype in ("F16", "BF16") else "F32"
+    return digests.get(kind) == _digest("float", entry.shape, _rounded(ckpt.array(name), kind))
 
 
 def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightMap:
@@ -145,7 +170,7 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
         if others:
             why.append(f"same values as {', '.join(others)}")
         result.unmatched[name] = "ambiguous: " + "; ".join(why)
-    result.digests = {name: tensor_digest(ckpt, name) for name in result.unmatched}
+    result.digests = {name: base_digests(ckpt, name) for name in result.unmatched}
     if result.unmatched:
         log.info("weight map: %d of %d checkpoint tensors unmatched", len(result.unmatched), len(ckpt.names))
     return result
@@ -165,7 +190,7 @@ def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoi
             if present.get(m.initializer) != m.onnx_shape:
                 del found.mapped[name]
                 found.unmatched[name] = f"{m.initializer} is not a patchable weight of the {manifest.parsed_target.backend} artifact"
-                found.digests[name] = tensor_digest(ckpt, name)
+                found.digests[name] = base_digests(ckpt, name)
     path = outdir / MAP_FILE
     path.write_bytes(found.to_json())
     size, digest = path.stat().st_size, sha256_file(path)

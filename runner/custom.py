@@ -18,7 +18,7 @@ import numpy as np
 
 from enginefarm.builder.backends.base import BuiltFile
 from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
-from enginefarm.builder.weightmap import WeightMap, read_map, tensor_digest
+from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key
@@ -169,7 +169,7 @@ def _read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
                 out[name] = st.array(name)
         elif name in wmap.unmatched:
             # Nothing in the artifact holds it: fine while it equals the base, an error if it would be lost.
-            if tensor_digest(st, name) != wmap.digests.get(name):
+            if not same_as_base(st, name, wmap.digests.get(name, {})):
                 problems.append(f"{name}: differs from the base, but {wmap.unmatched[name]}")
         else:
             problems.append(f"{name}: not in the base checkpoint")

@@ -103,13 +103,13 @@ def shared_resize_scales(path: Path) -> Path:
 # layers, exported as MatMul over anonymous *transposed* initializers (`onnx::MatMul_11`, `onnx::MatMul_12`).
 # A norm's scale `norm.weight` [8] sits in the graph reshaped to [8, 1, 1] (`onnx::Mul_9`), as GroupNorm exports;
 # a Relu keeps onnxsim from folding it into the 1×1 Conv's weights (which it does, and the map then reports).
-# Its checkpoint uses torch names and layouts; `extra.scale` is a buffer the graph never uses (unmatched).
+# Its checkpoint uses torch names and layouts; `extra.weight` is a buffer the graph never uses (unmatched).
 LORA_NET_SHAPES = {
     "conv_in.weight": (8, 4, 3, 3), "conv_in.bias": (8,),
     "mid.conv.weight": (8, 8, 1, 1), "mid.conv.bias": (8,), "norm.weight": (8,),
     "attn.to_q.weight": (16, 8), "attn.to_q.bias": (16,),
     "attn.to_out.weight": (8, 16), "attn.to_out.bias": (8,),
-    "extra.scale": (3,),
+    "extra.weight": (3,),
 }
 
 

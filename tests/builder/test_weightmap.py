@@ -27,7 +27,7 @@ def test_linear_conv_and_norm_weights_are_found_by_content(tmp_path):
     assert (m["attn.to_q.weight"].initializer, m["attn.to_q.weight"].transpose) == ("onnx::MatMul_11", True)
     assert (m["attn.to_out.weight"].initializer, m["attn.to_out.weight"].transpose) == ("onnx::MatMul_12", True)
     assert (m["norm.weight"].initializer, m["norm.weight"].onnx_shape) == ("onnx::Mul_9", (8, 1, 1))
-    assert set(found.unmatched) == {"extra.scale"} and "no initializer" in found.unmatched["extra.scale"]
+    assert set(found.unmatched) == {"extra.weight"} and "no initializer" in found.unmatched["extra.weight"]
     assert WeightMap.from_json(found.to_json()) == found
 
 

@@ -146,11 +146,14 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
             result.unmatched[name] = "no initializer holds these values (folded into another constant, or unused by the graph)"
         candidates[name] = found
 
-    # Ties are broken by name only where the initializer kept the checkpoint's own name, as is.
-    for name, found in candidates.items():
-        if (name, False) in found:
-            result.mapped[name] = Mapped(name, False, ckpt.entries[name].shape, shapes[name])
-    taken = {m.initializer for m in result.mapped.values()}
+    # Ties are broken by name only where the initializer kept the checkpoint's own name, as is or under a dotted
+    # prefix (a wrapper module's `vae.decoder.conv_in.bias` for `decoder.conv_in.bias`); longest names first.
+    taken: set[str] = set()
+    for name in sorted(candidates, key=len, reverse=True):
+        named = [i for i, t in candidates[name] if not t and (i == name or i.endswith("." + name)) and i not in taken]
+        if len(named) == 1:
+            result.mapped[name] = Mapped(named[0], False, ckpt.entries[name].shape, shapes[named[0]])
+            taken.add(named[0])
     claims: dict[str, list[str]] = {}
     for name, found in candidates.items():
         if name not in result.mapped:

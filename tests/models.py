@@ -118,8 +118,9 @@ def lora_net_checkpoint(seed: int = 0) -> dict[str, np.ndarray]:
     return {name: rng.normal(0, 0.3, shape).astype(np.float32) for name, shape in LORA_NET_SHAPES.items()}
 
 
-def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None) -> Path:
-    """x [batch, 4, 8, 8] → y [batch, 64, 8], with `weights` (torch names and layouts; default: the seed-0 checkpoint)."""
+def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None, *, prefix: str = "") -> Path:
+    """x [batch, 4, 8, 8] → y [batch, 64, 8], with `weights` (torch names and layouts; default: the seed-0 checkpoint).
+    `prefix` ("vae.") names the kept initializers as a wrapper module's export does."""
     from onnx import TensorProto, helper, numpy_helper
 
     w = weights or lora_net_checkpoint()
@@ -144,6 +145,11 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None) -> Path:
         helper.make_node("MatMul", ["t", "onnx::MatMul_12"], ["o0"]),
         helper.make_node("Add", ["o0", "attn.to_out.bias"], ["y"]),
     ]
+    if prefix:
+        renamed = {k: prefix + k for k in inits if not k.startswith("onnx::") and k != "shape"}
+        inits = {renamed.get(k, k): v for k, v in inits.items()}
+        for node in nodes:
+            node.input[:] = [renamed.get(i, i) for i in node.input]
     graph = helper.make_graph(
         nodes, "lora_net",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],

@@ -57,6 +57,16 @@ def test_a_kept_name_breaks_a_tie(tmp_path):
     assert "twin.bias" in found.unmatched
 
 
+def test_a_name_kept_under_a_wrapper_prefix_breaks_a_tie(tmp_path):
+    ckpt = models.lora_net_checkpoint()
+    ckpt["attn.to_out.bias"] = ckpt["conv_in.bias"].copy()  # two biases with equal values, as zero-initialised ones are
+    onnx_path = models.lora_net(tmp_path / "net.onnx", ckpt, prefix="vae.")
+    found = derive(models.write_safetensors(tmp_path / "c.safetensors", ckpt), "d", onnx_path)
+    assert found.mapped["conv_in.bias"].initializer == "vae.conv_in.bias"
+    assert found.mapped["attn.to_out.bias"].initializer == "vae.attn.to_out.bias"
+    assert found.mapped["attn.to_q.weight"].initializer == "onnx::MatMul_11"
+
+
 def test_a_damaged_map_is_an_integrity_error():
     with pytest.raises(IntegrityError, match="weight map is malformed"):
         WeightMap.from_json(b'{"format": 1, "mapped": {"a": {}}}')

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key
+from enginefarm.cache.locks import file_lock
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, WeightsError
@@ -87,12 +89,13 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
         return _refit(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
     if not hasattr(backend, "patch_weights"):
         raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
-    path = cache.verified_dir(key)
-    how = "patched and compiled earlier (cached)"
-    if path is None:
-        report.message(f"applying {_describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
-        path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
-        how = "patched and compiled on this device"
+    with file_lock(cache.locks / f"{key}.lock"):  # saves a second process the same work; the cache stays correct without it
+        path = cache.verified_dir(key)
+        how = "patched and compiled earlier (cached)"
+        if path is None:
+            report.message(f"applying {_describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
+            path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
+            how = "patched and compiled on this device"
     patched = cache.manifest(key)
     return Applied(backend.load(path, patched, device), patched, how)
 
@@ -108,9 +111,7 @@ def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path,
         weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"
     else:
         weights, how = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True), "refit in place"
-        workdir = cache.home / "build" / "stacks" / key[:24]
-        shutil.rmtree(workdir, ignore_errors=True)
-        workdir.mkdir(parents=True)
+        workdir = _workdir(cache, key)
         try:
             write_safetensors(workdir / REFIT_FILE, weights)
             cache.add_local(_stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir)
@@ -220,11 +221,16 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
     return found
 
 
+def _workdir(cache: DeviceCache, key: str) -> Path:
+    """A folder of this process's own: two processes applying the same stack never share one."""
+    path = cache.home / "build" / "stacks" / f"{key[:24]}.{secrets.token_hex(4)}"
+    path.mkdir(parents=True)
+    return path
+
+
 def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest,
                      custom, loras, cache: DeviceCache) -> Path:
-    workdir = cache.home / "build" / "stacks" / key[:24]
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
+    workdir = _workdir(cache, key)
     try:
         started = time.perf_counter()
         weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)

@@ -33,14 +33,32 @@ class Mapped:
     initializer: str
     transpose: bool  # the initializer holds the checkpoint tensor transposed (2-D)
     shape: tuple[int, ...]  # in the checkpoint's layout
-    onnx_shape: tuple[int, ...]  # the initializer's; may differ by size-1 axes (GroupNorm's [C] as [C, 1, 1])
+    onnx_shape: tuple[int, ...]  # the whole initializer's; may differ by size-1 axes (GroupNorm's [C] as [C, 1, 1])
+    block: tuple[int, int, int] | None = None  # (axis, start, stop): one block of a fused initializer (QKV)
+
+    @property
+    def part_shape(self) -> tuple[int, ...]:
+        if self.block is None:
+            return self.onnx_shape
+        axis, start, stop = self.block
+        return tuple(stop - start if i == axis else d for i, d in enumerate(self.onnx_shape))
+
+    def _where(self) -> tuple:
+        axis, start, stop = self.block
+        return tuple(slice(start, stop) if i == axis else slice(None) for i in range(len(self.onnx_shape)))
 
     def to_onnx(self, value: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray((value.T if self.transpose else value).reshape(self.onnx_shape), dtype=np.float32)
+        """The checkpoint tensor in the initializer's layout (its block of it, for a fused initializer)."""
+        return np.ascontiguousarray((value.T if self.transpose else value).reshape(self.part_shape), dtype=np.float32)
 
-    def from_onnx(self, value: np.ndarray) -> np.ndarray:
-        value = np.asarray(value, dtype=np.float32)
+    def from_onnx(self, whole: np.ndarray) -> np.ndarray:
+        value = np.asarray(whole, dtype=np.float32)
+        if self.block is not None:
+            value = value.reshape(self.onnx_shape)[self._where()]
         return value.reshape(self.shape[::-1]).T if self.transpose else value.reshape(self.shape)
+
+    def write(self, whole: np.ndarray, part: np.ndarray) -> None:
+        whole[self._where()] = part
 
 
 @dataclass
@@ -56,8 +74,8 @@ class WeightMap:
         body = {
             "format": MAP_FORMAT,
             "checkpoint_sha256": self.checkpoint_sha256,
-            "mapped": {k: {"initializer": m.initializer, "transpose": m.transpose, "shape": list(m.shape), "onnx_shape": list(m.onnx_shape)}
-                       for k, m in sorted(self.mapped.items())},
+            "mapped": {k: {"initializer": m.initializer, "transpose": m.transpose, "shape": list(m.shape), "onnx_shape": list(m.onnx_shape),
+                           "block": list(m.block) if m.block else None} for k, m in sorted(self.mapped.items())},
             "unmatched": {k: {"why": v, "digests": self.digests.get(k, {})} for k, v in sorted(self.unmatched.items())},
         }
         return json.dumps(body, indent=1, sort_keys=True).encode()
@@ -68,8 +86,8 @@ class WeightMap:
             data = json.loads(raw)
             if data.get("format") != MAP_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}")
-            mapped = {str(k): Mapped(str(v["initializer"]), bool(v["transpose"]), tuple(int(d) for d in v["shape"]), tuple(int(d) for d in v["onnx_shape"]))
-                      for k, v in data["mapped"].items()}
+            mapped = {str(k): Mapped(str(v["initializer"]), bool(v["transpose"]), tuple(int(d) for d in v["shape"]), tuple(int(d) for d in v["onnx_shape"]),
+                                     tuple(int(d) for d in v["block"]) if v["block"] else None) for k, v in data["mapped"].items()}
             unmatched = {str(k): str(v["why"]) for k, v in data["unmatched"].items()}
             digests = {str(k): {str(a): str(b) for a, b in v["digests"].items()} for k, v in data["unmatched"].items()}
             return cls(str(data["checkpoint_sha256"]), mapped, unmatched, digests)
@@ -126,10 +144,14 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
     model = onnx.load(str(onnx_path), load_external_data=True)
     index: dict[tuple, list[str]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
+    matrices: dict[str, np.ndarray] = {}  # 1-D and 2-D initializers, searched for fused blocks
     for init in model.graph.initializer:
         if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-            index.setdefault(_content_key(numpy_helper.to_array(init)), []).append(init.name)
+            array = numpy_helper.to_array(init)
+            index.setdefault(_content_key(array), []).append(init.name)
             shapes[init.name] = tuple(init.dims)
+            if array.ndim in (1, 2):
+                matrices[init.name] = array.astype(np.float32)
     ckpt = SafeTensors(checkpoint)
     result = WeightMap(checkpoint_sha256)
     candidates: dict[str, list[tuple[str, bool]]] = {}
@@ -142,9 +164,17 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
         found = [(init, False) for init in index.get(_content_key(array), [])]
         if array.ndim == 2:
             found += [(init, True) for init in index.get(_content_key(array.T), [])]
-        if not found:
-            result.unmatched[name] = "no initializer holds these values (folded into another constant, or unused by the graph)"
-        candidates[name] = found
+        if found:
+            candidates[name] = found
+        else:
+            blocks = _blocks(array, matrices)
+            if len(blocks) == 1:
+                result.mapped[name] = Mapped(blocks[0][0], blocks[0][1], entry.shape, shapes[blocks[0][0]], blocks[0][2])
+            elif blocks:
+                result.unmatched[name] = f"ambiguous: a block of {', '.join(sorted({b[0] for b in blocks}))} in {len(blocks)} places"
+            else:
+                result.unmatched[name] = "no initializer holds these values (folded into another constant, or unused by the graph)"
+    _drop_shared_blocks(result)
 
     # Ties are broken by name only where the initializer kept the checkpoint's own name, as is or under a dotted
     # prefix (a wrapper module's `vae.decoder.conv_in.bias` for `decoder.conv_in.bias`); longest names first.
@@ -177,6 +207,41 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
     if result.unmatched:
         log.info("weight map: %d of %d checkpoint tensors unmatched", len(result.unmatched), len(ckpt.names))
     return result
+
+
+def _blocks(array: np.ndarray, matrices: dict[str, np.ndarray]) -> list[tuple[str, bool, tuple[int, int, int]]]:
+    """Where `array` (1-D, or 2-D in torch layout) is one aligned block of a fused initializer, such as the
+    [in, 3·out] MatMul weight onnxsim makes of to_q, to_k and to_v, or their concatenated bias."""
+    if array.ndim not in (1, 2):
+        return []
+    layouts = [(array, False)] + ([(array.T, True)] if array.ndim == 2 else [])
+    found = []
+    for init, whole in matrices.items():
+        if whole.ndim != array.ndim or whole.size <= array.size:
+            continue
+        for part, transpose in layouts:
+            for axis in range(whole.ndim):
+                other = [d for i, d in enumerate(whole.shape) if i != axis]
+                size = part.shape[axis]
+                if other != [d for i, d in enumerate(part.shape) if i != axis] or whole.shape[axis] % size:
+                    continue
+                for start in range(0, whole.shape[axis], size):
+                    if np.array_equal(np.take(whole, range(start, start + size), axis=axis), part):
+                        found.append((init, transpose, (axis, start, start + size)))
+    return found
+
+
+def _drop_shared_blocks(result: WeightMap) -> None:
+    """Two tensors in the same block (equal values, e.g. zero biases) cannot both be placed: neither is."""
+    owners: dict[tuple, list[str]] = {}
+    for name, m in result.mapped.items():
+        if m.block is not None:
+            owners.setdefault((m.initializer, m.block), []).append(name)
+    for (init, _), names in owners.items():
+        if len(names) > 1:
+            for name in names:
+                del result.mapped[name]
+                result.unmatched[name] = f"ambiguous: the same block of {init} as {', '.join(n for n in names if n != name)}"
 
 
 def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoint_sha256: str, prepared_fp32: Path) -> Manifest:

@@ -187,8 +187,10 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
     W being the custom tensor or the artifact's own. `every`: all weights the map covers, unchanged ones too."""
     touched = set(custom) | {layer.target for layers, s in loras if s != 0 for layer in layers}
     names = sorted(set(wmap.mapped) if every else touched)
-    base = base_weights(backend, artifact_dir, manifest, [wmap.mapped[n].initializer for n in names if n not in custom])
-    out = {}
+    # Whole initializers are read where the result needs them: the tensor's own base value, or the rest of a fused one.
+    wanted = {wmap.mapped[n].initializer for n in names if n not in custom or wmap.mapped[n].block is not None}
+    base = base_weights(backend, artifact_dir, manifest, sorted(wanted))
+    parts: dict[str, list] = {}
     for name in names:
         m = wmap.mapped[name]
         value = custom[name].astype(np.float32) if name in custom else m.from_onnx(base[m.initializer])
@@ -198,7 +200,16 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
                 for layer in layers:
                     if layer.target == name and strength != 0:
                         value += np.float32(strength) * layer.delta(m.shape).astype(np.float32)
-        out[m.initializer] = m.to_onnx(value)
+        parts.setdefault(m.initializer, []).append((m, m.to_onnx(value)))
+    out = {}
+    for init, items in parts.items():
+        if items[0][0].block is None:
+            out[init] = items[0][1]
+            continue
+        whole = np.array(base[init], dtype=np.float32).reshape(items[0][0].onnx_shape)
+        for m, part in items:
+            m.write(whole, part)
+        out[init] = whole
     return out
 
 

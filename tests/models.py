@@ -101,6 +101,8 @@ def shared_resize_scales(path: Path) -> Path:
 # A small net in the shape of a torch export, for custom weights and LoRA: Conv 3×3 (`conv_in.weight`, named as
 # torch keeps it), Conv 1×1 over an anonymous initializer (`onnx::Conv_7`), then tokens through two nn.Linear
 # layers, exported as MatMul over anonymous *transposed* initializers (`onnx::MatMul_11`, `onnx::MatMul_12`).
+# to_k and to_v come fused, as onnxsim leaves parallel MatMuls: one [8, 32] weight (`onnx::MatMul_kv`, k then v,
+# transposed) and one [32] bias (`onnx::Add_kv`), then a Split.
 # A norm's scale `norm.weight` [8] sits in the graph reshaped to [8, 1, 1] (`onnx::Mul_9`), as GroupNorm exports;
 # a Relu keeps onnxsim from folding it into the 1×1 Conv's weights (which it does, and the map then reports).
 # Its checkpoint uses torch names and layouts; `extra.weight` is a buffer the graph never uses (unmatched).
@@ -108,6 +110,7 @@ LORA_NET_SHAPES = {
     "conv_in.weight": (8, 4, 3, 3), "conv_in.bias": (8,),
     "mid.conv.weight": (8, 8, 1, 1), "mid.conv.bias": (8,), "norm.weight": (8,),
     "attn.to_q.weight": (16, 8), "attn.to_q.bias": (16,),
+    "attn.to_k.weight": (16, 8), "attn.to_k.bias": (16,), "attn.to_v.weight": (16, 8), "attn.to_v.bias": (16,),
     "attn.to_out.weight": (8, 16), "attn.to_out.bias": (8,),
     "extra.weight": (3,),
 }
@@ -129,6 +132,8 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None, *, prefix
         "onnx::Conv_7": w["mid.conv.weight"], "mid.conv.bias": w["mid.conv.bias"], "onnx::Mul_9": w["norm.weight"].reshape(8, 1, 1),
         "onnx::MatMul_11": w["attn.to_q.weight"].T, "attn.to_q.bias": w["attn.to_q.bias"],
         "onnx::MatMul_12": w["attn.to_out.weight"].T, "attn.to_out.bias": w["attn.to_out.bias"],
+        "onnx::MatMul_kv": np.concatenate([w["attn.to_k.weight"].T, w["attn.to_v.weight"].T], axis=1),
+        "onnx::Add_kv": np.concatenate([w["attn.to_k.bias"], w["attn.to_v.bias"]]), "split": np.array([16, 16], np.int64),
         "shape": np.array([0, 8, 64], np.int64),
     }
     nodes = [
@@ -141,12 +146,17 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None, *, prefix
         helper.make_node("Transpose", ["flat"], ["tokens"], perm=[0, 2, 1]),
         helper.make_node("MatMul", ["tokens", "onnx::MatMul_11"], ["q0"]),
         helper.make_node("Add", ["q0", "attn.to_q.bias"], ["q"]),
-        helper.make_node("Tanh", ["q"], ["t"]),
+        helper.make_node("MatMul", ["tokens", "onnx::MatMul_kv"], ["kv0"]),
+        helper.make_node("Add", ["kv0", "onnx::Add_kv"], ["kv"]),
+        helper.make_node("Split", ["kv", "split"], ["k", "v"], axis=-1),
+        helper.make_node("Mul", ["k", "v"], ["kxv"]),
+        helper.make_node("Add", ["q", "kxv"], ["qkv"]),
+        helper.make_node("Tanh", ["qkv"], ["t"]),
         helper.make_node("MatMul", ["t", "onnx::MatMul_12"], ["o0"]),
         helper.make_node("Add", ["o0", "attn.to_out.bias"], ["y"]),
     ]
     if prefix:
-        renamed = {k: prefix + k for k in inits if not k.startswith("onnx::") and k != "shape"}
+        renamed = {k: prefix + k for k in inits if not k.startswith("onnx::") and k not in ("shape", "split")}
         inits = {renamed.get(k, k): v for k, v in inits.items()}
         for node in nodes:
             node.input[:] = [renamed.get(i, i) for i in node.input]

@@ -27,8 +27,21 @@ def test_linear_conv_and_norm_weights_are_found_by_content(tmp_path):
     assert (m["attn.to_q.weight"].initializer, m["attn.to_q.weight"].transpose) == ("onnx::MatMul_11", True)
     assert (m["attn.to_out.weight"].initializer, m["attn.to_out.weight"].transpose) == ("onnx::MatMul_12", True)
     assert (m["norm.weight"].initializer, m["norm.weight"].onnx_shape) == ("onnx::Mul_9", (8, 1, 1))
+    assert (m["attn.to_k.weight"].initializer, m["attn.to_k.weight"].transpose, m["attn.to_k.weight"].block) == ("onnx::MatMul_kv", True, (1, 0, 16))
+    assert (m["attn.to_v.weight"].block, m["attn.to_v.bias"].initializer, m["attn.to_v.bias"].block) == ((1, 16, 32), "onnx::Add_kv", (0, 16, 32))
     assert set(found.unmatched) == {"extra.weight"} and "no initializer" in found.unmatched["extra.weight"]
     assert WeightMap.from_json(found.to_json()) == found
+
+
+def test_a_block_of_a_fused_weight_is_read_and_written_in_place():
+    from enginefarm.builder.weightmap import Mapped
+
+    k, v = np.arange(32, dtype=np.float32).reshape(16, 2), -np.arange(32, dtype=np.float32).reshape(16, 2)
+    fused = np.concatenate([k.T, v.T], axis=1)  # [2, 32]
+    m = Mapped("onnx::MatMul_kv", True, (16, 2), (2, 32), (1, 16, 32))
+    assert np.array_equal(m.from_onnx(fused), v)
+    m.write(fused, m.to_onnx(v + 1))
+    assert np.array_equal(fused[:, 16:], (v + 1).T) and np.array_equal(fused[:, :16], k.T)
 
 
 def test_layout_round_trip():

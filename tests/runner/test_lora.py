@@ -38,11 +38,12 @@ batch = [1, 1, 2]
 """
 X = np.random.default_rng(7).normal(size=(2, 4, 8, 8)).astype(np.float32)
 BASE = models.lora_net_checkpoint()
-# LoRA A: Linear (transposed initializer) + 1×1 Conv (anonymous) + 3×3 Conv (named); B: Linear (same layer as A) + 3×3 Conv.
+# LoRA A: Linear (transposed initializer) + 1×1 Conv (anonymous) + 3×3 Conv (named) + a block of the fused k/v weight;
+# B: Linear (same layer as A) + 3×3 Conv + the other block of the fused weight.
 LAYERS_A = {"attn.to_q": (*models.lora_pair((16, 8), 4, 1), 2.0), "mid.conv": (*models.lora_pair((8, 8, 1, 1), 2, 2), None),
-            "conv_in": (*models.lora_pair((8, 4, 3, 3), 3, 3), 6.0)}
+            "conv_in": (*models.lora_pair((8, 4, 3, 3), 3, 3), 6.0), "attn.to_k": (*models.lora_pair((16, 8), 2, 7), None)}
 LAYERS_B = {"attn.to_q": (*models.lora_pair((16, 8), 2, 4), 1.0), "attn.to_out": (*models.lora_pair((8, 16), 8, 5), 4.0),
-            "conv_in": (*models.lora_pair((8, 4, 3, 3), 1, 6), None)}
+            "conv_in": (*models.lora_pair((8, 4, 3, 3), 1, 6), None), "attn.to_v": (*models.lora_pair((16, 8), 3, 8), 1.5)}
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +246,7 @@ def test_custom_checkpoint_errors_list_every_offender(store, tmp_path):
     ({"attn.to_q.lora_A.weight": np.zeros((2, 8))}, "attn.to_q: needs both up and down tensors, has down"),
     ({"attn.to_q.lora_A.weight": np.zeros((2, 8)), "attn.to_q.lora_B.weight": np.zeros((16, 3))}, "disagree on the rank"),
     ({"attn.to_q.lora_A.weight": np.zeros((2, 9)), "attn.to_q.lora_B.weight": np.zeros((16, 2))}, "the weight attn.to_q.weight is [16, 8]"),
-    ({"lora_te_attn_to_v.lora_down.weight": np.zeros((1, 3)), "lora_te_attn_to_v.lora_up.weight": np.zeros((3, 1))}, "names no module"),
+    ({"lora_te_attn_to_z.lora_down.weight": np.zeros((1, 3)), "lora_te_attn_to_z.lora_up.weight": np.zeros((3, 1))}, "names no module"),
     ({"something_else": np.zeros(3)}, "something_else: not a LoRA tensor"),
     ({"attn.to_q.lora_A.weight": np.zeros((2, 8)), "attn.to_q.lora_B.weight": np.zeros((16, 2)), "attn.to_q.alpha": np.zeros(2)}, "alpha must be one"),
 ])

@@ -24,6 +24,7 @@ def load(ref: str, precision: str | None = None, device: str = "auto", store: st
 
     precision: "fp32", "fp16" or None (the fastest measured). device: "auto", "cpu", "nvidia", "intel"...
     store: a store URL (default ENGINEFARM_STORE). recipe=PATH lets it compile here when nothing stored fits.
+    weights: a custom checkpoint (.safetensors, the base checkpoint's names); loras: [(path, strength), ...].
     progress=callable(str) receives progress messages.
     """
     from enginefarm.runner.load import load as _load

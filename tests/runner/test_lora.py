@@ -157,6 +157,10 @@ def test_no_residue_across_processes(store, tmp_path, cli):
     assert np.array_equal(outputs[0], run("openvino:cpu", loras=[(store / "a_peft.safetensors", 0.9)]))
     assert np.array_equal(outputs[1], run("openvino:cpu", loras=[(store / "b.safetensors", 1.0)]))
     assert np.array_equal(outputs[2], run("openvino:cpu"))
+    proc = cli("run", "net/body", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "w.npz"), "--precision", "fp32",
+               "--target", "onnxruntime:cpu", "--weights", str(store / "custom.safetensors"), "--lora", f"{store / 'b.safetensors'}:-0.25", check=True)
+    want = run("onnxruntime:cpu", weights=store / "custom.safetensors", loras=[(store / "b.safetensors", -0.25)])
+    assert np.array_equal(np.load(tmp_path / "w.npz")["y"], want)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -289,3 +293,21 @@ def test_cli_prints_one_line_for_a_bad_lora(store, tmp_path, cli):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
     assert lines[-2].startswith("error: ") and "not a valid safetensors file" in lines[-2] and lines[-1].startswith("hint: ")
+
+
+def test_two_processes_applying_one_stack_at_once(store, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    np.save(tmp_path / "x.npy", X)
+    procs = [subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "run", "net/body", "--input", f"x={tmp_path / 'x.npy'}",
+                               "--output", str(tmp_path / f"c{i}.npz"), "--precision", "fp32", "--target", "openvino:cpu",
+                               "--lora", f"{store / 'a_kohya.safetensors'}:0.3"], env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+    assert np.array_equal(np.load(tmp_path / "c0.npz")["y"], np.load(tmp_path / "c1.npz")["y"])
+    stacks = [c for c in DeviceCache(tmp_path / "home").entries() if "stack" in c.manifest.options]
+    assert len(stacks) == 1 and not list((tmp_path / "home" / "build" / "stacks").glob("*"))

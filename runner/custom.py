@@ -155,7 +155,7 @@ def _read(stack: Stack, wmap: WeightMap) -> tuple[dict[str, np.ndarray], list[tu
 
 
 def _read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
-    """The custom checkpoint's tensors that differ from the base, by checkpoint name. Everything wrong at once."""
+    """The custom checkpoint's tensors the map places, by checkpoint name. Everything wrong is raised at once."""
     st = SafeTensors(path)
     problems, out = [], {}
     for name in st.names:
@@ -185,7 +185,11 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
                    loras: list[tuple[list[LoraLayer], float]], *, every: bool) -> dict[str, np.ndarray]:
     """New values by ONNX initializer (float32, ONNX layout): W' = W + Σ strength · (alpha / rank) · up @ down,
     W being the custom tensor or the artifact's own. `every`: all weights the map covers, unchanged ones too."""
-    touched = set(custom) | {layer.target for layers, s in loras if s != 0 for layer in layers}
+    deltas: dict[str, list[tuple[LoraLayer, float]]] = {}
+    for layers, strength in loras:
+        for layer in layers if strength != 0 else ():
+            deltas.setdefault(layer.target, []).append((layer, strength))
+    touched = set(custom) | set(deltas)
     names = sorted(set(wmap.mapped) if every else touched)
     # Whole initializers are read where the result needs them: the tensor's own base value, or the rest of a fused one.
     wanted = {wmap.mapped[n].initializer for n in names if n not in custom or wmap.mapped[n].block is not None}
@@ -193,13 +197,9 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
     parts: dict[str, list] = {}
     for name in names:
         m = wmap.mapped[name]
-        value = custom[name].astype(np.float32) if name in custom else m.from_onnx(base[m.initializer])
-        if name in touched:
-            value = value.copy()
-            for layers, strength in loras:
-                for layer in layers:
-                    if layer.target == name and strength != 0:
-                        value += np.float32(strength) * layer.delta(m.shape).astype(np.float32)
+        value = np.array(custom[name] if name in custom else m.from_onnx(base[m.initializer]), dtype=np.float32)
+        for layer, strength in deltas.get(name, ()):
+            value += np.float32(strength) * layer.delta(m.shape).astype(np.float32)
         parts.setdefault(m.initializer, []).append((m, m.to_onnx(value)))
     out = {}
     for init, items in parts.items():

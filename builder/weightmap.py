@@ -2,7 +2,8 @@
 
 ONNX exports rename and transpose weights (`nn.Linear` becomes MatMul over an anonymous, transposed
 `onnx::MatMul_123`), so names cannot be trusted. The map is derived by matching contents: a checkpoint tensor
-maps to the initializer that holds exactly its values, as is or transposed (2-D). Anything that matches nothing,
+maps to the initializer that holds exactly its values, as is or transposed (2-D), or to one aligned block of a
+fused initializer (onnxsim merges parallel MatMuls such as to_q/to_k/to_v). Anything that matches nothing,
 or more than one way, is recorded as unmatched with the reason; nothing is guessed. A name shared by a tensor
 and an initializer with the same values only breaks ties (all-ones norms, zero biases).
 """

@@ -311,3 +311,11 @@ def test_two_processes_applying_one_stack_at_once(store, tmp_path):
     assert np.array_equal(np.load(tmp_path / "c0.npz")["y"], np.load(tmp_path / "c1.npz")["y"])
     stacks = [c for c in DeviceCache(tmp_path / "home").entries() if "stack" in c.manifest.options]
     assert len(stacks) == 1 and not list((tmp_path / "home" / "build" / "stacks").glob("*"))
+
+
+def test_compiled_on_device_then_patched_when_nothing_is_stored(farm, tmp_path, monkeypatch):
+    monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "empty-store"))
+    session = enginefarm.load("net/body", precision="fp32", device="cpu", target="onnxruntime:cpu", recipe=farm / "recipe.toml",
+                              loras=[(farm / "b.safetensors", 0.4)])
+    assert "compiled on this device" in session.explain() and "weights: patched and compiled on this device" in session.explain()
+    assert np.allclose(session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 0.4)])), atol=1e-4)

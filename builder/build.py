@@ -28,6 +28,7 @@ from .bench import measure_in_subprocess
 from .planner import Job
 from .prep import prepare
 from .validate import Thresholds, reference_outputs, sample_cases, validate
+from .weightmap import attach as attach_weight_map
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         profile=job.profile,
         target=str(job.target),
         toolchain=toolchain,
-        files=tuple(_plain_file(outdir, item.path, item.role) for item in built),
+        files=tuple(plain_file(outdir, item.path, item.role) for item in built),
         io={"inputs": [t.to_dict() for t in job.inputs], "outputs": [t.to_dict() for t in job.outputs]},
         constraints=backend.constraints(job),
         options={},
@@ -114,6 +115,11 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
             "build_notes": build_notes,
         },
     )
+
+    if job.checkpoint is not None:
+        step("weight map")
+        fp32 = prepared if job.onnx_precision() == "fp32" else prepare(job.source.path, "fp32", prepared.path.parent)
+        manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
 
     step("validate")
     cases = sample_cases(job.inputs, job.profile, job.validate)
@@ -166,7 +172,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
-def _plain_file(root: Path, rel: str, role: str) -> ArtifactFile:
+def plain_file(root: Path, rel: str, role: str) -> ArtifactFile:
     path = root / rel
     size, digest = path.stat().st_size, sha256_file(path)
     return ArtifactFile(rel, role, size, digest, "none", size, digest)

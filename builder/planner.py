@@ -71,6 +71,7 @@ class Job:
     opset: int
     validate: ValidateSpec
     resources: Resources = Resources()
+    checkpoint: LocalSource | None = None  # base weights whose names the artifact's weight map speaks
 
     @property
     def id(self) -> str:
@@ -106,6 +107,7 @@ class Job:
                 "target": str(self.target),
                 "toolchain": toolchain,
                 "options": {},
+                **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
             }
         )
 
@@ -160,6 +162,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
         except EnginefarmError as exc:
             raise RecipeError(recipe.path, f"{key}.source", str(exc), hint=exc.hint) from None
         inputs, outputs = io_of(header)
+        checkpoint = _checkpoint(recipe, comp.checkpoint, f"{key}.checkpoint") if comp.checkpoint else None
         _check_validate_inputs(recipe, comp.validate, inputs, f"{key}.validate.inputs")
         if comp.profiles:
             profiles = {name: resolve_profile(spec, inputs, recipe.path, f"{key}.profiles.{name}") for name, spec in comp.profiles.items()}
@@ -173,9 +176,21 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                 for target in comp.targets:
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
-                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources)
+                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources, checkpoint)
                     )
     return jobs
+
+
+def _checkpoint(recipe: Recipe, path: Path, key: str) -> LocalSource:
+    from enginefarm.cache.atomic import sha256_file
+
+    from .safetensors_io import SafeTensors
+
+    try:
+        SafeTensors(path)  # a malformed header fails the plan, not the build
+    except EnginefarmError as exc:
+        raise RecipeError(recipe.path, key, str(exc), hint=exc.hint) from None
+    return LocalSource(path, sha256_file(path))
 
 
 def _check_validate_inputs(recipe: Recipe, spec: ValidateSpec, inputs: list[TensorInfo], key: str) -> None:

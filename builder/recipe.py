@@ -75,6 +75,7 @@ class Component:
     profiles: dict[str, ProfileSpec]
     validate: ValidateSpec
     resources: Resources = Resources()
+    checkpoint: Path | None = None  # the base weights in their native names (.safetensors): the weight map's source
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources"}, ("source",))
+        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -194,6 +195,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             profiles=_profiles(r, comp.get("profiles", {}), f"{key}.profiles"),
             validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
             resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
+            checkpoint=_checkpoint(r, comp["checkpoint"], f"{key}.checkpoint") if "checkpoint" in comp else None,
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -309,6 +311,20 @@ def _resources(r: _Reader, value: Any, key: str) -> Resources:
         host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
         gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
     )
+
+
+def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
+    text = r.string(value, key)
+    if "://" in text and not text.startswith("file://"):
+        raise r.fail(key, "must be a local file", hint="a path relative to the recipe, or file://")
+    path = Path(text[len("file://"):] if text.startswith("file://") else text).expanduser()
+    if not path.is_absolute():
+        path = (r.path.parent / path).resolve()
+    if path.suffix != ".safetensors":
+        raise r.fail(key, "must be a .safetensors file", hint="convert the checkpoint with the safetensors package")
+    if not path.is_file():
+        raise r.fail(key, f"file not found: {path}", hint="paths are relative to the recipe file")
+    return path
 
 
 def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) -> Path:

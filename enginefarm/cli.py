@@ -287,8 +287,10 @@ class _RichProgress:
 @click.option("--output", type=click.Path(path_type=Path), help="Write all outputs to this .npz.")
 @click.option("--recipe", type=click.Path(path_type=Path), help="Compile here from this recipe if nothing stored fits.")
 @click.option("--explain", is_flag=True, help="Print why this artifact was chosen.")
+@click.option("--weights", type=click.Path(path_type=Path), help="A custom checkpoint (.safetensors) in the base checkpoint's names.")
+@click.option("--lora", "loras", multiple=True, metavar="PATH[:STRENGTH]", help="A LoRA (.safetensors) and its strength (default 1). Repeatable.")
 @_ref_opts
-def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, store, channel, trusted_root):
+def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, device, target, store, channel, trusted_root):
     """Run MODEL/COMPONENT on the best artifact for this device."""
     import time
 
@@ -299,7 +301,8 @@ def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, sto
     feeds = _read_inputs(inputs)
     start = time.perf_counter()
     with _RichProgress() as progress:
-        session = load(ref, precision, device, store, recipe=recipe, target=target, progress=progress, channel=channel, trusted_root=trusted_root)
+        session = load(ref, precision, device, store, weights, [_lora_option(item) for item in loras], recipe=recipe, target=target,
+                       progress=progress, channel=channel, trusted_root=trusted_root)
     loaded = time.perf_counter()
     outputs = session.run(feeds)
     done = time.perf_counter()
@@ -314,6 +317,15 @@ def run_cmd(ref, inputs, output, recipe, explain, precision, device, target, sto
         with atomic_writer(output) as handle:
             np.savez(handle, **outputs)
         click.echo(f"wrote {output}")
+
+
+def _lora_option(item: str) -> tuple[str, float]:
+    """PATH:STRENGTH, or PATH alone for strength 1 (a path may itself hold ':', so only a number after the last counts)."""
+    path, sep, strength = item.rpartition(":")
+    try:
+        return (path, float(strength)) if sep and path else (item, 1.0)
+    except ValueError:
+        return item, 1.0
 
 
 def _read_inputs(items: tuple[str, ...]) -> dict:

@@ -77,3 +77,7 @@ class TrustError(EnginefarmError):
     """Release metadata or a released artifact failed verification: unsigned, rolled back, expired, mixed or
     tampered. `reason` names the check (rollback, expired, signature, hash, too-long, mismatch, missing, invalid).
     The last trusted state is kept and nothing is cached."""
+
+
+class WeightsError(EnginefarmError, ValueError):
+    """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""

@@ -13,7 +13,10 @@ Graph:
 
 Usage:
     pip install torch==2.13.0 diffusers onnx
-    python recipes/make_sd_vae_decoder.py [--out recipes/models/sd_vae_decoder.onnx] [--force]
+    python recipes/make_sd_vae_decoder.py [--out recipes/models/sd_vae_decoder.onnx] [--force] [--checkpoint PATH]
+
+--checkpoint also writes the same weights in diffusers' own names (decoder.*, post_quant_conv.*) as .safetensors:
+the base checkpoint a recipe's `checkpoint =` points at, for custom weights and LoRAs.
 """
 
 from __future__ import annotations
@@ -100,13 +103,19 @@ def build_decoder(torch, diffusers):
     return VaeDecoder(vae).eval(), vae
 
 
-def export(out: Path) -> None:
+def export(out: Path, checkpoint: Path | None = None) -> None:
     import torch
     import diffusers
     import onnx
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    model, _ = build_decoder(torch, diffusers)
+    model, vae = build_decoder(torch, diffusers)
+    if checkpoint is not None:
+        from safetensors.torch import save_file
+
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous() for k, v in vae.state_dict().items() if k.startswith(("decoder.", "post_quant_conv."))}
+        save_file(state, str(checkpoint))
     example = torch.zeros(1, 4, 32, 32, dtype=torch.float32)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -147,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output .onnx (default: {DEFAULT_OUT})")
     parser.add_argument("--force", action="store_true", help="re-export even if --out exists")
+    parser.add_argument("--checkpoint", type=Path, help="also write the decoder's weights in diffusers names to this .safetensors")
     args = parser.parse_args(argv)
     out: Path = args.out
 
-    if out.exists() and not args.force:
+    if out.exists() and not args.force and (args.checkpoint is None or args.checkpoint.exists()):
         print(f"{out} exists, skipping (use --force to rebuild)")
         return 0
 
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     start = time.monotonic()
-    export(out)
+    export(out, args.checkpoint)
     size_mb = out.stat().st_size / 1e6
     print(f"wrote {out} ({size_mb:.1f} MB, opset {OPSET}) in {time.monotonic() - start:.1f}s")
     return 0

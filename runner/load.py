@@ -14,9 +14,10 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError, TrustError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError, TrustError, WeightsError
 from enginefarm.settings import Settings, load_settings
 
+from .custom import Stack, apply
 from .device import Device, detect
 from .fallback import compile_on_device, find_recipe, pick_job
 from .resolve import Candidate, Resolution, resolve
@@ -62,7 +63,8 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         client, opened = open_channel(store, settings)
         entries = [(e, where) for e, where in released_entries(client, model) if target_matches(str(e.get("target", "")), selectors)]
         return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, client.note, settings, client)
-    entries = [(c.manifest.index_entry(), "cache") for c in cache.entries() if c.manifest.model == model]
+    # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
+    entries = [(c.manifest.index_entry(), "cache") for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
     note, opened = "", None
     if settings.offline:
         note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
@@ -107,6 +109,8 @@ def _first_usable(found: Lookup, use: Callable[[Candidate], object]):
     for candidate in found.resolution.ranked:
         try:
             return candidate, use(candidate), failures
+        except WeightsError:  # the user's files are wrong for every candidate alike
+            raise
         except Exception as exc:  # vendor SDKs raise their own types; any failure means: try the next one
             if isinstance(exc, (TrustError, IntegrityError)):
                 found.refusals.append(exc)
@@ -152,19 +156,17 @@ def load(
 ) -> Session:
     """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
-    if weights is not None or loras:
-        raise ConfigError("custom weights and LoRA stacks are not supported by this release", hint="tracked in issue #5")
+    stack = Stack.parse(weights, loras) if weights is not None or loras else None
     report = as_progress(progress)
     found = lookup(ref, precision, device, store, target, settings)
 
     def open_session(candidate: Candidate) -> Session:
         manifest, path = _materialize(candidate, found, report)
-        backend = get_backend(manifest.parsed_target.backend)
-        return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, found.resolution.explain(candidate, note=found.note))
+        return _session(manifest, path, stack, found, found.resolution.explain(candidate, note=found.note), report)
 
     candidate, session, failures = _first_usable(found, open_session)
     if candidate is not None:
-        found.cache.gc(settings.cache_quota, keep={candidate.entry["build_key"]})
+        found.cache.gc(settings.cache_quota, keep={candidate.entry["build_key"], session.artifact.build_key})
         return session
 
     model, component = parse_ref(ref)
@@ -179,8 +181,15 @@ def load(
         raise IntegrityError(f"the artifact just compiled for {ref} failed verification", key=manifest.build_key)
     chosen = Candidate(manifest.index_entry(), source="cache (compiled on this device)")
     explanation = found.resolution.explain(chosen, note=f"compiled on this device from {recipe_found.path}: nothing stored fit")
+    return _session(manifest, path, stack, found, explanation, report)
+
+
+def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
-    return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
+    if stack is None:
+        return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
+    applied = apply(stack, manifest, path, backend, found.cache, report)
+    return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
 
 
 def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:

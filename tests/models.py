@@ -96,3 +96,120 @@ def shared_resize_scales(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+# A small net in the shape of a torch export, for custom weights and LoRA: Conv 3×3 (`conv_in.weight`, named as
+# torch keeps it), Conv 1×1 over an anonymous initializer (`onnx::Conv_7`), then tokens through two nn.Linear
+# layers, exported as MatMul over anonymous *transposed* initializers (`onnx::MatMul_11`, `onnx::MatMul_12`).
+# to_k and to_v come fused, as onnxsim leaves parallel MatMuls: one [8, 32] weight (`onnx::MatMul_kv`, k then v,
+# transposed) and one [32] bias (`onnx::Add_kv`), then a Split.
+# A norm's scale `norm.weight` [8] sits in the graph reshaped to [8, 1, 1] (`onnx::Mul_9`), as GroupNorm exports;
+# a Relu keeps onnxsim from folding it into the 1×1 Conv's weights (which it does, and the map then reports).
+# Its checkpoint uses torch names and layouts; `extra.weight` is a buffer the graph never uses (unmatched).
+LORA_NET_SHAPES = {
+    "conv_in.weight": (8, 4, 3, 3), "conv_in.bias": (8,),
+    "mid.conv.weight": (8, 8, 1, 1), "mid.conv.bias": (8,), "norm.weight": (8,),
+    "attn.to_q.weight": (16, 8), "attn.to_q.bias": (16,),
+    "attn.to_k.weight": (16, 8), "attn.to_k.bias": (16,), "attn.to_v.weight": (16, 8), "attn.to_v.bias": (16,),
+    "attn.to_out.weight": (8, 16), "attn.to_out.bias": (8,),
+    "extra.weight": (3,),
+}
+
+
+def lora_net_checkpoint(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.normal(0, 0.3, shape).astype(np.float32) for name, shape in LORA_NET_SHAPES.items()}
+
+
+def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None, *, prefix: str = "") -> Path:
+    """x [batch, 4, 8, 8] → y [batch, 64, 8], with `weights` (torch names and layouts; default: the seed-0 checkpoint).
+    `prefix` ("vae.") names the kept initializers as a wrapper module's export does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = weights or lora_net_checkpoint()
+    inits = {
+        "conv_in.weight": w["conv_in.weight"], "conv_in.bias": w["conv_in.bias"],
+        "onnx::Conv_7": w["mid.conv.weight"], "mid.conv.bias": w["mid.conv.bias"], "onnx::Mul_9": w["norm.weight"].reshape(8, 1, 1),
+        "onnx::MatMul_11": w["attn.to_q.weight"].T, "attn.to_q.bias": w["attn.to_q.bias"],
+        "onnx::MatMul_12": w["attn.to_out.weight"].T, "attn.to_out.bias": w["attn.to_out.bias"],
+        "onnx::MatMul_kv": np.concatenate([w["attn.to_k.weight"].T, w["attn.to_v.weight"].T], axis=1),
+        "onnx::Add_kv": np.concatenate([w["attn.to_k.bias"], w["attn.to_v.bias"]]), "split": np.array([16, 16], np.int64),
+        "shape": np.array([0, 8, 64], np.int64),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_in.weight", "conv_in.bias"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "onnx::Conv_7", "mid.conv.bias"], ["c2"]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Mul", ["r2", "onnx::Mul_9"], ["n"]),
+        helper.make_node("Reshape", ["n", "shape"], ["flat"]),
+        helper.make_node("Transpose", ["flat"], ["tokens"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["tokens", "onnx::MatMul_11"], ["q0"]),
+        helper.make_node("Add", ["q0", "attn.to_q.bias"], ["q"]),
+        helper.make_node("MatMul", ["tokens", "onnx::MatMul_kv"], ["kv0"]),
+        helper.make_node("Add", ["kv0", "onnx::Add_kv"], ["kv"]),
+        helper.make_node("Split", ["kv", "split"], ["k", "v"], axis=-1),
+        helper.make_node("Mul", ["k", "v"], ["kxv"]),
+        helper.make_node("Add", ["q", "kxv"], ["qkv"]),
+        helper.make_node("Tanh", ["qkv"], ["t"]),
+        helper.make_node("MatMul", ["t", "onnx::MatMul_12"], ["o0"]),
+        helper.make_node("Add", ["o0", "attn.to_out.bias"], ["y"]),
+    ]
+    if prefix:
+        renamed = {k: prefix + k for k in inits if not k.startswith("onnx::") and k not in ("shape", "split")}
+        inits = {renamed.get(k, k): v for k, v in inits.items()}
+        for node in nodes:
+            node.input[:] = [renamed.get(i, i) for i in node.input]
+    graph = helper.make_graph(
+        nodes, "lora_net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 8])],
+        [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in inits.items()],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> Path:
+    from safetensors.numpy import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
+    return path
+
+
+def lora_pair(shape: tuple[int, ...], rank: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(up, down) for a layer whose weight has `shape` (torch layout): Linear [out, in] or Conv [out, in, k, k]."""
+    rng = np.random.default_rng(seed)
+    if len(shape) == 2:
+        return rng.normal(0, 0.2, (shape[0], rank)).astype(np.float32), rng.normal(0, 0.2, (rank, shape[1])).astype(np.float32)
+    out, cin, kh, kw = shape
+    return rng.normal(0, 0.2, (out, rank, 1, 1)).astype(np.float32), rng.normal(0, 0.2, (rank, cin, kh, kw)).astype(np.float32)
+
+
+def lora_file(path: Path, layers: dict[str, tuple[np.ndarray, np.ndarray, float | None]], style: str) -> Path:
+    """A LoRA file for `layers` (module name → (up, down, alpha)) in `style`: "peft" (module.lora_A/lora_B.weight,
+    alpha as module.alpha when given) or "kohya" (lora_unet_<module with _>.lora_down/lora_up.weight + .alpha)."""
+    tensors = {}
+    for module, (up, down, alpha) in layers.items():
+        if style == "peft":
+            tensors[f"{module}.lora_A.weight"], tensors[f"{module}.lora_B.weight"] = down, up
+            prefix = module
+        else:
+            prefix = "lora_unet_" + module.replace(".", "_")
+            tensors[f"{prefix}.lora_down.weight"], tensors[f"{prefix}.lora_up.weight"] = down, up
+        if alpha is not None:
+            tensors[f"{prefix}.alpha"] = np.array(alpha, np.float32)
+    return write_safetensors(path, tensors)
+
+
+def merged(weights: dict[str, np.ndarray], loras: list[tuple[dict, float]]) -> dict[str, np.ndarray]:
+    """numpy's merge, the reference: W' = W + strength · (alpha / rank) · up @ down, in fp32."""
+    out = {k: v.astype(np.float32).copy() for k, v in weights.items()}
+    for layers, strength in loras:
+        for module, (up, down, alpha) in layers.items():
+            rank = down.shape[0]
+            scale = strength * ((alpha if alpha is not None else rank) / rank)
+            target = out[f"{module}.weight"]
+            delta = up.reshape(up.shape[0], rank) @ down.reshape(rank, -1)
+            out[f"{module}.weight"] = target + scale * delta.reshape(target.shape)
+    return out

@@ -75,3 +75,45 @@ def load(artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
     model = next(f.path for f in manifest.files if f.role == "model")
     return OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
 
+
+
+# Custom weights: the artifact is ONNX, so its weights are the initializers, by name.
+def _model_path(artifact_dir: Path, manifest) -> Path:
+    return Path(artifact_dir) / next(f.path for f in manifest.files if f.role == "model")
+
+
+def weight_shapes(artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
+    import onnx
+
+    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=False)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    return {i.name: tuple(i.dims) for i in model.graph.initializer if i.data_type in floats}
+
+
+def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    wanted = set(names)
+    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=True)
+    return {i.name: numpy_helper.to_array(i).astype(np.float32) for i in model.graph.initializer if i.name in wanted}
+
+
+def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+    """A copy of the artifact with `weights` (float32, ONNX layout) cast into the initializers' own dtypes."""
+    import onnx
+    from onnx import numpy_helper
+
+    source = _model_path(artifact_dir, manifest)
+    model = onnx.load(str(source), load_external_data=True)
+    for init in model.graph.initializer:
+        if init.name in weights:
+            current = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(weights[init.name].astype(current.dtype).reshape(current.shape), init.name))
+    data_files = [f for f in manifest.files if f.role == "weights"]
+    name = source.name
+    if data_files:  # large models keep their weights in one external file of the same name as before
+        onnx.save(model, str(outdir / name), save_as_external_data=True, location=Path(data_files[0].path).name)
+        return [BuiltFile(name, "model"), BuiltFile(Path(data_files[0].path).name, "weights")]
+    onnx.save(model, str(outdir / name))
+    return [BuiltFile(name, "model")]

@@ -150,3 +150,75 @@ def load(artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
     xml = next(f.path for f in manifest.files if f.role == "ir")
     return OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
 
+
+
+# Custom weights: IR constants keep the ONNX initializer's name among their output names, and their bytes sit
+# at (offset, size) in the .bin. Patched values are appended to a copy of the .bin and the constant re-pointed,
+# so bytes OpenVINO shares between identical constants are never overwritten.
+_IR_DTYPES = {"f32": "<f4", "f16": "<f2"}
+
+
+def _ir_paths(artifact_dir: Path, manifest) -> tuple[Path, Path]:
+    root = Path(artifact_dir)
+    xml = root / next(f.path for f in manifest.files if f.role == "ir")
+    return xml, xml.with_suffix(".bin")
+
+
+def _constants(tree) -> dict[str, tuple]:
+    """ONNX name → (data element, element type, shape) of every float constant of the IR."""
+    found = {}
+    for layer in tree.getroot().iter("layer"):
+        data, port = layer.find("data"), layer.find("output/port")
+        if layer.get("type") != "Const" or data is None or port is None or data.get("element_type") not in _IR_DTYPES:
+            continue
+        shape = tuple(int(d) for d in data.get("shape", "").split(",") if d.strip())
+        for name in filter(None, (port.get("names") or "").split(",")):
+            found[name.strip()] = (data, data.get("element_type"), shape)
+    return found
+
+
+def weight_shapes(artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
+    import xml.etree.ElementTree as ET
+
+    return {name: shape for name, (_, _, shape) in _constants(ET.parse(_ir_paths(artifact_dir, manifest)[0])).items()}
+
+
+def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
+    import xml.etree.ElementTree as ET
+
+    xml, bin_path = _ir_paths(artifact_dir, manifest)
+    consts = _constants(ET.parse(xml))
+    blob = np.memmap(bin_path, dtype=np.uint8, mode="r")
+    out = {}
+    for name in names:
+        data, kind, shape = consts[name]
+        start = int(data.get("offset"))
+        raw = blob[start:start + int(data.get("size"))].view(_IR_DTYPES[kind])
+        out[name] = raw.astype(np.float32).reshape(shape)
+    return out
+
+
+def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+    """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
+    import shutil
+    import xml.etree.ElementTree as ET
+
+    xml, bin_path = _ir_paths(artifact_dir, manifest)
+    tree = ET.parse(xml)
+    consts = _constants(tree)
+    out_xml, out_bin = outdir / xml.name, outdir / bin_path.name
+    shutil.copyfile(bin_path, out_bin)
+    with open(out_bin, "ab") as handle:
+        for name, value in weights.items():
+            data, kind, shape = consts[name]
+            payload = np.ascontiguousarray(value.reshape(shape), dtype=_IR_DTYPES[kind]).tobytes()
+            handle.write(b"\0" * (-handle.tell() % 64))
+            data.set("offset", str(handle.tell()))
+            data.set("size", str(len(payload)))
+            handle.write(payload)
+    tree.write(out_xml, encoding="utf-8", xml_declaration=True)
+    files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
+    if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":
+        files += _maybe_blob(_ov().Core(), out_xml, manifest.precision, outdir)
+        (outdir / "notes.json").unlink(missing_ok=True)
+    return files

@@ -1,0 +1,137 @@
+"""A small, strict reader of the safetensors format (numpy only, no torch).
+
+Layout: 8-byte little-endian header length N, N bytes of JSON, then the data. Everything the header claims is
+checked against the file before anything is read or allocated, so a hostile header is a clear WeightsError.
+Tensors are memory-mapped; `array()` returns float32 copies (bf16 is widened exactly)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from enginefarm.errors import WeightsError
+
+MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's own cap
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+           "I8": "i1", "U8": "u1", "BOOL": "?"}
+FLOATS = ("F64", "F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    dtype: str  # safetensors' name: F32, F16, BF16, ...
+    shape: tuple[int, ...]
+    start: int  # absolute byte offsets in the file
+    end: int
+
+
+class SafeTensors:
+    """The tensors of one .safetensors file: names, dtypes and shapes from the header, data on demand."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.entries, self.metadata = _read_header(self.path)
+        self._map: np.memmap | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def raw(self, name: str) -> np.ndarray:
+        entry = self.entries[name]
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else np.zeros(0, np.uint8)
+        data = self._map[entry.start:entry.end].view(_DTYPES[entry.dtype])
+        return data.reshape(entry.shape)
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor as float32 (float dtypes only)."""
+        entry = self.entries[name]
+        if entry.dtype not in FLOATS:
+            raise WeightsError(f"{self.path}: tensor {name!r} is {entry.dtype}, not a float tensor")
+        raw = self.raw(name)
+        if entry.dtype == "BF16":
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw.astype(np.float32)
+
+
+def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
+    def bad(reason: str) -> WeightsError:
+        return WeightsError(f"{path}: not a valid safetensors file: {reason}", hint="re-download or re-save the file as .safetensors")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise bad("shorter than its 8-byte header length")
+            (length,) = struct.unpack("<Q", head)
+            if length > MAX_HEADER or 8 + length > size:
+                raise bad(f"header claims {length} bytes, the file has {size}")
+            text = handle.read(length)
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise WeightsError(f"{path}: is a directory, not a .safetensors file") from None
+    try:
+        header = json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        raise bad("header is not JSON") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    metadata = header.pop("__metadata__", {}) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise bad("__metadata__ must map strings to strings")
+    data_size = size - 8 - length
+    entries: dict[str, TensorEntry] = {}
+    for name, info in header.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"tensor {name!r} needs exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in _DTYPES:
+            raise bad(f"tensor {name!r} has unsupported dtype {dtype!r} (supported: {', '.join(_DTYPES)})")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise bad(f"tensor {name!r} has a malformed shape {shape!r}")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_size):
+            raise bad(f"tensor {name!r} has data offsets {offsets!r} outside the {data_size}-byte data section")
+        if (offsets[1] - offsets[0]) != math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize:
+            raise bad(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not hold {dtype}{shape}")
+        entries[name] = TensorEntry(dtype, tuple(shape), 8 + length + offsets[0], 8 + length + offsets[1])
+    spans = sorted((e.start, e.end, n) for n, e in entries.items() if e.end > e.start)
+    for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
+        if start_b < end_a:
+            raise bad(f"tensors {a!r} and {b!r} overlap")
+    return entries, metadata
+
+
+_NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items() if k != "BF16"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write `tensors` (numpy dtypes with a safetensors name) atomically."""
+    from enginefarm.cache.atomic import atomic_writer
+
+    header, offset, arrays = {}, 0, []
+    for name, value in tensors.items():
+        array = np.ascontiguousarray(value)
+        kind = _NAMES.get(array.dtype.newbyteorder("<").str)
+        if kind is None:
+            raise WeightsError(f"cannot write {name!r}: dtype {array.dtype} has no safetensors name")
+        header[name] = {"dtype": kind, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        arrays.append(array.astype(np.dtype(_DTYPES[kind]), copy=False))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with atomic_writer(Path(path)) as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for array in arrays:
+            handle.write(array.tobytes())

@@ -1,0 +1,274 @@
+"""The weight map: which ONNX initializer holds each tensor of a component's checkpoint, and in which layout.
+
+ONNX exports rename and transpose weights (`nn.Linear` becomes MatMul over an anonymous, transposed
+`onnx::MatMul_123`), so names cannot be trusted. The map is derived by matching contents: a checkpoint tensor
+maps to the initializer that holds exactly its values, as is or transposed (2-D), or to one aligned block of a
+fused initializer (onnxsim merges parallel MatMuls such as to_q/to_k/to_v). Anything that matches nothing,
+or more than one way, is recorded as unmatched with the reason; nothing is guessed. A name shared by a tensor
+and an initializer with the same values only breaks ties (all-ones norms, zero biases).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from enginefarm.cache.manifest import ArtifactFile, Manifest
+from enginefarm.errors import IntegrityError
+
+from .safetensors_io import FLOATS, SafeTensors
+
+log = logging.getLogger(__name__)
+
+MAP_FILE = "weights.map.json"
+MAP_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Mapped:
+    initializer: str
+    transpose: bool  # the initializer holds the checkpoint tensor transposed (2-D)
+    shape: tuple[int, ...]  # in the checkpoint's layout
+    onnx_shape: tuple[int, ...]  # the whole initializer's; may differ by size-1 axes (GroupNorm's [C] as [C, 1, 1])
+    block: tuple[int, int, int] | None = None  # (axis, start, stop): one block of a fused initializer (QKV)
+
+    @property
+    def part_shape(self) -> tuple[int, ...]:
+        if self.block is None:
+            return self.onnx_shape
+        axis, start, stop = self.block
+        return tuple(stop - start if i == axis else d for i, d in enumerate(self.onnx_shape))
+
+    def _where(self) -> tuple:
+        axis, start, stop = self.block
+        return tuple(slice(start, stop) if i == axis else slice(None) for i in range(len(self.onnx_shape)))
+
+    def to_onnx(self, value: np.ndarray) -> np.ndarray:
+        """The checkpoint tensor in the initializer's layout (its block of it, for a fused initializer)."""
+        return np.ascontiguousarray((value.T if self.transpose else value).reshape(self.part_shape), dtype=np.float32)
+
+    def from_onnx(self, whole: np.ndarray) -> np.ndarray:
+        value = np.asarray(whole, dtype=np.float32)
+        if self.block is not None:
+            value = value.reshape(self.onnx_shape)[self._where()]
+        return value.reshape(self.shape[::-1]).T if self.transpose else value.reshape(self.shape)
+
+    def write(self, whole: np.ndarray, part: np.ndarray) -> None:
+        whole[self._where()] = part
+
+
+@dataclass
+class WeightMap:
+    checkpoint_sha256: str
+    mapped: dict[str, Mapped] = field(default_factory=dict)
+    unmatched: dict[str, str] = field(default_factory=dict)  # checkpoint name → why it has no initializer
+    # unmatched name → digests of its base values as stored in F32, F16 and BF16 (or raw, for non-floats): a custom
+    # checkpoint may repeat such a tensor, in any of those precisions, only unchanged
+    digests: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        body = {
+            "format": MAP_FORMAT,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "mapped": {k: {"initializer": m.initializer, "transpose": m.transpose, "shape": list(m.shape), "onnx_shape": list(m.onnx_shape),
+                           "block": list(m.block) if m.block else None} for k, m in sorted(self.mapped.items())},
+            "unmatched": {k: {"why": v, "digests": self.digests.get(k, {})} for k, v in sorted(self.unmatched.items())},
+        }
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "WeightMap":
+        try:
+            data = json.loads(raw)
+            if data.get("format") != MAP_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}")
+            mapped = {str(k): Mapped(str(v["initializer"]), bool(v["transpose"]), tuple(int(d) for d in v["shape"]), tuple(int(d) for d in v["onnx_shape"]),
+                                     tuple(int(d) for d in v["block"]) if v["block"] else None) for k, v in data["mapped"].items()}
+            unmatched = {str(k): str(v["why"]) for k, v in data["unmatched"].items()}
+            digests = {str(k): {str(a): str(b) for a, b in v["digests"].items()} for k, v in data["unmatched"].items()}
+            return cls(str(data["checkpoint_sha256"]), mapped, unmatched, digests)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(f"weight map is malformed ({exc})", hint="rebuild the artifact with this enginefarm") from None
+
+    @property
+    def names(self) -> set[str]:
+        """Every tensor name of the base checkpoint."""
+        return set(self.mapped) | set(self.unmatched)
+
+
+def _content_key(array: np.ndarray) -> tuple:
+    data = np.ascontiguousarray(array, dtype=np.float32)
+    return tuple(d for d in data.shape if d != 1), hashlib.blake2b(data.tobytes(), digest_size=16).digest()
+
+
+def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "F16":
+        return values.astype(np.float16).astype(np.float32)
+    if dtype == "BF16":  # round to nearest even, as torch does
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return bits.astype(np.uint32).view(np.float32)
+    return values.astype(np.float32)
+
+
+def _digest(tag: str, shape, data: np.ndarray) -> str:
+    return hashlib.sha256(f"{tag}{list(shape)}".encode() + np.ascontiguousarray(data).tobytes()).hexdigest()
+
+
+def base_digests(ckpt: SafeTensors, name: str) -> dict[str, str]:
+    entry = ckpt.entries[name]
+    if entry.dtype not in FLOATS:
+        return {"raw": _digest(entry.dtype, entry.shape, ckpt.raw(name))}
+    values = ckpt.array(name)
+    return {kind: _digest("float", entry.shape, _rounded(values, kind)) for kind in ("F32", "F16", "BF16")}
+
+
+def same_as_base(ckpt: SafeTensors, name: str, digests: dict[str, str]) -> bool:
+    """Whether `name` in `ckpt` holds the base's values, at the precision `ckpt` stores it in."""
+    entry = ckpt.entries[name]
+    if entry.dtype not in FLOATS:
+        return digests.get("raw") == _digest(entry.dtype, entry.shape, ckpt.raw(name))
+    kind = entry.dtype if entry.dtype in ("F16", "BF16") else "F32"
+    return digests.get(kind) == _digest("float", entry.shape, _rounded(ckpt.array(name), kind))
+
+
+def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightMap:
+    """Match every tensor of `checkpoint` to the initializers of the (fp32) ONNX model at `onnx_path`."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(onnx_path), load_external_data=True)
+    index: dict[tuple, list[str]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    matrices: dict[str, np.ndarray] = {}  # 1-D and 2-D initializers, searched for fused blocks
+    for init in model.graph.initializer:
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            array = numpy_helper.to_array(init)
+            index.setdefault(_content_key(array), []).append(init.name)
+            shapes[init.name] = tuple(init.dims)
+            if array.ndim in (1, 2):
+                matrices[init.name] = array.astype(np.float32)
+    ckpt = SafeTensors(checkpoint)
+    result = WeightMap(checkpoint_sha256)
+    candidates: dict[str, list[tuple[str, bool]]] = {}
+    for name in ckpt.names:
+        entry = ckpt.entries[name]
+        if entry.dtype not in FLOATS:
+            result.unmatched[name] = f"not a float tensor ({entry.dtype})"
+            continue
+        array = ckpt.array(name)
+        found = [(init, False) for init in index.get(_content_key(array), [])]
+        if array.ndim == 2:
+            found += [(init, True) for init in index.get(_content_key(array.T), [])]
+        if found:
+            candidates[name] = found
+        else:
+            blocks = _blocks(array, matrices)
+            if len(blocks) == 1:
+                result.mapped[name] = Mapped(blocks[0][0], blocks[0][1], entry.shape, shapes[blocks[0][0]], blocks[0][2])
+            elif blocks:
+                result.unmatched[name] = f"ambiguous: a block of {', '.join(sorted({b[0] for b in blocks}))} in {len(blocks)} places"
+            else:
+                result.unmatched[name] = "no initializer holds these values (folded into another constant, or unused by the graph)"
+    _drop_shared_blocks(result)
+
+    # Ties are broken by name only where the initializer kept the checkpoint's own name, as is or under a dotted
+    # prefix (a wrapper module's `vae.decoder.conv_in.bias` for `decoder.conv_in.bias`); longest names first.
+    taken: set[str] = set()
+    for name in sorted(candidates, key=len, reverse=True):
+        named = [i for i, t in candidates[name] if not t and (i == name or i.endswith("." + name)) and i not in taken]
+        if len(named) == 1:
+            result.mapped[name] = Mapped(named[0], False, ckpt.entries[name].shape, shapes[named[0]])
+            taken.add(named[0])
+    claims: dict[str, list[str]] = {}
+    for name, found in candidates.items():
+        if name not in result.mapped:
+            candidates[name] = [(i, t) for i, t in found if i not in taken]
+            for init in {i for i, _ in candidates[name]}:
+                claims.setdefault(init, []).append(name)
+            if found and not candidates[name]:
+                result.unmatched[name] = f"its values are held only by {', '.join(sorted({i for i, _ in found}))}, which kept another tensor's name"
+    for name, found in candidates.items():
+        if name in result.mapped or not found:
+            continue
+        if len(found) == 1 and claims[found[0][0]] == [name]:
+            result.mapped[name] = Mapped(found[0][0], found[0][1], ckpt.entries[name].shape, shapes[found[0][0]])
+            continue
+        others = sorted({o for i, _ in found for o in claims[i] if o != name})
+        why = [f"matches {', '.join(f'{i}' + (' (transposed)' if t else '') for i, t in found)}"]
+        if others:
+            why.append(f"same values as {', '.join(others)}")
+        result.unmatched[name] = "ambiguous: " + "; ".join(why)
+    result.digests = {name: base_digests(ckpt, name) for name in result.unmatched}
+    if result.unmatched:
+        log.info("weight map: %d of %d checkpoint tensors unmatched", len(result.unmatched), len(ckpt.names))
+    return result
+
+
+def _blocks(array: np.ndarray, matrices: dict[str, np.ndarray]) -> list[tuple[str, bool, tuple[int, int, int]]]:
+    """Where `array` (1-D, or 2-D in torch layout) is one aligned block of a fused initializer, such as the
+    [in, 3·out] MatMul weight onnxsim makes of to_q, to_k and to_v, or their concatenated bias."""
+    if array.ndim not in (1, 2):
+        return []
+    layouts = [(array, False)] + ([(array.T, True)] if array.ndim == 2 else [])
+    found = []
+    for init, whole in matrices.items():
+        if whole.ndim != array.ndim or whole.size <= array.size:
+            continue
+        for part, transpose in layouts:
+            for axis in range(whole.ndim):
+                other = [d for i, d in enumerate(whole.shape) if i != axis]
+                size = part.shape[axis]
+                if other != [d for i, d in enumerate(part.shape) if i != axis] or whole.shape[axis] % size:
+                    continue
+                for start in range(0, whole.shape[axis], size):
+                    if np.array_equal(np.take(whole, range(start, start + size), axis=axis), part):
+                        found.append((init, transpose, (axis, start, start + size)))
+    return found
+
+
+def _drop_shared_blocks(result: WeightMap) -> None:
+    """Two tensors in the same block (equal values, e.g. zero biases) cannot both be placed: neither is."""
+    owners: dict[tuple, list[str]] = {}
+    for name, m in result.mapped.items():
+        if m.block is not None:
+            owners.setdefault((m.initializer, m.block), []).append(name)
+    for (init, _), names in owners.items():
+        if len(names) > 1:
+            for name in names:
+                del result.mapped[name]
+                result.unmatched[name] = f"ambiguous: the same block of {init} as {', '.join(n for n in names if n != name)}"
+
+
+def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoint_sha256: str, prepared_fp32: Path) -> Manifest:
+    """Derive the map, drop what the backend's artifact does not hold, write it beside the artifact and list it
+    in the manifest (role "map"), so it is hashed like every other file."""
+    from enginefarm.cache.atomic import sha256_file
+
+    found = derive(checkpoint, checkpoint_sha256, prepared_fp32)
+    shapes_of = getattr(backend, "weight_shapes", None)
+    if shapes_of is not None:
+        present = shapes_of(outdir, manifest)
+        ckpt = SafeTensors(checkpoint)
+        for name, m in list(found.mapped.items()):
+            if present.get(m.initializer) != m.onnx_shape:
+                del found.mapped[name]
+                found.unmatched[name] = f"{m.initializer} is not a patchable weight of the {manifest.parsed_target.backend} artifact"
+                found.digests[name] = base_digests(ckpt, name)
+    path = outdir / MAP_FILE
+    path.write_bytes(found.to_json())
+    size, digest = path.stat().st_size, sha256_file(path)
+    notes = {**manifest.provenance, "weight_map": {"mapped": len(found.mapped), "unmatched": sorted(found.unmatched)}}
+    return replace(manifest, files=manifest.files + (ArtifactFile(MAP_FILE, "map", size, digest, "none", size, digest),), provenance=notes)
+
+
+def read_map(artifact_dir: Path, manifest: Manifest) -> WeightMap | None:
+    entry = next((f for f in manifest.files if f.role == "map"), None)
+    if entry is None:
+        return None
+    return WeightMap.from_json((Path(artifact_dir) / entry.path).read_bytes())

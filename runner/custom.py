@@ -1,0 +1,258 @@
+"""Custom weights and LoRA stacks on top of a base artifact: refit in place where the backend can, otherwise
+patch the weights and recompile, cached under the base build key + digest(weights, loras, strengths).
+
+No residue: every result is computed from the base artifact's own weights (never from a previous stack), and a
+refit is given every weight the map covers, base values included, so nothing from an earlier stack survives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from enginefarm.builder.backends.base import BuiltFile
+from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
+from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
+from enginefarm.cache.atomic import sha256_file
+from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.keys import build_key
+from enginefarm.cache.locks import file_lock
+from enginefarm.cache.manifest import Manifest
+from enginefarm.cache.progress import Progress
+from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, WeightsError
+
+from .lora import LoraLayer, read_lora
+
+log = logging.getLogger(__name__)
+
+REFIT_FILE = "refit.safetensors"  # a refit stack's cached merged weights, by ONNX initializer name
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What the user asked for: a checkpoint and LoRAs with strengths, in order."""
+
+    weights: Path | None = None
+    loras: tuple[tuple[Path, float], ...] = ()
+
+    @classmethod
+    def parse(cls, weights, loras) -> "Stack":
+        items = []
+        for item in loras or ():
+            path, strength = (item, 1.0) if isinstance(item, (str, Path)) else _pair(item)
+            items.append((Path(path), strength))
+        return cls(Path(weights) if weights is not None else None, tuple(items))
+
+    @property
+    def active(self) -> bool:
+        """A stack that changes nothing (no checkpoint, every strength 0) is the base artifact itself."""
+        return self.weights is not None or any(s != 0 for _, s in self.loras)
+
+
+def _pair(item) -> tuple[str | Path, float]:
+    try:
+        path, strength = item
+        strength = float(strength)
+    except (TypeError, ValueError):
+        raise ConfigError(f"LoRA {item!r} is not (path, strength)", hint='loras=[("a.safetensors", 0.8), ...]') from None
+    if not math.isfinite(strength):
+        raise ConfigError(f"LoRA {path}: strength {strength} is not a finite number")
+    return path, strength
+
+
+@dataclass
+class Applied:
+    session: object
+    manifest: Manifest
+    how: str
+
+
+def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress) -> Applied:
+    """A backend session of the base artifact with `stack` applied (the base session itself if the stack is empty)."""
+    device = manifest.parsed_target.device
+    wmap = read_map(artifact_dir, manifest)
+    if wmap is None:
+        raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
+                           hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
+    custom, loras = _read(stack, wmap)
+    if not stack.active:
+        return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
+    key = stack_key(manifest.build_key, stack)
+    if hasattr(backend, "refit"):
+        return _refit(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
+    if not hasattr(backend, "patch_weights"):
+        raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
+    with file_lock(cache.locks / f"{key}.lock"):  # saves a second process the same work; the cache stays correct without it
+        path = cache.verified_dir(key)
+        how = "patched and compiled earlier (cached)"
+        if path is None:
+            report.message(f"applying {_describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
+            path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
+            how = "patched and compiled on this device"
+    patched = cache.manifest(key)
+    return Applied(backend.load(path, patched, device), patched, how)
+
+
+def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras,
+           cache: DeviceCache, report: Progress) -> Applied:
+    """Refit with every weight the map covers. The merged weights are what is cached: a later load refits
+    straight from them."""
+    report.message(f"refitting {manifest.ref} {manifest.target} with {_describe(stack)}")
+    path = cache.verified_dir(key)
+    if path is not None:
+        cached = SafeTensors(path / REFIT_FILE)
+        weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"
+    else:
+        weights, how = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True), "refit in place"
+        workdir = _workdir(cache, key)
+        try:
+            write_safetensors(workdir / REFIT_FILE, weights)
+            cache.add_local(_stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    started = time.perf_counter()
+    session = backend.refit(artifact_dir, manifest, weights, manifest.parsed_target.device)
+    log.info("refit %d weights in %.2f s", len(weights), time.perf_counter() - started)
+    return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), how)
+
+
+def _stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, built, extra: tuple, seconds: float = 0.0) -> Manifest:
+    from enginefarm.builder.build import plain_file
+
+    return replace(
+        manifest, build_key=key, files=tuple(plain_file(workdir, b.path, b.role) for b in built) + extra, benchmarks=(),
+        validation={"passed": None, "note": "custom weights: not validated against a reference"},
+        options={**manifest.options, "stack": _stack_record(manifest, stack, key)},
+        provenance={**manifest.provenance, "built_on_device": True, "stack_seconds": round(seconds, 2)},
+    )
+
+
+def stack_key(base_key: str, stack: Stack) -> str:
+    return build_key({"base": base_key, "weights": sha256_file(stack.weights) if stack.weights else None,
+                      "loras": [[sha256_file(p), s] for p, s in stack.loras if s != 0]})
+
+
+def _describe(stack: Stack) -> str:
+    parts = ([f"weights {stack.weights.name}"] if stack.weights else []) + [f"LoRA {p.name}@{s:g}" for p, s in stack.loras if s != 0]
+    return ", ".join(parts)
+
+
+def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
+    return {"base": manifest.build_key, "key": key, "weights": str(stack.weights) if stack.weights else None,
+            "loras": [[str(p), s] for p, s in stack.loras]}
+
+
+def _read(stack: Stack, wmap: WeightMap) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
+    custom = _read_checkpoint(stack.weights, wmap) if stack.weights is not None else {}
+    return custom, [(read_lora(path, wmap), strength) for path, strength in stack.loras]
+
+
+def _read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
+    """The custom checkpoint's tensors the map places, by checkpoint name. Everything wrong is raised at once."""
+    st = SafeTensors(path)
+    problems, out = [], {}
+    for name in st.names:
+        entry = st.entries[name]
+        if name in wmap.mapped:
+            want = wmap.mapped[name].shape
+            if entry.shape != want:
+                problems.append(f"{name}: shape {list(entry.shape)}, the base has {list(want)}")
+            elif entry.dtype not in FLOATS:
+                problems.append(f"{name}: dtype {entry.dtype}, the base is a float tensor")
+            else:
+                out[name] = st.array(name)
+        elif name in wmap.unmatched:
+            # Nothing in the artifact holds it: fine while it equals the base, an error if it would be lost.
+            if not same_as_base(st, name, wmap.digests.get(name, {})):
+                problems.append(f"{name}: differs from the base, but {wmap.unmatched[name]}")
+        else:
+            problems.append(f"{name}: not in the base checkpoint")
+    if problems:
+        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise WeightsError(f"{path}: {len(problems)} tensor(s) do not fit this model: {shown}",
+                           hint="custom weights must use the base checkpoint's names, shapes and float dtypes")
+    return out
+
+
+def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],
+                   loras: list[tuple[list[LoraLayer], float]], *, every: bool) -> dict[str, np.ndarray]:
+    """New values by ONNX initializer (float32, ONNX layout): W' = W + Σ strength · (alpha / rank) · up @ down,
+    W being the custom tensor or the artifact's own. `every`: all weights the map covers, unchanged ones too."""
+    deltas: dict[str, list[tuple[LoraLayer, float]]] = {}
+    for layers, strength in loras:
+        for layer in layers if strength != 0 else ():
+            deltas.setdefault(layer.target, []).append((layer, strength))
+    touched = set(custom) | set(deltas)
+    names = sorted(set(wmap.mapped) if every else touched)
+    # Whole initializers are read where the result needs them: the tensor's own base value, or the rest of a fused one.
+    wanted = {wmap.mapped[n].initializer for n in names if n not in custom or wmap.mapped[n].block is not None}
+    base = base_weights(backend, artifact_dir, manifest, sorted(wanted))
+    parts: dict[str, list] = {}
+    for name in names:
+        m = wmap.mapped[name]
+        value = np.array(custom[name] if name in custom else m.from_onnx(base[m.initializer]), dtype=np.float32)
+        for layer, strength in deltas.get(name, ()):
+            value += np.float32(strength) * layer.delta(m.shape).astype(np.float32)
+        parts.setdefault(m.initializer, []).append((m, m.to_onnx(value)))
+    out = {}
+    for init, items in parts.items():
+        if items[0][0].block is None:
+            out[init] = items[0][1]
+            continue
+        whole = np.array(base[init], dtype=np.float32).reshape(items[0][0].onnx_shape)
+        for m, part in items:
+            m.write(whole, part)
+        out[init] = whole
+    return out
+
+
+def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[str]) -> dict[str, np.ndarray]:
+    if not names:
+        return {}
+    reader = getattr(backend, "read_weights", None)
+    if reader is not None:
+        found = reader(artifact_dir, manifest, names)
+    else:  # refit-only backends that ship the ONNX beside the engine (weight-stripped engines)
+        onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
+        if onnx_file is None:
+            raise BackendUnavailable(f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)")
+        from enginefarm.builder.backends import onnxruntime
+
+        found = onnxruntime.read_weights(artifact_dir, replace(manifest, files=(replace(onnx_file, role="model"),)), names)
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: weights {missing[:5]} named by its map are missing")
+    return found
+
+
+def _workdir(cache: DeviceCache, key: str) -> Path:
+    """A folder of this process's own: two processes applying the same stack never share one."""
+    path = cache.home / "build" / "stacks" / f"{key[:24]}.{secrets.token_hex(4)}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest,
+                     custom, loras, cache: DeviceCache) -> Path:
+    workdir = _workdir(cache, key)
+    try:
+        started = time.perf_counter()
+        weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
+        built = backend.patch_weights(artifact_dir, manifest, weights, workdir)
+        map_entry = next(f for f in manifest.files if f.role == "map")
+        shutil.copyfile(Path(artifact_dir) / map_entry.path, workdir / map_entry.path)
+        patched = _stack_manifest(manifest, stack, key, workdir, built, (map_entry,), time.perf_counter() - started)
+        cache.add_local(patched, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    path = cache.verified_dir(key)
+    if path is None:
+        raise IntegrityError(f"the patched artifact {key[:12]} failed verification right after it was cached", key=key)
+    return path

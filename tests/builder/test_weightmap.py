@@ -1,0 +1,131 @@
+"""The weight map: checkpoint names → ONNX initializers by content (exact, transposed, reshaped); unmatched and
+ambiguous tensors reported, never guessed; `checkpoint` in recipes, in the key and in the artifact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from enginefarm.builder.planner import expand
+from enginefarm.builder.recipe import load_recipe
+from enginefarm.builder.weightmap import WeightMap, derive
+from enginefarm.errors import IntegrityError, RecipeError
+from tests import models
+
+
+def _derive(tmp_path, checkpoint: dict) -> WeightMap:
+    onnx_path = models.lora_net(tmp_path / "net.onnx")
+    ckpt = models.write_safetensors(tmp_path / "ckpt.safetensors", checkpoint)
+    return derive(ckpt, "digest", onnx_path)
+
+
+def test_linear_conv_and_norm_weights_are_found_by_content(tmp_path):
+    found = _derive(tmp_path, models.lora_net_checkpoint())
+    m = found.mapped
+    assert (m["conv_in.weight"].initializer, m["conv_in.weight"].transpose) == ("conv_in.weight", False)
+    assert (m["mid.conv.weight"].initializer, m["mid.conv.weight"].transpose) == ("onnx::Conv_7", False)
+    assert (m["attn.to_q.weight"].initializer, m["attn.to_q.weight"].transpose) == ("onnx::MatMul_11", True)
+    assert (m["attn.to_out.weight"].initializer, m["attn.to_out.weight"].transpose) == ("onnx::MatMul_12", True)
+    assert (m["norm.weight"].initializer, m["norm.weight"].onnx_shape) == ("onnx::Mul_9", (8, 1, 1))
+    assert (m["attn.to_k.weight"].initializer, m["attn.to_k.weight"].transpose, m["attn.to_k.weight"].block) == ("onnx::MatMul_kv", True, (1, 0, 16))
+    assert (m["attn.to_v.weight"].block, m["attn.to_v.bias"].initializer, m["attn.to_v.bias"].block) == ((1, 16, 32), "onnx::Add_kv", (0, 16, 32))
+    assert set(found.unmatched) == {"extra.weight"} and "no initializer" in found.unmatched["extra.weight"]
+    assert WeightMap.from_json(found.to_json()) == found
+
+
+def test_a_block_of_a_fused_weight_is_read_and_written_in_place():
+    from enginefarm.builder.weightmap import Mapped
+
+    k, v = np.arange(32, dtype=np.float32).reshape(16, 2), -np.arange(32, dtype=np.float32).reshape(16, 2)
+    fused = np.concatenate([k.T, v.T], axis=1)  # [2, 32]
+    m = Mapped("onnx::MatMul_kv", True, (16, 2), (2, 32), (1, 16, 32))
+    assert np.array_equal(m.from_onnx(fused), v)
+    m.write(fused, m.to_onnx(v + 1))
+    assert np.array_equal(fused[:, 16:], (v + 1).T) and np.array_equal(fused[:, :16], k.T)
+
+
+def test_layout_round_trip():
+    found_w = np.arange(32, dtype=np.float32).reshape(16, 2)
+    from enginefarm.builder.weightmap import Mapped
+
+    m = Mapped("onnx::MatMul_1", True, (16, 2), (2, 16))
+    assert np.array_equal(m.to_onnx(found_w), found_w.T)
+    assert np.array_equal(m.from_onnx(m.to_onnx(found_w)), found_w)
+
+
+def test_tensors_sharing_values_are_ambiguous_not_guessed(tmp_path):
+    ckpt = models.lora_net_checkpoint()
+    ckpt["copy.of_q"] = ckpt["attn.to_q.weight"].copy()  # same values: which one does onnx::MatMul_11 hold?
+    found = _derive(tmp_path, ckpt)
+    assert "attn.to_q.weight" not in found.mapped and "copy.of_q" not in found.mapped
+    assert "ambiguous" in found.unmatched["attn.to_q.weight"] and "copy.of_q" in found.unmatched["attn.to_q.weight"]
+    assert "onnx::MatMul_11 (transposed)" in found.unmatched["copy.of_q"]
+
+
+def test_a_kept_name_breaks_a_tie(tmp_path):
+    ckpt = models.lora_net_checkpoint()
+    ckpt["twin.bias"] = ckpt["conv_in.bias"].copy()  # conv_in.bias kept its name in the graph, twin.bias is in no graph
+    found = _derive(tmp_path, ckpt)
+    assert found.mapped["conv_in.bias"].initializer == "conv_in.bias"
+    assert "twin.bias" in found.unmatched
+
+
+def test_a_name_kept_under_a_wrapper_prefix_breaks_a_tie(tmp_path):
+    ckpt = models.lora_net_checkpoint()
+    ckpt["attn.to_out.bias"] = ckpt["conv_in.bias"].copy()  # two biases with equal values, as zero-initialised ones are
+    onnx_path = models.lora_net(tmp_path / "net.onnx", ckpt, prefix="vae.")
+    found = derive(models.write_safetensors(tmp_path / "c.safetensors", ckpt), "d", onnx_path)
+    assert found.mapped["conv_in.bias"].initializer == "vae.conv_in.bias"
+    assert found.mapped["attn.to_out.bias"].initializer == "vae.attn.to_out.bias"
+    assert found.mapped["attn.to_q.weight"].initializer == "onnx::MatMul_11"
+
+
+def test_a_damaged_map_is_an_integrity_error():
+    with pytest.raises(IntegrityError, match="weight map is malformed"):
+        WeightMap.from_json(b'{"format": 1, "mapped": {"a": {}}}')
+
+
+RECIPE = """
+[model]
+name = "net"
+version = "1"
+[defaults]
+targets = ["onnxruntime:cpu"]
+[components.body]
+source = "net.onnx"
+{checkpoint}
+[components.body.profiles.default]
+batch = [1, 1, 2]
+"""
+
+
+def test_checkpoint_goes_into_the_key(tmp_path, write_recipe):
+    models.lora_net(tmp_path / "net.onnx")
+    models.write_safetensors(tmp_path / "a.safetensors", models.lora_net_checkpoint(0))
+    models.write_safetensors(tmp_path / "b.safetensors", models.lora_net_checkpoint(1))
+    keys = set()
+    for ckpt in ("", 'checkpoint = "a.safetensors"', 'checkpoint = "b.safetensors"'):
+        job = expand(load_recipe(write_recipe(RECIPE.format(checkpoint=ckpt))), tmp_path / "dl")[0]
+        keys.add(job.key(job.toolchain()))
+    assert len(keys) == 3
+
+
+@pytest.mark.parametrize("value, message", [
+    ('"missing.safetensors"', "file not found"),
+    ('"weights.ckpt"', "must be a .safetensors file"),
+    ('"https://example.com/x.safetensors"', "must be a local file"),
+    ('["a.safetensors"]', "non-empty string"),
+])
+def test_bad_checkpoint_entries_name_the_key(tmp_path, write_recipe, value, message):
+    models.lora_net(tmp_path / "net.onnx")
+    (tmp_path / "weights.ckpt").write_bytes(b"x")
+    with pytest.raises(RecipeError, match=rf"components\.body\.checkpoint: .*{message}"):
+        load_recipe(write_recipe(RECIPE.format(checkpoint=f"checkpoint = {value}")))
+
+
+def test_a_malformed_checkpoint_fails_the_plan(tmp_path, write_recipe):
+    models.lora_net(tmp_path / "net.onnx")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10" + b"\0" * 7 + b"garbage!")
+    recipe = load_recipe(write_recipe(RECIPE.format(checkpoint='checkpoint = "bad.safetensors"')))
+    with pytest.raises(RecipeError, match=r"components\.body\.checkpoint: .*not a valid safetensors file"):
+        expand(recipe, tmp_path / "dl")

@@ -75,6 +75,7 @@ class Component:
     profiles: dict[str, ProfileSpec]
     validate: ValidateSpec
     resources: Resources = Resources()
+    backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend name → options as written
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
-    from .backends import validate_target  # the backend registry knows each backend's device classes
+    from .backends import backend_option_defaults, validate_target  # the registry knows each backend's devices and options
 
     r = _Reader(path)
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
@@ -180,7 +181,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources"}, ("source",))
+        option_tables = backend_option_defaults()
+        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources", *option_tables}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -194,6 +196,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             profiles=_profiles(r, comp.get("profiles", {}), f"{key}.profiles"),
             validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
             resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
+            backend_options={name: _options(r, comp[name], f"{key}.{name}", defaults) for name, defaults in option_tables.items() if name in comp},
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -309,6 +312,16 @@ def _resources(r: _Reader, value: Any, key: str) -> Resources:
         host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
         gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
     )
+
+
+def _options(r: _Reader, value: Any, key: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A backend's build options (`[components.X.tensorrt]`): only the keys it declares, each of its default's type."""
+    table = r.table(value, key, set(defaults))
+    for name, given in table.items():
+        want = type(defaults[name])
+        if type(given) is not want:
+            raise r.fail(f"{key}.{name}", f"must be a {want.__name__}, got {given!r}", hint=f"default: {str(defaults[name]).lower()}")
+    return dict(table)
 
 
 def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) -> Path:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from enginefarm.errors import IntegrityError
+from enginefarm.errors import IntegrityError, StoreError
+
+_CACHE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")
 
 
 class Store(ABC):
@@ -64,8 +67,27 @@ class Store(ABC):
     @abstractmethod
     def list_models(self) -> Iterator[str]: ...
 
+    # Shared build caches (TensorRT timing caches): write-once objects under caches/, merged by their readers.
+    # Defaults for stores that keep none (HTTP is read-only and cannot list): builds then just start cold.
+    def put_cache_object(self, name: str, data: bytes) -> bool:
+        """Write `caches/<name>` once. False if it exists or this store keeps no caches; never rewrites."""
+        return False
+
+    def get_cache_object(self, name: str) -> bytes | None:
+        return None
+
+    def list_cache_objects(self, prefix: str) -> list[str]:
+        """Names (relative to caches/) under `prefix`."""
+        return []
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def check_cache_name(name: str) -> str:
+    if not _CACHE_NAME.match(name) or ".." in name.split("/"):
+        raise StoreError(f"{name!r} is not a valid cache object name")
+    return name
 
 
 def blob_relpath(digest: str) -> str:

@@ -6,7 +6,8 @@ for, from the build subprocess too.
 Under the hood a 'plan' is a header plus the ONNX model, and 'executing' it runs ONNX Runtime on the graph with
 the engine's current weights, so refits and fp16 really change the numbers.
 
-Switches (environment): FAKE_TRT_CRASH=segfault|exit (in build_serialized_network), FAKE_TRT_INVALID=1
+Switches (environment): FAKE_TRT_CRASH=segfault|exit (in build_serialized_network; only for ONNX paths containing
+FAKE_TRT_CRASH_IF when set), FAKE_TRT_INVALID=1
 (get_engine_validity says INVALID), FAKE_TRT_NO_VALIDITY=1 (the Runtime has no get_engine_validity).
 """
 
@@ -156,7 +157,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 self.errors.append(f"cannot read {path}: {exc}")
                 return False
             inits = {i.name for i in model.graph.initializer}
-            self.network.model = model
+            self.network.model, self.network.path = model, path
             self.network.inputs = [i.name for i in model.graph.input if i.name not in inits]
             record(sdk, "parse_from_file", path=path, inputs=self.network.inputs)
             return True
@@ -164,7 +165,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
     class Network:
         def __init__(self, flags):
             self.strongly_typed = bool(flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
-            self.model, self.inputs = None, []
+            self.model, self.inputs, self.path = None, [], ""
 
         @property
         def num_inputs(self):
@@ -245,7 +246,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return Profile()
 
         def build_serialized_network(self, network, config):
-            crash = os.environ.get("FAKE_TRT_CRASH")
+            crash = os.environ.get("FAKE_TRT_CRASH") if os.environ.get("FAKE_TRT_CRASH_IF", "") in network.path else None
             if crash == "segfault":
                 os.kill(os.getpid(), signal.SIGSEGV)
             if crash == "exit":

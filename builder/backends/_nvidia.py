@@ -271,6 +271,20 @@ def _diagnostics(trt, bits) -> str:
     return ", ".join(names) or f"diagnostics {value}"
 
 
+def precheck(trt, manifest, family_floors: dict[str, tuple[int, int]], what: str) -> None:
+    """Before any byte reaches the SDK: the runtime version the plan needs, and a GPU of its arch or class. This is
+    also the only check before deserializing on TensorRT versions without get_engine_validity."""
+    from .base import version_in_range
+
+    name = manifest.parsed_target.backend
+    wanted = manifest.constraints.get("runtime", {}).get(name)
+    if wanted and not version_in_range(trt.__version__, wanted):
+        raise BackendUnavailable(f"{what}: the plan needs {name} {wanted}, this is {trt.__version__}", hint="rebuild it for this version")
+    gpu, why = matching_gpu(manifest.parsed_target.device, family_floors)
+    if gpu is None:
+        raise BackendUnavailable(f"{what}: {why}")
+
+
 def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
     logger = trt.Logger(trt.Logger.WARNING)
     runtime = trt.Runtime(logger)

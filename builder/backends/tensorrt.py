@@ -23,7 +23,7 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError
 
-from ._nvidia import (BuildSpec, TrtSession, gpu_description, build_host_arch, build_in_subprocess, cudart, deserialize, matching_gpu, read_plan,
+from ._nvidia import (BuildSpec, TrtSession, gpu_description, build_host_arch, precheck, build_in_subprocess, cudart, deserialize, matching_gpu, read_plan,
                       refit_from_onnx, refit_named, sdk, sdk_missing, stripped_files, weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -176,6 +176,7 @@ def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -
     trt = _trt()
     options = {**OPTIONS, **manifest.options}
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
+    precheck(trt, manifest, FAMILY_FLOORS, what)
     engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options["version_compatible"])
     how = "plan"
     if options["strip_weights"]:

@@ -21,7 +21,7 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError, ConfigError, IntegrityError
 
-from ._nvidia import (BuildSpec, TrtSession, gpu_description, build_in_subprocess, cudart, deserialize, matching_gpu, read_plan, refit_from_onnx,
+from ._nvidia import (BuildSpec, TrtSession, gpu_description, precheck, build_in_subprocess, cudart, deserialize, matching_gpu, read_plan, refit_from_onnx,
                       refit_named, sdk, sdk_missing, stripped_files, weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -125,9 +125,8 @@ def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
-    gpu, why = matching_gpu(manifest.parsed_target.device, FAMILY_FLOORS)
-    if gpu is None:
-        raise BackendUnavailable(f"{what}: {why}")
+    precheck(trt, manifest, FAMILY_FLOORS, what)
+    gpu, _ = matching_gpu(manifest.parsed_target.device, FAMILY_FLOORS)
     engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what)
     how = "engine"
     if {**OPTIONS, **manifest.options}["strip_weights"]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from enginefarm.builder.build import build
 from enginefarm.builder.executor import run_jobs
 from enginefarm.builder.planner import expand
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.cache.manifest import Manifest, Target
+from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, RecipeError
 from tests.conftest import TINY_RECIPE
@@ -174,6 +173,20 @@ def test_without_get_engine_validity_the_plan_still_loads(fake_nvidia, write_rec
     session = get_backend("tensorrt").load(unpacked(tmp_path, store, result.manifest), result.manifest, "sm_89")
     assert fake_nvidia.calls("deserialize_cuda_engine") and not fake_nvidia.calls("get_engine_validity")
     assert session.run({"latent": np.zeros((1, 4, 8, 8), np.float32)})["sample"].shape == (1, 3, 16, 16)
+
+
+def test_a_plan_for_another_tensorrt_or_gpu_is_refused_before_deserializing(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+    (job,) = jobs_of(recipe(write_recipe, tiny_sd), tmp_path)
+    result, store = build_one(job, tmp_path)
+    folder = unpacked(tmp_path, store, result.manifest)
+    fake_nvidia.set(FAKE_TRT_VERSION="10.14.1.48", FAKE_TRT_NO_VALIDITY="1")  # a newer TensorRT, without get_engine_validity
+    fake_nvidia.clear()
+    with pytest.raises(BackendUnavailable, match=r"needs tensorrt ==10.13.0.35, this is 10.14.1.48"):
+        get_backend("tensorrt").load(folder, result.manifest, "sm_89")
+    fake_nvidia.set(FAKE_TRT_VERSION=None, FAKE_NVML_GPUS="NVIDIA GeForce RTX 3060:8.6")
+    with pytest.raises(BackendUnavailable, match=r"sm_89 needs a matching NVIDIA GPU; this machine has NVIDIA GeForce RTX 3060 \(sm_86\)"):
+        get_backend("tensorrt").load(folder, result.manifest, "sm_89")
+    assert not fake_nvidia.calls("deserialize_cuda_engine")
 
 
 def test_unverified_plan_bytes_are_refused(fake_nvidia, write_recipe, tiny_sd, tmp_path):

@@ -177,11 +177,11 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     if not components_raw:
         raise r.fail("components", "no components", hint="add a [components.NAME] table with a source")
     components: dict[str, Component] = {}
+    option_tables = backend_option_defaults()
     for comp_name, comp_raw in components_raw.items():
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        option_tables = backend_option_defaults()
         comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources", *option_tables}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -298,3 +299,35 @@ def _ort(model: Path, latent: np.ndarray, weights: dict | None = None) -> np.nda
             init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"latent": latent})[0]
+
+
+def test_options_of_one_backend_leave_other_targets_keys_alone(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+    targets = ("tensorrt:sm_89", "tensorrt-rtx:ampere+", "onnxruntime:cpu")
+    plain = {str(j.target): j.key(j.toolchain()) for j in jobs_of(recipe(write_recipe, tiny_sd, targets=targets), tmp_path)}
+    tuned = {str(j.target): j for j in jobs_of(recipe(write_recipe, tiny_sd, targets=targets, options="refittable = true"), tmp_path)}
+    assert tuned["onnxruntime:cpu"].options == {} and tuned["onnxruntime:cpu"].key(tuned["onnxruntime:cpu"].toolchain()) == plain["onnxruntime:cpu"]
+    assert tuned["tensorrt-rtx:ampere+"].key(tuned["tensorrt-rtx:ampere+"].toolchain()) == plain["tensorrt-rtx:ampere+"]
+    assert tuned["tensorrt:sm_89"].key(tuned["tensorrt:sm_89"].toolchain()) != plain["tensorrt:sm_89"]
+
+
+def test_resolution_filters_on_the_constraints_the_backend_emits(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+    from enginefarm.runner.device import nvidia_device
+    from enginefarm.runner.resolve import resolve
+
+    (job,) = jobs_of(recipe(write_recipe, tiny_sd, options="version_compatible = true"), tmp_path)
+    result, _ = build_one(job, tmp_path)
+    entries = [(result.manifest.index_entry(), "store")]
+    rtx_4090 = nvidia_device("NVIDIA GeForce RTX 4090", 8, 9, "550.54.14", 24564)
+
+    def why(device) -> str:
+        (candidate,) = resolve("tiny-sd/decoder", entries, None, [device]).candidates
+        return candidate.reason
+
+    assert why(rtx_4090) == ""
+    fake_nvidia.set(FAKE_TRT_VERSION="10.14.1.48")  # version-compatible: a newer 10.x loads it
+    assert why(rtx_4090) == ""
+    fake_nvidia.set(FAKE_TRT_VERSION="11.0.0.1")
+    assert why(rtx_4090) == "needs tensorrt >=10.13.0.35,<11, this has 11.0.0.1"
+    fake_nvidia.set(FAKE_TRT_VERSION=None)
+    windows = replace(rtx_4090, info={**rtx_4090.info, "os": "windows"})
+    assert why(windows) == "built for linux, this is windows"

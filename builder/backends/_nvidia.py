@@ -38,7 +38,7 @@ def sdk(module: str, extra: str):
     return import_sdk(module, f"pip install 'enginefarm[{extra}]' ({INDEX_NOTE})")
 
 
-def sdk_missing(module: str, exc: BackendUnavailable) -> Availability:
+def sdk_missing(exc: BackendUnavailable) -> Availability:
     return Availability.missing(f"{exc} — {INDEX_NOTE}")
 
 
@@ -271,9 +271,9 @@ def _diagnostics(trt, bits) -> str:
     return ", ".join(names) or f"diagnostics {value}"
 
 
-def precheck(trt, manifest, family_floors: dict[str, tuple[int, int]], what: str) -> None:
-    """Before any byte reaches the SDK: the runtime version the plan needs, and a GPU of its arch or class. This is
-    also the only check before deserializing on TensorRT versions without get_engine_validity."""
+def precheck(trt, manifest, family_floors: dict[str, tuple[int, int]], what: str) -> dict[str, Any]:
+    """Before any byte reaches the SDK: the runtime version the plan needs, and a GPU of its arch or class (returned).
+    This is also the only check before deserializing on TensorRT versions without get_engine_validity."""
     from .base import version_in_range
 
     name = manifest.parsed_target.backend
@@ -283,6 +283,7 @@ def precheck(trt, manifest, family_floors: dict[str, tuple[int, int]], what: str
     gpu, why = matching_gpu(manifest.parsed_target.device, family_floors)
     if gpu is None:
         raise BackendUnavailable(f"{what}: {why}")
+    return gpu
 
 
 def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
@@ -349,8 +350,10 @@ def cudart():
 
 
 class _Cuda:
-    def __init__(self) -> None:
+    def __init__(self, device_index: int) -> None:
         self.rt = cudart()
+        # NVML and CUDA number GPUs alike under CUDA_DEVICE_ORDER=PCI_BUS_ID; with one GPU, as on most user machines, always.
+        self.call(self.rt.cudaSetDevice(device_index))
         self.stream = self.call(self.rt.cudaStreamCreate())
         self.buffers: dict[str, tuple[int, int]] = {}  # tensor name → (device pointer, capacity in bytes)
 
@@ -392,7 +395,7 @@ class _Cuda:
 class TrtSession:
     """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address, execute_async_v3)."""
 
-    def __init__(self, trt, engine, context, precision: str, *, how: str = "", after_run=None) -> None:
+    def __init__(self, trt, engine, context, precision: str, *, how: str = "", after_run=None, device_index: int = 0) -> None:
         self._trt, self._engine, self._context = trt, engine, context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -401,7 +404,7 @@ class TrtSession:
         self.compute_precision = precision
         self.how = how
         self._after_run = after_run  # called with the input shapes after each run (RTX saves its runtime cache)
-        self._cuda = _Cuda()
+        self._cuda = _Cuda(device_index)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         context, cuda = self._context, self._cuda

@@ -23,8 +23,9 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError
 
-from ._nvidia import (BuildSpec, TrtSession, gpu_description, build_host_arch, precheck, build_in_subprocess, cudart, deserialize, matching_gpu, read_plan,
-                      refit_from_onnx, refit_named, sdk, sdk_missing, stripped_files, weights_onnx)
+from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, deserialize,
+                      gpu_description, matching_gpu, precheck, read_plan, refit_from_onnx, refit_named, sdk,
+                      sdk_missing, stripped_files, weights_onnx)
 from .base import Availability, BuiltFile
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def available(device: str) -> Availability:
     try:
         trt = _trt()
     except BackendUnavailable as exc:
-        return sdk_missing("tensorrt", exc)
+        return sdk_missing(exc)
     gpu, why = matching_gpu(device, FAMILY_FLOORS)
     if gpu is None:
         return Availability.missing(f"TensorRT {trt.__version__} is installed, but {why}")
@@ -176,7 +177,7 @@ def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -
     trt = _trt()
     options = {**OPTIONS, **manifest.options}
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
-    precheck(trt, manifest, FAMILY_FLOORS, what)
+    gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
     engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options["version_compatible"])
     how = "plan"
     if options["strip_weights"]:
@@ -188,4 +189,4 @@ def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -
     if weights:
         refit_named(trt, engine, logger, weights, what)
         how += f", {len(weights)} weights replaced"
-    return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how)
+    return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])

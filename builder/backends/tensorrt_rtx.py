@@ -21,8 +21,9 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError, ConfigError, IntegrityError
 
-from ._nvidia import (BuildSpec, TrtSession, gpu_description, precheck, build_in_subprocess, cudart, deserialize, matching_gpu, read_plan, refit_from_onnx,
-                      refit_named, sdk, sdk_missing, stripped_files, weights_onnx)
+from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, deserialize, gpu_description, matching_gpu,
+                      precheck, read_plan, refit_from_onnx, refit_named, sdk, sdk_missing, stripped_files,
+                      weights_onnx)
 from .base import Availability, BuiltFile
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def available(device: str) -> Availability:
     try:
         trt = _trt()
     except BackendUnavailable as exc:
-        return sdk_missing("tensorrt_rtx", exc)
+        return sdk_missing(exc)
     gpu, why = matching_gpu(device, FAMILY_FLOORS)
     if gpu is None:
         return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")
@@ -125,8 +126,7 @@ def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
-    precheck(trt, manifest, FAMILY_FLOORS, what)
-    gpu, _ = matching_gpu(manifest.parsed_target.device, FAMILY_FLOORS)
+    gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
     engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what)
     how = "engine"
     if {**OPTIONS, **manifest.options}["strip_weights"]:
@@ -153,4 +153,5 @@ def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -
             write_bytes_atomic(path, bytes(cache.serialize()))
 
     context = engine.create_execution_context(config)
-    return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels)
+    return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels,
+                      device_index=gpu["index"])

@@ -17,6 +17,10 @@ class cudaMemcpyKind(enum.IntEnum):
     cudaMemcpyDeviceToHost = 2
 
 
+def cudaSetDevice(index):
+    return (cudaError_t.cudaSuccess,)
+
+
 def cudaStreamCreate():
     return cudaError_t.cudaSuccess, 7
 

@@ -103,7 +103,7 @@ def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str) -> dict[str, 
     env = dict(os.environ)
     # The child imports exactly what this process can: same interpreter, same module path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    process = subprocess.Popen([sys.executable, "-m", _CHILD, str(spec_path), str(result_path)], env=env, preexec_fn=_die_with_parent)
+    process = subprocess.Popen([sys.executable, "-m", _CHILD, str(spec_path), str(result_path), str(os.getpid())], env=env)
     try:
         code = process.wait()
     except BaseException:
@@ -130,15 +130,18 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _die_with_parent() -> None:
-    """Linux: the build dies with the worker that started it, so an interrupted farm leaves no orphan builds."""
+def die_with_parent(parent: int) -> None:
+    """Linux: the build process dies with the worker that started it, so an interrupted farm leaves no orphan
+    builds. Called first thing in the build process (not as a preexec_fn, which is unsafe in a threaded parent)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+    if os.getppid() != parent:  # the parent died before we asked to follow it
+        os._exit(1)
 
 
 def build_plan(trt, spec: BuildSpec) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The build process of the NVIDIA backends: `python -m enginefarm.builder.backends._nvidia_build SPEC RESULT`.
+"""The build process of the NVIDIA backends: `python -m enginefarm.builder.backends._nvidia_build SPEC RESULT PARENT_PID`.
 
 It imports the SDK itself and writes RESULT (JSON: notes, or the error). If the SDK kills it instead (segfault,
 abort, out of memory), RESULT is missing and the parent reports how the process died.
@@ -13,10 +13,11 @@ from pathlib import Path
 
 from enginefarm.cache.atomic import write_bytes_atomic
 
-from ._nvidia import BuildSpec, build_plan
+from ._nvidia import BuildSpec, build_plan, die_with_parent
 
 
-def main(spec_path: str, result_path: str) -> int:
+def main(spec_path: str, result_path: str, parent: str) -> int:
+    die_with_parent(int(parent))
     spec = BuildSpec(**json.loads(Path(spec_path).read_text()))
     try:
         notes = build_plan(importlib.import_module(spec.sdk), spec)
@@ -29,4 +30,4 @@ def main(spec_path: str, result_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))

@@ -52,7 +52,7 @@ def fake_nvidia(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     monkeypatch.setenv("FAKE_TRT_LOG", str(tmp_path / "fake-nvidia-calls.jsonl"))
     monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA GeForce RTX 4090:8.9")
-    for name in ("FAKE_TRT_CRASH", "FAKE_TRT_CRASH_IF", "FAKE_TRT_INVALID", "FAKE_TRT_NO_VALIDITY", "FAKE_TRT_VERSION", "FAKE_TRT_RTX_VERSION"):
+    for name in ("FAKE_TRT_CRASH", "FAKE_TRT_CRASH_IF", "FAKE_TRT_PIDFILE", "FAKE_TRT_INVALID", "FAKE_TRT_NO_VALIDITY", "FAKE_TRT_VERSION", "FAKE_TRT_RTX_VERSION"):
         monkeypatch.delenv(name, raising=False)
     forget_fakes()
     yield FakeNvidia(tmp_path / "fake-nvidia-calls.jsonl", monkeypatch)

@@ -331,3 +331,33 @@ def test_resolution_filters_on_the_constraints_the_backend_emits(fake_nvidia, wr
     fake_nvidia.set(FAKE_TRT_VERSION=None)
     windows = replace(rtx_4090, info={**rtx_4090.info, "os": "windows"})
     assert why(windows) == "built for linux, this is windows"
+
+
+def test_stopping_the_farm_stops_a_tensorrt_build_in_progress(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    pidfile = tmp_path / "build.pid"
+    fake_nvidia.set(FAKE_TRT_CRASH="hang", FAKE_TRT_PIDFILE=str(pidfile))
+    proc = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "build", str(recipe(write_recipe, tiny_sd)), "--no-bench"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not pidfile.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1] if proc.poll() is not None else "the build never started"
+        time.sleep(0.05)
+    build = psutil.Process(int(pidfile.read_text()))
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        gone, alive = psutil.wait_procs([build], timeout=30)
+        assert not alive, "the TensorRT build process outlived the farm that started it"
+    finally:
+        for process in (build, psutil.Process(proc.pid) if proc.poll() is None else None):
+            try:
+                process and process.kill()
+            except psutil.NoSuchProcess:
+                pass

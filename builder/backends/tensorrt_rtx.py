@@ -1,7 +1,8 @@
 """NVIDIA TensorRT-RTX: ahead-of-time builds on a CPU (no GPU needed), specialized on the device at first run.
 
 A target names compute capabilities: `sm_XX` for one, or a family class (`turing+`, `ampere+`, `ada+`,
-`blackwell+`) for every capability the installed TensorRT-RTX knows from that floor up. Kernels are compiled
+`blackwell+`) for every capability the installed TensorRT-RTX knows from that floor up (`ampere+` is the SDK's
+default: 8.6 and later, future GPUs included). Kernels are compiled
 just in time on the user's GPU; they are kept in a runtime cache in the local cache (ENGINEFARM_HOME), one per
 (TensorRT-RTX version, GPU arch, driver, artifact), loaded before the first run and saved atomically after
 each run with new input shapes.
@@ -33,7 +34,9 @@ DEVICES = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
 DEVICE_HINT = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
 ONNX_PRECISION = "same"
 OPTIONS = {"strip_weights": True, "refittable": False}
-FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 0), "ada+": (8, 9), "blackwell+": (12, 0)}
+# TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
+FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}
+NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 BUILDS_WITHOUT_DEVICE = True  # a CPU build host cannot validate or benchmark: the artifact says so
 
 
@@ -65,13 +68,14 @@ def constraints(job) -> dict:
     return {
         "runtime": {"tensorrt-rtx": "==" + versions()["tensorrt-rtx"]},
         "os": [platform.system().lower()],
-        "engine": {"compute_capabilities": compute_capabilities(_trt(), job.target.device),
+        "engine": {"compute_capabilities": compute_capabilities(_trt(), job.target.device) or ["SM86 and later (SDK default)"],
                    "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded"},
     }
 
 
 def compute_capabilities(trt, device: str) -> list[str]:
-    """ComputeCapability member names for a device class, from what this TensorRT-RTX knows."""
+    """ComputeCapability member names for a device class, from what this TensorRT-RTX knows. `ampere+` names none:
+    the SDK's default engine runs on 8.6 and every later capability, future GPUs included."""
     members = getattr(trt.ComputeCapability, "__members__", {})
     known = {name: int(name[2:]) for name in members if re.fullmatch(r"SM\d+", name)}
     if device.startswith("sm_"):
@@ -79,8 +83,10 @@ def compute_capabilities(trt, device: str) -> list[str]:
         if name not in known:
             raise BuildError(f"TensorRT-RTX {trt.__version__} cannot target {device}", hint=f"it knows: {', '.join(sorted(known, key=known.get))}")
         return [name]
+    if device == "ampere+":
+        return []
     major, minor = FAMILY_FLOORS[device]
-    return sorted((n for n, cc in known.items() if cc >= major * 10 + minor), key=known.get)
+    return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=known.get)
 
 
 def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:

@@ -21,7 +21,7 @@ def test_builds_on_a_machine_without_a_gpu(fake_nvidia, write_recipe, tiny_sd, t
     result, _ = build_one(job, tmp_path)
     assert result.status == "built", result.reason
     (call,) = fake_nvidia.calls("build_serialized_network", sdk="tensorrt_rtx")
-    assert call["compute_capabilities"] == ["SM80", "SM86", "SM89", "SM120"]
+    assert call["compute_capabilities"] == []  # the SDK's default: 8.6 and later, future GPUs included
     assert set(call["flags"]) == {"STRIP_PLAN", "REFIT_IDENTICAL"} and call["strongly_typed"]
     assert result.manifest.validation["passed"] is None
     assert result.manifest.validation["skipped"].startswith("not validated: built without the device to run it")
@@ -29,13 +29,21 @@ def test_builds_on_a_machine_without_a_gpu(fake_nvidia, write_recipe, tiny_sd, t
     assert result.manifest.constraints["runtime"] == {"tensorrt-rtx": "==1.2.0.54"}
 
 
-@pytest.mark.parametrize("device,capabilities", [("sm_75", ["SM75"]), ("turing+", ["SM75", "SM80", "SM86", "SM89", "SM120"]),
-                                                 ("ada+", ["SM89", "SM120"]), ("blackwell+", ["SM120"])])
+@pytest.mark.parametrize("device,capabilities", [("sm_75", ["SM75"]), ("sm_86", ["SM86"]), ("turing+", ["SM75", "SM86", "SM89", "SM120"]),
+                                                 ("ampere+", []), ("ada+", ["SM89", "SM120"]), ("blackwell+", ["SM120"])])
 def test_device_classes_name_compute_capabilities(fake_nvidia, device, capabilities):
     backend = get_backend("tensorrt-rtx")
     import tensorrt_rtx
 
     assert backend.compute_capabilities(tensorrt_rtx, device) == capabilities
+
+
+def test_a_named_capability_reaches_the_builder_config(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+    fake_nvidia.set(FAKE_NVML_GPUS="")
+    (job,) = jobs_of(recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:sm_75",)), tmp_path)
+    result, _ = build_one(job, tmp_path)
+    assert result.status == "built", result.reason
+    assert fake_nvidia.calls("build_serialized_network")[0]["compute_capabilities"] == ["SM75"]
 
 
 def test_an_unknown_compute_capability_is_a_build_error(fake_nvidia):

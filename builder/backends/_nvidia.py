@@ -302,36 +302,33 @@ def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
     return engine, logger
 
 
-def refit_from_onnx(trt, engine, logger, onnx_path: Path, what: str) -> None:
-    refitter = trt.Refitter(engine, logger)
-    parser = trt.OnnxParserRefitter(refitter, logger)
-    if not parser.refit_from_file(str(onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise IntegrityError(f"{what}: the ONNX weights do not fit the plan: {'; '.join(errors[:3]) or 'refit failed'}")
-    if not refitter.refit_cuda_engine():
-        raise IntegrityError(f"{what}: refitting the plan failed (missing weights: {list(refitter.get_missing_weights())[:5]})")
-
-
-def refit_named(trt, engine, logger, weights: dict[str, np.ndarray], what: str) -> None:
-    """Replace the named weights (ONNX initializer names, float32, ONNX layout), each cast to the plan's dtype."""
+def refit_engine(trt, engine, logger, what: str, onnx_path: Path | None = None, weights: dict[str, np.ndarray] | None = None) -> None:
+    """One refit: the weights of the shipped ONNX (a stripped plan has none of its own), then the named weights on
+    top (ONNX initializer names, float32 in ONNX layout, each cast to the plan's dtype)."""
     from enginefarm.errors import ConfigError
 
     refitter = trt.Refitter(engine, logger)
-    known = set(refitter.get_all_weights())
-    unknown = sorted(set(weights) - known)
-    if unknown:
-        raise ConfigError(f"{what}: the plan has no refittable weights {unknown[:5]}", hint=f"{len(known)} weights are refittable")
+    if onnx_path is not None:
+        parser = trt.OnnxParserRefitter(refitter, logger)
+        if not parser.refit_from_file(str(onnx_path)):
+            errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+            raise IntegrityError(f"{what}: the ONNX weights do not fit the plan: {'; '.join(errors[:3]) or 'refit failed'}")
     kept = []  # TensorRT reads the arrays when refitting, so they must outlive set_named_weights
-    for name, value in weights.items():
-        prototype = refitter.get_weights_prototype(name)
-        array = np.ascontiguousarray(value, dtype=trt.nptype(prototype.dtype))
-        if array.size != prototype.size:
-            raise ConfigError(f"{what}: weight {name} has {array.size} values, the plan expects {prototype.size}")
-        kept.append(array)
-        if not refitter.set_named_weights(name, trt.Weights(array)):
-            raise ConfigError(f"{what}: TensorRT refused new values for {name}")
+    if weights:
+        known = set(refitter.get_all_weights())
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise ConfigError(f"{what}: the plan has no refittable weights {unknown[:5]}", hint=f"{len(known)} weights are refittable")
+        for name, value in weights.items():
+            prototype = refitter.get_weights_prototype(name)
+            array = np.ascontiguousarray(value, dtype=trt.nptype(prototype.dtype))
+            if array.size != prototype.size:
+                raise ConfigError(f"{what}: weight {name} has {array.size} values, the plan expects {prototype.size}")
+            kept.append(array)
+            if not refitter.set_named_weights(name, trt.Weights(array)):
+                raise ConfigError(f"{what}: TensorRT refused new values for {name}")
     if not refitter.refit_cuda_engine():
-        raise IntegrityError(f"{what}: refitting failed (missing weights: {list(refitter.get_missing_weights())[:5]})")
+        raise IntegrityError(f"{what}: refitting the plan failed (missing weights: {list(refitter.get_missing_weights())[:5]})")
 
 
 def weights_onnx(artifact_dir: Path, manifest) -> Path | None:

@@ -24,7 +24,7 @@ import numpy as np
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError
 
 from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, deserialize,
-                      gpu_description, matching_gpu, precheck, read_plan, refit_from_onnx, refit_named, sdk,
+                      gpu_description, matching_gpu, precheck, read_plan, refit_engine, sdk,
                       sdk_missing, stripped_files, weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -179,14 +179,13 @@ def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
     gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
     engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options["version_compatible"])
-    how = "plan"
+    how, onnx = "plan", None
     if options["strip_weights"]:
         onnx = weights_onnx(artifact_dir, manifest)
         if onnx is None:
             raise IntegrityError(f"{what}: a weight-stripped plan without its weights")
-        refit_from_onnx(trt, engine, logger, onnx, what)
         how = "weight-stripped plan, refitted from weights.onnx"
-    if weights:
-        refit_named(trt, engine, logger, weights, what)
-        how += f", {len(weights)} weights replaced"
+    if onnx is not None or weights:
+        refit_engine(trt, engine, logger, what, onnx, weights)
+        how += f", {len(weights)} weights replaced" if weights else ""
     return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])

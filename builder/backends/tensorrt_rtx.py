@@ -23,7 +23,7 @@ from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError, ConfigError, IntegrityError
 
 from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, deserialize, gpu_description, matching_gpu,
-                      precheck, read_plan, refit_from_onnx, refit_named, sdk, sdk_missing, stripped_files,
+                      precheck, read_plan, refit_engine, sdk, sdk_missing, stripped_files,
                       weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -131,19 +131,19 @@ def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: 
 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
+    options = {**OPTIONS, **manifest.options}
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
     gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
     engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what)
-    how = "engine"
-    if {**OPTIONS, **manifest.options}["strip_weights"]:
+    how, onnx = "engine", None
+    if options["strip_weights"]:
         onnx = weights_onnx(artifact_dir, manifest)
         if onnx is None:
             raise IntegrityError(f"{what}: a weight-stripped engine without its weights")
-        refit_from_onnx(trt, engine, logger, onnx, what)
         how = "weight-stripped engine, refitted from weights.onnx"
-    if weights:
-        refit_named(trt, engine, logger, weights, what)
-        how += f", {len(weights)} weights replaced"
+    if onnx is not None or weights:
+        refit_engine(trt, engine, logger, what, onnx, weights)
+        how += f", {len(weights)} weights replaced" if weights else ""
     config = engine.create_runtime_config()
     cache = config.create_runtime_cache()
     path = runtime_cache_path(manifest, gpu)

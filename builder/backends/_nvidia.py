@@ -38,8 +38,9 @@ def sdk(module: str, extra: str):
     return import_sdk(module, f"pip install 'enginefarm[{extra}]' ({INDEX_NOTE})")
 
 
-def sdk_missing(exc: BackendUnavailable) -> Availability:
-    return Availability.missing(f"{exc} — {INDEX_NOTE}")
+def sdk_missing(exc: BackendUnavailable, gpu_why: str = "") -> Availability:
+    """Why a backend is unavailable when its SDK is not installed, plus (where building needs one) the GPU story."""
+    return Availability.missing(f"{exc} — {INDEX_NOTE}" + (f"; and {gpu_why}" if gpu_why else ""))
 
 
 # Devices -------------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def available(device: str) -> Availability:
     try:
         trt = _trt()
     except BackendUnavailable as exc:
-        return sdk_missing(exc)
+        return sdk_missing(exc, matching_gpu(device, FAMILY_FLOORS)[1])
     gpu, why = matching_gpu(device, FAMILY_FLOORS)
     if gpu is None:
         return Availability.missing(f"TensorRT {trt.__version__} is installed, but {why}")

@@ -240,7 +240,7 @@ def test_refit_needs_a_refittable_plan(fake_nvidia, write_recipe, tiny_sd, tmp_p
         get_backend("tensorrt").refit(unpacked(tmp_path, store, result.manifest), result.manifest, {"w": np.zeros(1, np.float32)}, "sm_89")
 
 
-@pytest.mark.parametrize("crash,why", [("segfault", "killed by SIGSEGV"), ("exit", "exit code 3")])
+@pytest.mark.parametrize("crash,why", [("segfault", "killed by SIGSEGV"), ("exit", "exit code 3"), ("oom", "killed by SIGKILL: out of memory?")])
 def test_an_sdk_crash_fails_its_job_and_the_farm_goes_on(fake_nvidia, write_recipe, tiny_sd, tmp_path, crash, why):
     fake_nvidia.set(FAKE_TRT_CRASH=crash, FAKE_TRT_CRASH_IF="fp16")
     jobs = jobs_of(recipe(write_recipe, tiny_sd, precisions=("fp16", "fp32")), tmp_path)
@@ -262,9 +262,10 @@ def test_available_says_why_not(fake_nvidia, monkeypatch):
     assert not none.can_build and "TensorRT 10.13.0.35 is installed, but NVML did not start: Driver Not Loaded" in none.reason
 
 
-def test_without_the_sdk_the_reason_names_nvidias_index():
+def test_without_the_sdk_the_reason_names_nvidias_index_and_the_gpu():
     reason = availability(Target("tensorrt", "sm_89")).reason
     assert "tensorrt is not installed" in reason and "NVIDIA's package index, which must be reachable" in reason
+    assert "; and nvidia-ml-py is not installed" in reason or "; and NVML did not start" in reason  # no GPU here either
 
 
 def test_enginefarm_load_picks_and_runs_the_tensorrt_artifact(fake_nvidia, write_recipe, tiny_sd, tmp_path, cli):

@@ -6,7 +6,7 @@ for, from the build subprocess too.
 Under the hood a 'plan' is a header plus the ONNX model, and 'executing' it runs ONNX Runtime on the graph with
 the engine's current weights, so refits and fp16 really change the numbers.
 
-Switches (environment): FAKE_TRT_CRASH=segfault|exit|hang (hang writes its pid to FAKE_TRT_PIDFILE; in build_serialized_network; only for ONNX paths containing
+Switches (environment): FAKE_TRT_CRASH=segfault|exit|oom|hang (hang writes its pid to FAKE_TRT_PIDFILE; in build_serialized_network; only for ONNX paths containing
 FAKE_TRT_CRASH_IF when set), FAKE_TRT_INVALID=1
 (get_engine_validity says INVALID), FAKE_TRT_NO_VALIDITY=1 (the Runtime has no get_engine_validity).
 """
@@ -251,6 +251,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if crash == "exit":
                 os._exit(3)
+            if crash == "oom":  # what the kernel's OOM killer does
+                os.kill(os.getpid(), signal.SIGKILL)
             if crash == "hang":  # a build that never ends: tests stop the farm around it
                 with open(os.environ["FAKE_TRT_PIDFILE"], "w") as handle:
                     handle.write(str(os.getpid()))

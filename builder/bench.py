@@ -41,7 +41,6 @@ def peak_rss_mb() -> float:
 
 
 def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
-    from enginefarm.cache.device_info import cpu_description
     from enginefarm.cache.manifest import Manifest
 
     from .backends import get_backend
@@ -63,7 +62,7 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
         session.run(feeds)
         times.append((time.perf_counter() - start) * 1000)
     result = {
-        "device": cpu_description() if manifest.parsed_target.device == "cpu" else {"class": manifest.parsed_target.device},
+        "device": _device(backend, manifest),
         "shape": {name: list(array.shape) for name, array in feeds.items()},
         "load_ms": round(load_ms, 2),
         "first_inference_ms": round(first_ms, 2),
@@ -74,6 +73,15 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
         "compute_precision": getattr(session, "compute_precision", "unknown"),
     }
     print(json.dumps(result))
+
+
+def _device(backend, manifest) -> dict:
+    """The device class the numbers were measured on: resolution ranks artifacts by it (GPU backends describe their GPU)."""
+    from enginefarm.cache.device_info import cpu_description
+
+    if hasattr(backend, "bench_device"):
+        return backend.bench_device(manifest)
+    return cpu_description() if manifest.parsed_target.device == "cpu" else {"class": manifest.parsed_target.device}
 
 
 if __name__ == "__main__":

@@ -56,9 +56,11 @@ class BuildResult:
                 "seconds": round(self.seconds, 2), **self.what}
 
 
-def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None) -> tuple[Manifest, Path]:
+def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None, store: Store | None = None) -> tuple[Manifest, Path]:
     """Build, validate and (optionally) benchmark one job. Returns an unpacked manifest and the artifact folder.
 
+    `store`, when given, lends backends that keep shared build caches (TensorRT's timing cache) their
+    `before_build(store, job, outdir)` / `after_build(store, job, outdir)` hooks.
     Raises ValidationFailed if the artifact misses the reference, BuildError if the backend fails."""
     step = step or (lambda _msg: None)
     backend = get_backend(job.target.backend)
@@ -74,6 +76,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter")}})
     prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / prep_id[:24])
     step(f"build {job.target}")
+    _hook(backend, "before_build", store, job, outdir)
     started = time.perf_counter()
     try:
         built = backend.build(prepared.path, job, outdir)
@@ -82,6 +85,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     except Exception as exc:  # an SDK failure is the job's failure, not the farm's
         raise BuildError(f"{job.label}: {job.target.backend} failed: {_first_line(exc)}") from exc
     build_s = time.perf_counter() - started
+    _hook(backend, "after_build", store, job, outdir)
     for item in built:
         if not (outdir / item.path).is_file():
             raise BuildError(f"{job.label}: backend reported {item.path} but did not write it")
@@ -102,7 +106,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         files=tuple(plain_file(outdir, item.path, item.role) for item in built),
         io={"inputs": [t.to_dict() for t in job.inputs], "outputs": [t.to_dict() for t in job.outputs]},
         constraints=backend.constraints(job),
-        options={},
+        options=dict(job.options),
         provenance={
             "recipe": str(job.recipe_path),
             "recipe_digest": job.recipe_digest,
@@ -120,6 +124,10 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         step("weight map")
         fp32 = prepared if job.onnx_precision() == "fp32" else prepare(job.source.path, "fp32", prepared.path.parent)
         manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
+
+    unverified = _cannot_run_here(backend, job)
+    if unverified:
+        return replace(manifest, validation={"passed": None, "skipped": unverified}), outdir
 
     step("validate")
     cases = sample_cases(job.inputs, job.profile, job.validate)
@@ -153,7 +161,7 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         key = job.key(job.toolchain())
         if store.get_manifest_bytes(key) is not None:
             return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
-        manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step)
+        manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step, store=store)
         if step:
             step("publish")
         files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
@@ -165,6 +173,26 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
+
+
+def _cannot_run_here(backend, job: Job) -> str:
+    """Backends that build without their device (TensorRT-RTX on a CPU host) cannot validate or benchmark there:
+    the artifact is published with its validation marked skipped, and why."""
+    if not getattr(backend, "BUILDS_WITHOUT_DEVICE", False):
+        return ""
+    avail = backend.available(job.target.device)
+    return "" if avail.can_load else f"not validated: built without the device to run it ({avail.reason})"
+
+
+def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> None:
+    """A shared build cache only speeds builds up: if the store cannot serve or keep it, the build goes on cold."""
+    hook = getattr(backend, name, None)
+    if hook is None or store is None:
+        return
+    try:
+        hook(store, job, outdir)
+    except EnginefarmError as exc:
+        log.warning("%s: %s skipped: %s", job.label, name.replace("_", " "), exc)
 
 
 def _first_line(exc: BaseException) -> str:

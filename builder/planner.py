@@ -13,7 +13,7 @@ from enginefarm.cache.manifest import Target, target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
-from .backends import availability, get_backend
+from .backends import availability, get_backend, job_options
 from .backends.base import Availability
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
@@ -71,6 +71,7 @@ class Job:
     opset: int
     validate: ValidateSpec
     resources: Resources = Resources()
+    options: dict[str, Any] = field(default_factory=dict)  # the backend's build options, defaults filled in
     checkpoint: LocalSource | None = None  # base weights whose names the artifact's weight map speaks
 
     @property
@@ -106,7 +107,7 @@ class Job:
                 "profile": self.profile,
                 "target": str(self.target),
                 "toolchain": toolchain,
-                "options": {},
+                "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
             }
         )
@@ -176,7 +177,8 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                 for target in comp.targets:
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
-                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources, checkpoint)
+                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
+                            job_options(target, comp.backend_options), checkpoint)
                     )
     return jobs
 

@@ -76,6 +76,7 @@ class Component:
     validate: ValidateSpec
     resources: Resources = Resources()
     checkpoint: Path | None = None  # the base weights in their native names (.safetensors): the weight map's source
+    backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend name → options as written
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
-    from .backends import validate_target  # the backend registry knows each backend's device classes
+    from .backends import backend_option_defaults, validate_target  # the registry knows each backend's devices and options
 
     r = _Reader(path)
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
@@ -177,11 +178,12 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     if not components_raw:
         raise r.fail("components", "no components", hint="add a [components.NAME] table with a source")
     components: dict[str, Component] = {}
+    option_tables = backend_option_defaults()
     for comp_name, comp_raw in components_raw.items():
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources"}, ("source",))
+        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources", *option_tables}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -196,6 +198,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
             resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
             checkpoint=_checkpoint(r, comp["checkpoint"], f"{key}.checkpoint") if "checkpoint" in comp else None,
+            backend_options={name: _options(r, comp[name], f"{key}.{name}", defaults) for name, defaults in option_tables.items() if name in comp},
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -325,6 +328,16 @@ def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
     if not path.is_file():
         raise r.fail(key, f"file not found: {path}", hint="paths are relative to the recipe file")
     return path
+
+
+def _options(r: _Reader, value: Any, key: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A backend's build options (`[components.X.tensorrt]`): only the keys it declares, each of its default's type."""
+    table = r.table(value, key, set(defaults))
+    for name, given in table.items():
+        want = type(defaults[name])
+        if type(given) is not want:
+            raise r.fail(f"{key}.{name}", f"must be a {want.__name__}, got {given!r}", hint=f"default: {str(defaults[name]).lower()}")
+    return dict(table)
 
 
 def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) -> Path:

@@ -86,3 +86,31 @@ def cpu_description() -> dict[str, Any]:
         "physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         "memory_mb": psutil.virtual_memory().total // (1 << 20),
     }
+
+
+def nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
+    """NVIDIA GPUs via NVML (nvidia-ml-py): name, compute capability, arch, driver, VRAM. Returns (gpus, why none).
+    Never raises: the runner's probe and the TensorRT backends both ask, and a broken driver is a reason, not a crash."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver, no GPU, or a container without /dev/nvidia*
+        return [], f"NVML did not start: {exc}"
+    gpus: list[dict[str, Any]] = []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name, "major": major, "minor": minor,
+                         "arch": f"sm_{major}{minor}", "driver": driver, "vram_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)})
+    except Exception as exc:
+        return gpus, f"NVML failed: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+    return gpus, None if gpus else "no NVIDIA GPU found"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import platform
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from enginefarm.cache.device_info import cpu_description
+from enginefarm.cache.device_info import cpu_description, nvidia_gpus
 from enginefarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -35,28 +36,9 @@ def probe_cpu() -> Probe:
 
 
 def probe_nvidia() -> Probe:
-    try:
-        import pynvml
-    except ImportError:
-        return Probe("nvidia", (), "nvidia-ml-py is not installed (pip install nvidia-ml-py)")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # no driver, no GPU, or a container without /dev/nvidia*
-        return Probe("nvidia", (), f"NVML did not start: {exc}")
-    devices = []
-    try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            name = name.decode() if isinstance(name, bytes) else name
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            vram = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)
-            devices.append(nvidia_device(name, major, minor, driver, vram, index))
-    finally:
-        pynvml.nvmlShutdown()
-    return Probe("nvidia", tuple(devices), None if devices else "no NVIDIA GPU found")
+    gpus, reason = nvidia_gpus()
+    devices = tuple(nvidia_device(g["name"], g["major"], g["minor"], g["driver"], g["vram_mb"], g["index"]) for g in gpus)
+    return Probe("nvidia", devices, None if devices else reason)
 
 
 def nvidia_targets(major: int, minor: int) -> tuple[str, ...]:
@@ -73,7 +55,9 @@ def nvidia_targets(major: int, minor: int) -> tuple[str, ...]:
 
 def nvidia_device(name: str, major: int, minor: int, driver: str, vram_mb: int, index: int = 0) -> Device:
     arch = f"sm_{major}{minor}"
-    return Device("nvidia", name, f"nvidia-{arch}", nvidia_targets(major, minor), {"index": index, "driver": driver, "vram_mb": vram_mb, "arch": arch})
+    # TensorRT plans are not portable across operating systems: their constraints name the OS they were built on.
+    info = {"index": index, "driver": driver, "vram_mb": vram_mb, "arch": arch, "os": platform.system().lower()}
+    return Device("nvidia", name, f"nvidia-{arch}", nvidia_targets(major, minor), info)
 
 
 def amd_device(name: str, gfx: str, vram_mb: int) -> Device:

@@ -46,6 +46,23 @@ def availability(target: Target) -> Availability:
         return Availability.missing(f"{type(exc).__name__}: {exc}")
 
 
+def backend_option_defaults() -> dict[str, dict]:
+    """Backends that take build options in a recipe (`[components.X.<backend>]`), with each option's default."""
+    found = {}
+    for name in BACKENDS:
+        options = getattr(get_backend(name), "OPTIONS", None)
+        if options:
+            found[name] = dict(options)
+    return found
+
+
+def job_options(target: Target, written: dict[str, dict]) -> dict:
+    """The options a job of `target` is built with: the backend's defaults, overridden by what the recipe wrote.
+    All of them go into the build key, so changing one rebuilds."""
+    defaults = getattr(get_backend(target.backend), "OPTIONS", None) or {}
+    return {**defaults, **written.get(target.backend, {})} if defaults else {}
+
+
 def validate_target(target: Target) -> tuple[str, str] | None:
     """(reason, hint) if the recipe names a backend or device class that does not exist."""
     if target.backend not in BACKENDS:
@@ -56,4 +73,5 @@ def validate_target(target: Target) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "get_backend", "validate_target"]
+__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "backend_option_defaults", "get_backend", "job_options",
+           "validate_target"]

@@ -10,6 +10,13 @@
     build(prepared_onnx, job, workdir) -> list[BuiltFile]
     load(artifact_dir, manifest, device) -> BackendSession
 
+Optional:
+    OPTIONS: dict                  build options a recipe may set in [components.X.<backend>], with defaults (in the key)
+    refit(artifact_dir, manifest, weights, device) -> BackendSession   load, then replace named weights
+    before_build(store, job, workdir) / after_build(store, job, workdir)   fetch / publish shared build caches
+    bench_device(manifest) -> dict  the device class benchmarks were measured on (GPU backends)
+    BUILDS_WITHOUT_DEVICE: bool    builds where it cannot run (TensorRT-RTX on a CPU): validation is then skipped
+
 The SDK is imported inside those functions only, so importing a backend module is cheap and always works.
 """
 

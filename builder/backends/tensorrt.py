@@ -1,10 +1,191 @@
-"""NVIDIA TensorRT: per-architecture plans (sm_XX) or hardware-compatible plans (ampere+)."""
+"""NVIDIA TensorRT: plans for one GPU architecture (sm_XX) or hardware-compatible plans (ampere+).
 
+Builds run in their own process (`_nvidia.build_in_subprocess`) with the job's optimization profile, strongly
+typed from the prepared ONNX (fp16 weights and math, float32 I/O), and a timing cache shared through the store
+per (build GPU arch, TensorRT version). Plans are weight-stripped by default and refitted on load from the
+ONNX shipped beside them, so every TensorRT artifact of a model stores its weights once.
+
+Recipe options (`[components.NAME.tensorrt]`, all in the build key):
+    strip_weights      ship a weightless plan plus weights.onnx, refitted on load (default true)
+    refittable         any weights can be refitted (custom weights, LoRA); otherwise only the build's own
+    version_compatible the plan also runs on newer TensorRT of the same major version (embeds the lean runtime)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
 import re
+from pathlib import Path
 
-from ._pending import available, build, constraints, load, versions  # noqa: F401
+import numpy as np
+
+from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError
+
+from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, deserialize,
+                      gpu_description, matching_gpu, precheck, read_plan, refit_engine, sdk,
+                      sdk_missing, stripped_files, weights_onnx)
+from .base import Availability, BuiltFile
+
+log = logging.getLogger(__name__)
 
 NAME = "tensorrt"
 DEVICES = re.compile(r"^(sm_\d{2,3}|ampere\+)$")
 DEVICE_HINT = "sm_XX for one GPU architecture (sm_86, sm_89, sm_120) or ampere+ for hardware-compatible plans"
-ONNX_PRECISION = "fp32"
+ONNX_PRECISION = "same"  # strongly typed: the prepared ONNX says fp16 or fp32
+OPTIONS = {"strip_weights": True, "refittable": False, "version_compatible": False}
+FAMILY_FLOORS = {"ampere+": (8, 0)}
+TIMING_PREFIX = "tensorrt-timing"
+# The oldest driver each CUDA major runs on with minor-version compatibility (CUDA release notes), Linux x86-64.
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+
+def _trt():
+    return sdk("tensorrt", "tensorrt")
+
+
+def available(device: str) -> Availability:
+    try:
+        trt = _trt()
+    except BackendUnavailable as exc:
+        return sdk_missing(exc, matching_gpu(device, FAMILY_FLOORS)[1])
+    gpu, why = matching_gpu(device, FAMILY_FLOORS)
+    if gpu is None:
+        return Availability.missing(f"TensorRT {trt.__version__} is installed, but {why}")
+    try:
+        cudart()
+    except BackendUnavailable as exc:
+        return Availability.missing(f"{exc} (needed to run plans)")
+    return Availability(True, True)
+
+
+def versions() -> dict[str, str]:
+    return {"tensorrt": _trt().__version__}
+
+
+def _cuda_major() -> int | None:
+    """The CUDA major TensorRT was installed for, from its wheel's name (tensorrt-cu12-libs, ...)."""
+    from importlib import metadata
+
+    for dist in metadata.distributions():
+        match = re.fullmatch(r"tensorrt[-_]cu(\d+)([-_]libs)?", (dist.metadata["Name"] or "").lower())
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def constraints(job) -> dict:
+    version = versions()["tensorrt"]
+    options = {**OPTIONS, **job.options}
+    # A plan runs only on the TensorRT that built it, unless it is version-compatible: then on any newer one of
+    # the same major version.
+    runtime = f">={version},<{int(version.split('.')[0]) + 1}" if options["version_compatible"] else f"=={version}"
+    found = {
+        "runtime": {"tensorrt": runtime},
+        "os": [platform.system().lower()],
+        "engine": {
+            "arch": job.target.device,
+            "hardware_compatibility": "ampere+" if job.target.device == "ampere+" else "none",
+            "version_compatible": options["version_compatible"],
+            "weights": "stripped, refitted on load" if options["strip_weights"] else "embedded",
+        },
+    }
+    driver = MIN_DRIVER.get(_cuda_major() or 0)
+    if driver and platform.system() == "Linux":
+        found["min_driver"] = driver
+    return found
+
+
+def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+    options = {**OPTIONS, **job.options}
+    timing = _timing_dir(workdir)
+    spec = BuildSpec(
+        sdk="tensorrt",
+        onnx=str(prepared_onnx),
+        plan=str(workdir / "model.plan"),
+        profile=job.profile,
+        precision=job.precision,
+        strip_weights=options["strip_weights"],
+        refittable=options["refittable"],
+        version_compatible=options["version_compatible"],
+        hardware_compatible=job.target.device == "ampere+",
+        timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
+        timing_cache_out=str(timing / "updated.cache"),
+    )
+    build_in_subprocess(spec, workdir, f"{job.label}: tensorrt")
+    return stripped_files(prepared_onnx, workdir, options["strip_weights"])
+
+
+# The timing cache in the store: caches/tensorrt-timing/<build GPU arch>/trt-<version>/<sha256>. Each build
+# merges every object under its prefix (ITimingCache.combine) and publishes what it measured as a new
+# content-addressed object, written once: no shared object is ever rewritten, and racing builders only add.
+def _timing_dir(workdir: Path) -> Path:
+    return workdir.parent / "tensorrt-timing"
+
+
+def _timing_prefix() -> str | None:
+    arch = build_host_arch()
+    return None if arch is None else f"{TIMING_PREFIX}/{arch}/trt-{versions()['tensorrt']}"
+
+
+def before_build(store, job, workdir: Path) -> None:
+    prefix = _timing_prefix()
+    if prefix is None:
+        return
+    folder = _timing_dir(workdir) / "fetched"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in store.list_cache_objects(prefix):
+        digest = name.rsplit("/", 1)[-1]
+        data = store.get_cache_object(name)
+        if data is None or hashlib.sha256(data).hexdigest() != digest:
+            log.warning("timing cache %s does not match its name; not used", name)
+            continue
+        (folder / f"{digest}.cache").write_bytes(data)
+
+
+def after_build(store, job, workdir: Path) -> None:
+    prefix = _timing_prefix()
+    updated = _timing_dir(workdir) / "updated.cache"
+    if prefix is None or not updated.is_file():
+        return
+    data = updated.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if (_timing_dir(workdir) / "fetched" / f"{digest}.cache").exists():
+        return  # nothing new was measured
+    store.put_cache_object(f"{prefix}/{digest}", data)
+
+
+def bench_device(manifest) -> dict:
+    return gpu_description(manifest.parsed_target.device, FAMILY_FLOORS)
+
+
+def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
+    return _open(Path(artifact_dir), manifest, None)
+
+
+def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
+    """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to
+    the plan's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
+    if not {**OPTIONS, **manifest.options}["refittable"]:
+        raise ConfigError(f"{manifest.ref} {manifest.target}: this plan was not built refittable",
+                          hint=f"set refittable = true in [components.{manifest.component}.tensorrt] and rebuild")
+    return _open(Path(artifact_dir), manifest, weights)
+
+
+def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+    trt = _trt()
+    options = {**OPTIONS, **manifest.options}
+    what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
+    gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
+    engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options["version_compatible"])
+    how, onnx = "plan", None
+    if options["strip_weights"]:
+        onnx = weights_onnx(artifact_dir, manifest)
+        if onnx is None:
+            raise IntegrityError(f"{what}: a weight-stripped plan without its weights")
+        how = "weight-stripped plan, refitted from weights.onnx"
+    if onnx is not None or weights:
+        refit_engine(trt, engine, logger, what, onnx, weights)
+        how += f", {len(weights)} weights replaced" if weights else ""
+    return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])

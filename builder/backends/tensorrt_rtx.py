@@ -1,10 +1,163 @@
-"""NVIDIA TensorRT-RTX: CPU-only ahead-of-time builds, specialized on the device at first run."""
+"""NVIDIA TensorRT-RTX: ahead-of-time builds on a CPU (no GPU needed), specialized on the device at first run.
 
+A target names compute capabilities: `sm_XX` for one, or a family class (`turing+`, `ampere+`, `ada+`,
+`blackwell+`) for every capability the installed TensorRT-RTX knows from that floor up (`ampere+` is the SDK's
+default: 8.6 and later, future GPUs included). Kernels are compiled
+just in time on the user's GPU; they are kept in a runtime cache in the local cache (ENGINEFARM_HOME), one per
+(TensorRT-RTX version, GPU arch, driver, artifact), loaded before the first run and saved atomically after
+each run with new input shapes.
+
+Recipe options (`[components.NAME.tensorrt-rtx]`, in the build key): strip_weights (default true), refittable.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
 import re
+from pathlib import Path
 
-from ._pending import available, build, constraints, load, versions  # noqa: F401
+import numpy as np
+
+from enginefarm.cache.atomic import write_bytes_atomic
+from enginefarm.errors import BackendUnavailable, BuildError, ConfigError, IntegrityError
+
+from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, deserialize, gpu_description, matching_gpu,
+                      precheck, read_plan, refit_engine, sdk, sdk_missing, stripped_files,
+                      weights_onnx)
+from .base import Availability, BuiltFile
+
+log = logging.getLogger(__name__)
 
 NAME = "tensorrt-rtx"
 DEVICES = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
 DEVICE_HINT = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
-ONNX_PRECISION = "fp32"
+ONNX_PRECISION = "same"
+OPTIONS = {"strip_weights": True, "refittable": False}
+# TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
+FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}
+NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
+BUILDS_WITHOUT_DEVICE = True  # a CPU build host cannot validate or benchmark: the artifact says so
+
+
+def _trt():
+    return sdk("tensorrt_rtx", "tensorrt-rtx")
+
+
+def available(device: str) -> Availability:
+    try:
+        trt = _trt()
+    except BackendUnavailable as exc:
+        return sdk_missing(exc)
+    gpu, why = matching_gpu(device, FAMILY_FLOORS)
+    if gpu is None:
+        return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")
+    try:
+        cudart()
+    except BackendUnavailable as exc:
+        return Availability(True, False, f"{exc} (needed to run plans)")
+    return Availability(True, True)
+
+
+def versions() -> dict[str, str]:
+    return {"tensorrt-rtx": _trt().__version__}
+
+
+def constraints(job) -> dict:
+    # Engines are not compatible across TensorRT-RTX releases.
+    return {
+        "runtime": {"tensorrt-rtx": "==" + versions()["tensorrt-rtx"]},
+        "os": [platform.system().lower()],
+        "engine": {"compute_capabilities": compute_capabilities(_trt(), job.target.device) or ["SM86 and later (SDK default)"],
+                   "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded"},
+    }
+
+
+def compute_capabilities(trt, device: str) -> list[str]:
+    """ComputeCapability member names for a device class, from what this TensorRT-RTX knows. `ampere+` names none:
+    the SDK's default engine runs on 8.6 and every later capability, future GPUs included."""
+    members = getattr(trt.ComputeCapability, "__members__", {})
+    known = {name: int(name[2:]) for name in members if re.fullmatch(r"SM\d+", name)}
+    if device.startswith("sm_"):
+        name = "SM" + device[3:]
+        if name not in known:
+            raise BuildError(f"TensorRT-RTX {trt.__version__} cannot target {device}", hint=f"it knows: {', '.join(sorted(known, key=known.get))}")
+        return [name]
+    if device == "ampere+":
+        return []
+    major, minor = FAMILY_FLOORS[device]
+    return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=known.get)
+
+
+def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+    options = {**OPTIONS, **job.options}
+    spec = BuildSpec(
+        sdk="tensorrt_rtx",
+        onnx=str(prepared_onnx),
+        plan=str(workdir / "model.plan"),
+        profile=job.profile,
+        precision=job.precision,
+        strip_weights=options["strip_weights"],
+        refittable=options["refittable"],
+        compute_capabilities=compute_capabilities(_trt(), job.target.device),
+    )
+    build_in_subprocess(spec, workdir, f"{job.label}: tensorrt-rtx")
+    return stripped_files(prepared_onnx, workdir, options["strip_weights"])
+
+
+def runtime_cache_path(manifest, gpu: dict) -> Path:
+    """Where this device keeps the JIT kernels of one artifact: never shared between GPUs, drivers or SDK versions."""
+    from enginefarm.settings import load_settings
+
+    slot = f"rtx-{versions()['tensorrt-rtx']}-{gpu['arch']}-driver-{gpu['driver']}"
+    return load_settings().home / "tensorrt-rtx-runtime-cache" / re.sub(r"[^A-Za-z0-9_.+-]", "_", slot) / f"{manifest.build_key}.bin"
+
+
+def bench_device(manifest) -> dict:
+    return gpu_description(manifest.parsed_target.device, FAMILY_FLOORS)
+
+
+def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
+    return _open(Path(artifact_dir), manifest, None)
+
+
+def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
+    """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout)."""
+    if not {**OPTIONS, **manifest.options}["refittable"]:
+        raise ConfigError(f"{manifest.ref} {manifest.target}: this engine was not built refittable",
+                          hint=f"set refittable = true in [components.{manifest.component}.tensorrt-rtx] and rebuild")
+    return _open(Path(artifact_dir), manifest, weights)
+
+
+def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+    trt = _trt()
+    options = {**OPTIONS, **manifest.options}
+    what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
+    gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
+    engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what)
+    how, onnx = "engine", None
+    if options["strip_weights"]:
+        onnx = weights_onnx(artifact_dir, manifest)
+        if onnx is None:
+            raise IntegrityError(f"{what}: a weight-stripped engine without its weights")
+        how = "weight-stripped engine, refitted from weights.onnx"
+    if onnx is not None or weights:
+        refit_engine(trt, engine, logger, what, onnx, weights)
+        how += f", {len(weights)} weights replaced" if weights else ""
+    config = engine.create_runtime_config()
+    cache = config.create_runtime_cache()
+    path = runtime_cache_path(manifest, gpu)
+    if path.is_file() and not cache.deserialize(path.read_bytes()):
+        log.warning("%s: runtime cache %s was not usable; starting a new one", what, path)
+    config.set_runtime_cache(cache)
+    seen: set = set()
+
+    def save_new_kernels(shapes: dict) -> None:
+        signature = tuple(sorted(shapes.items()))
+        if signature not in seen:  # kernels are compiled per new shape; the same shapes add nothing
+            seen.add(signature)
+            write_bytes_atomic(path, bytes(cache.serialize()))
+
+    context = engine.create_execution_context(config)
+    return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels,
+                      device_index=gpu["index"])

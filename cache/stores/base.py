@@ -9,6 +9,8 @@ from typing import BinaryIO, Callable, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
+_CACHE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")
+
 
 class Store(ABC):
     """Raw object access in the layout of DESIGN.md:
@@ -86,6 +88,12 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def check_cache_name(name: str) -> str:
+    if not _CACHE_NAME.match(name) or ".." in name.split("/"):
+        raise StoreError(f"{name!r} is not a valid cache object name")
+    return name
 
 
 def blob_relpath(digest: str) -> str:

@@ -11,7 +11,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..locks import file_lock
-from .base import CappedReader, Store, blob_relpath, channel_relpath
+from .base import CappedReader, Store, blob_relpath, channel_relpath, check_cache_name
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -146,3 +146,20 @@ class LocalStore(Store):
     def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
         with atomic_writer(self.root / channel_relpath(channel, name)) as handle:
             handle.write(data)
+
+    # Shared build caches ---------------------------------------------------------------------------------
+    def put_cache_object(self, name: str, data: bytes) -> bool:
+        return write_once(self.root / "caches" / check_cache_name(name), data)
+
+    def get_cache_object(self, name: str) -> bytes | None:
+        try:
+            return (self.root / "caches" / check_cache_name(name)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list_cache_objects(self, prefix: str) -> list[str]:
+        base = self.root / "caches" / check_cache_name(prefix.strip("/"))
+        if not base.is_dir():
+            return []
+        root = self.root / "caches"
+        return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))

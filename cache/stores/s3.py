@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterator
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import sha256_file
-from .base import Store, blob_relpath, channel_relpath
+from .base import Store, blob_relpath, channel_relpath, check_cache_name
 from .local import check_digest, check_model
 from .ranged import Limits, Opened, ResumableReader
 
@@ -291,3 +291,15 @@ class S3Store(Store):
     def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
         # Versioned files never change; timestamp.json and root.json do, so caches must revalidate them.
         self._put(channel_relpath(channel, name), data, ContentType="application/json", CacheControl="no-cache")
+
+    # Shared build caches ---------------------------------------------------------------------------------
+    def put_cache_object(self, name: str, data: bytes) -> bool:
+        return self._put(f"caches/{check_cache_name(name)}", data, IfNoneMatch="*")
+
+    def get_cache_object(self, name: str) -> bytes | None:
+        got = self._get(f"caches/{check_cache_name(name)}")
+        return None if got is None else got[0]
+
+    def list_cache_objects(self, prefix: str) -> list[str]:
+        start = len(self._key("caches/"))
+        return sorted(item["Key"][start:] for item in self._list(f"caches/{check_cache_name(prefix.strip('/'))}/"))

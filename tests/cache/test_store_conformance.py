@@ -152,6 +152,19 @@ class StoreConformance:
         with pytest.raises(ArtifactNotFoundError):
             _read_all(reader.open_manifest("e" * 64))
 
+    def test_cache_objects_are_write_once_and_listed_by_prefix(self, store):
+        """Shared build caches (TensorRT timing caches) follow the blob rules: written once, never rewritten."""
+        name = "tensorrt-timing/sm_89/trt-10.13.0.35/aa"
+        assert store.put_cache_object(name, b"one")
+        assert not store.put_cache_object(name, b"two")
+        assert store.get_cache_object(name) == b"one"
+        store.put_cache_object("tensorrt-timing/sm_86/trt-10.13.0.35/bb", b"other arch")
+        assert store.list_cache_objects("tensorrt-timing/sm_89/trt-10.13.0.35") == [name]
+        assert store.list_cache_objects("tensorrt-timing/sm_75") == []
+        assert store.get_cache_object("tensorrt-timing/sm_89/trt-10.13.0.35/zz") is None
+        with pytest.raises(StoreError):
+            store.put_cache_object("../manifests/x", b"escape")
+
 
 class TestLocalStore(StoreConformance):
     @pytest.fixture

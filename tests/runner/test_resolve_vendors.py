@@ -87,7 +87,7 @@ def test_os_constraint():
 def test_backends_this_machine_cannot_load_are_skipped_with_the_reason():
     resolution = resolve("sd15/vae", [(e, "store") for e in FARM], None, [nvidia_device("RTX 4090", 8, 9, "550", 24564), CPU])
     assert resolution.ranked[0].entry["target"] in ("onnxruntime:cpu", "openvino:cpu")
-    assert "cannot load here: backend not implemented" in resolution.explain()
+    assert "cannot load here: tensorrt is not installed" in resolution.explain()
 
 
 @pytest.mark.parametrize("cc,has,lacks", [

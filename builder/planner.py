@@ -71,6 +71,7 @@ class Job:
     opset: int
     validate: ValidateSpec
     resources: Resources = Resources()
+    options: dict[str, str] = field(default_factory=dict)  # the target backend's options, defaults filled in
 
     @property
     def id(self) -> str:
@@ -105,7 +106,7 @@ class Job:
                 "profile": self.profile,
                 "target": str(self.target),
                 "toolchain": toolchain,
-                "options": {},
+                "options": self.options,
             }
         )
 
@@ -129,6 +130,8 @@ class PlannedJob:
         if not self.availability.can_build:
             where = f"; needs a runner with {', '.join(self.runs_on)}" if self.runs_on else ""
             return f"unavailable here: {self.availability.reason}{where}"
+        if not self.availability.can_load:
+            return f"to build here ({self.availability.reason})"
         return "to build"
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,9 +176,17 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                 for target in comp.targets:
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
-                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources)
+                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
+                            backend_options(target.backend, comp.options))
                     )
     return jobs
+
+
+def backend_options(backend: str, written: dict[str, dict[str, str]]) -> dict[str, str]:
+    """Every option the backend declares, the recipe's value or the default; {} for backends without options,
+    so their build keys do not change."""
+    declared = getattr(get_backend(backend), "OPTIONS", {})
+    return {name: written.get(backend, {}).get(name, choices[0]) for name, choices in declared.items()}
 
 
 def _check_validate_inputs(recipe: Recipe, spec: ValidateSpec, inputs: list[TensorInfo], key: str) -> None:

@@ -75,6 +75,7 @@ class Component:
     profiles: dict[str, ProfileSpec]
     validate: ValidateSpec
     resources: Resources = Resources()
+    options: dict[str, dict[str, str]] = field(default_factory=dict)  # backend → option → value, as written
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     version = r.string(model["version"], "model.version")
     description = r.string(model["description"], "model.description") if "description" in model else ""
 
-    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets"})
+    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options"})
+    default_options = _options(r, defaults.get("options", {}), "defaults.options")
     default_precisions = _precisions(r, defaults.get("precisions", ["fp32"]), "defaults.precisions")
     default_targets = _targets(r, defaults.get("targets", []), "defaults.targets", validate_target)
 
@@ -180,7 +182,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources"}, ("source",))
+        comp = r.table(comp_raw, key, {"source", "sha256", "precisions", "targets", "profiles", "validate", "resources", "options"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -194,6 +196,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             profiles=_profiles(r, comp.get("profiles", {}), f"{key}.profiles"),
             validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
             resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
+            options=_merge_options(default_options, _options(r, comp.get("options", {}), f"{key}.options")),
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -309,6 +312,26 @@ def _resources(r: _Reader, value: Any, key: str) -> Resources:
         host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
         gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
     )
+
+
+def _options(r: _Reader, value: Any, key: str) -> dict[str, dict[str, str]]:
+    """[options.BACKEND] tables: each backend module declares OPTIONS = {name: (default, other allowed values...)}."""
+    from .backends import BACKENDS, get_backend
+
+    found: dict[str, dict[str, str]] = {}
+    for backend, table in r.table(value, key, set(BACKENDS)).items():
+        declared = getattr(get_backend(backend), "OPTIONS", {})
+        table = r.table(table, f"{key}.{backend}", set(declared))
+        for name, raw in table.items():
+            text = r.string(raw, f"{key}.{backend}.{name}")
+            if text not in declared[name]:
+                raise r.fail(f"{key}.{backend}.{name}", f"unknown value {text!r}", hint=f"use one of: {', '.join(declared[name])}")
+        found[backend] = dict(table)
+    return found
+
+
+def _merge_options(defaults: dict[str, dict[str, str]], own: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    return {backend: {**defaults.get(backend, {}), **own.get(backend, {})} for backend in defaults.keys() | own.keys()}
 
 
 def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) -> Path:

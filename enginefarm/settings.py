@@ -51,6 +51,19 @@ def parse_number(name: str, raw: str | None, default: float, low: float, high: f
     return number
 
 
+def parse_choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case-insensitive); empty → the first."""
+    value = (raw or "").strip().upper()
+    if not value:
+        return choices[0]
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}", hint=f"use one of: {', '.join(choices)}")
+    return value
+
+
+COREML_COMPUTE_UNITS = ("ALL", "CPU_AND_GPU", "CPU_AND_NE", "CPU_ONLY")  # coremltools.ComputeUnit names
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -62,6 +75,7 @@ class Settings:
     http_min_rate: float = 16 * 1024
     http_connections: int = 1
     s3_verify: bool = False
+    coreml_compute_units: str = "ALL"
 
 
 def _default_home() -> Path:
@@ -91,4 +105,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         http_min_rate=parse_number("ENGINEFARM_HTTP_MIN_RATE", env.get("ENGINEFARM_HTTP_MIN_RATE"), 16 * 1024, 0, 1e12),
         http_connections=int(parse_number("ENGINEFARM_HTTP_CONNECTIONS", env.get("ENGINEFARM_HTTP_CONNECTIONS"), 1, 1, 32)),
         s3_verify=parse_bool("ENGINEFARM_S3_VERIFY", env.get("ENGINEFARM_S3_VERIFY")),
+        coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
     )

@@ -59,3 +59,14 @@ def test_transfer_settings():
 def test_bad_transfer_settings(name, raw):
     with pytest.raises(ConfigError, match=name):
         load_settings({name: raw})
+
+
+@pytest.mark.parametrize("raw,expected", [("", "ALL"), ("cpu_only", "CPU_ONLY"), (" CPU_AND_NE ", "CPU_AND_NE"), ("CPU_AND_GPU", "CPU_AND_GPU")])
+def test_coreml_compute_units(raw, expected):
+    assert load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": raw}).coreml_compute_units == expected
+
+
+def test_unknown_coreml_compute_units_are_an_error():
+    with pytest.raises(ConfigError, match="ENGINEFARM_COREML_COMPUTE_UNITS='GPU'") as caught:
+        load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": "GPU"})
+    assert "CPU_AND_GPU" in caught.value.hint

@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 import weakref
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,10 +45,23 @@ TRACED = "coreml-traced.pt"  # beside the artifact folder: what was converted, f
 _IO_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int32, "int32": np.int32, "bool": np.bool_}
 
 
+@contextmanager
+def _quiet_import():
+    """coremltools warns at import off macOS (no native library, untested torch version): expected here, noise."""
+    logger = logging.getLogger("coremltools")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 @lru_cache(maxsize=1)
 def _sdk_problem() -> str | None:
     try:
-        import coremltools  # noqa: F401
+        with _quiet_import():
+            import coremltools  # noqa: F401
         import onnx  # noqa: F401
         import onnx2torch  # noqa: F401
         import torch  # noqa: F401
@@ -57,7 +71,8 @@ def _sdk_problem() -> str | None:
 
 
 def _ct():
-    return import_sdk("coremltools", INSTALL)
+    with _quiet_import():
+        return import_sdk("coremltools", INSTALL)
 
 
 def available(device: str) -> Availability:
@@ -107,12 +122,21 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
 
 
 def normalize_package(package: Path) -> None:
-    """coremltools names the package's items with random UUIDs; name them by path so that the same conversion
-    gives the same bytes (and the same blob digest)."""
+    """Make the same conversion give the same bytes (and the same blob digest): coremltools names the package's
+    items with random UUIDs (named here by path instead), and writes the spec's protobuf maps in an order that
+    changes between processes (rewritten here with deterministic serialization, which sorts map keys)."""
     import uuid
+
+    from coremltools.proto import Model_pb2
 
     path = package / "Manifest.json"
     manifest = json.loads(path.read_text())
+    for entry in manifest.get("itemInfoEntries", {}).values():
+        if entry.get("path", "").endswith(".mlmodel"):
+            spec_path = package / "Data" / entry["path"]
+            spec = Model_pb2.Model()
+            spec.ParseFromString(spec_path.read_bytes())
+            spec_path.write_bytes(spec.SerializeToString(deterministic=True))
     renames = {old: str(uuid.uuid5(uuid.NAMESPACE_URL, "enginefarm:" + entry["path"])).upper()
                for old, entry in manifest.get("itemInfoEntries", {}).items()}
     manifest["itemInfoEntries"] = {renames[old]: entry for old, entry in manifest["itemInfoEntries"].items()}

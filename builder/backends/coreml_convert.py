@@ -180,8 +180,9 @@ def input_types(ct, job, shapes: str) -> list:
 def convert_to_mlprogram(traced, job) -> tuple[object, str]:
     """(MLModel, how shapes were made flexible). Ranges that coremltools cannot convert fall back to the
     profile's enumerated min/opt/max shapes, and the build notes say so."""
-    import coremltools as ct
+    from .coreml import _ct
 
+    ct = _ct()
     _register_int_fix(ct)
     precision = ct.precision.FLOAT16 if job.precision == "fp16" else ct.precision.FLOAT32
     target = getattr(ct.target, job.options.get("deployment_target", "macOS13"))

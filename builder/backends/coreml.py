@@ -161,16 +161,17 @@ def spec_summary(package: Path) -> dict:
             entry["enumerated"] = [list(s.shape) for s in array.enumeratedShapes.shapes]
         inputs.append(entry)
     ops: dict[str, int] = {}
-    dtypes: set[str] = set()
+    op_dtypes: dict[str, set[str]] = {}  # op type → dtypes of its outputs: what the program computes in
     for function in spec.mlProgram.functions.values():
         for block in function.block_specializations.values():
             for op in block.operations:
                 ops[op.type] = ops.get(op.type, 0) + 1
                 for out in op.outputs:
                     if out.type.HasField("tensorType"):
-                        dtypes.add(ct.proto.MIL_pb2.DataType.Name(out.type.tensorType.dataType))
-    return {"inputs": inputs, "outputs": [f.name for f in spec.description.output], "ops": ops, "dtypes": sorted(dtypes),
-            "spec_version": spec.specificationVersion}
+                        op_dtypes.setdefault(op.type, set()).add(ct.proto.MIL_pb2.DataType.Name(out.type.tensorType.dataType))
+    return {"inputs": inputs, "outputs": [f.name for f in spec.description.output], "ops": ops,
+            "op_dtypes": {op: sorted(found) for op, found in op_dtypes.items()},
+            "dtypes": sorted(set().union(*op_dtypes.values())), "spec_version": spec.specificationVersion}
 
 
 def _check_spec(summary: dict, manifest) -> list[str]:

@@ -390,6 +390,8 @@ def doctor_cmd():
             versions = "-"
         hint = "" if "not implemented" in (avail.reason or "") else f" ({entry.install})"
         status = "[green]build + load[/]" if avail.can_build and avail.can_load else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
+        if avail.can_build and not avail.can_load:
+            status = f"[yellow]build only: {escape(avail.reason or '')}[/]"
         backends.add_row(name, versions, status)
     console.print(backends)
     console.print(f"store: {settings.store}\ncache: {settings.home}{'  (offline)' if settings.offline else ''}")

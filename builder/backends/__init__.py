@@ -23,7 +23,7 @@ BACKENDS: dict[str, BackendEntry] = {
     "openvino": BackendEntry("enginefarm.builder.backends.openvino", "pip install 'enginefarm[openvino]'"),
     "tensorrt": BackendEntry("enginefarm.builder.backends.tensorrt", "pip install 'enginefarm[tensorrt]'"),
     "tensorrt-rtx": BackendEntry("enginefarm.builder.backends.tensorrt_rtx", "pip install 'enginefarm[tensorrt-rtx]'"),
-    "migraphx": BackendEntry("enginefarm.builder.backends.migraphx", "install ROCm's migraphx Python package"),
+    "migraphx": BackendEntry("enginefarm.builder.backends.migraphx", "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"),
     "coreml": BackendEntry("enginefarm.builder.backends.coreml", "pip install 'enginefarm[coreml]'"),
 }
 

@@ -32,13 +32,14 @@ NAME = "migraphx"
 DEVICES = re.compile(r"^gfx[0-9a-f]{3,4}$")
 DEVICE_HINT = "a gfx target such as gfx1100, gfx1030, gfx90a"
 ONNX_PRECISION = "fp32"  # fp16 is MIGraphX's own quantize_fp16, which keeps float32 inputs and outputs
-INSTALL = "install ROCm's MIGraphX (apt install migraphx from ROCm's apt repository); the PyPI 'migraphx' is a placeholder"
 PROGRAM = "model.mxr"
 BUILD_TIMEOUT_S = 4 * 3600
 
 
 def _mgx():
-    return import_sdk("migraphx", INSTALL)
+    from . import BACKENDS
+
+    return import_sdk("migraphx", BACKENDS[NAME].install)
 
 
 def gfx_version(gfx: str) -> str:
@@ -51,7 +52,7 @@ def available(device: str) -> Availability:
     try:
         _mgx()
     except BackendUnavailable as exc:
-        return Availability.missing(f"{exc} ({INSTALL})")
+        return Availability.missing(str(exc))
     gpus, why = amd_gpus()
     if not gpus:
         return Availability.missing(f"MIGraphX is installed but there is no AMD GPU to compile on: {why}")
@@ -122,6 +123,14 @@ def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
         mgx.quantize_fp16(program)
     program.compile(mgx.get_target("gpu"), offload_copy=True)
     mgx.save(program, out_path, format="msgpack")
+
+
+def validation_session(artifact_dir: Path, manifest, device: str):
+    """The program itself where a GPU of its gfx is here; a cross-compiled program is recorded as not run."""
+    here = available(device)
+    if here.can_load:
+        return load(artifact_dir, manifest, device), {"artifact_executed": True}
+    return None, {"artifact_executed": False, "why": here.reason}
 
 
 class MigraphxSession:

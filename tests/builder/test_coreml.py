@@ -244,3 +244,18 @@ def test_coreml_on_a_mac_end_to_end(tiny_recipe, cli, monkeypatch, units):
     assert out.shape == (2, 3, 64, 64) and np.isfinite(out).all()
     assert session.artifact.validation["artifact_executed"] is True
     assert json.loads(session.artifact.to_json())["benchmarks"]
+
+
+def test_the_spec_check_names_what_does_not_match_the_manifest():
+    from types import SimpleNamespace
+
+    from enginefarm.builder.backends.coreml import _check_spec
+
+    manifest = SimpleNamespace(io={"inputs": [{"name": "latent"}], "outputs": [{"name": "sample"}]},
+                               profile={"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}})
+    good = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "ranges": [[1, 2], [4, 4], [8, 32], [8, 32]]}], "outputs": ["sample"]}
+    assert _check_spec(good, manifest) == []
+    narrow = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "ranges": [[1, 1], [4, 4], [8, 32], [8, 32]]}], "outputs": ["out"]}
+    assert _check_spec(narrow, manifest) == ["outputs ['out'] != ['sample']", "input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"]
+    enumerated = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "enumerated": [[1, 4, 16, 16], [1, 4, 8, 8]]}], "outputs": ["sample"]}
+    assert _check_spec(enumerated, manifest) == ["input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"]

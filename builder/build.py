@@ -132,19 +132,28 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     step("validate")
     cases = sample_cases(job.inputs, job.profile, job.validate)
     references = reference_outputs(job.source.path, cases)
+    # A backend whose artifact cannot run on the build host (Core ML off macOS, a cross-compile) offers
+    # `validation_session`: what it can run here instead, or None, plus a note the manifest keeps.
+    opener = getattr(backend, "validation_session", None)
     try:
-        session = backend.load(outdir, manifest, job.target.device)
-        report = validate(session, cases, references, Thresholds.for_job(job.precision, job.validate))
+        session, note = opener(outdir, manifest, job.target.device) if opener else (backend.load(outdir, manifest, job.target.device), {})
+        if session is None:
+            report = {"passed": None, "executed": False, **note}
+        else:
+            report = {**validate(session, cases, references, Thresholds.for_job(job.precision, job.validate)), **note}
     except EnginefarmError:
         raise
     except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
         raise BuildError(f"{job.label}: the built artifact does not load or run: {_first_line(exc)}") from exc
     del session
     manifest = replace(manifest, validation=report)
-    if not report["passed"]:
+    if report.get("executed", True) and not report["passed"]:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report)
 
-    if bench:
+    here = backend.available(job.target.device) if bench else None
+    if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
+        manifest = replace(manifest, provenance={**manifest.provenance, "benchmark": f"skipped: {here.reason}"})
+    elif bench:
         step("benchmark")
         manifest_path = workdir / "draft-manifest.json"
         manifest_path.write_bytes(manifest.to_json())

@@ -132,6 +132,8 @@ class PlannedJob:
         if not self.availability.can_build:
             where = f"; needs a runner with {', '.join(self.runs_on)}" if self.runs_on else ""
             return f"unavailable here: {self.availability.reason}{where}"
+        if not self.availability.can_load:
+            return f"to build here ({self.availability.reason})"
         return "to build"
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,7 +180,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
                             target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
-                            job_options(target, comp.backend_options), checkpoint)
+                            job_options(target, comp.options), checkpoint)
                     )
     return jobs
 

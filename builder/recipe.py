@@ -76,7 +76,7 @@ class Component:
     validate: ValidateSpec
     resources: Resources = Resources()
     checkpoint: Path | None = None  # the base weights in their native names (.safetensors): the weight map's source
-    backend_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend name → options as written
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend → option → value, as written
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
-    from .backends import backend_option_defaults, validate_target  # the registry knows each backend's devices and options
+    from .backends import validate_target  # the backend registry knows each backend's device classes
 
     r = _Reader(path)
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
@@ -170,7 +170,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     version = r.string(model["version"], "model.version")
     description = r.string(model["description"], "model.description") if "description" in model else ""
 
-    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets"})
+    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options"})
+    default_options = _options(r, defaults.get("options", {}), "defaults.options")
     default_precisions = _precisions(r, defaults.get("precisions", ["fp32"]), "defaults.precisions")
     default_targets = _targets(r, defaults.get("targets", []), "defaults.targets", validate_target)
 
@@ -178,12 +179,11 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     if not components_raw:
         raise r.fail("components", "no components", hint="add a [components.NAME] table with a source")
     components: dict[str, Component] = {}
-    option_tables = backend_option_defaults()
     for comp_name, comp_raw in components_raw.items():
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources", *option_tables}, ("source",))
+        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources", "options"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -198,7 +198,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             validate=_validate(r, comp.get("validate", {}), f"{key}.validate"),
             resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
             checkpoint=_checkpoint(r, comp["checkpoint"], f"{key}.checkpoint") if "checkpoint" in comp else None,
-            backend_options={name: _options(r, comp[name], f"{key}.{name}", defaults) for name, defaults in option_tables.items() if name in comp},
+            options=_merge_options(default_options, _options(r, comp.get("options", {}), f"{key}.options")),
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -330,14 +330,31 @@ def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
     return path
 
 
-def _options(r: _Reader, value: Any, key: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    """A backend's build options (`[components.X.tensorrt]`): only the keys it declares, each of its default's type."""
-    table = r.table(value, key, set(defaults))
-    for name, given in table.items():
-        want = type(defaults[name])
-        if type(given) is not want:
-            raise r.fail(f"{key}.{name}", f"must be a {want.__name__}, got {given!r}", hint=f"default: {str(defaults[name]).lower()}")
-    return dict(table)
+def _options(r: _Reader, value: Any, key: str) -> dict[str, dict[str, Any]]:
+    """[options.BACKEND] tables. Each backend module declares OPTIONS = {name: default}; a tuple default lists the
+    allowed strings, the first being the default. Anything else must have its default's type."""
+    from .backends import BACKENDS, get_backend
+
+    found: dict[str, dict[str, Any]] = {}
+    for backend, table in r.table(value, key, set(BACKENDS)).items():
+        declared = getattr(get_backend(backend), "OPTIONS", {})
+        table = r.table(table, f"{key}.{backend}", set(declared))
+        for name, given in table.items():
+            _check_option(r, f"{key}.{backend}.{name}", given, declared[name])
+        found[backend] = dict(table)
+    return found
+
+
+def _check_option(r: _Reader, key: str, given: Any, declared: Any) -> None:
+    if isinstance(declared, tuple):
+        if r.string(given, key) not in declared:
+            raise r.fail(key, f"unknown value {given!r}", hint=f"use one of: {', '.join(declared)}")
+    elif type(given) is not type(declared):
+        raise r.fail(key, f"must be a {type(declared).__name__}, got {given!r}", hint=f"default: {str(declared).lower()}")
+
+
+def _merge_options(defaults: dict[str, dict[str, Any]], own: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {backend: {**defaults.get(backend, {}), **own.get(backend, {})} for backend in defaults.keys() | own.keys()}
 
 
 def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) -> Path:

@@ -114,3 +114,24 @@ def nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
     finally:
         pynvml.nvmlShutdown()
     return gpus, None if gpus else "no NVIDIA GPU found"
+
+
+def amd_gpus() -> tuple[list[dict[str, str]], str | None]:
+    """AMD GPU agents as ROCm's rocminfo lists them, in HIP device order: [{name, gfx}], or why none."""
+    import shutil
+
+    tool = shutil.which("rocminfo")
+    if tool is None:
+        return [], "rocminfo not found (no ROCm install)"
+    try:
+        text = subprocess.run([tool], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [], f"rocminfo failed: {exc}"
+    gpus, name = [], ""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key.strip() == "Marketing Name":
+            name = value.strip()
+        elif key.strip() == "Name" and value.strip().startswith("gfx"):
+            gpus.append({"name": name or value.strip(), "gfx": value.strip().split(":")[0]})
+    return gpus, None if gpus else "rocminfo lists no gfx agent"

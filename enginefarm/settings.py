@@ -64,6 +64,19 @@ def parse_duration(name: str, raw: str) -> float:
     return seconds
 
 
+def parse_choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case-insensitive); empty → the first."""
+    value = (raw or "").strip().upper()
+    if not value:
+        return choices[0]
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}", hint=f"use one of: {', '.join(choices)}")
+    return value
+
+
+COREML_COMPUTE_UNITS = ("ALL", "CPU_AND_GPU", "CPU_AND_NE", "CPU_ONLY")  # coremltools.ComputeUnit names
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -77,6 +90,7 @@ class Settings:
     s3_verify: bool = False
     channel: str | None = None  # a signed release channel: resolve only among its targets
     trusted_root: Path | None = None  # the channel's root.json, shipped with the app
+    coreml_compute_units: str = "ALL"
 
 
 def _default_home() -> Path:
@@ -108,4 +122,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         s3_verify=parse_bool("ENGINEFARM_S3_VERIFY", env.get("ENGINEFARM_S3_VERIFY")),
         channel=(env.get("ENGINEFARM_CHANNEL") or "").strip() or None,
         trusted_root=Path(env["ENGINEFARM_TRUSTED_ROOT"]).expanduser() if env.get("ENGINEFARM_TRUSTED_ROOT") else None,
+        coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
     )

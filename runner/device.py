@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from enginefarm.cache.device_info import cpu_description, nvidia_gpus
+from enginefarm.cache.device_info import amd_gpus, cpu_description, nvidia_gpus
 from enginefarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,24 +70,8 @@ def apple_device(chip: str, macos: str) -> Device:
 
 def probe_amd() -> Probe:
     """ROCm's rocminfo lists each agent's gfx target; amdsmi would add VRAM but is rarely installed."""
-    import shutil
-    import subprocess
-
-    tool = shutil.which("rocminfo")
-    if tool is None:
-        return Probe("amd", (), "rocminfo not found (no ROCm install)")
-    try:
-        text = subprocess.run([tool], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return Probe("amd", (), f"rocminfo failed: {exc}")
-    devices, name = [], ""
-    for line in text.splitlines():
-        key, _, value = line.strip().partition(":")
-        if key.strip() == "Marketing Name":
-            name = value.strip()
-        elif key.strip() == "Name" and value.strip().startswith("gfx"):
-            devices.append(amd_device(name or value.strip(), value.strip(), 0))
-    return Probe("amd", tuple(devices), None if devices else "rocminfo lists no gfx agent")
+    gpus, why = amd_gpus()
+    return Probe("amd", tuple(amd_device(g["name"], g["gfx"], 0) for g in gpus), why)
 
 
 def probe_apple() -> Probe:

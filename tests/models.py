@@ -213,3 +213,34 @@ def merged(weights: dict[str, np.ndarray], loras: list[tuple[dict, float]]) -> d
             delta = up.reshape(up.shape[0], rank) @ down.reshape(rank, -1)
             out[f"{module}.weight"] = target + scale * delta.reshape(target.shape)
     return out
+
+
+def reduce_mean_18(path: Path, *, dynamic_axes: bool = False) -> Path:
+    """y = x - mean(x, axis 1) at opset 18, where ReduceMean takes its axes as an input (onnx2torch knows only
+    the older attribute form). `dynamic_axes` computes the axes at run time, which has no attribute form."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1), helper.make_node("Sub", ["x", "m"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    if dynamic_axes:
+        nodes.insert(0, helper.make_node("Shape", ["x"], ["s"], start=1, end=2))
+        nodes.insert(1, helper.make_node("Sub", ["s", "seven"], ["axes"]))  # 8 - 7 = axis 1
+        inits = [numpy_helper.from_array(np.array([7], np.int64), "seven")]
+    graph = helper.make_graph(
+        nodes, "reduce_mean_18",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], inits,
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+
+
+def shrink(path: Path) -> Path:
+    """y = Shrink(x), x [batch, 8]: an op ONNX Runtime runs and onnx2torch has no converter for."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Shrink", ["x"], ["y"], lambd=0.5)], "shrink",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)

@@ -65,3 +65,14 @@ def test_release_channel_settings(tmp_path):
     settings = load_settings({"ENGINEFARM_CHANNEL": " stable ", "ENGINEFARM_TRUSTED_ROOT": str(tmp_path / "root.json")})
     assert settings.channel == "stable" and settings.trusted_root == tmp_path / "root.json"
     assert load_settings({}).channel is None and load_settings({}).trusted_root is None
+
+
+@pytest.mark.parametrize("raw,expected", [("", "ALL"), ("cpu_only", "CPU_ONLY"), (" CPU_AND_NE ", "CPU_AND_NE"), ("CPU_AND_GPU", "CPU_AND_GPU")])
+def test_coreml_compute_units(raw, expected):
+    assert load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": raw}).coreml_compute_units == expected
+
+
+def test_unknown_coreml_compute_units_are_an_error():
+    with pytest.raises(ConfigError, match="ENGINEFARM_COREML_COMPUTE_UNITS='GPU'") as caught:
+        load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": "GPU"})
+    assert "CPU_AND_GPU" in caught.value.hint

@@ -23,7 +23,7 @@ BACKENDS: dict[str, BackendEntry] = {
     "openvino": BackendEntry("enginefarm.builder.backends.openvino", "pip install 'enginefarm[openvino]'"),
     "tensorrt": BackendEntry("enginefarm.builder.backends.tensorrt", "pip install 'enginefarm[tensorrt]'"),
     "tensorrt-rtx": BackendEntry("enginefarm.builder.backends.tensorrt_rtx", "pip install 'enginefarm[tensorrt-rtx]'"),
-    "migraphx": BackendEntry("enginefarm.builder.backends.migraphx", "install ROCm's migraphx Python package"),
+    "migraphx": BackendEntry("enginefarm.builder.backends.migraphx", "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"),
     "coreml": BackendEntry("enginefarm.builder.backends.coreml", "pip install 'enginefarm[coreml]'"),
 }
 
@@ -46,21 +46,12 @@ def availability(target: Target) -> Availability:
         return Availability.missing(f"{type(exc).__name__}: {exc}")
 
 
-def backend_option_defaults() -> dict[str, dict]:
-    """Backends that take build options in a recipe (`[components.X.<backend>]`), with each option's default."""
-    found = {}
-    for name in BACKENDS:
-        options = getattr(get_backend(name), "OPTIONS", None)
-        if options:
-            found[name] = dict(options)
-    return found
-
-
 def job_options(target: Target, written: dict[str, dict]) -> dict:
-    """The options a job of `target` is built with: the backend's defaults, overridden by what the recipe wrote.
-    All of them go into the build key, so changing one rebuilds."""
-    defaults = getattr(get_backend(target.backend), "OPTIONS", None) or {}
-    return {**defaults, **written.get(target.backend, {})} if defaults else {}
+    """The options a job of `target` is built with: the backend's defaults (a tuple's first choice), overridden by
+    what the recipe wrote. All go into the build key, so changing one rebuilds; backends without options give {}."""
+    declared = getattr(get_backend(target.backend), "OPTIONS", None) or {}
+    defaults = {name: d[0] if isinstance(d, tuple) else d for name, d in declared.items()}
+    return {**defaults, **written.get(target.backend, {})}
 
 
 def validate_target(target: Target) -> tuple[str, str] | None:
@@ -73,5 +64,5 @@ def validate_target(target: Target) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "backend_option_defaults", "get_backend", "job_options",
+__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "get_backend", "job_options",
            "validate_target"]

@@ -1,10 +1,165 @@
-"""AMD MIGraphX: compiled .mxr programs per gfx target."""
+"""AMD MIGraphX: compiled .mxr programs per gfx target, with dynamic-dimension bounds from the profile.
 
+Written against MIGraphX's Python API (src/py/migraphx_py.cpp): `parse_onnx(map_input_dims=…,
+map_dyn_input_dims=…)`, `shape.dynamic_dimension(min, max, optimals)`, `quantize_fp16`, `program.compile(
+get_target("gpu"))`, `save`/`load`, `program.run({name: argument})`. MIGraphX compiles its kernels for the
+gfx architecture the HIP runtime reports for the current device; there is no target option. So the build runs
+in a subprocess whose environment picks a GPU of the wanted gfx (HIP_VISIBLE_DEVICES) or, when the host has
+none, makes ROCm report the wanted one (HSA_OVERRIDE_GFX_VERSION): a cross-compile. A crash in the SDK then
+fails only the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-from ._pending import available, build, constraints, load, versions  # noqa: F401
+import numpy as np
+
+from enginefarm.cache.device_info import amd_gpus
+from enginefarm.errors import BackendUnavailable, BuildError
+
+from .base import Availability, BuiltFile, import_sdk
+
+log = logging.getLogger(__name__)
 
 NAME = "migraphx"
 DEVICES = re.compile(r"^gfx[0-9a-f]{3,4}$")
 DEVICE_HINT = "a gfx target such as gfx1100, gfx1030, gfx90a"
-ONNX_PRECISION = "fp32"
+ONNX_PRECISION = "fp32"  # fp16 is MIGraphX's own quantize_fp16, which keeps float32 inputs and outputs
+PROGRAM = "model.mxr"
+BUILD_TIMEOUT_S = 4 * 3600
+
+
+def _mgx():
+    from . import BACKENDS
+
+    return import_sdk("migraphx", BACKENDS[NAME].install)
+
+
+def gfx_version(gfx: str) -> str:
+    """gfx1100 → 11.0.0, gfx90a → 9.0.10: the form HSA_OVERRIDE_GFX_VERSION takes (major, minor, stepping)."""
+    digits = gfx.removeprefix("gfx")
+    return f"{int(digits[:-2])}.{int(digits[-2], 16)}.{int(digits[-1], 16)}"
+
+
+def available(device: str) -> Availability:
+    try:
+        _mgx()
+    except BackendUnavailable as exc:
+        return Availability.missing(str(exc))
+    gpus, why = amd_gpus()
+    if not gpus:
+        return Availability.missing(f"MIGraphX is installed but there is no AMD GPU to compile on: {why}")
+    if not any(g["gfx"] == device for g in gpus):
+        here = ", ".join(sorted({g["gfx"] for g in gpus}))
+        return Availability(True, False, f"no {device} GPU here (found {here}): builds are cross-compiled and not run")
+    return Availability(True, True)
+
+
+def versions() -> dict[str, str]:
+    return {"migraphx": str(_mgx().__version__)}
+
+
+def constraints(job) -> dict:
+    # A saved program holds code objects for one gfx, serialized by one MIGraphX release.
+    return {"runtime": {"migraphx": "==" + versions()["migraphx"]}, "arch": job.target.device, "os": ["linux"]}
+
+
+def build_env(gfx: str, base: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
+    """The environment that makes MIGraphX compile for `gfx` on this host, and how (for the build notes)."""
+    env = dict(os.environ if base is None else base)
+    gpus, _ = amd_gpus()
+    index = next((i for i, g in enumerate(gpus) if g["gfx"] == gfx), None)
+    if index is not None:
+        env["HIP_VISIBLE_DEVICES"] = str(index)
+        env.pop("HSA_OVERRIDE_GFX_VERSION", None)
+        return env, f"compiled on GPU {index} ({gpus[index]['name']}, {gfx})"
+    env["HSA_OVERRIDE_GFX_VERSION"] = gfx_version(gfx)
+    host = ", ".join(sorted({g["gfx"] for g in gpus})) or "no GPU"
+    return env, f"cross-compiled for {gfx} on {host} (HSA_OVERRIDE_GFX_VERSION={env['HSA_OVERRIDE_GFX_VERSION']})"
+
+
+def parse_plan(job) -> dict:
+    """What the build subprocess does: fixed dims when every input is static, else min/max/opt per dimension."""
+    static = all(shapes["min"] == shapes["max"] for shapes in job.profile.values())
+    inputs = {name: {"min": shapes["min"], "opt": shapes["opt"], "max": shapes["max"]} for name, shapes in job.profile.items()}
+    return {"static": static, "inputs": inputs, "fp16": job.precision == "fp16"}
+
+
+def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+    plan_path = workdir.parent / "migraphx-plan.json"
+    plan_path.write_text(json.dumps(parse_plan(job)))
+    env, how = build_env(job.target.device)
+    proc = subprocess.run(
+        [sys.executable, "-m", "enginefarm.builder.backends.migraphx", str(prepared_onnx), str(plan_path), str(workdir / PROGRAM)],
+        capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S,
+    )
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
+        raise BuildError(f"{job.label}: MIGraphX build process failed ({how}): {lines[-1][:300]}")
+    (workdir / "notes.json").write_text(json.dumps({"migraphx": how}))
+    return [BuiltFile(PROGRAM, "engine")]
+
+
+def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
+    """Runs in the build subprocess."""
+    mgx = _mgx()
+    plan = json.loads(Path(plan_path).read_text())
+    if plan["static"]:
+        program = mgx.parse_onnx(onnx_path, map_input_dims={n: s["min"] for n, s in plan["inputs"].items()})
+    else:
+        dims = {
+            name: [mgx.shape.dynamic_dimension(lo, hi, {opt}) for lo, opt, hi in zip(s["min"], s["opt"], s["max"])]
+            for name, s in plan["inputs"].items()
+        }
+        program = mgx.parse_onnx(onnx_path, map_dyn_input_dims=dims)
+    if plan["fp16"]:
+        mgx.quantize_fp16(program)
+    program.compile(mgx.get_target("gpu"), offload_copy=True)
+    mgx.save(program, out_path, format="msgpack")
+
+
+def validation_session(artifact_dir: Path, manifest, device: str):
+    """The program itself where a GPU of its gfx is here; a cross-compiled program is recorded as not run."""
+    here = available(device)
+    if here.can_load:
+        return load(artifact_dir, manifest, device), {"artifact_executed": True}
+    return None, {"artifact_executed": False, "why": here.reason}
+
+
+class MigraphxSession:
+    def __init__(self, program, input_names: list[str], output_names: list[str], precision: str) -> None:
+        self._program = program
+        self.input_names = input_names
+        self.output_names = output_names
+        self.compute_precision = precision
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        mgx = _mgx()
+        # The arguments borrow the arrays' memory: keep them alive until run returns.
+        arrays = {name: np.ascontiguousarray(feeds[name]) for name in self.input_names}
+        results = self._program.run({name: mgx.argument(array) for name, array in arrays.items()})
+        return {name: np.array(result, copy=True) for name, result in zip(self.output_names, results)}
+
+
+def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
+    mgx = _mgx()
+    gfx = manifest.parsed_target.device
+    avail = available(gfx)
+    if not avail.can_load:
+        raise BackendUnavailable(f"cannot run a {gfx} program here: {avail.reason}")
+    path = next(f.path for f in manifest.files if f.role == "engine")
+    program = mgx.load(str(Path(artifact_dir) / path), format="msgpack")
+    inputs = [t["name"] for t in manifest.io.get("inputs", [])] or list(program.get_parameter_names())
+    outputs = [t["name"] for t in manifest.io.get("outputs", [])]
+    return MigraphxSession(program, inputs, outputs, manifest.precision)
+
+
+if __name__ == "__main__":
+    _compile(*sys.argv[1:4])

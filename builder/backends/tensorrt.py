@@ -5,7 +5,7 @@ typed from the prepared ONNX (fp16 weights and math, float32 I/O), and a timing 
 per (build GPU arch, TensorRT version). Plans are weight-stripped by default and refitted on load from the
 ONNX shipped beside them, so every TensorRT artifact of a model stores its weights once.
 
-Recipe options (`[components.NAME.tensorrt]`, all in the build key):
+Recipe options (`[components.NAME.options.tensorrt]`, all in the build key):
     strip_weights      ship a weightless plan plus weights.onnx, refitted on load (default true)
     refittable         any weights can be refitted (custom weights, LoRA); otherwise only the build's own
     version_compatible the plan also runs on newer TensorRT of the same major version (embeds the lean runtime)
@@ -169,7 +169,7 @@ def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: 
     the plan's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
     if not {**OPTIONS, **manifest.options}["refittable"]:
         raise ConfigError(f"{manifest.ref} {manifest.target}: this plan was not built refittable",
-                          hint=f"set refittable = true in [components.{manifest.component}.tensorrt] and rebuild")
+                          hint=f"set refittable = true in [components.{manifest.component}.options.tensorrt] and rebuild")
     return _open(Path(artifact_dir), manifest, weights)
 
 

@@ -7,7 +7,7 @@ just in time on the user's GPU; they are kept in a runtime cache in the local ca
 (TensorRT-RTX version, GPU arch, driver, artifact), loaded before the first run and saved atomically after
 each run with new input shapes.
 
-Recipe options (`[components.NAME.tensorrt-rtx]`, in the build key): strip_weights (default true), refittable.
+Recipe options (`[components.NAME.options.tensorrt-rtx]`, in the build key): strip_weights (default true), refittable.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: 
     """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout)."""
     if not {**OPTIONS, **manifest.options}["refittable"]:
         raise ConfigError(f"{manifest.ref} {manifest.target}: this engine was not built refittable",
-                          hint=f"set refittable = true in [components.{manifest.component}.tensorrt-rtx] and rebuild")
+                          hint=f"set refittable = true in [components.{manifest.component}.options.tensorrt-rtx] and rebuild")
     return _open(Path(artifact_dir), manifest, weights)
 
 

@@ -59,7 +59,7 @@ def test_tensorrt_ampere_plus_version_compatible_refittable(tiny_recipe, tiny_sd
     if int(gpu_arch()[3:-1]) < 8:
         pytest.skip("ampere+ plans need compute capability 8.0 or newer")
     path = tiny_recipe(precisions=("fp32",), targets=("tensorrt:ampere+",))
-    path.write_text(path.read_text() + "\n[components.decoder.tensorrt]\nversion_compatible = true\nrefittable = true\n")
+    path.write_text(path.read_text() + "\n[components.decoder.options.tensorrt]\nversion_compatible = true\nrefittable = true\n")
     cli("build", str(path), check=True)
     session = enginefarm.load("tiny-sd/decoder", device="nvidia", target="tensorrt:ampere+")
     from enginefarm.builder.backends import get_backend

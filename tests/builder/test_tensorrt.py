@@ -26,7 +26,7 @@ def recipe(write_recipe, tiny_sd, targets=("tensorrt:sm_89",), precisions=("fp16
     as_toml = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
     text = TINY_RECIPE.format(precisions=as_toml(precisions), targets=as_toml(targets))
     if options:
-        text += f"\n[components.decoder.{backend}]\n{options}\n"
+        text += f"\n[components.decoder.options.{backend}]\n{options}\n"
     return write_recipe(text)
 
 
@@ -93,11 +93,11 @@ def test_ampere_plus_is_the_hardware_compatibility_level(fake_nvidia, write_reci
 
 
 def test_bad_options_are_recipe_errors_naming_file_and_key(fake_nvidia, write_recipe, tiny_sd):
-    with pytest.raises(RecipeError, match=r"recipe.toml: components.decoder.tensorrt.fast_math: unknown key"):
+    with pytest.raises(RecipeError, match=r"recipe.toml: components.decoder.options.tensorrt.fast_math: unknown key"):
         load_recipe(recipe(write_recipe, tiny_sd, options="fast_math = true"))
-    with pytest.raises(RecipeError, match=r"components.decoder.tensorrt.refittable: must be a bool, got 'yes'"):
+    with pytest.raises(RecipeError, match=r"components.decoder.options.tensorrt.refittable: must be a bool, got 'yes'"):
         load_recipe(recipe(write_recipe, tiny_sd, options='refittable = "yes"'))
-    with pytest.raises(RecipeError, match=r"components.decoder.tensorrt-rtx.version_compatible: unknown key"):
+    with pytest.raises(RecipeError, match=r"components.decoder.options.tensorrt-rtx.version_compatible: unknown key"):
         load_recipe(recipe(write_recipe, tiny_sd, options="version_compatible = true", backend="tensorrt-rtx"))
 
 

@@ -51,20 +51,13 @@ def width_of(dtype: str | None) -> int:
 
 
 ROTATE = 1
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}  # byte k of an element is bits 8k..8k+7
 ROTATED_DTYPES = ("bfloat16", "float32", "float64")  # where moving the sign bit aligns the exponent to a byte
 
 
 def _rotate_left(elements: np.ndarray, width: int) -> np.ndarray:
     values = elements.view(_UINT[width])
     return ((values << 1) | (values >> (8 * width - 1))).view(np.uint8)
-
-
-def _rotate_right_inplace(plain: np.ndarray, width: int) -> None:
-    values = plain.reshape(-1).view(_UINT[width])
-    low = np.right_shift(values, 1)  # in-place ufuncs: half the time of the expression with temporaries
-    np.left_shift(values, 8 * width - 1, out=values)
-    np.bitwise_or(values, low, out=values)
 
 
 def _compressor(level: int, grouped: bool = False):
@@ -87,7 +80,6 @@ def _decompressor():
 
 _RECORD = struct.Struct("<BII")
 RAW, ZSTD = 0, 1
-STORE_RAW_ABOVE = 0.97  # a group zstd cannot shrink below 97% is stored raw
 
 
 def _encode_frame(chunk, width: int, level: int, rotate: bool = False) -> bytes:
@@ -101,11 +93,10 @@ def _encode_frame(chunk, width: int, level: int, rotate: bool = False) -> bytes:
     out = []
     compressor = _compressor(GROUPED_LEVEL if width > 1 else level, grouped=width > 1)
     for part in parts:
+        # Every group goes through zstd, even random mantissa bytes: zstd stores what it cannot shrink as raw
+        # blocks, which decode at memcpy speed and are guarded by its xxh64 checksum (2.5x faster than crc32).
         packed = compressor.compress(part) if len(part) else b""
-        if len(packed) < STORE_RAW_ABOVE * len(part):
-            out += [_RECORD.pack(ZSTD, len(packed), 0), packed]
-        else:
-            out += [_RECORD.pack(RAW, len(part), zlib.crc32(part)), bytes(part)]
+        out += [_RECORD.pack(ZSTD, len(packed), 0), packed]
     return b"".join(out)
 
 
@@ -122,13 +113,14 @@ def compress(data: bytes, dtype: str | None = None, *, level: int = LEVEL, frame
     return header + table + b"".join(frames)
 
 
-def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 2) -> bytearray:
+def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 2) -> memoryview:
     """Decode a whole blob into one buffer (frames decode in parallel, each straight into its place).
-    `expected_size` (the manifest's) is enforced before any large allocation. Returns a bytearray."""
+    `expected_size` (the manifest's) is enforced before any large allocation. Returns a writable, bytes-like
+    memoryview (`bytes(result)` copies it)."""
     stream = _BytesReader(blob)
     width, rotate, raw_size, entries = _read_layout(stream, expected_size)
-    result = bytearray(raw_size)
-    target = np.frombuffer(result, np.uint8) if raw_size else np.empty(0, np.uint8)
+    # numpy allocates large buffers on huge pages: 64 MiB costs ~8 ms to fault in, against ~55 ms for bytearray()
+    target = np.empty(raw_size, np.uint8)
     jobs, offset = [], 0
     for compressed, raw in entries:
         jobs.append((_read_exact(stream, compressed, "frame"), raw, offset))
@@ -137,7 +129,7 @@ def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 
         raise IntegrityError("efw1 blob has trailing bytes")
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         list(pool.map(lambda job: _decode_frame(job[0], job[1], width, rotate, target[job[2] : job[2] + job[1]]), jobs))
-    return result
+    return target.data
 
 
 def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
@@ -178,13 +170,13 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
 
 
 def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out: np.ndarray | None = None):
-    """Rebuild one chunk of `raw` bytes, writing each group straight into its column of `out` (or a new buffer)."""
+    """Rebuild one chunk of `raw` bytes into `out` (or a new buffer): decode every group, then interleave them."""
     whole = raw - raw % width
     count = whole // width
     out = np.empty(raw, np.uint8) if out is None else out
-    plain = out[:whole].reshape(count, width)
     view, pos = memoryview(frame), 0
     decompressor = _decompressor()
+    groups = []
     for k in range(width + 1):
         want = count if k < width else raw - whole
         if pos + _RECORD.size > len(view):
@@ -205,15 +197,36 @@ def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out:
             raise IntegrityError(f"efw1 record has unknown mode {mode}")
         if len(part) != want:
             raise IntegrityError(f"efw1 group decodes to {len(part)} bytes, expected {want}")
-        if k < width:
-            plain[:, k] = np.frombuffer(part, np.uint8)
-        elif want:
-            out[whole:raw] = np.frombuffer(part, np.uint8)
+        groups.append(np.frombuffer(part, np.uint8))
     if pos != len(view):
         raise IntegrityError("efw1 frame has trailing bytes")
-    if rotate and count:
-        _rotate_right_inplace(plain, width)
+    out[whole:raw] = groups.pop()
+    if count:
+        _interleave(groups, out[:whole], width, rotate)
     return out.data  # a memoryview of the decoded bytes: no extra copy
+
+
+def _interleave(groups: list[np.ndarray], out: np.ndarray, width: int, rotate: bool) -> None:
+    """out[i*width + k] = groups[k][i], then undo the rotation.
+
+    Built as whole elements with vectorized shifts and ors (element = sum of group k << 8k): numpy's strided
+    byte copies (out.reshape(-1, width)[:, k] = group) run one byte at a time, 3x slower for fp16, 1.4x for fp32."""
+    if width == 1:
+        out[:] = groups[0]
+        return
+    elements = out.view(_UINT[width])
+    scratch = np.empty(len(elements), _UINT[width])
+    np.copyto(elements, groups[-1])
+    np.left_shift(elements, 8 * (width - 1), out=elements)
+    for k in range(width - 2, -1, -1):
+        np.copyto(scratch, groups[k])
+        if k:
+            np.left_shift(scratch, 8 * k, out=scratch)
+        np.bitwise_or(elements, scratch, out=elements)
+    if rotate:
+        np.right_shift(elements, 1, out=scratch)
+        np.left_shift(elements, 8 * width - 1, out=elements)
+        np.bitwise_or(elements, scratch, out=elements)
 
 
 def _unzstd(decompressor, payload, want: int) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import tracemalloc
+import zlib
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def _flip(blob: bytes, at: int) -> bytes:
     return blob[:at] + bytes([blob[at] ^ 0x40]) + blob[at + 1:]
 
 
-@pytest.mark.parametrize("where", ["zstd group", "raw group", "header", "table"])
+@pytest.mark.parametrize("where", ["exponent group", "mantissa group", "header", "table"])
 def test_corruption_is_detected(where):
     data = weights(1 << 20, "float16")
     blob = codec.compress(data, "float16")
@@ -91,14 +92,22 @@ def test_corruption_is_detected(where):
     record = codec._RECORD.size
     first_mode, first_size, _ = codec._RECORD.unpack_from(blob, header)
     at = {
-        "raw group": header + record + first_size // 2,  # group 0 (low bytes) is stored raw
-        "zstd group": header + record + first_size + record + 40,
+        "mantissa group": header + record + first_size // 2,  # group 0 (low bytes): zstd keeps it as raw blocks
+        "exponent group": header + record + first_size + record + 40,
         "header": 4,  # the element width
         "table": codec._HEADER.size + 2,
     }[where]
-    assert first_mode == codec.RAW
+    assert first_mode == codec.ZSTD and first_size > 0.99 * len(data) / 2  # random bytes: stored, not shrunk
     with pytest.raises(IntegrityError):
         codec.decompress(_flip(blob, at), len(data))
+
+
+def test_raw_records_of_older_blobs_decode_and_are_checked():
+    payload = bytes(range(256)) * 16
+    blob = _forged(4096, 4096, [(codec.RAW, payload, zlib.crc32(payload)), (codec.RAW, b"", 0)])
+    assert codec.decompress(blob, 4096) == payload
+    with pytest.raises(IntegrityError, match="crc32"):
+        codec.decompress(_flip(blob, len(blob) - 100), 4096)
 
 
 def test_truncated_blob_is_detected():

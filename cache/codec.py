@@ -153,20 +153,25 @@ def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool
     return width, bool(flags & ROTATE), raw_size, entries
 
 
-def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = 2, ahead: int = 4) -> Iterator[bytes]:
-    """Yield decoded chunks in order while reading `stream` once, front to back. Up to `ahead` frames decode
-    on `threads` threads while later ones are still arriving."""
+def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = 2, ahead: int = 4) -> Iterator[memoryview]:
+    """Yield decoded chunks in order while reading `stream` once, front to back. A thread reads whole frames
+    ahead (at most `ahead`), and they decode on `threads` threads while later ones are still arriving."""
+    from .pipeline import Prefetcher
+
     width, rotate, _raw_size, entries = _read_layout(stream, expected_size)
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        pending = []
-        for compressed, raw in entries:
-            pending.append(pool.submit(_decode_frame, _read_exact(stream, compressed, "frame"), raw, width, rotate))
-            if len(pending) > ahead:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
-    if stream.read(1):
-        raise IntegrityError("efw1 blob has trailing bytes")
+    frames = Prefetcher(stream, depth=ahead, sizes=[compressed for compressed, _ in entries])
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            pending = []
+            for _compressed, raw in entries:
+                pending.append(pool.submit(_decode_frame, frames.read(), raw, width, rotate))
+                if len(pending) > threads:
+                    yield pending.pop(0).result()
+            for future in pending:
+                yield future.result()
+        frames.read()  # the end, or the error that trailing bytes raised
+    finally:
+        frames.close()
 
 
 def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out: np.ndarray | None = None):

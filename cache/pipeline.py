@@ -12,44 +12,68 @@ import queue
 import threading
 from typing import BinaryIO
 
+from enginefarm.errors import IntegrityError
+
 CHUNK = 1 << 20
 DEPTH = 8
 _END = object()
 
 
 class Prefetcher:
-    """A read-ahead wrapper: a thread pulls chunks from `stream` while the caller consumes earlier ones."""
+    """A read-ahead wrapper: a thread pulls chunks from `stream` while the caller consumes earlier ones.
 
-    def __init__(self, stream, chunk: int = CHUNK, depth: int = DEPTH) -> None:
+    With `sizes`, it reads exactly those pieces (the frames of a blob whose table is already known), each
+    straight into a buffer of its own, so a frame is copied once on its way from the socket to the decoder,
+    and `read()` hands out one whole piece at a time; bytes after the last piece are an error."""
+
+    def __init__(self, stream, chunk: int = CHUNK, depth: int = DEPTH, sizes: list[int] | None = None) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stream = stream
         self._chunk = chunk
+        self._sizes = sizes
         self._stop = threading.Event()
-        self._buffer = b""
+        self._buffer = memoryview(b"")
         self._done = False
         self._thread = threading.Thread(target=self._pump, name="enginefarm-prefetch", daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
         try:
-            pending: list[bytes] = []
-            size = 0
-            while not self._stop.is_set():
-                data = self._stream.read(self._chunk)
-                if not data:
-                    break
-                # Sources that return one socket read at a time (read1) are coalesced into full chunks,
-                # so the stages downstream handle few large buffers.
-                pending.append(data)
-                size += len(data)
-                if size >= self._chunk:
-                    self._put(pending[0] if len(pending) == 1 else b"".join(pending))
-                    pending, size = [], 0
-            if pending:
-                self._put(b"".join(pending))
+            for item in self._pieces() if self._sizes is not None else self._chunks():
+                if self._stop.is_set():
+                    return
+                self._put(item)
             self._put(_END)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)
+
+    def _chunks(self):
+        pending: list[bytes] = []
+        size = 0
+        while data := self._stream.read(self._chunk):
+            # Sources that return one socket read at a time (read1) are coalesced into full chunks,
+            # so the stages downstream handle few large buffers.
+            pending.append(data)
+            size += len(data)
+            if size >= self._chunk:
+                yield pending[0] if len(pending) == 1 else b"".join(pending)
+                pending, size = [], 0
+        if pending:
+            yield b"".join(pending)
+
+    def _pieces(self):
+        for size in self._sizes:
+            piece = bytearray(size)
+            view, got = memoryview(piece), 0
+            while got < size:
+                data = self._stream.read(min(size - got, self._chunk))
+                if not data:
+                    raise IntegrityError("blob is truncated (it ends inside a frame)")
+                view[got : got + len(data)] = data
+                got += len(data)
+            yield piece
+        if self._stream.read(1):
+            raise IntegrityError("blob has trailing bytes after its last frame")
 
     def _put(self, item) -> None:
         while not self._stop.is_set():
@@ -68,10 +92,10 @@ class Prefetcher:
                 self._done = True
                 raise item
             else:
-                self._buffer = item
-        if size is None or size < 0 or size >= len(self._buffer):
-            out, self._buffer = self._buffer, b""
-        else:
+                self._buffer = memoryview(item)
+        if self._sizes is not None or size is None or size < 0 or size >= len(self._buffer):
+            out, self._buffer = self._buffer, memoryview(b"")
+        else:  # views, not copies, of the chunk
             out, self._buffer = self._buffer[:size], self._buffer[size:]
         return out
 

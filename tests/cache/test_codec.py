@@ -185,3 +185,12 @@ def test_unknown_flags_are_refused():
     struct.pack_into("<H", blob, 6, 0x8000)
     with pytest.raises(IntegrityError, match="unknown flags"):
         codec.decompress(bytes(blob), 100)
+
+
+@pytest.mark.parametrize("damage", ["trailing bytes", "truncated"])
+def test_streamed_blob_of_the_wrong_length_is_refused(damage):
+    data = weights(2 * codec.FRAME_RAW + 7, "float16")
+    blob = codec.compress(data, "float16")
+    bad = blob + b"\0" if damage == "trailing bytes" else blob[:-1]
+    with pytest.raises(IntegrityError, match=damage):
+        decode_stream(io.BytesIO(bad), io.BytesIO(), "efw1", len(data))

@@ -145,6 +145,14 @@ def test_high_ratio_bomb_is_refused_in_bounded_memory():
     assert _peak_mb(lambda: codec.decompress(blob, 4096)) < 32
 
 
+def test_bomb_without_a_declared_size_is_refused_in_bounded_memory():
+    stream = zstandard.ZstdCompressor(level=19, write_content_size=False).compressobj()
+    bomb = b"".join(stream.compress(b"\0" * (64 << 20)) for _ in range(8)) + stream.flush()  # 512 MiB, size unknown
+    assert zstandard.get_frame_parameters(bomb).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    blob = _forged(4096, 4096, [(codec.ZSTD, bomb, 0), (codec.RAW, b"", 0)])
+    assert _peak_mb(lambda: codec.decompress(blob, 4096)) < 32
+
+
 def test_lying_content_size_is_refused():
     honest = zstandard.ZstdCompressor(write_content_size=True).compress(b"a" * 8192)
     # Claims 4096 bytes in the table but the frame holds 8192.

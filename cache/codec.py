@@ -176,6 +176,7 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
 
 
 _SCRATCH = threading.local()
+INTERLEAVE_BLOCK = 1 << 16  # elements
 
 
 def _scratch(size: int) -> np.ndarray:
@@ -234,6 +235,12 @@ def _interleave(groups: list[np.ndarray], out: np.ndarray, width: int, rotate: b
 
     Built as whole elements with vectorized shifts and ors (element = sum of group k << 8k): numpy's strided
     byte copies (out.reshape(-1, width)[:, k] = group) run one byte at a time, 3x slower for fp16, 1.4x for fp32."""
+    step = INTERLEAVE_BLOCK
+    if len(groups[0]) > step:  # block by block, so each block's passes run in the core's cache
+        for start in range(0, len(groups[0]), step):
+            _interleave([group[start : start + step] for group in groups], out[start * width : (start + step) * width], width, rotate,
+                        scratch[start * width : (start + step) * width])
+        return
     elements = out.view(_UINT[width])
     scratch = scratch.view(_UINT[width])
     np.copyto(elements, groups[-1])

@@ -98,12 +98,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7, help="decode repetitions, interleaved across methods")
+    parser.add_argument("--only", default="", help="only data sets whose name contains this")
     args = parser.parse_args()
     results: dict[tuple[str, str], tuple[float, float, float]] = {}
     spread: dict[str, list[float]] = {}
     kinds = methods()
     print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
     for name, (data, dtype) in datasets(args.mib).items():
+        if args.only not in name:
+            continue
         blobs, enc_mbs = {}, {}
         for method, (enc, dec) in kinds.items():
             enc_s, blobs[method] = timed(lambda: enc(data, dtype), 1 if method == "zstd-19" else 3)

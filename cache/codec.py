@@ -12,12 +12,17 @@ Layout, all integers little-endian:
     frame count × (u64 compressed size, u32 raw size)
     frames: one per chunk of `frame raw size` bytes; a frame is `width` group records (byte k of every element)
             plus one record for the chunk's tail (len % width bytes), each record: u8 mode | u32 size | u32 crc32 | payload,
-            mode 0 = stored raw (mantissa bytes rarely compress, and raw decodes at memcpy speed; crc32 guards it),
-            mode 1 = zstd (its frame carries its own checksum; crc32 is 0)
+            mode 1 = zstd with its content size and checksum (crc32 is 0); what zstd cannot shrink (mantissa
+                     bytes) it keeps as raw blocks, which decode at memcpy speed under its xxh64 checksum;
+            mode 0 = stored raw, guarded by crc32 (written by earlier encoders; still read)
 
 Frames are independent, so they decode on several threads and a streamed download decodes as it arrives.
 A hostile blob is refused before it can use memory beyond the declared size: the raw size must equal what the
-manifest expects, every frame's raw size is bounded, and each frame decodes into a buffer of exactly that size.
+manifest expects, every frame's raw size is bounded, and each group decodes into a buffer of exactly its size
+(one byte more is an error).
+
+Decoding is numpy and python-zstandard only (no torch): each group is decoded straight into a per-thread
+buffer, and the groups are put back together as whole integers (shift and or), in cache-sized blocks.
 """
 
 from __future__ import annotations

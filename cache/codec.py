@@ -31,6 +31,7 @@ import struct
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import BinaryIO, Iterator
 
 import numpy as np
@@ -180,17 +181,28 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
         frames.close()
 
 
-_SCRATCH = threading.local()
 INTERLEAVE_BLOCK = 1 << 16  # elements
+_SPARE: list[np.ndarray] = []  # scratch buffers kept between frames and calls
+_SPARE_LOCK = threading.Lock()
+_SPARE_KEEP = 2  # at most 2 × 8 MiB stay allocated after decoding
 
 
-def _scratch(size: int) -> np.ndarray:
-    """A per-thread buffer that lives as long as its thread: fresh buffers cost a page fault per 4 KiB, and
-    decoding every frame into new ones took longer than the decoding itself."""
-    buffer = getattr(_SCRATCH, "buffer", None)
-    if buffer is None or len(buffer) < size:
-        buffer = _SCRATCH.buffer = np.empty(size, np.uint8)
-    return buffer[:size]
+@contextmanager
+def _scratch(size: int) -> Iterator[np.ndarray]:
+    """A scratch buffer of `size` bytes, reused across frames and calls: a fresh one costs a page fault per 4 KiB,
+    which for small blobs took longer than decoding them."""
+    usual = 2 * FRAME_RAW
+    with _SPARE_LOCK:
+        fits = [i for i, spare in enumerate(_SPARE) if len(spare) >= size]
+        buffer = _SPARE.pop(fits[0]) if fits else None
+    if buffer is None:
+        buffer = np.empty(max(size, usual), np.uint8)
+    try:
+        yield buffer[:size]
+    finally:
+        with _SPARE_LOCK:
+            if len(_SPARE) < _SPARE_KEEP and len(buffer) == usual:
+                _SPARE.append(buffer)
 
 
 def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out: np.ndarray | None = None):
@@ -198,8 +210,15 @@ def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out:
     whole = raw - raw % width
     count = whole // width
     out = np.empty(raw, np.uint8) if out is None else out
-    # Groups decode into the first half of the scratch space; the interleave's temporary uses the second.
-    space = _scratch(2 * whole) if width > 1 else out[:whole]
+    if width == 1:
+        return _decode_groups(frame, raw, width, rotate, out, out[:whole])
+    with _scratch(2 * whole) as space:  # groups decode into its first half; the interleave's temporary is the second
+        return _decode_groups(frame, raw, width, rotate, out, space)
+
+
+def _decode_groups(frame, raw: int, width: int, rotate: bool, out: np.ndarray, space: np.ndarray):
+    whole = raw - raw % width
+    count = whole // width
     view, pos = memoryview(frame), 0
     decompressor = _decompressor()
     groups = []

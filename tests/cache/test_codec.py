@@ -202,3 +202,13 @@ def test_streamed_blob_of_the_wrong_length_is_refused(damage):
     bad = blob + b"\0" if damage == "trailing bytes" else blob[:-1]
     with pytest.raises(IntegrityError, match=damage):
         decode_stream(io.BytesIO(bad), io.BytesIO(), "efw1", len(data))
+
+
+def test_concurrent_decodes_share_scratch_buffers_safely():
+    from concurrent.futures import ThreadPoolExecutor
+
+    blobs = {dtype: (weights(3 * codec.FRAME_RAW + 11, dtype, seed=i), None) for i, dtype in enumerate(["float16", "float32", "bfloat16", "int8"])}
+    blobs = {dtype: (data, codec.compress(data, dtype)) for dtype, (data, _) in blobs.items()}
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda item: codec.decompress(item[1], len(item[0]), threads=3) == item[0], list(blobs.values()) * 3))
+    assert all(results) and len(codec._SPARE) <= codec._SPARE_KEEP

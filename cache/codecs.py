@@ -47,7 +47,8 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
     Reading, decoding and hashing + writing run as a pipeline (cache/pipeline.py)."""
     from .pipeline import HashingWriter, Prefetcher
 
-    source = Prefetcher(src)
+    # efw1 reads its own frames ahead (codec.decode_frames); the others read through a chunked prefetcher.
+    source = src if codec == "efw1" else Prefetcher(src)
     writer = HashingWriter(dst)
     written = 0
     try:
@@ -73,7 +74,8 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
         writer.abandon()
         raise
     finally:
-        source.close()
+        if source is not src:
+            source.close()
     if written != expected_size:
         raise IntegrityError(f"blob decodes to {written} bytes, manifest says {expected_size} (truncated?)")
     return digest

@@ -12,44 +12,68 @@ import queue
 import threading
 from typing import BinaryIO
 
+from enginefarm.errors import IntegrityError
+
 CHUNK = 1 << 20
 DEPTH = 8
 _END = object()
 
 
 class Prefetcher:
-    """A read-ahead wrapper: a thread pulls chunks from `stream` while the caller consumes earlier ones."""
+    """A read-ahead wrapper: a thread pulls chunks from `stream` while the caller consumes earlier ones.
 
-    def __init__(self, stream, chunk: int = CHUNK, depth: int = DEPTH) -> None:
+    With `sizes`, it reads exactly those pieces (the frames of a blob whose table is already known), each
+    straight into a buffer of its own, so a frame is copied once on its way from the socket to the decoder,
+    and `read()` hands out one whole piece at a time; bytes after the last piece are an error."""
+
+    def __init__(self, stream, chunk: int = CHUNK, depth: int = DEPTH, sizes: list[int] | None = None) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stream = stream
         self._chunk = chunk
+        self._sizes = sizes
         self._stop = threading.Event()
-        self._buffer = b""
+        self._buffer = memoryview(b"")
         self._done = False
         self._thread = threading.Thread(target=self._pump, name="enginefarm-prefetch", daemon=True)
         self._thread.start()
 
     def _pump(self) -> None:
         try:
-            pending: list[bytes] = []
-            size = 0
-            while not self._stop.is_set():
-                data = self._stream.read(self._chunk)
-                if not data:
-                    break
-                # Sources that return one socket read at a time (read1) are coalesced into full chunks,
-                # so the stages downstream handle few large buffers.
-                pending.append(data)
-                size += len(data)
-                if size >= self._chunk:
-                    self._put(pending[0] if len(pending) == 1 else b"".join(pending))
-                    pending, size = [], 0
-            if pending:
-                self._put(b"".join(pending))
+            for item in self._pieces() if self._sizes is not None else self._chunks():
+                if self._stop.is_set():
+                    return
+                self._put(item)
             self._put(_END)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)
+
+    def _chunks(self):
+        pending: list[bytes] = []
+        size = 0
+        while data := self._stream.read(self._chunk):
+            # Sources that return one socket read at a time (read1) are coalesced into full chunks,
+            # so the stages downstream handle few large buffers.
+            pending.append(data)
+            size += len(data)
+            if size >= self._chunk:
+                yield pending[0] if len(pending) == 1 else b"".join(pending)
+                pending, size = [], 0
+        if pending:
+            yield b"".join(pending)
+
+    def _pieces(self):
+        for size in self._sizes:
+            piece = bytearray(size)
+            view, got = memoryview(piece), 0
+            while got < size:
+                data = self._stream.read(min(size - got, self._chunk))
+                if not data:
+                    raise IntegrityError("blob is truncated (it ends inside a frame)")
+                view[got : got + len(data)] = data
+                got += len(data)
+            yield piece
+        if self._stream.read(1):
+            raise IntegrityError("blob has trailing bytes after its last frame")
 
     def _put(self, item) -> None:
         while not self._stop.is_set():
@@ -68,10 +92,10 @@ class Prefetcher:
                 self._done = True
                 raise item
             else:
-                self._buffer = item
-        if size is None or size < 0 or size >= len(self._buffer):
-            out, self._buffer = self._buffer, b""
-        else:
+                self._buffer = memoryview(item)
+        if self._sizes is not None or size is None or size < 0 or size >= len(self._buffer):
+            out, self._buffer = self._buffer, memoryview(b"")
+        else:  # views, not copies, of the chunk
             out, self._buffer = self._buffer[:size], self._buffer[size:]
         return out
 
@@ -81,24 +105,40 @@ class Prefetcher:
 
 
 class HashingWriter:
-    """Hashes and writes chunks on a background thread. `finish()` waits and returns the sha256 hex digest."""
+    """Hashes and writes chunks on two background threads, chained, so hashing one chunk overlaps writing the
+    one before (each costs about the same per byte; on one thread they were the fetch's slowest stage).
+    `finish()` waits and returns the sha256 hex digest of what was written."""
 
     def __init__(self, out: BinaryIO, depth: int = DEPTH) -> None:
         self._out = out
         self._digest = hashlib.sha256()
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._to_hash: queue.Queue = queue.Queue(maxsize=depth)
+        self._to_write: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="enginefarm-write", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._hash, name="enginefarm-hash", daemon=True),
+                         threading.Thread(target=self._write, name="enginefarm-write", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
-    def _drain(self) -> None:
+    def _hash(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._to_hash.get()
+            if item is not _END and self._error is None:
+                try:
+                    self._digest.update(item)
+                except BaseException as exc:
+                    self._error = exc
+            self._to_write.put(item)  # after an error too, so both threads keep draining until _END
+            if item is _END:
+                return
+
+    def _write(self) -> None:
+        while True:
+            item = self._to_write.get()
             if item is _END:
                 return
             if self._error is None:
                 try:
-                    self._digest.update(item)
                     self._out.write(item)
                 except BaseException as exc:
                     self._error = exc
@@ -106,16 +146,19 @@ class HashingWriter:
     def write(self, chunk: bytes) -> None:
         if self._error is not None:
             raise self._error
-        self._queue.put(chunk)
+        self._to_hash.put(chunk)
+
+    def _stop(self, timeout: float | None) -> None:
+        self._to_hash.put(_END)
+        for thread in self._threads:
+            thread.join(timeout)
 
     def finish(self) -> str:
-        self._queue.put(_END)
-        self._thread.join()
+        self._stop(None)
         if self._error is not None:
             raise self._error
         return self._digest.hexdigest()
 
     def abandon(self) -> None:
         self._error = self._error or RuntimeError("abandoned")
-        self._queue.put(_END)
-        self._thread.join(timeout=5)
+        self._stop(5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import tracemalloc
+import zlib
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def _flip(blob: bytes, at: int) -> bytes:
     return blob[:at] + bytes([blob[at] ^ 0x40]) + blob[at + 1:]
 
 
-@pytest.mark.parametrize("where", ["zstd group", "raw group", "header", "table"])
+@pytest.mark.parametrize("where", ["exponent group", "mantissa group", "header", "table"])
 def test_corruption_is_detected(where):
     data = weights(1 << 20, "float16")
     blob = codec.compress(data, "float16")
@@ -91,14 +92,22 @@ def test_corruption_is_detected(where):
     record = codec._RECORD.size
     first_mode, first_size, _ = codec._RECORD.unpack_from(blob, header)
     at = {
-        "raw group": header + record + first_size // 2,  # group 0 (low bytes) is stored raw
-        "zstd group": header + record + first_size + record + 40,
+        "mantissa group": header + record + first_size // 2,  # group 0 (low bytes): zstd keeps it as raw blocks
+        "exponent group": header + record + first_size + record + 40,
         "header": 4,  # the element width
         "table": codec._HEADER.size + 2,
     }[where]
-    assert first_mode == codec.RAW
+    assert first_mode == codec.ZSTD and first_size > 0.99 * len(data) / 2  # random bytes: stored, not shrunk
     with pytest.raises(IntegrityError):
         codec.decompress(_flip(blob, at), len(data))
+
+
+def test_raw_records_of_older_blobs_decode_and_are_checked():
+    payload = bytes(range(256)) * 16
+    blob = _forged(4096, 4096, [(codec.RAW, payload, zlib.crc32(payload)), (codec.RAW, b"", 0)])
+    assert codec.decompress(blob, 4096) == payload
+    with pytest.raises(IntegrityError, match="crc32"):
+        codec.decompress(_flip(blob, len(blob) - 100), 4096)
 
 
 def test_truncated_blob_is_detected():
@@ -132,6 +141,14 @@ def _peak_mb(fn) -> float:
 
 def test_high_ratio_bomb_is_refused_in_bounded_memory():
     bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (512 << 20))  # 512 MiB of zeros in ~16 KiB
+    blob = _forged(4096, 4096, [(codec.ZSTD, bomb, 0), (codec.RAW, b"", 0)])
+    assert _peak_mb(lambda: codec.decompress(blob, 4096)) < 32
+
+
+def test_bomb_without_a_declared_size_is_refused_in_bounded_memory():
+    stream = zstandard.ZstdCompressor(level=19, write_content_size=False).compressobj()
+    bomb = b"".join(stream.compress(b"\0" * (64 << 20)) for _ in range(8)) + stream.flush()  # 512 MiB, size unknown
+    assert zstandard.get_frame_parameters(bomb).content_size == zstandard.CONTENTSIZE_UNKNOWN
     blob = _forged(4096, 4096, [(codec.ZSTD, bomb, 0), (codec.RAW, b"", 0)])
     assert _peak_mb(lambda: codec.decompress(blob, 4096)) < 32
 
@@ -176,3 +193,22 @@ def test_unknown_flags_are_refused():
     struct.pack_into("<H", blob, 6, 0x8000)
     with pytest.raises(IntegrityError, match="unknown flags"):
         codec.decompress(bytes(blob), 100)
+
+
+@pytest.mark.parametrize("damage", ["trailing bytes", "truncated"])
+def test_streamed_blob_of_the_wrong_length_is_refused(damage):
+    data = weights(2 * codec.FRAME_RAW + 7, "float16")
+    blob = codec.compress(data, "float16")
+    bad = blob + b"\0" if damage == "trailing bytes" else blob[:-1]
+    with pytest.raises(IntegrityError, match=damage):
+        decode_stream(io.BytesIO(bad), io.BytesIO(), "efw1", len(data))
+
+
+def test_concurrent_decodes_share_scratch_buffers_safely():
+    from concurrent.futures import ThreadPoolExecutor
+
+    blobs = {dtype: (weights(3 * codec.FRAME_RAW + 11, dtype, seed=i), None) for i, dtype in enumerate(["float16", "float32", "bfloat16", "int8"])}
+    blobs = {dtype: (data, codec.compress(data, dtype)) for dtype, (data, _) in blobs.items()}
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda item: codec.decompress(item[1], len(item[0]), threads=3) == item[0], list(blobs.values()) * 3))
+    assert all(results) and len(codec._SPARE) <= codec._SPARE_KEEP

@@ -86,6 +86,7 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
         return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
     key = stack_key(manifest.build_key, stack)
     if hasattr(backend, "refit"):
+        getattr(backend, "check_refit", lambda _: None)(manifest)  # before any merging or caching
         return _refit(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
     if not hasattr(backend, "patch_weights"):
         raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")

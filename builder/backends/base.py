@@ -13,6 +13,7 @@
 Optional:
     OPTIONS: dict                  build options a recipe may set in [components.X.<backend>], with defaults (in the key)
     refit(artifact_dir, manifest, weights, device) -> BackendSession   load, then replace named weights
+    check_refit(manifest)          raises (ConfigError with a hint) when this artifact cannot be refitted
     before_build(store, job, workdir) / after_build(store, job, workdir)   fetch / publish shared build caches
     bench_device(manifest) -> dict  the device class benchmarks were measured on (GPU backends)
     BUILDS_WITHOUT_DEVICE: bool    builds where it cannot run (TensorRT-RTX on a CPU): validation is then skipped

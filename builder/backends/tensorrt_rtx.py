@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.cache.atomic import write_bytes_atomic
-from enginefarm.errors import BackendUnavailable, BuildError, ConfigError, IntegrityError
+from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
 from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, deserialize, gpu_description, matching_gpu,
-                      precheck, read_plan, refit_engine, sdk, sdk_missing, stripped_files,
+                      precheck, read_plan, refit_engine, require_refittable, sdk, sdk_missing, stripped_files,
                       weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -123,10 +123,12 @@ def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
 
 def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
     """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout)."""
-    if not {**OPTIONS, **manifest.options}["refittable"]:
-        raise ConfigError(f"{manifest.ref} {manifest.target}: this engine was not built refittable",
-                          hint=f"set refittable = true in [components.{manifest.component}.options.tensorrt-rtx] and rebuild")
+    check_refit(manifest)
     return _open(Path(artifact_dir), manifest, weights)
+
+
+def check_refit(manifest) -> None:
+    require_refittable(manifest, OPTIONS, "engine")
 
 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:

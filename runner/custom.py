@@ -129,7 +129,7 @@ def _stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, b
 
     return replace(
         manifest, build_key=key, files=tuple(plain_file(workdir, b.path, b.role) for b in built) + extra, benchmarks=(),
-        validation={"passed": None, "note": "custom weights: not validated against a reference"},
+        validation={"passed": None, "executed": False, "why": "custom weights: not validated against a reference"},
         options={**manifest.options, "stack": _stack_record(manifest, stack, key)},
         provenance={**manifest.provenance, "built_on_device": True, "stack_seconds": round(seconds, 2)},
     )

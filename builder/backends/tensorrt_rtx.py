@@ -37,7 +37,6 @@ OPTIONS = {"strip_weights": True, "refittable": False}
 # TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
 FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}
 NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
-BUILDS_WITHOUT_DEVICE = True  # a CPU build host cannot validate or benchmark: the artifact says so
 
 
 def _trt():
@@ -119,6 +118,14 @@ def bench_device(manifest) -> dict:
 
 def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
     return _open(Path(artifact_dir), manifest, None)
+
+
+def validation_session(artifact_dir: Path, manifest, device: str):
+    """The engine itself where its GPU is here; built on a CPU host, it is published unvalidated, saying why."""
+    here = available(device)
+    if not here.can_load:
+        return None, {"why": f"built without the device to run it ({here.reason})"}
+    return load(artifact_dir, manifest, device), {}
 
 
 def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:

@@ -14,10 +14,10 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ArtifactNotFoundError, BackendUnavailable, ConfigError, IntegrityError, StoreError, TrustError, WeightsError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError, TrustError, WeightsError
 from enginefarm.settings import Settings, load_settings
 
-from .custom import Stack, apply
+from .custom import Stack, apply, check_stackable
 from .device import Device, detect
 from .fallback import compile_on_device, find_recipe, pick_job
 from .resolve import Candidate, Resolution, resolve
@@ -189,11 +189,13 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
-    try:
-        applied = apply(stack, manifest, path, backend, found.cache, report)
-    except (ConfigError, BackendUnavailable) as exc:  # another candidate may take the stack; if none does, this says why
-        found.stack_refusals.append(exc)
-        raise
+    if stack.active:
+        try:
+            check_stackable(backend, manifest)
+        except EnginefarmError as exc:  # another candidate may take the stack; if none does, this says why
+            found.stack_refusals.append(exc)
+            raise
+    applied = apply(stack, manifest, path, backend, found.cache, report)
     return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
 
 

@@ -38,6 +38,7 @@ batch = [1, 1, 2]
 [components.fixed]
 source = "net.onnx"
 checkpoint = "base.safetensors"
+targets = ["tensorrt:sm_89", "onnxruntime:cpu"]
 [components.fixed.profiles.default]
 batch = [1, 1, 2]
 """
@@ -45,7 +46,8 @@ batch = [1, 1, 2]
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
-    """One RTX 4090 (fake SDK) for the whole module; refittable fp32 + fp16 plans of `body`, a plain plan of `fixed`."""
+    """One RTX 4090 (fake SDK) for the whole module: refittable fp32 + fp16 plans of `body`; `fixed` as a plain
+    plan and for ONNX Runtime on the CPU."""
     root = tmp_path_factory.mktemp("lora-trt")
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(FAKES))
@@ -140,3 +142,12 @@ def test_a_plan_not_built_refittable_says_how_to_fix_it_and_caches_nothing(store
     assert out.returncode != 0 and "Traceback" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith(("error:", "hint:"))]
     assert len(errors) == 2 and "not built refittable" in errors[0] and "refittable = true" in errors[1]
+
+
+def test_a_stack_skips_a_plan_that_cannot_take_it_for_an_artifact_that_can(store, tmp_path):
+    plain = enginefarm.load("net/fixed", precision="fp32")
+    assert plain.artifact.target == TARGET  # the GPU plan ranks first without a stack
+    session = enginefarm.load("net/fixed", precision="fp32", loras=[(store / "a.safetensors", 0.8)])
+    assert session.artifact.target == "onnxruntime:cpu" and "weights: patched" in session.explain()
+    ref = reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.8)]))
+    assert np.allclose(session.run({"x": X})["y"], ref, atol=1e-4)

@@ -125,29 +125,26 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         fp32 = prepared if job.onnx_precision() == "fp32" else prepare(job.source.path, "fp32", prepared.path.parent)
         manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
 
-    unverified = _cannot_run_here(backend, job)
-    if unverified:
-        return replace(manifest, validation={"passed": None, "skipped": unverified}), outdir
-
     step("validate")
     cases = sample_cases(job.inputs, job.profile, job.validate)
-    references = reference_outputs(job.source.path, cases)
-    # A backend whose artifact cannot run on the build host (Core ML off macOS, a cross-compile) offers
-    # `validation_session`: what it can run here instead, or None, plus a note the manifest keeps.
+    # A backend whose artifact may not run on the build host (TensorRT-RTX or MIGraphX without their GPU, Core ML
+    # off macOS) offers `validation_session`: its own session, what it can run instead, or None; plus a note the
+    # manifest keeps. The record always says whether the artifact itself ran here (`executed`), and if not, `why`.
     opener = getattr(backend, "validation_session", None)
     try:
         session, note = opener(outdir, manifest, job.target.device) if opener else (backend.load(outdir, manifest, job.target.device), {})
         if session is None:
             report = {"passed": None, "executed": False, **note}
         else:
-            report = {**validate(session, cases, references, Thresholds.for_job(job.precision, job.validate)), **note}
+            references = reference_outputs(job.source.path, cases)
+            report = {**validate(session, cases, references, Thresholds.for_job(job.precision, job.validate)), "executed": True, **note}
     except EnginefarmError:
         raise
     except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
         raise BuildError(f"{job.label}: the built artifact does not load or run: {_first_line(exc)}") from exc
     del session
     manifest = replace(manifest, validation=report)
-    if report.get("executed", True) and not report["passed"]:
+    if report["passed"] is not None and not report["passed"]:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report)
 
     here = backend.available(job.target.device) if bench else None
@@ -182,15 +179,6 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
-
-
-def _cannot_run_here(backend, job: Job) -> str:
-    """Backends that build without their device (TensorRT-RTX on a CPU host) cannot validate or benchmark there:
-    the artifact is published with its validation marked skipped, and why."""
-    if not getattr(backend, "BUILDS_WITHOUT_DEVICE", False):
-        return ""
-    avail = backend.available(job.target.device)
-    return "" if avail.can_load else f"not validated: built without the device to run it ({avail.reason})"
 
 
 def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> None:

@@ -84,11 +84,10 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
     custom, loras = _read(stack, wmap)
     if not stack.active:
         return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
+    check_stackable(backend, manifest)  # before any merging or caching
     key = stack_key(manifest.build_key, stack)
     if hasattr(backend, "refit"):
         return _refit(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
-    if not hasattr(backend, "patch_weights"):
-        raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
     with file_lock(cache.locks / f"{key}.lock"):  # saves a second process the same work; the cache stays correct without it
         path = cache.verified_dir(key)
         how = "patched and compiled earlier (cached)"
@@ -98,6 +97,15 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
             how = "patched and compiled on this device"
     patched = cache.manifest(key)
     return Applied(backend.load(path, patched, device), patched, how)
+
+
+def check_stackable(backend, manifest: Manifest) -> None:
+    """Raises, with the fix as its hint, when this artifact cannot take custom weights at all (a TensorRT plan
+    built without refittable = true; a backend that can neither refit nor patch)."""
+    if hasattr(backend, "refit"):
+        getattr(backend, "check_refit", lambda _: None)(manifest)
+    elif not hasattr(backend, "patch_weights"):
+        raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
 
 
 def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras,
@@ -128,7 +136,7 @@ def _stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, b
 
     return replace(
         manifest, build_key=key, files=tuple(plain_file(workdir, b.path, b.role) for b in built) + extra, benchmarks=(),
-        validation={"passed": None, "note": "custom weights: not validated against a reference"},
+        validation={"passed": None, "executed": False, "why": "custom weights: not validated against a reference"},
         options={**manifest.options, "stack": _stack_record(manifest, stack, key)},
         provenance={**manifest.provenance, "built_on_device": True, "stack_seconds": round(seconds, 2)},
     )

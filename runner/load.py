@@ -14,10 +14,10 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError, StoreError, TrustError, WeightsError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError, TrustError, WeightsError
 from enginefarm.settings import Settings, load_settings
 
-from .custom import Stack, apply
+from .custom import Stack, apply, check_stackable
 from .device import Device, detect
 from .fallback import compile_on_device, find_recipe, pick_job
 from .resolve import Candidate, Resolution, resolve
@@ -46,6 +46,7 @@ class Lookup:
     settings: Settings
     release: object = None  # the signed channel's client when resolving inside a release channel
     refusals: list[Exception] = field(default_factory=list)  # trust and integrity failures, raised if nothing loads
+    stack_refusals: list[Exception] = field(default_factory=list)  # artifacts that cannot take the user's stack
 
 
 def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings) -> Lookup:
@@ -188,6 +189,12 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
+    if stack.active:
+        try:
+            check_stackable(backend, manifest)
+        except EnginefarmError as exc:  # another candidate may take the stack; if none does, this says why
+            found.stack_refusals.append(exc)
+            raise
     applied = apply(stack, manifest, path, backend, found.cache, report)
     return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
 
@@ -195,6 +202,8 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
 def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
     if found.release is not None and found.refusals:
         return found.refusals[0]  # in a release channel a refusal is the answer, not "nothing fits"
+    if found.stack_refusals:
+        return found.stack_refusals[0]  # an artifact fits but not with these weights: its own error has the fix
     why = "; ".join(failures) or " ".join(found.resolution.explain(note=found.note).splitlines()[1:]).strip() or "nothing stored"
     return ArtifactNotFoundError(
         f"no artifact of {ref} fits this device: {why}",

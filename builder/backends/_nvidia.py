@@ -332,6 +332,16 @@ def refit_engine(trt, engine, logger, what: str, onnx_path: Path | None = None, 
         raise IntegrityError(f"{what}: refitting the plan failed (missing weights: {list(refitter.get_missing_weights())[:5]})")
 
 
+def require_refittable(manifest, defaults: dict[str, Any], what: str) -> None:
+    """New weights need a plan built with REFIT: a stripped plan (REFIT_IDENTICAL) takes only the build's own."""
+    from enginefarm.errors import ConfigError
+
+    if not {**defaults, **manifest.options}["refittable"]:
+        backend = manifest.parsed_target.backend
+        raise ConfigError(f"{manifest.ref} {manifest.target}: this {what} was not built refittable, so it cannot take custom weights or LoRAs",
+                          hint=f"set refittable = true in [components.{manifest.component}.options.{backend}] and rebuild")
+
+
 def weights_onnx(artifact_dir: Path, manifest) -> Path | None:
     entry = next((f for f in manifest.files if f.role == "weights" and f.path.endswith(".onnx")), None)
     return None if entry is None else verified_file(artifact_dir, manifest, entry.path)

@@ -13,9 +13,12 @@
 Optional:
     OPTIONS: dict                  build options a recipe may set in [components.X.<backend>], with defaults (in the key)
     refit(artifact_dir, manifest, weights, device) -> BackendSession   load, then replace named weights
+    check_refit(manifest)          raises (ConfigError with a hint) when this artifact cannot be refitted
     before_build(store, job, workdir) / after_build(store, job, workdir)   fetch / publish shared build caches
     bench_device(manifest) -> dict  the device class benchmarks were measured on (GPU backends)
-    BUILDS_WITHOUT_DEVICE: bool    builds where it cannot run (TensorRT-RTX on a CPU): validation is then skipped
+    validation_session(artifact_dir, manifest, device) -> (BackendSession | None, note: dict)
+                                   where the artifact may not run on the build host: its session, a stand-in, or None
+                                   (published unvalidated: passed None, executed False); `note` joins the record
 
 The SDK is imported inside those functions only, so importing a backend module is cheap and always works.
 """

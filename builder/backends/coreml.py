@@ -227,7 +227,7 @@ def validation_session(artifact_dir: Path, manifest, device: str):
     traced torch module that was converted stands in for it."""
     here = available(device)
     if here.can_load:
-        return load(artifact_dir, manifest, device), {"artifact_executed": True}
+        return load(artifact_dir, manifest, device), {}
     import torch
 
     with tempfile.TemporaryDirectory(prefix="coreml-spec-") as tmp:
@@ -239,7 +239,7 @@ def validation_session(artifact_dir: Path, manifest, device: str):
     inputs = manifest.io.get("inputs", [])
     session = TorchStandIn(traced, [t["name"] for t in inputs], [t["dtype"] for t in inputs], [t["name"] for t in manifest.io.get("outputs", [])])
     note = {
-        "artifact_executed": False,
+        "executed": False,
         "ran_instead": "the traced torch module that coremltools converted (fp32, CPU); the package's spec was checked",
         "why": here.reason,
         "spec": {"inputs": summary["inputs"], "outputs": summary["outputs"], "dtypes": summary["dtypes"]},

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError
+from enginefarm.errors import BackendUnavailable, IntegrityError
 
 from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, deserialize,
-                      gpu_description, matching_gpu, precheck, read_plan, refit_engine, sdk,
+                      gpu_description, matching_gpu, precheck, read_plan, refit_engine, require_refittable, sdk,
                       sdk_missing, stripped_files, weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -167,10 +167,12 @@ def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
 def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
     """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to
     the plan's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
-    if not {**OPTIONS, **manifest.options}["refittable"]:
-        raise ConfigError(f"{manifest.ref} {manifest.target}: this plan was not built refittable",
-                          hint=f"set refittable = true in [components.{manifest.component}.options.tensorrt] and rebuild")
+    check_refit(manifest)
     return _open(Path(artifact_dir), manifest, weights)
+
+
+def check_refit(manifest) -> None:
+    require_refittable(manifest, OPTIONS, "plan")
 
 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.cache.atomic import write_bytes_atomic
-from enginefarm.errors import BackendUnavailable, BuildError, ConfigError, IntegrityError
+from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
 from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, deserialize, gpu_description, matching_gpu,
-                      precheck, read_plan, refit_engine, sdk, sdk_missing, stripped_files,
+                      precheck, read_plan, refit_engine, require_refittable, sdk, sdk_missing, stripped_files,
                       weights_onnx)
 from .base import Availability, BuiltFile
 
@@ -37,7 +37,6 @@ OPTIONS = {"strip_weights": True, "refittable": False}
 # TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
 FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}
 NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
-BUILDS_WITHOUT_DEVICE = True  # a CPU build host cannot validate or benchmark: the artifact says so
 
 
 def _trt():
@@ -121,12 +120,22 @@ def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
     return _open(Path(artifact_dir), manifest, None)
 
 
+def validation_session(artifact_dir: Path, manifest, device: str):
+    """The engine itself where its GPU is here; built on a CPU host, it is published unvalidated, saying why."""
+    here = available(device)
+    if not here.can_load:
+        return None, {"why": f"built without the device to run it ({here.reason})"}
+    return load(artifact_dir, manifest, device), {}
+
+
 def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
     """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout)."""
-    if not {**OPTIONS, **manifest.options}["refittable"]:
-        raise ConfigError(f"{manifest.ref} {manifest.target}: this engine was not built refittable",
-                          hint=f"set refittable = true in [components.{manifest.component}.options.tensorrt-rtx] and rebuild")
+    check_refit(manifest)
     return _open(Path(artifact_dir), manifest, weights)
+
+
+def check_refit(manifest) -> None:
+    require_refittable(manifest, OPTIONS, "engine")
 
 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:

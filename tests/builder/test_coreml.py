@@ -73,7 +73,7 @@ def test_cli_build_stores_an_inspectable_package_per_precision(tiny_recipe, cli,
         assert [(f.path, f.role) for f in manifest.files] == [("model.mlpackage.tar", "model")]
         assert manifest.options == {"shapes": "range", "deployment_target": "macOS13"}
         assert manifest.constraints == {"os": ["darwin"], "macos": ">=13"}
-        assert manifest.validation["passed"] is True and manifest.validation["artifact_executed"] is False
+        assert manifest.validation["passed"] is True and manifest.validation["executed"] is False
         assert "macOS" in manifest.validation["why"] and "torch module" in manifest.validation["ran_instead"]
         assert {c["case"] for c in manifest.validation["checks"]} == {"min", "opt", "max"}
         assert manifest.benchmarks == () and manifest.provenance["benchmark"].startswith("skipped: Core ML runs only on macOS")
@@ -242,7 +242,7 @@ def test_coreml_on_a_mac_end_to_end(tiny_recipe, cli, monkeypatch, units):
     session = enginefarm.load("tiny-sd/decoder", device="apple", target="coreml:apple")
     out = session.run({"latent": np.zeros((2, 4, 32, 32), np.float32)})["sample"]
     assert out.shape == (2, 3, 64, 64) and np.isfinite(out).all()
-    assert session.artifact.validation["artifact_executed"] is True
+    assert session.artifact.validation["executed"] is True
     assert json.loads(session.artifact.to_json())["benchmarks"]
 
 

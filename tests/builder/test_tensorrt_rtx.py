@@ -23,8 +23,10 @@ def test_builds_on_a_machine_without_a_gpu(fake_nvidia, write_recipe, tiny_sd, t
     (call,) = fake_nvidia.calls("build_serialized_network", sdk="tensorrt_rtx")
     assert call["compute_capabilities"] == []  # the SDK's default: 8.6 and later, future GPUs included
     assert set(call["flags"]) == {"STRIP_PLAN", "REFIT_IDENTICAL"} and call["strongly_typed"]
-    assert result.manifest.validation["passed"] is None
-    assert result.manifest.validation["skipped"].startswith("not validated: built without the device to run it")
+    validation = result.manifest.validation
+    assert validation["passed"] is None and validation["executed"] is False
+    assert validation["why"].startswith("built without the device to run it (") and "NVML did not start" in validation["why"]
+    assert set(validation) == {"passed", "executed", "why"}
     assert not fake_nvidia.calls("deserialize_cuda_engine")  # nothing was loaded on the CPU build host
     assert result.manifest.constraints["runtime"] == {"tensorrt-rtx": "==1.2.0.54"}
 

@@ -342,6 +342,25 @@ def require_refittable(manifest, defaults: dict[str, Any], what: str) -> None:
                           hint=f"set refittable = true in [components.{manifest.component}.options.{backend}] and rebuild")
 
 
+def open_engine(trt, artifact_dir: Path, manifest, options: dict[str, Any], family_floors: dict[str, tuple[int, int]], noun: str,
+                weights: dict[str, np.ndarray] | None):
+    """(engine, gpu, how) from the verified plan: checked, deserialized, and refitted from the shipped weights
+    (a stripped plan has none of its own) plus `weights` on top. Both backends open plans this one way."""
+    what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
+    gpu = precheck(trt, manifest, family_floors, what)
+    engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options.get("version_compatible", False))
+    how, onnx = noun, None
+    if options["strip_weights"]:
+        onnx = weights_onnx(artifact_dir, manifest)
+        if onnx is None:
+            raise IntegrityError(f"{what}: a weight-stripped {noun} without its weights")
+        how = f"weight-stripped {noun}, refitted from weights.onnx"
+    if onnx is not None or weights:
+        refit_engine(trt, engine, logger, what, onnx, weights)
+        how += f", {len(weights)} weights replaced" if weights else ""
+    return engine, gpu, how
+
+
 def weights_onnx(artifact_dir: Path, manifest) -> Path | None:
     entry = next((f for f in manifest.files if f.role == "weights" and f.path.endswith(".onnx")), None)
     return None if entry is None else verified_file(artifact_dir, manifest, entry.path)

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.errors import BackendUnavailable, IntegrityError
+from enginefarm.errors import BackendUnavailable
 
-from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, deserialize,
-                      gpu_description, matching_gpu, precheck, read_plan, refit_engine, require_refittable, sdk,
-                      sdk_missing, stripped_files, weights_onnx)
+from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, gpu_description, matching_gpu,
+                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
 from .base import Availability, BuiltFile
 
 log = logging.getLogger(__name__)
@@ -177,17 +176,5 @@ def check_refit(manifest) -> None:
 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
-    options = {**OPTIONS, **manifest.options}
-    what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
-    gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
-    engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options["version_compatible"])
-    how, onnx = "plan", None
-    if options["strip_weights"]:
-        onnx = weights_onnx(artifact_dir, manifest)
-        if onnx is None:
-            raise IntegrityError(f"{what}: a weight-stripped plan without its weights")
-        how = "weight-stripped plan, refitted from weights.onnx"
-    if onnx is not None or weights:
-        refit_engine(trt, engine, logger, what, onnx, weights)
-        how += f", {len(weights)} weights replaced" if weights else ""
+    engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
     return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])

@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.cache.atomic import write_bytes_atomic
-from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
+from enginefarm.errors import BackendUnavailable, BuildError
 
-from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, deserialize, gpu_description, matching_gpu,
-                      precheck, read_plan, refit_engine, require_refittable, sdk, sdk_missing, stripped_files,
-                      weights_onnx)
+from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, gpu_description, matching_gpu, open_engine,
+                      require_refittable, sdk, sdk_missing, stripped_files)
 from .base import Availability, BuiltFile
 
 log = logging.getLogger(__name__)
@@ -140,24 +139,12 @@ def check_refit(manifest) -> None:
 
 def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
-    options = {**OPTIONS, **manifest.options}
-    what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
-    gpu = precheck(trt, manifest, FAMILY_FLOORS, what)
-    engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what)
-    how, onnx = "engine", None
-    if options["strip_weights"]:
-        onnx = weights_onnx(artifact_dir, manifest)
-        if onnx is None:
-            raise IntegrityError(f"{what}: a weight-stripped engine without its weights")
-        how = "weight-stripped engine, refitted from weights.onnx"
-    if onnx is not None or weights:
-        refit_engine(trt, engine, logger, what, onnx, weights)
-        how += f", {len(weights)} weights replaced" if weights else ""
+    engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
     config = engine.create_runtime_config()
     cache = config.create_runtime_cache()
     path = runtime_cache_path(manifest, gpu)
     if path.is_file() and not cache.deserialize(path.read_bytes()):
-        log.warning("%s: runtime cache %s was not usable; starting a new one", what, path)
+        log.warning("%s %s: runtime cache %s was not usable; starting a new one", manifest.ref, manifest.target, path)
     config.set_runtime_cache(cache)
     seen: set = set()
 

@@ -42,14 +42,16 @@ def probe_nvidia() -> Probe:
 
 
 def nvidia_targets(major: int, minor: int) -> tuple[str, ...]:
-    """What an NVIDIA GPU of compute capability major.minor runs: engines for its exact arch, hardware-compatible
-    `ampere+` engines from Ampere (8.x) on, and TensorRT-RTX's JIT-able engines for its family class."""
+    """What an NVIDIA GPU of compute capability major.minor runs: TensorRT engines for its exact arch and
+    hardware-compatible `ampere+` ones from 8.0 on; TensorRT-RTX engines for its arch and family classes, by the
+    floors that backend declares (it leaves out datacenter parts such as the A100's 8.0)."""
+    from enginefarm.builder.backends import tensorrt, tensorrt_rtx
+
     arch = f"sm_{major}{minor}"
-    targets = [f"tensorrt:{arch}", f"tensorrt-rtx:{arch}"]
-    if major >= 8:
-        targets += ["tensorrt:ampere+", "tensorrt-rtx:ampere+"]
-    families = [("turing+", (7, 5)), ("ampere+", (8, 0)), ("ada+", (8, 9)), ("blackwell+", (12, 0))]
-    targets += [f"tensorrt-rtx:{name}" for name, floor in families if (major, minor) >= floor and f"tensorrt-rtx:{name}" not in targets]
+    cc = (major, minor)
+    targets = [f"tensorrt:{arch}"] + [f"tensorrt:{name}" for name, floor in tensorrt.FAMILY_FLOORS.items() if cc >= floor]
+    if major * 10 + minor not in tensorrt_rtx.NOT_RTX:
+        targets += [f"tensorrt-rtx:{arch}"] + [f"tensorrt-rtx:{name}" for name, floor in tensorrt_rtx.FAMILY_FLOORS.items() if cc >= floor]
     return tuple(targets)
 
 

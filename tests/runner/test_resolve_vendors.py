@@ -94,6 +94,8 @@ def test_backends_this_machine_cannot_load_are_skipped_with_the_reason():
     ((7, 5), {"tensorrt:sm_75", "tensorrt-rtx:turing+"}, {"tensorrt:ampere+"}),
     ((8, 6), {"tensorrt:sm_86", "tensorrt:ampere+", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"}, {"tensorrt-rtx:ada+"}),
     ((12, 0), {"tensorrt:sm_120", "tensorrt:ampere+", "tensorrt-rtx:blackwell+", "tensorrt-rtx:ada+"}, set()),
+    # The A100 (8.0) runs hardware-compatible TensorRT plans, but TensorRT-RTX does not list it at all.
+    ((8, 0), {"tensorrt:sm_80", "tensorrt:ampere+"}, {"tensorrt-rtx:sm_80", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"}),
 ])
 def test_nvidia_target_classes(cc, has, lacks):
     targets = set(nvidia_targets(*cc))

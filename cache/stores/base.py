@@ -86,6 +86,19 @@ class Store(ABC):
     def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
         """Create or replace channels/<channel>/<name> atomically."""
 
+    # Shared build caches (TensorRT timing caches): write-once objects under caches/, merged by their readers.
+    # Defaults for stores that keep none (HTTP is read-only and cannot list): builds then just start cold.
+    def put_cache_object(self, name: str, data: bytes) -> bool:
+        """Write `caches/<name>` once. False if it exists or this store keeps no caches; never rewrites."""
+        return False
+
+    def get_cache_object(self, name: str) -> bytes | None:
+        return None
+
+    def list_cache_objects(self, prefix: str) -> list[str]:
+        """Names (relative to caches/) under `prefix`."""
+        return []
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 

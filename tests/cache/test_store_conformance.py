@@ -214,6 +214,12 @@ class TestHttpStore(StoreConformance):
     def reader(self, bucket, s3_env):
         return open_store(f"{s3_env.url}/{bucket}/farm")
 
+    def test_keeps_no_build_caches(self, reader):
+        """A build reading through HTTP just starts cold: no cache objects, and nothing is written."""
+        assert reader.put_cache_object("tensorrt-timing/sm_89/trt-10/aa", b"x") is False
+        assert reader.get_cache_object("tensorrt-timing/sm_89/trt-10/aa") is None
+        assert reader.list_cache_objects("tensorrt-timing") == []
+
     def test_is_read_only(self, reader, tmp_path):
         digest, path = blob_file(tmp_path, b"x")
         with pytest.raises(StoreError, match="read-only"):

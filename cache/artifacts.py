@@ -7,7 +7,7 @@ import logging
 import random
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -196,11 +196,22 @@ def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: Pr
     return results
 
 
+# Shared build caches (caches/<kind>/<slot>/<object>) are merged supersets: each new object holds what its builder
+# fetched plus what it measured. Builders read only the newest few per slot and gc prunes the rest, so a farm's
+# builds do not slow down as objects pile up.
+CACHE_NEWEST_KEPT = 8
+
+
+def newest_cache_objects(entries: list[tuple[str, float]], keep: int = CACHE_NEWEST_KEPT) -> list[str]:
+    return [name for name, _ in sorted(entries, key=lambda e: (-e[1], e[0]))[:keep]]
+
+
 @dataclass(frozen=True)
 class GcPlan:
     referenced: int
     unreferenced: list[tuple[str, float]]  # (digest, mtime) of blobs no manifest uses
     to_delete: list[str]  # those older than the grace period
+    stale_caches: list[str] = field(default_factory=list)  # build-cache objects past the newest few of their slot, older than the grace
 
 
 def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
@@ -216,4 +227,15 @@ def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
         if manifest is not None:
             referenced.update(f.stored_sha256 for f in manifest.files)
     orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
-    return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s])
+    return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now))
+
+
+def _stale_caches(store: Store, grace_s: float, now: float) -> list[str]:
+    slots: dict[str, list[tuple[str, float]]] = {}
+    for name, mtime in store.list_cache_entries(""):
+        slots.setdefault(name.rsplit("/", 1)[0], []).append((name, mtime))
+    stale = []
+    for entries in slots.values():
+        kept = set(newest_cache_objects(entries))
+        stale += [name for name, mtime in entries if name not in kept and now - mtime > grace_s]
+    return sorted(stale)

@@ -464,8 +464,8 @@ def report_cmd(store, reports, recipes, runners, out, title):
 @click.option("--grace", default="24h", show_default=True, help="Keep unreferenced blobs younger than this (s, m, h, d).")
 @click.option("--delete", is_flag=True, help="Really delete; without it, only show what would go.")
 def gc_cmd(store, grace, delete):
-    """Remove blobs that no manifest references and that are older than the grace period (dry run by default)."""
-    from enginefarm.cache.artifacts import plan_gc
+    """Remove blobs no manifest references and superseded build-cache objects, older than the grace period (dry run by default)."""
+    from enginefarm.cache.artifacts import CACHE_NEWEST_KEPT, plan_gc
     from enginefarm.cache.stores import open_store
     from enginefarm.settings import parse_duration
 
@@ -477,7 +477,13 @@ def gc_cmd(store, grace, delete):
         if delete:
             opened.delete_blob(digest)
         click.echo(f"{'deleted' if delete else 'would delete'} blob {digest}")
+    for name in plan.stale_caches:
+        if delete:
+            opened.delete_cache_object(name)
+        click.echo(f"{'deleted' if delete else 'would delete'} build cache caches/{name}")
     click.echo(f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced {'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}")
+    if plan.stale_caches:
+        click.echo(f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the newest {CACHE_NEWEST_KEPT} of each kept)")
 
 
 @main.group("cache")

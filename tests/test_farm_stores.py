@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -80,8 +81,16 @@ def test_gc_is_a_dry_run_unless_asked(farm_bucket, cli, tmp_path):
     assert "0 unreferenced to delete" in young.stdout and "1 unreferenced but younger" in young.stdout
     dry = cli("gc", "--store", farm_bucket, "--grace", "0s", check=True)
     assert f"would delete blob {orphan}" in dry.stdout and store.has_blob(orphan)
-    real = cli("gc", "--store", farm_bucket, "--grace", "0s", "--delete", check=True)
+    from enginefarm.cache.artifacts import CACHE_NEWEST_KEPT
+
+    slot = "tensorrt-timing/sm_89/trt-10"
+    for i in range(CACHE_NEWEST_KEPT + 1):
+        store.put_cache_object(f"{slot}/{i:02d}", b"timing %d" % i)
+    time.sleep(1.1)  # S3 keeps whole seconds: the grace below must see every object as older than it
+    real = cli("gc", "--store", farm_bucket, "--grace", "1s", "--delete", check=True)
     assert f"deleted blob {orphan}" in real.stdout and not store.has_blob(orphan)
+    assert "1 superseded build-cache objects deleted" in real.stdout
+    assert len(store.list_cache_objects(slot)) == CACHE_NEWEST_KEPT
     for key in store.list_manifest_keys():
         assert all(store.has_blob(f.stored_sha256) for f in read_manifest(store, key).files)
     assert cli("gc", "--store", farm_bucket, "--grace", "soon").stderr.startswith("error: --grace 'soon'")

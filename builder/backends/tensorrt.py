@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
 from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, gpu_description, matching_gpu,
@@ -117,7 +118,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
 
 
 # The timing cache in the store: caches/tensorrt-timing/<build GPU arch>/trt-<version>/<sha256>. Each build
-# merges every object under its prefix (ITimingCache.combine) and publishes what it measured as a new
+# merges the newest objects under its prefix (ITimingCache.combine; `enginefarm gc` prunes older ones) and publishes what it measured as a new
 # content-addressed object, written once: no shared object is ever rewritten, and racing builders only add.
 def _timing_dir(workdir: Path) -> Path:
     return workdir.parent / "tensorrt-timing"
@@ -134,7 +135,7 @@ def before_build(store, job, workdir: Path) -> None:
         return
     folder = _timing_dir(workdir) / "fetched"
     folder.mkdir(parents=True, exist_ok=True)
-    for name in store.list_cache_objects(prefix):
+    for name in newest_cache_objects(store.list_cache_entries(prefix)):  # each is a merged superset of older ones
         digest = name.rsplit("/", 1)[-1]
         data = store.get_cache_object(name)
         if data is None or hashlib.sha256(data).hexdigest() != digest:

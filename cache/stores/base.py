@@ -95,12 +95,24 @@ class Store(ABC):
     def get_cache_object(self, name: str) -> bytes | None:
         return None
 
-    def list_cache_objects(self, prefix: str) -> list[str]:
-        """Names (relative to caches/) under `prefix`."""
+    def list_cache_entries(self, prefix: str) -> list[tuple[str, float]]:
+        """(name relative to caches/, mtime) of every object under `prefix`."""
         return []
+
+    def list_cache_objects(self, prefix: str) -> list[str]:
+        return sorted(name for name, _ in self.list_cache_entries(prefix))
+
+    def delete_cache_object(self, name: str) -> None:
+        """Only `enginefarm gc` deletes: a cache object costs a slower build when missing, never an artifact."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def cache_folder(prefix: str) -> str:
+    """A listing prefix under caches/: "" for all of it, else a checked name ending in '/'."""
+    prefix = prefix.strip("/")
+    return f"{check_cache_name(prefix)}/" if prefix else ""
 
 
 def check_cache_name(name: str) -> str:

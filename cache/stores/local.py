@@ -11,7 +11,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..locks import file_lock
-from .base import CappedReader, Store, blob_relpath, channel_relpath, check_cache_name
+from .base import CappedReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -157,9 +157,12 @@ class LocalStore(Store):
         except FileNotFoundError:
             return None
 
-    def list_cache_objects(self, prefix: str) -> list[str]:
-        base = self.root / "caches" / check_cache_name(prefix.strip("/"))
+    def list_cache_entries(self, prefix: str) -> list[tuple[str, float]]:
+        root = self.root / "caches"
+        base = root / cache_folder(prefix)
         if not base.is_dir():
             return []
-        root = self.root / "caches"
-        return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return [(str(p.relative_to(root)), p.stat().st_mtime) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+    def delete_cache_object(self, name: str) -> None:
+        (self.root / "caches" / check_cache_name(name)).unlink(missing_ok=True)

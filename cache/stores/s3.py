@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterator
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import sha256_file
-from .base import Store, blob_relpath, channel_relpath, check_cache_name
+from .base import Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 from .local import check_digest, check_model
 from .ranged import Limits, Opened, ResumableReader
 
@@ -300,6 +300,9 @@ class S3Store(Store):
         got = self._get(f"caches/{check_cache_name(name)}")
         return None if got is None else got[0]
 
-    def list_cache_objects(self, prefix: str) -> list[str]:
+    def list_cache_entries(self, prefix: str) -> list[tuple[str, float]]:
         start = len(self._key("caches/"))
-        return sorted(item["Key"][start:] for item in self._list(f"caches/{check_cache_name(prefix.strip('/'))}/"))
+        return [(item["Key"][start:], item["LastModified"].timestamp()) for item in self._list(f"caches/{cache_folder(prefix)}")]
+
+    def delete_cache_object(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(f"caches/{check_cache_name(name)}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,6 +128,24 @@ def test_a_timing_cache_that_does_not_match_its_name_is_not_used(fake_nvidia, wr
     store.put_cache_object("tensorrt-timing/sm_89/trt-10.13.0.35/" + "0" * 64, b'FAKETIMING["poisoned"]')
     assert build(job, store, tmp_path / "work", bench=False).status == "built"
     assert not fake_nvidia.calls("timing_cache_combine")
+
+
+def test_only_the_newest_timing_caches_are_merged(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+    """Each object is a merged superset of what its builder saw, so reading the newest few is enough; reading them
+    all would make every build slower as the farm ages (and `enginefarm gc` prunes the rest)."""
+    from enginefarm.cache.artifacts import CACHE_NEWEST_KEPT
+
+    (job,) = jobs_of(recipe(write_recipe, tiny_sd), tmp_path)
+    store = LocalStore(tmp_path / "store")
+    prefix = "tensorrt-timing/sm_89/trt-10.13.0.35"
+    for i in range(CACHE_NEWEST_KEPT + 3):
+        data = f'FAKETIMING["e{i}"]'.encode()
+        store.put_cache_object(f"{prefix}/{hashlib.sha256(data).hexdigest()}", data)
+        path = tmp_path / "store" / "caches" / prefix / hashlib.sha256(data).hexdigest()
+        os.utime(path, (1000 + i, 1000 + i))  # e0 is the oldest
+    assert build(job, store, tmp_path / "work", bench=False).status == "built"
+    merged = [entry for call in fake_nvidia.calls("timing_cache_combine") for entry in call["entries"]]
+    assert sorted(merged) == sorted(f"e{i}" for i in range(3, CACHE_NEWEST_KEPT + 3))
 
 
 def test_the_timing_cache_is_per_gpu_arch(fake_nvidia, write_recipe, tiny_sd, tmp_path):

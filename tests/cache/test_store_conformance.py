@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,24 @@ class StoreConformance:
         assert store.get_cache_object("tensorrt-timing/sm_89/trt-10.13.0.35/zz") is None
         with pytest.raises(StoreError):
             store.put_cache_object("../manifests/x", b"escape")
+
+
+    def test_cache_objects_are_listed_with_their_age_and_deleted_by_gc_only(self, store, tmp_path):
+        from enginefarm.cache.artifacts import CACHE_NEWEST_KEPT, plan_gc
+
+        slot = "tensorrt-timing/sm_89/trt-10"
+        names = [f"{slot}/{i:02d}" for i in range(CACHE_NEWEST_KEPT + 2)]
+        for name in names:
+            store.put_cache_object(name, name.encode())
+        store.put_cache_object("tensorrt-timing/sm_86/trt-10/only", b"another slot")
+        entries = dict(store.list_cache_entries(""))
+        assert set(entries) == {*names, "tensorrt-timing/sm_86/trt-10/only"}
+        assert all(time.time() - mtime < 3600 for mtime in entries.values())
+        assert plan_gc(store, grace_s=3600).stale_caches == []  # young objects are kept: a build may be reading them
+        stale = plan_gc(store, grace_s=0, now=time.time() + 60).stale_caches
+        assert len(stale) == 2 and set(stale) <= set(names)  # each slot keeps its newest few; sm_86's one is kept
+        store.delete_cache_object(stale[0])
+        assert store.get_cache_object(stale[0]) is None and len(store.list_cache_objects(slot)) == CACHE_NEWEST_KEPT + 1
 
 
 class TestLocalStore(StoreConformance):

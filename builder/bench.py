@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from enginefarm.errors import BuildError
+
 MIN_RUNS = 5
 MAX_RUNS = 50
 TIME_BUDGET_S = 10.0
@@ -23,13 +25,16 @@ TIME_BUDGET_S = 10.0
 def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path) -> dict[str, Any]:
     feeds_path = workdir / "bench-feeds.npz"
     np.savez(feeds_path, **feeds)
-    proc = subprocess.run(
-        [sys.executable, "-m", "enginefarm.builder.bench", str(artifact_dir), str(manifest_path), str(feeds_path)],
-        capture_output=True, text=True, timeout=3600,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "enginefarm.builder.bench", str(artifact_dir), str(manifest_path), str(feeds_path)],
+            capture_output=True, text=True, timeout=3600,
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildError("the benchmark process ran for more than an hour", hint="or build with --no-bench") from None
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"benchmark process failed: {tail[0]}")
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
+        raise BuildError(f"the benchmark process failed: {tail[0]}", hint="or build with --no-bench")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -155,7 +155,11 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         manifest_path = workdir / "draft-manifest.json"
         manifest_path.write_bytes(manifest.to_json())
         opt_feeds = dict(cases[1][1])
-        manifest = replace(manifest, benchmarks=(measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir),))
+        try:
+            measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
+        except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
+            raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
+        manifest = replace(manifest, benchmarks=(measured,))
     return manifest, outdir
 
 

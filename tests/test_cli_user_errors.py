@@ -20,3 +20,12 @@ def test_a_lora_strength_typo_is_named(cli, tmp_path):
     assert proc.returncode == 1
     assert "strength 'O.8' is not a number" in proc.stderr.splitlines()[-2], proc.stderr
     assert proc.stderr.splitlines()[-1] == "hint: --lora PATH[:STRENGTH], e.g. --lora style.safetensors:0.8"
+
+
+def test_doctor_gives_each_install_hint_once(cli, tmp_path):
+    shim = tmp_path / "shim" / "coremltools"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('hidden for this test', name='coremltools')\n")
+    proc = cli("doctor", env={"PYTHONPATH": str(shim.parent), "COLUMNS": "400"}, check=True)
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("│ coreml"))
+    assert "coremltools is not installed" in row and row.count("pip install 'enginefarm[coreml]'") == 1, row

@@ -278,7 +278,8 @@ class _RichProgress:
         return self.callback
 
     def __exit__(self, *exc) -> None:
-        self.bars.stop()
+        if self.tasks:  # stopping bars that never started prints an empty line before the error or result
+            self.bars.stop()
 
 
 @main.command("run")

@@ -29,3 +29,10 @@ def test_doctor_gives_each_install_hint_once(cli, tmp_path):
     proc = cli("doctor", env={"PYTHONPATH": str(shim.parent), "COLUMNS": "400"}, check=True)
     row = next(line for line in proc.stdout.splitlines() if line.startswith("│ coreml"))
     assert "coremltools is not installed" in row and row.count("pip install 'enginefarm[coreml]'") == 1, row
+
+
+def test_run_with_nothing_stored_prints_just_the_error(cli, tmp_path):
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 8), np.float32))
+    proc = cli("run", "nope/decoder", "--input", str(tmp_path / "in.npz"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: no artifact of nope/decoder fits this device: no stored artifact for it\nhint: "), repr(proc.stderr)

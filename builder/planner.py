@@ -230,8 +230,12 @@ def plan(
     ]
     if not selected:
         asked = ", ".join(f"{n}={'/'.join(v)}" for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids)) if v)
-        offered = sorted({str(j.target) for j in jobs})
-        raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=f"the recipes offer targets: {', '.join(offered)}")
+        offers = {"targets": {str(j.target) for j in jobs}, "precisions": {j.precision for j in jobs}, "components": {j.component for j in jobs}}
+        wanted = [name for name, given in (("targets", targets), ("precisions", precisions), ("components", components)) if given] or ["targets"]
+        hint = "; ".join(f"the recipes offer {name}: {', '.join(sorted(offers[name]))}" for name in wanted)
+        if job_ids:
+            hint = "; ".join(filter(None, [hint if targets or precisions or components else "", "`enginefarm plan RECIPE` lists the job ids"]))
+        raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=hint)
     planned: list[PlannedJob] = []
     for job in selected:
         entry = PlannedJob(job, availability(job.target))

@@ -139,5 +139,6 @@ def test_a_checkpoint_of_another_model_fails_the_job_and_stores_nothing(tmp_path
     proc = cli("build", str(recipe))
     assert proc.returncode == 1 and "0 built, 1 failed" in proc.stdout, proc.stdout + proc.stderr
     assert "checkpoint lora.safetensors: none of its 2 tensor(s) holds a weight of this model" in proc.stdout
+    assert "(hint: `checkpoint =` must be this component's own base weights" in proc.stderr  # the failure summary
     assert "Traceback" not in proc.stderr
     assert "0 artifacts" in cli("ls", check=True).stdout

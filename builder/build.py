@@ -179,7 +179,8 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         publish(store, manifest, blobs, progress=progress)
         return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
-        return BuildResult.of(job, key, "failed", str(exc), time.perf_counter() - started)
+        reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
+        return BuildResult.of(job, key, "failed", reason, time.perf_counter() - started)
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)

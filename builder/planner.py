@@ -174,6 +174,8 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
         else:
             resolve_profile(None, inputs, recipe.path, f"{key}.profiles.default")  # raises, naming the dynamic axis
             raise AssertionError("unreachable")
+        if comp.validate.samples is not None:
+            _check_samples(recipe, comp.validate.samples, inputs, profiles, f"{key}.validate.samples")
         for precision in comp.precisions:
             for profile_name, profile in profiles.items():
                 for target in comp.targets:
@@ -228,8 +230,12 @@ def plan(
     ]
     if not selected:
         asked = ", ".join(f"{n}={'/'.join(v)}" for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids)) if v)
-        offered = sorted({str(j.target) for j in jobs})
-        raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=f"the recipes offer targets: {', '.join(offered)}")
+        offers = {"targets": {str(j.target) for j in jobs}, "precisions": {j.precision for j in jobs}, "components": {j.component for j in jobs}}
+        wanted = [name for name, given in (("targets", targets), ("precisions", precisions), ("components", components)) if given] or ["targets"]
+        hint = "; ".join(f"the recipes offer {name}: {', '.join(sorted(offers[name]))}" for name in wanted)
+        if job_ids:
+            hint = "; ".join(filter(None, [hint if targets or precisions or components else "", "`enginefarm plan RECIPE` lists the job ids"]))
+        raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=hint)
     planned: list[PlannedJob] = []
     for job in selected:
         entry = PlannedJob(job, availability(job.target))
@@ -278,3 +284,25 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
             })
     skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable} for p in planned if p.unroutable]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}
+
+
+def _check_samples(recipe: Recipe, path: Path, inputs: list[TensorInfo], profiles: dict, key: str) -> None:
+    """Samples run as one more validation case of every job: a wrong name or shape fails the plan, not the build
+    (where it would read as an artifact that does not run)."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            shapes = {name: list(data[name].shape) for name in data.files}
+    except (ValueError, OSError, KeyError):
+        raise RecipeError(recipe.path, key, f"cannot read {path.name}: not a numpy .npz file", hint="save it with numpy.savez(path, NAME=array, ...)") from None
+    names = [t.name for t in inputs]
+    if sorted(shapes) != sorted(names):
+        raise RecipeError(recipe.path, key, f"{path.name} holds {sorted(shapes)}, the model's inputs are {sorted(names)}",
+                          hint="one array per model input, named as the input")
+    for profile_name, profile in profiles.items():
+        for name, shape in shapes.items():
+            low, high = profile[name]["min"], profile[name]["max"]
+            if len(shape) != len(low) or any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high)):
+                raise RecipeError(recipe.path, key, f"{name} has shape {shape}, outside profile {profile_name!r} ({low} .. {high})",
+                                  hint="give samples that fit every profile of the component")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.cache.manifest import ArtifactFile, Manifest
-from enginefarm.errors import IntegrityError
+from enginefarm.errors import BuildError, IntegrityError
 
 from .safetensors_io import FLOATS, SafeTensors
 
@@ -251,6 +251,9 @@ def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoi
     from enginefarm.cache.atomic import sha256_file
 
     found = derive(checkpoint, checkpoint_sha256, prepared_fp32)
+    if not found.mapped:  # a wrong file (a LoRA, another model's weights): an empty map would only fail at load
+        raise BuildError(f"checkpoint {checkpoint.name}: none of its {len(found.unmatched)} tensor(s) holds a weight of this model",
+                         hint="`checkpoint =` must be this component's own base weights (the state dict it was exported from)")
     shapes_of = getattr(backend, "weight_shapes", None)
     if shapes_of is not None:
         present = shapes_of(outdir, manifest)

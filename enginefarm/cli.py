@@ -278,7 +278,8 @@ class _RichProgress:
         return self.callback
 
     def __exit__(self, *exc) -> None:
-        self.bars.stop()
+        if self.tasks:  # stopping bars that never started prints an empty line before the error or result
+            self.bars.stop()
 
 
 @main.command("run")
@@ -321,10 +322,15 @@ def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, dev
 
 def _lora_option(item: str) -> tuple[str, float]:
     """PATH:STRENGTH, or PATH alone for strength 1 (a path may itself hold ':', so only a number after the last counts)."""
+    from enginefarm.errors import ConfigError
+
     path, sep, strength = item.rpartition(":")
     try:
         return (path, float(strength)) if sep and path else (item, 1.0)
     except ValueError:
+        if sep and path and not Path(item).exists():  # a typo in the strength, not a path with ':' in it
+            raise ConfigError(f"--lora {item}: strength {strength!r} is not a number",
+                              hint="--lora PATH[:STRENGTH], e.g. --lora style.safetensors:0.8") from None
         return item, 1.0
 
 
@@ -341,13 +347,13 @@ def _read_inputs(items: tuple[str, ...]) -> dict:
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"input file not found: {file}")
+        if file.suffix != ".npz" and not name:
+            raise ConfigError(f"--input {item}: give NAME=FILE.npy", hint="only .npz files carry their own names")
         try:
             if file.suffix == ".npz":
                 with np.load(file) as data:
                     feeds.update({k: data[k] for k in data.files})
             else:
-                if not name:
-                    raise ConfigError(f"--input {item}: give NAME=FILE.npy", hint="only .npz files carry their own names")
                 feeds[name] = np.load(file, allow_pickle=False)
         except (ValueError, OSError):
             raise ConfigError(f"cannot read {file}: not a numpy .npy/.npz file", hint="save arrays with numpy.save or numpy.savez") from None
@@ -402,7 +408,7 @@ def doctor_cmd():
             versions = ", ".join(f"{k} {v}" for k, v in get_backend(name).versions().items())
         except Exception:
             versions = "-"
-        hint = "" if "not implemented" in (avail.reason or "") else f" ({entry.install})"
+        hint = "" if "not implemented" in (avail.reason or "") or entry.install in (avail.reason or "") else f" ({entry.install})"
         status = "[green]build + load[/]" if avail.can_build and avail.can_load else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
         if avail.can_build and not avail.can_load:  # TensorRT-RTX builds on a CPU and runs elsewhere
             status = f"[yellow]build only[/]: {escape(avail.reason or '')}"

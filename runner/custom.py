@@ -44,9 +44,14 @@ class Stack:
 
     @classmethod
     def parse(cls, weights, loras) -> "Stack":
+        if isinstance(loras, (str, Path)):  # iterating it would read each character as a LoRA file
+            raise ConfigError(f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]')
         items = []
         for item in loras or ():
             path, strength = (item, 1.0) if isinstance(item, (str, Path)) else _pair(item)
+            head, sep, tail = str(path).rpartition(":")
+            if isinstance(item, str) and sep and not Path(item).exists() and Path(head).exists():
+                raise ConfigError(f"LoRA {item!r}: PATH:STRENGTH is the command line's form", hint=f'loras=[("{head}", {tail})]')
             items.append((Path(path), strength))
         return cls(Path(weights) if weights is not None else None, tuple(items))
 

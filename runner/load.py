@@ -204,8 +204,12 @@ def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
         return found.refusals[0]  # in a release channel a refusal is the answer, not "nothing fits"
     if found.stack_refusals:
         return found.stack_refusals[0]  # an artifact fits but not with these weights: its own error has the fix
-    why = "; ".join(failures) or " ".join(found.resolution.explain(note=found.note).splitlines()[1:]).strip() or "nothing stored"
-    return ArtifactNotFoundError(
-        f"no artifact of {ref} fits this device: {why}",
-        hint="build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here",
-    )
+    unusable = [c for c in found.resolution.candidates if c.reason]
+    rejected = [f"{c.entry['target']} {c.entry['precision']} [{c.entry['build_key'][:12]}]: {c.reason}" for c in unusable]
+    why = "; ".join(failures or rejected or [found.note or "no stored artifact for it"])
+    hint = "build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
+    if unusable and not failures and all(c.reason.startswith("no device here runs") for c in unusable):
+        # what is stored is for other devices: building the same targets again would not help
+        hint = ("build it for a target this device runs (`enginefarm doctor` lists them) with `enginefarm build RECIPE "
+                "--target T`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here")
+    return ArtifactNotFoundError(f"no artifact of {ref} fits this device: {why}", hint=hint)

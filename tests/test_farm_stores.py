@@ -108,3 +108,12 @@ def test_index_rebuild_on_s3(farm_bucket, cli):
 def test_missing_bucket_is_one_line(farm_bucket, cli):
     proc = cli("ls", "--store", "s3://nosuchbucket-x/farm")
     assert proc.returncode == 1 and proc.stderr.startswith("error: bucket nosuchbucket-x does not exist")
+
+
+def test_missing_credentials_say_what_to_set(s3_env, bucket, cli, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"}
+    proc = cli("ls", "--store", f"s3://{bucket}/farm", env=env)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: s3://{bucket}/farm: no AWS credentials found\n"), proc.stderr
+    assert "hint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in proc.stderr and "Traceback" not in proc.stderr

@@ -9,14 +9,16 @@ The manifest's validation says that the package itself was not executed.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import platform
 import re
 import shutil
 import tempfile
+import warnings
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,6 +57,15 @@ def _quiet_import():
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextmanager
+def _quiet_convert():
+    """torch.jit's deprecation and tracer warnings and coremltools' tqdm bars would print into the user's build
+    progress; a failure still raises, and validation at min/opt/max catches what a tracer warning is about."""
+    with warnings.catch_warnings(), redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
 
 
 @lru_cache(maxsize=1)
@@ -104,12 +115,13 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
 
     from .coreml_convert import convert_to_mlprogram, to_traceable_torch
 
-    module = to_traceable_torch(Path(prepared_onnx))
     example = tuple(torch.from_numpy(np.zeros(job.profile[t.name]["opt"], dtype=t.dtype)) for t in job.inputs)
-    with torch.no_grad():
-        traced = torch.jit.trace(module, example, check_trace=False)
-    torch.jit.save(traced, str(workdir.parent / TRACED))
-    mlmodel, shapes = convert_to_mlprogram(traced, job)
+    with _quiet_convert():
+        module = to_traceable_torch(Path(prepared_onnx))
+        with torch.no_grad():
+            traced = torch.jit.trace(module, example, check_trace=False)
+        torch.jit.save(traced, str(workdir.parent / TRACED))
+        mlmodel, shapes = convert_to_mlprogram(traced, job)
     staging = workdir.parent / "coreml-package"
     shutil.rmtree(staging, ignore_errors=True)
     package = staging / PACKAGE
@@ -235,7 +247,8 @@ def validation_session(artifact_dir: Path, manifest, device: str):
     problems = _check_spec(summary, manifest)
     if problems:
         raise BuildError(f"{manifest.ref}: the Core ML package does not match its manifest: {'; '.join(problems)}")
-    traced = torch.jit.load(str(Path(artifact_dir).parent / TRACED))
+    with _quiet_convert():
+        traced = torch.jit.load(str(Path(artifact_dir).parent / TRACED))
     inputs = manifest.io.get("inputs", [])
     session = TorchStandIn(traced, [t["name"] for t in inputs], [t["dtype"] for t in inputs], [t["name"] for t in manifest.io.get("outputs", [])])
     note = {

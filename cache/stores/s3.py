@@ -71,7 +71,7 @@ class S3Store(Store):
                     raise StoreError(f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL") from None
                 # 403 here can still allow object access (narrow policies); the object calls will tell.
             except botocore.exceptions.BotoCoreError as exc:
-                raise StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network") from None
+                raise self._unreachable(exc) from None
             self._client = client
         return self._client
 
@@ -81,6 +81,13 @@ class S3Store(Store):
     def _code(self, exc) -> tuple[str, int]:
         response = getattr(exc, "response", {}) or {}
         return str(response.get("Error", {}).get("Code", "")), int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+    def _unreachable(self, exc) -> StoreError:
+        _, botocore = _boto()
+        if isinstance(exc, botocore.exceptions.NoCredentialsError):  # not a network problem: say what to set
+            return StoreError(f"{self.url}: no AWS credentials found",
+                              hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); for a public bucket use its https:// URL")
+        return StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network")
 
     def _fail(self, exc, what: str) -> StoreError:
         code, status = self._code(exc)
@@ -100,7 +107,7 @@ class S3Store(Store):
                 return None
             raise self._fail(exc, f"HEAD {rel}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network") from None
+            raise self._unreachable(exc) from None
 
     def _get(self, rel: str) -> tuple[bytes, str] | None:
         _, botocore = _boto()
@@ -113,7 +120,7 @@ class S3Store(Store):
                 return None
             raise self._fail(exc, f"GET {rel}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise StoreError(f"{self.url}: cannot reach the store: {exc}") from None
+            raise self._unreachable(exc) from None
 
     def _put(self, rel: str, body, **conditions) -> bool:
         """PUT with conditions; False on 412 Precondition Failed or 409 conditional conflict."""
@@ -127,7 +134,7 @@ class S3Store(Store):
                 return False
             raise self._fail(exc, f"PUT {rel}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise StoreError(f"{self.url}: cannot reach the store: {exc}") from None
+            raise self._unreachable(exc) from None
 
     def _list(self, rel_prefix: str) -> Iterator[dict]:
         _, botocore = _boto()
@@ -261,7 +268,7 @@ class S3Store(Store):
                 raise ArtifactNotFoundError(f"{rel} is missing from {self.url}") from None
             raise self._fail(exc, f"GET {rel}") from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise StoreError(f"{self.url}: cannot reach the store: {exc}") from None
+            raise self._unreachable(exc) from None
 
     def list_manifest_keys(self) -> Iterator[str]:
         for item in self._list("manifests/"):

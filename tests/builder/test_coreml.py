@@ -65,6 +65,8 @@ def test_cli_build_stores_an_inspectable_package_per_precision(tiny_recipe, cli,
     recipe = tiny_recipe(precisions=("fp16", "fp32"), targets=("coreml:apple",))
     proc = cli("build", str(recipe), check=True)
     assert "2 built, 0 failed" in proc.stdout
+    # torch.jit's and coremltools' own warnings and progress bars stay out of the user's build output
+    assert "Warning" not in proc.stderr and "MIL" not in proc.stderr, proc.stderr
     store = open_store(os.environ["ENGINEFARM_STORE"])
     cache = DeviceCache(Path(os.environ["ENGINEFARM_HOME"]))
     specs = {}
@@ -259,3 +261,15 @@ def test_the_spec_check_names_what_does_not_match_the_manifest():
     assert _check_spec(narrow, manifest) == ["outputs ['out'] != ['sample']", "input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"]
     enumerated = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "enumerated": [[1, 4, 16, 16], [1, 4, 8, 8]]}], "outputs": ["sample"]}
     assert _check_spec(enumerated, manifest) == ["input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"]
+
+
+def test_run_on_linux_with_only_coreml_stored_is_one_line_with_the_right_hint(tiny_recipe, cli):
+    recipe = tiny_recipe(precisions=("fp32",), targets=("coreml:apple",))
+    cli("build", str(recipe), check=True)
+    np.save(Path(recipe).parent / "latent.npy", np.ones((1, 4, 16, 16), np.float32))
+    proc = cli("run", "tiny-sd/decoder", "--input", f"latent={Path(recipe).parent / 'latent.npy'}")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 2, proc.stderr
+    assert lines[0].startswith("error: no artifact of tiny-sd/decoder fits this device: coreml:apple fp32 [")
+    assert lines[0].endswith("no device here runs coreml:apple")
+    assert lines[1].startswith("hint: build it for a target this device runs (`enginefarm doctor` lists them)")

@@ -86,6 +86,18 @@ def test_filter_that_matches_nothing_is_an_empty_matrix_error(linear_model, writ
         expand(write_recipe(GOOD), tmp_path, targets=("openvino:gpu",))
 
 
+@pytest.mark.parametrize("filters, hint", [
+    ({"targets": ("openvino:gpu",)}, "the recipes offer targets: onnxruntime:cpu"),
+    ({"components": ("nope",)}, "the recipes offer components: c"),
+    ({"precisions": ("fp16",)}, "the recipes offer precisions: fp32"),
+    ({"job_ids": ("deadbeef",)}, "`enginefarm plan RECIPE` lists the job ids"),
+])
+def test_an_empty_selection_hints_at_what_was_asked(linear_model, write_recipe, tmp_path, filters, hint):
+    with pytest.raises(EnginefarmError) as caught:
+        expand(write_recipe(GOOD), tmp_path, **filters)
+    assert caught.value.hint == hint
+
+
 def test_sha256_match_is_accepted(linear_model, write_recipe, tmp_path):
     digest = hashlib.sha256(linear_model.read_bytes()).hexdigest()
     text = GOOD.replace('source = "models/linear.onnx"', f'source = "file://models/linear.onnx"\nsha256 = "{digest}"')

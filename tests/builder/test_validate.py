@@ -113,3 +113,35 @@ def test_openvino_computes_in_the_precision_it_promises(tiny_recipe, cli, tmp_pa
         caps = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         expected = "fp16" if "FP16" in caps else "fp32"
     assert computed == expected
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"x": np.ones((9, 3), np.float32)}, r"x has shape \[9, 3\], outside profile 'default' \(\[1, 8\] \.\. \[4, 8\]\)"),
+    ({"z": np.ones((2, 8), np.float32)}, r"samples.npz holds \['z'\], the model's inputs are \['x'\]"),
+    (None, "cannot read samples.npz: not a numpy .npz file"),
+])
+def test_samples_that_cannot_run_fail_the_plan(tmp_path, write_recipe, arrays, message):
+    from enginefarm.builder.planner import expand
+    from enginefarm.builder.recipe import load_recipe
+    from enginefarm.errors import RecipeError
+
+    models.linear(tmp_path / "m.onnx")
+    if arrays is None:
+        (tmp_path / "samples.npz").write_text("not numpy")
+    else:
+        np.savez(tmp_path / "samples.npz", **arrays)
+    recipe = load_recipe(write_recipe("""
+[model]
+name = "lin"
+version = "1"
+[defaults]
+targets = ["onnxruntime:cpu"]
+[components.c]
+source = "m.onnx"
+[components.c.profiles.default]
+batch = [1, 2, 4]
+[components.c.validate]
+samples = "samples.npz"
+"""))
+    with pytest.raises(RecipeError, match=r"components\.c\.validate\.samples: " + message):
+        expand(recipe, tmp_path / "dl")

@@ -129,3 +129,16 @@ def test_a_malformed_checkpoint_fails_the_plan(tmp_path, write_recipe):
     recipe = load_recipe(write_recipe(RECIPE.format(checkpoint='checkpoint = "bad.safetensors"')))
     with pytest.raises(RecipeError, match=r"components\.body\.checkpoint: .*not a valid safetensors file"):
         expand(recipe, tmp_path / "dl")
+
+
+def test_a_checkpoint_of_another_model_fails_the_job_and_stores_nothing(tmp_path, write_recipe, cli):
+    models.lora_net(tmp_path / "net.onnx")
+    up, down = models.lora_pair((16, 8), 4, 1)
+    models.lora_file(tmp_path / "lora.safetensors", {"attn.to_q": (up, down, None)}, "peft")  # a LoRA, not the base
+    recipe = write_recipe(RECIPE.format(checkpoint='checkpoint = "lora.safetensors"'))
+    proc = cli("build", str(recipe))
+    assert proc.returncode == 1 and "0 built, 1 failed" in proc.stdout, proc.stdout + proc.stderr
+    assert "checkpoint lora.safetensors: none of its 2 tensor(s) holds a weight of this model" in proc.stdout
+    assert "(hint: `checkpoint =` must be this component's own base weights" in proc.stderr  # the failure summary
+    assert "Traceback" not in proc.stderr
+    assert "0 artifacts" in cli("ls", check=True).stdout

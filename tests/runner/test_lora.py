@@ -319,3 +319,17 @@ def test_compiled_on_device_then_patched_when_nothing_is_stored(farm, tmp_path, 
                               loras=[(farm / "b.safetensors", 0.4)])
     assert "compiled on this device" in session.explain() and "weights: patched and compiled on this device" in session.explain()
     assert np.allclose(session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 0.4)])), atol=1e-4)
+
+
+def test_a_lora_given_in_the_command_lines_form_or_as_one_string_is_named(tmp_path):
+    from enginefarm.errors import ConfigError
+    from enginefarm.runner.custom import Stack
+
+    lora = tmp_path / "a.safetensors"
+    lora.write_bytes(b"")
+    with pytest.raises(ConfigError, match="PATH:STRENGTH is the command line's form") as caught:
+        Stack.parse(None, [f"{lora}:0.8"])
+    assert caught.value.hint == f'loras=[("{lora}", 0.8)]'
+    with pytest.raises(ConfigError, match="is one path, not a list of LoRAs"):
+        Stack.parse(None, str(lora))
+    assert Stack.parse(None, [str(lora)]).loras == ((lora, 1.0),)

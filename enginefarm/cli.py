@@ -408,7 +408,7 @@ def doctor_cmd():
             versions = ", ".join(f"{k} {v}" for k, v in get_backend(name).versions().items())
         except Exception:
             versions = "-"
-        hint = "" if "not implemented" in (avail.reason or "") or entry.install in (avail.reason or "") else f" ({entry.install})"
+        hint = "" if entry.install in (avail.reason or "") else f" ({entry.install})"
         status = "[green]build + load[/]" if avail.can_build and avail.can_load else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
         if avail.can_build and not avail.can_load:  # TensorRT-RTX builds on a CPU and runs elsewhere
             status = f"[yellow]build only[/]: {escape(avail.reason or '')}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from enginefarm.errors import EnginefarmError
+from enginefarm.errors import ConfigError, EnginefarmError
 from enginefarm.settings import load_settings
 
 
@@ -198,6 +198,9 @@ def ls_cmd(store, model, as_json):
     from enginefarm.cache.stores import open_store
 
     opened = open_store(store or load_settings().store)
+    root = getattr(opened, "root", None)
+    if root is not None and not Path(root).is_dir():  # a typo'd path would otherwise list as an empty store
+        raise ConfigError(f"no store at {root}", hint="check the path, or build into it first (`enginefarm build RECIPE --store PATH`)")
     rows = []
     for name in opened.list_models():
         if model and name != model:
@@ -322,8 +325,6 @@ def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, dev
 
 def _lora_option(item: str) -> tuple[str, float]:
     """PATH:STRENGTH, or PATH alone for strength 1 (a path may itself hold ':', so only a number after the last counts)."""
-    from enginefarm.errors import ConfigError
-
     path, sep, strength = item.rpartition(":")
     try:
         return (path, float(strength)) if sep and path else (item, 1.0)
@@ -336,8 +337,6 @@ def _lora_option(item: str) -> tuple[str, float]:
 
 def _read_inputs(items: tuple[str, ...]) -> dict:
     import numpy as np
-
-    from enginefarm.errors import ConfigError
 
     feeds = {}
     for item in items:

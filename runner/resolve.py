@@ -16,6 +16,11 @@ from .device import Device
 TIER_NAMES = {0: "exact-arch engine", 1: "hardware-compatible engine", 2: "JIT-able engine", 3: "portable IR", 4: "ONNX (ORT)"}
 
 
+def _ms(value: float) -> str:
+    """Milliseconds readable at any scale: tiny models run in microseconds, and 0.0 vs 0.0 explains nothing."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+
+
 def tier_of(target: Target) -> int:
     if target.backend == "onnxruntime":
         return 4
@@ -49,7 +54,7 @@ class Candidate:
     def describe(self) -> str:
         e = self.entry
         if self.p50_ms is not None:
-            speed = f", p50 {self.p50_ms:.1f} ms measured on {self.measured_on}"
+            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on}"
         else:
             speed = "" if self.device is None else ", no benchmark for this device"
         return f"{e['target']} {e['precision']} [{e['build_key'][:12]}] {TIER_NAMES[tier_of(self.target)]}{speed}"
@@ -90,7 +95,7 @@ class Resolution:
             slower = [c for c in rivals if c.p50_ms is not None]
             if slower:
                 best_other = min(slower, key=lambda c: c.p50_ms)
-                return f"fastest measured: {chosen.p50_ms:.1f} ms vs {best_other.p50_ms:.1f} ms for {best_other.entry['target']} {best_other.entry['precision']}"
+                return f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_other.p50_ms)} ms for {best_other.entry['target']} {best_other.entry['precision']}"
             return "the only usable artifact with a benchmark"
         if not rivals:
             return "the only usable artifact"

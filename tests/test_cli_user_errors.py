@@ -36,3 +36,10 @@ def test_run_with_nothing_stored_prints_just_the_error(cli, tmp_path):
     proc = cli("run", "nope/decoder", "--input", str(tmp_path / "in.npz"))
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: no artifact of nope/decoder fits this device: no stored artifact for it\nhint: "), repr(proc.stderr)
+
+
+def test_ls_of_a_mistyped_store_path_says_there_is_none(cli, tmp_path):
+    proc = cli("ls", "--store", str(tmp_path / "no-such-store"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"error: no store at {tmp_path / 'no-such-store'}") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "no-such-store").exists()  # looking created nothing

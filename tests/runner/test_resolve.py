@@ -78,3 +78,12 @@ def test_an_artifact_that_fails_to_load_falls_back_to_the_next(tiny_recipe, cli,
     assert session.artifact.build_key == good_key
     assert f"[{broken.build_key[:12]}]" in session.explain() and "failed:" in session.explain()
     assert session.run({"latent": np.zeros((1, 4, 8, 8), np.float32)})["sample"].shape == (1, 3, 16, 16)
+
+
+def test_sub_millisecond_latencies_stay_readable_in_explain():
+    """Tiny models run in microseconds; '0.0 ms vs 0.0 ms' would explain nothing."""
+    entries = [entry("a", "openvino:cpu", benches=[("cpu-x86_64-v4", 0.0486)]), entry("b", "onnxruntime:cpu", benches=[("cpu-x86_64-v4", 0.0336)])]
+    chosen, resolution = pick(entries)
+    assert chosen == "b"
+    text = resolution.explain(resolution.ranked[0])
+    assert "fastest measured: 0.034 ms vs 0.049 ms" in text and "p50 0.049 ms measured" in text

@@ -31,10 +31,10 @@ def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[s
             capture_output=True, text=True, timeout=3600,
         )
     except subprocess.TimeoutExpired:
-        raise BuildError("the benchmark process ran for more than an hour", hint="or build with --no-bench") from None
+        raise BuildError("the benchmark process ran for more than an hour", hint="build with --no-bench to publish without a benchmark") from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
-        raise BuildError(f"the benchmark process failed: {tail[0]}", hint="or build with --no-bench")
+        raise BuildError(f"the benchmark process failed: {tail[0]}", hint="build with --no-bench to publish without a benchmark")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

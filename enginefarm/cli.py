@@ -199,7 +199,8 @@ def ls_cmd(store, model, as_json):
 
     opened = open_store(store or load_settings().store)
     root = getattr(opened, "root", None)
-    if root is not None and not Path(root).is_dir():  # a typo'd path would otherwise list as an empty store
+    # A typo'd --store would otherwise list as an empty store; the default store simply has nothing built yet.
+    if store and root is not None and not Path(root).is_dir():
         raise ConfigError(f"no store at {root}", hint="check the path, or build into it first (`enginefarm build RECIPE --store PATH`)")
     rows = []
     for name in opened.list_models():

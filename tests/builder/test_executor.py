@@ -36,5 +36,6 @@ def test_a_crash_while_benchmarking_fails_its_job_with_the_reason(tiny_recipe, t
     store = LocalStore(tmp_path / "store")
     result = build(job, store, tmp_path / "work", bench=True)
     assert result.status == "failed"
-    assert result.reason == f"{job.label}: the benchmark process failed: exit status 3, no output"
+    assert result.reason == (f"{job.label}: the benchmark process failed: exit status 3, no output "
+                             "(hint: build with --no-bench to publish without a benchmark)")
     assert store.get_manifest_bytes(result.key) is None

@@ -48,10 +48,15 @@ LAYERS_B = {"attn.to_q": (*models.lora_pair((16, 8), 2, 4), 1.0), "attn.to_out":
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora")
+    return build_farm(tmp_path_factory.mktemp("lora"), RECIPE)
+
+
+def build_farm(root, recipe: str):
+    """The LoRA test net and its base checkpoint, every job of `recipe` built into root/store; then LoRA A (kohya
+    and PEFT names), LoRA B (PEFT) and a custom checkpoint (fp32 and fp16) beside it."""
     models.lora_net(root / "net.onnx")
     models.write_safetensors(root / "base.safetensors", BASE)
-    (root / "recipe.toml").write_text(RECIPE)
+    (root / "recipe.toml").write_text(recipe)
     store = open_store(str(root / "store"))
     for job in expand(load_recipe(root / "recipe.toml"), root / "dl"):
         result = build(job, store, root / "work", bench=False)

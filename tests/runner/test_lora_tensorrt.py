@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 import enginefarm
-from enginefarm.builder.build import build
-from enginefarm.builder.planner import expand
-from enginefarm.builder.recipe import load_recipe
-from enginefarm.cache.stores import open_store
 from enginefarm.errors import EnginefarmError
 from tests import models
 from tests.builder.conftest import FAKES, FakeNvidia, forget_fakes
-from tests.runner.test_lora import BASE, LAYERS_A, LAYERS_B, X, cosine, reference
+from tests.runner.test_lora import BASE, LAYERS_A, LAYERS_B, X, build_farm, cosine, reference
 
 TARGET = "tensorrt:sm_89"
 RECIPE = """
@@ -55,18 +51,7 @@ def farm(tmp_path_factory):
         mp.setenv("FAKE_TRT_LOG", str(root / "fake-nvidia-calls.jsonl"))
         mp.setenv("FAKE_NVML_GPUS", "NVIDIA GeForce RTX 4090:8.9")
         forget_fakes()
-        models.lora_net(root / "net.onnx")
-        models.write_safetensors(root / "base.safetensors", BASE)
-        (root / "recipe.toml").write_text(RECIPE)
-        store = open_store(str(root / "store"))
-        for job in expand(load_recipe(root / "recipe.toml"), root / "dl"):
-            result = build(job, store, root / "work", bench=False)
-            assert result.status == "built", result.reason
-        models.lora_file(root / "a.safetensors", LAYERS_A, "kohya")
-        models.lora_file(root / "b.safetensors", LAYERS_B, "peft")
-        custom = models.lora_net_checkpoint(seed=3)
-        custom["extra.weight"] = BASE["extra.weight"]  # unused by the graph: accepted because it equals the base
-        models.write_safetensors(root / "custom.safetensors", custom)
+        build_farm(root, RECIPE)
         yield root, FakeNvidia(root / "fake-nvidia-calls.jsonl", mp)
     forget_fakes()
 
@@ -86,7 +71,7 @@ def run(component="body", precision="fp32", **stack) -> np.ndarray:
 
 
 def test_a_lora_is_refitted_into_the_plan_and_matches_the_numpy_merge(store, farm, tmp_path):
-    session = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a.safetensors", 0.8)])
+    session = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a_kohya.safetensors", 0.8)])
     assert "refit in place" in session.explain()
     out = session.run({"x": X})["y"]
     ref = reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.8)]))
@@ -101,13 +86,13 @@ def test_custom_checkpoint_and_lora_and_fp16(store, tmp_path):
     out = run(weights=store / "custom.safetensors", loras=[(store / "b.safetensors", 0.5)])
     ref = reference(tmp_path, models.merged(custom, [(LAYERS_B, 0.5)]))
     assert cosine(out, ref) >= 0.9999 and np.allclose(out, ref, atol=1e-4)
-    half = run(precision="fp16", loras=[(store / "a.safetensors", 1.0)])
+    half = run(precision="fp16", loras=[(store / "a_kohya.safetensors", 1.0)])
     assert cosine(half, reference(tmp_path, models.merged(BASE, [(LAYERS_A, 1.0)]))) >= 0.999
 
 
 def test_no_residue_between_stacks(store, tmp_path, monkeypatch):
     """A, then B, then none in one process; each equals the same stack applied in a fresh cache."""
-    a = [(store / "a.safetensors", 0.9)]
+    a = [(store / "a_kohya.safetensors", 0.9)]
     b = [(store / "b.safetensors", 0.7)]
     in_order = [run(loras=a), run(loras=b), run(), run(loras=a)]
     fresh = []
@@ -122,14 +107,14 @@ def test_no_residue_between_stacks(store, tmp_path, monkeypatch):
 
 def test_strength_zero_is_the_base_exactly(store):
     base = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET)
-    zero = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a.safetensors", 0.0)])
+    zero = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a_kohya.safetensors", 0.0)])
     assert zero.artifact.build_key == base.artifact.build_key
     assert np.array_equal(zero.run({"x": X})["y"], base.run({"x": X})["y"])
 
 
 def test_a_plan_not_built_refittable_says_how_to_fix_it_and_caches_nothing(store, farm, tmp_path, cli):
     with pytest.raises(EnginefarmError) as caught:
-        run("fixed", loras=[(store / "a.safetensors", 1.0)])
+        run("fixed", loras=[(store / "a_kohya.safetensors", 1.0)])
     message = str(caught.value)
     assert "not built refittable" in message and "\n" not in message
     assert "refittable = true in [components.fixed.options.tensorrt]" in caught.value.hint
@@ -138,7 +123,7 @@ def test_a_plan_not_built_refittable_says_how_to_fix_it_and_caches_nothing(store
     assert not list((tmp_path / "home").glob("**/refit.safetensors"))
     np.save(tmp_path / "x.npy", X)
     out = cli("run", "net/fixed", "--input", f"x={tmp_path / 'x.npy'}", "--target", TARGET, "--device", "nvidia",
-              "--lora", f"{store / 'a.safetensors'}:1.0")
+              "--lora", f"{store / 'a_kohya.safetensors'}:1.0")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith(("error:", "hint:"))]
     assert len(errors) == 2 and "not built refittable" in errors[0] and "refittable = true" in errors[1]
@@ -147,7 +132,7 @@ def test_a_plan_not_built_refittable_says_how_to_fix_it_and_caches_nothing(store
 def test_a_stack_skips_a_plan_that_cannot_take_it_for_an_artifact_that_can(store, tmp_path):
     plain = enginefarm.load("net/fixed", precision="fp32")
     assert plain.artifact.target == TARGET  # the GPU plan ranks first without a stack
-    session = enginefarm.load("net/fixed", precision="fp32", loras=[(store / "a.safetensors", 0.8)])
+    session = enginefarm.load("net/fixed", precision="fp32", loras=[(store / "a_kohya.safetensors", 0.8)])
     assert session.artifact.target == "onnxruntime:cpu" and "weights: patched" in session.explain()
     ref = reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.8)]))
     assert np.allclose(session.run({"x": X})["y"], ref, atol=1e-4)

@@ -56,6 +56,15 @@ class Attacker:
         for keyid in keyids:
             metadata.sign(self.signers[keyid], append=True)
 
+    def publish_snapshot(self, state) -> None:
+        """Sign and publish `state.snapshot` (its version already bumped), then a newer timestamp naming it."""
+        self.sign(state.snapshot, "snapshot", state.root)
+        self.put(f"{state.snapshot.signed.version}.snapshot.json", state.snapshot)
+        state.timestamp.signed.version += 1
+        state.timestamp.signed.snapshot_meta.version = state.snapshot.signed.version
+        self.sign(state.timestamp, "timestamp", state.root)
+        self.put("timestamp.json", state.timestamp)
+
     def put(self, name: str, metadata) -> None:
         from tuf.api.serialization.json import JSONSerializer
 

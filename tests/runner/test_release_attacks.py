@@ -153,12 +153,7 @@ def test_snapshot_that_rolls_targets_back(release, monkeypatch, local_expired):
         state = attacker.state()
     state.snapshot.signed.version += 1
     state.snapshot.signed.meta["targets.json"].version -= 1
-    attacker.sign(state.snapshot, "snapshot", state.root)
-    attacker.put(f"{state.snapshot.signed.version}.snapshot.json", state.snapshot)
-    state.timestamp.signed.version += 1
-    state.timestamp.signed.snapshot_meta.version = state.snapshot.signed.version
-    attacker.sign(state.timestamp, "timestamp", state.root)
-    attacker.put("timestamp.json", state.timestamp)
+    attacker.publish_snapshot(state)
     before_targets = (app.trusted / "targets.json").read_bytes()
     with pytest.raises(TrustError) as caught:
         app.load(monkeypatch)
@@ -321,12 +316,7 @@ def test_fewer_signatures_than_the_threshold(tmp_path, monkeypatch):
     attacker.put(f"{state.targets.signed.version}.targets.json", state.targets)
     state.snapshot.signed.version += 1
     state.snapshot.signed.meta["targets.json"].version = state.targets.signed.version
-    attacker.sign(state.snapshot, "snapshot", state.root)
-    attacker.put(f"{state.snapshot.signed.version}.snapshot.json", state.snapshot)
-    state.timestamp.signed.version += 1
-    state.timestamp.signed.snapshot_meta.version = state.snapshot.signed.version
-    attacker.sign(state.timestamp, "timestamp", state.root)
-    attacker.put("timestamp.json", state.timestamp)
+    attacker.publish_snapshot(state)
     before_targets = (app.trusted / "targets.json").read_bytes()
     with pytest.raises(TrustError) as caught:
         app.load(monkeypatch)

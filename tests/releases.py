@@ -78,3 +78,18 @@ def past() -> datetime:
 def snapshot_files(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` (links followed) → bytes: to show a refusal changed nothing."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def released(store, tmp_path: Path, **init):
+    """Artifacts a and b published in `store`, a channel `stable` (repo.init options in `init`) releasing only a,
+    and the app's root.json. Returns (keys folder, a, b, root path)."""
+    from enginefarm.cache.trust import repo
+
+    keys = tmp_path / "keys"
+    a = artifact(store, tmp_path, "a")
+    b = artifact(store, tmp_path, "b", p50=0.001, scale=2.0)
+    repo.init(store, "stable", keys, **init)
+    repo.promote(store, "stable", keys, [a.build_key])
+    root = tmp_path / "root.json"
+    root.write_bytes(repo.root_bytes(store, "stable"))
+    return keys, a, b, root

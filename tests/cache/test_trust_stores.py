@@ -9,19 +9,13 @@ import enginefarm
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.trust import repo
 from enginefarm.errors import TrustError
-from tests.releases import REF, Attacker, artifact
+from tests.releases import REF, Attacker, released
 
 
 @pytest.fixture
 def s3_release(bucket, s3_env, tmp_path):
     store = open_store(f"s3://{bucket}/farm")
-    keys = tmp_path / "keys"
-    a = artifact(store, tmp_path, "a")
-    b = artifact(store, tmp_path, "b", p50=0.001, scale=2.0)
-    repo.init(store, "stable", keys)
-    repo.promote(store, "stable", keys, [a.build_key])
-    root = tmp_path / "root.json"
-    root.write_bytes(repo.root_bytes(store, "stable"))
+    keys, a, b, root = released(store, tmp_path)
     return store, keys, a, b, root, f"{s3_env.url}/{bucket}/farm"
 
 

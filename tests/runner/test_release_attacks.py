@@ -16,7 +16,7 @@ from enginefarm.cache.stores import open_store
 from enginefarm.cache.trust import repo
 from enginefarm.cache.trust.client import trust_dir
 from enginefarm.errors import IntegrityError, OfflineError, TrustError
-from tests.releases import REF, Attacker, artifact, past, snapshot_files
+from tests.releases import REF, Attacker, artifact, past, released, snapshot_files
 
 
 class App:
@@ -43,13 +43,7 @@ class App:
 def release(tmp_path, monkeypatch):
     """A store with artifacts a (released) and b (published, not released); a channel; an app that loaded a once."""
     store = open_store(tmp_path / "store")
-    keys = tmp_path / "keys"
-    a = artifact(store, tmp_path, "a")
-    b = artifact(store, tmp_path, "b", p50=0.001, scale=2.0)
-    repo.init(store, "stable", keys)
-    repo.promote(store, "stable", keys, [a.build_key])
-    root = tmp_path / "root.json"
-    root.write_bytes(repo.root_bytes(store, "stable"))
+    keys, a, b, root = released(store, tmp_path)
     app = App(store, root, tmp_path / "device")
     assert app.load(monkeypatch).artifact.build_key == a.build_key
     return store, keys, a, b, app

@@ -74,6 +74,8 @@ def methods():
         found[f"zstd-{level}"] = (lambda data, dtype, level=level: zstandard.ZstdCompressor(level=level).compress(data),
                                   lambda blob, n: zstandard.ZstdDecompressor().decompress(blob, max_output_size=n))
     found["efw1 (ours)"] = (lambda data, dtype: codec.compress(data, dtype), lambda blob, n: codec.decompress(blob, n))
+    if codec._native is not None:  # the same blobs through the numpy fallback, for installs without the C loop
+        found["efw1 numpy"] = (lambda data, dtype: codec.compress(data, dtype), _without_native)
     try:
         import zipnn
 
@@ -94,6 +96,14 @@ def methods():
     return found
 
 
+def _without_native(blob, n):
+    native, codec._native = codec._native, None
+    try:
+        return codec.decompress(blob, n)
+    finally:
+        codec._native = native
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
@@ -103,6 +113,7 @@ def main() -> None:
     results: dict[tuple[str, str], tuple[float, float, float]] = {}
     spread: dict[str, list[float]] = {}
     kinds = methods()
+    print(f"efw1 interleave: {'C loop (cache/_interleave.c)' if codec._native else 'numpy fallback (the C loop is not built)'}")
     print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
     for name, (data, dtype) in datasets(args.mib).items():
         if args.only not in name:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import tracemalloc
 import zlib
@@ -212,3 +213,58 @@ def test_concurrent_decodes_share_scratch_buffers_safely():
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda item: codec.decompress(item[1], len(item[0]), threads=3) == item[0], list(blobs.values()) * 3))
     assert all(results) and len(codec._SPARE) <= codec._SPARE_KEEP
+
+
+def _reference_interleave(groups: bytes, width: int, rotate: bool) -> bytes:
+    """The definition, byte by byte: element i is byte i of every group, then rotated right by one bit."""
+    n = len(groups) // width
+    elements = np.frombuffer(groups, np.uint8).reshape(width, n).T.copy().reshape(-1)
+    if rotate:
+        values = elements.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[width])
+        values[:] = (values >> 1) | (values << (8 * width - 1))
+    return elements.tobytes()
+
+
+native = pytest.mark.skipif(codec._native is None and os.environ.get("CI") != "true", reason="the C interleave was not compiled in this install")
+
+
+def test_the_native_interleave_is_built_in_ci():
+    if os.environ.get("CI") != "true" and codec._native is None:
+        pytest.skip("the C interleave was not compiled in this install (CI requires it)")
+    assert codec._native is not None, "cache/_interleave.c did not build: is a C compiler and Python.h installed?"
+
+
+@native
+@pytest.mark.parametrize("width", [2, 4, 8])
+@pytest.mark.parametrize("rotate", [False, True])
+@pytest.mark.parametrize("count", [1, 7, 4099, (1 << 20) + 3])
+def test_native_and_numpy_interleave_build_the_same_elements(width, rotate, count):
+    groups = np.random.default_rng(count).integers(0, 256, width * count, dtype=np.uint8)
+    expected = _reference_interleave(groups.tobytes(), width, rotate)
+    out = np.zeros(width * count, np.uint8)
+    codec._native.interleave(groups, out, width, rotate)
+    assert out.tobytes() == expected
+    out[:] = 0
+    codec._interleave([groups[k * count : (k + 1) * count] for k in range(width)], out, width, rotate, np.empty(width * count, np.uint8))
+    assert out.tobytes() == expected
+
+
+@native
+def test_native_interleave_refuses_bad_sizes_instead_of_overrunning():
+    with pytest.raises(ValueError, match="same size"):
+        codec._native.interleave(np.zeros(8, np.uint8), np.zeros(16, np.uint8), 2, False)
+    with pytest.raises(ValueError, match="multiple"):
+        codec._native.interleave(np.zeros(6, np.uint8), np.zeros(6, np.uint8), 4, False)
+    with pytest.raises(ValueError, match="width"):
+        codec._native.interleave(np.zeros(6, np.uint8), np.zeros(6, np.uint8), 3, False)
+    with pytest.raises(TypeError):
+        codec._native.interleave(np.zeros(8, np.uint8), b"\0" * 8, 2, False)  # read-only output
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_blobs_decode_the_same_without_the_native_loop(dtype, monkeypatch):
+    data = weights(2 * codec.FRAME_RAW + 9, dtype)
+    blob = codec.compress(data, dtype)
+    monkeypatch.setattr(codec, "_native", None)
+    assert codec.decompress(blob, len(data)) == data
+    assert b"".join(bytes(c) for c in codec.decode_frames(io.BytesIO(blob), len(data))) == data

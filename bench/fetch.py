@@ -127,7 +127,7 @@ def run(args, server: MotoServer, tmp: Path) -> None:
             fn()
             times[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
-    print(f"loopback, uncapped: moto serves about 1 GiB/s, so this measures enginefarm's own ceiling on this CPU")
+    print("loopback, uncapped: moto serves about 1 GiB/s, so this measures enginefarm's own ceiling on this CPU")
     # CPU time of this (client) process, all its threads: what a fetch costs wherever it runs. A link of R MiB/s
     # needs R x (CPU ms per MiB) / 1000 cores to keep up; moto's own CPU is in its own process, not counted.
     print(f"{'':34}{'median s':>10}{'MiB/s':>10}{'client CPU ms/MiB':>19}")

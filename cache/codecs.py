@@ -45,11 +45,12 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
     `on_bytes` receives the running count of decoded bytes.
 
     Reading, decoding and hashing + writing run as a pipeline (cache/pipeline.py)."""
-    from .pipeline import HashingWriter, Prefetcher
+    from .pipeline import DEPTH, HashingWriter, Prefetcher
 
     # efw1 reads its own frames ahead (codec.decode_frames); the others read through a chunked prefetcher.
     source = src if codec == "efw1" else Prefetcher(src)
-    writer = HashingWriter(dst)
+    # efw1 hands over whole 4 MiB frames: two per queue keep the writer busy (measured: no slower than eight)
+    writer = HashingWriter(dst, depth=2 if codec == "efw1" else DEPTH)
     written = 0
     try:
         if codec == "none":

@@ -90,3 +90,41 @@ def test_a_failing_write_is_raised_and_the_threads_end():
         writer.finish()
     writer.abandon()
     assert not any(thread.is_alive() for thread in writer._threads)
+
+
+def _streamed_decode_peak_mib(tmp_path, mib: int) -> float:
+    """Peak traced memory while an efw1 blob of `mib` MiB of fp16 streams from a file into another file."""
+    import tracemalloc
+
+    import numpy as np
+
+    from enginefarm.cache import codec
+    from enginefarm.cache.codecs import decode_stream
+
+    raw = tmp_path / f"raw{mib}.bin"
+    np.random.default_rng(mib).standard_normal(mib << 19).astype(np.float16).tofile(raw)
+    blob = tmp_path / f"blob{mib}.efw1"
+    with open(blob, "wb") as out:
+        codec.encode_file(raw, out)
+    size = raw.stat().st_size
+    raw.unlink()
+    tracemalloc.start()
+    try:
+        with open(blob, "rb") as src, open(tmp_path / "decoded.bin", "wb") as dst:
+            decode_stream(src, dst, "efw1", size)
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_streamed_decode_holds_a_bounded_number_of_frames_whatever_the_size(tmp_path):
+    from enginefarm.cache import codec
+
+    frame = codec.FRAME_RAW / 2**20
+    # compressed frames: read ahead (threads + 2), one being read, one per decoding thread and one queued for
+    # them; decoded frames: threads + 1 waiting in order, one with the writer's caller; two scratch halves per
+    # thread; the writer's two queues of two plus one in each of its threads' hands. Well below the 192 MiB.
+    t = codec.THREADS
+    bound = ((t + 2 + 1 + t + 1) + (t + 1 + 1) + 2 * t + 6) * frame
+    peak = _streamed_decode_peak_mib(tmp_path, 192)
+    assert peak < bound, f"decoding 192 MiB peaked at {peak:.0f} MiB (bound {bound:.0f})"

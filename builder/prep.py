@@ -38,7 +38,22 @@ def prep_versions(precision: str) -> dict[str, str]:
 
 
 def _onnxsim_version() -> str | None:
-    try:
+    """onnxsim's own version string, read from its version.py without importing the package: importing it loads
+    torch (2+ s), which every plan and build paid just to compute a build key."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("onnxsim")
+    if spec is None:
+        return None
+    for folder in spec.submodule_search_locations or ():
+        try:
+            found = re.search(r"^version\s*=\s*['\"]([^'\"]+)['\"]", (Path(folder) / "version.py").read_text(), re.M)
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    try:  # a layout without version.py: ask the package
         import onnxsim
     except ImportError:
         return None

@@ -44,6 +44,19 @@ def test_prep_version_is_in_the_toolchain():
     assert "fp16_converter" in prep.prep_versions("fp16")
 
 
+def test_the_onnxsim_version_in_build_keys_is_read_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from enginefarm.builder.prep import prep_versions; v = prep_versions('fp16')['onnxsim']; "
+            "print(v, 'torch' in sys.modules, 'onnxsim' in sys.modules)")
+    version, torch_loaded, onnxsim_loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    import onnxsim  # the package's own answer, so build keys stay what they were
+
+    assert version == onnxsim.__version__
+    assert (torch_loaded, onnxsim_loaded) == ("False", "False")
+
+
 @pytest.mark.parametrize("location", ["../outside.bin", "/etc/passwd", "sub/../../outside.bin"])
 def test_external_data_leaving_the_folder_is_refused(tmp_path, location):
     (tmp_path / "outside.bin").write_bytes(b"\0" * 256)

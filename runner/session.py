@@ -64,7 +64,8 @@ class Session:
             return array
         if np.can_cast(array.dtype, dtype, casting="same_kind"):
             return array.astype(dtype)
-        raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}")
+        raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}",
+                         hint=f"pass {dtype}; inputs of the same kind or narrower (float64, integers, bool for a float input) are converted")
 
     @staticmethod
     def _check_shape(ref: str, name: str, shape: tuple[int, ...], bounds: dict[str, list[int]]) -> None:

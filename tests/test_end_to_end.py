@@ -83,6 +83,11 @@ def test_inputs_outside_the_profile_get_a_clear_error(farm, monkeypatch):
         session.run({"latent": np.zeros((1, 4, 64, 64), np.float32)})
     with pytest.raises(InputError, match="missing"):
         session.run({"x": np.zeros((1, 4, 8, 8), np.float32)})
+    with pytest.raises(InputError, match="'latent' is complex64, the model takes float32") as refused:
+        session.run({"latent": np.zeros((1, 4, 8, 8), np.complex64)})
+    assert "float64, integers" in refused.value.hint
+    widened = session.run({"latent": np.ones((1, 4, 8, 8), np.float64)})  # converted, as the hint says
+    assert np.array_equal(widened["sample"], session.run({"latent": np.ones((1, 4, 8, 8), np.float32)})["sample"])
 
 
 def test_cli_run_writes_outputs(farm, cli, tmp_path):

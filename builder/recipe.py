@@ -323,10 +323,10 @@ def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
     path = Path(text[len("file://"):] if text.startswith("file://") else text).expanduser()
     if not path.is_absolute():
         path = (r.path.parent / path).resolve()
+    if not path.is_file():  # before the suffix, so a mistyped path is not reported as the wrong format
+        raise r.fail(key, f"file not found: {path}", hint="paths are relative to the recipe file")
     if path.suffix != ".safetensors":
         raise r.fail(key, "must be a .safetensors file", hint="convert the checkpoint with the safetensors package")
-    if not path.is_file():
-        raise r.fail(key, f"file not found: {path}", hint="paths are relative to the recipe file")
     return path
 
 

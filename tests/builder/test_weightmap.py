@@ -112,6 +112,7 @@ def test_checkpoint_goes_into_the_key(tmp_path, write_recipe):
 
 @pytest.mark.parametrize("value, message", [
     ('"missing.safetensors"', "file not found"),
+    ('"mising.ckpt"', "file not found"),  # a typo is named as one, not as the wrong format
     ('"weights.ckpt"', "must be a .safetensors file"),
     ('"https://example.com/x.safetensors"', "must be a local file"),
     ('["a.safetensors"]', "non-empty string"),

@@ -121,7 +121,7 @@ def _simplify(model, notes: list[str]):
     if not ok:
         notes.append("not simplified: onnxsim could not verify the result")
         return model
-    notes.append(f"simplified by onnxsim ({len(model.graph.node)} → {len(simplified.graph.node)} nodes; folding can add some)")
+    notes.append(f"simplified by onnxsim ({len(model.graph.node)} → {len(simplified.graph.node)} nodes)")
     return simplified
 
 

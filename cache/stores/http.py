@@ -152,7 +152,7 @@ class _ParallelReader:
         self._ranges = [(start, min(CHUNK, size - start)) for start in range(0, size, CHUNK)]
         # The first range runs alone: its response's ETag pins every other range to the same version.
         self._etag: str | None = None
-        self._buffer = self._fetch(*self._ranges[0])
+        self._buffer = memoryview(self._fetch(*self._ranges[0]))
         self._pool = ThreadPoolExecutor(max_workers=store.workers, thread_name_prefix="enginefarm-get")
         self._futures = [self._pool.submit(self._fetch, start, length) for start, length in self._ranges[1 : store.workers + 2]]
         self._next = 1 + len(self._futures)
@@ -172,10 +172,11 @@ class _ParallelReader:
             raise StoreError(f"{self._what}: range at {start} returned {len(data)} of {length} bytes")
         return data
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> memoryview:
+        """Views of the fetched ranges, not copies: slicing bytes copied the rest of the 8 MiB range on every read."""
         while not self._buffer and self._futures:
             future = self._futures.pop(0)
-            self._buffer = future.result()
+            self._buffer = memoryview(future.result())
             if self._next < len(self._ranges):
                 start, length = self._ranges[self._next]
                 self._futures.append(self._pool.submit(self._fetch, start, length))

@@ -9,12 +9,12 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Stamps re-run the install whenever pyproject.toml changes.
-$(VENV)/.demo-deps: pyproject.toml | $(VENV)/bin/python
+# Stamps re-run the install (which also compiles the codec's C loop) whenever pyproject.toml or the C source changes.
+$(VENV)/.demo-deps: pyproject.toml cache/_interleave.c | $(VENV)/bin/python
 	$(PIP) install -e '.[onnxruntime,openvino,build]'
 	touch $@
 
-$(VENV)/.test-deps: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.test-deps: pyproject.toml cache/_interleave.c | $(VENV)/bin/python
 	$(PIP) install -e '.[test]'
 	touch $@ $(VENV)/.demo-deps
 
@@ -31,4 +31,4 @@ bench: $(VENV)/.test-deps
 	$(PY) bench/ttfi.py
 
 clean:
-	rm -rf .enginefarm build dist *.egg-info
+	rm -rf .enginefarm build dist *.egg-info cache/_interleave.*.so cache/_interleave.*.pyd

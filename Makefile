@@ -32,3 +32,4 @@ bench: $(VENV)/.test-deps
 
 clean:
 	rm -rf .enginefarm build dist *.egg-info cache/_interleave.*.so cache/_interleave.*.pyd
+	rm -f $(VENV)/.demo-deps $(VENV)/.test-deps  # so the next demo/test reinstalls and recompiles

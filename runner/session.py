@@ -65,7 +65,8 @@ class Session:
         if np.can_cast(array.dtype, dtype, casting="same_kind"):
             return array.astype(dtype)
         raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}",
-                         hint=f"pass {dtype}; inputs of the same kind or narrower (float64, integers, bool for a float input) are converted")
+                         hint=f"pass {dtype}; other dtypes are converted only within their kind or from a simpler one "
+                              "(float64 -> float32, integers or bool -> float)")
 
     @staticmethod
     def _check_shape(ref: str, name: str, shape: tuple[int, ...], bounds: dict[str, list[int]]) -> None:

@@ -85,7 +85,7 @@ def test_inputs_outside_the_profile_get_a_clear_error(farm, monkeypatch):
         session.run({"x": np.zeros((1, 4, 8, 8), np.float32)})
     with pytest.raises(InputError, match="'latent' is complex64, the model takes float32") as refused:
         session.run({"latent": np.zeros((1, 4, 8, 8), np.complex64)})
-    assert "float64, integers" in refused.value.hint
+    assert "float64 -> float32, integers or bool -> float" in refused.value.hint
     widened = session.run({"latent": np.ones((1, 4, 8, 8), np.float64)})  # converted, as the hint says
     assert np.array_equal(widened["sample"], session.run({"latent": np.ones((1, 4, 8, 8), np.float32)})["sample"])
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from enginefarm.cli_options import precision_option, stacked, target_option
 from enginefarm.errors import ConfigError, EnginefarmError
 from enginefarm.settings import load_settings
 
@@ -81,17 +82,8 @@ def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None
     return planned, opened, settings
 
 
-select_options = [
-    click.option("--target", "targets", multiple=True, metavar="T", help="Only this target (backend:device or backend). Repeatable."),
-    click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]), help="Only this precision. Repeatable."),
-    click.option("--component", "components", multiple=True, metavar="NAME", help="Only this component. Repeatable."),
-]
-
-
-def _select(func):
-    for option in reversed(select_options):
-        func = option(func)
-    return func
+_select = stacked(target_option, precision_option,
+                  click.option("--component", "components", multiple=True, metavar="NAME", help="Only this component. Repeatable."))
 
 
 @main.command("plan")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from enginefarm.cli_options import precision_option, stacked, target_option
 from enginefarm.errors import ArtifactNotFoundError, ConfigError
 from enginefarm.settings import load_settings, parse_duration
 
@@ -80,17 +81,8 @@ def _selection(ref: str, targets, precisions, keys) -> dict:
     return {"models": (model,), "components": (component,) if component else (), "targets": targets, "precisions": precisions, "keys": keys}
 
 
-select = [
-    click.option("--target", "targets", multiple=True, metavar="T", help="Only this target (backend:device or backend). Repeatable."),
-    click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]), help="Only this precision. Repeatable."),
-    click.option("--key", "keys", multiple=True, metavar="KEY", help="Only this build key (or prefix). Repeatable."),
-]
-
-
-def _select(func):
-    for option in reversed(select):
-        func = option(func)
-    return func
+_select = stacked(target_option, precision_option,
+                  click.option("--key", "keys", multiple=True, metavar="KEY", help="Only this build key (or prefix). Repeatable."))
 
 
 @release_group.command("promote")

@@ -8,7 +8,14 @@ Data sets (each capped at --mib MiB so zstd-19 finishes):
 ZipNN is optional and belongs in the bench environment only (it pulls in torch): `pip install zipnn`.
 Ratio = stored / raw (lower is better); speeds in MB/s of raw data, medians (decodes interleaved across methods).
 
-    python bench/codec.py [--mib 64] [--repeats 7]
+Every decode returns a new buffer, and what that buffer costs depends on the C allocator's state, not on the codec:
+glibc hands out a fresh mmap (one page fault per 4 KiB: ~20 ms for 32 MiB here) or reuses heap pages (no faults)
+depending on what was freed before. That made ZipNN's measured speed swing 2x between runs. So on Linux the bench
+runs twice, each time in a child process with the allocator pinned (--memory):
+- warm: MALLOC_MMAP_THRESHOLD_ above any buffer, so every decode reuses faulted pages: the codec's own work;
+- fresh: a 64 KiB threshold, so every large buffer is a new mapping: what a one-shot decode costs an app.
+
+    python bench/codec.py [--mib 64] [--repeats 7] [--memory both|warm|fresh]
 """
 
 from __future__ import annotations
@@ -16,8 +23,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,6 +106,11 @@ def methods():
     return found
 
 
+# glibc reads the threshold at start-up only, hence the child processes
+ALLOCATOR = {"warm": (str(1 << 40), "every decode reuses already-faulted heap pages (the codec's own work)"),
+             "fresh": (str(1 << 16), "every decode's output is a new mapping (what a one-shot decode costs)")}
+
+
 def _without_native(blob, n):
     native, codec._native = codec._native, None
     try:
@@ -109,7 +124,15 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7, help="decode repetitions, interleaved across methods")
     parser.add_argument("--only", default="", help="only data sets whose name contains this")
+    parser.add_argument("--memory", choices=("both", *ALLOCATOR), default="both", help="the allocator state decodes run in (see above)")
     args = parser.parse_args()
+    if args.memory == "both" and sys.platform == "linux":
+        for memory in ALLOCATOR:
+            print(f"== --memory {memory}: {ALLOCATOR[memory][1]}", flush=True)
+            command = [sys.executable, __file__, *sys.argv[1:], "--memory", memory]
+            subprocess.run(command, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": ALLOCATOR[memory][0]}, check=True)
+            print()
+        return
     results: dict[tuple[str, str], tuple[float, float, float]] = {}
     spread: dict[str, list[float]] = {}
     kinds = methods()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -187,9 +188,11 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
         frames.close()
 
 
-try:  # the same loop in C, one pass (cache/_interleave.c); optional at install
+try:  # the same loop in C, one pass (cache/_interleave.c); optional at install. It stores little-endian words.
     from . import _interleave as _native
 except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+if sys.byteorder != "little":  # pragma: no cover - no big-endian host here
     _native = None
 
 INTERLEAVE_BLOCK = 1 << 22  # elements: a whole frame (measured: a call per 64 Ki elements cost more than cache misses)
@@ -260,7 +263,7 @@ def _decode_groups(frame, raw: int, width: int, rotate: bool, out: np.ndarray, s
     if pos != len(view):
         raise IntegrityError("efw1 frame has trailing bytes")
     if count and width > 1:
-        if _native is not None:  # the groups lie back to back at the start of `space`
+        if _native is not None and out.ctypes.data % width == 0:  # groups lie back to back at the start of `space`
             _native.interleave(space[:whole], out[:whole], width, rotate)
         else:
             _interleave(groups[:width], out[:whole], width, rotate, space[whole:])

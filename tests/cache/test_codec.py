@@ -259,6 +259,19 @@ def test_native_interleave_refuses_bad_sizes_instead_of_overrunning():
         codec._native.interleave(np.zeros(6, np.uint8), np.zeros(6, np.uint8), 3, False)
     with pytest.raises(TypeError):
         codec._native.interleave(np.zeros(8, np.uint8), b"\0" * 8, 2, False)  # read-only output
+    space = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match="aligned"):  # it stores whole words
+        codec._native.interleave(np.zeros(8, np.uint8), space[1:9], 4, False)
+    with pytest.raises(ValueError, match="overlap"):  # the loop reads the groups as it writes, so no aliasing
+        codec._native.interleave(space[:16], space[8:24], 4, False)
+
+
+def test_frames_at_odd_offsets_decode_through_the_numpy_loop():
+    """A frame size that is not a multiple of the element width puts later frames at unaligned offsets of the
+    output, where the word-storing C loop must not run; the blob still decodes exactly."""
+    data = weights(5 * 4099 + 3, "float32")
+    blob = codec.compress(data, "float32", frame_raw=4099)
+    assert bytes(codec.decompress(blob, len(data))) == data
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])

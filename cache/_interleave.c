@@ -18,7 +18,7 @@
 
 /* One loop per (width, rotation): the groups and the output never overlap (restrict) and each element is stored
    as one word, so compilers vectorize it; a constant rotation keeps the shifts vectorizable too. Measured on 4 MiB
-   frames: 2.4x faster for fp32 and 1.5-2.5x for fp16 than byte-by-byte stores. Words are little-endian, which
+   frames: 2.0-2.4x faster for fp32 and 1.5-2.5x for fp16 than byte-by-byte stores. Words are little-endian, which
    codec.py checks before it uses this module. */
 #define JOIN(name, word, width, shift, build)                                                                       \
     static void name(const uint8_t *restrict g, word *restrict out, Py_ssize_t n) {                                  \

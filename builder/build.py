@@ -27,7 +27,7 @@ from .backends import get_backend
 from .bench import measure_in_subprocess
 from .planner import Job
 from .prep import prepare
-from .validate import Thresholds, reference_outputs, sample_cases, validate
+from .validate import Thresholds, model_traits, reference_outputs, sample_cases, validate
 from .weightmap import attach as attach_weight_map
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,10 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
 
     step("prep")
     # Prepared models are reused across jobs, per source and per prep toolchain (a new version never reuses an old prep).
-    prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter")}})
-    prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / prep_id[:24])
+    keep = job.fp16_keep if job.onnx_precision() == "fp16" else ()
+    prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter")},
+                         **({"fp16_keep_fp32": list(keep)} if keep else {})})
+    prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / prep_id[:24], keep)
     step(f"build {job.target}")
     _hook(backend, "before_build", store, job, outdir)
     started = time.perf_counter()
@@ -136,8 +138,10 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         if session is None:
             report = {"passed": None, "executed": False, **note}
         else:
-            references = reference_outputs(job.source.path, cases)
-            report = {**validate(session, cases, references, Thresholds.for_job(job.precision, job.validate)), "executed": True, **note}
+            quantized, feeding = model_traits(job.source.path)
+            references = reference_outputs(job.source.path, cases, feeding)
+            limits = Thresholds.for_job(job.precision, job.validate, quantized=quantized)
+            report = {**validate(session, cases, references, limits), "executed": True, **note}
     except EnginefarmError:
         raise
     except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
@@ -145,7 +149,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     del session
     manifest = replace(manifest, validation=report)
     if report["passed"] is not None and not report["passed"]:
-        raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report)
+        raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
 
     here = backend.available(job.target.device) if bench else None
     if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench

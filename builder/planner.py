@@ -73,6 +73,7 @@ class Job:
     resources: Resources = Resources()
     options: dict[str, Any] = field(default_factory=dict)  # the backend's build options, defaults filled in
     checkpoint: LocalSource | None = None  # base weights whose names the artifact's weight map speaks
+    fp16_keep: tuple[str, ...] = ()  # op types or node names the recipe keeps fp32 in fp16 ONNX
 
     @property
     def id(self) -> str:
@@ -109,6 +110,7 @@ class Job:
                 "toolchain": toolchain,
                 "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
+                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() == "fp16" else {}),
             }
         )
 
@@ -176,13 +178,17 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
             raise AssertionError("unreachable")
         if comp.validate.samples is not None:
             _check_samples(recipe, comp.validate.samples, inputs, profiles, f"{key}.validate.samples")
+        if comp.fp16_keep_fp32:
+            _check_keep(recipe, comp.fp16_keep_fp32, header, f"{key}.fp16_keep_fp32")
         for precision in comp.precisions:
             for profile_name, profile in profiles.items():
                 for target in comp.targets:
+                    if any(rule.covers(target, precision) for rule in comp.exclude):
+                        continue
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
                             target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
-                            job_options(target, comp.options), checkpoint)
+                            job_options(target, comp.options), checkpoint, comp.fp16_keep_fp32)
                     )
     return jobs
 
@@ -197,6 +203,16 @@ def _checkpoint(recipe: Recipe, path: Path, key: str) -> LocalSource:
     except EnginefarmError as exc:
         raise RecipeError(recipe.path, key, str(exc), hint=exc.hint) from None
     return LocalSource(path, sha256_file(path))
+
+
+def _check_keep(recipe: Recipe, keep: tuple[str, ...], header, key: str) -> None:
+    """An op type or node name that is not in the model is a typo: it would keep nothing fp32."""
+    present = {n.op_type for n in header.graph.node} | {n.name for n in header.graph.node if n.name}
+    unknown = [k for k in keep if k not in present]
+    if unknown:
+        ops = sorted({n.op_type for n in header.graph.node})
+        raise RecipeError(recipe.path, key, f"the model has no op or node named {', '.join(map(repr, unknown))}",
+                          hint=f"op types in the model: {', '.join(ops[:30])}{', …' if len(ops) > 30 else ''}")
 
 
 def _check_validate_inputs(recipe: Recipe, spec: ValidateSpec, inputs: list[TensorInfo], key: str) -> None:

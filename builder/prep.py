@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 # Bump when any step below changes what it writes: it is part of every build key.
 PREP_VERSION = "2"
 _EXTERNAL_THRESHOLD = 1_800_000_000  # protobuf cannot serialize a single message over 2 GB
+# Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
+FP16_KEEP_VERSION = "1"
 
 
 @dataclass
@@ -33,7 +35,7 @@ def prep_versions(precision: str) -> dict[str, str]:
     if precision == "fp16":
         import onnxruntime
 
-        versions["fp16_converter"] = f"onnxruntime-{onnxruntime.__version__}"
+        versions["fp16_converter"] = f"onnxruntime-{onnxruntime.__version__}+keep{FP16_KEEP_VERSION}"
     return versions
 
 
@@ -60,8 +62,9 @@ def _onnxsim_version() -> str | None:
     return str(getattr(onnxsim, "__version__", "unknown"))
 
 
-def prepare(source: Path, precision: str, workdir: Path) -> Prepared:
+def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, ...] = ()) -> Prepared:
     """Write the prepared model to `workdir/prepared-<precision>.onnx`. Reuses it if already there.
+    `fp16_keep`: op types or node names that stay fp32 in an fp16 model, besides those `fp16_blocked` keeps.
 
     Parallel jobs share one prep per (source, precision): a lock saves the duplicate work, and the result
     appears by rename, so a reader never sees half a model even where the lock does not hold."""
@@ -71,7 +74,7 @@ def prepare(source: Path, precision: str, workdir: Path) -> Prepared:
     with file_lock(workdir / f".prepared-{precision}.lock"):
         if out.is_file() and notes_file.is_file():
             return Prepared(out, notes_file.read_text().splitlines())
-        notes, model = _prepared_model(source, precision)
+        notes, model = _prepared_model(source, precision, fp16_keep)
         import onnx
 
         large = model.ByteSize() > _EXTERNAL_THRESHOLD
@@ -88,7 +91,7 @@ def prepare(source: Path, precision: str, workdir: Path) -> Prepared:
     return Prepared(out, notes)
 
 
-def _prepared_model(source: Path, precision: str):
+def _prepared_model(source: Path, precision: str, fp16_keep: tuple[str, ...] = ()):
     import onnx
 
     notes: list[str] = []
@@ -103,7 +106,7 @@ def _prepared_model(source: Path, precision: str):
         notes.append(f"shape inference skipped: {str(exc).splitlines()[0][:200]}")
     model = _simplify(model, notes)
     if precision == "fp16":
-        model = _to_fp16(model, notes)
+        model = _to_fp16(model, notes, fp16_keep)
     return notes, model
 
 
@@ -125,15 +128,29 @@ def _simplify(model, notes: list[str]):
     return simplified
 
 
-def _to_fp16(model, notes: list[str]):
+def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    from .fp16_rules import elide_round_trips, fp16_blocked
+
+    ops, nodes = fp16_blocked(model, keep)
     # keep_io_types: callers feed and read float32; the casts live inside the graph.
-    converted = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    converted = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False, op_block_list=sorted(ops),
+                                         node_block_list=sorted(nodes))
+    elide_round_trips(converted.graph)
     removed = _drop_duplicate_nodes(converted.graph)
     _sort_topologically(converted.graph)
-    notes.append("converted to fp16 (float32 inputs and outputs)" + (f"; merged {removed} duplicate casts" if removed else ""))
+    kept = sum(1 for n in converted.graph.node if n.op_type in ops or n.name in nodes)
+    notes.append("converted to fp16 (float32 inputs and outputs)" + (f"; {kept} nodes kept fp32 ({_summary(converted, ops, nodes)})" if kept else "")
+                 + (f"; merged {removed} duplicate casts" if removed else ""))
     return converted
+
+
+def _summary(model, ops: set[str], nodes: set[str]) -> str:
+    from collections import Counter
+
+    counts = Counter(n.op_type for n in model.graph.node if n.op_type in ops or n.name in nodes)
+    return ", ".join(f"{op} ×{count}" for op, count in counts.most_common(6)) + (", …" if len(counts) > 6 else "")
 
 
 def _sort_topologically(graph) -> None:

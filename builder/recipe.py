@@ -67,6 +67,17 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class Exclusion:
+    """A precision (or every precision) not to build for a target or a whole backend."""
+
+    target: str  # "backend" or "backend:device"
+    precision: str | None = None
+
+    def covers(self, target: Target, precision: str) -> bool:
+        return target.matches(self.target) and self.precision in (None, precision)
+
+
+@dataclass(frozen=True)
 class Component:
     name: str
     source: Source
@@ -77,6 +88,8 @@ class Component:
     resources: Resources = Resources()
     checkpoint: Path | None = None  # the base weights in their native names (.safetensors): the weight map's source
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend → option → value, as written
+    exclude: tuple[Exclusion, ...] = ()
+    fp16_keep_fp32: tuple[str, ...] = ()  # op types or node names that stay fp32 in fp16 ONNX
 
 
 @dataclass(frozen=True)
@@ -170,10 +183,12 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     version = r.string(model["version"], "model.version")
     description = r.string(model["description"], "model.description") if "description" in model else ""
 
-    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options"})
+    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options", "exclude", "fp16_keep_fp32"})
     default_options = _options(r, defaults.get("options", {}), "defaults.options")
     default_precisions = _precisions(r, defaults.get("precisions", ["fp32"]), "defaults.precisions")
     default_targets = _targets(r, defaults.get("targets", []), "defaults.targets", validate_target)
+    default_exclude = _exclusions(r, defaults.get("exclude", []), "defaults.exclude", validate_target)
+    default_keep = r.strings(defaults.get("fp16_keep_fp32", []), "defaults.fp16_keep_fp32")
 
     components_raw = r.table(data["components"], "components", None)
     if not components_raw:
@@ -183,7 +198,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
         key = f"components.{comp_name}"
         if not _NAME.match(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
-        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources", "options"}, ("source",))
+        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources",
+                                       "options", "exclude", "fp16_keep_fp32"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
         if not precisions or not targets:
@@ -199,6 +215,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             resources=_resources(r, comp.get("resources", {}), f"{key}.resources"),
             checkpoint=_checkpoint(r, comp["checkpoint"], f"{key}.checkpoint") if "checkpoint" in comp else None,
             options=_merge_options(default_options, _options(r, comp.get("options", {}), f"{key}.options")),
+            exclude=default_exclude + _exclusions(r, comp.get("exclude", []), f"{key}.exclude", validate_target),
+            fp16_keep_fp32=tuple(dict.fromkeys(default_keep + r.strings(comp.get("fp16_keep_fp32", []), f"{key}.fp16_keep_fp32"))),
         )
     return Recipe(path, digest, name, version, description, components)
 
@@ -224,6 +242,29 @@ def _targets(r: _Reader, value: Any, key: str, validate_target) -> tuple[Target,
             raise r.fail(key, reason, hint=hint)
         targets.append(target)
     return tuple(dict.fromkeys(targets))
+
+
+def _exclusions(r: _Reader, value: Any, key: str, validate_target) -> tuple[Exclusion, ...]:
+    """`exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }, { target = "openvino" }]`"""
+    if not isinstance(value, list):
+        raise r.fail(key, "must be a list of tables", hint='exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]')
+    found = []
+    for index, item in enumerate(value):
+        ikey = f"{key}[{index}]"
+        table = r.table(item, ikey, {"target", "precision"}, ("target",))
+        target = r.string(table["target"], f"{ikey}.target")
+        try:
+            parsed = Target.parse(target) if ":" in target else Target(target, "")
+        except ValueError as exc:
+            raise r.fail(f"{ikey}.target", str(exc), hint="a target (openvino:cpu) or a backend (openvino)") from None
+        problem = validate_target(parsed)
+        if problem and (parsed.device or problem[0].startswith("unknown backend")):  # a bare backend has no device to check
+            raise r.fail(f"{ikey}.target", problem[0], hint=problem[1])
+        precision = table.get("precision")
+        if precision is not None and r.string(precision, f"{ikey}.precision") not in PRECISIONS:
+            raise r.fail(f"{ikey}.precision", f"unknown precision {precision!r}", hint=f"use one of: {', '.join(PRECISIONS)}")
+        found.append(Exclusion(target, precision))
+    return tuple(found)
 
 
 def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:

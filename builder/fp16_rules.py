@@ -1,0 +1,93 @@
+"""What stays fp32 when a model is converted to fp16.
+
+- Ops ONNX Runtime has no fp16 kernel for (the converter's own default list).
+- Quantize/dequantize islands: quantization ops take and give float32 scales and fp32 activations.
+- Integer paths: a Cast from an integer tensor to float (an int32 accumulator, say) and the multiply or divide that
+  scales it right after; in fp16 that value overflows long before it is scaled back.
+- Ops of other domains (com.microsoft contrib ops…): their fp16 support is unknown.
+- What the recipe adds (`fp16_keep_fp32`): op types or node names.
+"""
+
+from __future__ import annotations
+
+from .scales import QUANTIZE_OPS
+
+_FLOAT = 1
+_FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16
+_SCALING = {"Mul", "Div"}
+
+
+def fp16_blocked(model, keep: tuple[str, ...] = ()) -> tuple[set[str], set[str]]:
+    """(op types, node names) that stay fp32. Unnamed nodes on an integer path are given names so they can be kept."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+    nodes = list(model.graph.node)
+    ops = set(DEFAULT_OP_BLOCK_LIST) | QUANTIZE_OPS
+    ops |= {n.op_type for n in nodes if n.domain not in ("", "ai.onnx")}
+    names = {n.name for n in nodes if n.name}
+    ops |= {k for k in keep if k not in names}
+    kept = {k for k in keep if k in names}
+    integer = _integer_tensors(model)
+    consumers: dict[str, list] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for index, node in enumerate(nodes):
+        if node.op_type == "Cast" and _cast_to(node) == _FLOAT and node.input and node.input[0] in integer:
+            for member in [node] + [c for c in consumers.get(node.output[0], []) if c.op_type in _SCALING]:
+                if not member.name:
+                    member.name = f"enginefarm_fp32_{index}_{member.op_type}_{len(kept)}"
+                kept.add(member.name)
+    return ops, kept
+
+
+def _cast_to(node) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def _integer_tensors(model) -> set[str]:
+    """Tensors known to hold integers: typed so in the graph, integer initializers, or produced by integer ops."""
+    found = {v.name for v in list(model.graph.value_info) + list(model.graph.input)
+             if v.type.tensor_type.elem_type and v.type.tensor_type.elem_type not in _FLOATS}
+    found |= {i.name for i in model.graph.initializer if i.data_type not in _FLOATS}
+    for node in model.graph.node:  # in topological order, so producers come first
+        if node.op_type in ("ConvInteger", "MatMulInteger"):
+            found.update(node.output)
+        elif node.op_type == "Cast":
+            if _cast_to(node) not in _FLOATS:
+                found.update(node.output)
+        elif node.op_type in ("Add", "Sub", "Reshape", "Squeeze", "Unsqueeze", "Transpose") and node.input and node.input[0] in found:
+            found.update(node.output)
+    return found
+
+
+def elide_round_trips(graph) -> int:
+    """The converter casts every fp32 output of a kept node to fp16 and back to fp32 before the next kept node, which
+    overflows exactly the values kept fp32 for their size. A Cast to fp16 whose readers are Casts back to fp32 is
+    dropped with them, and their readers read the fp32 tensor. Returns how many pairs were removed."""
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    drop: set[int] = set()
+    rename: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "Cast" or _cast_to(node) != 10 or node.output[0] in outputs:
+            continue
+        back = readers.get(node.output[0], [])
+        if not back or any(b.op_type != "Cast" or _cast_to(b) != _FLOAT or b.output[0] in outputs for b in back):
+            continue
+        drop.add(id(node))
+        for b in back:
+            drop.add(id(b))
+            rename[b.output[0]] = node.input[0]
+    if not drop:
+        return 0
+    kept = [n for n in graph.node if id(n) not in drop]
+    for node in kept:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    removed = len(graph.node) - len(kept)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return removed // 2

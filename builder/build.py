@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +47,7 @@ class BuildResult:
     seconds: float = 0.0
     manifest: Manifest | None = None
     what: dict[str, str] = field(default_factory=dict)  # model, component, precision, profile, target: for reports
+    detail: str = ""  # the SDK's own traceback behind a failure, for `-v` and the report
 
     @classmethod
     def of(cls, job: Job, key: str | None, status: str, reason: str = "", seconds: float = 0.0, manifest: Manifest | None = None) -> "BuildResult":
@@ -53,7 +56,7 @@ class BuildResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason,
-                "seconds": round(self.seconds, 2), **self.what}
+                "seconds": round(self.seconds, 2), **self.what, **({"detail": self.detail} if self.detail else {})}
 
 
 def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None, store: Store | None = None) -> tuple[Manifest, Path]:
@@ -85,7 +88,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     except EnginefarmError:
         raise
     except Exception as exc:  # an SDK failure is the job's failure, not the farm's
-        raise BuildError(f"{job.label}: {job.target.backend} failed: {_first_line(exc)}") from exc
+        raise BuildError(f"{job.label}: {job.target.backend} failed: {sdk_text(exc, workroot)}") from exc
     build_s = time.perf_counter() - started
     _hook(backend, "after_build", store, job, outdir)
     for item in built:
@@ -145,7 +148,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     except EnginefarmError:
         raise
     except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
-        raise BuildError(f"{job.label}: the built artifact does not load or run: {_first_line(exc)}") from exc
+        raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
     del session
     manifest = replace(manifest, validation=report)
     if report["passed"] is not None and not report["passed"]:
@@ -184,7 +187,10 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
-        return BuildResult.of(job, key, "failed", reason, time.perf_counter() - started)
+        result = BuildResult.of(job, key, "failed", reason, time.perf_counter() - started)
+        if exc.__cause__ is not None:
+            result.detail = "".join(traceback.format_exception(exc.__cause__))
+        return result
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
@@ -201,9 +207,22 @@ def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> No
         log.warning("%s: %s skipped: %s", job.label, name.replace("_", " "), exc)
 
 
-def _first_line(exc: BaseException) -> str:
+SDK_TEXT_LIMIT = 4000
+
+
+def sdk_text(exc: BaseException, workroot: Path) -> str:
+    """An SDK's error as the user needs it: every line of it (bounded, cut at a line), with the job's temporary
+    folders, which are gone by the time anyone reads the message, reduced to the file names inside them."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+    for root in {str(workroot), str(Path(workroot).resolve())}:
+        text = re.sub(re.escape(root) + r"/(?:[^\s'\"]*/)?", "", text)
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    text = "\n".join(lines)
+    if len(text) > SDK_TEXT_LIMIT:
+        cut = text.rfind("\n", 0, SDK_TEXT_LIMIT)
+        cut = cut if cut > SDK_TEXT_LIMIT // 2 else text.rfind(" ", 0, SDK_TEXT_LIMIT)
+        text = f"{text[:cut]} … ({len(text) - cut} more characters; -v shows all)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def plain_file(root: Path, rel: str, role: str) -> ArtifactFile:

@@ -7,7 +7,9 @@ of any correct kernel. So each output's *carried magnitude* is the largest of it
 feeding it, found by walking back through the ops that squash or move data (sigmoid, softmax, clip, reshape…)
 to the first op that computes. The reference run reports those feeding tensors too.
 
-Quantized graphs carry 8-bit activations wherever they quantize: their epsilon is at least 2^-8.
+Quantized graphs carry 8-bit activations wherever they quantize: one step of an 8-bit range that spans both signs
+is 2/255 of the magnitude, and two correct implementations may round a value to neighbouring steps. Their epsilon
+is at least 2^-7.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Iterator
 
 # Unit roundoff per computing precision (machine epsilon).
 EPSILON = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
-QUANTIZED_EPSILON = 2.0 ** -8
+QUANTIZED_EPSILON = 2.0 ** -7
 
 # Ops whose output is bounded by (or is a rearrangement of) their first input: errors pass through them no larger.
 PASS_THROUGH = {

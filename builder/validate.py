@@ -22,14 +22,19 @@ from .recipe import ValidateSpec
 from .samples import fit, image_layout, image_like, noise
 from .scales import EPSILON, QUANTIZED_EPSILON, feeding_tensors, is_quantized, with_extra_outputs
 
+# Range-relative limits for outputs that carry a signal. fp16 artifacts of the real models measured stay within 0.9% of
+# the range (cosine ≥ 0.99987) wherever the noise floor does not already allow more; the SD VAE decoder within 0.03%.
 DEFAULT_THRESHOLDS = {
     "fp32": {"min_cosine": 0.9999, "max_abs_rel": 1e-3},
-    "fp16": {"min_cosine": 0.999, "max_abs_rel": 0.05},
+    "fp16": {"min_cosine": 0.999, "max_abs_rel": 0.02},
 }
 # A correct artifact's max-abs error, in units of epsilon × carried magnitude. Measured on eight real models (OCR
 # detector and recognizers, a quantized recognizer, two YOLO detectors, a VAD with control flow) on ONNX Runtime and
-# OpenVINO: at most 4.3 (fp16), 11.6 (8-bit quantized, OpenVINO vs ONNX Runtime).
+# OpenVINO: at most 4.3 (fp16) and 7.4 (8-bit quantized, 40 inputs, OpenVINO and ONNX Runtime fp16 vs ONNX Runtime).
 NOISE_GROWTH = 16.0
+# Its relative RMS error, in the same units, sets the loosest default min_cosine: 1 - (8 eps)^2 / 2. Only quantized
+# graphs get below the table's defaults by it (0.998; measured 1 - cos at most 1.95e-4).
+COSINE_GROWTH = 8.0
 # fp32 kernels differ from the reference by summation order; cancellation makes that ~30 fp32 epsilons of the carried
 # magnitude on the real models measured (3.3e-6): the floor below which no fp32 artifact is judged.
 ACCUMULATION_EPSILON = 2.0 ** -16
@@ -48,8 +53,9 @@ class Thresholds:
     def for_job(cls, precision: str, spec: ValidateSpec, *, quantized: bool = False) -> "Thresholds":
         base = DEFAULT_THRESHOLDS[precision]
         epsilon = max(EPSILON[precision], QUANTIZED_EPSILON if quantized else 0.0)
+        min_cosine = min(base["min_cosine"], 1 - (COSINE_GROWTH * epsilon) ** 2 / 2)
         return cls(
-            spec.min_cosine if spec.min_cosine is not None else base["min_cosine"],
+            spec.min_cosine if spec.min_cosine is not None else round(min_cosine, 6),
             spec.max_abs_rel if spec.max_abs_rel is not None else base["max_abs_rel"],
             epsilon,
             spec.noise_floor,

@@ -162,7 +162,8 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
                     bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
                 elif kind == "done":
                     color = {"built": "green", "exists": "green", "failed": "red"}[detail.status]
-                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {detail.reason}" if detail.reason else ""
+                    reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
+                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {reason}" if reason else ""
                     bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
                     bar.advance(overall)
 
@@ -173,8 +174,13 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     built = sum(r.status == "built" for r in results)
     console.print(f"{built} built, {len(failed)} failed, {sum(p.built for p in planned)} already stored, {sum(not p.availability.can_build for p in planned)} unavailable here")
     if failed:
+        verbose = logging.getLogger().isEnabledFor(logging.INFO)
         for r in failed:
             click.echo(f"failed: {r.reason}", err=True)
+            if verbose and r.detail:
+                click.echo(r.detail.rstrip(), err=True)
+        if not verbose and any(r.detail for r in failed):
+            click.echo("(-v shows the SDK's traceback)", err=True)
         sys.exit(1)
 
 

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from enginefarm.cache.artifacts import pack_files, publish
+from enginefarm.cache.artifacts import pack_files, publish, read_index, read_manifest
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import ArtifactFile, Manifest
@@ -29,6 +29,7 @@ from .backends import get_backend
 from .bench import measure_in_subprocess
 from .planner import Job
 from .prep import prepare
+from .revalidate import revalidate, stale, validation_settings
 from .validate import Thresholds, model_traits, reference_outputs, sample_cases, validate
 from .weightmap import attach as attach_weight_map
 
@@ -42,7 +43,7 @@ class BuildResult:
     job_id: str
     label: str
     key: str | None
-    status: str  # built | exists | failed
+    status: str  # built | exists | revalidated | missing | failed
     reason: str = ""
     seconds: float = 0.0
     manifest: Manifest | None = None
@@ -131,27 +132,9 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
 
     step("validate")
-    cases = sample_cases(job.inputs, job.profile, job.validate)
-    # A backend whose artifact may not run on the build host (TensorRT-RTX or MIGraphX without their GPU, Core ML
-    # off macOS) offers `validation_session`: its own session, what it can run instead, or None; plus a note the
-    # manifest keeps. The record always says whether the artifact itself ran here (`executed`), and if not, `why`.
-    opener = getattr(backend, "validation_session", None)
-    try:
-        session, note = opener(outdir, manifest, job.target.device) if opener else (backend.load(outdir, manifest, job.target.device), {})
-        if session is None:
-            report = {"passed": None, "executed": False, **note}
-        else:
-            quantized, feeding = model_traits(job.source.path)
-            references = reference_outputs(job.source.path, cases, feeding)
-            limits = Thresholds.for_job(job.precision, job.validate, quantized=quantized)
-            report = {**validate(session, cases, references, limits), "executed": True, **note}
-    except EnginefarmError:
-        raise
-    except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
-        raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
-    del session
+    report = validation_report(job, backend, outdir, manifest, workroot)
     manifest = replace(manifest, validation=report)
-    if report["passed"] is not None and not report["passed"]:
+    if report["passed"] is False:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
 
     here = backend.available(job.target.device) if bench else None
@@ -161,7 +144,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         step("benchmark")
         manifest_path = workdir / "draft-manifest.json"
         manifest_path.write_bytes(manifest.to_json())
-        opt_feeds = dict(cases[1][1])
+        opt_feeds = dict(sample_cases(job.inputs, job.profile, job.validate)[1][1])
         try:
             measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
         except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
@@ -170,14 +153,46 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     return manifest, outdir
 
 
-def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None) -> BuildResult:
-    """Build one job into `store` unless its key is already there. `progress` receives the upload's bytes."""
+def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path) -> dict[str, Any]:
+    """Run the gate on an artifact folder with the job's current [validate] settings; `settings` names them.
+
+    A backend whose artifact may not run on the build host (TensorRT-RTX or MIGraphX without their GPU, Core ML off
+    macOS) offers `validation_session`: its own session, what it can run instead, or None; plus a note the manifest
+    keeps. The record always says whether the artifact itself ran here (`executed`), and if not, `why`."""
+    cases = sample_cases(job.inputs, job.profile, job.validate)
+    opener = getattr(backend, "validation_session", None)
+    settings = validation_settings(job)
+    try:
+        session, note = opener(artifact_dir, manifest, job.target.device) if opener else (backend.load(artifact_dir, manifest, job.target.device), {})
+        if session is None:
+            return {"passed": None, "executed": False, "settings": settings, **note}
+        quantized, feeding = model_traits(job.source.path)
+        references = reference_outputs(job.source.path, cases, feeding)
+        limits = Thresholds.for_job(job.precision, job.validate, quantized=quantized)
+        return {**validate(session, cases, references, limits), "executed": True, "settings": settings, **note}
+    except EnginefarmError:
+        raise
+    except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
+        raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
+
+
+def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None,
+          validate_only: bool = False) -> BuildResult:
+    """Build one job into `store` unless its key is already there; a stored artifact judged under other [validate]
+    settings is re-validated instead. `validate_only`: re-validate what is stored, build nothing.
+    `progress` receives the upload's bytes."""
     started = time.perf_counter()
     key = None
     try:
         key = job.key(job.toolchain())
-        if store.get_manifest_bytes(key) is not None:
-            return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
+        stored = read_manifest(store, key)
+        if stored is None and validate_only:
+            return BuildResult.of(job, key, "missing", "not in the store: build it first", time.perf_counter() - started)
+        if stored is not None:
+            entry = read_index(store, job.model)["entries"].get(key)
+            if not validate_only and not stale(job, entry, stored):
+                return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
+            return _revalidated(job, key, store, stored, workroot, step, started)
         manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step, store=store)
         if step:
             step("publish")
@@ -191,9 +206,25 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         if exc.__cause__ is not None:
             result.detail = "".join(traceback.format_exception(exc.__cause__))
         return result
+    except Exception as exc:  # a bug in enginefarm: the job fails with its traceback instead of killing the worker silently
+        result = BuildResult.of(job, key, "failed", f"{job.label}: enginefarm failed unexpectedly ({type(exc).__name__}: {exc}); please report it",
+                                time.perf_counter() - started)
+        result.detail = traceback.format_exc()
+        return result
     finally:
         if key is not None:
             shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
+
+
+def _revalidated(job: Job, key: str, store: Store, stored: Manifest, workroot: Path, step: Step | None, started: float) -> BuildResult:
+    """The engine is stored but was judged under other [validate] settings: judge it again, rebuild nothing."""
+    workdir = workroot / "jobs" / f"{key[:24]}-revalidate"
+    report = revalidate(job, store, stored, workdir, step)
+    seconds = time.perf_counter() - started
+    if report["passed"] is False:
+        return BuildResult.of(job, key, "failed", f"{job.label}: failed re-validation (stored, no longer served): {report['failure']}"
+                              + (f" (hint: {report['hint']})" if report.get("hint") else ""), seconds)
+    return BuildResult.of(job, key, "revalidated", "" if report["passed"] else report.get("why", "not run here"), seconds)
 
 
 def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> None:

@@ -35,17 +35,19 @@ class _Uploads(Progress):
             self.messages.put((self.job_id, "transfer", (name, done, total)))
 
 
-def _child(job: Job, store_url: str, workroot: str, bench: bool, messages) -> None:
+def _child(job: Job, store_url: str, workroot: str, bench: bool, validate_only: bool, messages) -> None:
     from enginefarm.cache.stores import open_store
 
     messages.put((job.id, "start", job.label))
     result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: messages.put((job.id, "step", msg)),
-                   progress=_Uploads(job.id, messages))
+                   progress=_Uploads(job.id, messages), validate_only=validate_only)
     result.manifest = None  # keep what crosses the process boundary small
     messages.put((job.id, "result", result))
 
 
-def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None) -> list[BuildResult]:
+def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None,
+             validate_only: bool = False) -> list[BuildResult]:
+    """`validate_only`: re-validate the stored artifacts against the jobs' current [validate]; build nothing."""
     on_event = on_event or (lambda *_: None)
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
     messages = context.Queue()
@@ -61,7 +63,7 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
         while waiting or running:
             while waiting and len(running) < max(1, parallel):
                 job = waiting.pop(0)
-                process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, messages), daemon=True)
+                process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, validate_only, messages), daemon=True)
                 process.start()
                 running[job.id] = (process, job)
             try:

@@ -122,13 +122,14 @@ class PlannedJob:
     key: str | None = None
     toolchain: dict[str, str] = field(default_factory=dict)
     built: bool = False
+    stale_validation: bool = False  # built, but judged under other [validate] settings than the recipe's
     runs_on: list[str] = field(default_factory=list)
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
 
     @property
     def status(self) -> str:
         if self.built:
-            return "built"
+            return "built, to re-validate ([validate] changed)" if self.stale_validation else "built"
         if self.unroutable:
             return self.unroutable
         if not self.availability.can_build:
@@ -253,6 +254,7 @@ def plan(
             hint = "; ".join(filter(None, [hint if targets or precisions or components else "", "`enginefarm plan RECIPE` lists the job ids"]))
         raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=hint)
     planned: list[PlannedJob] = []
+    indexes: dict[str, dict] = {}
     for job in selected:
         entry = PlannedJob(job, availability(job.target))
         if entry.availability.can_build:
@@ -264,7 +266,7 @@ def plan(
             except ImportError as exc:
                 entry.availability = Availability.missing(f"missing {exc.name} (pip install 'enginefarm[build]')")
         if entry.key and store is not None:
-            entry.built = store.get_manifest_bytes(entry.key) is not None
+            entry.built, entry.stale_validation = _stored_state(store, job, entry.key, indexes)
         if runners is not None:
             runner, why = route(str(job.target), job.resources, runners)
             entry.runs_on, entry.unroutable = (list(runner.labels), "") if runner else ([], why)
@@ -274,6 +276,28 @@ def plan(
             continue
         planned.append(entry)
     return planned
+
+
+def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) -> tuple[bool, bool]:
+    """(built, validated under other settings than the recipe's now). One index read per model answers both;
+    a key the index does not list is looked up directly (an index can lag its manifests)."""
+    from enginefarm.cache.artifacts import read_index, read_manifest
+
+    from .revalidate import stale
+
+    if job.model not in indexes:
+        indexes[job.model] = read_index(store, job.model)["entries"]
+    entry = indexes[job.model].get(key)
+    manifest = None
+    if not isinstance(entry, dict) or "validation" not in entry:
+        try:
+            manifest = read_manifest(store, key)
+        except EnginefarmError:
+            return True, False  # unreadable: never rebuilt over; `enginefarm index` and `gc` say why
+        if manifest is None:
+            return False, False
+        entry = None
+    return True, stale(job, entry, manifest)
 
 
 def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from .recipe import ValidateSpec
 from .samples import fit, image_layout, image_like, noise
 from .scales import EPSILON, QUANTIZED_EPSILON, feeding_tensors, is_quantized, with_extra_outputs
 
+# Bump when the gate's rules or defaults change: stored verdicts reached under another version are re-checked.
+GATE_VERSION = "2"
 # Range-relative limits for outputs that carry a signal. fp16 artifacts of the real models measured stay within 0.9% of
 # the range (cosine ≥ 0.99987) wherever the noise floor does not already allow more; the SD VAE decoder within 0.03%.
 DEFAULT_THRESHOLDS = {

@@ -15,7 +15,7 @@ from enginefarm.errors import IntegrityError, StoreError
 
 from .atomic import sha256_file
 from .codecs import codec_for, decode_stream, encode_file
-from .manifest import ArtifactFile, Manifest
+from .manifest import ArtifactFile, Manifest, verdict_summary
 from .progress import ProgressLike, as_progress
 from .stores.base import Store
 
@@ -119,11 +119,14 @@ def _dump_index(index: dict[str, Any]) -> bytes:
     return json.dumps(index, indent=1, sort_keys=True).encode()
 
 
-def update_index(store: Store, manifests: list[Manifest], *, replace_all: bool = False) -> None:
+def update_index(store: Store, manifests: list[Manifest], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None) -> None:
     """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there.
 
+    A re-validation's verdict (in an entry's `validation`, with `revalidated`) is newer than the build's own and is
+    kept when the manifest is indexed again; `verdicts` (build key → record) replaces it.
     Some servers' conditional writes are not atomic (two writers can both 'win'), so each write is read back:
     if our entries are not all there, merge again. A lost update in the end costs a rebuild, never an artifact."""
+    verdicts = verdicts or {}
     by_model: dict[str, list[Manifest]] = {}
     for manifest in manifests:
         by_model.setdefault(manifest.model, []).append(manifest)
@@ -133,7 +136,14 @@ def update_index(store: Store, manifests: list[Manifest], *, replace_all: bool =
             raw, etag = store.get_index_bytes(model)
             index = empty_index(model) if replace_all else parse_index(raw, model)
             for manifest in items:
-                index["entries"][manifest.build_key] = manifest.index_entry()
+                entry = manifest.index_entry()
+                previous = index["entries"].get(manifest.build_key) or {}
+                kept = previous.get("validation") if isinstance(previous, dict) else None
+                if manifest.build_key in verdicts:
+                    entry["validation"] = verdict_summary(verdicts[manifest.build_key])
+                elif isinstance(kept, dict) and kept.get("revalidated"):
+                    entry["validation"] = kept
+                index["entries"][manifest.build_key] = entry
             if store.cas_index_bytes(model, _dump_index(index), etag):
                 if wanted <= set(read_index(store, model)["entries"]):
                     break
@@ -153,11 +163,38 @@ def rebuild_index(store: Store) -> dict[str, int]:
             continue
         if manifest is not None:
             manifests.append(manifest)
-    update_index(store, manifests, replace_all=True)
+    update_index(store, manifests, replace_all=True, verdicts=latest_verdicts(store))
     counts: dict[str, int] = {}
     for manifest in manifests:
         counts[manifest.model] = counts.get(manifest.model, 0) + 1
     return counts
+
+
+VERDICTS = "validation"  # caches/validation/<build key>/<settings digest>.json: re-validation verdicts, written once
+
+
+def record_verdict(store: Store, manifest: Manifest, name: str, data: bytes) -> None:
+    """Keep a re-validation's verdict: written once under caches/, and into the index entry resolution reads."""
+    store.put_cache_object(name, data)
+    update_index(store, [manifest], verdicts={manifest.build_key: manifest.validation})
+
+
+def latest_verdicts(store: Store) -> dict[str, dict]:
+    """The newest re-validation verdict of each build key the store keeps (an index rebuild restores them)."""
+    newest: dict[str, tuple[float, str]] = {}
+    for name, mtime in store.list_cache_entries(VERDICTS):
+        parts = name.split("/")
+        if len(parts) == 3 and (parts[1] not in newest or mtime > newest[parts[1]][0]):
+            newest[parts[1]] = (mtime, name)
+    found = {}
+    for key, (_, name) in newest.items():
+        try:
+            record = json.loads(store.get_cache_object(name) or b"null")
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            found[key] = record
+    return found
 
 
 def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None) -> dict[str, str]:

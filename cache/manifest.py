@@ -148,4 +148,11 @@ class Manifest:
             "size": sum(f.size for f in self.files),
             "stored_size": sum(f.stored_size for f in self.files),
             "created": self.provenance.get("created"),
+            "validation": verdict_summary(self.validation),
         }
+
+
+def verdict_summary(validation: dict[str, Any]) -> dict[str, Any]:
+    """What resolution needs of a validation record: the verdict, the settings it was reached under, the scores."""
+    keep = ("passed", "executed", "settings", "min_cosine", "failure", "revalidated", "why")
+    return {k: validation[k] for k in keep if k in validation}

@@ -131,57 +131,95 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark (resolution then cannot rank by speed).")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the results as JSON here.")
 def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report):
-    """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet."""
+    """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet.
+
+    A stored artifact whose [validate] settings changed since it was judged is re-validated, not rebuilt."""
+    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs)
+    todo = [p.job for p in planned if p.availability.can_build and (not p.built or p.stale_validation)]
+    console = _console()
+    for p in planned:
+        if p.built and not p.stale_validation:
+            console.print(f"[green]exists[/]   {p.job.label}")
+        elif not p.availability.can_build:
+            console.print(f"[dim]skipped[/]  {p.job.label}: {p.status}")
+    results = _run_jobs(console, todo, opened, settings, f"building {len(todo)} job(s) into {opened.url}", parallel, bench=not no_bench)
+    revalidated = sum(r.status == "revalidated" for r in results)
+    console.print(f"{sum(r.status == 'built' for r in results)} built, {sum(r.status == 'failed' for r in results)} failed, "
+                  f"{sum(p.built for p in planned)} already stored" + (f" ({revalidated} re-validated)" if revalidated else "")
+                  + f", {sum(not p.availability.can_build for p in planned)} unavailable here")
+    _finish(results, report)
+
+
+@main.command("validate")
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@store_option
+@_select
+@click.option("-j", "--jobs-parallel", "parallel", type=click.IntRange(1, 64), default=1, show_default=True, help="Artifacts checked at once.")
+@click.option("--report", type=click.Path(path_type=Path), help="Write the results as JSON here.")
+def validate_cmd(recipes, store, targets, precisions, components, parallel, report):
+    """Re-check the stored artifacts of RECIPES against their current [validate] settings; rebuild nothing.
+
+    Each verdict is recorded in the store: an artifact that fails is no longer picked by `load`."""
+    planned, opened, settings = _plan(recipes, store, targets, precisions, components)
+    console = _console()
+    todo = [p.job for p in planned if p.built]
+    for p in planned:
+        if not p.built:
+            console.print(f"[dim]skipped[/]  {p.job.label}: {'not in the store' if p.key else p.status}")
+    results = _run_jobs(console, todo, opened, settings, f"re-validating {len(todo)} artifact(s) in {opened.url}", parallel,
+                        bench=False, validate_only=True)
+    console.print(f"{sum(r.status == 'revalidated' for r in results)} passed, {sum(r.status == 'failed' for r in results)} failed, "
+                  f"{len(planned) - len(todo)} not stored")
+    _finish(results, report)
+
+
+def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, bench: bool, validate_only: bool = False) -> list:
+    """Run jobs in worker processes with a live line each; returns their results."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from enginefarm.builder.executor import run_jobs
 
-    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs)
-    todo = [p.job for p in planned if p.availability.can_build and not p.built]
-    console = _console()
-    for p in planned:
-        if p.built:
-            console.print(f"[green]exists[/]   {p.job.label}")
-        elif not p.availability.can_build:
-            console.print(f"[dim]skipped[/]  {p.job.label}: {p.status}")
-    results = []
-    if todo:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as bar:
-            overall = bar.add_task(f"building {len(todo)} job(s) into {opened.url}", total=len(todo))
-            rows = {job.id: bar.add_task(f"[dim]queued[/]   {job.label}", total=None) for job in todo}
-            labels = {job.id: job.label for job in todo}
+    if not todo:
+        return []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as bar:
+        overall = bar.add_task(title, total=len(todo))
+        rows = {job.id: bar.add_task(f"[dim]queued[/]   {job.label}", total=None) for job in todo}
+        labels = {job.id: job.label for job in todo}
 
-            def on_event(job_id, kind, detail):
-                task = rows.get(job_id)
-                if task is None:
-                    return
-                if kind == "step":
-                    bar.update(task, description=f"[cyan]{detail:<9}[/] {labels[job_id]}")
-                elif kind == "transfer":
-                    _name, done, total = detail
-                    bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
-                elif kind == "done":
-                    color = {"built": "green", "exists": "green", "failed": "red"}[detail.status]
-                    reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
-                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {reason}" if reason else ""
-                    bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
-                    bar.advance(overall)
+        def on_event(job_id, kind, detail):
+            task = rows.get(job_id)
+            if task is None:
+                return
+            if kind == "step":
+                bar.update(task, description=f"[cyan]{detail:<9}[/] {labels[job_id]}")
+            elif kind == "transfer":
+                _name, done, total = detail
+                bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
+            elif kind == "done":
+                color = {"built": "green", "exists": "green", "revalidated": "green", "missing": "yellow", "failed": "red"}[detail.status]
+                reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
+                extra = f" ({detail.seconds:.1f}s)" if detail.status in ("built", "revalidated") else f": {reason}" if reason else ""
+                bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
+                bar.advance(overall)
 
-            results = run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=not no_bench, on_event=on_event)
+        return run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=bench, on_event=on_event, validate_only=validate_only)
+
+
+def _finish(results: list, report: Path | None) -> None:
+    """Write the JSON report; print each failure in full (with the SDK's traceback under -v); exit 1 on any."""
     if report:
         report.write_text(json.dumps([r.to_dict() for r in results], indent=1))
     failed = [r for r in results if r.status == "failed"]
-    built = sum(r.status == "built" for r in results)
-    console.print(f"{built} built, {len(failed)} failed, {sum(p.built for p in planned)} already stored, {sum(not p.availability.can_build for p in planned)} unavailable here")
-    if failed:
-        verbose = logging.getLogger().isEnabledFor(logging.INFO)
-        for r in failed:
-            click.echo(f"failed: {r.reason}", err=True)
-            if verbose and r.detail:
-                click.echo(r.detail.rstrip(), err=True)
-        if not verbose and any(r.detail for r in failed):
-            click.echo("(-v shows the SDK's traceback)", err=True)
-        sys.exit(1)
+    if not failed:
+        return
+    verbose = logging.getLogger().isEnabledFor(logging.INFO)
+    for r in failed:
+        click.echo(f"failed: {r.reason}", err=True)
+        if verbose and r.detail:
+            click.echo(r.detail.rstrip(), err=True)
+    if not verbose and any(r.detail for r in failed):
+        click.echo("(-v shows the SDK's traceback)", err=True)
+    sys.exit(1)
 
 
 @main.command("ls")
@@ -206,18 +244,33 @@ def ls_cmd(store, model, as_json):
             continue
         for entry in read_index(opened, name)["entries"].values():
             bench = (entry.get("benchmarks") or [{}])[0]
-            rows.append({"model": name, **{k: entry.get(k) for k in ("component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")}, "p50_ms": bench.get("p50_ms")})
+            rows.append({"model": name, **{k: entry.get(k) for k in ("component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
+                         "p50_ms": bench.get("p50_ms"), "validation": _verdict_text(entry.get("validation"))})
     rows.sort(key=lambda r: (r["model"], r["component"], r["target"], r["precision"]))
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     table = Table(title=f"{len(rows)} artifacts in {opened.url}")
-    for column in ("model/component", "precision", "profile", "target", "key", "size MiB", "stored MiB", "p50 ms"):
+    for column in ("model/component", "precision", "profile", "target", "key", "size MiB", "stored MiB", "p50 ms", "validation"):
         table.add_column(column)
     for r in rows:
         table.add_row(f"{r['model']}/{r['component']}", r["precision"], r["profile_name"], r["target"], r["build_key"][:12],
-                      f"{(r['size'] or 0) / 2**20:.2f}", f"{(r['stored_size'] or 0) / 2**20:.2f}", f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-")
+                      f"{(r['size'] or 0) / 2**20:.2f}", f"{(r['stored_size'] or 0) / 2**20:.2f}", f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
+                      r["validation"])
     _console().print(table)
+
+
+def _verdict_text(verdict) -> str:
+    """An index entry's verdict in a few words: passed with its worst cosine, not run here, or failed (not served)."""
+    if not isinstance(verdict, dict) or "passed" not in verdict:
+        return "-"
+    again = " (re-checked)" if verdict.get("revalidated") else ""
+    if verdict["passed"] is None:
+        return "not run where built"
+    if verdict["passed"]:
+        cosine = verdict.get("min_cosine")
+        return f"passed{again}" + (f", cos {cosine:.6f}" if isinstance(cosine, (int, float)) else "")
+    return f"FAILED{again}: not served"
 
 
 @main.command("index")

@@ -113,6 +113,9 @@ def _runtime_version(backend: str) -> str | None:
 def _check(entry: dict[str, Any], component: str, precision: str | None, devices: list[Device], cache: dict, can_load) -> tuple[str, Device | None]:
     if entry.get("component") != component:
         return "other component", None
+    verdict = entry.get("validation") if isinstance(entry.get("validation"), dict) else {}
+    if verdict.get("passed") is False:
+        return f"failed validation when re-checked ({verdict.get('failure') or 'see enginefarm validate'})", None
     if precision and entry.get("precision") != precision:
         return f"precision {entry.get('precision')}, asked for {precision}", None
     try:
@@ -175,6 +178,9 @@ def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str 
     resolution = Resolution(ref, precision, devices)
     cache: dict = {}
     seen: set[str] = set()
+    # A verdict from re-validation (in the store's index) overrules the build-time record a cached copy carries.
+    verdicts = {e.get("build_key"): e["validation"] for e, _ in entries if isinstance(e.get("validation"), dict) and e["validation"].get("revalidated")}
+    entries = [({**e, "validation": verdicts[e.get("build_key")]} if e.get("build_key") in verdicts else e, source) for e, source in entries]
     for entry, source in entries:
         if entry.get("build_key") in seen:
             continue

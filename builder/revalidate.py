@@ -1,0 +1,68 @@
+"""Re-validation without a rebuild: a stored artifact checked again against the recipe's current [validate].
+
+The build key does not cover [validate] (changing a threshold must not rebuild an engine), so each validation
+record carries the digest of the settings it ran under (`settings`). When the recipe's digest differs, `build`
+re-checks the stored artifact instead of saying "exists", and `enginefarm validate` does so on demand. The verdict
+is written once to the store (caches/validation/<build key>/<settings>.json) and into the model's index entry,
+which resolution reads: an artifact that fails its current gate is no longer picked.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from enginefarm.cache.artifacts import VERDICTS, record_verdict
+from enginefarm.cache.atomic import sha256_file
+from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.keys import build_key
+from enginefarm.cache.manifest import Manifest
+from enginefarm.cache.stores.base import Store
+
+from .backends import get_backend
+from .planner import Job
+from .validate import GATE_VERSION, Thresholds, model_traits
+
+def validation_settings(job: Job) -> str:
+    """The digest of everything that decides a verdict besides the artifact: the gate's own version, the
+    thresholds it applies, the seeded inputs and the recipe's sample files (by content)."""
+    spec = job.validate
+    quantized, _ = model_traits(job.source.path)
+    inputs = {name: {"low": s.low, "high": s.high, "file": sha256_file(s.file) if s.file else None} for name, s in spec.inputs.items()}
+    return build_key({
+        "gate": GATE_VERSION,
+        "thresholds": Thresholds.for_job(job.precision, spec, quantized=quantized).to_dict(),
+        "inputs": inputs,
+        "samples": sha256_file(spec.samples) if spec.samples else None,
+        "seed": spec.seed,
+    })
+
+
+def stale(job: Job, entry: dict[str, Any] | None, manifest: Manifest | None) -> bool:
+    """Whether the stored verdict was reached under other settings than the recipe's current ones."""
+    verdict = (entry or {}).get("validation") or (manifest.validation if manifest is not None else {})
+    return verdict.get("settings") != validation_settings(job)
+
+
+def revalidate(job: Job, store: Store, manifest: Manifest, workdir: Path, step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fetch the stored artifact, run the gate with the current settings, record the verdict. Returns the report."""
+    from .build import validation_report
+
+    step = step or (lambda _msg: None)
+    cache = DeviceCache(workdir / "fetched")  # a private cache: re-checking a farm's store does not fill the user's
+    try:
+        step("fetch")
+        cache.fetch(store, manifest)
+        path = cache.verified_dir(manifest.build_key)
+        step("validate")
+        report = validation_report(job, get_backend(job.target.backend), path, manifest, workdir)
+    finally:
+        shutil.rmtree(workdir / "fetched", ignore_errors=True)
+    report = {**report, "revalidated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    record_verdict(store, replace(manifest, validation=report), f"{VERDICTS}/{manifest.build_key}/{report['settings']}.json",
+                   json.dumps(report, sort_keys=True).encode())
+    return report

@@ -85,12 +85,25 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
     return sorted(rows.values(), key=lambda r: (r.model, r.component, r.precision, r.target))
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 def latency_png(rows: list[Row]) -> bytes | None:
     """Horizontal bars of p50 latency (whiskers to p90) per target and precision, for one component."""
     measured = [r for r in rows if r.p50_ms is not None]
     if not measured:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        _warn_once("latency charts need matplotlib: pip install 'enginefarm[report]' (the report is written without them)")
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

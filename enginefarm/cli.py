@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from enginefarm.cli_options import precision_option, stacked, target_option
-from enginefarm.errors import ConfigError, EnginefarmError
+from enginefarm.errors import ConfigError, EnginefarmError, missing_extra
 from enginefarm.settings import load_settings
 
 
@@ -37,13 +37,22 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except EnginefarmError as exc:
-            click.echo(f"error: {exc}", err=True)
-            if exc.hint:
-                click.echo(f"hint: {exc.hint}", err=True)
-            sys.exit(1)
+            _fail(exc)
+        except ModuleNotFoundError as exc:  # an optional dependency: name the extra that brings it
+            known = missing_extra(exc)
+            if known is None:
+                raise
+            _fail(known)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+
+
+def _fail(exc: EnginefarmError) -> None:
+    click.echo(f"error: {exc}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+    sys.exit(1)
 
 
 store_option = click.option("--store", metavar="URL", help="Store: a directory, file://, s3:// or https:// (default ENGINEFARM_STORE).")
@@ -67,7 +76,7 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=()):
+def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, store_must_exist=True):
     from enginefarm.builder.planner import plan
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.builder.runners import load_runners
@@ -75,7 +84,8 @@ def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None
 
     settings = load_settings()
     loaded = [load_recipe(p) for p in recipes]
-    opened = open_store(store or settings.store)
+    # `build` creates its store; every other command reads one, so a path the user named must be there.
+    opened = open_store(store or settings.store, must_exist=store_must_exist and (bool(store) or settings.store_explicit))
     planned = plan(loaded, settings.home / "sources", store=opened, targets=targets, precisions=precisions,
                    components=components, job_ids=jobs, offline=settings.offline,
                    runners=load_runners(runners) if runners else None, runner_labels_filter=runner_labels)
@@ -134,7 +144,7 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet.
 
     A stored artifact whose [validate] settings changed since it was judged is re-validated, not rebuilt."""
-    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs)
+    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs, store_must_exist=False)
     todo = [p.job for p in planned if p.availability.can_build and (not p.built or p.stale_validation)]
     console = _console()
     for p in planned:
@@ -233,11 +243,9 @@ def ls_cmd(store, model, as_json):
     from enginefarm.cache.artifacts import read_index
     from enginefarm.cache.stores import open_store
 
-    opened = open_store(store or load_settings().store)
-    root = getattr(opened, "root", None)
+    settings = load_settings()
     # A typo'd --store would otherwise list as an empty store; the default store simply has nothing built yet.
-    if store and root is not None and not Path(root).is_dir():
-        raise ConfigError(f"no store at {root}", hint="check the path, or build into it first (`enginefarm build RECIPE --store PATH`)")
+    opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
     rows = []
     for name in opened.list_models():
         if model and name != model:

@@ -52,6 +52,9 @@ def _seconds(value: str) -> int:
 @click.group("release")
 def release_group():
     """Signed release channels: what apps may load (python-tuf; `pip install 'enginefarm[release]'`)."""
+    from enginefarm.cache.trust import require_tuf
+
+    require_tuf()  # every release command signs or verifies: say what to install before anything starts
 
 
 @release_group.command("init")

@@ -57,6 +57,10 @@ class StoreError(EnginefarmError, OSError):
     """A store cannot be reached or written."""
 
 
+class StoreNotFound(StoreError):
+    """A store named explicitly (--store, ENGINEFARM_STORE) does not exist: a typo, not an empty store."""
+
+
 class ArtifactNotFoundError(EnginefarmError, FileNotFoundError):
     """No stored artifact matches what was asked."""
 
@@ -81,3 +85,21 @@ class TrustError(EnginefarmError):
 
 class WeightsError(EnginefarmError, ValueError):
     """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""
+
+
+# Optional dependencies by top-level module → the extra that installs them. A missing one is a user's to fix.
+OPTIONAL_MODULES = {
+    "matplotlib": "report", "tuf": "release", "securesystemslib": "release", "cryptography": "release",
+    "boto3": "s3", "botocore": "s3", "onnxsim": "build", "onnx": "build", "onnxruntime": "onnxruntime",
+    "openvino": "openvino", "coremltools": "coreml", "onnx2torch": "coreml", "torch": "coreml", "torchvision": "coreml",
+    "tensorrt_rtx": "tensorrt-rtx", "tensorrt": "tensorrt", "cuda": "tensorrt", "pynvml": "tensorrt",
+}
+
+
+def missing_extra(exc: ImportError) -> EnginefarmError | None:
+    """The user-facing error for an optional dependency that is not installed, or None if `exc` is not one."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    extra = OPTIONAL_MODULES.get(name)
+    if extra is None:
+        return None
+    return ConfigError(f"this needs {name}, which is not installed", hint=f"pip install 'enginefarm[{extra}]'")

@@ -91,6 +91,7 @@ class Settings:
     channel: str | None = None  # a signed release channel: resolve only among its targets
     trusted_root: Path | None = None  # the channel's root.json, shipped with the app
     coreml_compute_units: str = "ALL"
+    store_explicit: bool = False  # ENGINEFARM_STORE was set: a local path that does not exist is an error, not "empty"
 
 
 def _default_home() -> Path:
@@ -123,4 +124,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         channel=(env.get("ENGINEFARM_CHANNEL") or "").strip() or None,
         trusted_root=Path(env["ENGINEFARM_TRUSTED_ROOT"]).expanduser() if env.get("ENGINEFARM_TRUSTED_ROOT") else None,
         coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
+        store_explicit=bool(env.get("ENGINEFARM_STORE")),
     )

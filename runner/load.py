@@ -14,7 +14,8 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError, TrustError, WeightsError
+from enginefarm.errors import (ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError, StoreNotFound, TrustError,
+                               WeightsError)
 from enginefarm.settings import Settings, load_settings
 
 from .custom import Stack, apply, check_stackable
@@ -71,8 +72,10 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
     else:
         try:
-            opened = open_store(store or settings.store)
+            opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
             entries += [(e, "store") for e in read_index(opened, model)["entries"].values()]
+        except StoreNotFound:
+            raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
         except StoreError as exc:
             note = f"store unreachable ({exc}); only the local cache was considered"
             log.warning(note)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import EnginefarmError
+
+
+def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
+    if array.size == 0 or np.can_cast(array.dtype, dtype, casting="safe"):
+        return True
+    info = np.iinfo(dtype)
+    return bool(array.min() >= info.min and array.max() <= info.max)
 
 
 class InputError(EnginefarmError, ValueError):
@@ -37,10 +47,46 @@ class Session:
         return self._explanation + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)"
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._session.run(self._checked(feeds))
+        checked = self._checked(feeds)
+        try:
+            return self._session.run(checked)
+        except EnginefarmError:
+            raise
+        except Exception as exc:  # the SDK refused inputs that passed our checks: say which rule they broke
+            raise self._refused(checked, exc) from exc
+
+    def _refused(self, feeds: dict[str, np.ndarray], exc: Exception) -> "InputError":
+        """Inputs inside the profile can still break a model's own rules, a stride above all (a detector that halves
+        its input five times wants multiples of 32). The profile's min/opt/max, which validation ran, show the rule."""
+        ref, shapes = self.artifact.ref, {name: list(array.shape) for name, array in feeds.items()}
+        # OpenVINO opens with lines that name its own source files ("Exception from src/…cpp:224:"): skip those.
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        first = next((line for line in lines if not re.match(r"^(Exception from|Check '.*' failed at) src/", line)), lines[0] if lines else type(exc).__name__)
+        broken = []
+        for name, shape in shapes.items():
+            bounds = self.artifact.profile.get(name)
+            if bounds is None:
+                continue
+            for axis, (size, lo, opt, hi) in enumerate(zip(shape, bounds["min"], bounds["opt"], bounds["max"])):
+                step = math.gcd(lo, math.gcd(opt, hi))
+                if lo != hi and step > 1 and size % step:
+                    below, above = size - size % step, size - size % step + step
+                    nearest = " or ".join(str(v) for v in (below, above) if lo <= v <= hi)
+                    broken.append(f"{name} axis {axis} is {size}, every validated size is a multiple of {step} (try {nearest})")
+        validated = "; ".join(f"{n}: {b['min']}, {b['opt']}, {b['max']}" for n, b in self.artifact.profile.items())
+        if broken:
+            return InputError(f"{ref}: the model cannot run inputs of shape {shapes}: {'; '.join(broken)}",
+                              hint=f"the backend said: {first[:300]}")
+        return InputError(f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: {first[:300]})",
+                          hint=f"shapes validated when it was built: {validated}; the model may need sizes like those")
 
     def _checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ref = self.artifact.ref
+        if not isinstance(feeds, Mapping):
+            names = ", ".join(self.input_names)
+            example = f'{{"{self.input_names[0]}": array}}' if self.input_names else "{name: array}"
+            raise InputError(f"{ref}: run() takes a dict of input name → array, got {type(feeds).__name__}",
+                             hint=f"session.run({example}); this model's inputs: {names}")
         missing = [n for n in self.input_names if n not in feeds]
         unknown = [n for n in feeds if n not in self.input_names]
         if missing or unknown:
@@ -60,13 +106,20 @@ class Session:
 
     @staticmethod
     def _cast(ref: str, name: str, array: np.ndarray, dtype: str) -> np.ndarray:
-        if array.dtype == np.dtype(dtype):
+        """Within a kind only: float64 → float32, int64 → int32 when every value fits. Integers into a float input
+        are refused: a uint8 image fed as 0..255 to a model that expects -1..1 runs and returns garbage."""
+        want = np.dtype(dtype)
+        if array.dtype == want:
             return array
-        if np.can_cast(array.dtype, dtype, casting="same_kind"):
-            return array.astype(dtype)
+        if array.dtype.kind == want.kind == "f" or (array.dtype.kind in "iu" and want.kind in "iu" and _fits(array, want)):
+            return array.astype(want)
+        if array.dtype.kind in "iub" and want.kind == "f":
+            raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}: converting would keep the values "
+                             f"({array.dtype} range) where the model may expect another scale",
+                             hint=f"convert it yourself, e.g. {name}.astype(np.{dtype}) / 255 for an image the model expects in [0, 1]")
         raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}",
-                         hint=f"pass {dtype}; other dtypes are converted only within their kind or from a simpler one "
-                              "(float64 -> float32, integers or bool -> float)")
+                         hint=f"pass {dtype}; other dtypes are converted only within their kind "
+                              "(float64 -> float32; int64 -> int32 when every value fits)")
 
     @staticmethod
     def _check_shape(ref: str, name: str, shape: tuple[int, ...], bounds: dict[str, list[int]]) -> None:

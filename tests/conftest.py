@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path, monkeypatch):
-    """Every test gets its own cache and store; nothing touches the user's real ones."""
+    """Every test gets its own cache and an empty store; nothing touches the user's real ones. (The store folder
+    exists: a store path that does not is an error, tested on its own.)"""
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "home"))
+    (tmp_path / "store").mkdir(exist_ok=True)
     monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "store"))
     monkeypatch.delenv("ENGINEFARM_OFFLINE", raising=False)
     monkeypatch.delenv("ENGINEFARM_CACHE_QUOTA", raising=False)

@@ -85,9 +85,15 @@ def test_inputs_outside_the_profile_get_a_clear_error(farm, monkeypatch):
         session.run({"x": np.zeros((1, 4, 8, 8), np.float32)})
     with pytest.raises(InputError, match="'latent' is complex64, the model takes float32") as refused:
         session.run({"latent": np.zeros((1, 4, 8, 8), np.complex64)})
-    assert "float64 -> float32, integers or bool -> float" in refused.value.hint
+    assert "float64 -> float32" in refused.value.hint
     widened = session.run({"latent": np.ones((1, 4, 8, 8), np.float64)})  # converted, as the hint says
     assert np.array_equal(widened["sample"], session.run({"latent": np.ones((1, 4, 8, 8), np.float32)})["sample"])
+    with pytest.raises(InputError, match="'latent' is uint8, the model takes float32: converting would keep the values") as image:
+        session.run({"latent": np.full((1, 4, 8, 8), 200, np.uint8)})  # an image as loaded from disk: 0..255
+    assert "astype(np.float32) / 255" in image.value.hint
+    with pytest.raises(InputError, match=r"run\(\) takes a dict of input name → array, got ndarray") as bare:
+        session.run(np.zeros((1, 4, 8, 8), np.float32))
+    assert 'session.run({"latent": array})' in bare.value.hint
 
 
 def test_cli_run_writes_outputs(farm, cli, tmp_path):

@@ -60,7 +60,7 @@ class OrtSession:
     def __init__(self, path: Path, device: str, precision: str) -> None:
         ort = _ort()
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # a failed run raises with the same text; ORT's own log line would repeat it
         self._session = ort.InferenceSession(str(path), options, providers=[_PROVIDERS.get(device, "CPUExecutionProvider")])
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from enginefarm.errors import StoreError
+from enginefarm.errors import StoreError, StoreNotFound
 
 from .base import Store
 
@@ -25,7 +25,9 @@ def scheme_of(url: str) -> str:
     return head.lower()
 
 
-def open_store(url: str | Path) -> Store:
+def open_store(url: str | Path, *, must_exist: bool = False) -> Store:
+    """`must_exist`: a local store path that is not there is a StoreNotFound (the user named it: likely a typo),
+    not an empty store (which the default store is before its first build)."""
     url = str(url)
     scheme = scheme_of(url)
     if scheme not in STORES:
@@ -39,7 +41,11 @@ def open_store(url: str | Path) -> Store:
             f"the {scheme}:// store is not available in this version ({exc.name} missing)",
             hint=hint or "the local store (a directory path) works everywhere",
         ) from None
-    return getattr(module, class_name)(url)
+    store = getattr(module, class_name)(url)
+    root = getattr(store, "root", None)
+    if must_exist and root is not None and not Path(root).is_dir():
+        raise StoreNotFound(f"no store at {root}", hint="check the path (--store / ENGINEFARM_STORE); `enginefarm build RECIPE --store PATH` creates one")
+    return store
 
 
 __all__ = ["STORES", "Store", "open_store", "scheme_of"]

@@ -26,7 +26,7 @@ def test_builds_on_a_machine_without_a_gpu(fake_nvidia, write_recipe, tiny_sd, t
     validation = result.manifest.validation
     assert validation["passed"] is None and validation["executed"] is False
     assert validation["why"].startswith("built without the device to run it (") and "NVML did not start" in validation["why"]
-    assert set(validation) == {"passed", "executed", "why"}
+    assert set(validation) == {"passed", "executed", "why", "settings"}
     assert not fake_nvidia.calls("deserialize_cuda_engine")  # nothing was loaded on the CPU build host
     assert result.manifest.constraints["runtime"] == {"tensorrt-rtx": "==1.2.0.54"}
 

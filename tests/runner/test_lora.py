@@ -319,6 +319,7 @@ def test_two_processes_applying_one_stack_at_once(store, tmp_path):
 
 
 def test_compiled_on_device_then_patched_when_nothing_is_stored(farm, tmp_path, monkeypatch):
+    (tmp_path / "empty-store").mkdir()
     monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "empty-store"))
     session = enginefarm.load("net/body", precision="fp32", device="cpu", target="onnxruntime:cpu", recipe=farm / "recipe.toml",
                               loras=[(farm / "b.safetensors", 0.4)])

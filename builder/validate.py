@@ -34,9 +34,10 @@ DEFAULT_THRESHOLDS = {
 # detector and recognizers, a quantized recognizer, two YOLO detectors, a VAD with control flow) on ONNX Runtime and
 # OpenVINO: at most 4.3 (fp16) and 7.4 (8-bit quantized, 40 inputs, OpenVINO and ONNX Runtime fp16 vs ONNX Runtime).
 NOISE_GROWTH = 16.0
-# Its relative RMS error, in the same units, sets the loosest default min_cosine: 1 - (8 eps)^2 / 2. Only quantized
-# graphs get below the table's defaults by it (0.998; measured 1 - cos at most 1.95e-4).
-COSINE_GROWTH = 8.0
+# Its relative RMS error, in the same units, sets the loosest default min_cosine: 1 - (16 eps)^2 / 2. Only quantized
+# graphs get below the table's defaults by it (0.992): OpenVINO rounds 8-bit steps differently from ONNX Runtime,
+# measured 1 - cos up to 2.9e-3 on rendered text lines, the recognizer's argmax agreeing on 97-100% of its steps.
+COSINE_GROWTH = 16.0
 # fp32 kernels differ from the reference by summation order; cancellation makes that ~30 fp32 epsilons of the carried
 # magnitude on the real models measured (3.3e-6): the floor below which no fp32 artifact is judged.
 ACCUMULATION_EPSILON = 2.0 ** -16

@@ -244,3 +244,61 @@ def shrink(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def strided(path: Path) -> Path:
+    """y = x + upsample(conv_stride2(x)), x [1, 1, 'h', 'w']: runs only where h and w are even (the skip and the
+    upsampled path must line up), like every encoder-decoder with a stride."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.full((1, 1, 2, 2), 0.25, np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["down"], strides=[2, 2]),
+         helper.make_node("Resize", ["down", "", "scales"], ["up"], mode="nearest"),
+         helper.make_node("Add", ["x", "up"], ["y"])],
+        "strided",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def big_intermediate(path: Path, *, gain: float = 2e4) -> Path:
+    """y = ((x * gain) @ W) / gain, x [batch, 64] in -1..1: the middle tensor reaches ~1e5, past fp16's 65504, while
+    the output is ordinary. Converted naively to fp16 it overflows; kept fp32 where it is large, it does not."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(3).normal(0, 1, (64, 16)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "gain"], ["scaled"]), helper.make_node("MatMul", ["scaled", "w"], ["big"]),
+         helper.make_node("Div", ["big", "gain"], ["y"])],
+        "big_intermediate",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array(gain, np.float32), "gain"), numpy_helper.from_array(weight, "w")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def dynamic_quantized(path: Path) -> Path:
+    """A dynamically quantized conv, as onnxruntime.quantization writes one: DynamicQuantizeLinear → ConvInteger →
+    Cast to float → Mul by the scales. Its int32 accumulator reaches ~2e5, which fp16 cannot hold."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    weight = rng.integers(-127, 128, (4, 8, 3, 3)).astype(np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+         helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1]),
+         helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["xs", "ws"], ["scale"]),
+         helper.make_node("Mul", ["accf", "scale"], ["conv"]),
+         helper.make_node("Relu", ["conv"], ["y"])],
+        "dynamic_quantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0, np.int8), "wz"),
+         numpy_helper.from_array(np.array(0.01, np.float32), "ws")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)

@@ -43,3 +43,71 @@ def test_ls_of_a_mistyped_store_path_says_there_is_none(cli, tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"error: no store at {tmp_path / 'no-such-store'}") and "Traceback" not in proc.stderr
     assert not (tmp_path / "no-such-store").exists()  # looking created nothing
+
+
+def test_a_store_path_that_does_not_exist_is_an_error_everywhere(cli, tmp_path, tiny_recipe):
+    """A typo in --store or ENGINEFARM_STORE must not read as 'nothing built' (or serve what the cache holds)."""
+    import pytest
+
+    import enginefarm
+    from enginefarm.errors import StoreNotFound
+
+    missing = tmp_path / "no-such-store"
+    np.savez(tmp_path / "in.npz", latent=np.ones((1, 4, 8, 8), np.float32))
+    for args in (("plan", str(tiny_recipe())), ("run", "tiny-sd/decoder", "--input", str(tmp_path / "in.npz")),
+                 ("fetch", "tiny-sd/decoder"), ("validate", str(tiny_recipe()))):
+        proc = cli(*args, "--store", str(missing))
+        assert proc.returncode == 1 and proc.stderr.startswith(f"error: no store at {missing}\nhint: check the path"), (args, proc.stderr)
+        proc = cli(*args, env={"ENGINEFARM_STORE": str(missing)})
+        assert proc.stderr.startswith(f"error: no store at {missing}"), (args, proc.stderr)
+    with pytest.raises(StoreNotFound, match="no store at"):
+        enginefarm.load("tiny-sd/decoder", store=str(missing))
+    assert not missing.exists()
+    cli("build", str(tiny_recipe()), "--store", str(missing), "--no-bench", check=True)  # building creates it
+
+
+def test_missing_optional_extras_are_named_not_raised(cli, tmp_path, tiny_recipe):
+    shims = tmp_path / "shims"
+    for module in ("tuf", "securesystemslib", "matplotlib"):
+        (shims / module).mkdir(parents=True)
+        (shims / module / "__init__.py").write_text(f"raise ModuleNotFoundError('hidden for this test', name='{module}')\n")
+    env = {"PYTHONPATH": str(shims)}
+    proc = cli("release", "init", "--keys", str(tmp_path / "keys"), env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == "hint: pip install 'enginefarm[release]'", proc.stderr
+    cli("build", str(tiny_recipe()), check=True)  # with a benchmark, so the report has latencies to chart
+    proc = cli("report", "--out", str(tmp_path / "report"), env=env, check=True)
+    assert "latency charts need matplotlib: pip install 'enginefarm[report]'" in proc.stderr
+    assert (tmp_path / "report" / "report.html").is_file() and not list((tmp_path / "report").glob("*.png"))
+
+
+def test_a_shape_inside_the_profile_that_breaks_the_models_stride_is_explained(cli, tmp_path, write_recipe):
+    import pytest
+
+    import enginefarm
+    from enginefarm.runner.session import InputError
+    from tests import models
+
+    models.strided(tmp_path / "m.onnx")
+    recipe = write_recipe("""
+[model]
+name = "strided"
+version = "1"
+[defaults]
+targets = ["onnxruntime:cpu", "openvino:cpu"]
+[components.c]
+source = "m.onnx"
+[components.c.profiles.default]
+h = [8, 16, 32]
+w = [8, 16, 32]
+""")
+    cli("build", str(recipe), "--no-bench", check=True)
+    for target in ("onnxruntime:cpu", "openvino:cpu"):
+        session = enginefarm.load("strided/c", target=target)
+        assert session.run({"x": np.ones((1, 1, 16, 24), np.float32)})["y"].shape == (1, 1, 16, 24)
+        with pytest.raises(InputError, match=r"x axis 2 is 9, every validated size is a multiple of 8 \(try 8 or 16\)") as refused:
+            session.run({"x": np.ones((1, 1, 9, 16), np.float32)})
+        assert refused.value.hint.startswith("the backend said: ") and "Traceback" not in refused.value.hint
+    np.save(tmp_path / "x.npy", np.ones((1, 1, 9, 16), np.float32))
+    proc = cli("run", "strided/c", "--input", f"x={tmp_path / 'x.npy'}")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: strided/c: the model cannot run inputs of shape"), proc.stderr

@@ -100,3 +100,64 @@ def test_fp16_with_a_shared_float_only_constant_is_valid(tmp_path):
     ref = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
     got = ort.InferenceSession(str(prepared.path)).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, ref, atol=1e-2)
+
+
+def test_safe_fp16_keeps_quantize_islands_and_integer_paths_fp32(tmp_path):
+    """A dynamically quantized model (as onnxruntime.quantization writes them): float16 fed into
+    DynamicQuantizeLinear is an invalid graph, and an int32 accumulator cast to fp16 saturates at 65504."""
+    source = models.dynamic_quantized(tmp_path / "q.onnx")
+    prepared = prep.prepare(source, "fp16", tmp_path / "work")
+    model = onnx.load(str(prepared.path))
+    by_output = {o: n for n in model.graph.node for o in n.output}
+    quantize = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear")
+    feeding = by_output.get(quantize.input[0])
+    assert feeding is None or not (feeding.op_type == "Cast" and feeding.attribute[0].i == onnx.TensorProto.FLOAT16)
+    cast = next(n for n in model.graph.node if n.op_type == "Cast" and by_output.get(n.input[0]) and by_output[n.input[0]].op_type == "ConvInteger")
+    assert cast.attribute[0].i == onnx.TensorProto.FLOAT  # the accumulator becomes fp32, not fp16
+    readers = [n for n in model.graph.node if cast.output[0] in n.input]
+    assert [n.op_type for n in readers] == ["Mul"], "no fp16 round trip between the accumulator and its scale"
+    assert any("nodes kept fp32" in note for note in prepared.notes)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(str(source)).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(prepared.path)).run(None, {"x": x})[0]
+    assert np.isfinite(got).all() and np.max(np.abs(got - want)) < 0.01 * np.max(np.abs(want))
+
+
+def test_a_recipe_keeps_named_ops_fp32(tmp_path):
+    source = models.big_intermediate(tmp_path / "big.onnx")
+    plain = onnx.load(str(prep.prepare(source, "fp16", tmp_path / "plain").path))
+    kept = onnx.load(str(prep.prepare(source, "fp16", tmp_path / "kept", ("MatMul",)).path))
+    weight_type = lambda m: next(i.data_type for i in m.graph.initializer if i.dims == [64, 16])  # noqa: E731
+    assert weight_type(plain) == onnx.TensorProto.FLOAT16 and weight_type(kept) == onnx.TensorProto.FLOAT
+
+
+def test_exclude_drops_one_precision_for_one_target_and_keep_goes_into_the_key(write_recipe, tmp_path):
+    from enginefarm.builder.planner import expand
+    from enginefarm.builder.recipe import load_recipe
+
+    models.linear(tmp_path / "models" / "linear.onnx")
+    text = """
+[model]
+name = "lin"
+version = "1"
+[defaults]
+precisions = ["fp32", "fp16"]
+targets = ["onnxruntime:cpu", "openvino:cpu"]
+exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]
+[components.c]
+source = "models/linear.onnx"
+KEEP
+[components.c.profiles.default]
+batch = [1, 2, 4]
+"""
+    jobs = expand(load_recipe(write_recipe(text.replace("KEEP", ""))), tmp_path / "dl")
+    assert sorted((str(j.target), j.precision) for j in jobs) == [("onnxruntime:cpu", "fp32"), ("openvino:cpu", "fp16"), ("openvino:cpu", "fp32")]
+    keyed = {(str(j.target), j.precision): j.key(j.toolchain()) for j in jobs}
+    kept = expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl")
+    # OpenVINO converts from the fp32 ONNX itself: the list changes nothing there, so nothing rebuilds
+    assert {(str(j.target), j.precision): j.key(j.toolchain()) for j in kept} == keyed
+    text = text.replace('exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]', 'exclude = [{ target = "openvino" }]')
+    fp16 = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", ""))), tmp_path / "dl") if j.precision == "fp16"]
+    fp16_kept = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl") if j.precision == "fp16"]
+    assert [str(j.target) for j in fp16] == ["onnxruntime:cpu"]
+    assert fp16[0].key(fp16[0].toolchain()) != fp16_kept[0].key(fp16_kept[0].toolchain())

@@ -65,6 +65,10 @@ CASES = [
     ("not TOML", lambda s: s + "\n[[[", "", "not valid TOML"),
     ("wrong type", lambda s: s.replace('version = "1"', "version = [1]"), "model.version", "string"),
     ("validate input missing from model", lambda s: s + "\n[components.c.validate]\ninputs = { latent = { low = 0.0, high = 1.0 } }\n", "components.c.validate.inputs.latent", "has no input"),
+    ("exclude of an unknown backend", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxrt", precision = "fp16" }]'), "defaults.exclude[0].target", "unknown backend"),
+    ("exclude of an unknown precision", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxruntime", precision = "fp8" }]'), "defaults.exclude[0].precision", "unknown precision"),
+    ("exclude not a list of tables", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = "onnxruntime"'), "defaults.exclude", "list of tables"),
+    ("fp16_keep_fp32 names nothing in the model", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["LayerNorm"]'), "components.c.fp16_keep_fp32", "no op or node named 'LayerNorm'"),
     ("dynamic dim without range", lambda s: s.replace("batch = [1, 2, 4]", "").replace("[components.c.profiles.default]", ""), "components.c.profiles", "dynamic"),
 ]
 

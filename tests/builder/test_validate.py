@@ -145,3 +145,78 @@ samples = "samples.npz"
 """))
     with pytest.raises(RecipeError, match=r"components\.c\.validate\.samples: " + message):
         expand(recipe, tmp_path / "dl")
+
+
+# The noise floor: what the computation carries, not just the output's own range --------------------------
+def _sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def test_a_nearly_constant_sigmoid_map_is_judged_by_the_logits_that_feed_it():
+    """A text detector on plain inputs: probabilities of ~1e-8 computed from logits of ~-20. A correct fp32 kernel
+    differs in the logits by a few dozen epsilons of their magnitude; judged by the output's own range (1e-8) that
+    failed the artifact against its own reference."""
+    from enginefarm.builder.recipe import ValidateSpec
+
+    logits = -20 + np.random.default_rng(0).normal(0, 0.5, size=(1, 1, 64, 64))
+    rounding = 30 * 2.0 ** -23 * 20 * np.random.default_rng(1).normal(size=logits.shape)
+    fp32 = Thresholds.for_job("fp32", ValidateSpec())
+    correct = compare(_sigmoid(logits), _sigmoid(logits + rounding), fp32, scale=20.0)
+    assert correct["passed"], correct["reason"]
+    assert correct["decided_by"].startswith("max_abs (cosine ignored") and correct["noise_floor"] > correct["max_abs"]
+    assert not compare(_sigmoid(logits), _sigmoid(logits), Thresholds(0.9999, 1e-3, noise_floor=1e-30))["reason"]  # identical: fine anywhere
+    wrong = compare(_sigmoid(logits), _sigmoid(logits + 19), fp32, scale=20.0)  # a lost bias of +19 lights the map up
+    assert not wrong["passed"] and wrong["decided_by"] == "max_abs"
+
+
+def test_the_floor_scales_with_precision_and_quantization():
+    from enginefarm.builder.recipe import ValidateSpec
+    from enginefarm.builder.validate import ACCUMULATION_EPSILON, NOISE_GROWTH
+
+    spec = ValidateSpec()
+    fp32, fp16 = Thresholds.for_job("fp32", spec), Thresholds.for_job("fp16", spec)
+    quantized = Thresholds.for_job("fp32", spec, quantized=True)
+    assert fp32.floor(10.0) == NOISE_GROWTH * ACCUMULATION_EPSILON * 10.0
+    assert fp16.floor(10.0) == NOISE_GROWTH * 2.0 ** -10 * 10.0 > fp32.floor(10.0)
+    assert quantized.epsilon == 2.0 ** -7 and quantized.min_cosine < fp16.min_cosine <= fp32.min_cosine
+    assert Thresholds.for_job("fp32", ValidateSpec(min_cosine=0.5), quantized=True).min_cosine == 0.5  # the recipe wins
+    assert Thresholds.for_job("fp32", ValidateSpec(noise_floor=1e-3)).floor(1e6) == 1e-3
+
+
+def test_every_metric_is_reported_and_the_hint_names_the_knobs_with_the_numbers_seen():
+    from enginefarm.builder.validate import Reference, validate
+
+    ref = np.linspace(-1, 1, 1000).reshape(1, 1000)
+
+    class Off:
+        compute_precision = "fp32"
+
+        def run(self, feeds):
+            return {"y": ref * 1.01}
+
+    report = validate(Off(), [("opt", {})], [Reference({"y": ref}, {"y": 1.0})], Thresholds(0.9999, 1e-3))
+    (check,) = report["checks"]
+    assert {"cosine", "max_abs", "rms_error", "range", "scale", "noise_floor", "tolerance", "psnr", "argmax_agreement"} <= set(check)
+    assert not report["passed"] and check["decided_by"] == "max_abs"
+    assert "max_abs_rel = 0.0055 (now 0.001; seen 0.005 of the range)" in report["hint"]
+    assert "validate.samples" in report["hint"]
+
+
+def test_image_inputs_get_images_and_everything_stays_in_the_declared_range():
+    from enginefarm.builder.onnx_io import TensorInfo
+    from enginefarm.builder.recipe import SampleSpec, ValidateSpec
+    from enginefarm.builder.validate import sample_cases
+
+    inputs = [TensorInfo("image", "float32", ("b", 3, "h", "w")), TensorInfo("latent", "float32", (1, 4, 16, 16))]
+    profile = {"image": {"min": [1, 3, 32, 32], "opt": [1, 3, 64, 96], "max": [2, 3, 128, 128]},
+               "latent": {c: [1, 4, 16, 16] for c in ("min", "opt", "max")}}
+    spec = ValidateSpec(inputs={"image": SampleSpec(0.0, 255.0)})
+    cases = sample_cases(inputs, profile, spec)
+    assert [name for name, _ in cases] == ["min", "opt", "max", "opt-noise"]
+    image, latent = cases[1][1]["image"], cases[1][1]["latent"]
+    assert image.shape == (1, 3, 64, 96) and 0 <= image.min() and image.max() <= 255
+    # an image: neighbours are alike (smooth shading, flat objects), unlike uniform noise
+    assert np.median(np.abs(np.diff(image, axis=-1))) < 0.1 * np.median(np.abs(np.diff(cases[3][1]["image"], axis=-1)))
+    assert -1 <= latent.min() and latent.max() <= 1 and np.mean(np.abs(np.diff(latent, axis=-1))) > 0.4  # 4 channels: noise
+    again = sample_cases(inputs, profile, spec)
+    assert all(np.array_equal(a[1][k], b[1][k]) for a, b in zip(cases, again) for k in a[1])  # seeded

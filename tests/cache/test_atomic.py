@@ -52,11 +52,12 @@ def test_killed_writer_leaves_old_file_or_nothing(tmp_path, existing):
 
 
 def test_write_once_never_overwrites(tmp_path):
-    target = tmp_path / "m.json"
+    target = tmp_path / "folder" / "m.json"
+    target.parent.mkdir()
     assert write_once(target, b"first")
     assert not write_once(target, b"second")
     assert target.read_bytes() == b"first"
-    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+    assert [p.name for p in target.parent.iterdir()] == ["m.json"]
 
 
 def test_killed_build_publishes_nothing(tiny_recipe, tmp_path):

@@ -23,7 +23,7 @@ from enginefarm.cache.progress import ProgressLike
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
-from .backends import get_backend
+from .backends import get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .planner import Job
 from .prep import prepare
@@ -64,6 +64,9 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     Raises ValidationFailed if the artifact misses the reference, BuildError if the backend fails."""
     step = step or (lambda _msg: None)
     backend = get_backend(job.target.backend)
+    refusal = job_refusal(job)  # `plan` leaves such jobs out; a caller that did not plan learns why here
+    if refusal is not None:
+        raise BuildError(f"{job.label}: {refusal[0]}", hint=refusal[1])
     toolchain = job.toolchain()
     key = job.key(toolchain)
     workdir = workroot / "jobs" / key[:24]

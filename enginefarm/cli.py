@@ -116,7 +116,7 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     for column in ("job", "key", "model/component", "precision", "profile", "target", "runs on", "status"):
         table.add_column(column)
     for p in planned:
-        style = "green" if p.built else "red" if p.unroutable else "yellow" if p.availability.can_build else "dim"
+        style = "green" if p.built else "red" if p.unroutable or p.refused else "yellow" if p.availability.can_build else "dim"
         table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target),
                       escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
     _console().print(table)
@@ -132,18 +132,19 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
 @click.option("--report", type=click.Path(path_type=Path), help="Write the results as JSON here.")
 def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report):
     """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet."""
+    from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from enginefarm.builder.executor import run_jobs
 
     planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs)
-    todo = [p.job for p in planned if p.availability.can_build and not p.built]
+    todo = [p.job for p in planned if p.availability.can_build and not p.built and not p.refused]
     console = _console()
     for p in planned:
         if p.built:
             console.print(f"[green]exists[/]   {p.job.label}")
-        elif not p.availability.can_build:
-            console.print(f"[dim]skipped[/]  {p.job.label}: {p.status}")
+        elif p.refused or not p.availability.can_build:
+            console.print(f"[dim]skipped[/]  {p.job.label}: {escape(p.status)}")
     results = []
     if todo:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as bar:
@@ -162,7 +163,7 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
                     bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
                 elif kind == "done":
                     color = {"built": "green", "exists": "green", "failed": "red"}[detail.status]
-                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {detail.reason}" if detail.reason else ""
+                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {escape(detail.reason)}" if detail.reason else ""
                     bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
                     bar.advance(overall)
 
@@ -171,7 +172,10 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
         report.write_text(json.dumps([r.to_dict() for r in results], indent=1))
     failed = [r for r in results if r.status == "failed"]
     built = sum(r.status == "built" for r in results)
-    console.print(f"{built} built, {len(failed)} failed, {sum(p.built for p in planned)} already stored, {sum(not p.availability.can_build for p in planned)} unavailable here")
+    refused = sum(bool(p.refused) and not p.built for p in planned)
+    unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
+    console.print(f"{built} built, {len(failed)} failed, {sum(p.built for p in planned)} already stored, {unavailable} unavailable here"
+                  + (f", {refused} refused (see `enginefarm plan`)" if refused else ""))
     if failed:
         for r in failed:
             click.echo(f"failed: {r.reason}", err=True)

@@ -25,6 +25,7 @@ from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
 from .backends import get_backend, job_refusal
 from .bench import measure_in_subprocess
+from .golden import attach as attach_golden
 from .planner import Job
 from .prep import prepare
 from .validate import Thresholds, reference_outputs, sample_cases, validate
@@ -134,6 +135,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     # off macOS) offers `validation_session`: its own session, what it can run instead, or None; plus a note the
     # manifest keeps. The record always says whether the artifact itself ran here (`executed`), and if not, `why`.
     opener = getattr(backend, "validation_session", None)
+    references = None
     try:
         session, note = opener(outdir, manifest, job.target.device) if opener else (backend.load(outdir, manifest, job.target.device), {})
         if session is None:
@@ -146,6 +148,10 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
         raise BuildError(f"{job.label}: the built artifact does not load or run: {_first_line(exc)}") from exc
     del session
+    if report["executed"] is False:  # published unvalidated: the first device that runs it checks it (golden.py)
+        step("golden samples")
+        manifest, report["golden"] = attach_golden(manifest, outdir, cases, references or reference_outputs(job.source.path, cases),
+                                                   Thresholds.for_job(job.precision, job.validate))
     manifest = replace(manifest, validation=report)
     if report["passed"] is not None and not report["passed"]:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report)

@@ -17,6 +17,7 @@ from enginefarm.cache.stores.base import Store
 from enginefarm.errors import ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError, TrustError, WeightsError
 from enginefarm.settings import Settings, load_settings
 
+from . import golden
 from .custom import Stack, apply, check_stackable
 from .device import Device, detect
 from .fallback import compile_on_device, find_recipe, pick_job
@@ -188,7 +189,11 @@ def load(
 def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
-        return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
+        loaded = backend.load(path, manifest, manifest.parsed_target.device)
+        # Published unvalidated: this device checks it once on its golden samples, and refuses it if it misses.
+        device = next((d for d in found.devices if manifest.target in d.targets), found.devices[0])
+        verdict = golden.gate(loaded, manifest, path, found.settings.home, device, report)
+        return Session(loaded, manifest, explanation + (f"\n{golden.describe(verdict)}" if verdict else ""))
     if stack.active:
         try:
             check_stackable(backend, manifest)

@@ -249,28 +249,49 @@ def _ref_opts(func):
 
 
 class _RichProgress:
-    """Draws the library's progress callback: messages as dim lines, transfers as bars with bytes, rate and ETA."""
+    """Draws the library's progress callback: messages as dim lines, transfers as bars with bytes, rate and ETA,
+    other work (an engine compiled on the device) as bars with steps and elapsed time."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.text import Text
 
         from enginefarm.cache.progress import Progress as Callback
 
+        class Either(ProgressColumn):
+            """One column for both kinds of bar: `bytes` for transfers, `steps` for work."""
+
+            def __init__(self, bytes_column, steps_column) -> None:
+                super().__init__()
+                self.columns = {"bytes": bytes_column, "steps": steps_column}
+
+            def render(self, task):
+                column = self.columns[task.fields.get("unit", "bytes")]
+                return column.render(task) if column is not None else Text("")
+
         self.console = _console(stderr=True)
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), Either(DownloadColumn(), MofNCompleteColumn()),
+                             Either(TransferSpeedColumn(), None), Either(TimeRemainingColumn(), TimeElapsedColumn()),
                              console=self.console, transient=False)
         self.tasks: dict[str, int] = {}
         outer = self
+
+        def update(name: str, done: int, total: int, unit: str) -> None:
+            if name not in outer.tasks:
+                outer.bars.start()
+                outer.tasks[name] = outer.bars.add_task(name, total=total, unit=unit)
+            outer.bars.update(outer.tasks[name], completed=done, total=total)
 
         class Callback_(Callback):
             def message(self, text: str) -> None:
                 outer.console.print(f"[dim]{text}[/]", markup=True, highlight=False)
 
             def transfer(self, name: str, done: int, total: int) -> None:
-                if name not in outer.tasks:
-                    outer.bars.start()
-                    outer.tasks[name] = outer.bars.add_task(name, total=total)
-                outer.bars.update(outer.tasks[name], completed=done, total=total)
+                update(name, done, total, "bytes")
+
+            def work(self, name: str, done: int, total: int) -> None:
+                update(name, done, total, "steps")
 
         self.callback = Callback_()
 

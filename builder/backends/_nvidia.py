@@ -396,6 +396,16 @@ def cudart():
     return runtime
 
 
+def cuda_devices() -> int:
+    """GPUs the CUDA runtime can use here (0 without a driver). Building weight-stripped or refittable TensorRT-RTX
+    engines needs one; NVML seeing a GPU is not enough."""
+    try:
+        status, *rest = cudart().cudaGetDeviceCount()
+    except Exception:  # no bindings, or bindings that cannot load the runtime
+        return 0
+    return int(rest[0] or 0) if int(status) == 0 and rest else 0
+
+
 class _Cuda:
     def __init__(self, device_index: int) -> None:
         self.rt = cudart()

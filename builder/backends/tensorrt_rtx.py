@@ -27,8 +27,8 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from ._nvidia import (BuildProgress, BuildSpec, TrtSession, build_in_subprocess, cudart, gpu_description, matching_gpu, open_engine,
-                      require_refittable, sdk, sdk_missing, stripped_files)
+from ._nvidia import (BuildProgress, BuildSpec, TrtSession, build_in_subprocess, cuda_devices, cudart, gpu_description, matching_gpu,
+                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
 from .base import Availability, BuiltFile
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,15 @@ def gpu_build_reason(job) -> tuple[str, str] | None:
     fix = (f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
            "or build on a runner with an NVIDIA GPU")
     return why, fix
+
+
+# Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the device
+# from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
+COMPILES_STACKS_ON_DEVICE = True
+
+
+def can_build_refittable() -> bool:
+    return cuda_devices() > 0
 
 
 def check_job(job) -> str:

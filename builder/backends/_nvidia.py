@@ -34,13 +34,14 @@ INDEX_NOTE = "its wheels download from NVIDIA's package index, which must be rea
 _CHILD = "enginefarm.builder.backends._nvidia_build"
 
 
-def sdk(module: str, extra: str):
-    return import_sdk(module, f"pip install 'enginefarm[{extra}]' ({INDEX_NOTE})")
+def sdk(module: str, extra: str, note: str = INDEX_NOTE):
+    return import_sdk(module, f"pip install 'enginefarm[{extra}]' ({note})")
 
 
-def sdk_missing(exc: BackendUnavailable, gpu_why: str = "") -> Availability:
-    """Why a backend is unavailable when its SDK is not installed, plus (where building needs one) the GPU story."""
-    return Availability.missing(f"{exc} — {INDEX_NOTE}" + (f"; and {gpu_why}" if gpu_why else ""))
+def sdk_missing(exc: BackendUnavailable, gpu_why: str = "", note: str = INDEX_NOTE) -> Availability:
+    """Why a backend is unavailable when its SDK is not installed (`note`: where its wheels come from), plus
+    (where building needs one) the GPU story."""
+    return Availability.missing(f"{exc} — {note}" + (f"; and {gpu_why}" if gpu_why else ""))
 
 
 # The SDK's generic follow-up to an error it has already logged in its own words; never the one to report.

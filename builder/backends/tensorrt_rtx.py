@@ -44,15 +44,19 @@ FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwel
 NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 
 
+# Unlike TensorRT's, these are the real wheels, on PyPI (tensorrt_rtx_cu13 libs + bindings, measured 233 MB installed).
+INSTALL_NOTE = "real wheels from PyPI, about 233 MB installed; it builds engines without a GPU"
+
+
 def _trt():
-    return sdk("tensorrt_rtx", "tensorrt-rtx")
+    return sdk("tensorrt_rtx", "tensorrt-rtx", INSTALL_NOTE)
 
 
 def available(device: str) -> Availability:
     try:
         trt = _trt()
     except BackendUnavailable as exc:
-        return sdk_missing(exc)
+        return sdk_missing(exc, note=INSTALL_NOTE)
     gpu, why = matching_gpu(device, FAMILY_FLOORS)
     if gpu is None:
         return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")

@@ -44,8 +44,8 @@ FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwel
 NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 
 
-# Unlike TensorRT's, these are the real wheels, on PyPI (tensorrt_rtx_cu13 libs + bindings, measured 233 MB installed).
-INSTALL_NOTE = "real wheels from PyPI, about 233 MB installed; it builds engines without a GPU"
+# Unlike TensorRT's, these are the real wheels, on PyPI (tensorrt_rtx_cu13 libs + bindings: 244 MB installed, measured).
+INSTALL_NOTE = "real wheels from PyPI, 244 MB installed; it builds engines without a GPU"
 
 
 def _trt():

@@ -108,6 +108,12 @@ def test_fp32_gemm_for_turing_is_refused_fp16_is_not(rtx, models, tmp_path):
     assert (tmp_path / "model.plan").is_file()
 
 
+def test_our_build_stops_where_set_compute_capability_says_no(rtx, models, tmp_path):
+    with pytest.raises(SdkError, match=r"^set_compute_capability\(NONE, 0\) was refused: .*Compute capability cannot be kNONE"):
+        build_plan(rtx, spec(models, tmp_path, capabilities=("NONE",)), capturing_logger(rtx))
+    assert not (tmp_path / "model.plan").exists()
+
+
 def test_current_needs_a_gpu(rtx, models, tmp_path):
     with pytest.raises(SdkError, match=r"cudaError 35: CUDA driver version is insufficient for CUDA runtime version"):
         build_plan(rtx, spec(models, tmp_path, capabilities=("CURRENT",)), capturing_logger(rtx))

@@ -42,6 +42,13 @@ vram_gb = 24
 """
 
 
+def one_model(name: str, target: str, **dims: list[int]) -> str:
+    """A recipe for models/NAME.onnx as component `net`, fp32, one target, the profile's dims by name."""
+    profile = "\n".join(f"{dim} = {bounds}" for dim, bounds in dims.items())
+    return (f'[model]\nname = "{name}"\nversion = "1"\n[defaults]\nprecisions = ["fp32"]\ntargets = ["{target}"]\n'
+            f'[components.net]\nsource = "models/{name}.onnx"\n[components.net.profiles.default]\n{profile}\n')
+
+
 def test_a_recipe_without_options_builds_every_class_on_this_cpu(real_rtx, write_recipe, tiny_sd, tmp_path):
     jobs = jobs_of(recipe(write_recipe, tiny_sd, targets=tuple(f"tensorrt-rtx:{c}" for c in CLASSES)), tmp_path)
     store = LocalStore(tmp_path / "store")
@@ -107,20 +114,7 @@ def test_fp32_for_turing_is_refused_at_plan_time_naming_the_gemms(real_rtx, writ
 
 def test_fp32_for_turing_builds_when_the_model_has_no_gemm(real_rtx, write_recipe, tmp_path):
     models.convs(tmp_path / "models" / "convs.onnx")
-    path = write_recipe("""
-        [model]
-        name = "convs"
-        version = "1"
-        [defaults]
-        precisions = ["fp32"]
-        targets = ["tensorrt-rtx:turing+"]
-        [components.net]
-        source = "models/convs.onnx"
-        [components.net.profiles.default]
-        batch = [1, 1, 2]
-        h = [8, 16, 32]
-        w = [8, 16, 32]
-    """)
+    path = write_recipe(one_model("convs", "tensorrt-rtx:turing+", batch=[1, 1, 2], h=[8, 16, 32], w=[8, 16, 32]))
     (planned,) = plan([load_recipe(path)], tmp_path / "dl")
     assert not planned.refused
     result = build(planned.job, LocalStore(tmp_path / "store"), tmp_path / "work", bench=False)
@@ -154,19 +148,8 @@ def test_gpu_only_options_go_to_gpu_runners_or_are_refused(real_rtx, write_recip
 
 
 def test_the_sdks_last_error_is_the_jobs_failure_in_full(real_rtx, write_recipe, tmp_path, cli):
-    models.top_k(tmp_path / "models" / "top_k.onnx")
-    path = write_recipe("""
-        [model]
-        name = "topk"
-        version = "1"
-        [defaults]
-        precisions = ["fp32"]
-        targets = ["tensorrt-rtx:ampere+"]
-        [components.net]
-        source = "models/top_k.onnx"
-        [components.net.profiles.default]
-        batch = [1, 1, 2]
-    """)
+    models.top_k(tmp_path / "models" / "topk.onnx")
+    path = write_recipe(one_model("topk", "tensorrt-rtx:ampere+", batch=[1, 1, 2]))
     report = tmp_path / "report.json"
     proc = cli("build", str(path), "--report", str(report))
     assert proc.returncode == 1

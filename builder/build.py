@@ -25,8 +25,9 @@ from enginefarm.cache.progress import ProgressLike
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
-from .backends import get_backend
+from .backends import get_backend, job_refusal
 from .bench import measure_in_subprocess
+from .golden import attach as attach_golden
 from .planner import Job
 from .prep import prepare
 from .revalidate import revalidate, stale, validation_settings
@@ -68,6 +69,9 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     Raises ValidationFailed if the artifact misses the reference, BuildError if the backend fails."""
     step = step or (lambda _msg: None)
     backend = get_backend(job.target.backend)
+    refusal = job_refusal(job)  # `plan` leaves such jobs out; a caller that did not plan learns why here
+    if refusal is not None:
+        raise BuildError(f"{job.label}: {refusal[0]}", hint=refusal[1])
     toolchain = job.toolchain()
     key = job.key(toolchain)
     workdir = workroot / "jobs" / key[:24]
@@ -133,6 +137,12 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
 
     step("validate")
     report = validation_report(job, backend, outdir, manifest, workroot)
+    if report["executed"] is False:  # published unvalidated: the first device that runs it checks it (golden.py)
+        step("golden samples")
+        cases = sample_cases(job.inputs, job.profile, job.validate)
+        quantized, feeding = model_traits(job.source.path)
+        manifest, report["golden"] = attach_golden(manifest, outdir, cases, reference_outputs(job.source.path, cases, feeding),
+                                                   Thresholds.for_job(job.precision, job.validate, quantized=quantized))
     manifest = replace(manifest, validation=report)
     if report["passed"] is False:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)

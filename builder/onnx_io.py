@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from enginefarm.errors import ModelError
@@ -83,3 +84,63 @@ def io_of(model) -> tuple[list[TensorInfo], list[TensorInfo]]:
     inputs = [_tensor_info(v) for v in model.graph.input if v.name not in initializers]
     outputs = [_tensor_info(v) for v in model.graph.output]
     return inputs, outputs
+
+
+# What TensorRT-RTX compiles as a GEMM (probed on 1.7: MatMul, Gemm, and Einsum of two or more operands, even
+# element-wise; a one-operand Einsum, Conv and ConvTranspose are not).
+_GEMM_OPS = ("MatMul", "Gemm")
+_FLOAT32 = 1
+_FLOAT_TYPES = (1, 10, 11, 16)  # float32, float16, float64, bfloat16
+
+
+def float32_gemms(path: Path) -> list[str]:
+    """Names of the nodes that multiply matrices in float32, in the graph and its subgraphs: what TensorRT-RTX
+    refuses to compile for Turing (SM75). Weights are not read; element types come from the graph, or from
+    shape inference where the graph does not say."""
+    stat = Path(path).stat()
+    return list(_float32_gemms(str(path), stat.st_size, stat.st_mtime_ns))
+
+
+@lru_cache(maxsize=8)
+def _float32_gemms(path: str, size: int, mtime_ns: int) -> tuple[str, ...]:
+    model = load_header(Path(path))
+    nodes = [node for graph in _graphs(model.graph) for node in graph.node
+             if node.domain in ("", "ai.onnx") and (node.op_type in _GEMM_OPS or (node.op_type == "Einsum" and len(node.input) >= 2))]
+    if not nodes:
+        return ()
+    types = _elem_types(model)
+    if any(node.input[0] not in types for node in nodes):
+        import onnx
+
+        for init in model.graph.initializer:  # types need no weight values, and inference copies the whole model
+            if init.data_type in _FLOAT_TYPES:
+                init.ClearField("raw_data")
+                init.ClearField("float_data")
+        try:
+            types = _elem_types(onnx.shape_inference.infer_shapes(model))
+        except Exception:  # an exotic graph: judge by what the graph says, counting the unknown as float32
+            pass
+    return tuple(node.name or f"{node.op_type}({node.output[0]})" for node in nodes if types.get(node.input[0], _FLOAT32) == _FLOAT32)
+
+
+def _graphs(graph):
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _graphs(sub)
+
+
+def _elem_types(model) -> dict[str, int]:
+    types: dict[str, int] = {}
+    for graph in _graphs(model.graph):
+        for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:  # 0: not known
+                types[value.name] = value.type.tensor_type.elem_type
+        types.update({init.name: init.data_type for init in graph.initializer})
+        for node in graph.node:
+            if node.op_type == "Constant":
+                for attribute in node.attribute:
+                    if attribute.name == "value":
+                        types[node.output[0]] = attribute.t.data_type
+    return types

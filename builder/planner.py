@@ -13,7 +13,7 @@ from enginefarm.cache.manifest import Target, target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
-from .backends import availability, get_backend, job_options
+from .backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal
 from .backends.base import Availability
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
@@ -49,7 +49,10 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def runner_labels(target: Target) -> list[str]:
+def runner_labels(target: Target, on_cpu: bool = False) -> list[str]:
+    """Labels of the runner that builds `target`; `on_cpu`: one without a GPU does (TensorRT-RTX's default jobs)."""
+    if on_cpu and str(target) not in RUNNER_LABELS:
+        return ["ubuntu-latest"]
     return RUNNER_LABELS.get(str(target)) or ["self-hosted", _VENDOR_LABEL.get(target.backend, target.backend), target.device]
 
 
@@ -125,11 +128,14 @@ class PlannedJob:
     stale_validation: bool = False  # built, but judged under other [validate] settings than the recipe's
     runs_on: list[str] = field(default_factory=list)
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
+    refused: str = ""  # why the backend's SDK would refuse it anywhere, and the fix
 
     @property
     def status(self) -> str:
         if self.built:
             return "built, to re-validate ([validate] changed)" if self.stale_validation else "built"
+        if self.refused:
+            return self.refused
         if self.unroutable:
             return self.unroutable
         if not self.availability.can_build:
@@ -151,7 +157,7 @@ class PlannedJob:
             "target": str(job.target),
             "recipe": str(job.recipe_path),
             "status": self.status,
-            "runs_on": self.runs_on or runner_labels(job.target),
+            "runs_on": self.runs_on or runner_labels(job.target, builds_on_cpu(job)),
         }
 
 
@@ -256,7 +262,10 @@ def plan(
     planned: list[PlannedJob] = []
     indexes: dict[str, dict] = {}
     for job in selected:
-        entry = PlannedJob(job, availability(job.target))
+        entry = PlannedJob(job, job_availability(job))
+        refusal = job_refusal(job)
+        if refusal is not None:
+            entry.refused = f"refused: {refusal[0]}; {refusal[1]}"
         if entry.availability.can_build:
             try:
                 entry.toolchain = job.toolchain()
@@ -268,10 +277,10 @@ def plan(
         if entry.key and store is not None:
             entry.built, entry.stale_validation = _stored_state(store, job, entry.key, indexes)
         if runners is not None:
-            runner, why = route(str(job.target), job.resources, runners)
+            runner, why = route(str(job.target), job.resources, runners, on_cpu=builds_on_cpu(job), gpu_needed=gpu_build_reason(job))
             entry.runs_on, entry.unroutable = (list(runner.labels), "") if runner else ([], why)
         else:
-            entry.runs_on = runner_labels(job.target)
+            entry.runs_on = runner_labels(job.target, builds_on_cpu(job))
         if runner_labels_filter and not (entry.runs_on and set(entry.runs_on) <= set(runner_labels_filter)):
             continue
         planned.append(entry)
@@ -303,7 +312,7 @@ def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) ->
 def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> dict[str, Any]:
     """One GitHub Actions matrix: an entry per batch of jobs for the same runner labels, never more than `cap`
     entries. Jobs already built and jobs no runner can build are left out (the latter listed under `skipped`)."""
-    todo = [p for p in planned if not p.built and not p.unroutable]
+    todo = [p for p in planned if not p.built and not p.unroutable and not p.refused]
     groups: dict[tuple[str, ...], list[PlannedJob]] = {}
     for p in sorted(todo, key=lambda p: (p.runs_on, str(p.job.target), p.job.id)):
         groups.setdefault(tuple(p.runs_on), []).append(p)
@@ -322,7 +331,7 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
                 "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
                 "extras": ",".join(["all"] + sorted({EXTRAS[p.job.target.backend] for p in chunk if p.job.target.backend in EXTRAS})),
             })
-    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable} for p in planned if p.unroutable]
+    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.refused or p.unroutable} for p in planned if p.unroutable or p.refused]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}
 
 

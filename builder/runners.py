@@ -5,7 +5,7 @@
     labels = ["self-hosted", "nvidia", "sm_89"]       # GitHub Actions runs-on labels
     targets = ["tensorrt:sm_89", "tensorrt-rtx:sm_89", "tensorrt:ampere+"]
     ram_gb = 64                                       # host memory a build may use
-    vram_gb = 24                                      # GPU memory
+    vram_gb = 24                                      # GPU memory (0: no GPU, a CPU runner)
 """
 
 from __future__ import annotations
@@ -59,12 +59,21 @@ def load_runners(path: str | Path) -> list[Runner]:
     return runners
 
 
-def route(target: str, needs: Resources, runners: list[Runner]) -> tuple[Runner | None, str]:
-    """The smallest runner that builds `target` with enough memory, or None and why not."""
+def route(target: str, needs: Resources, runners: list[Runner], *, on_cpu: bool | None = None,
+          gpu_needed: tuple[str, str] | None = None) -> tuple[Runner | None, str]:
+    """The smallest runner that builds `target` with enough memory, or None and why not.
+
+    `on_cpu`: the build uses no GPU (default: CPU targets), so the component's GPU memory does not count.
+    `gpu_needed` (why, fix): a job whose options need a GPU at build time goes only to runners that have one."""
     able = [r for r in runners if target in r.targets]
     if not able:
         return None, f"no runner builds {target}"
-    if target.endswith(":cpu"):  # a CPU build uses no GPU memory, whatever the component needs on GPUs
+    if gpu_needed is not None:
+        able = [r for r in able if r.vram_gb > 0]
+        if not able:
+            why, fix = gpu_needed
+            return None, f"refused: {why}, and no runner with a GPU builds {target}; {fix}"
+    if on_cpu if on_cpu is not None else target.endswith(":cpu"):  # a CPU build uses no GPU memory, whatever the component needs on GPUs
         needs = Resources(needs.host_ram_gb, 0.0)
     fits = [r for r in able if r.ram_gb >= needs.host_ram_gb and r.vram_gb >= needs.gpu_vram_gb]
     if not fits:

@@ -11,7 +11,7 @@ from enginefarm.errors import IntegrityError
 
 from .keys import ARTIFACT_FORMAT_VERSION
 
-ROLES = ("engine", "weights", "ir", "model", "cache", "map")
+ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 
 

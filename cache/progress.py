@@ -10,13 +10,17 @@ log = logging.getLogger(__name__)
 
 
 class Progress:
-    """Override what you need. `transfer` is called with cumulative bytes for one named transfer."""
+    """Override what you need. `transfer` is called with cumulative bytes for one named transfer, `work` with
+    steps done of other work."""
 
     def message(self, text: str) -> None:
         pass
 
     def transfer(self, name: str, done: int, total: int) -> None:
         pass
+
+    def work(self, name: str, done: int, total: int) -> None:
+        """Steps of one named piece of work that is not bytes (an engine compiled on the device)."""
 
 
 class _Messages(Progress):
@@ -40,6 +44,12 @@ class _Safe(Progress):
     def transfer(self, name: str, done: int, total: int) -> None:
         try:
             self.inner.transfer(name, done, total)
+        except Exception:
+            log.debug("progress callback failed", exc_info=True)
+
+    def work(self, name: str, done: int, total: int) -> None:
+        try:
+            self.inner.work(name, done, total)
         except Exception:
             log.debug("progress callback failed", exc_info=True)
 

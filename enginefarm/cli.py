@@ -126,7 +126,7 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     for column in ("job", "key", "model/component", "precision", "profile", "target", "runs on", "status"):
         table.add_column(column)
     for p in planned:
-        style = "green" if p.built else "red" if p.unroutable else "yellow" if p.availability.can_build else "dim"
+        style = "green" if p.built else "red" if p.unroutable or p.refused else "yellow" if p.availability.can_build else "dim"
         table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target),
                       escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
     _console().print(table)
@@ -144,19 +144,23 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet.
 
     A stored artifact whose [validate] settings changed since it was judged is re-validated, not rebuilt."""
+    from rich.markup import escape
+
     planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs, store_must_exist=False)
-    todo = [p.job for p in planned if p.availability.can_build and (not p.built or p.stale_validation)]
+    todo = [p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)]
     console = _console()
     for p in planned:
         if p.built and not p.stale_validation:
             console.print(f"[green]exists[/]   {p.job.label}")
-        elif not p.availability.can_build:
-            console.print(f"[dim]skipped[/]  {p.job.label}: {p.status}")
+        elif p.refused or not p.availability.can_build:
+            console.print(f"[dim]skipped[/]  {p.job.label}: {escape(p.status)}")
     results = _run_jobs(console, todo, opened, settings, f"building {len(todo)} job(s) into {opened.url}", parallel, bench=not no_bench)
     revalidated = sum(r.status == "revalidated" for r in results)
+    refused = sum(bool(p.refused) and not p.built for p in planned)
+    unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
     console.print(f"{sum(r.status == 'built' for r in results)} built, {sum(r.status == 'failed' for r in results)} failed, "
                   f"{sum(p.built for p in planned)} already stored" + (f" ({revalidated} re-validated)" if revalidated else "")
-                  + f", {sum(not p.availability.can_build for p in planned)} unavailable here")
+                  + f", {unavailable} unavailable here" + (f", {refused} refused (see `enginefarm plan`)" if refused else ""))
     _finish(results, report)
 
 
@@ -185,6 +189,7 @@ def validate_cmd(recipes, store, targets, precisions, components, parallel, repo
 
 def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, bench: bool, validate_only: bool = False) -> list:
     """Run jobs in worker processes with a live line each; returns their results."""
+    from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from enginefarm.builder.executor import run_jobs
@@ -208,7 +213,7 @@ def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, ben
             elif kind == "done":
                 color = {"built": "green", "exists": "green", "revalidated": "green", "missing": "yellow", "failed": "red"}[detail.status]
                 reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
-                extra = f" ({detail.seconds:.1f}s)" if detail.status in ("built", "revalidated") else f": {reason}" if reason else ""
+                extra = f" ({detail.seconds:.1f}s)" if detail.status in ("built", "revalidated") else f": {escape(reason)}" if reason else ""
                 bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
                 bar.advance(overall)
 
@@ -312,28 +317,49 @@ def _ref_opts(func):
 
 
 class _RichProgress:
-    """Draws the library's progress callback: messages as dim lines, transfers as bars with bytes, rate and ETA."""
+    """Draws the library's progress callback: messages as dim lines, transfers as bars with bytes, rate and ETA,
+    other work (an engine compiled on the device) as bars with steps and elapsed time."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.text import Text
 
         from enginefarm.cache.progress import Progress as Callback
 
+        class Either(ProgressColumn):
+            """One column for both kinds of bar: `bytes` for transfers, `steps` for work."""
+
+            def __init__(self, bytes_column, steps_column) -> None:
+                super().__init__()
+                self.columns = {"bytes": bytes_column, "steps": steps_column}
+
+            def render(self, task):
+                column = self.columns[task.fields.get("unit", "bytes")]
+                return column.render(task) if column is not None else Text("")
+
         self.console = _console(stderr=True)
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), Either(DownloadColumn(), MofNCompleteColumn()),
+                             Either(TransferSpeedColumn(), None), Either(TimeRemainingColumn(), TimeElapsedColumn()),
                              console=self.console, transient=False)
         self.tasks: dict[str, int] = {}
         outer = self
+
+        def update(name: str, done: int, total: int, unit: str) -> None:
+            if name not in outer.tasks:
+                outer.bars.start()
+                outer.tasks[name] = outer.bars.add_task(name, total=total, unit=unit)
+            outer.bars.update(outer.tasks[name], completed=done, total=total)
 
         class Callback_(Callback):
             def message(self, text: str) -> None:
                 outer.console.print(f"[dim]{text}[/]", markup=True, highlight=False)
 
             def transfer(self, name: str, done: int, total: int) -> None:
-                if name not in outer.tasks:
-                    outer.bars.start()
-                    outer.tasks[name] = outer.bars.add_task(name, total=total)
-                outer.bars.update(outer.tasks[name], completed=done, total=total)
+                update(name, done, total, "bytes")
+
+            def work(self, name: str, done: int, total: int) -> None:
+                update(name, done, total, "steps")
 
         self.callback = Callback_()
 

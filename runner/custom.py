@@ -82,26 +82,39 @@ class Applied:
 def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress) -> Applied:
     """A backend session of the base artifact with `stack` applied (the base session itself if the stack is empty)."""
     device = manifest.parsed_target.device
-    wmap = read_map(artifact_dir, manifest)
-    if wmap is None:
-        raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
-                           hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
-    custom, loras = _read(stack, wmap)
+    wmap, custom, loras = _read_mapped(stack, artifact_dir, manifest)
     if not stack.active:
         return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
     check_stackable(backend, manifest)  # before any merging or caching
-    key = stack_key(manifest.build_key, stack)
     if hasattr(backend, "refit"):
-        return _refit(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
+        return _refit(stack, stack_key(manifest.build_key, stack), wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
+    patched, path, how = patched_artifact(stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras))
+    return Applied(backend.load(path, patched, device), patched, how)
+
+
+def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress,
+                     read=None) -> tuple[Manifest, Path, str]:
+    """A copy of the artifact with the stack merged into its weights (backends with `patch_weights`), cached under
+    the stack's key. Returns its manifest, verified folder and how it was had. `read`: the map and the user's
+    tensors, when the caller has them already."""
+    wmap, custom, loras = read if read is not None else _read_mapped(stack, artifact_dir, manifest)
+    key = stack_key(manifest.build_key, stack)
     with file_lock(cache.locks / f"{key}.lock"):  # saves a second process the same work; the cache stays correct without it
         path = cache.verified_dir(key)
         how = "patched and compiled earlier (cached)"
         if path is None:
-            report.message(f"applying {_describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
+            report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
             path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
             how = "patched and compiled on this device"
-    patched = cache.manifest(key)
-    return Applied(backend.load(path, patched, device), patched, how)
+    return cache.manifest(key), path, how
+
+
+def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):
+    wmap = read_map(artifact_dir, manifest)
+    if wmap is None:
+        raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
+                           hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
+    return (wmap, *_read(stack, wmap))
 
 
 def check_stackable(backend, manifest: Manifest) -> None:
@@ -117,17 +130,17 @@ def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path,
            cache: DeviceCache, report: Progress) -> Applied:
     """Refit with every weight the map covers. The merged weights are what is cached: a later load refits
     straight from them."""
-    report.message(f"refitting {manifest.ref} {manifest.target} with {_describe(stack)}")
+    report.message(f"refitting {manifest.ref} {manifest.target} with {describe(stack)}")
     path = cache.verified_dir(key)
     if path is not None:
         cached = SafeTensors(path / REFIT_FILE)
         weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"
     else:
         weights, how = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True), "refit in place"
-        workdir = _workdir(cache, key)
+        workdir = work_folder(cache, key)
         try:
             write_safetensors(workdir / REFIT_FILE, weights)
-            cache.add_local(_stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir)
+            cache.add_local(stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     started = time.perf_counter()
@@ -136,7 +149,7 @@ def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path,
     return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), how)
 
 
-def _stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, built, extra: tuple, seconds: float = 0.0) -> Manifest:
+def stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, built, extra: tuple, seconds: float = 0.0) -> Manifest:
     from enginefarm.builder.build import plain_file
 
     return replace(
@@ -152,7 +165,7 @@ def stack_key(base_key: str, stack: Stack) -> str:
                       "loras": [[sha256_file(p), s] for p, s in stack.loras if s != 0]})
 
 
-def _describe(stack: Stack) -> str:
+def describe(stack: Stack) -> str:
     parts = ([f"weights {stack.weights.name}"] if stack.weights else []) + [f"LoRA {p.name}@{s:g}" for p, s in stack.loras if s != 0]
     return ", ".join(parts)
 
@@ -245,7 +258,7 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
     return found
 
 
-def _workdir(cache: DeviceCache, key: str) -> Path:
+def work_folder(cache: DeviceCache, key: str) -> Path:
     """A folder of this process's own: two processes applying the same stack never share one."""
     path = cache.home / "build" / "stacks" / f"{key[:24]}.{secrets.token_hex(4)}"
     path.mkdir(parents=True)
@@ -254,14 +267,14 @@ def _workdir(cache: DeviceCache, key: str) -> Path:
 
 def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest,
                      custom, loras, cache: DeviceCache) -> Path:
-    workdir = _workdir(cache, key)
+    workdir = work_folder(cache, key)
     try:
         started = time.perf_counter()
         weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
         built = backend.patch_weights(artifact_dir, manifest, weights, workdir)
         map_entry = next(f for f in manifest.files if f.role == "map")
         shutil.copyfile(Path(artifact_dir) / map_entry.path, workdir / map_entry.path)
-        patched = _stack_manifest(manifest, stack, key, workdir, built, (map_entry,), time.perf_counter() - started)
+        patched = stack_manifest(manifest, stack, key, workdir, built, (map_entry,), time.perf_counter() - started)
         cache.add_local(patched, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -18,6 +18,7 @@ from enginefarm.errors import (ArtifactNotFoundError, ConfigError, EnginefarmErr
                                WeightsError)
 from enginefarm.settings import Settings, load_settings
 
+from . import golden, recompile
 from .custom import Stack, apply, check_stackable
 from .device import Device, detect
 from .fallback import compile_on_device, find_recipe, pick_job
@@ -191,7 +192,18 @@ def load(
 def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
-        return Session(backend.load(path, manifest, manifest.parsed_target.device), manifest, explanation)
+        loaded = backend.load(path, manifest, manifest.parsed_target.device)
+        # Published unvalidated: this device checks it once on its golden samples, and refuses it if it misses.
+        device = next((d for d in found.devices if manifest.target in d.targets), found.devices[0])
+        verdict = golden.gate(loaded, manifest, path, found.settings.home, device, report)
+        return Session(loaded, manifest, explanation + (f"\n{golden.describe(verdict)}" if verdict else ""))
+    if stack.active and recompile.applies(backend, manifest):  # an engine that cannot be refitted: compile one here
+        try:
+            applied = recompile.apply_stack(stack, manifest, backend, found.cache, found.store, report)
+        except ArtifactNotFoundError as exc:  # no ONNX to compile from; if no other candidate takes the stack, this says why
+            found.stack_refusals.append(exc)
+            raise
+        return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
     if stack.active:
         try:
             check_stackable(backend, manifest)

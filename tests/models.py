@@ -264,6 +264,20 @@ def strided(path: Path) -> Path:
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
 
 
+def top_k(path: Path, k: int = 5000) -> Path:
+    """values, indices = TopK(x, k), x [batch, 100000]: ONNX Runtime runs it; TensorRT-RTX refuses k > 3840 at
+    build time, in its log only (a real SDK failure that no plan-time check knows about)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"])], "top_k",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 100000])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["batch", k]), helper.make_tensor_value_info("indices", TensorProto.INT64, ["batch", k])],
+        [numpy_helper.from_array(np.array([k], np.int64), "k")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
 def big_intermediate(path: Path, *, gain: float = 2e4) -> Path:
     """y = ((x * gain) @ W) / gain, x [batch, 64] in -1..1: the middle tensor reaches ~1e5, past fp16's 65504, while
     the output is ordinary. Converted naively to fp16 it overflows; kept fp32 where it is large, it does not."""
@@ -300,5 +314,21 @@ def dynamic_quantized(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
         [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0, np.int8), "wz"),
          numpy_helper.from_array(np.array(0.01, np.float32), "ws")],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def convs(path: Path) -> Path:
+    """y = Conv(Relu(Conv(x))), x [batch, 4, h, w]: weights but no GEMM, so TensorRT-RTX builds it in fp32 for Turing too."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])], "convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32), "w1"),
+         numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2")],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)

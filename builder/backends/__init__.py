@@ -46,6 +46,36 @@ def availability(target: Target) -> Availability:
         return Availability.missing(f"{type(exc).__name__}: {exc}")
 
 
+def job_availability(job) -> Availability:
+    """`availability(job.target)`, narrowed by what this job's options need of the build host (a backend's
+    optional `check_job(job)` says why not, e.g. TensorRT-RTX weight stripping without a GPU)."""
+    here = availability(job.target)
+    check = getattr(get_backend(job.target.backend), "check_job", None) if here.can_build else None
+    why = check(job) if check is not None else ""
+    return Availability(False, False, why) if why else here
+
+
+def job_refusal(job) -> tuple[str, str] | None:
+    """(why, fix) when the backend's SDK would refuse this job on any host (its optional `refusal(job)`)."""
+    refusal = getattr(get_backend(job.target.backend), "refusal", None)
+    return refusal(job) if refusal is not None else None
+
+
+def gpu_build_reason(job) -> tuple[str, str] | None:
+    """(why, fix) when this job needs a GPU on the build host, for backends that otherwise build on a CPU (their
+    optional `gpu_build_reason(job)`). Backends without it build where their target's device is."""
+    reason = getattr(get_backend(job.target.backend), "gpu_build_reason", None)
+    return reason(job) if reason is not None else None
+
+
+def builds_on_cpu(job) -> bool:
+    """Whether a runner without a GPU builds this job: CPU targets, and backends that build without their device
+    (TensorRT-RTX) unless an option needs one."""
+    if job.target.device == "cpu":
+        return True
+    return hasattr(get_backend(job.target.backend), "gpu_build_reason") and gpu_build_reason(job) is None
+
+
 def job_options(target: Target, written: dict[str, dict]) -> dict:
     """The options a job of `target` is built with: the backend's defaults (a tuple's first choice), overridden by
     what the recipe wrote. All go into the build key, so changing one rebuilds; backends without options give {}."""
@@ -64,5 +94,5 @@ def validate_target(target: Target) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "get_backend", "job_options",
-           "validate_target"]
+__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "builds_on_cpu", "get_backend", "gpu_build_reason",
+           "job_availability", "job_options", "job_refusal", "validate_target"]

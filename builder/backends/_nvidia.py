@@ -16,9 +16,9 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,13 +34,50 @@ INDEX_NOTE = "its wheels download from NVIDIA's package index, which must be rea
 _CHILD = "enginefarm.builder.backends._nvidia_build"
 
 
-def sdk(module: str, extra: str):
-    return import_sdk(module, f"pip install 'enginefarm[{extra}]' ({INDEX_NOTE})")
+def sdk(module: str, extra: str, note: str = INDEX_NOTE):
+    return import_sdk(module, f"pip install 'enginefarm[{extra}]' ({note})")
 
 
-def sdk_missing(exc: BackendUnavailable, gpu_why: str = "") -> Availability:
-    """Why a backend is unavailable when its SDK is not installed, plus (where building needs one) the GPU story."""
-    return Availability.missing(f"{exc} — {INDEX_NOTE}" + (f"; and {gpu_why}" if gpu_why else ""))
+def sdk_missing(exc: BackendUnavailable, gpu_why: str = "", note: str = INDEX_NOTE) -> Availability:
+    """Why a backend is unavailable when its SDK is not installed (`note`: where its wheels come from), plus
+    (where building needs one) the GPU story."""
+    return Availability.missing(f"{exc} — {note}" + (f"; and {gpu_why}" if gpu_why else ""))
+
+
+# The SDK's generic follow-up to an error it has already logged in its own words; never the one to report.
+_ECHOES = ("catchCudaError",)
+KEPT_ERRORS = 20  # of the SDK's errors, kept in a failed build's result
+
+
+class SdkError(RuntimeError):
+    """The SDK refused a call; the message is its own last error."""
+
+
+def capturing_logger(trt):
+    """An ILogger subclass of this SDK that keeps its latest errors and passes warnings and worse to logging."""
+
+    class CapturingLogger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg) -> None:
+            if int(severity) <= int(trt.ILogger.Severity.ERROR):
+                self.errors.append(str(msg))
+                del self.errors[:-KEPT_ERRORS]
+            if int(severity) <= int(trt.ILogger.Severity.WARNING):
+                log.warning("[%s] %s", trt.__name__, msg)
+
+        def last_error(self) -> str:
+            specific = [e for e in self.errors if not any(echo in e for echo in _ECHOES)]
+            return (specific or self.errors or [""])[-1]
+
+        def refused(self, what: str) -> SdkError:
+            last = self.last_error()
+            return SdkError(f"{what}: {last}" if last else f"{what}, and the SDK logged no error")
+
+    return CapturingLogger()
+
 
 
 # Devices -------------------------------------------------------------------------------------------------
@@ -93,32 +130,75 @@ class BuildSpec:
     compute_capabilities: list[str] = field(default_factory=list)  # TensorRT-RTX: ComputeCapability member names
     timing_caches: list[str] = field(default_factory=list)  # serialized caches to merge before building
     timing_cache_out: str | None = None
+    progress: str | None = None  # where the build process appends its phases (JSON lines), when someone watches
 
 
-def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str) -> dict[str, Any]:
-    """Run the SDK build in a fresh Python process and return its notes. Its crash, abort or OOM kill becomes a BuildError."""
+# (done, total, phase) of the engine build, as the SDK's progress monitor reports it.
+BuildProgress = Callable[[int, int, str], None]
+
+
+def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str, *, hints: dict[str, str] | None = None,
+                        progress: BuildProgress | None = None) -> dict[str, Any]:
+    """Run the SDK build in a fresh Python process and return its notes. Its crash, abort or OOM kill becomes a
+    BuildError; so does the SDK's refusal, in its own words. `hints`: text in the SDK's error → the fix to suggest.
+    `progress` receives the build's phases while it runs."""
     spec_path = workdir.parent / "build-spec.json"
     result_path = workdir.parent / "build-result.json"
+    progress_path = workdir.parent / "build-progress.jsonl"
     result_path.unlink(missing_ok=True)
+    progress_path.unlink(missing_ok=True)
+    if progress is not None:
+        spec = replace(spec, progress=str(progress_path))
     write_bytes_atomic(spec_path, json.dumps(asdict(spec)).encode())
     env = dict(os.environ)
     # The child imports exactly what this process can: same interpreter, same module path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     process = subprocess.Popen([sys.executable, "-m", _CHILD, str(spec_path), str(result_path), str(os.getpid())], env=env)
+    read = 0
     try:
-        code = process.wait()
+        while True:
+            try:
+                code = process.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                code = None
+            if progress is not None:
+                read = _forward_progress(progress_path, read, progress)
+            if code is not None:
+                break
     except BaseException:
         process.kill()
         process.wait()
         raise
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     if result and result.get("error"):
-        raise BuildError(f"{what}: {result['error']}")
+        error = result["error"]
+        hint = next((fix for text, fix in (hints or {}).items() if text in error), None)
+        raise BuildError(f"{what}: {error}", hint=hint, sdk_errors=result.get("sdk_errors", []))
     if code != 0 or not result:
         raise BuildError(f"{what}: the build process died ({describe_exit(code)})", hint="a crash or out-of-memory in the SDK; the other jobs go on")
     notes = result.get("notes", {})
     write_bytes_atomic(workdir / "notes.json", json.dumps(notes).encode())  # build.py moves it into the manifest
     return notes
+
+
+def _forward_progress(path: Path, offset: int, progress: BuildProgress) -> int:
+    """Reports the complete lines the build process appended since `offset`; returns the new offset."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return offset
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    for line in complete.splitlines():
+        try:
+            step = json.loads(line)
+            progress(int(step["done"]), int(step["total"]), str(step["phase"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+        except Exception:  # the watcher's own failure never fails the build
+            log.debug("build progress callback failed", exc_info=True)
+    return offset + len(complete)
 
 
 def describe_exit(code: int) -> str:
@@ -143,68 +223,6 @@ def die_with_parent(parent: int) -> None:
             return
     if os.getppid() != parent:  # the parent died before we asked to follow it
         os._exit(1)
-
-
-def build_plan(trt, spec: BuildSpec) -> dict[str, Any]:
-    """The SDK calls of one build (runs in the build process). Returns notes for the manifest."""
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    # Networks are always explicit-batch in TensorRT 10+. Strongly typed: the prepared ONNX carries the
-    # precision (fp16 weights and math, float32 I/O), which is how TensorRT 10.12+ wants fp16 (11 has no FP16 flag).
-    typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    network = builder.create_network(1 << int(typed) if typed is not None else 0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(spec.onnx):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise RuntimeError("the ONNX parser failed: " + "; ".join(errors[:3]))
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for index in range(network.num_inputs):
-        name = network.get_input(index).name
-        shapes = spec.profile.get(name)
-        if shapes is None:
-            raise RuntimeError(f"the profile has no shapes for input {name!r}")
-        profile.set_shape(name, tuple(shapes["min"]), tuple(shapes["opt"]), tuple(shapes["max"]))
-    config.add_optimization_profile(profile)
-    if typed is None and spec.precision == "fp16":
-        config.set_flag(trt.BuilderFlag.FP16)
-    if spec.strip_weights:
-        config.set_flag(trt.BuilderFlag.STRIP_PLAN)
-    if spec.refittable:
-        config.set_flag(trt.BuilderFlag.REFIT)
-    elif spec.strip_weights:
-        config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)  # refit only with the build's own weights: faster kernels
-    if spec.version_compatible:
-        config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
-    if spec.hardware_compatible:
-        config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
-    if spec.compute_capabilities:
-        config.num_compute_capabilities = len(spec.compute_capabilities)
-        for index, name in enumerate(spec.compute_capabilities):
-            config.set_compute_capability(getattr(trt.ComputeCapability, name), index)
-    notes: dict[str, Any] = {}
-    if spec.timing_cache_out is not None:
-        notes.update(_use_timing_cache(config, spec.timing_caches))
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise RuntimeError("build_serialized_network returned nothing (the TensorRT log above says why)")
-    write_bytes_atomic(Path(spec.plan), bytes(serialized))
-    if spec.timing_cache_out is not None:
-        write_bytes_atomic(Path(spec.timing_cache_out), bytes(config.get_timing_cache().serialize()))
-    return notes
-
-
-def _use_timing_cache(config, paths: list[str]) -> dict[str, Any]:
-    cache = config.create_timing_cache(b"")
-    merged = 0
-    for path in paths:
-        other = config.create_timing_cache(Path(path).read_bytes())
-        # ignore_mismatch=False: a cache measured on another device is refused, not trusted.
-        if other is not None and cache.combine(other, False):
-            merged += 1
-    if not config.set_timing_cache(cache, False):
-        return {"timing_caches_merged": 0, "timing_cache": "refused"}
-    return {"timing_caches_merged": merged}
 
 
 def stripped_files(prepared_onnx: Path, workdir: Path, strip_weights: bool) -> list[BuiltFile]:
@@ -291,7 +309,7 @@ def precheck(trt, manifest, family_floors: dict[str, tuple[int, int]], what: str
 
 
 def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = capturing_logger(trt)
     runtime = trt.Runtime(logger)
     if host_code:
         # Version-compatible plans embed the lean runtime, which is host code the runtime must be allowed to run.
@@ -299,7 +317,7 @@ def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
     validity = check_validity(trt, runtime, data, what)
     engine = runtime.deserialize_cuda_engine(data)
     if engine is None:
-        raise BackendUnavailable(f"{what}: TensorRT could not deserialize the plan (validity: {validity})")
+        raise BackendUnavailable(f"{what}: {trt.__name__} could not deserialize the plan (validity: {validity}): {logger.last_error() or 'no error logged'}")
     return engine, logger
 
 
@@ -377,6 +395,16 @@ def cudart():
         except ImportError:
             raise BackendUnavailable("cuda-python is not installed", hint="pip install 'enginefarm[tensorrt]'") from None
     return runtime
+
+
+def cuda_devices() -> int:
+    """GPUs the CUDA runtime can use here (0 without a driver). Building weight-stripped or refittable TensorRT-RTX
+    engines needs one; NVML seeing a GPU is not enough."""
+    try:
+        status, *rest = cudart().cudaGetDeviceCount()
+    except Exception:  # no bindings, or bindings that cannot load the runtime
+        return 0
+    return int(rest[0] or 0) if int(status) == 0 and rest else 0
 
 
 class _Cuda:

@@ -7,7 +7,12 @@ just in time on the user's GPU; they are kept in a runtime cache in the local ca
 (TensorRT-RTX version, GPU arch, driver, artifact), loaded before the first run and saved atomically after
 each run with new input shapes.
 
-Recipe options (`[components.NAME.options.tensorrt-rtx]`, in the build key): strip_weights (default true), refittable.
+Recipe options (`[components.NAME.options.tensorrt-rtx]`, in the build key): strip_weights and refittable, both false
+by default, because TensorRT-RTX needs a GPU to build either ("CPU-only AoT does not support executing Myelin weights
+engines"): such jobs go to runners with an NVIDIA GPU, and a farm without one refuses them at plan time.
+
+What the SDK refuses whatever the host: fp32 GEMMs (MatMul, Gemm, Einsum of two operands) for Turing (SM75). Jobs
+that would ask for that are refused at plan time, naming the model's nodes.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from ._nvidia import (BuildSpec, TrtSession, build_in_subprocess, cudart, gpu_description, matching_gpu, open_engine,
-                      require_refittable, sdk, sdk_missing, stripped_files)
+from ._nvidia import (BuildProgress, BuildSpec, TrtSession, build_in_subprocess, cuda_devices, cudart, gpu_description, matching_gpu,
+                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
 from .base import Availability, BuiltFile
 
 log = logging.getLogger(__name__)
@@ -32,21 +37,26 @@ NAME = "tensorrt-rtx"
 DEVICES = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
 DEVICE_HINT = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
 ONNX_PRECISION = "same"
-OPTIONS = {"strip_weights": True, "refittable": False}
+OPTIONS = {"strip_weights": False, "refittable": False}
+GPU_BUILD_OPTIONS = ("strip_weights", "refittable")  # what TensorRT-RTX cannot build without a GPU
 # TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
 FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}
 NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 
 
+# Unlike TensorRT's, these are the real wheels, on PyPI (tensorrt_rtx_cu13 libs + bindings: 244 MB installed, measured).
+INSTALL_NOTE = "real wheels from PyPI, 244 MB installed; it builds engines without a GPU"
+
+
 def _trt():
-    return sdk("tensorrt_rtx", "tensorrt-rtx")
+    return sdk("tensorrt_rtx", "tensorrt-rtx", INSTALL_NOTE)
 
 
 def available(device: str) -> Availability:
     try:
         trt = _trt()
     except BackendUnavailable as exc:
-        return sdk_missing(exc)
+        return sdk_missing(exc, note=INSTALL_NOTE)
     gpu, why = matching_gpu(device, FAMILY_FLOORS)
     if gpu is None:
         return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")
@@ -55,6 +65,63 @@ def available(device: str) -> Availability:
     except BackendUnavailable as exc:
         return Availability(True, False, f"{exc} (needed to run plans)")
     return Availability(True, True)
+
+
+def gpu_build_reason(job) -> tuple[str, str] | None:
+    """(why, fix) when this job needs an NVIDIA GPU on the build host; None when any CPU with the SDK builds it."""
+    options = {**OPTIONS, **job.options}
+    wanted = [name for name in GPU_BUILD_OPTIONS if options[name]]
+    if not wanted:
+        return None
+    why = f"{' and '.join(f'{n} = true' for n in wanted)} needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or refittable engine without one)"
+    fix = (f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
+           "or build on a runner with an NVIDIA GPU")
+    return why, fix
+
+
+# Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the device
+# from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
+COMPILES_STACKS_ON_DEVICE = True
+
+
+def can_build_refittable() -> bool:
+    return cuda_devices() > 0
+
+
+def check_job(job) -> str:
+    """Why this job cannot be built on this machine ("" if it can): a GPU-only option and no NVIDIA GPU here."""
+    needs = gpu_build_reason(job)
+    if needs is None:
+        return ""
+    from enginefarm.cache.device_info import nvidia_gpus
+
+    gpus, why = nvidia_gpus()
+    return "" if gpus else f"{needs[0]}, and this machine has none ({why})"
+
+
+TURING = ("sm_75", "turing+")  # the device classes whose engines include SM75
+
+
+def refusal(job) -> tuple[str, str] | None:
+    """(why, fix) when TensorRT-RTX would refuse this job on any host: fp32 GEMMs for Turing (SM75)."""
+    if job.precision != "fp32" or job.target.device not in TURING:
+        return None
+    from ..onnx_io import float32_gemms
+
+    nodes = float32_gemms(job.source.path)
+    if not nodes:
+        return None
+    shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    return (f"TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for {shown}",
+            f"build {job.target} in fp16 (precisions = [\"fp16\"]), or target ampere+ for fp32")
+
+
+# The SDK's words for failures whose fix we know.
+FAILURE_HINTS = {
+    "FP32 GEMM is not supported": "Turing (SM75) runs GEMMs in fp16 only: build this target in fp16, or target ampere+ for fp32",
+    "MyelinCheckException": "without a GPU TensorRT-RTX cannot build weight-stripped or refittable engines: set strip_weights = false "
+                            "and refittable = false, or build on a runner with an NVIDIA GPU",
+}
 
 
 def versions() -> dict[str, str]:
@@ -87,7 +154,7 @@ def compute_capabilities(trt, device: str) -> list[str]:
     return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=known.get)
 
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path, *, progress: BuildProgress | None = None) -> list[BuiltFile]:
     options = {**OPTIONS, **job.options}
     spec = BuildSpec(
         sdk="tensorrt_rtx",
@@ -99,7 +166,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
         refittable=options["refittable"],
         compute_capabilities=compute_capabilities(_trt(), job.target.device),
     )
-    build_in_subprocess(spec, workdir, f"{job.label}: tensorrt-rtx")
+    build_in_subprocess(spec, workdir, f"{job.label}: tensorrt-rtx", hints=FAILURE_HINTS, progress=progress)
     return stripped_files(prepared_onnx, workdir, options["strip_weights"])
 
 

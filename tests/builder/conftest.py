@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -57,3 +59,21 @@ def fake_nvidia(monkeypatch, tmp_path):
     forget_fakes()
     yield FakeNvidia(tmp_path / "fake-nvidia-calls.jsonl", monkeypatch)
     forget_fakes()
+
+
+def require_real_rtx(env=os.environ):
+    """The real TensorRT-RTX SDK (the test extra installs it; it builds without a GPU). Skips without it, except in
+    CI (CI=true), where a missing SDK must fail, not skip."""
+    forget_fakes()
+    spec = importlib.util.find_spec("tensorrt_rtx")
+    if spec is not None and FAKES not in Path(spec.origin or "").parents:
+        return importlib.import_module("tensorrt_rtx")
+    if env.get("CI", "").lower() == "true":
+        pytest.fail("CI=true but tensorrt-rtx is not installed: the test extra must bring it")
+    pytest.skip("tensorrt-rtx is not installed (pip install 'enginefarm[tensorrt-rtx]')")
+
+
+@pytest.fixture
+def real_rtx():
+    """The real TensorRT-RTX module; every test that builds an RTX engine builds it with this."""
+    return require_real_rtx()

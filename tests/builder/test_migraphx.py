@@ -91,8 +91,10 @@ def test_cross_compile_for_a_gfx_the_host_lacks(fake_rocm, tiny_recipe, cli):
     assert compile_call["env"]["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0" and compile_call["gfx"] == "gfx1100"
     assert calls("run") == []  # nothing here can run a gfx1100 program
     manifest = _manifests(Path(os.environ["ENGINEFARM_STORE"]))[("migraphx:gfx1100", "fp16")]
+    golden = manifest["validation"].pop("golden")  # checked on the first gfx1100 that loads it (runner/golden.py)
     assert {k: v for k, v in manifest["validation"].items() if k != "settings"} == {"passed": None, "executed": False,
                                       "why": "no gfx1100 GPU here (found gfx1030): builds are cross-compiled and not run"}
+    assert golden["cases"] == ["min", "opt", "max"] and ("golden.safetensors", "golden") in [(f["path"], f["role"]) for f in manifest["files"]]
     assert manifest["benchmarks"] == [] and manifest["provenance"]["benchmark"].startswith("skipped: no gfx1100 GPU here")
     assert "cross-compiled for gfx1100 on gfx1030" in manifest["provenance"]["build_notes"]["migraphx"]
 

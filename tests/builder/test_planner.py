@@ -139,6 +139,9 @@ def test_the_all_vendors_recipe_plans_every_target(tiny_sd, tmp_path, cli):
     assert status["onnxruntime:cpu"] == status["openvino:cpu"] == "to build"
     assert status["tensorrt:sm_89"].endswith("needs a runner with self-hosted, nvidia, sm_89")
     assert status["migraphx:gfx1100"].endswith("needs a runner with self-hosted, amd, gfx1100")
+    # TensorRT-RTX builds on the CPU runner when its SDK is installed (the test extra brings it); it runs on a GPU.
+    rtx = next(r for r in rows if r["target"] == "tensorrt-rtx:ampere+")
+    assert rtx["status"].startswith("to build here (builds here without a GPU (TensorRT-RTX ") and rtx["runs_on"] == ["ubuntu-latest"]
     # Core ML converts on any OS where the coreml extra is installed (the test extra brings it); it runs only on a Mac.
     from enginefarm.builder.backends import coreml
 

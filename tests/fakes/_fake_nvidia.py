@@ -8,7 +8,14 @@ the engine's current weights, so refits and fp16 really change the numbers.
 
 Switches (environment): FAKE_TRT_CRASH=segfault|exit|oom|hang (hang writes its pid to FAKE_TRT_PIDFILE; in build_serialized_network; only for ONNX paths containing
 FAKE_TRT_CRASH_IF when set), FAKE_TRT_INVALID=1
-(get_engine_validity says INVALID), FAKE_TRT_NO_VALIDITY=1 (the Runtime has no get_engine_validity).
+(get_engine_validity says INVALID), FAKE_TRT_NO_VALIDITY=1 (the Runtime has no get_engine_validity),
+FAKE_TRT_WRONG=1 (an engine that runs but computes wrong numbers, as a miscompiled one would).
+
+Where the real TensorRT-RTX can be observed on a machine without a GPU, the fake behaves the same (checked by
+tests/builder/test_nvidia_sdk_conformance.py against the real SDK): errors go to the ILogger the Builder or Runtime
+was given, set_compute_capability returns False instead of raising, fp32 GEMMs for SM75 and weight stripping or refit
+without a GPU make build_serialized_network return None, and without a GPU get_engine_validity says (INVALID, 0) and
+deserialize_cuda_engine returns None. "Without a GPU" is FAKE_NVML_GPUS empty, as NVML sees it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 
 import numpy as np
 
@@ -86,6 +94,10 @@ class EngineInvalidityDiagnostics(enum.IntFlag):
     VERSION_MISMATCH = 1
     UNSUPPORTED_CC = 2
     OLD_CUDA_DRIVER = 4
+    OLD_CUDA_RUNTIME = 8
+    INSUFFICIENT_GPU_MEMORY = 16
+    MALFORMED_ENGINE = 32
+    CUDA_ERROR = 64
 
 
 class ComputeCapability(enum.IntEnum):
@@ -96,13 +108,90 @@ class ComputeCapability(enum.IntEnum):
     SM86 = 86
     SM89 = 89
     SM120 = 120
+    SM121 = 121
 
 
-class Logger:
-    VERBOSE, INFO, WARNING, ERROR = 0, 1, 2, 3
+# TensorRT-RTX's own values (it has no FP16/BF16 builder flags and no EXPLICIT_BATCH: networks are strongly typed).
+class RtxNetworkDefinitionCreationFlag(enum.IntEnum):
+    STRONGLY_TYPED = 0
 
-    def __init__(self, severity=2):
-        self.severity = severity
+
+class RtxBuilderFlag(enum.IntEnum):
+    REFIT = 4
+    VERSION_COMPATIBLE = 12
+    STRIP_PLAN = 18
+    REFIT_IDENTICAL = 19
+
+
+class ILogger:
+    """Subclassed by callers (who call ILogger.__init__); the SDK calls log(severity, message)."""
+
+    class Severity(enum.IntEnum):
+        INTERNAL_ERROR = 0
+        ERROR = 1
+        WARNING = 2
+        INFO = 3
+        VERBOSE = 4
+
+    def __init__(self):
+        pass
+
+    def log(self, severity, msg):
+        pass
+
+
+class Logger(ILogger):
+    INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = (ILogger.Severity[n] for n in ("INTERNAL_ERROR", "ERROR", "WARNING", "INFO", "VERBOSE"))
+
+    def __init__(self, min_severity=ILogger.Severity.WARNING):
+        self.min_severity = min_severity
+
+    def log(self, severity, msg):
+        if severity <= self.min_severity:
+            print(f"[TRT] {msg}", file=sys.stderr)
+
+
+class IProgressMonitor:
+    """Subclassed by callers; the builder calls phase_start, step_complete (False cancels) and phase_finish."""
+
+    def __init__(self):
+        pass
+
+
+def _report_phases(monitor) -> None:
+    if monitor is None:
+        return
+    monitor.phase_start("Building engine", None, 2)
+    monitor.phase_start("Optimizing graph", "Building engine", 1)
+    monitor.phase_finish("Optimizing graph")
+    for step in range(2):
+        monitor.step_complete("Building engine", step)
+    monitor.phase_finish("Building engine")
+
+
+def _error(logger, message: str) -> None:
+    if logger is not None:
+        logger.log(ILogger.Severity.ERROR, message)
+
+
+_NO_DRIVER = "cudaError 35: CUDA driver version is insufficient for CUDA runtime version"
+GEMM_OPS = {"MatMul", "Gemm"}  # and Einsum with two or more operands: what TensorRT-RTX compiles as a GEMM
+
+
+def _fp32_gemms(model) -> list[str]:
+    """Nodes the real SDK refuses for SM75 ('FP32 GEMM is not supported'), named as it names them."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    types.update({i.name: i.data_type for i in graph.initializer})
+    found = []
+    for node in graph.node:
+        gemm = node.op_type in GEMM_OPS or (node.op_type == "Einsum" and len(node.input) >= 2)
+        if gemm and types.get(node.input[0]) == onnx.TensorProto.FLOAT:
+            found.append(f"node_of_{node.output[0]}")
+    return found
 
 
 class Weights:
@@ -119,6 +208,10 @@ class _HostMemory:
 
     def __bytes__(self):
         return self.data
+
+
+def _has_gpu() -> bool:
+    return bool([g for g in os.environ.get("FAKE_NVML_GPUS", "").split(";") if g])
 
 
 def _gpu_arch() -> str | None:
@@ -162,9 +255,12 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             record(sdk, "parse_from_file", path=path, inputs=self.network.inputs)
             return True
 
+    flags_enum = RtxBuilderFlag if rtx else BuilderFlag
+    creation_flags = RtxNetworkDefinitionCreationFlag if rtx else NetworkDefinitionCreationFlag
+
     class Network:
         def __init__(self, flags):
-            self.strongly_typed = bool(flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
+            self.strongly_typed = bool(flags & (1 << int(creation_flags.STRONGLY_TYPED)))
             self.model, self.inputs, self.path = None, [], ""
 
         @property
@@ -194,15 +290,17 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return _HostMemory(b"FAKETIMING" + json.dumps(sorted(self.entries)).encode())
 
     class BuilderConfig:
-        def __init__(self):
+        def __init__(self, logger=None):
+            self.logger = logger
             self.flags, self.profiles, self.timing = set(), [], None
+            self.progress_monitor = None
             self.hardware_compatibility_level = HardwareCompatibilityLevel.NONE
             if rtx:
                 self.num_compute_capabilities = 0
                 self.capabilities = {}
 
         def set_flag(self, flag):
-            self.flags.add(BuilderFlag(flag).name)
+            self.flags.add(flags_enum(flag).name)
 
         def add_optimization_profile(self, profile):
             self.profiles.append(profile)
@@ -228,19 +326,30 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
 
         if rtx:
             def set_compute_capability(self, capability, index):
-                if index >= self.num_compute_capabilities:
-                    raise IndexError("compute capability index out of range")
+                # The real SDK logs an API usage error and returns False (it does not raise).
+                if not 0 <= index < self.num_compute_capabilities:
+                    _error(self.logger, "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
+                                        "index >= 0 && index < std::ssize(mConfig.computeCapabilities). Index of compute capability is not in a valid range.)")
+                    return False
+                if ComputeCapability(capability) == ComputeCapability.NONE:
+                    _error(self.logger, "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
+                                        "computeCapability != ComputeCapability::kNONE. Compute capability cannot be kNONE.)")
+                    return False
                 self.capabilities[index] = ComputeCapability(capability).name
+                return True
+
+            def get_compute_capability(self, index):
+                return ComputeCapability[self.capabilities.get(index, "NONE")]
 
     class Builder:
         def __init__(self, logger):
-            pass
+            self.logger = logger
 
         def create_network(self, flags=0):
             return Network(flags)
 
         def create_builder_config(self):
-            return BuilderConfig()
+            return BuilderConfig(self.logger)
 
         def create_optimization_profile(self):
             return Profile()
@@ -262,6 +371,9 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             (profile,) = config.profiles
             if set(profile.shapes) != set(network.inputs):
                 return None
+            if rtx and not _rtx_can_build(self.logger, network, config):
+                return None
+            _report_phases(config.progress_monitor)
             header = {
                 "sdk": sdk, "version": version, "flags": sorted(config.flags), "strongly_typed": network.strongly_typed,
                 "hardware_compatibility_level": HardwareCompatibilityLevel(config.hardware_compatibility_level).name,
@@ -285,12 +397,17 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
         engine_header_size = HEADER
 
         def __init__(self, logger):
+            self.logger = logger
             self.engine_host_code_allowed = False
 
         def deserialize_cuda_engine(self, data):
             data = bytes(data)
             record(sdk, "deserialize_cuda_engine", sha256=hashlib.sha256(data).hexdigest(), host_code_allowed=self.engine_host_code_allowed)
             if not data.startswith(MAGIC):
+                _error(self.logger, "IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion header.magicTag == kEXPECTED_MAGIC_TAG failed.)")
+                return None
+            if rtx and not _has_gpu():
+                _error(self.logger, f"IRuntime::deserializeCudaEngine: Error Code 1: Cuda Runtime (In ScopedCudaStream ({_NO_DRIVER}))")
                 return None
             header = json.loads(data[len(MAGIC):HEADER])
             if "VERSION_COMPATIBLE" in header["flags"] and not self.engine_host_code_allowed:
@@ -303,8 +420,14 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
         def get_engine_validity(self, header_bytes):
             data = bytes(header_bytes)
             record(sdk, "get_engine_validity", size=len(data))
-            if os.environ.get("FAKE_TRT_INVALID") or not data.startswith(MAGIC):
+            if not data.startswith(MAGIC):
+                return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.MALFORMED_ENGINE)
+            if os.environ.get("FAKE_TRT_INVALID"):
                 return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.VERSION_MISMATCH | EngineInvalidityDiagnostics.UNSUPPORTED_CC)
+            if rtx and not _has_gpu():  # the real SDK cannot tell without a GPU, and says INVALID with no diagnostics
+                return EngineValidity.INVALID, 0
+            if rtx and not _runs_on_gpu(json.loads(data[len(MAGIC):HEADER])["compute_capabilities"]):
+                return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.UNSUPPORTED_CC)
             return EngineValidity.VALID, 0
 
         Runtime.get_engine_validity = get_engine_validity
@@ -412,6 +535,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                     count = int(np.prod(self.shapes[name])) * np.dtype(dtype).itemsize
                     feeds[name] = np.frombuffer(bytes(cudart.MEMORY[self.addresses[name]][:count]), dtype).reshape(self.shapes[name])
             outputs = self._run(feeds)
+            if os.environ.get("FAKE_TRT_WRONG"):  # a miscompiled engine: runs, but the numbers are off
+                outputs = {n: (v * np.asarray(0.5, v.dtype) + np.asarray(0.25, v.dtype)) for n, v in outputs.items()}
             for name, value in outputs.items():
                 raw = np.ascontiguousarray(value).tobytes()
                 cudart.MEMORY[self.addresses[name]][:len(raw)] = raw
@@ -477,14 +602,41 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return not self.errors
 
     namespace.update(
-        __version__=version, Logger=Logger, Builder=Builder, Runtime=Runtime, OnnxParser=OnnxParser, Refitter=Refitter,
+        __version__=version, ILogger=ILogger, Logger=Logger, IProgressMonitor=IProgressMonitor, Builder=Builder, Runtime=Runtime, OnnxParser=OnnxParser, Refitter=Refitter,
         OnnxParserRefitter=OnnxParserRefitter, Weights=Weights, nptype=nptype, DataType=DataType, float32=DataType.FLOAT,
-        TensorIOMode=TensorIOMode, NetworkDefinitionCreationFlag=NetworkDefinitionCreationFlag, BuilderFlag=BuilderFlag,
+        TensorIOMode=TensorIOMode, NetworkDefinitionCreationFlag=creation_flags, BuilderFlag=flags_enum,
         HardwareCompatibilityLevel=HardwareCompatibilityLevel, MemoryPoolType=MemoryPoolType, EngineValidity=EngineValidity,
         EngineInvalidityDiagnostics=EngineInvalidityDiagnostics,
     )
     if rtx:
         namespace["ComputeCapability"] = ComputeCapability
+
+
+def _rtx_can_build(logger, network, config) -> bool:
+    """What TensorRT-RTX refuses to build, with its own words in the log."""
+    capabilities = [config.capabilities[i] for i in sorted(config.capabilities)]
+    if "CURRENT" in capabilities and not _has_gpu():
+        _error(logger, f"IBuilder::buildSerializedNetwork: Error Code 1: Cuda Runtime (In generateForCurrent ({_NO_DRIVER}))")
+        return False
+    if "SM75" in capabilities:
+        for node in _fp32_gemms(network.model):
+            _error(logger, "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:337: check_turing_op_compatibility] Cannot compile "
+                           f"operation '{node}' for Turing (SM75): FP32 GEMM is not supported. In compileGraph)")
+            return False
+    weights_flags = {"STRIP_PLAN", "REFIT", "REFIT_IDENTICAL"} & config.flags
+    if weights_flags and network.model.graph.initializer and not _has_gpu():
+        print("Internal Error: MyelinCheckException: graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed. ", file=sys.stderr)
+        _error(logger, "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([myelin_graph.h:1295: attachExceptionMsgToGraph] MyelinCheckException: "
+                       "graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed.  In compileGraph)")
+        return False
+    return True
+
+
+def _runs_on_gpu(capabilities: list[str]) -> bool:
+    """Whether this 'GPU' is one the plan was built for: its named capabilities, or 8.6 and later (the default)."""
+    arch = _gpu_arch()
+    here = int(arch[3:])
+    return f"SM{here}" in capabilities if capabilities else here >= 86
 
 
 def _array(init):

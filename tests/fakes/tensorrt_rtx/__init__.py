@@ -3,4 +3,4 @@ import os
 
 from _fake_nvidia import make_sdk
 
-make_sdk(globals(), "tensorrt_rtx", os.environ.get("FAKE_TRT_RTX_VERSION", "1.2.0.54"), rtx=True)
+make_sdk(globals(), "tensorrt_rtx", os.environ.get("FAKE_TRT_RTX_VERSION", "1.7.1.116"), rtx=True)

@@ -2,6 +2,7 @@
 
 import ctypes
 import enum
+import os
 
 MEMORY: dict[int, bytearray] = {}
 _NEXT = [0x10000]
@@ -10,11 +11,18 @@ _NEXT = [0x10000]
 class cudaError_t(enum.IntEnum):
     cudaSuccess = 0
     cudaErrorMemoryAllocation = 2
+    cudaErrorInsufficientDriver = 35
 
 
 class cudaMemcpyKind(enum.IntEnum):
     cudaMemcpyHostToDevice = 1
     cudaMemcpyDeviceToHost = 2
+
+
+def cudaGetDeviceCount():
+    """As the real bindings answer: the GPUs of FAKE_NVML_GPUS, or (cudaErrorInsufficientDriver, None) without a driver."""
+    count = len([g for g in os.environ.get("FAKE_NVML_GPUS", "").split(";") if g])
+    return (cudaError_t.cudaSuccess, count) if count else (cudaError_t.cudaErrorInsufficientDriver, None)
 
 
 def cudaSetDevice(index):

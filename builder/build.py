@@ -15,12 +15,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from enginefarm.cache.artifacts import pack_files, publish
+from enginefarm.cache.artifacts import heal_index, pack_files, publish
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.progress import ProgressLike
+from enginefarm.cache.space import disk_full, is_full
 from enginefarm.cache.stores.base import Store
+from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
 from .backends import get_backend
@@ -66,7 +68,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     backend = get_backend(job.target.backend)
     toolchain = job.toolchain()
     key = job.key(toolchain)
-    workdir = workroot / "jobs" / key[:24]
+    workdir = job_workdir(workroot, key)
     shutil.rmtree(workdir, ignore_errors=True)
     outdir = workdir / "artifact"
     outdir.mkdir(parents=True)
@@ -170,6 +172,7 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     try:
         key = job.key(job.toolchain())
         if store.get_manifest_bytes(key) is not None:
+            heal_index(store, key)  # a publish killed after its manifest left the index without it
             return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
         manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step, store=store)
         if step:
@@ -178,12 +181,22 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         manifest = replace(manifest, files=tuple(files))
         publish(store, manifest, blobs, progress=progress)
         return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
-    except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
+    except (EnginefarmError, OSError) as exc:  # ValidationFailed included: a failed artifact is reported, never published
+        if is_full(exc):
+            exc = disk_full(Path(exc.filename or workroot).parent, None)
+        elif not isinstance(exc, EnginefarmError):
+            raise
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
         return BuildResult.of(job, key, "failed", reason, time.perf_counter() - started)
     finally:
         if key is not None:
-            shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
+            shutil.rmtree(job_workdir(workroot, key), ignore_errors=True)
+
+
+def job_workdir(workroot: Path, key: str) -> Path:
+    """This process's work folder for a job: two builds sharing ENGINEFARM_HOME never touch each other's, and a
+    killed build's folder is reclaimed by the next run (its owner is gone)."""
+    return own(workroot / "jobs", key[:24])
 
 
 def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> None:

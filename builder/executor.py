@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
 from enginefarm.cache.progress import Progress
+from enginefarm.cache.workdirs import reclaim
 
 from .build import BuildResult, build
 from .planner import Job
@@ -47,6 +47,7 @@ def _child(job: Job, store_url: str, workroot: str, bench: bool, messages) -> No
 
 def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None) -> list[BuildResult]:
     on_event = on_event or (lambda *_: None)
+    reclaim(workroot / "jobs")  # what builds killed earlier left behind (their processes are gone)
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
     messages = context.Queue()
     waiting = list(jobs)
@@ -80,7 +81,7 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
             process.terminate()
         for process, _ in running.values():
             process.join(timeout=10)
-        _remove_work([job for _, job in running.values()], workroot)
+        reclaim(workroot / "jobs")  # the terminated workers' folders (their processes are gone now)
         raise
     finally:
         messages.close()
@@ -104,12 +105,3 @@ def _drain(messages, running, finish, on_event) -> None:
             return
         if job_id in running:
             _handle(job_id, kind, detail, running, finish, on_event)
-
-
-def _remove_work(jobs: list[Job], workroot: Path) -> None:
-    for job in jobs:
-        try:
-            key = job.key(job.toolchain())
-        except Exception:
-            continue
-        shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)

@@ -109,9 +109,9 @@ class HashingWriter:
     one before (each costs about the same per byte; on one thread they were the fetch's slowest stage).
     `finish()` waits and returns the sha256 hex digest of what was written."""
 
-    def __init__(self, out: BinaryIO, depth: int = DEPTH) -> None:
+    def __init__(self, out: BinaryIO, depth: int = DEPTH, digest=None) -> None:
         self._out = out
-        self._digest = hashlib.sha256()
+        self._digest = digest if digest is not None else hashlib.sha256()  # a resumed file's hash of what it has
         self._to_hash: queue.Queue = queue.Queue(maxsize=depth)
         self._to_write: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None

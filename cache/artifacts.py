@@ -164,6 +164,7 @@ def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: Pr
                 path.unlink()
             if existing is None and not dest.put_manifest_bytes(key, manifest.to_json()):
                 existing = read_manifest(dest, key)  # another copier won: index theirs
+            checkpoint("publish:manifest")
             indexed.append(existing or manifest)
             results[key] = "exists" if existing is not None else "copied"
     finally:

@@ -9,7 +9,6 @@ from typing import Any, BinaryIO, Callable
 from enginefarm.errors import IntegrityError
 
 from .atomic import CHUNK
-from .faults import checkpoint
 
 CODECS = ("efw1", "zstd", "none")
 WEIGHT_ROLES = ("weights", "engine", "model")  # files that are mostly tensors: byte-grouped (cache/codec.py)
@@ -84,7 +83,6 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
             if written > expected_size:
                 raise IntegrityError(f"blob decodes to more than the {expected_size} bytes its manifest allows")
             writer.write(chunk)
-            checkpoint("fetch:chunk")
             if on_bytes:
                 on_bytes(written)
         digest = writer.finish()

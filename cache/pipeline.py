@@ -14,6 +14,8 @@ from typing import BinaryIO
 
 from enginefarm.errors import IntegrityError
 
+from .faults import checkpoint
+
 CHUNK = 1 << 20
 DEPTH = 8
 _END = object()
@@ -140,6 +142,7 @@ class HashingWriter:
             if self._error is None:
                 try:
                     self._out.write(item)
+                    checkpoint("fetch:chunk")  # after the bytes reached the file: what a killed fetch leaves
                 except BaseException as exc:
                     self._error = exc
 

@@ -44,6 +44,15 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except OSError as exc:  # a full disk wherever it struck: the user's problem to fix, not a bug to trace
+            from enginefarm.cache.space import disk_full, is_full
+
+            if not is_full(exc):
+                raise
+            full = disk_full(Path(exc.filename).parent if exc.filename and Path(str(exc.filename)).is_absolute() else Path.cwd(), None)
+            click.echo(f"error: {full}", err=True)
+            click.echo(f"hint: {full.hint}", err=True)
+            sys.exit(1)
 
 
 store_option = click.option("--store", metavar="URL", help="Store: a directory, file://, s3:// or https:// (default ENGINEFARM_STORE).")

@@ -168,10 +168,11 @@ def test_store_names_with_a_trailing_newline_are_refused(name, tmp_path):
         open_store(tmp_path / "store").get_manifest_bytes(name)
 
 
-def test_a_model_name_with_a_trailing_newline_is_a_recipe_error(write_recipe):
+def test_a_model_name_with_a_trailing_newline_is_a_recipe_error(write_recipe, tmp_path):
     from enginefarm.builder.recipe import load_recipe
 
+    models.linear(tmp_path / "m.onnx")
     recipe = write_recipe('[model]\nname = "x\\n"\nversion = "1"\n[components.c]\nsource = "m.onnx"\n')
-    with pytest.raises(RecipeError, match="model.name"):
+    with pytest.raises(RecipeError, match=r": model\.name: "):
         load_recipe(recipe)
 

@@ -386,3 +386,13 @@ def test_fault_stages_are_all_exercised():
     source = Path(__file__).read_text()
     assert all(stage in source for stage in STAGES), [s for s in STAGES if s not in source]
     assert json.dumps(STAGES)
+
+
+@pytest.mark.slow
+def test_a_build_whose_store_fills_up_says_disk_full(tiny_recipe, cli):
+    """Before, a full disk while a build published was "build process died (exit code 1)"."""
+    proc = cli("build", str(tiny_recipe()), "--no-bench", env={"ENGINEFARM_FAULT_AT": "store:blob-temp:enospc"})
+    assert proc.returncode == 1 and "disk full: need" in proc.stderr and "died" not in proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    again = cli("build", str(tiny_recipe()), "--no-bench")
+    assert again.returncode == 0 and "1 built" in again.stdout, again.stdout + again.stderr

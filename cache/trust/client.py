@@ -182,12 +182,11 @@ class ChannelClient:
         except (RepositoryError, ValueError, KeyError, TypeError) as exc:
             raise TrustError(f"the trusted root for {self.what} is not valid TUF root metadata ({exc})", reason="invalid",
                              hint="ship the root.json from `enginefarm release export-root`") from None
-        bound = binding.of(self.updater._trusted_set.root)
+        bound = self._trusted_binding()
         if bound is not None and bound.get("channel") != self.channel:
             raise TrustError(f"the trusted root is the root of channel {bound.get('channel')!r}, not of {self.what}", reason="channel",
                              hint="ship the root.json of this channel (`enginefarm release export-root --channel NAME`)")
-        # ngclient's current trusted root (its root chain may advance during refresh): the binding every file must carry
-        fetcher.trusted = lambda: binding.of(self.updater._trusted_set.root)
+        fetcher.trusted = self._trusted_binding
         previous = self._released()
         try:
             self.updater.refresh()
@@ -198,6 +197,18 @@ class ChannelClient:
                 raise exc.__cause__ from None
             raise refusal(exc, self.what) from None
         self._note_yanked(previous)
+
+    def _trusted_binding(self) -> dict | None:
+        """The binding of the root ngclient trusts right now (its root chain may advance during a refresh): what
+        every file must carry. Read from ngclient's trusted set; if a python-tuf release hides it, from the newest
+        root ngclient persisted (it writes only roots it verified), else the shipped one."""
+        trusted = getattr(self.updater, "_trusted_set", None)
+        if trusted is not None:
+            return binding.of(trusted.root)
+        from tuf.api.metadata import Metadata
+
+        history = sorted(self.dir.glob("root_history/*.root.json"), key=lambda p: int(p.name.split(".")[0]))
+        return binding.of(Metadata.from_bytes(history[-1].read_bytes() if history else self.root).signed)
 
     # Yanked artifacts ---------------------------------------------------------------------------------------
     def _released(self) -> dict[str, dict]:

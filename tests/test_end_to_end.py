@@ -58,9 +58,9 @@ def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
     root, _ = farm
     monkeypatch.setenv("ENGINEFARM_STORE", str(root / "store"))
     entries = read_index(open_store(root / "store"), "tiny-sd").entries.values()
-    fastest = min(entries, key=lambda e: e["benchmarks"][0]["p50_ms"])
+    fastest = min(entries, key=lambda e: e.benchmarks[0]["p50_ms"])
     session = enginefarm.load("tiny-sd/decoder", device="cpu")
-    assert session.artifact.build_key == fastest["build_key"]
+    assert session.artifact.build_key == fastest.build_key
     why = session.explain()
     assert "fastest measured" in why and "also considered" in why and why.count("  - ") == 3
 

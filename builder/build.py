@@ -17,12 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from enginefarm.cache.artifacts import pack_files, publish, read_index, read_manifest
+from enginefarm.cache.artifacts import heal_index, pack_files, publish, read_index, read_manifest
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.progress import ProgressLike
+from enginefarm.cache.space import disk_full, is_full
 from enginefarm.cache.stores.base import Store
+from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
 from .backends import get_backend, job_refusal
@@ -74,7 +76,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
         raise BuildError(f"{job.label}: {refusal[0]}", hint=refusal[1])
     toolchain = job.toolchain()
     key = job.key(toolchain)
-    workdir = workroot / "jobs" / key[:24]
+    workdir = job_workdir(workroot, key)
     shutil.rmtree(workdir, ignore_errors=True)
     outdir = workdir / "artifact"
     outdir.mkdir(parents=True)
@@ -199,7 +201,8 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         if stored is None and validate_only:
             return BuildResult.of(job, key, "missing", "not in the store: build it first", time.perf_counter() - started)
         if stored is not None:
-            entry = read_index(store, job.model)["entries"].get(key)
+            heal_index(store, key)  # a publish killed after its manifest left the index without it
+            entry = read_index(store, job.model).entries.get(key)
             if not validate_only and not stale(job, entry, stored):
                 return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
             return _revalidated(job, key, store, stored, workroot, step, started)
@@ -210,7 +213,11 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         manifest = replace(manifest, files=tuple(files))
         publish(store, manifest, blobs, progress=progress)
         return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
-    except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
+    except (EnginefarmError, OSError) as exc:  # ValidationFailed included: a failed artifact is reported, never published
+        if is_full(exc):
+            exc = disk_full(Path(exc.filename or workroot).parent, None)
+        elif not isinstance(exc, EnginefarmError):
+            raise
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
         result = BuildResult.of(job, key, "failed", reason, time.perf_counter() - started)
         if exc.__cause__ is not None:
@@ -223,12 +230,18 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         return result
     finally:
         if key is not None:
-            shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)
+            shutil.rmtree(job_workdir(workroot, key), ignore_errors=True)
+
+
+def job_workdir(workroot: Path, key: str) -> Path:
+    """This process's work folder for a job: two builds sharing ENGINEFARM_HOME never touch each other's, and a
+    killed build's folder is reclaimed by the next run (its owner is gone)."""
+    return own(workroot / "jobs", key[:24])
 
 
 def _revalidated(job: Job, key: str, store: Store, stored: Manifest, workroot: Path, step: Step | None, started: float) -> BuildResult:
     """The engine is stored but was judged under other [validate] settings: judge it again, rebuild nothing."""
-    workdir = workroot / "jobs" / f"{key[:24]}-revalidate"
+    workdir = own(workroot / "jobs", f"{key[:24]}-revalidate")
     report = revalidate(job, store, stored, workdir, step)
     seconds = time.perf_counter() - started
     if report["passed"] is False:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
 from enginefarm.cache.progress import Progress
+from enginefarm.cache.workdirs import reclaim
 
 from .build import BuildResult, build
 from .planner import Job
@@ -49,6 +49,7 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
              validate_only: bool = False) -> list[BuildResult]:
     """`validate_only`: re-validate the stored artifacts against the jobs' current [validate]; build nothing."""
     on_event = on_event or (lambda *_: None)
+    reclaim(workroot / "jobs")  # what builds killed earlier left behind (their processes are gone)
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
     messages = context.Queue()
     waiting = list(jobs)
@@ -82,7 +83,7 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
             process.terminate()
         for process, _ in running.values():
             process.join(timeout=10)
-        _remove_work([job for _, job in running.values()], workroot)
+        reclaim(workroot / "jobs")  # the terminated workers' folders (their processes are gone now)
         raise
     finally:
         messages.close()
@@ -106,12 +107,3 @@ def _drain(messages, running, finish, on_event) -> None:
             return
         if job_id in running:
             _handle(job_id, kind, detail, running, finish, on_event)
-
-
-def _remove_work(jobs: list[Job], workroot: Path) -> None:
-    for job in jobs:
-        try:
-            key = job.key(job.toolchain())
-        except Exception:
-            continue
-        shutil.rmtree(workroot / "jobs" / key[:24], ignore_errors=True)

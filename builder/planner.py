@@ -295,10 +295,10 @@ def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) ->
     from .revalidate import stale
 
     if job.model not in indexes:
-        indexes[job.model] = read_index(store, job.model)["entries"]
+        indexes[job.model] = read_index(store, job.model).entries
     entry = indexes[job.model].get(key)
     manifest = None
-    if not isinstance(entry, dict) or "validation" not in entry:
+    if entry is None or not entry.validation:
         try:
             manifest = read_manifest(store, key)
         except EnginefarmError:
@@ -338,13 +338,12 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
 def _check_samples(recipe: Recipe, path: Path, inputs: list[TensorInfo], profiles: dict, key: str) -> None:
     """Samples run as one more validation case of every job: a wrong name or shape fails the plan, not the build
     (where it would read as an artifact that does not run)."""
-    import numpy as np
+    from .sample_files import SampleError, npz_shapes
 
     try:
-        with np.load(path, allow_pickle=False) as data:
-            shapes = {name: list(data[name].shape) for name in data.files}
-    except (ValueError, OSError, KeyError):
-        raise RecipeError(recipe.path, key, f"cannot read {path.name}: not a numpy .npz file", hint="save it with numpy.savez(path, NAME=array, ...)") from None
+        shapes = {name: list(shape) for name, shape in npz_shapes(path).items()}
+    except SampleError as exc:
+        raise RecipeError(recipe.path, key, f"cannot read {path.name}: {exc}", hint="save it with numpy.savez(path, NAME=array, ...)") from None
     names = [t.name for t in inputs]
     if sorted(shapes) != sorted(names):
         raise RecipeError(recipe.path, key, f"{path.name} holds {sorted(shapes)}, the model's inputs are {sorted(names)}",

@@ -14,8 +14,8 @@ from enginefarm.cache.manifest import Target
 from enginefarm.errors import RecipeError
 
 PRECISIONS = ("fp32", "fp16")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,8 @@ def load_recipe(path: str | Path) -> Recipe:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(path, "", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise RecipeError(path, "", "not a usable recipe: arrays or tables nested too deeply", hint="a recipe needs at most a few levels") from None
     return parse_recipe(data, path, hashlib.sha256(raw).hexdigest())
 
 
@@ -178,7 +180,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
     model = r.table(data["model"], "model", {"name", "version", "description"}, ("name", "version"))
     name = r.string(model["name"], "model.name")
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise r.fail("model.name", f"{name!r} may use only letters, digits, '_', '.', '-'")
     version = r.string(model["version"], "model.version")
     description = r.string(model["description"], "model.description") if "description" in model else ""
@@ -196,7 +198,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     components: dict[str, Component] = {}
     for comp_name, comp_raw in components_raw.items():
         key = f"components.{comp_name}"
-        if not _NAME.match(comp_name):
+        if not _NAME.fullmatch(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
         comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources",
                                        "options", "exclude", "fp16_keep_fp32"}, ("source",))
@@ -272,7 +274,7 @@ def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
     sha = comp.get("sha256")
     if sha is not None:
         sha = r.string(sha, f"{key}.sha256").lower()
-        if not _SHA256.match(sha):
+        if not _SHA256.fullmatch(sha):
             raise r.fail(f"{key}.sha256", "must be 64 hex digits")
     scheme = url.partition("://")[0].lower() if "://" in url else "file"
     if scheme in ("https", "http", "hf"):
@@ -406,4 +408,11 @@ def _sample_file(r: _Reader, value: Any, key: str, suffixes: tuple[str, ...]) ->
         raise r.fail(key, f"must be a {' or '.join(suffixes)} file")
     if not path.is_file():
         raise r.fail(key, f"file not found: {path}")
+    from .sample_files import SampleError, npy_shape
+
+    if path.suffix == ".npy":
+        try:
+            npy_shape(path)
+        except SampleError as exc:
+            raise r.fail(key, f"cannot read {path.name}: {exc}", hint="save it with numpy.save(path, array)") from None
     return path

@@ -53,7 +53,7 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
     and every `expected` job (model, component, precision, target) that is neither."""
     rows: dict[tuple[str, str, str, str], Row] = {}
     for model in (models if models is not None else store.list_models()):
-        for key in read_index(store, model)["entries"]:
+        for key in read_index(store, model).entries:
             manifest = read_manifest(store, key)
             if manifest is None:
                 continue

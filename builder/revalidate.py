@@ -19,6 +19,7 @@ from typing import Any, Callable
 from enginefarm.cache.artifacts import VERDICTS, record_verdict
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.index import IndexEntry
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
@@ -42,9 +43,9 @@ def validation_settings(job: Job) -> str:
     })
 
 
-def stale(job: Job, entry: dict[str, Any] | None, manifest: Manifest | None) -> bool:
+def stale(job: Job, entry: IndexEntry | None, manifest: Manifest | None) -> bool:
     """Whether the stored verdict was reached under other settings than the recipe's current ones."""
-    verdict = (entry or {}).get("validation") or (manifest.validation if manifest is not None else {})
+    verdict = (entry.validation if entry is not None else {}) or (manifest.validation if manifest is not None else {})
     return verdict.get("settings") != validation_settings(job)
 
 

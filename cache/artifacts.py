@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -15,14 +15,15 @@ from enginefarm.errors import IntegrityError, StoreError
 
 from .atomic import sha256_file
 from .codecs import codec_for, decode_stream, encode_file
-from .manifest import ArtifactFile, Manifest, verdict_summary
+from .faults import checkpoint
+from .index import parse_index, read_index, select_entries, update_index  # noqa: F401  (the index API, re-exported)
+from .manifest import ArtifactFile, Manifest
 from .progress import ProgressLike, as_progress
+from .space import full_disk_as_error
 from .stores.base import Store
+from .workdirs import fresh, reclaim
 
 log = logging.getLogger(__name__)
-
-INDEX_FORMAT = 1
-_CAS_ATTEMPTS = 20
 
 
 def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, codec: str | None = None) -> tuple[list[ArtifactFile], dict[str, Path]]:
@@ -46,7 +47,9 @@ def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, c
 def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: ProgressLike = None) -> bool:
     """Upload blobs (existing ones count as success), then the manifest, then merge into the index.
 
-    Returns False if a manifest with this key already existed (nothing is rewritten)."""
+    Idempotent and self-healing: a rerun after a crash at any stage stores only what is missing, the index
+    included. If another publisher wrote this key first, its manifest stays, and it is the one indexed, so a
+    losing racer never replaces the winner's entry. Returns False if a manifest with this key already existed."""
     if not store.writable:
         raise StoreError(f"store {store.url} is read-only", hint="publish to a local directory or s3:// store")
     report = as_progress(progress)
@@ -55,9 +58,32 @@ def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: 
     for digest, path in blobs.items():
         if not store.put_blob(digest, path, progress=on_bytes):
             on_bytes(sizes[digest])  # already there: nothing to send, but the bar should still fill
+        checkpoint("publish:blob")
     written = store.put_manifest_bytes(manifest.build_key, manifest.to_json())
-    update_index(store, [manifest])
+    checkpoint("publish:manifest")
+    update_index(store, [manifest if written else _stored(store, manifest.build_key)])
+    checkpoint("publish:index")
     return written
+
+
+def _stored(store: Store, key: str) -> Manifest:
+    manifest = read_manifest(store, key)
+    if manifest is None:  # written and gone again: only gc or a person deletes manifests
+        raise StoreError(f"manifest {key[:12]} disappeared from {store.url} while publishing", hint="publish again")
+    return manifest
+
+
+def heal_index(store: Store, key: str) -> Manifest | None:
+    """For a key whose manifest is already stored: make sure the index lists it (a publish killed between its
+    manifest and its index leaves it out). Returns the stored manifest, or None if it cannot be read."""
+    try:
+        manifest = read_manifest(store, key)
+    except IntegrityError as exc:
+        log.warning("manifest %s in %s is unreadable (%s); not indexed", key[:12], store.url, exc)
+        return None
+    if manifest is not None and store.writable:
+        update_index(store, [manifest])
+    return manifest
 
 
 def _byte_counter(report, name: str, total: int) -> Callable[[int], None]:
@@ -75,81 +101,6 @@ def _byte_counter(report, name: str, total: int) -> Callable[[int], None]:
 def read_manifest(store: Store, key: str) -> Manifest | None:
     raw = store.get_manifest_bytes(key)
     return None if raw is None else Manifest.from_json(raw, expect_key=key)
-
-
-def empty_index(model: str) -> dict[str, Any]:
-    return {"format": INDEX_FORMAT, "model": model, "entries": {}}
-
-
-def parse_index(raw: bytes | None, model: str) -> dict[str, Any]:
-    if raw is None:
-        return empty_index(model)
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        log.warning("index of %s is not JSON; treating it as empty (run `enginefarm index` to rebuild)", model)
-        return empty_index(model)
-    if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT or not isinstance(data.get("entries"), dict):
-        log.warning("index of %s has an unknown shape; treating it as empty", model)
-        return empty_index(model)
-    return data
-
-
-def read_index(store: Store, model: str) -> dict[str, Any]:
-    raw, _ = store.get_index_bytes(model)
-    return parse_index(raw, model)
-
-
-def select_entries(store: Store, models=(), components=(), targets=(), precisions=(), keys=()) -> list[dict[str, Any]]:
-    """Index entries matching every given filter (empty: any). Shared by `publish` and `release promote`."""
-    from .manifest import target_matches
-
-    selected = []
-    for name in models or tuple(store.list_models()):
-        for entry in read_index(store, name)["entries"].values():
-            if ((not components or entry["component"] in components)
-                    and target_matches(entry["target"], targets)
-                    and (not precisions or entry["precision"] in precisions)
-                    and (not keys or any(entry["build_key"].startswith(k) for k in keys))):
-                selected.append({**entry, "model": name})
-    return selected
-
-
-def _dump_index(index: dict[str, Any]) -> bytes:
-    return json.dumps(index, indent=1, sort_keys=True).encode()
-
-
-def update_index(store: Store, manifests: list[Manifest], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None) -> None:
-    """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there.
-
-    A re-validation's verdict (in an entry's `validation`, with `revalidated`) is newer than the build's own and is
-    kept when the manifest is indexed again; `verdicts` (build key → record) replaces it.
-    Some servers' conditional writes are not atomic (two writers can both 'win'), so each write is read back:
-    if our entries are not all there, merge again. A lost update in the end costs a rebuild, never an artifact."""
-    verdicts = verdicts or {}
-    by_model: dict[str, list[Manifest]] = {}
-    for manifest in manifests:
-        by_model.setdefault(manifest.model, []).append(manifest)
-    for model, items in by_model.items():
-        wanted = {m.build_key for m in items}
-        for attempt in range(_CAS_ATTEMPTS):
-            raw, etag = store.get_index_bytes(model)
-            index = empty_index(model) if replace_all else parse_index(raw, model)
-            for manifest in items:
-                entry = manifest.index_entry()
-                previous = index["entries"].get(manifest.build_key) or {}
-                kept = previous.get("validation") if isinstance(previous, dict) else None
-                if manifest.build_key in verdicts:
-                    entry["validation"] = verdict_summary(verdicts[manifest.build_key])
-                elif isinstance(kept, dict) and kept.get("revalidated"):
-                    entry["validation"] = kept
-                index["entries"][manifest.build_key] = entry
-            if store.cas_index_bytes(model, _dump_index(index), etag):
-                if wanted <= set(read_index(store, model)["entries"]):
-                    break
-            time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
-        else:
-            log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)
 
 
 def rebuild_index(store: Store) -> dict[str, int]:
@@ -197,39 +148,56 @@ def latest_verdicts(store: Store) -> dict[str, dict]:
     return found
 
 
-def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None) -> dict[str, str]:
+def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None, workroot: Path | None = None) -> dict[str, str]:
     """Copy artifacts between stores: blobs the destination lacks, then the manifest, then the index.
 
     Blobs are streamed through a temp file and hashed on the way, so a damaged source blob is never published.
     Returns {key: "copied" | "exists"}."""
     report = as_progress(progress)
     results: dict[str, str] = {}
-    copied: list[Manifest] = []
-    with tempfile.TemporaryDirectory(prefix="enginefarm-copy-") as tmp:
+    indexed: list[Manifest] = []
+    # Blobs pass through a folder owned by this process under ENGINEFARM_HOME/tmp: if it is killed, the next
+    # run (or `enginefarm cache gc`) reclaims the folder, instead of it staying in the system's temp dir.
+    if workroot is None:
+        from enginefarm.settings import load_settings
+
+        workroot = load_settings().home / "tmp"
+    workroot.mkdir(parents=True, exist_ok=True)
+    reclaim(workroot, "copy")
+    tmp = fresh(workroot, "copy")
+    try:
         for key in keys:
             manifest = read_manifest(source, key)
             if manifest is None:
                 raise StoreError(f"{source.url} has no manifest {key[:12]}")
-            if dest.get_manifest_bytes(key) is not None:
-                results[key] = "exists"
-                continue
-            total = sum(f.stored_size for f in manifest.files)
+            existing = read_manifest(dest, key)
+            # A copy killed after its manifest left the index without it: the rerun heals that (and any blob a
+            # damaged destination lost, when the source has the same bytes).
+            target = existing or manifest
+            total = sum(f.stored_size for f in target.files)
             on_bytes = _byte_counter(report, f"copy {manifest.ref} {manifest.target} {manifest.precision}", total)
-            for entry in {f.stored_sha256: f for f in manifest.files}.values():
+            for entry in {f.stored_sha256: f for f in target.files}.values():
                 if dest.has_blob(entry.stored_sha256):
                     on_bytes(entry.stored_size)
                     continue
-                path = Path(tmp) / entry.stored_sha256
+                path = tmp / entry.stored_sha256
                 with source.open_blob(entry.stored_sha256, entry.stored_size) as src, open(path, "wb") as out:
-                    digest = decode_stream(src, out, "none", entry.stored_size)  # copies, hashes, enforces the size
+                    with full_disk_as_error(tmp, entry.stored_size):
+                        digest = decode_stream(src, out, "none", entry.stored_size)  # copies, hashes, enforces the size
                 if digest != entry.stored_sha256:
-                    raise IntegrityError(f"blob {entry.stored_sha256[:12]} in {source.url} does not match its digest", hint="nothing was published for this artifact")
+                    raise IntegrityError(f"blob {entry.stored_sha256[:12]} in {source.url}: the stored bytes do not match their digest "
+                                         "(tampered or corrupt store)", hint="nothing was published for this artifact")
+                checkpoint("copy:blob-temp")
                 dest.put_blob(entry.stored_sha256, path, progress=on_bytes)
                 path.unlink()
-            dest.put_manifest_bytes(key, manifest.to_json())
-            copied.append(manifest)
-            results[key] = "copied"
-    update_index(dest, copied)
+            if existing is None and not dest.put_manifest_bytes(key, manifest.to_json()):
+                existing = read_manifest(dest, key)  # another copier won: index theirs
+            checkpoint("publish:manifest")
+            indexed.append(existing or manifest)
+            results[key] = "exists" if existing is not None else "copied"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    update_index(dest, [m for m in indexed if m is not None])
     return results
 
 
@@ -249,6 +217,7 @@ class GcPlan:
     unreferenced: list[tuple[str, float]]  # (digest, mtime) of blobs no manifest uses
     to_delete: list[str]  # those older than the grace period
     stale_caches: list[str] = field(default_factory=list)  # build-cache objects past the newest few of their slot, older than the grace
+    partials: list[str] = field(default_factory=list)  # what killed writers left (temp files, incomplete uploads), older than the grace
 
 
 def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
@@ -264,7 +233,8 @@ def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
         if manifest is not None:
             referenced.update(f.stored_sha256 for f in manifest.files)
     orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
-    return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now))
+    partials = [name for name, mtime in store.list_partials() if now - mtime > grace_s]
+    return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now), partials)
 
 
 def _stale_caches(store: Store, grace_s: float, now: float) -> list[str]:

@@ -47,6 +47,7 @@ _ENTRY = struct.Struct("<QI")
 FRAME_RAW = 4 << 20
 MAX_FRAME_RAW = 64 << 20
 MAX_WINDOW = 1 << 27
+MAX_FRAMES = 1 << 22  # a 64 MiB frame table: 16 TiB in the default 4 MiB frames
 LEVEL = 3  # for ungrouped data (width 1)
 GROUPED_LEVEL = 1  # for byte groups, with the parameters in _compressor
 # Frames are independent, so more cores decode (and encode) faster; past 4 the per-thread buffers (12 MiB each)
@@ -145,6 +146,24 @@ def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 
     return target.data
 
 
+def read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
+    """(width, rotated, raw size, [(compressed, raw) per frame]) from the blob's head; reads nothing past its table."""
+    return _read_layout(stream, expected_size)
+
+
+def resume_point(layout: tuple, have: int) -> tuple[int, int, int]:
+    """Where to resume decoding when `have` decoded bytes are already written: (frame, raw offset, stored offset).
+    Only whole frames count; the bytes of a partly written frame are decoded again."""
+    _width, _rotate, _raw, entries = layout
+    frame = raw = 0
+    stored = _HEADER.size + _ENTRY.size * len(entries)
+    for compressed, size in entries:
+        if raw + size > have:
+            break
+        frame, raw, stored = frame + 1, raw + size, stored + compressed
+    return frame, raw, stored
+
+
 def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
     """Header and frame table, validated against the expected size before anything large is allocated."""
     header = _read_exact(stream, _HEADER.size, "header")
@@ -159,6 +178,8 @@ def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool
         raise IntegrityError(f"efw1 blob declares {raw_size} bytes, the manifest says {expected_size}")
     if not 0 < frame_raw <= MAX_FRAME_RAW or count != -(-raw_size // frame_raw):
         raise IntegrityError(f"efw1 blob declares {count} frames of {frame_raw} bytes for {raw_size} bytes")
+    if count > MAX_FRAMES:
+        raise IntegrityError(f"efw1 blob declares {count} frames (at most {MAX_FRAMES} are accepted): a forged frame table")
     table = _read_exact(stream, _ENTRY.size * count, "frame table")
     entries = [_ENTRY.unpack_from(table, i * _ENTRY.size) for i in range(count)]
     if sum(raw for _, raw in entries) != raw_size or any(raw > frame_raw or compressed > MAX_FRAME_RAW * 2 for compressed, raw in entries):
@@ -166,13 +187,16 @@ def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool
     return width, bool(flags & ROTATE), raw_size, entries
 
 
-def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = THREADS, ahead: int | None = None) -> Iterator[memoryview]:
+def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = THREADS, ahead: int | None = None,
+                  layout: tuple | None = None, start: int = 0) -> Iterator[memoryview]:
     """Yield decoded chunks in order while reading `stream` once, front to back. A thread reads whole frames
     ahead (at most `ahead`, by default 2 more than the decoding threads), and they decode on `threads` threads
-    while later ones are still arriving."""
+    while later ones are still arriving. To resume, pass the blob's `layout` (`read_layout`) and a `stream`
+    positioned at frame `start` (`resume_point`)."""
     from .pipeline import Prefetcher
 
-    width, rotate, _raw_size, entries = _read_layout(stream, expected_size)
+    width, rotate, _raw_size, entries = layout or _read_layout(stream, expected_size)
+    entries = entries[start:]
     frames = Prefetcher(stream, depth=ahead or threads + 2, sizes=[compressed for compressed, _ in entries])
     try:
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
@@ -336,8 +360,12 @@ def _unzstd_into(decompressor, payload, target: np.ndarray) -> None:
         raise IntegrityError(f"efw1 frame is corrupt: {exc}") from None
 
 
+_READ_AT_ONCE = MAX_FRAME_RAW * 2
+
+
 def _read_exact(stream: BinaryIO, size: int, what: str):
-    first = stream.read(size)
+    # A file object allocates what read() asks for, so a forged size must not be asked for at once.
+    first = stream.read(size if isinstance(stream, _BytesReader) or size <= _READ_AT_ONCE else _READ_AT_ONCE)
     if len(first) == size:
         return first  # in-memory sources hand the whole frame over at once, without a copy
     parts, left = [first], size - len(first)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from enginefarm.errors import IntegrityError
 
@@ -40,7 +41,19 @@ def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
         compressor.copy_stream(reader, dst, size=src.stat().st_size)
 
 
-def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None) -> str:
+@dataclass
+class Resume:
+    """Decoding that continues a partly written file: `done` bytes are written already and hashed into `digest`;
+    the source stream starts at the matching stored offset (for efw1, at frame `frame` of `layout`)."""
+
+    done: int
+    digest: Any
+    layout: tuple | None = None
+    frame: int = 0
+
+
+def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None,
+                  *, resume: Resume | None = None) -> str:
     """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256.
     `on_bytes` receives the running count of decoded bytes.
 
@@ -50,16 +63,18 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
     # efw1 reads its own frames ahead (codec.decode_frames); the others read through a chunked prefetcher.
     source = src if codec == "efw1" else Prefetcher(src)
     # efw1 hands over whole 4 MiB frames: two per queue keep the writer busy (measured: no slower than eight)
-    writer = HashingWriter(dst, depth=2 if codec == "efw1" else DEPTH)
-    written = 0
+    writer = HashingWriter(dst, depth=2 if codec == "efw1" else DEPTH, digest=resume.digest if resume else None)
+    written = resume.done if resume else 0
     try:
         if codec == "none":
             chunks = iter(lambda: source.read(CHUNK), b"")
         elif codec == "efw1":
             from .codec import decode_frames
 
-            chunks = decode_frames(source, expected_size)
+            chunks = decode_frames(source, expected_size, layout=resume.layout if resume else None, start=resume.frame if resume else 0)
         elif codec == "zstd":
+            if resume:
+                raise ValueError("zstd streams cannot resume mid-way")
             chunks = _zstd_chunks(source)
         else:
             raise IntegrityError(f"unknown codec {codec!r}", hint="upgrade enginefarm")

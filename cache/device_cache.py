@@ -1,7 +1,8 @@
 """The cache on the user's device (ENGINEFARM_HOME): verified, materialized artifacts, with LRU quota.
 
     artifacts/<build-key>/manifest.json + files   complete artifacts only (a directory appears by rename)
-    tmp/                                          downloads in progress (<key>.<random>.incomplete)
+    tmp/                                          downloads in progress (<key>.<pid>-<start>.<random>.incomplete),
+                                                  resumed by the next fetch if their process died
     locks/                                        best-effort, to avoid fetching the same artifact twice
 
 Nothing is loaded that has not been hashed: `verified_dir` hashes every file against the manifest.
@@ -11,20 +12,22 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from enginefarm.errors import IntegrityError
+from enginefarm.errors import DiskFullError, IntegrityError, StoreError
 
+from . import resume, workdirs
 from .atomic import remove_tree, sha256_file
 from .codecs import decode_stream
+from .faults import checkpoint
 from .locks import file_lock
 from .manifest import Manifest
 from .progress import ProgressLike, as_progress
+from .space import ensure_room, full_disk_as_error, mb
 from .stores.base import Store
 from .stores.ranged import BlobChanged
 
@@ -42,6 +45,11 @@ class CachedArtifact:
     path: Path
     size: int
     last_used: float
+
+
+def _mismatch(entry, store: Store, key: str, detail: str) -> IntegrityError:
+    return IntegrityError(f"{entry.path} of {key[:12]} from {store.url}: the stored bytes do not match their manifest "
+                          f"(tampered or corrupt store): {detail}", hint="the artifact was not cached; report it to whoever publishes this store", key=key)
 
 
 class DeviceCache:
@@ -117,46 +125,91 @@ class DeviceCache:
             pass
 
     # Writing ---------------------------------------------------------------------------------------------
-    def fetch(self, store: Store, manifest: Manifest, progress: ProgressLike = None) -> Path:
+    def fetch(self, store: Store, manifest: Manifest, progress: ProgressLike = None, *, limit: int | None = None) -> Path:
         """Download, decode and verify every file of `manifest` from `store`, then move the artifact into place.
 
-        A damaged or truncated blob raises IntegrityError and leaves no cache entry behind."""
+        `limit` caps what an unsigned manifest may claim (ENGINEFARM_MAX_ARTIFACT_SIZE): decoding never writes past
+        the manifest's sizes, so this bounds what a lying manifest can make the cache write. Free space is checked
+        first. A damaged or truncated blob raises IntegrityError and leaves no cache entry behind; an interrupted
+        download (a kill, a broken network) is resumed by the next fetch of the same artifact."""
         key = manifest.build_key
         report = as_progress(progress)
+        total = sum(f.size for f in manifest.files)
+        if limit is not None and total > limit:
+            raise IntegrityError(f"{manifest.ref} [{key[:12]}] claims {mb(total)} MB, more than the {mb(limit)} MB "
+                                 "ENGINEFARM_MAX_ARTIFACT_SIZE allows; nothing was fetched", key=key,
+                                 hint="raise ENGINEFARM_MAX_ARTIFACT_SIZE if you trust this store (or load through a signed release channel)")
         with file_lock(self.locks / f"{key}.lock"):
             existing = self.verified_dir(key)
             if existing is not None:
                 return existing
-            staging = self._staging(key)
+            staging = self._adopt(key)
+            kept = False
             try:
-                total = sum(f.size for f in manifest.files)
-                done = 0
-                name = f"{manifest.ref} {manifest.target} {manifest.precision}"
-                for entry in manifest.files:
-                    self._fetch_file(store, entry, staging / entry.path, lambda n, base=done: report.transfer(name, base + n, total), key)
-                    done += entry.size
-                return self._commit(staging, manifest)
+                ensure_room(self.tmp, total - workdirs.size_of(staging))
+                with full_disk_as_error(self.tmp, total):
+                    done = 0
+                    name = f"{manifest.ref} {manifest.target} {manifest.precision}"
+                    for entry in manifest.files:
+                        dest = staging / entry.path
+                        if not resume.is_complete(dest, entry):
+                            self._fetch_file(store, entry, dest, lambda n, base=done: report.transfer(name, base + n, total), key)
+                            checkpoint("fetch:file")
+                        done += entry.size
+                    checkpoint("fetch:commit")
+                    return self._commit(staging, manifest)
+            except (StoreError, KeyboardInterrupt) as exc:
+                # A broken transfer or an interrupt: the next fetch of this artifact resumes from what was written.
+                # Bad bytes are never resumed, and a full disk needs the space back.
+                kept = not isinstance(exc, (IntegrityError, DiskFullError)) and workdirs.size_of(staging) > 0
+                raise
             finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                if not kept:
+                    shutil.rmtree(staging, ignore_errors=True)
+
+    def _adopt(self, key: str) -> Path:
+        """This artifact's download that a dead process (or an earlier failed fetch of ours) left, now ours;
+        else a new staging folder. Other leftovers of the same artifact are removed."""
+        found = [p for p in self.tmp.glob(f"{key}.*.incomplete") if workdirs.owner_alive(p) is False or workdirs.mine(p)] if self.tmp.is_dir() else []
+        found.sort(key=workdirs.size_of, reverse=True)
+        for extra in found[1:]:
+            workdirs.remove(extra)
+        staging = workdirs.unique_name(self.tmp, key, ".incomplete")
+        if found:
+            try:
+                os.replace(found[0], staging)
+                return staging
+            except OSError:  # reclaimed under us: start afresh
+                pass
+        staging.mkdir(parents=True)
+        return staging
 
     def _fetch_file(self, store: Store, entry, dest: Path, on_bytes, key: str) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        for attempt in range(RESTARTS + 1):
+        resumed, offset = resume.plan(store, entry, dest)
+        for attempt in range(RESTARTS + 2):
             try:
-                with store.open_blob(entry.stored_sha256, entry.stored_size) as src, open(dest, "wb") as out:
-                    digest = decode_stream(src, out, entry.codec, entry.size, on_bytes)
-                break
+                with store.open_blob(entry.stored_sha256, entry.stored_size, **({"offset": offset} if offset else {})) as src, \
+                        open(dest, "r+b" if resumed else "wb") as out:
+                    if resumed:
+                        out.seek(resumed.done)
+                    digest = decode_stream(src, out, entry.codec, entry.size, on_bytes, **({"resume": resumed} if resumed else {}))
+            except IntegrityError as exc:  # truncated, too long, a bomb, not valid for its codec
+                raise _mismatch(entry, store, key, str(exc)) from None
             except BlobChanged as exc:
-                if attempt == RESTARTS:
+                if attempt >= RESTARTS:
                     raise IntegrityError(f"file {entry.path} from {store.url} keeps changing or does not match its manifest ({exc})",
                                          hint="the artifact was not cached; the store's copy may be damaged", key=key) from None
                 log.info("%s; fetching %s again from the start", exc, entry.path)
-        if digest != entry.sha256:
-            raise IntegrityError(
-                f"file {entry.path} from {store.url} does not match its manifest (tampered?)",
-                hint="the artifact was not cached; report it to whoever publishes this store",
-                key=key,
-            )
+                resumed, offset = None, 0
+                continue
+            if digest == entry.sha256:
+                return
+            if resumed is None:
+                break
+            log.info("%s does not verify after resuming; fetching it again from the start", entry.path)  # the kept prefix was bad
+            resumed, offset = None, 0
+        raise _mismatch(entry, store, key, "sha256 differs")
 
     def add_local(self, manifest: Manifest, source_dir: Path) -> Path:
         """Cache an artifact built on this device (files are copied and verified like a download)."""
@@ -174,9 +227,7 @@ class DeviceCache:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _staging(self, key: str) -> Path:
-        staging = self.tmp / f"{key}.{secrets.token_hex(6)}.incomplete"
-        staging.mkdir(parents=True)
-        return staging
+        return workdirs.fresh(self.tmp, key, ".incomplete")
 
     def _commit(self, staging: Path, manifest: Manifest) -> Path:
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
@@ -199,20 +250,38 @@ class DeviceCache:
 
     # Housekeeping ----------------------------------------------------------------------------------------
     def size(self) -> int:
-        return sum(entry.size for entry in self.entries())
+        """Bytes the cache holds: artifacts, plus downloads and build folders in progress or left behind."""
+        return sum(entry.size for entry in self.entries()) + self.work_size()
+
+    def _work_items(self) -> list[Path]:
+        return [p for folder in (self.tmp, self.home / "build" / "jobs") if folder.is_dir() for p in folder.iterdir()]
+
+    def work_size(self) -> int:
+        return sum(workdirs.size_of(p) for p in self._work_items())
 
     def gc(self, quota: int | None, *, keep: set[str] = frozenset(), max_tmp_age: float = 86400.0) -> list[str]:
-        """Drop stale downloads, then least-recently-used artifacts until the cache fits `quota` bytes."""
+        """Reclaim what dead processes left (build folders at once; downloads, which a later fetch would resume,
+        once older than `max_tmp_age`), then evict least-recently-used artifacts until everything, leftovers
+        included, fits `quota` bytes. Leftovers go before any artifact."""
         removed: list[str] = []
-        if self.tmp.is_dir():
-            now = time.time()
-            for path in self.tmp.iterdir():
-                if now - path.stat().st_mtime > max_tmp_age:
-                    shutil.rmtree(path, ignore_errors=True)
+        now = time.time()
+        workdirs.reclaim(self.home / "build" / "jobs")
+        for path in self._work_items():
+            alive = workdirs.owner_alive(path)
+            try:
+                old = now - path.stat().st_mtime > max_tmp_age
+            except FileNotFoundError:
+                continue
+            if alive is False and (old or path.parent != self.tmp) or alive is None and old:
+                workdirs.remove(path)
         if quota is None:
             return removed
         entries = sorted(self.entries(), key=lambda e: e.last_used)
-        total = sum(e.size for e in entries)
+        total = sum(e.size for e in entries) + self.work_size()
+        for path in (p for p in self._work_items() if workdirs.owner_alive(p) is not True):
+            if total <= quota:
+                break
+            total -= workdirs.remove(path)
         for entry in entries:
             if total <= quota:
                 break

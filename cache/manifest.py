@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enginefarm.errors import IntegrityError
 
+from . import fields as f
 from .keys import ARTIFACT_FORMAT_VERSION
 
+if TYPE_CHECKING:
+    from .index import IndexEntry
+
 ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
 
 @dataclass(frozen=True, order=True)
@@ -59,7 +63,7 @@ class ArtifactFile:
     stored_sha256: str  # the blob's digest in the store
 
     def __post_init__(self) -> None:
-        if not _SAFE_PATH.match(self.path) or ".." in self.path.split("/"):
+        if not isinstance(self.path, str) or not _SAFE_PATH.fullmatch(self.path) or ".." in self.path.split("/"):
             raise IntegrityError(f"unsafe artifact file path {self.path!r}")
 
 
@@ -108,15 +112,16 @@ class Manifest:
                 f"manifest format {version!r} is not {ARTIFACT_FORMAT_VERSION}",
                 hint="upgrade enginefarm to read artifacts built by a newer version",
             )
-        known = {f.name for f in fields(cls)}
+        known = {x.name for x in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise IntegrityError(f"manifest has unknown fields {sorted(unknown)}")
         try:
-            values = dict(data)
-            values["files"] = tuple(ArtifactFile(**f) for f in data["files"])
-            values["benchmarks"] = tuple(data.get("benchmarks", ()))
+            values = _checked(data)
+            values["files"] = tuple(ArtifactFile(**x) for x in values["files"])
             return cls(**values)
+        except f.FieldError as exc:
+            raise IntegrityError(f"manifest is malformed: {exc}") from None
         except (KeyError, TypeError) as exc:
             raise IntegrityError(f"manifest is malformed: {exc}") from None
 
@@ -126,6 +131,8 @@ class Manifest:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise IntegrityError(f"manifest is not JSON: {exc}") from None
+        except RecursionError:
+            raise IntegrityError("manifest is not JSON: nested too deeply") from None
         if not isinstance(data, dict):
             raise IntegrityError("manifest is not a JSON object")
         manifest = cls.from_dict(data)
@@ -133,26 +140,63 @@ class Manifest:
             raise IntegrityError(f"manifest {expect_key[:12]} claims build key {manifest.build_key[:12]}")
         return manifest
 
-    def index_entry(self) -> dict[str, Any]:
+    def index_entry(self) -> "IndexEntry":
         """What resolution needs, without the file list: one index GET answers 'what exists'."""
-        return {
-            "build_key": self.build_key,
-            "component": self.component,
-            "precision": self.precision,
-            "profile_name": self.profile_name,
-            "profile": self.profile,
-            "target": self.target,
-            "toolchain": self.toolchain,
-            "constraints": self.constraints,
-            "benchmarks": list(self.benchmarks),
-            "size": sum(f.size for f in self.files),
-            "stored_size": sum(f.stored_size for f in self.files),
-            "created": self.provenance.get("created"),
-            "validation": verdict_summary(self.validation),
-        }
+        from .index import IndexEntry
+
+        return IndexEntry.of(self)
 
 
-def verdict_summary(validation: dict[str, Any]) -> dict[str, Any]:
-    """What resolution needs of a validation record: the verdict, the settings it was reached under, the scores."""
-    keep = ("passed", "executed", "settings", "min_cosine", "failure", "revalidated", "why")
-    return {k: validation[k] for k in keep if k in validation}
+_REQUIRED_TEXT = ("build_key", "model", "model_version", "component", "precision", "profile_name", "target")
+_FILE_FIELDS = ("path", "role", "size", "sha256", "codec", "stored_size", "stored_sha256")
+
+
+def _checked(data: dict[str, Any]) -> dict[str, Any]:
+    """Every field's type, so a malformed manifest is refused when it is read (and never cached), instead of
+    failing later inside resolution, a backend or a session. Raises FieldError naming the field."""
+    values = dict(data)
+    for name in _REQUIRED_TEXT:
+        f.text(data.get(name), name, pattern=f.HEX64 if name == "build_key" else None)
+    try:
+        Target.parse(data["target"])
+    except ValueError as exc:
+        raise f.FieldError("target", str(exc)) from None
+    f.profile(data.get("profile"), "profile")
+    f.text_map(data.get("toolchain"), "toolchain")
+    files = []
+    for i, item in enumerate(f.items(data.get("files"), "files")):
+        where = f"files[{i}]"
+        f.mapping(item, where)
+        if set(item) != set(_FILE_FIELDS):
+            raise f.FieldError(where, f"has fields {sorted(item)}, expected {sorted(_FILE_FIELDS)}")
+        for name in ("path", "role", "codec"):
+            f.text(item[name], f"{where}.{name}")
+        for name in ("sha256", "stored_sha256"):
+            f.text(item[name], f"{where}.{name}", pattern=f.HEX64)
+        for name in ("size", "stored_size"):
+            f.integer(item[name], f"{where}.{name}")
+        files.append(item)
+    values["files"] = files
+    io = f.mapping(data.get("io", {}), "io")
+    for side, tensors in io.items():
+        for i, tensor in enumerate(f.items(tensors, f"io.{side}")):
+            where = f"io.{side}[{i}]"
+            f.text(f.mapping(tensor, where).get("name"), f"{where}.name")
+            _dtype(tensor.get("dtype"), f"{where}.dtype")
+    f.constraints(data.get("constraints", {}), "constraints")
+    for name in ("options", "validation", "provenance"):
+        f.mapping(data.get(name, {}), name)
+    values["benchmarks"] = f.benchmarks(data.get("benchmarks", []), "benchmarks")
+    f.integer(data.get("format_version"), "format_version")
+    return values
+
+
+def _dtype(value: Any, field: str) -> str:
+    import numpy as np
+
+    f.text(value, field)
+    try:
+        np.dtype(value)
+    except TypeError:
+        raise f.FieldError(field, f"{value[:40]!r} is not a numpy dtype") from None
+    return value

@@ -14,6 +14,8 @@ from typing import BinaryIO
 
 from enginefarm.errors import IntegrityError
 
+from .faults import checkpoint
+
 CHUNK = 1 << 20
 DEPTH = 8
 _END = object()
@@ -109,9 +111,9 @@ class HashingWriter:
     one before (each costs about the same per byte; on one thread they were the fetch's slowest stage).
     `finish()` waits and returns the sha256 hex digest of what was written."""
 
-    def __init__(self, out: BinaryIO, depth: int = DEPTH) -> None:
+    def __init__(self, out: BinaryIO, depth: int = DEPTH, digest=None) -> None:
         self._out = out
-        self._digest = hashlib.sha256()
+        self._digest = digest if digest is not None else hashlib.sha256()  # a resumed file's hash of what it has
         self._to_hash: queue.Queue = queue.Queue(maxsize=depth)
         self._to_write: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
@@ -140,6 +142,7 @@ class HashingWriter:
             if self._error is None:
                 try:
                     self._out.write(item)
+                    checkpoint("fetch:chunk")  # after the bytes reached the file: what a killed fetch leaves
                 except BaseException as exc:
                     self._error = exc
 

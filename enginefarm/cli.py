@@ -46,6 +46,15 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except OSError as exc:  # a full disk wherever it struck: the user's problem to fix, not a bug to trace
+            from enginefarm.cache.space import disk_full, is_full
+
+            if not is_full(exc):
+                raise
+            full = disk_full(Path(exc.filename).parent if exc.filename and Path(str(exc.filename)).is_absolute() else Path.cwd(), None)
+            click.echo(f"error: {full}", err=True)
+            click.echo(f"hint: {full.hint}", err=True)
+            sys.exit(1)
 
 
 def _fail(exc: EnginefarmError) -> None:
@@ -245,7 +254,7 @@ def ls_cmd(store, model, as_json):
     """List the artifacts in a store (through each model's index)."""
     from rich.table import Table
 
-    from enginefarm.cache.artifacts import read_index
+    from enginefarm.cache.index import read_index
     from enginefarm.cache.stores import open_store
 
     settings = load_settings()
@@ -255,10 +264,10 @@ def ls_cmd(store, model, as_json):
     for name in opened.list_models():
         if model and name != model:
             continue
-        for entry in read_index(opened, name)["entries"].values():
-            bench = (entry.get("benchmarks") or [{}])[0]
-            rows.append({"model": name, **{k: entry.get(k) for k in ("component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
-                         "p50_ms": bench.get("p50_ms"), "validation": _verdict_text(entry.get("validation"))})
+        for entry in read_index(opened, name).entries.values():
+            bench = (entry.benchmarks or ({},))[0]
+            rows.append({"model": name, **{k: getattr(entry, k) for k in ("component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
+                         "p50_ms": bench.get("p50_ms"), "validation": _verdict_text(entry.validation)})
     rows.sort(key=lambda r: (r["model"], r["component"], r["target"], r["precision"]))
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -516,7 +525,7 @@ def publish_cmd(source, dest, models, components, targets, precisions, keys):
     from enginefarm.cache.stores import open_store
 
     src, dst = open_store(source), open_store(dest)
-    selected = [entry["build_key"] for entry in select_entries(src, models, components, targets, precisions, keys)]
+    selected = [entry.build_key for entry in select_entries(src, models, components, targets, precisions, keys)]
     if not selected:
         from enginefarm.errors import ArtifactNotFoundError
 
@@ -568,6 +577,10 @@ def gc_cmd(store, grace, delete):
         if delete:
             opened.delete_blob(digest)
         click.echo(f"{'deleted' if delete else 'would delete'} blob {digest}")
+    for name in plan.partials:
+        if delete:
+            opened.delete_partial(name)
+        click.echo(f"{'deleted' if delete else 'would delete'} leftover of an interrupted write: {name}")
     for name in plan.stale_caches:
         if delete:
             opened.delete_cache_object(name)
@@ -575,6 +588,8 @@ def gc_cmd(store, grace, delete):
     click.echo(f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced {'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}")
     if plan.stale_caches:
         click.echo(f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the newest {CACHE_NEWEST_KEPT} of each kept)")
+    if plan.partials:
+        click.echo(f"{len(plan.partials)} leftovers of interrupted writes {'deleted' if delete else 'to delete'}")
 
 
 @main.group("cache")
@@ -609,8 +624,12 @@ def cache_verify():
     from enginefarm.cache.device_cache import DeviceCache
 
     cache = DeviceCache(load_settings().home)
-    bad = 0
-    for e in list(cache.entries()):
+    before = {p.name for p in cache.artifacts.iterdir() if not p.name.startswith(".")} if cache.artifacts.is_dir() else set()
+    entries = list(cache.entries())  # reading each manifest checks it; a malformed one is evicted
+    bad = len(before - {e.manifest.build_key for e in entries})
+    for key in sorted(before - {e.manifest.build_key for e in entries}):
+        click.echo(f"evicted [{key[:12]}]: its manifest is missing or malformed")
+    for e in entries:
         problems = cache.problems(e.manifest.build_key)
         if problems:
             bad += 1
@@ -632,7 +651,7 @@ def cache_gc(quota):
     settings = load_settings()
     limit = parse_size("--quota", quota) if quota else settings.cache_quota
     cache = DeviceCache(settings.home)
-    removed = cache.gc(limit)
+    removed = cache.gc(limit, max_tmp_age=0)  # every leftover of a dead process, whatever its age
     click.echo(f"removed {len(removed)} artifacts; cache holds {cache.size() / 2**20:.1f} MiB" + ("" if limit else " (no quota set)"))
 
 

@@ -103,7 +103,7 @@ def promote_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
     entries = select_entries(opened, **_selection(ref, targets, precisions, keys))
     if not entries:
         raise ArtifactNotFoundError(f"nothing in {opened.url} matches {ref}", hint="see `enginefarm ls --store URL`")
-    for manifest in repo.promote(opened, channel, keys_dir, [e["build_key"] for e in entries]):
+    for manifest in repo.promote(opened, channel, keys_dir, [e.build_key for e in entries]):
         click.echo(f"promoted {manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] to {channel}")
 
 

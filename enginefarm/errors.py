@@ -87,6 +87,11 @@ class WeightsError(EnginefarmError, ValueError):
     """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""
 
 
+class DiskFullError(EnginefarmError, OSError):
+    """Not enough free space for a write: `need` bytes at `path` (checked before a fetch, or a write hit ENOSPC).
+    Whatever was half-written is removed; nothing already stored or cached is harmed."""
+
+
 # Optional dependencies by top-level module → the extra that installs them. A missing one is a user's to fix.
 OPTIONAL_MODULES = {
     "matplotlib": "report", "tuf": "release", "securesystemslib": "release", "cryptography": "release",

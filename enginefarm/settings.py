@@ -74,6 +74,7 @@ def parse_choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
     return value
 
 
+DEFAULT_MAX_ARTIFACT_SIZE = 64 << 30
 COREML_COMPUTE_UNITS = ("ALL", "CPU_AND_GPU", "CPU_AND_NE", "CPU_ONLY")  # coremltools.ComputeUnit names
 
 
@@ -92,6 +93,9 @@ class Settings:
     trusted_root: Path | None = None  # the channel's root.json, shipped with the app
     coreml_compute_units: str = "ALL"
     store_explicit: bool = False  # ENGINEFARM_STORE was set: a local path that does not exist is an error, not "empty"
+    # The most an artifact fetched outside a signed channel may claim (its manifest is unsigned there): what a
+    # lying manifest can make the cache write before its hash check fails. SDXL's fp32 UNet is ~10 GB.
+    max_artifact_size: int = DEFAULT_MAX_ARTIFACT_SIZE
 
 
 def _default_home() -> Path:
@@ -125,4 +129,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         trusted_root=Path(env["ENGINEFARM_TRUSTED_ROOT"]).expanduser() if env.get("ENGINEFARM_TRUSTED_ROOT") else None,
         coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
         store_explicit=bool(env.get("ENGINEFARM_STORE")),
+        max_artifact_size=parse_size("ENGINEFARM_MAX_ARTIFACT_SIZE", env.get("ENGINEFARM_MAX_ARTIFACT_SIZE")) or DEFAULT_MAX_ARTIFACT_SIZE,
     )

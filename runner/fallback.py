@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from enginefarm.builder.backends import job_availability, job_refusal
-from enginefarm.builder.build import compile_artifact
+from enginefarm.builder.build import compile_artifact, job_workdir
 from enginefarm.builder.planner import Job, expand
 from enginefarm.builder.recipe import Recipe, load_recipe
 from enginefarm.cache.device_cache import DeviceCache
@@ -62,6 +62,6 @@ def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None])
     try:
         manifest, outdir = compile_artifact(job, cache.home / "build", bench=False, step=step)
         cache.add_local(replace(manifest, provenance={**manifest.provenance, "built_on_device": True}), outdir)
-    finally:
-        shutil.rmtree(cache.home / "build" / "jobs", ignore_errors=True)
+    finally:  # only this process's folder: another build may be using the same ENGINEFARM_HOME
+        shutil.rmtree(job_workdir(cache.home / "build", job.key(job.toolchain())), ignore_errors=True)
     return cache.manifest(manifest.build_key)

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Callable
 
 from enginefarm.builder.backends import get_backend
-from enginefarm.cache.artifacts import read_index, read_manifest
+from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.index import read_index
 from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import (ArtifactNotFoundError, ConfigError, EnginefarmError, IntegrityError, StoreError, StoreNotFound, TrustError,
-                               WeightsError)
+from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, StoreError, StoreNotFound,
+                               TrustError, WeightsError)
 from enginefarm.settings import Settings, load_settings
 
 from . import golden, recompile
@@ -64,7 +65,7 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         from .release import open_channel, released_entries
 
         client, opened = open_channel(store, settings)
-        entries = [(e, where) for e, where in released_entries(client, model) if target_matches(str(e.get("target", "")), selectors)]
+        entries = [(e, where) for e, where in released_entries(client, model) if target_matches(e.target, selectors)]
         return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, client.note, settings, client)
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
     entries = [(c.manifest.index_entry(), "cache") for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
@@ -74,19 +75,19 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
     else:
         try:
             opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
-            entries += [(e, "store") for e in read_index(opened, model)["entries"].values()]
+            entries += [(e, "store") for e in read_index(opened, model).entries.values()]
         except StoreNotFound:
             raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
         except StoreError as exc:
             note = f"store unreachable ({exc}); only the local cache was considered"
             log.warning(note)
-    entries = [(e, where) for e, where in entries if target_matches(str(e.get("target", "")), selectors)]
+    entries = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
     return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, note, settings)
 
 
 def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple[Manifest, Path]:
     """The candidate's verified folder in the local cache, fetching it from the store if needed."""
-    key = candidate.entry["build_key"]
+    key = candidate.entry.build_key
     cache = found.cache
     released = None
     if found.release is not None:
@@ -102,7 +103,8 @@ def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple
     if manifest is None:
         raise ArtifactNotFoundError(f"the index lists {key[:12]} but its manifest is missing (run `enginefarm index`)")
     report.message(f"fetching {manifest.ref} {manifest.target} {manifest.precision} from {found.store.url}")
-    cache.fetch(found.store, manifest, progress=report)
+    # A released manifest is signed (its sizes are the bound); an unsigned one may claim anything: cap it.
+    cache.fetch(found.store, manifest, progress=report, limit=None if released else found.settings.max_artifact_size)
     path = cache.verified_dir(key)  # hashed again at load time: the cache is shared with other processes
     if path is None:
         raise IntegrityError(f"{manifest.ref}: artifact {key[:12]} was damaged right after download")
@@ -117,11 +119,14 @@ def _first_usable(found: Lookup, use: Callable[[Candidate], object]):
         except WeightsError:  # the user's files are wrong for every candidate alike
             raise
         except Exception as exc:  # vendor SDKs raise their own types; any failure means: try the next one
-            if isinstance(exc, (TrustError, IntegrityError)):
+            if isinstance(exc, (TrustError, IntegrityError, DiskFullError)):
                 found.refusals.append(exc)
-            failures.append(f"{candidate.entry['target']} [{candidate.entry['build_key'][:12]}]: {exc}")
-            candidate.reason = f"failed: {exc}"
-            log.warning("could not use %s: %s", candidate.describe(), exc)
+            elif not isinstance(exc, EnginefarmError):
+                _forget_if_fetched(found.cache, candidate.entry.build_key)
+            why = _said(exc)
+            failures.append(f"{candidate.entry.target} [{candidate.entry.build_key[:12]}]: {why}")
+            candidate.reason = f"failed: {why}"
+            log.warning("could not use %s: %s", candidate.describe(), why)
     return None, None, failures
 
 
@@ -171,7 +176,7 @@ def load(
 
     candidate, session, failures = _first_usable(found, open_session)
     if candidate is not None:
-        found.cache.gc(settings.cache_quota, keep={candidate.entry["build_key"], session.artifact.build_key})
+        found.cache.gc(settings.cache_quota, keep={candidate.entry.build_key, session.artifact.build_key})
         return session
 
     model, component = parse_ref(ref)
@@ -214,13 +219,39 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
     return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
 
 
+def _said(exc: Exception) -> str:
+    """What went wrong, never empty: some SDK errors carry no message."""
+    text = str(exc).strip()
+    return text if isinstance(exc, EnginefarmError) and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _forget_if_fetched(cache: DeviceCache, key: str) -> None:
+    """A fetched artifact that verified but does not load is dropped, so the next load fetches it again (the store
+    may have been fixed since); artifacts compiled here are kept (there is nothing to fetch)."""
+    manifest = cache.manifest(key)
+    if manifest is not None and not manifest.provenance.get("built_on_device"):
+        log.warning("evicting %s [%s] from the cache: it does not load", manifest.ref, key[:12])
+        cache.evict(key)
+
+
 def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
-    if found.release is not None and found.refusals:
-        return found.refusals[0]  # in a release channel a refusal is the answer, not "nothing fits"
+    full = [e for e in found.refusals if isinstance(e, DiskFullError)]
+    if full:
+        return full[0]  # the one failure the user can fix at once
+    if found.refusals:
+        return found.refusals[0]  # tampered, unsigned or replayed: that is the answer, not "nothing fits"
     if found.stack_refusals:
         return found.stack_refusals[0]  # an artifact fits but not with these weights: its own error has the fix
+    if found.release is not None and not found.resolution.candidates:
+        model, _ = parse_ref(ref)
+        component = ref.partition("/")[2]
+        yanked = [y for y in found.release.yanked(model) if y.get("component") == component]
+        if yanked:
+            what = ", ".join(f"{y.get('target')} {y.get('precision')} [{str(y.get('build_key'))[:12]}]" for y in yanked)
+            return ArtifactNotFoundError(f"{ref} was yanked from channel {found.release.channel}: {what}; nothing else of it is released",
+                                         hint="its maintainers withdrew it; wait for a new release, or load from another channel")
     unusable = [c for c in found.resolution.candidates if c.reason]
-    rejected = [f"{c.entry['target']} {c.entry['precision']} [{c.entry['build_key'][:12]}]: {c.reason}" for c in unusable]
+    rejected = [f"{c.entry.label}: {c.reason}" for c in unusable]
     why = "; ".join(failures or rejected or [found.note or "no stored artifact for it"])
     hint = "build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
     if unusable and not failures and all(c.reason.startswith("no device here runs") for c in unusable):

@@ -93,8 +93,8 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
             candidates[m.build_key] = "cache"
     if store is not None:
         try:
-            for key, entry in read_index(store, manifest.model)["entries"].items():
-                if entry.get("component") == manifest.component and entry.get("target") == ONNX_TARGET:
+            for key, entry in read_index(store, manifest.model).entries.items():
+                if entry.component == manifest.component and entry.target == ONNX_TARGET:
                     candidates.setdefault(key, "store")
         except StoreError as exc:
             log.warning("store unreachable while looking for %s's ONNX: %s", manifest.ref, exc)

@@ -4,9 +4,9 @@ the one its target signs. The cache is reused only for artifacts identical to th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.index import IndexEntry
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
@@ -27,7 +27,7 @@ def open_channel(store: str | None, settings: Settings):
     return client, (None if settings.offline else opened)
 
 
-def released_entries(client, model: str) -> list[tuple[dict[str, Any], str]]:
+def released_entries(client, model: str) -> list[tuple[IndexEntry, str]]:
     return [(entry, f"channel {client.channel}") for entry in client.entries(model)]
 
 

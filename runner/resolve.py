@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from enginefarm.builder.backends import availability, get_backend
 from enginefarm.builder.backends.base import version_in_range
+from enginefarm.cache.index import IndexEntry
 from enginefarm.cache.manifest import Target
 
 from .device import Device
@@ -35,7 +36,7 @@ def tier_of(target: Target) -> int:
 
 @dataclass
 class Candidate:
-    entry: dict[str, Any]
+    entry: IndexEntry
     device: Device | None = None
     reason: str = ""  # why it cannot be used here; empty if usable
     p50_ms: float | None = None
@@ -49,7 +50,7 @@ class Candidate:
 
     @property
     def target(self) -> Target:
-        return Target.parse(self.entry["target"])
+        return self.entry.parsed_target
 
     def describe(self) -> str:
         e = self.entry
@@ -57,7 +58,7 @@ class Candidate:
             speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on}"
         else:
             speed = "" if self.device is None else ", no benchmark for this device"
-        return f"{e['target']} {e['precision']} [{e['build_key'][:12]}] {TIER_NAMES[tier_of(self.target)]}{speed}"
+        return f"{e.label} {TIER_NAMES[tier_of(self.target)]}{speed}"
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Resolution:
             slower = [c for c in rivals if c.p50_ms is not None]
             if slower:
                 best_other = min(slower, key=lambda c: c.p50_ms)
-                return f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_other.p50_ms)} ms for {best_other.entry['target']} {best_other.entry['precision']}"
+                return f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_other.p50_ms)} ms for {best_other.entry.target} {best_other.entry.precision}"
             return "the only usable artifact with a benchmark"
         if not rivals:
             return "the only usable artifact"
@@ -110,18 +111,14 @@ def _runtime_version(backend: str) -> str | None:
     return versions.get(backend)
 
 
-def _check(entry: dict[str, Any], component: str, precision: str | None, devices: list[Device], cache: dict, can_load) -> tuple[str, Device | None]:
-    if entry.get("component") != component:
+def _check(entry: IndexEntry, component: str, precision: str | None, devices: list[Device], cache: dict, can_load) -> tuple[str, Device | None]:
+    if entry.component != component:
         return "other component", None
-    verdict = entry.get("validation") if isinstance(entry.get("validation"), dict) else {}
-    if verdict.get("passed") is False:
-        return f"failed validation when re-checked ({verdict.get('failure') or 'see enginefarm validate'})", None
-    if precision and entry.get("precision") != precision:
-        return f"precision {entry.get('precision')}, asked for {precision}", None
-    try:
-        target = Target.parse(entry["target"])
-    except (KeyError, ValueError):
-        return "malformed index entry", None
+    if entry.failed_validation:
+        return f"failed validation when re-checked ({entry.validation.get('failure') or 'see enginefarm validate'})", None
+    if precision and entry.precision != precision:
+        return f"precision {entry.precision}, asked for {precision}", None
+    target = entry.parsed_target
     device = next((d for d in devices if str(target) in d.targets), None)
     if device is None:
         return f"no device here runs {target}", None
@@ -130,7 +127,7 @@ def _check(entry: dict[str, Any], component: str, precision: str | None, devices
     avail = cache[str(target)]
     if not avail.can_load:
         return f"cannot load here: {avail.reason}", device
-    constraints = entry.get("constraints", {})
+    constraints = entry.constraints
     for package, spec in constraints.get("runtime", {}).items():
         have = _runtime_version(package) if package == target.backend else None
         if have is not None and not version_in_range(have, spec):
@@ -153,19 +150,19 @@ def _device_constraint(constraints: dict[str, Any], device: Device) -> str:
     return ""
 
 
-def _speed(entry: dict[str, Any], device: Device) -> tuple[float | None, str | None]:
-    exact = [b for b in entry.get("benchmarks", []) if b.get("device", {}).get("class") == device.bench_class]
+def _speed(entry: IndexEntry, device: Device) -> tuple[float | None, str | None]:
+    exact = [b for b in entry.benchmarks if b["device"]["class"] == device.bench_class]
     if exact:
         return min(b["p50_ms"] for b in exact), "this device class"
     kind = device.bench_class.split("-")[0]
-    similar = [b for b in entry.get("benchmarks", []) if str(b.get("device", {}).get("class", "")).startswith(kind)]
+    similar = [b for b in entry.benchmarks if b["device"]["class"].startswith(kind)]
     if similar:
         best = min(similar, key=lambda b: b["p50_ms"])
         return best["p50_ms"], f"a similar device ({best['device'].get('class')})"
     return None, None
 
 
-def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str | None, devices: list[Device], *, can_load=availability) -> Resolution:
+def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | None, devices: list[Device], *, can_load=availability) -> Resolution:
     """`entries`: (index entry, where it came from). `can_load(target) -> Availability` says what this machine's
     SDKs can load (a parameter so the rule table can be tested for hardware this machine lacks).
 
@@ -179,12 +176,12 @@ def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str 
     cache: dict = {}
     seen: set[str] = set()
     # A verdict from re-validation (in the store's index) overrules the build-time record a cached copy carries.
-    verdicts = {e.get("build_key"): e["validation"] for e, _ in entries if isinstance(e.get("validation"), dict) and e["validation"].get("revalidated")}
-    entries = [({**e, "validation": verdicts[e.get("build_key")]} if e.get("build_key") in verdicts else e, source) for e, source in entries]
+    verdicts = {e.build_key: e.validation for e, _ in entries if e.validation.get("revalidated")}
+    entries = [(replace(e, validation=verdicts[e.build_key]) if e.build_key in verdicts else e, source) for e, source in entries]
     for entry, source in entries:
-        if entry.get("build_key") in seen:
+        if entry.build_key in seen:
             continue
-        seen.add(entry.get("build_key"))
+        seen.add(entry.build_key)
         reason, device = _check(entry, component, precision, devices, cache, can_load)
         if reason == "other component":
             continue
@@ -197,8 +194,8 @@ def resolve(ref: str, entries: list[tuple[dict[str, Any], str]], precision: str 
         how_measured = (0 if candidate.measured_on == "this device class" else 1) if measured else 2
         speed = candidate.p50_ms if measured else 0.0
         if tier <= 2:  # compiled engines: the most specific kind wins, speed breaks ties
-            candidate.rank = (device_order, 0, tier, how_measured, speed, entry.get("precision") != "fp32")
+            candidate.rank = (device_order, 0, tier, how_measured, speed, entry.precision != "fp32")
         else:  # portable artifacts: the fastest measured here wins
-            candidate.rank = (device_order, 1, 0, how_measured, speed, tier, entry.get("precision") != "fp32")
+            candidate.rank = (device_order, 1, 0, how_measured, speed, tier, entry.precision != "fp32")
         resolution.candidates.append(candidate)
     return resolution

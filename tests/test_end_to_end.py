@@ -57,18 +57,18 @@ def test_every_artifact_runs_at_the_profile_edges(farm, target, precision, monke
 def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
     root, _ = farm
     monkeypatch.setenv("ENGINEFARM_STORE", str(root / "store"))
-    entries = read_index(open_store(root / "store"), "tiny-sd")["entries"].values()
-    fastest = min(entries, key=lambda e: e["benchmarks"][0]["p50_ms"])
+    entries = read_index(open_store(root / "store"), "tiny-sd").entries.values()
+    fastest = min(entries, key=lambda e: e.benchmarks[0]["p50_ms"])
     session = enginefarm.load("tiny-sd/decoder", device="cpu")
-    assert session.artifact.build_key == fastest["build_key"]
+    assert session.artifact.build_key == fastest.build_key
     why = session.explain()
     assert "fastest measured" in why and "also considered" in why and why.count("  - ") == 3
 
 
 def test_manifest_records_benchmark_and_device(farm):
     root, _ = farm
-    for entry in read_index(open_store(root / "store"), "tiny-sd")["entries"].values():
-        (bench,) = entry["benchmarks"]
+    for entry in read_index(open_store(root / "store"), "tiny-sd").entries.values():
+        (bench,) = entry.benchmarks
         assert bench["device"]["class"].startswith("cpu-")
         assert bench["load_ms"] > 0 and bench["first_inference_ms"] > 0
         assert 0 < bench["p50_ms"] <= bench["p90_ms"]

@@ -25,7 +25,7 @@ def farm_bucket(tiny_recipe, cli, bucket):
 def test_build_publishes_to_s3_and_skips_existing(farm_bucket, tiny_recipe, cli):
     store = open_store(farm_bucket)
     keys = set(store.list_manifest_keys())
-    assert len(keys) == 2 and set(read_index(store, "tiny-sd")["entries"]) == keys
+    assert len(keys) == 2 and set(read_index(store, "tiny-sd").entries) == keys
     again = cli("build", str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))), "--store", farm_bucket, check=True)
     assert "0 built, 0 failed, 2 already stored" in again.stdout
     listing = json.loads(cli("ls", "--store", farm_bucket, "--json", check=True).stdout)
@@ -63,7 +63,7 @@ def test_publish_copies_only_missing_blobs(tiny_recipe, cli, tmp_path, bucket, p
     assert "2 copied, 0 already" in proc.stdout
     blob_puts = [path for method, path, _ in proxy.plan.log if method == "PUT" and "/blobs/" in path]
     assert len(blob_puts) == 1 and shared not in blob_puts[0]
-    assert set(read_index(dest, "tiny-sd")["entries"]) == set(keys)
+    assert set(read_index(dest, "tiny-sd").entries) == set(keys)
     again = cli("publish", "--from", str(local), "--to", dest_url, "--precision", "fp16", check=True)
     assert "0 copied, 1 already" in again.stdout
     nothing = cli("publish", "--from", str(local), "--to", dest_url, "--target", "openvino:gpu")
@@ -100,9 +100,9 @@ def test_index_rebuild_on_s3(farm_bucket, cli):
     store = open_store(farm_bucket)
     _, etag = store.get_index_bytes("tiny-sd")
     assert store.cas_index_bytes("tiny-sd", b"garbage", etag)
-    assert read_index(store, "tiny-sd")["entries"] == {}
+    assert read_index(store, "tiny-sd").entries == {}
     assert "tiny-sd: 2 artifacts" in cli("index", "--store", farm_bucket, check=True).stdout
-    assert len(read_index(store, "tiny-sd")["entries"]) == 2
+    assert len(read_index(store, "tiny-sd").entries) == 2
 
 
 def test_missing_bucket_is_one_line(farm_bucket, cli):

@@ -76,3 +76,14 @@ def test_unknown_coreml_compute_units_are_an_error():
     with pytest.raises(ConfigError, match="ENGINEFARM_COREML_COMPUTE_UNITS='GPU'") as caught:
         load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": "GPU"})
     assert "CPU_AND_GPU" in caught.value.hint
+
+
+@pytest.mark.parametrize("raw,expected", [("", 64 << 30), ("1G", 1 << 30), ("500M", 500 << 20)])
+def test_max_artifact_size_parsing(raw, expected):
+    assert load_settings({"ENGINEFARM_MAX_ARTIFACT_SIZE": raw}).max_artifact_size == expected
+
+
+@pytest.mark.parametrize("raw", ["huge", "0", "-1G"])
+def test_bad_max_artifact_size_is_an_error(raw):
+    with pytest.raises(ConfigError, match="ENGINEFARM_MAX_ARTIFACT_SIZE"):
+        load_settings({"ENGINEFARM_MAX_ARTIFACT_SIZE": raw})

@@ -89,7 +89,7 @@ def validate_target(target: Target) -> tuple[str, str] | None:
     if target.backend not in BACKENDS:
         return f"unknown backend {target.backend!r} in {target}", f"known backends: {', '.join(BACKENDS)}"
     backend = get_backend(target.backend)
-    if not backend.DEVICES.match(target.device):
+    if not backend.DEVICES.fullmatch(target.device):
         return f"{target.backend} has no device class {target.device!r}", f"{target.backend} devices: {backend.DEVICE_HINT}"
     return None
 

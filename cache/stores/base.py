@@ -9,7 +9,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
-_CACHE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")
+_CACHE_NAME = re.compile(r"[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*")
 
 
 class Store(ABC):
@@ -34,9 +34,9 @@ class Store(ABC):
         `progress` receives byte counts as they are sent."""
 
     @abstractmethod
-    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
-        """A readable stream of the stored bytes, never longer than `size` when given. Raises
-        ArtifactNotFoundError; a remote stream may raise BlobChanged, meaning: read it again from the start."""
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
+        """A readable stream of the stored bytes from `offset` (to resume a download), never past `size` when
+        given. Raises ArtifactNotFoundError; a remote stream may raise BlobChanged, meaning: read it again from the start."""
 
     @abstractmethod
     def delete_blob(self, digest: str) -> None: ...
@@ -44,6 +44,14 @@ class Store(ABC):
     @abstractmethod
     def list_blobs(self) -> Iterator[tuple[str, float]]:
         """(digest, modification time) of every blob."""
+
+    def list_partials(self) -> list[tuple[str, float]]:
+        """(name, start time) of what killed writers left behind: temp files of a local store, incomplete multipart
+        uploads on S3. Invisible to readers; `enginefarm gc` removes those older than its grace period."""
+        return []
+
+    def delete_partial(self, name: str) -> None:
+        """Remove one leftover named by `list_partials`."""
 
     # Manifests -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -116,7 +124,7 @@ def cache_folder(prefix: str) -> str:
 
 
 def check_cache_name(name: str) -> str:
-    if not _CACHE_NAME.match(name) or ".." in name.split("/"):
+    if not isinstance(name, str) or not _CACHE_NAME.fullmatch(name) or ".." in name.split("/"):
         raise StoreError(f"{name!r} is not a valid cache object name")
     return name
 
@@ -125,14 +133,14 @@ def blob_relpath(digest: str) -> str:
     return f"blobs/sha256/{digest[:2]}/{digest}"
 
 
-_CHANNEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_CHANNEL_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.json$")
+_CHANNEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CHANNEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.json")
 
 
 def channel_relpath(channel: str, name: str) -> str:
-    if not _CHANNEL.match(channel):
+    if not _CHANNEL.fullmatch(channel):
         raise StoreError(f"{channel!r} is not a valid channel name", hint="letters, digits, '.', '_' and '-'")
-    if not _CHANNEL_FILE.match(name):
+    if not _CHANNEL_FILE.fullmatch(name):
         raise StoreError(f"{name!r} is not a valid channel file name")
     return f"channels/{channel}/{name}"
 

@@ -84,8 +84,10 @@ class HttpStore(Store):
     def list_blobs(self) -> Iterator[tuple[str, float]]:
         self._refuse("list blobs")
 
-    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         rel = blob_relpath(check_digest(digest))
+        if offset:
+            return self._reader(rel, None if size is None else size - offset, f"blob {digest[:12]}", offset)
         if size is not None and size >= self.parallel_threshold and self.workers > 1:
             return _ParallelReader(self, rel, size, digest)
         return self._reader(rel, size, f"blob {digest[:12]}")

@@ -10,21 +10,24 @@ from typing import BinaryIO, Callable, Iterator
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
+from ..faults import checkpoint
 from ..locks import file_lock
+from ..space import full_disk_as_error
 from .base import CappedReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 
-_HEX = re.compile(r"^[0-9a-f]{64}$")
-_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_HEX = re.compile(r"[0-9a-f]{64}")
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_PARTIAL = re.compile(r"\.[^/]+\.[0-9a-f]{12}\.incomplete")  # atomic.temp_sibling's names
 
 
 def check_digest(digest: str) -> str:
-    if not _HEX.match(digest):
+    if not isinstance(digest, str) or not _HEX.fullmatch(digest):
         raise StoreError(f"{digest!r} is not a sha256 hex digest")
     return digest
 
 
 def check_model(model: str) -> str:
-    if not _MODEL.match(model):
+    if not isinstance(model, str) or not _MODEL.fullmatch(model):
         raise StoreError(f"{model!r} is not a valid model name")
     return model
 
@@ -48,14 +51,18 @@ class LocalStore(Store):
         dest = self._blob(digest)
         if dest.exists():
             return False
-        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_sibling(dest)
         try:
-            with open(path, "rb") as src, open(tmp, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
-                    if progress:
-                        progress(len(chunk))
+            with full_disk_as_error(dest.parent, path.stat().st_size):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "rb") as src, open(tmp, "wb") as out:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                        if progress:
+                            progress(len(chunk))
+                    out.flush()
+                    os.fsync(out.fileno())  # durable before it becomes visible: a crash never links a hole into place
+                checkpoint("store:blob-temp")
             try:
                 os.link(tmp, dest)
             except FileExistsError:
@@ -64,12 +71,14 @@ class LocalStore(Store):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         try:
             handle = open(self._blob(digest), "rb")
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
-        return handle if size is None else CappedReader(handle, size)
+        if offset:
+            handle.seek(offset)
+        return handle if size is None else CappedReader(handle, size - offset)
 
     def delete_blob(self, digest: str) -> None:
         self._blob(digest).unlink(missing_ok=True)
@@ -79,8 +88,27 @@ class LocalStore(Store):
         if not base.is_dir():
             return
         for path in sorted(base.glob("??/*")):
-            if _HEX.match(path.name):
+            if _HEX.fullmatch(path.name):
                 yield path.name, path.stat().st_mtime
+
+    def list_partials(self) -> list[tuple[str, float]]:
+        """Temp files a killed writer left (`.<name>.<random>.incomplete`), with their mtimes."""
+        found = []
+        for folder in ("blobs/sha256", "manifests", "index", "channels", "caches"):
+            base = self.root / folder
+            if base.is_dir():
+                for path in base.rglob(".*.incomplete"):
+                    if _PARTIAL.fullmatch(path.name):
+                        try:
+                            found.append((str(path.relative_to(self.root)), path.stat().st_mtime))
+                        except FileNotFoundError:
+                            continue
+        return sorted(found)
+
+    def delete_partial(self, name: str) -> None:
+        path = (self.root / name).resolve()
+        if path.parent.is_relative_to(self.root) and _PARTIAL.fullmatch(path.name):
+            path.unlink(missing_ok=True)
 
     # Manifests -------------------------------------------------------------------------------------------
     def _manifest(self, key: str) -> Path:
@@ -93,7 +121,8 @@ class LocalStore(Store):
             return None
 
     def put_manifest_bytes(self, key: str, data: bytes) -> bool:
-        return write_once(self._manifest(key), data)
+        with full_disk_as_error(self.root / "manifests", len(data)):
+            return write_once(self._manifest(key), data)
 
     def open_manifest(self, key: str) -> BinaryIO:
         try:
@@ -105,7 +134,7 @@ class LocalStore(Store):
         base = self.root / "manifests"
         if base.is_dir():
             for path in sorted(base.glob("*.json")):
-                if _HEX.match(path.stem):
+                if _HEX.fullmatch(path.stem):
                     yield path.stem
 
     # Index -----------------------------------------------------------------------------------------------
@@ -126,7 +155,7 @@ class LocalStore(Store):
             _, current = self.get_index_bytes(model)
             if current != etag:
                 return False
-            with atomic_writer(path) as handle:
+            with full_disk_as_error(path.parent, len(data)), atomic_writer(path) as handle:
                 handle.write(data)
             return True
 
@@ -144,12 +173,14 @@ class LocalStore(Store):
             raise ArtifactNotFoundError(f"{channel_relpath(channel, name)} is missing from {self.url}") from None
 
     def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
-        with atomic_writer(self.root / channel_relpath(channel, name)) as handle:
+        path = self.root / channel_relpath(channel, name)
+        with full_disk_as_error(path.parent, len(data)), atomic_writer(path) as handle:
             handle.write(data)
 
     # Shared build caches ---------------------------------------------------------------------------------
     def put_cache_object(self, name: str, data: bytes) -> bool:
-        return write_once(self.root / "caches" / check_cache_name(name), data)
+        with full_disk_as_error(self.root / "caches", len(data)):
+            return write_once(self.root / "caches" / check_cache_name(name), data)
 
     def get_cache_object(self, name: str) -> bytes | None:
         try:

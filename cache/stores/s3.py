@@ -206,7 +206,7 @@ class S3Store(Store):
             if sha256_file(Path(tmp.name)) != digest:
                 raise StoreError(f"{self.url}: read-back of {rel} does not match its digest", hint="the store altered the object; check the bucket")
 
-    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         rel = blob_relpath(check_digest(digest))
         _, botocore = _boto()
         import urllib3
@@ -235,10 +235,29 @@ class S3Store(Store):
         transient = (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionError, botocore.exceptions.ResponseStreamingError,
                      botocore.exceptions.IncompleteReadError,
                      urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, ConnectionError, TimeoutError)
-        return ResumableReader(opener, expected_size=size, transient=transient, limits=Limits(), what=f"blob {digest[:12]}")
+        return ResumableReader(opener, expected_size=None if size is None else size - offset, transient=transient, limits=Limits(),
+                               what=f"blob {digest[:12]}", base=offset)
 
     def delete_blob(self, digest: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(blob_relpath(check_digest(digest))))
+
+    def list_partials(self) -> list[tuple[str, float]]:
+        """Incomplete multipart uploads under this prefix (a builder killed mid-upload): their parts cost storage."""
+        _, botocore = _boto()
+        found = []
+        try:
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=self._key("blobs/")):
+                for upload in page.get("Uploads", []):
+                    found.append((f"multipart:{upload['UploadId']}:{upload['Key']}", upload["Initiated"].timestamp()))
+        except botocore.exceptions.ClientError as exc:
+            raise self._fail(exc, "LIST multipart uploads") from None
+        return sorted(found)
+
+    def delete_partial(self, name: str) -> None:
+        kind, _, rest = name.partition(":")
+        upload, _, key = rest.partition(":")
+        if kind == "multipart" and key.startswith(self._key("blobs/")):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
 
     def list_blobs(self) -> Iterator[tuple[str, float]]:
         for item in self._list("blobs/sha256/"):

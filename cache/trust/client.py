@@ -16,14 +16,16 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Callable, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, ConfigError, OfflineError, StoreError, TrustError
 
+from ..atomic import write_bytes_atomic
+from ..index import IndexEntry
 from ..locks import file_lock
 from ..manifest import Manifest
 from ..stores.base import Store
-from . import require_tuf, target_path
+from . import binding, require_tuf, target_path
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +40,24 @@ def _fetchers():
 
     class StoreFetcher(FetcherInterface):
         """Channel metadata and target manifests from an enginefarm store (local, S3 or HTTP), as streams:
-        ngclient stops reading at the length it allows, so endless data costs nothing."""
+        ngclient stops reading at the length it allows, so endless data costs nothing. Metadata of another
+        channel is refused here, before ngclient trusts and stores it (binding.py)."""
 
         def __init__(self, store: Store, channel: str) -> None:
             self.store, self.channel = store, channel
+            self.trusted: Callable[[], dict | None] = lambda: None  # the binding of the root trusted now
 
         def _fetch(self, url: str) -> Iterator[bytes]:
             rel = url.removeprefix(_BASE)
             try:
                 if rel.startswith(f"channels/{self.channel}/"):
                     stream = self.store.open_channel_file(self.channel, rel.rsplit("/", 1)[-1])
+                    try:
+                        data = b"".join(_chunks_upto(stream, binding._LIMIT + 1))
+                    finally:
+                        stream.close()
+                    binding.check(data, self.channel, self.trusted(), f"channel {self.channel} of {self.store.url}, {rel.rsplit('/', 1)[-1]}")
+                    return iter([data])
                 elif rel.startswith("manifests/") and rel.endswith(".json"):
                     stream = self.store.open_manifest(rel[len("manifests/"):-len(".json")])
                 else:
@@ -63,8 +73,9 @@ def _fetchers():
     class ReplayFetcher(FetcherInterface):
         """Offline: hands the last verified metadata back to ngclient, which checks it again as if it were new."""
 
-        def __init__(self, folder: Path) -> None:
-            self.folder = folder
+        def __init__(self, folder: Path, channel: str) -> None:
+            self.folder, self.channel = folder, channel
+            self.trusted: Callable[[], dict | None] = lambda: None
 
         def _fetch(self, url: str) -> Iterator[bytes]:
             name = url.rsplit("/", 1)[-1]
@@ -72,9 +83,17 @@ def _fetchers():
             path = self.folder / f"{role}.json"
             if role == "root" or not path.is_file():  # no newer root offline; ngclient keeps the trusted one
                 raise DownloadHTTPError(f"{name} is not available offline", 404)
-            return _chunks(open(path, "rb"))
+            data = path.read_bytes()
+            binding.check(data, self.channel, self.trusted(), f"channel {self.channel} (verified earlier on this device), {name}")
+            return iter([data])
 
     return StoreFetcher, ReplayFetcher
+
+
+def _chunks_upto(stream, limit: int) -> Iterator[bytes]:
+    while limit > 0 and (chunk := stream.read(min(_CHUNK, limit))):
+        limit -= len(chunk)
+        yield chunk
 
 
 def _chunks(stream) -> Iterator[bytes]:
@@ -148,7 +167,7 @@ class ChannelClient:
         store_fetcher, replay_fetcher = _fetchers()
         if offline and not (self.dir / "timestamp.json").is_file():
             raise OfflineError(f"no verified release metadata for {self.what} on this device yet", hint="go online once (unset ENGINEFARM_OFFLINE)")
-        fetcher = replay_fetcher(self.dir) if offline else store_fetcher(self.store, self.channel)
+        fetcher = replay_fetcher(self.dir, self.channel) if offline else store_fetcher(self.store, self.channel)
         config = UpdaterConfig(prefix_targets_with_hash=False)  # targets are manifests/<build-key>.json, written once
         # ngclient writes each file atomically; the lock only keeps two processes from refreshing at once.
         with file_lock(self.lock, timeout=60):
@@ -163,38 +182,88 @@ class ChannelClient:
         except (RepositoryError, ValueError, KeyError, TypeError) as exc:
             raise TrustError(f"the trusted root for {self.what} is not valid TUF root metadata ({exc})", reason="invalid",
                              hint="ship the root.json from `enginefarm release export-root`") from None
+        bound = self._trusted_binding()
+        if bound is not None and bound.get("channel") != self.channel:
+            raise TrustError(f"the trusted root is the root of channel {bound.get('channel')!r}, not of {self.what}", reason="channel",
+                             hint="ship the root.json of this channel (`enginefarm release export-root --channel NAME`)")
+        fetcher.trusted = self._trusted_binding
+        previous = self._released()
         try:
             self.updater.refresh()
         except (RepositoryError, DownloadHTTPError) as exc:
             raise refusal(exc, self.what) from None
         except DownloadError as exc:
-            if isinstance(exc.__cause__, StoreError):
+            if isinstance(exc.__cause__, (StoreError, TrustError)):
                 raise exc.__cause__ from None
             raise refusal(exc, self.what) from None
+        self._note_yanked(previous)
+
+    def _trusted_binding(self) -> dict | None:
+        """The binding of the root ngclient trusts right now (its root chain may advance during a refresh): what
+        every file must carry. Read from ngclient's trusted set; if a python-tuf release hides it, from the newest
+        root ngclient persisted (it writes only roots it verified), else the shipped one."""
+        trusted = getattr(self.updater, "_trusted_set", None)
+        if trusted is not None:
+            return binding.of(trusted.root)
+        from tuf.api.metadata import Metadata
+
+        history = sorted(self.dir.glob("root_history/*.root.json"), key=lambda p: int(p.name.split(".")[0]))
+        return binding.of(Metadata.from_bytes(history[-1].read_bytes() if history else self.root).signed)
+
+    # Yanked artifacts ---------------------------------------------------------------------------------------
+    def _released(self) -> dict[str, dict]:
+        """build key → custom fields of the targets this device trusts now (before a refresh: the previous release)."""
+        from tuf.api.metadata import Metadata
+
+        try:
+            targets = Metadata.from_bytes((self.dir / "targets.json").read_bytes()).signed.targets
+        except Exception:  # none yet, or unreadable: nothing to compare with
+            return {}
+        return {str(t.custom.get("build_key")): dict(t.custom) for t in targets.values() if isinstance(t.custom, dict)}
+
+    def _note_yanked(self, previous: dict[str, dict]) -> None:
+        """Remember what a refresh withdrew, so a load that finds nothing says "yanked" instead of "build one"."""
+        record = self.dir / "yanked.json"
+        try:
+            yanked = json.loads(record.read_text()) if record.is_file() else {}
+        except ValueError:
+            yanked = {}
+        now = self._released()
+        yanked = {k: v for k, v in {**yanked, **{k: v for k, v in previous.items() if k not in now}}.items() if k not in now}
+        write_bytes_atomic(record, json.dumps(yanked, sort_keys=True).encode())
+
+    def yanked(self, model: str) -> list[dict]:
+        """Custom fields of `model`'s artifacts this device saw released and then withdrawn."""
+        try:
+            yanked = json.loads((self.dir / "yanked.json").read_text())
+        except (OSError, ValueError):
+            return []
+        return [v for v in yanked.values() if isinstance(v, dict) and v.get("model") == model]
 
     # What the channel holds --------------------------------------------------------------------------------
-    def targets(self) -> dict[str, Any]:
+    def targets(self) -> dict[str, object]:
         """path → TargetFile of the verified targets metadata."""
         from tuf.api.metadata import Metadata
 
         signed = Metadata.from_bytes((self.dir / "targets.json").read_bytes()).signed.targets
         return {path: info for path, info in signed.items() if self.updater.get_targetinfo(path) == info}
 
-    def entries(self, model: str) -> list[dict[str, Any]]:
-        """Index entries of `model`'s released artifacts, from the signed custom fields."""
+    def entries(self, model: str) -> list[IndexEntry]:
+        """Index entries of `model`'s released artifacts, from the signed custom fields. A malformed target is
+        skipped with a warning naming it; the others still resolve."""
         found = []
         for path, info in self.targets().items():
             custom = info.custom if isinstance(info.custom, dict) else {}
             if custom.get("model") != model or path != target_path(str(custom.get("build_key"))):
                 continue
             try:
-                entry = json.loads(custom.get("entry") or "")
-            except (TypeError, ValueError):
-                entry = None
-            if not isinstance(entry, dict):
+                entry = IndexEntry.from_dict(json.loads(custom.get("entry") or ""), model)
+            except (TypeError, ValueError, RecursionError) as exc:  # FieldError is a ValueError
+                log.warning("skipping %s, target %s: its entry is malformed (%s)", self.what, path, exc)
                 continue
-            if any(entry.get(f) != custom.get(f) for f in CHECKED_FIELDS if f != "model"):
-                continue  # a malformed target: resolution only trusts entries that agree with their own fields
+            if any(getattr(entry, f) != custom.get(f) for f in CHECKED_FIELDS if f != "model"):
+                log.warning("skipping %s, target %s: its entry disagrees with its signed fields", self.what, path)
+                continue  # resolution only trusts entries that agree with their own fields
             found.append(entry)
         return found
 

@@ -14,7 +14,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError, TrustError
 
 from ..manifest import Manifest
 from ..stores.base import Store
-from . import ROLES, require_tuf, target_path
+from . import ROLES, binding, require_tuf, target_path
 from .keys import generate, load_signers, retire, role_files
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def describe(manifest: Manifest) -> dict[str, Any]:
 
     # `entry` is JSON text: TUF's canonical JSON has no floats, and benchmarks are floats.
     return {"model": manifest.model, "component": manifest.component, "precision": manifest.precision,
-            "target": manifest.target, "build_key": manifest.build_key, "entry": json.dumps(manifest.index_entry(), sort_keys=True)}
+            "target": manifest.target, "build_key": manifest.build_key, "entry": json.dumps(manifest.index_entry().to_dict(), sort_keys=True)}
 
 
 class Channel:
@@ -90,6 +90,11 @@ class Channel:
             except UnsignedMetadataError as exc:
                 raise TrustError(f"channel {self.name} in {self.store.url}: {role} metadata does not verify ({exc})", reason="signature",
                                  hint="someone without the keys changed the channel; restore it from a backup") from None
+        # Signatures alone do not tell channels that share keys apart: never re-sign another channel's files as ours.
+        bound = binding.of(root.signed)
+        for role in ROLES:
+            metadata = getattr(state, role)
+            binding.check(metadata.to_bytes(), self.name, bound, f"channel {self.name} in {self.store.url}, {role}")
         return state
 
     def expires(self, root) -> dict[str, int]:
@@ -148,6 +153,9 @@ class Channel:
         root = state.root.signed
         order = ["targets", "snapshot", "timestamp"]
         todo = order[order.index(changed):] if changed in order else order
+        bound = binding.of(root)
+        for role in todo:
+            binding.stamp(getattr(state, role).signed, bound)
         if "targets" in todo:
             self._renew(state.targets, "targets", state.root, bump)
             self._sign(state.targets, "targets", [root], signers)
@@ -179,7 +187,7 @@ def init(store: Store, channel: str, keys_dir: Path, thresholds: dict[str, int] 
     thresholds = {role: 1 for role in ROLES} | (thresholds or {})
     policy = {**DEFAULT_EXPIRES, **(expires or {})}
     existing = load_signers(keys_dir) if keys_dir.is_dir() else {}
-    root = Root(expires=_in(policy["root"]), consistent_snapshot=True, unrecognized_fields={POLICY_FIELD: policy})
+    root = Root(expires=_in(policy["root"]), consistent_snapshot=True, unrecognized_fields={POLICY_FIELD: policy, binding.FIELD: binding.new(channel)})
     for role in ROLES:
         if thresholds[role] < 1:
             raise TrustError(f"threshold of {role} must be at least 1", reason="invalid")
@@ -239,6 +247,10 @@ def refresh(store: Store, channel: str, keys_dir: Path, roles: Iterable[str] = (
     roles = set(roles)
     signers = ch._signers()
     if "root" in roles:
+        if binding.of(state.root.signed) is None:  # a channel from before bindings: bind it, and re-sign every role with it
+            binding.stamp(state.root.signed, binding.new(channel))
+            roles |= {"targets", "snapshot"}
+            log.warning("channel %s is now bound to its name and a new repository id; apps follow the new root on their next refresh", channel)
         ch._renew(state.root, "root", state.root)
         ch._sign(state.root, "root", [state.root.signed], signers)
     top = next(role for role in ("targets", "snapshot", "timestamp") if role in roles | {"timestamp"})

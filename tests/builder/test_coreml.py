@@ -70,7 +70,7 @@ def test_cli_build_stores_an_inspectable_package_per_precision(tiny_recipe, cli,
     store = open_store(os.environ["ENGINEFARM_STORE"])
     cache = DeviceCache(Path(os.environ["ENGINEFARM_HOME"]))
     specs = {}
-    for key in read_index(store, "tiny-sd")["entries"]:
+    for key in read_index(store, "tiny-sd").entries:
         manifest = read_manifest(store, key)
         # the package, and golden samples for the first Mac that loads it to check it on (runner/golden.py)
         assert [(f.path, f.role) for f in manifest.files] == [("model.mlpackage.tar", "model"), ("golden.safetensors", "golden")]

@@ -19,7 +19,7 @@ def built(tiny_recipe, cli, tmp_path):
     def build(precision):
         cli("build", str(tiny_recipe(precisions=(precision,), targets=("openvino:cpu",))), "--no-bench", check=True)
         store = open_store(tmp_path / "store")
-        manifest = next(read_manifest(store, k) for k in read_index(store, "tiny-sd")["entries"]
+        manifest = next(read_manifest(store, k) for k in read_index(store, "tiny-sd").entries
                         if read_manifest(store, k).precision == precision)
         return manifest, DeviceCache(tmp_path / "home").fetch(store, manifest)
 

@@ -34,7 +34,7 @@ def built(tmp_path, write_recipe, cli):
 
 
 def _entries(tmp_path) -> dict:
-    return {e["target"]: e for e in read_index(open_store(tmp_path / "store"), "lin")["entries"].values()}
+    return {e.target: e.to_dict() for e in read_index(open_store(tmp_path / "store"), "lin").entries.values()}
 
 
 def test_build_revalidates_when_validate_changes_and_rebuilds_nothing(built, tmp_path, cli):

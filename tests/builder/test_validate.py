@@ -90,10 +90,10 @@ samples = "samples.npz"
     cli("build", str(recipe), "--no-bench", check=True)
     from enginefarm.cache.artifacts import read_index
 
-    (entry,) = read_index(open_store(tmp_path / "store"), "lin")["entries"].values()
+    (entry,) = read_index(open_store(tmp_path / "store"), "lin").entries.values()
     from enginefarm.cache.artifacts import read_manifest
 
-    manifest = read_manifest(open_store(tmp_path / "store"), entry["build_key"])
+    manifest = read_manifest(open_store(tmp_path / "store"), entry.build_key)
     cases = {c["case"]: c["shape"] for c in manifest.validation["checks"]}
     assert cases == {"min": [1, 8], "opt": [2, 8], "max": [4, 8], "samples": [3, 8]}
 
@@ -107,7 +107,7 @@ def test_openvino_computes_in_the_precision_it_promises(tiny_recipe, cli, tmp_pa
     from enginefarm.cache.artifacts import read_index, read_manifest
 
     store = open_store(tmp_path / "store")
-    (key,) = read_index(store, "tiny-sd")["entries"]
+    (key,) = read_index(store, "tiny-sd").entries
     computed = read_manifest(store, key).validation["compute_precision"]
     if expected is None:  # fp16 computes in fp16 where the CPU has it, else fp32; never bf16
         caps = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")

@@ -91,11 +91,11 @@ class StoreConformance:
         one, two = make_manifest("a", digest, 1), make_manifest("b", digest, 1, target="openvino:cpu")
         publish(store, one, {digest: path})
         publish(store, two, {digest: path})
-        entries = read_index(reader, "m")["entries"]
+        entries = read_index(reader, "m").entries
         assert set(entries) == {one.build_key, two.build_key}
-        assert entries[two.build_key]["target"] == "openvino:cpu"
+        assert entries[two.build_key].target == "openvino:cpu"
         assert list(store.list_models()) == ["m"]
-        assert read_index(reader, "nomodel")["entries"] == {}
+        assert read_index(reader, "nomodel").entries == {}
 
     def test_index_cas_rejects_a_stale_etag(self, store):
         assert store.cas_index_bytes("m", b'{"v": 1}', None)
@@ -113,7 +113,7 @@ class StoreConformance:
             t.start()
         for t in threads:
             t.join()
-        assert set(read_index(store, "m")["entries"]) == {m.build_key for m in manifests}
+        assert set(read_index(store, "m").entries) == {m.build_key for m in manifests}
 
     def test_lost_index_is_rebuilt_from_manifests(self, store, tmp_path):
         digest, path = blob_file(tmp_path, b"x")
@@ -121,13 +121,13 @@ class StoreConformance:
         publish(store, manifest, {digest: path})
         raw, etag = store.get_index_bytes("m")
         assert store.cas_index_bytes("m", json.dumps({"format": 1, "model": "m", "entries": {}}).encode(), etag)
-        assert read_index(store, "m")["entries"] == {}
+        assert read_index(store, "m").entries == {}
         assert rebuild_index(store) == {"m": 1}
-        assert set(read_index(store, "m")["entries"]) == {manifest.build_key}
+        assert set(read_index(store, "m").entries) == {manifest.build_key}
 
     def test_garbage_index_reads_as_empty(self, store):
         store.cas_index_bytes("m", b"not json", None)
-        assert read_index(store, "m")["entries"] == {}
+        assert read_index(store, "m").entries == {}
 
     def test_channel_files_are_replaced_and_streamed(self, store, reader):
         store.put_channel_file("stable", "timestamp.json", b'{"v": 1}')

@@ -380,7 +380,7 @@ def test_a_root_from_another_channel_is_refused(release, monkeypatch, tmp_path):
     repo.init(store, "beta", tmp_path / "other-keys")
     other_root = tmp_path / "beta-root.json"
     other_root.write_bytes(repo.root_bytes(store, "beta"))
-    refused(App(store, other_root, tmp_path / "fresh-device"), monkeypatch, reason="signature")
+    refused(App(store, other_root, tmp_path / "fresh-device"), monkeypatch, reason="channel")
 
 
 @pytest.mark.parametrize("content", [b"not json", b'{"signed": {}, "signatures": []}'])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from enginefarm.cache.index import IndexEntry
 from enginefarm.runner.device import Device
 from enginefarm.runner.resolve import resolve
 
@@ -12,17 +13,17 @@ CPU_V3 = Device("cpu", "Ryzen", "cpu-x86_64-v3", ("openvino:cpu", "onnxruntime:c
 
 
 def entry(key: str, target: str, precision: str = "fp32", benches=(), runtime=None, component="vae"):
-    return {
+    return IndexEntry.from_dict({
         "build_key": key * 64 if len(key) == 1 else key, "component": component, "precision": precision, "target": target,
         "profile_name": "default", "profile": {}, "constraints": {"runtime": runtime or {}},
         "benchmarks": [{"device": {"class": cls}, "p50_ms": ms} for cls, ms in benches],
-    }
+    }, "m")
 
 
 def pick(entries, device=CPU_V4, precision=None):
     resolution = resolve("m/vae", [(e, "store") for e in entries], precision, [device])
     ranked = resolution.ranked
-    return (ranked[0].entry["build_key"][0] if ranked else None), resolution
+    return (ranked[0].entry.build_key[0] if ranked else None), resolution
 
 
 CASES = [
@@ -65,7 +66,7 @@ def test_an_artifact_that_fails_to_load_falls_back_to_the_next(tiny_recipe, cli,
 
     cli("build", str(tiny_recipe()), check=True)
     store = open_store(tmp_path / "store")
-    (good_key,) = read_index(store, "tiny-sd")["entries"]
+    (good_key,) = read_index(store, "tiny-sd").entries
     good = read_manifest(store, good_key)
     broken_dir = tmp_path / "broken"
     broken_dir.mkdir()

@@ -6,15 +6,26 @@ from __future__ import annotations
 import pytest
 
 from enginefarm.builder.backends.base import Availability
+from enginefarm.cache.index import IndexEntry
 from enginefarm.runner.device import Device, amd_device, apple_device, nvidia_device, nvidia_targets
 from enginefarm.runner.resolve import resolve
 
 CPU = Device("cpu", "Ryzen 7 5800X", "cpu-x86_64-v3", ("openvino:cpu", "onnxruntime:cpu"), {"os": "linux"})
 
 
+NAMES: dict[str, str] = {}  # build key → the letter a test names an entry by
+
+
+def key(name: str) -> str:
+    """A hex build key that starts with the entry's letter where the letter is a hex digit."""
+    return (name if name in "abcdef" else "0123456789"["ghijklmnop".index(name)]) * 64
+
+
 def entry(name: str, target: str, bench: tuple[str, float] | None = None, precision: str = "fp16", **constraints):
-    return {"build_key": name * 64, "component": "vae", "precision": precision, "target": target, "profile_name": "default",
-            "profile": {}, "constraints": constraints, "benchmarks": [{"device": {"class": bench[0]}, "p50_ms": bench[1]}] if bench else []}
+    NAMES[key(name)] = name
+    return IndexEntry.from_dict({"build_key": key(name), "component": "vae", "precision": precision, "target": target, "profile_name": "default",
+                                 "profile": {}, "constraints": constraints,
+                                 "benchmarks": [{"device": {"class": bench[0]}, "p50_ms": bench[1]}] if bench else []}, "sd15")
 
 
 FARM = [
@@ -49,14 +60,14 @@ def pick(devices, entries=FARM, precision=None):
     resolution = resolve("sd15/vae", [(e, "store") for e in entries], precision, devices, can_load=lambda target: Availability(True, True))
     ranked = resolution.ranked
     chosen = ranked[0] if ranked else None
-    return (chosen.entry["build_key"][0] if chosen else None), resolution.explain(chosen)
+    return (NAMES[chosen.entry.build_key] if chosen else None), resolution.explain(chosen)
 
 
 @pytest.mark.parametrize("name,devices,expected,words", DEVICES, ids=[d[0] for d in DEVICES])
 def test_each_device_gets_the_right_engine(name, devices, expected, words):
     chosen, explanation = pick(devices)
     assert chosen == expected, explanation
-    assert f"[{expected * 12}]" in explanation.splitlines()[1]
+    assert f"[{key(expected)[:12]}]" in explanation.splitlines()[1]
     assert words in explanation
 
 
@@ -86,7 +97,7 @@ def test_os_constraint():
 
 def test_backends_this_machine_cannot_load_are_skipped_with_the_reason():
     resolution = resolve("sd15/vae", [(e, "store") for e in FARM], None, [nvidia_device("RTX 4090", 8, 9, "550", 24564), CPU])
-    assert resolution.ranked[0].entry["target"] in ("onnxruntime:cpu", "openvino:cpu")
+    assert resolution.ranked[0].entry.target in ("onnxruntime:cpu", "openvino:cpu")
     assert "cannot load here: tensorrt is not installed" in resolution.explain()
 
 

@@ -1,0 +1,220 @@
+"""The per-model index (`index/<model>.json`): what resolution needs to pick an artifact, one GET per model.
+
+The index is store-side data, so it is checked at the edge: every entry becomes an `IndexEntry` or is skipped
+with a warning that names it; one bad entry never hides the others. It is the one type resolution works on,
+whether an entry comes from a store's index, the device cache or a signed release channel.
+
+Updates are a compare-and-swap merge on every store (atomic replace under a lock locally, `If-Match` on S3):
+each writer re-reads, merges its entries into what is there, and retries on conflict, so no writer's entry is
+lost and none overwrites another's."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Iterable
+
+from . import fields as f
+from .manifest import Target
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
+    from .stores.base import Store
+
+log = logging.getLogger(__name__)
+
+INDEX_FORMAT = 1
+_CAS_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One artifact as resolution sees it: what it is, what it needs, how fast it ran, how big it is."""
+
+    build_key: str
+    model: str
+    component: str
+    precision: str
+    profile_name: str
+    target: str
+    profile: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    constraints: dict[str, Any] = field(default_factory=dict)
+    benchmarks: tuple[dict[str, Any], ...] = ()
+    size: int = 0
+    stored_size: int = 0
+    created: str | None = None
+    validation: dict[str, Any] = field(default_factory=dict)  # the current verdict (see verdict_summary)
+
+    @property
+    def parsed_target(self) -> Target:
+        return Target.parse(self.target)
+
+    @property
+    def label(self) -> str:
+        return f"{self.target} {self.precision} [{self.build_key[:12]}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form, as stored in the index and signed in a channel's targets (the model is the index's)."""
+        return {"build_key": self.build_key, "component": self.component, "precision": self.precision, "profile_name": self.profile_name,
+                "profile": self.profile, "target": self.target, "toolchain": self.toolchain, "constraints": self.constraints,
+                "benchmarks": list(self.benchmarks), "size": self.size, "stored_size": self.stored_size, "created": self.created,
+                "validation": self.validation}
+
+    @property
+    def failed_validation(self) -> bool:
+        """A re-check against the recipe's current [validate] failed: stored, but no longer to be served."""
+        return self.validation.get("passed") is False
+
+    @classmethod
+    def of(cls, manifest: "Manifest") -> "IndexEntry":
+        return cls(manifest.build_key, manifest.model, manifest.component, manifest.precision, manifest.profile_name, manifest.target,
+                   manifest.profile, manifest.toolchain, manifest.constraints, tuple(manifest.benchmarks),
+                   sum(x.size for x in manifest.files), sum(x.stored_size for x in manifest.files), manifest.provenance.get("created"),
+                   verdict_summary(manifest.validation))
+
+    @classmethod
+    def from_dict(cls, data: Any, model: str) -> "IndexEntry":
+        """Raises FieldError naming the first wrong field. Unknown fields are ignored (a newer writer's additions)."""
+        data = f.mapping(data, "entry")
+        target = f.text(data.get("target"), "target")
+        try:
+            Target.parse(target)
+        except ValueError as exc:
+            raise f.FieldError("target", str(exc)) from None
+        return cls(
+            build_key=f.text(data.get("build_key"), "build_key", pattern=f.HEX64),
+            model=model,
+            component=f.text(data.get("component"), "component"),
+            precision=f.text(data.get("precision"), "precision"),
+            profile_name=f.text(data.get("profile_name"), "profile_name"),
+            target=target,
+            profile=f.profile(data.get("profile", {}), "profile"),
+            toolchain=f.text_map(data.get("toolchain", {}), "toolchain"),
+            constraints=f.constraints(data.get("constraints", {}), "constraints"),
+            benchmarks=f.benchmarks(data.get("benchmarks", []), "benchmarks"),
+            size=f.integer(data.get("size", 0), "size"),
+            stored_size=f.integer(data.get("stored_size", 0), "stored_size"),
+            created=f.optional_text(data.get("created"), "created"),
+            validation=_verdict(data.get("validation", {})),
+        )
+
+
+VERDICT_FIELDS = {"passed": (bool, type(None)), "executed": (bool,), "settings": (str,), "min_cosine": (int, float, type(None)),
+                  "failure": (str,), "revalidated": (str,), "why": (str,)}
+
+
+def verdict_summary(validation: dict[str, Any]) -> dict[str, Any]:
+    """What resolution needs of a validation record: the verdict, the settings it was reached under, the scores."""
+    return {k: validation[k] for k in VERDICT_FIELDS if k in validation}
+
+
+def _verdict(value: Any) -> dict[str, Any]:
+    verdict = f.mapping(value, "validation")
+    for name, kinds in VERDICT_FIELDS.items():
+        if name in verdict and (not isinstance(verdict[name], kinds) or (bool not in kinds and isinstance(verdict[name], bool))):
+            raise f.FieldError(f"validation.{name}", f"has the wrong type ({type(verdict[name]).__name__})")
+    return verdict_summary(verdict)
+
+
+@dataclass
+class Index:
+    model: str
+    entries: dict[str, IndexEntry] = field(default_factory=dict)  # build key → entry
+    skipped: list[str] = field(default_factory=list)  # why each bad entry was left out
+
+    def to_json(self) -> bytes:
+        data = {"format": INDEX_FORMAT, "model": self.model, "entries": {k: e.to_dict() for k, e in sorted(self.entries.items())}}
+        return json.dumps(data, indent=1, sort_keys=True).encode()
+
+
+def parse_index(raw: bytes | None, model: str, where: str = "") -> Index:
+    """The index's valid entries. A damaged index or entry is logged with its name and left out, never raised."""
+    index = Index(model)
+    if raw is None:
+        return index
+    name = f"{where}index/{model}.json" if where else f"index of {model}"
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        log.warning("%s is not JSON; treating it as empty (run `enginefarm index --store URL` to rebuild it)", name)
+        return index
+    if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT or not isinstance(data.get("entries"), dict):
+        log.warning("%s has an unknown shape; treating it as empty (run `enginefarm index --store URL` to rebuild it)", name)
+        return index
+    for key, value in data["entries"].items():
+        try:
+            entry = IndexEntry.from_dict(value, model)
+            if entry.build_key != key:
+                raise f.FieldError("build_key", f"is {entry.build_key[:12]}, but the entry is filed under {key[:12]}")
+        except f.FieldError as exc:
+            index.skipped.append(f"{name}: entry {str(key)[:16]}: {exc}")
+            log.warning("skipping %s", index.skipped[-1])
+            continue
+        index.entries[key] = entry
+    return index
+
+
+def read_index(store: "Store", model: str) -> Index:
+    raw, _ = store.get_index_bytes(model)
+    return parse_index(raw, model, f"{store.url}/")
+
+
+def select_entries(store: "Store", models=(), components=(), targets=(), precisions=(), keys=()) -> list[IndexEntry]:
+    """Index entries matching every given filter (empty: any). Shared by `publish` and `release promote`."""
+    from .manifest import target_matches
+
+    selected = []
+    for name in models or tuple(store.list_models()):
+        for entry in read_index(store, name).entries.values():
+            if ((not components or entry.component in components)
+                    and target_matches(entry.target, targets)
+                    and (not precisions or entry.precision in precisions)
+                    and (not keys or any(entry.build_key.startswith(k) for k in keys))):
+                selected.append(entry)
+    return selected
+
+
+def update_index(store: "Store", manifests: Iterable["Manifest"], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None) -> None:
+    """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there.
+
+    A re-validation's verdict (an entry's `validation` with `revalidated`) is newer than the build's own record and is
+    kept when the manifest is indexed again; `verdicts` (build key → record) sets it.
+    Some servers' conditional writes are not atomic (two writers can both 'win'), so each write is read back:
+    if our entries are not all there, merge again. An index that already holds exactly our entries is left
+    alone, so re-running a publish rewrites nothing. A lost update in the end costs a rebuild, never an artifact."""
+    verdicts = verdicts or {}
+    by_model: dict[str, list[IndexEntry]] = {}
+    for manifest in manifests:
+        entry = IndexEntry.of(manifest)
+        if manifest.build_key in verdicts:
+            entry = replace(entry, validation=verdict_summary(verdicts[manifest.build_key]))
+        by_model.setdefault(manifest.model, []).append(entry)
+    if replace_all:
+        for model in store.list_models():
+            by_model.setdefault(model, [])
+    for model, ours in by_model.items():
+        for attempt in range(_CAS_ATTEMPTS):
+            raw, etag = store.get_index_bytes(model)
+            index = Index(model) if replace_all else parse_index(raw, model, f"{store.url}/")
+            wanted = [_keep_recheck(e, index.entries.get(e.build_key), verdicts) for e in ours]
+            if not replace_all and all(index.entries.get(e.build_key) == e for e in wanted):
+                break
+            index.entries.update({e.build_key: e for e in wanted})
+            if store.cas_index_bytes(model, index.to_json(), etag):
+                current = read_index(store, model).entries
+                if all(current.get(e.build_key) == e for e in wanted):
+                    break
+            time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
+        else:
+            log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)
+
+
+def _keep_recheck(entry: IndexEntry, present: IndexEntry | None, verdicts: dict[str, dict]) -> IndexEntry:
+    """An entry about to be written keeps the verdict of a re-check already in the index, unless it brings its own."""
+    if entry.build_key in verdicts or present is None or not present.validation.get("revalidated"):
+        return entry
+    return replace(entry, validation=present.validation)

@@ -1,0 +1,183 @@
+"""Store-side data is checked at the edge (issue 17, findings 3 and 6): a bad index entry is skipped with a warning
+that names it, and every other artifact still resolves, in `load`, `fetch`, `ls` and `publish`; a malformed
+manifest is refused before anything is cached, and an artifact that verifies but does not load is not kept."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+import enginefarm
+from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.index import IndexEntry, parse_index, read_index
+from enginefarm.cache.manifest import Manifest
+from enginefarm.cache.stores import open_store
+from enginefarm.errors import IntegrityError
+from tests.releases import REF, artifact
+
+GOOD = {"build_key": "e" * 64, "component": "lin", "precision": "fp32", "profile_name": "default", "target": "onnxruntime:cpu"}
+
+# Each replaces the whole entry, or one field of a valid one: the shapes that crashed fetch, load, ls and publish.
+BAD_ENTRIES = {
+    "null": None,
+    "a list": [],
+    "a string": "entry",
+    "empty": {},
+    "key not text": {**GOOD, "build_key": 5},
+    "key not hex": {**GOOD, "build_key": "z" * 64},
+    "target without device": {**GOOD, "target": "onnxruntime"},
+    "target a number": {**GOOD, "target": 7},
+    "component null": {**GOOD, "component": None},
+    "precision a number": {**GOOD, "precision": 16},
+    "benchmarks not a list": {**GOOD, "benchmarks": {"p50_ms": 1}},
+    "benchmark speed text": {**GOOD, "benchmarks": [{"device": {"class": "cpu-x86_64-v3"}, "p50_ms": "fast"}]},
+    "benchmark device null": {**GOOD, "benchmarks": [{"device": None, "p50_ms": 1.0}]},
+    "constraints null": {**GOOD, "constraints": None},
+    "runtime a string": {**GOOD, "constraints": {"runtime": "onnxruntime>=1"}},
+    "os a string": {**GOOD, "constraints": {"os": "linux"}},
+    "vram text": {**GOOD, "constraints": {"vram_mb": "lots"}},
+    "size negative": {**GOOD, "size": -1},
+    "profile corner text": {**GOOD, "profile": {"x": {"min": "1", "opt": [1], "max": [1]}}},
+}
+
+
+@pytest.fixture
+def store_with_bad_entries(tmp_path):
+    """m/lin published and loadable, plus every bad entry of BAD_ENTRIES in its index."""
+    store = open_store(tmp_path / "store")
+    good = artifact(store, tmp_path, "good")
+    path = tmp_path / "store" / "index" / "m.json"
+    index = json.loads(path.read_text())
+    for i, (name, value) in enumerate(BAD_ENTRIES.items()):
+        index["entries"][f"{i:02d}-{name}"] = value
+    index["entries"]["f" * 64] = {**GOOD, "build_key": "d" * 64}  # filed under another key than it names
+    path.write_text(json.dumps(index))
+    return store, good
+
+
+def test_a_bad_index_entry_is_skipped_with_a_warning_and_the_good_one_loads(store_with_bad_entries, caplog):
+    store, good = store_with_bad_entries
+    with caplog.at_level(logging.WARNING):
+        session = enginefarm.load(REF, device="cpu", store=store.url)
+    assert session.artifact.build_key == good.build_key
+    assert session.run({"x": np.ones((1, 8), np.float32)})["y"].shape == (1, 8)
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    for i, name in enumerate(BAD_ENTRIES):
+        assert f"entry {i:02d}-{name}"[:22] in warned, f"no warning names the bad entry {name!r}"
+    assert "filed under" in warned
+
+
+def test_fetch_ls_and_publish_skip_bad_entries_without_a_traceback(store_with_bad_entries, tmp_path, cli):
+    store, good = store_with_bad_entries
+    fetched = cli("fetch", REF, "--device", "cpu", "--store", store.url)
+    assert fetched.returncode == 0 and good.build_key[:12] in fetched.stdout, fetched.stderr
+    listed = cli("ls", "--store", store.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [row["build_key"] for row in json.loads(listed.stdout)] == [good.build_key]
+    copied = cli("publish", "--from", store.url, "--to", str(tmp_path / "copy"))
+    assert copied.returncode == 0 and "1 copied" in copied.stdout, copied.stderr
+    for proc in (fetched, listed, copied):
+        assert "Traceback" not in proc.stderr and "skipping" in proc.stderr  # the warning names what was left out
+    assert set(read_index(open_store(tmp_path / "copy"), "m").entries) == {good.build_key}
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b"not json", b'{"format": 1, "entries": null}', b"[" * 100_000 + b"]" * 100_000])
+def test_a_damaged_index_reads_as_empty(raw, caplog):
+    assert parse_index(raw, "m").entries == {}
+    assert "index of m" in caplog.text
+
+
+def test_index_entries_round_trip_their_wire_form(tmp_path):
+    store = open_store(tmp_path / "store")
+    manifest = artifact(store, tmp_path, "a", p50=1.5)
+    entry = read_index(store, "m").entries[manifest.build_key]
+    assert entry == IndexEntry.of(manifest) == IndexEntry.from_dict(entry.to_dict(), "m")
+    assert entry.model == "m" and entry.benchmarks[0]["p50_ms"] == 1.5
+
+
+def _valid_manifest_dict() -> dict:
+    from tests.cache.test_store_conformance import make_manifest
+
+    return make_manifest("x", "a" * 64, 10).to_dict()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("model", 5), ("target", "cpu"), ("build_key", "a" * 63), ("profile", {"x": {"min": [1]}}), ("toolchain", {"ort": 1}),
+    ("files", {"model.onnx": 1}), ("files", [{"path": "m", "role": "model", "size": "10", "sha256": "a" * 64, "codec": "none",
+                                             "stored_size": 10, "stored_sha256": "a" * 64}]),
+    ("files", [{"path": "m"}]), ("io", {"inputs": "x"}), ("io", {"inputs": [{"name": "x", "dtype": "float33"}]}),
+    ("constraints", {"os": "linux"}), ("benchmarks", [{"p50_ms": 1}]), ("options", []), ("validation", None),
+])
+def test_manifest_field_types_are_checked(field, value):
+    data = {**_valid_manifest_dict(), field: value}
+    with pytest.raises(IntegrityError, match="manifest is malformed"):
+        Manifest.from_dict(data)
+
+
+def test_a_manifest_path_with_a_trailing_newline_is_refused():
+    data = _valid_manifest_dict()
+    data["files"][0]["path"] = "model.onnx\n"
+    with pytest.raises(IntegrityError):
+        Manifest.from_dict(data)
+
+
+def test_deeply_nested_manifest_json_is_an_integrity_error():
+    with pytest.raises(IntegrityError, match="nested too deeply"):
+        Manifest.from_json(b"[" * 100_000 + b"]" * 100_000)
+
+
+def _rewrite_manifest(store, manifest: Manifest, **changes) -> None:
+    path = store.root / "manifests" / f"{manifest.build_key}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_malformed_manifest_is_never_cached_and_a_fixed_store_loads(tmp_path, monkeypatch):
+    """Finding 6: the manifest's files hash right but a field is wrong; before, it was cached, failed with an
+    unhelpful error on every load even after the store was fixed, and `cache verify` said ok."""
+    store = open_store(tmp_path / "store")
+    good = artifact(store, tmp_path, "a")
+    original = (store.root / "manifests" / f"{good.build_key}.json").read_bytes()
+    _rewrite_manifest(store, good, io={"inputs": "x"})
+    with pytest.raises(IntegrityError, match="io.inputs"):
+        enginefarm.load(REF, device="cpu", store=store.url)
+    assert list(DeviceCache(tmp_path / "home").entries()) == []
+    (store.root / "manifests" / f"{good.build_key}.json").write_bytes(original)  # the store is fixed
+    assert enginefarm.load(REF, device="cpu", store=store.url).artifact == good
+
+
+def test_an_artifact_that_verifies_but_does_not_load_is_not_kept(tmp_path, caplog):
+    """A store that served a model its backend cannot read (hashes consistent): after the store is fixed, the next
+    load fetches again instead of failing on the cached copy forever."""
+    from enginefarm.cache.artifacts import pack_files, publish
+
+    store = open_store(tmp_path / "store")
+    good = artifact(store, tmp_path, "a")
+    broken_src = tmp_path / "broken"
+    broken_src.mkdir()
+    (broken_src / "model.onnx").write_bytes(b"not an onnx model")
+    files, blobs = pack_files(broken_src, [("model.onnx", "model")], tmp_path / "broken-blobs")
+    for digest, path in blobs.items():
+        store.put_blob(digest, path)
+    manifest_path = store.root / "manifests" / f"{good.build_key}.json"
+    original = manifest_path.read_bytes()
+    manifest_path.write_bytes(Manifest.from_dict({**good.to_dict(), "files": [f.__dict__ for f in files]}).to_json())
+    with pytest.raises(Exception) as caught:
+        enginefarm.load(REF, device="cpu", store=store.url)
+    assert str(caught.value).strip() and "failed" in str(caught.value) or "ONNX" in str(caught.value)
+    assert list(DeviceCache(tmp_path / "home").entries()) == [], "an artifact that does not load must not stay cached"
+    manifest_path.write_bytes(original)
+    assert enginefarm.load(REF, device="cpu", store=store.url).artifact == good
+
+
+def test_cache_verify_reports_a_malformed_cached_manifest(tmp_path, cli):
+    store = open_store(tmp_path / "store")
+    good = artifact(store, tmp_path, "a")
+    enginefarm.load(REF, device="cpu", store=store.url)
+    cached = tmp_path / "home" / "artifacts" / good.build_key / "manifest.json"
+    cached.write_text(json.dumps({**json.loads(cached.read_text()), "io": {"inputs": "x"}}))
+    proc = cli("cache", "verify")
+    assert proc.returncode == 1 and f"evicted [{good.build_key[:12]}]" in proc.stdout, proc.stdout + proc.stderr
+    assert not cached.parent.exists()

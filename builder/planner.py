@@ -15,6 +15,7 @@ from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
 from .backends import availability, get_backend, job_options
 from .backends.base import Availability
+from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
 from .profiles import STATIC_PROFILE, Resolved, is_static, resolve_profile
@@ -73,6 +74,7 @@ class Job:
     resources: Resources = Resources()
     options: dict[str, Any] = field(default_factory=dict)  # the backend's build options, defaults filled in
     checkpoint: LocalSource | None = None  # base weights whose names the artifact's weight map speaks
+    weight_bytes: int = 0  # the source's weights: what the job's memory need is estimated from (memory.py)
 
     @property
     def id(self) -> str:
@@ -149,6 +151,7 @@ class PlannedJob:
             "recipe": str(job.recipe_path),
             "status": self.status,
             "runs_on": self.runs_on or runner_labels(job.target),
+            "memory_gb": gb(job_need_bytes(job)),
         }
 
 
@@ -165,6 +168,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
         except EnginefarmError as exc:
             raise RecipeError(recipe.path, f"{key}.source", str(exc), hint=exc.hint) from None
         inputs, outputs = io_of(header)
+        weights = source_weight_bytes(source.path)
         checkpoint = _checkpoint(recipe, comp.checkpoint, f"{key}.checkpoint") if comp.checkpoint else None
         _check_validate_inputs(recipe, comp.validate, inputs, f"{key}.validate.inputs")
         if comp.profiles:
@@ -182,7 +186,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
                             target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
-                            job_options(target, comp.options), checkpoint)
+                            job_options(target, comp.options), checkpoint, weights)
                     )
     return jobs
 
@@ -250,7 +254,7 @@ def plan(
         if entry.key and store is not None:
             entry.built = store.get_manifest_bytes(entry.key) is not None
         if runners is not None:
-            runner, why = route(str(job.target), job.resources, runners)
+            runner, why = route(str(job.target), Resources(job_need_bytes(job) / 1e9, job.resources.gpu_vram_gb), runners)
             entry.runs_on, entry.unroutable = (list(runner.labels), "") if runner else ([], why)
         else:
             entry.runs_on = runner_labels(job.target)
@@ -281,6 +285,7 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
                 "jobs": " ".join(p.job.id for p in chunk),
                 "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
                 "extras": ",".join(["all"] + sorted({EXTRAS[p.job.target.backend] for p in chunk if p.job.target.backend in EXTRAS})),
+                "memory_gb": max(gb(job_need_bytes(p.job)) for p in chunk),  # the largest job's need: one at a time fits
             })
     skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable} for p in planned if p.unroutable]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}

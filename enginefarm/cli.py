@@ -113,12 +113,12 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     from rich.table import Table
 
     table = Table(title=f"{len(planned)} jobs")
-    for column in ("job", "key", "model/component", "precision", "profile", "target", "runs on", "status"):
+    for column in ("job", "key", "model/component", "precision", "profile", "target", "memory", "runs on", "status"):
         table.add_column(column)
     for p in planned:
         style = "green" if p.built else "red" if p.unroutable else "yellow" if p.availability.can_build else "dim"
         table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target),
-                      escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
+                      f"{p.to_dict()['memory_gb']:g} GB", escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
     _console().print(table)
 
 
@@ -130,11 +130,18 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
 @click.option("-j", "--jobs-parallel", "parallel", type=click.IntRange(1, 64), default=1, show_default=True, help="Jobs built at once, each in its own process.")
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark (resolution then cannot rank by speed).")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the results as JSON here.")
-def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report):
-    """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet."""
+@click.option("--memory", metavar="SIZE", help="Memory the jobs may use together, e.g. 16G (default: what is available when the build starts).")
+def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report, memory):
+    """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet.
+
+    Jobs run in parallel (-j) only while their estimated memory needs fit --memory together; `plan` shows each
+    job's need. The report (--report) gives each job's time and peak memory per stage."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from enginefarm.builder.executor import run_jobs
+    from enginefarm.settings import parse_size
+
+    budget = parse_size("--memory", memory)
 
     planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs)
     todo = [p.job for p in planned if p.availability.can_build and not p.built]
@@ -162,11 +169,12 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
                     bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
                 elif kind == "done":
                     color = {"built": "green", "exists": "green", "failed": "red"}[detail.status]
-                    extra = f" ({detail.seconds:.1f}s)" if detail.status == "built" else f": {detail.reason}" if detail.reason else ""
+                    peak = f", peak {detail.peak_rss_mb / 1024:.1f} GB" if detail.peak_rss_mb else ""
+                    extra = f" ({detail.seconds:.1f}s{peak})" if detail.status == "built" else f": {detail.reason}" if detail.reason else ""
                     bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
                     bar.advance(overall)
 
-            results = run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=not no_bench, on_event=on_event)
+            results = run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=not no_bench, on_event=on_event, memory=budget)
     if report:
         report.write_text(json.dumps([r.to_dict() for r in results], indent=1))
     failed = [r for r in results if r.status == "failed"]

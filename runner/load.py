@@ -99,7 +99,7 @@ def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple
         raise ArtifactNotFoundError(f"the index lists {key[:12]} but its manifest is missing (run `enginefarm index`)")
     report.message(f"fetching {manifest.ref} {manifest.target} {manifest.precision} from {found.store.url}")
     cache.fetch(found.store, manifest, progress=report)
-    path = cache.verified_dir(key)  # hashed again at load time: the cache is shared with other processes
+    path = cache.verified_dir(key)  # hashed as it streamed in; checked again by stat: the cache is shared with other processes
     if path is None:
         raise IntegrityError(f"{manifest.ref}: artifact {key[:12]} was damaged right after download")
     return manifest, path

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from enginefarm.cache.atomic import write_bytes_atomic
 
+from .. import rss
 from ._nvidia import BuildSpec, build_plan, die_with_parent
 
 
@@ -25,6 +26,8 @@ def main(spec_path: str, result_path: str, parent: str) -> int:
         text = str(exc).strip().splitlines()
         write_bytes_atomic(Path(result_path), json.dumps({"error": f"{type(exc).__name__}: {text[0][:500] if text else ''}"}).encode())
         return 1
+    # The build's own peak (this process's VmHWM), which the job's "compile" stage adds to its own memory.
+    notes["build_process_peak_rss_mb"] = rss.mb(rss.peak_bytes())
     write_bytes_atomic(Path(result_path), json.dumps({"notes": notes}).encode())
     return 0
 

@@ -74,6 +74,35 @@ def write_png(path: Path, image: np.ndarray) -> None:
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
 
 
+def generate(sessions, ids: np.ndarray, *, steps: int, guidance: float, latent: int, seed: int, batch2: bool,
+             timed=lambda _label, fn: fn()) -> np.ndarray:
+    """The diffusion loop on three sessions (`run(dict) -> dict`): returns the decoded image, float [1, 3, H, W]."""
+    text, unet, vae = sessions["text_encoder"], sessions["unet"], sessions["vae_decoder"]
+    both = np.stack([tokenize(""), ids])  # unconditional first, as diffusers does
+    if batch2:
+        states = timed("encode text", lambda: text.run({"input_ids": both})["last_hidden_state"])
+    else:
+        states = timed("encode text", lambda: np.concatenate([text.run({"input_ids": row[None]})["last_hidden_state"] for row in both]))
+    scheduler = Ddim(steps)
+    latents = np.random.default_rng(seed).standard_normal((1, 4, latent, latent)).astype(np.float32)
+    for index, t in enumerate(scheduler.timesteps):
+        def denoise(t=t):
+            if batch2:
+                out = unet.run({"sample": np.concatenate([latents, latents]), "timestep": np.full(2, t, np.float32),
+                                "encoder_hidden_states": states})["out_sample"]
+                return out[:1], out[1:]
+            return tuple(unet.run({"sample": latents, "timestep": np.full(1, t, np.float32), "encoder_hidden_states": states[i:i + 1]})["out_sample"]
+                         for i in (0, 1))
+        uncond, cond = timed(f"unet step {index + 1}/{steps} (t={t})", denoise)
+        latents = scheduler.step(uncond + guidance * (cond - uncond), int(t), latents)
+    return timed("decode latent", lambda: vae.run({"latent": latents / LATENT_SCALE})["sample"])
+
+
+def to_image(decoded: np.ndarray) -> np.ndarray:
+    """VAE output in [-1, 1], [1, 3, H, W] -> uint8 [H, W, 3]."""
+    return (np.clip(decoded[0].transpose(1, 2, 0) / 2 + 0.5, 0, 1) * 255).round().astype(np.uint8)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("prompt", nargs="?", default="a lighthouse on a cliff at dawn")
@@ -111,36 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, session in sessions.items():
         art = session.artifact
         print(f"  {name:<14} {art.target} {art.precision} [{art.build_key[:12]}], runs in {session.compute_precision}")
-    text, unet, vae = sessions["text_encoder"], sessions["unet"], sessions["vae_decoder"]
-
+    batch2 = all(sessions[name].artifact.profile[inp]["max"][0] >= 2 for name, inp in (("text_encoder", "input_ids"), ("unet", "sample")))
     ids = np.load(args.input_ids).astype(np.int64).reshape(TOKENS) if args.input_ids else tokenize(args.prompt)
-    both = np.stack([tokenize(""), ids])  # unconditional first, as diffusers does
-    batch2 = unet.artifact.profile["sample"]["max"][0] >= 2 and text.artifact.profile["input_ids"]["max"][0] >= 2
-    if batch2:
-        states = timed("encode text", lambda: text.run({"input_ids": both})["last_hidden_state"])
-    else:
-        states = timed("encode text", lambda: np.concatenate([text.run({"input_ids": row[None]})["last_hidden_state"] for row in both]))
-
-    scheduler = Ddim(args.steps)
-    rng = np.random.default_rng(args.seed)
-    latents = rng.standard_normal((1, 4, args.latent, args.latent)).astype(np.float32)
     try:
-        for index, t in enumerate(scheduler.timesteps):
-            def denoise(t=t):
-                if batch2:
-                    out = unet.run({"sample": np.concatenate([latents, latents]), "timestep": np.full(2, t, np.float32),
-                                    "encoder_hidden_states": states})["out_sample"]
-                    return out[:1], out[1:]
-                return tuple(unet.run({"sample": latents, "timestep": np.full(1, t, np.float32), "encoder_hidden_states": states[i:i + 1]})["out_sample"]
-                             for i in (0, 1))
-            uncond, cond = timed(f"unet step {index + 1}/{args.steps} (t={t})", denoise)
-            latents = scheduler.step(uncond + args.guidance * (cond - uncond), int(t), latents)
-        decoded = timed("decode latent", lambda: vae.run({"latent": latents / LATENT_SCALE})["sample"])
+        decoded = generate(sessions, ids, steps=args.steps, guidance=args.guidance, latent=args.latent, seed=args.seed, batch2=batch2, timed=timed)
     except EnginefarmError as exc:
         print(f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)
         return 1
 
-    image = (np.clip(decoded[0].transpose(1, 2, 0) / 2 + 0.5, 0, 1) * 255).round().astype(np.uint8)
+    image = to_image(decoded)
     write_png(args.out, image)
     steps = [s for label, s in timings if label.startswith("unet step")]
     loads = sum(s for label, s in timings if label.startswith("load "))

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 # Bump when any step below changes what it writes: it is part of every build key.
 PREP_VERSION = "3"
 LAST_USED = ".last_used"  # touched by every job that uses a prep folder; old folders are pruned (workcache.py)
+EXTERNAL_ABOVE = 64 << 20  # a prepared model larger than this keeps its weights in `<name>.data`
 
 
 @dataclass
@@ -123,11 +124,27 @@ def _prepare_fp32(source: Path, out: Path) -> list[str]:
             _gather_data(out)
         else:
             write_model(header, source.parent, out)
+        if out.stat().st_size > EXTERNAL_ABOVE:
+            _externalize(out)
     try:
         onnx.shape_inference.infer_shapes_path(str(out), str(out))
     except Exception as exc:
         notes.append(f"shape inference skipped: {_first_line(exc, 200)}")
     return notes
+
+
+def _externalize(path: Path) -> None:
+    """Move an inline model's weights to `<name>.data` (onnxsim writes models under 2 GB inline), so the fp16
+    conversion and every backend see the graph without the weights. Loading it whole is bounded: it is under 2 GB."""
+    import onnx
+
+    model = onnx.load(str(path))
+    moved = path.parent / "external" / path.name
+    moved.parent.mkdir()
+    onnx.save(model, str(moved), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.name}.data", size_threshold=1024)
+    del model
+    os.replace(moved.with_name(f"{path.name}.data"), path.with_name(f"{path.name}.data"))
+    os.replace(moved, path)
 
 
 def _gather_data(path: Path) -> None:

@@ -23,9 +23,10 @@ DEVICE_HINT = "cpu, gpu or npu"
 ONNX_PRECISION = "fp32"  # fp16 is done by OpenVINO's own weight compression
 BLOB_MIN_GAIN = 0.9  # ship the compiled blob only if importing it takes < 90% of compiling the IR
 # Above this many bytes of IR weights the blob trial is skipped: a compiled blob holds the weights again, so
-# importing it costs about what compiling the IR does, and the trial (two compiles, two imports, the blob held
-# in memory) cost the SD 1.5 UNet 17-36 s and the job's peak memory, and never shipped (README, "SD 1.5").
-BLOB_TRIAL_MAX_BYTES = 512 << 20
+# importing it costs what reading them does, and it never won on SD 1.5 (import / compile: VAE decoder 198 MB
+# 296-486 / 202-211 ms, text encoder 492 MB 446-1214 / 459-566 ms), while the trial (two compiles, two imports,
+# the blob in memory) cost the UNet 17-36 s and doubled the text encoder's peak memory (README, "SD 1.5").
+BLOB_TRIAL_MAX_BYTES = 128 << 20
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.cache.atomic import write_bytes_atomic
+from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
 from enginefarm.cache.device_info import nvidia_gpus
 from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
@@ -185,13 +185,29 @@ def build_plan(trt, spec: BuildSpec) -> dict[str, Any]:
     notes: dict[str, Any] = {}
     if spec.timing_cache_out is not None:
         notes.update(_use_timing_cache(config, spec.timing_caches))
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise RuntimeError("build_serialized_network returned nothing (the TensorRT log above says why)")
-    write_bytes_atomic(Path(spec.plan), bytes(serialized))
+    _write_plan(trt, builder, network, config, Path(spec.plan))
     if spec.timing_cache_out is not None:
         write_bytes_atomic(Path(spec.timing_cache_out), bytes(config.get_timing_cache().serialize()))
     return notes
+
+
+def _write_plan(trt, builder, network, config, plan: Path) -> None:
+    """The plan goes to its file as the SDK writes it (`build_serialized_network_to_stream`, TensorRT 10.11+ and
+    TensorRT-RTX): never whole in host memory, where an SD UNet's is 3.4 GB. Older SDKs hand back a buffer."""
+    with atomic_writer(plan) as out:
+        if hasattr(builder, "build_serialized_network_to_stream"):
+            class _ToFile(trt.IStreamWriter):
+                def write(self, data) -> int:
+                    return out.write(data)
+
+            writer = _ToFile()
+            if not builder.build_serialized_network_to_stream(network, config, writer):
+                raise RuntimeError("build_serialized_network_to_stream failed (the TensorRT log above says why)")
+            return
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise RuntimeError("build_serialized_network returned nothing (the TensorRT log above says why)")
+        out.write(memoryview(serialized))  # the SDK's buffer itself: a bytes() copy would hold the plan twice
 
 
 def _use_timing_cache(config, paths: list[str]) -> dict[str, Any]:

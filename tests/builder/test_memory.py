@@ -58,6 +58,7 @@ def test_need_is_a_bound_on_weights_with_a_floor():
     assert memory.need_bytes(4 << 30) == 10 << 30  # 2.5x for a model of GBs
     assert memory.need_bytes(1 << 20) == (1 << 20) + memory.BASE  # the interpreter and SDKs for a small one
     assert memory.need_bytes(1 << 20, host_ram_gb=32) == 32e9  # a recipe may ask for more, never less
+    assert memory.need_bytes(4 << 30, backend="tensorrt-rtx") == 12 << 30  # NVIDIA's builders hold more (memory.py)
 
 
 def test_plan_shows_each_jobs_memory_need(tiny_recipe, tiny_sd, cli):

@@ -23,6 +23,9 @@ def test_builds_on_a_machine_without_a_gpu(fake_nvidia, write_recipe, tiny_sd, t
     (call,) = fake_nvidia.calls("build_serialized_network", sdk="tensorrt_rtx")
     assert call["compute_capabilities"] == []  # the SDK's default: 8.6 and later, future GPUs included
     assert set(call["flags"]) == {"STRIP_PLAN", "REFIT_IDENTICAL"} and call["strongly_typed"]
+    (streamed,) = fake_nvidia.calls("plan_streamed", sdk="tensorrt_rtx")
+    engine = next(f for f in result.manifest.files if f.role == "engine")
+    assert streamed["size"] == engine.size  # written to its file as the SDK streamed it, never whole in memory
     validation = result.manifest.validation
     assert validation["passed"] is None and validation["executed"] is False
     assert validation["why"].startswith("built without the device to run it (") and "NVML did not start" in validation["why"]

@@ -1,6 +1,7 @@
 """Benchmark at build: load ms, first-inference ms, p50/p90 latency and peak RSS, in a fresh process.
 
-A fresh process makes load time and peak RSS honest: nothing is warm, and the build's own memory is not counted.
+A fresh process makes load time and peak RSS honest: nothing is warm, and the build's own memory is not counted
+(the peak is the process's own VmHWM: ru_maxrss would carry over the peak of the build that started it).
 Run as `python -m enginefarm.builder.bench ARTIFACT_DIR MANIFEST_JSON FEEDS_NPZ` it prints one JSON line.
 """
 
@@ -39,10 +40,10 @@ def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[s
 
 
 def peak_rss_mb() -> float:
-    import resource
+    """This process's own peak (not ru_maxrss, which a child started from a large build inherits: see rss.py)."""
+    from . import rss
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (1 << 20) if sys.platform == "darwin" else peak / 1024, 1)
+    return rss.mb(rss.peak_bytes())
 
 
 def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:

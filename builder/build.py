@@ -1,6 +1,7 @@
 """One job, end to end: prep → backend build → validate → benchmark → pack → publish.
 
 `build()` checks, hashes and logs; each backend's module does the SDK work. A failed validation never publishes.
+Each stage's time and peak memory are measured where the work happens (stages.py) and reported with the job.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any, Callable
 
 from enginefarm.cache.artifacts import heal_index, pack_files, publish, read_index, read_manifest
 from enginefarm.cache.atomic import sha256_file
-from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.progress import ProgressLike
 from enginefarm.cache.space import disk_full, is_full
@@ -27,14 +27,18 @@ from enginefarm.cache.stores.base import Store
 from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
+from . import rss
 from .backends import get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .golden import attach as attach_golden
 from .planner import Job
 from .prep import prepare
+from .references import reference_outputs_cached
 from .revalidate import revalidate, stale, validation_settings
-from .validate import Thresholds, model_traits, reference_outputs, sample_cases, validate
+from .stages import Stages
+from .validate import Thresholds, model_traits, sample_cases, validate
 from .weightmap import attach as attach_weight_map
+from .workcache import source_folder
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +55,35 @@ class BuildResult:
     seconds: float = 0.0
     manifest: Manifest | None = None
     what: dict[str, str] = field(default_factory=dict)  # model, component, precision, profile, target: for reports
+    stages: list[dict[str, Any]] = field(default_factory=list)  # time and peak memory per stage (stages.py)
     detail: str = ""  # the SDK's own traceback behind a failure, for `-v` and the report
 
     @classmethod
-    def of(cls, job: Job, key: str | None, status: str, reason: str = "", seconds: float = 0.0, manifest: Manifest | None = None) -> "BuildResult":
+    def of(cls, job: Job, key: str | None, status: str, reason: str = "", seconds: float = 0.0, manifest: Manifest | None = None,
+           stages: Stages | None = None) -> "BuildResult":
         what = {"model": job.model, "component": job.component, "precision": job.precision, "profile": job.profile_name, "target": str(job.target)}
-        return cls(job.id, job.label, key, status, reason, seconds, manifest, what)
+        return cls(job.id, job.label, key, status, reason, seconds, manifest, what, list(stages.records) if stages else [])
+
+    @property
+    def peak_rss_mb(self) -> float | None:
+        return max((s["peak_rss_mb"] for s in self.stages), default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason,
-                "seconds": round(self.seconds, 2), **self.what, **({"detail": self.detail} if self.detail else {})}
+                "seconds": round(self.seconds, 2), **self.what, "peak_rss_mb": self.peak_rss_mb, "stages": self.stages,
+                **({"detail": self.detail} if self.detail else {})}
 
 
-def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None, store: Store | None = None) -> tuple[Manifest, Path]:
+def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None, store: Store | None = None,
+                     stages: Stages | None = None) -> tuple[Manifest, Path]:
     """Build, validate and (optionally) benchmark one job. Returns an unpacked manifest and the artifact folder.
 
     `store`, when given, lends backends that keep shared build caches (TensorRT's timing cache) their
-    `before_build(store, job, outdir)` / `after_build(store, job, outdir)` hooks.
+    `before_build(store, job, outdir)` / `after_build(store, job, outdir)` hooks. `stages` receives each stage's
+    time and peak memory (the manifest's provenance keeps them too).
     Raises ValidationFailed if the artifact misses the reference, BuildError if the backend fails."""
     step = step or (lambda _msg: None)
+    stages = stages if stages is not None else Stages()
     backend = get_backend(job.target.backend)
     refusal = job_refusal(job)  # `plan` leaves such jobs out; a caller that did not plan learns why here
     if refusal is not None:
@@ -82,29 +96,30 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     outdir.mkdir(parents=True)
 
     step("prep")
-    # Prepared models are reused across jobs, per source and per prep toolchain (a new version never reuses an old prep).
-    keep = job.fp16_keep if job.onnx_precision() == "fp16" else ()
-    prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter")},
-                         **({"fp16_keep_fp32": list(keep)} if keep else {})})
-    prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / prep_id[:24], keep)
+    # Prepared models and reference outputs are reused across jobs, per source and prep toolchain (workcache.py).
+    folder = source_folder(workroot, job.source.digest)
+    with stages.stage("prep"):
+        prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if job.onnx_precision() == "fp16" else ())
     step(f"build {job.target}")
     _hook(backend, "before_build", store, job, outdir)
-    started = time.perf_counter()
-    try:
-        built = backend.build(prepared.path, job, outdir)
-    except EnginefarmError:
-        raise
-    except Exception as exc:  # an SDK failure is the job's failure, not the farm's
-        raise BuildError(f"{job.label}: {job.target.backend} failed: {sdk_text(exc, workroot)}") from exc
-    build_s = time.perf_counter() - started
+    with stages.stage("compile") as probe:
+        started = time.perf_counter()
+        try:
+            built = backend.build(prepared.path, job, outdir)
+        except EnginefarmError:
+            raise
+        except Exception as exc:  # an SDK failure is the job's failure, not the farm's
+            raise BuildError(f"{job.label}: {job.target.backend} failed: {sdk_text(exc, workroot)}") from exc
+        build_s = time.perf_counter() - started
+        notes_path = outdir / "notes.json"
+        build_notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
+        notes_path.unlink(missing_ok=True)
+        probe.subprocess(int(build_notes.get("build_process_peak_rss_mb", 0) * 2**20))  # backends that build in a subprocess
     _hook(backend, "after_build", store, job, outdir)
     for item in built:
         if not (outdir / item.path).is_file():
             raise BuildError(f"{job.label}: backend reported {item.path} but did not write it")
 
-    notes_path = outdir / "notes.json"
-    build_notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
-    notes_path.unlink(missing_ok=True)
     manifest = Manifest(
         build_key=key,
         model=job.model,
@@ -134,58 +149,77 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
 
     if job.checkpoint is not None:
         step("weight map")
-        fp32 = prepared if job.onnx_precision() == "fp32" else prepare(job.source.path, "fp32", prepared.path.parent)
-        manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
+        with stages.stage("weight map"):
+            fp32 = prepared if job.onnx_precision() == "fp32" else prepare(job.source.path, "fp32", prepared.path.parent)
+            manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
 
     step("validate")
-    report = validation_report(job, backend, outdir, manifest, workroot)
+    here = backend.available(job.target.device)
+    report = validation_report(job, backend, outdir, manifest, workroot, stages)
     if report["executed"] is False:  # published unvalidated: the first device that runs it checks it (golden.py)
         step("golden samples")
         cases = sample_cases(job.inputs, job.profile, job.validate)
-        quantized, feeding = model_traits(job.source.path)
-        manifest, report["golden"] = attach_golden(manifest, outdir, cases, reference_outputs(job.source.path, cases, feeding),
-                                                   Thresholds.for_job(job.precision, job.validate, quantized=quantized))
+        with stages.stage("golden samples") as probe:
+            references = reference_outputs_cached(job.source.path, cases, folder, probe)
+            manifest, report["golden"] = attach_golden(manifest, outdir, cases, list(references), _thresholds(job))
     manifest = replace(manifest, validation=report)
     if report["passed"] is False:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
 
-    here = backend.available(job.target.device) if bench else None
-    if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
+    if bench and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
         manifest = replace(manifest, provenance={**manifest.provenance, "benchmark": f"skipped: {here.reason}"})
     elif bench:
         step("benchmark")
         manifest_path = workdir / "draft-manifest.json"
         manifest_path.write_bytes(manifest.to_json())
         opt_feeds = dict(sample_cases(job.inputs, job.profile, job.validate)[1][1])
-        try:
-            measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
-        except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
-            raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
+        with stages.stage("benchmark") as probe:
+            try:
+                measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
+            except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
+                raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
+            probe.subprocess(int(measured.get("peak_rss_mb", 0) * 2**20))
         manifest = replace(manifest, benchmarks=(measured,))
+    manifest = replace(manifest, provenance={**manifest.provenance, "stages": stages.records, "peak_rss_mb": stages.peak_rss_mb})
     return manifest, outdir
 
 
-def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path) -> dict[str, Any]:
+def _thresholds(job: Job) -> Thresholds:
+    return Thresholds.for_job(job.precision, job.validate, quantized=model_traits(job.source.path)[0])
+
+
+def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path, stages: Stages | None = None) -> dict[str, Any]:
     """Run the gate on an artifact folder with the job's current [validate] settings; `settings` names them.
 
-    A backend whose artifact may not run on the build host (TensorRT-RTX or MIGraphX without their GPU, Core ML off
-    macOS) offers `validation_session`: its own session, what it can run instead, or None; plus a note the manifest
-    keeps. The record always says whether the artifact itself ran here (`executed`), and if not, `why`."""
+    The fp32 references are computed (or read back from the source's work folder) before the artifact loads, so
+    the two are never in memory at once. A backend whose artifact may not run on the build host (TensorRT-RTX or
+    MIGraphX without their GPU, Core ML off macOS) offers `validation_session`: its own session, what it can run
+    instead, or None; plus a note the manifest keeps. The record always says whether the artifact itself ran here
+    (`executed`), and if not, `why`."""
+    stages = stages if stages is not None else Stages()
+    folder = source_folder(workroot, job.source.digest)
     cases = sample_cases(job.inputs, job.profile, job.validate)
-    opener = getattr(backend, "validation_session", None)
     settings = validation_settings(job)
-    try:
-        session, note = opener(artifact_dir, manifest, job.target.device) if opener else (backend.load(artifact_dir, manifest, job.target.device), {})
-        if session is None:
-            return {"passed": None, "executed": False, "settings": settings, **note}
-        quantized, feeding = model_traits(job.source.path)
-        references = reference_outputs(job.source.path, cases, feeding)
-        limits = Thresholds.for_job(job.precision, job.validate, quantized=quantized)
-        return {**validate(session, cases, references, limits), "executed": True, "settings": settings, **note}
-    except EnginefarmError:
-        raise
-    except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
-        raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
+    references = None
+    if backend.available(job.target.device).can_load:
+        with stages.stage("reference") as probe:
+            references = reference_outputs_cached(job.source.path, cases, folder, probe)
+    opener = getattr(backend, "validation_session", None)
+    with stages.stage("validate") as probe:
+        try:
+            session, note = opener(artifact_dir, manifest, job.target.device) if opener else (backend.load(artifact_dir, manifest, job.target.device), {})
+            if session is None:
+                return {"passed": None, "executed": False, "settings": settings, **note}
+            if references is None:  # a stand-in runs here though the artifact cannot (Core ML's traced module)
+                references = reference_outputs_cached(job.source.path, cases, folder, probe)
+            report = {**validate(session, cases, references, _thresholds(job)), "executed": True, "settings": settings, **note}
+        except EnginefarmError:
+            raise
+        except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
+            raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
+        del session
+        rss.give_back()  # the artifact's memory goes back to the system before the benchmark process starts
+    return report
 
 
 def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None,
@@ -195,6 +229,14 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     `progress` receives the upload's bytes."""
     started = time.perf_counter()
     key = None
+    stages = Stages()
+    now = ["plan"]  # the step under way, for a failure nobody foresaw
+
+    def tell(name: str) -> None:
+        now[0] = name
+        if step:
+            step(name)
+
     try:
         key = job.key(job.toolchain())
         stored = read_manifest(store, key)
@@ -205,27 +247,26 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
             entry = read_index(store, job.model).entries.get(key)
             if not validate_only and not stale(job, entry, stored):
                 return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
-            return _revalidated(job, key, store, stored, workroot, step, started)
-        manifest, outdir = compile_artifact(job, workroot, bench=bench, step=step, store=store)
-        if step:
-            step("publish")
-        files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
-        manifest = replace(manifest, files=tuple(files))
-        publish(store, manifest, blobs, progress=progress)
-        return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest)
-    except (EnginefarmError, OSError) as exc:  # ValidationFailed included: a failed artifact is reported, never published
-        if is_full(exc):
-            exc = disk_full(Path(exc.filename or workroot).parent, None)
-        elif not isinstance(exc, EnginefarmError):
-            raise
+            return _revalidated(job, key, store, stored, workroot, tell, started)
+        manifest, outdir = compile_artifact(job, workroot, bench=bench, step=tell, store=store, stages=stages)
+        tell("publish")
+        with stages.stage("publish"):
+            files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
+            manifest = replace(manifest, files=tuple(files))
+            publish(store, manifest, blobs, progress=progress)
+        return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest, stages=stages)
+    except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
-        result = BuildResult.of(job, key, "failed", reason, time.perf_counter() - started)
+        result = BuildResult.of(job, key, "failed", reason, time.perf_counter() - started, stages=stages)
         if exc.__cause__ is not None:
             result.detail = "".join(traceback.format_exception(exc.__cause__))
         return result
-    except Exception as exc:  # a bug in enginefarm: the job fails with its traceback instead of killing the worker silently
-        result = BuildResult.of(job, key, "failed", f"{job.label}: enginefarm failed unexpectedly ({type(exc).__name__}: {exc}); please report it",
-                                time.perf_counter() - started)
+    except Exception as exc:  # a full disk, no memory, or a bug: still the job's reason, never a dead worker
+        if is_full(exc):
+            full = disk_full(Path(getattr(exc, "filename", None) or workroot).parent, None)
+            return BuildResult.of(job, key, "failed", f"{job.label}: {now[0]}: {full} (hint: {full.hint})", time.perf_counter() - started, stages=stages)
+        log.debug("%s: %s failed", job.label, now[0], exc_info=True)
+        result = BuildResult.of(job, key, "failed", f"{job.label}: {now[0]} failed: {_first_line(exc)}", time.perf_counter() - started, stages=stages)
         result.detail = traceback.format_exc()
         return result
     finally:
@@ -241,8 +282,7 @@ def job_workdir(workroot: Path, key: str) -> Path:
 
 def _revalidated(job: Job, key: str, store: Store, stored: Manifest, workroot: Path, step: Step | None, started: float) -> BuildResult:
     """The engine is stored but was judged under other [validate] settings: judge it again, rebuild nothing."""
-    workdir = own(workroot / "jobs", f"{key[:24]}-revalidate")
-    report = revalidate(job, store, stored, workdir, step)
+    report = revalidate(job, store, stored, workroot, own(workroot / "jobs", f"{key[:24]}-revalidate"), step)
     seconds = time.perf_counter() - started
     if report["passed"] is False:
         return BuildResult.of(job, key, "failed", f"{job.label}: failed re-validation (stored, no longer served): {report['failure']}"
@@ -259,6 +299,11 @@ def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> No
         hook(store, job, outdir)
     except EnginefarmError as exc:
         log.warning("%s: %s skipped: %s", job.label, name.replace("_", " "), exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 SDK_TEXT_LIMIT = 4000

@@ -1,6 +1,10 @@
 """Run jobs in separate processes, a few at a time. A crash or out-of-memory kill in a vendor SDK fails its job,
 not the run; Ctrl-C or SIGTERM stops the run promptly, terminating the workers and removing their work folders.
 Nothing half-built can be visible in the store, because manifests are written last.
+
+Jobs start only while their memory needs (memory.py) fit the budget together: `-j 4` on a 24 GB machine runs
+four small jobs at once but one SD UNet at a time. A job that needs more than the whole budget still runs, alone.
+When the run ends, work-cache folders unused for a day are removed (workcache.py).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from enginefarm.cache.progress import Progress
 from enginefarm.cache.workdirs import reclaim
 
 from .build import BuildResult, build
+from .memory import available_bytes, gb, job_need_bytes
 from .planner import Job
+from .workcache import prune
 
 # (job id, event, detail): event is "start", "step", "transfer" or "done"; detail is a step name,
 # (name, bytes done, bytes total) or a BuildResult.
@@ -46,10 +52,14 @@ def _child(job: Job, store_url: str, workroot: str, bench: bool, validate_only: 
 
 
 def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None,
-             validate_only: bool = False) -> list[BuildResult]:
-    """`validate_only`: re-validate the stored artifacts against the jobs' current [validate]; build nothing."""
+             memory: int | None = None, validate_only: bool = False) -> list[BuildResult]:
+    """`memory`: bytes the jobs may use together (default: what the machine has available when the run starts).
+    `validate_only`: re-validate the stored artifacts against the jobs' current [validate]; build nothing."""
     on_event = on_event or (lambda *_: None)
     reclaim(workroot / "jobs")  # what builds killed earlier left behind (their processes are gone)
+    budget = memory if memory is not None else available_bytes()
+    needs = {job.id: job_need_bytes(job) for job in jobs}
+    told: set[str] = set()  # jobs already shown as waiting for memory
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
     messages = context.Queue()
     waiting = list(jobs)
@@ -63,7 +73,12 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
     try:
         while waiting or running:
             while waiting and len(running) < max(1, parallel):
-                job = waiting.pop(0)
+                in_use = sum(needs[job_id] for job_id in running)
+                job = next((j for j in waiting if not running or in_use + needs[j.id] <= budget), None)
+                if job is None:  # the next jobs wait for memory, not for a free slot
+                    _say_waiting(waiting, in_use, budget, needs, told, on_event)
+                    break
+                waiting.remove(job)
                 process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, validate_only, messages), daemon=True)
                 process.start()
                 running[job.id] = (process, job)
@@ -87,7 +102,15 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
         raise
     finally:
         messages.close()
+    prune(workroot)
     return [results[job.id] for job in jobs if job.id in results]
+
+
+def _say_waiting(waiting, in_use: int, budget: int, needs, told: set[str], on_event) -> None:
+    for job in waiting:
+        if job.id not in told:
+            told.add(job.id)
+            on_event(job.id, "step", f"waiting for memory (needs {gb(needs[job.id]):g} GB; {gb(in_use):g} of {gb(budget):g} GB taken)")
 
 
 def _handle(job_id, kind, detail, running, finish, on_event) -> None:

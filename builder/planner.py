@@ -15,6 +15,7 @@ from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
 from .backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal
 from .backends.base import Availability
+from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
 from .profiles import STATIC_PROFILE, Resolved, is_static, resolve_profile
@@ -77,6 +78,7 @@ class Job:
     options: dict[str, Any] = field(default_factory=dict)  # the backend's build options, defaults filled in
     checkpoint: LocalSource | None = None  # base weights whose names the artifact's weight map speaks
     fp16_keep: tuple[str, ...] = ()  # op types or node names the recipe keeps fp32 in fp16 ONNX
+    weight_bytes: int = 0  # the source's weights: what the job's memory need is estimated from (memory.py)
 
     @property
     def id(self) -> str:
@@ -158,6 +160,7 @@ class PlannedJob:
             "recipe": str(job.recipe_path),
             "status": self.status,
             "runs_on": self.runs_on or runner_labels(job.target, builds_on_cpu(job)),
+            "memory_gb": gb(job_need_bytes(job)),
         }
 
 
@@ -174,6 +177,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
         except EnginefarmError as exc:
             raise RecipeError(recipe.path, f"{key}.source", str(exc), hint=exc.hint) from None
         inputs, outputs = io_of(header)
+        weights = source_weight_bytes(source.path)
         checkpoint = _checkpoint(recipe, comp.checkpoint, f"{key}.checkpoint") if comp.checkpoint else None
         _check_validate_inputs(recipe, comp.validate, inputs, f"{key}.validate.inputs")
         if comp.profiles:
@@ -195,7 +199,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                     jobs.append(
                         Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
                             target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
-                            job_options(target, comp.options), checkpoint, comp.fp16_keep_fp32)
+                            job_options(target, comp.options), checkpoint, comp.fp16_keep_fp32, weights)
                     )
     return jobs
 
@@ -277,7 +281,8 @@ def plan(
         if entry.key and store is not None:
             entry.built, entry.stale_validation = _stored_state(store, job, entry.key, indexes)
         if runners is not None:
-            runner, why = route(str(job.target), job.resources, runners, on_cpu=builds_on_cpu(job), gpu_needed=gpu_build_reason(job))
+            runner, why = route(str(job.target), Resources(job_need_bytes(job) / 1e9, job.resources.gpu_vram_gb), runners,
+                                on_cpu=builds_on_cpu(job), gpu_needed=gpu_build_reason(job))
             entry.runs_on, entry.unroutable = (list(runner.labels), "") if runner else ([], why)
         else:
             entry.runs_on = runner_labels(job.target, builds_on_cpu(job))
@@ -330,6 +335,7 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
                 "jobs": " ".join(p.job.id for p in chunk),
                 "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
                 "extras": ",".join(["all"] + sorted({EXTRAS[p.job.target.backend] for p in chunk if p.job.target.backend in EXTRAS})),
+                "memory_gb": max(gb(job_need_bytes(p.job)) for p in chunk),  # the largest job's need: one at a time fits
             })
     skipped = [{"id": p.job.id, "label": p.job.label, "why": p.refused or p.unroutable} for p in planned if p.unroutable or p.refused]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}

@@ -1,11 +1,14 @@
-"""ONNX prep: check, shape inference, simplify (kept optional), fp16 with float32 I/O."""
+"""ONNX prep: check, simplify (kept optional), shape inference, fp16 with float32 I/O: by path, for any size."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import secrets
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +16,14 @@ from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.locks import file_lock
 from enginefarm.errors import ModelError
 
+from .onnx_data import converter_reads_no_weights, data_files, external_tensors, rename_data_file, write_model
+
 log = logging.getLogger(__name__)
 
 # Bump when any step below changes what it writes: it is part of every build key.
-PREP_VERSION = "2"
-_EXTERNAL_THRESHOLD = 1_800_000_000  # protobuf cannot serialize a single message over 2 GB
+PREP_VERSION = "3"
+LAST_USED = ".last_used"  # touched by every job that uses a prep folder; old folders are pruned (workcache.py)
+EXTERNAL_ABOVE = 64 << 20  # a prepared model larger than this keeps its weights in `<name>.data`
 # Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
 FP16_KEEP_VERSION = "1"
 
@@ -63,69 +69,165 @@ def _onnxsim_version() -> str | None:
 
 
 def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, ...] = ()) -> Prepared:
-    """Write the prepared model to `workdir/prepared-<precision>.onnx`. Reuses it if already there.
-    `fp16_keep`: op types or node names that stay fp32 in an fp16 model, besides those `fp16_blocked` keeps.
+    """The prepared model for `precision` in `workdir`, the source's own prep folder (one per source digest and
+    prep toolchain): `prepared-fp32.onnx` (checked, simplified, shapes inferred) and `prepared-fp16.onnx`
+    (converted from the fp32 one), each with its weights in `<name>.data` when it has external data.
+    `fp16_keep`: op types or node names that stay fp32 in the fp16 model besides those `fp16_blocked` keeps (such
+    a model is its own file, `prepared-fp16-keep-<digest>.onnx`).
 
-    Parallel jobs share one prep per (source, precision): a lock saves the duplicate work, and the result
-    appears by rename, so a reader never sees half a model even where the lock does not hold."""
+    Each is made once and reused by every job of the source, parallel ones included: a lock saves duplicate work,
+    and the result appears by rename, so a reader never sees half a model even where the lock does not hold. A
+    prep that fails is remembered (`prepared-<precision>.failed.json`) and fails every later job the same way
+    instead of running again. No step holds the whole model as one protobuf message, so any size works."""
+    fp32 = _once(workdir, "fp32", lambda out: _prepare_fp32(source, out))
+    if precision == "fp32":
+        return fp32
+    variant = "fp16" if not fp16_keep else "fp16-keep-" + hashlib.sha256("\n".join(sorted(fp16_keep)).encode()).hexdigest()[:12]
+    fp16 = _once(workdir, variant, lambda out: _prepare_fp16(fp32.path, out, source, fp16_keep))
+    return Prepared(fp16.path, fp32.notes + fp16.notes)
+
+
+def _once(workdir: Path, precision: str, make) -> Prepared:
     out = workdir / f"prepared-{precision}.onnx"
     notes_file = out.with_suffix(".notes")
+    failed = out.with_suffix(".failed.json")
     workdir.mkdir(parents=True, exist_ok=True)
     with file_lock(workdir / f".prepared-{precision}.lock"):
+        (workdir / LAST_USED).touch()
         if out.is_file() and notes_file.is_file():
             return Prepared(out, notes_file.read_text().splitlines())
-        notes, model = _prepared_model(source, precision, fp16_keep)
-        import onnx
-
-        large = model.ByteSize() > _EXTERNAL_THRESHOLD
+        if failed.is_file():
+            known = json.loads(failed.read_text())
+            raise ModelError(known["message"], hint=known.get("hint"))
         staging = workdir / f".staging-{precision}-{secrets.token_hex(4)}"
         staging.mkdir()
         try:
-            onnx.save(model, str(staging / out.name), save_as_external_data=large, location=f"{out.name}.data" if large else None)
-            if large:
-                os.replace(staging / f"{out.name}.data", workdir / f"{out.name}.data")
+            notes = make(staging / out.name)
+            data = staging / f"{out.name}.data"
+            if data.exists():  # the weights first: a visible .onnx always has its data beside it
+                os.replace(data, workdir / data.name)
             os.replace(staging / out.name, out)
+        except ModelError as exc:
+            write_bytes_atomic(failed, json.dumps({"message": str(exc), "hint": exc.hint}).encode())
+            raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         write_bytes_atomic(notes_file, "\n".join(notes).encode())
     return Prepared(out, notes)
 
 
-def _prepared_model(source: Path, precision: str, fp16_keep: tuple[str, ...] = ()):
+def _prepare_fp32(source: Path, out: Path) -> list[str]:
     import onnx
 
     notes: list[str] = []
     try:
-        onnx.checker.check_model(str(source), full_check=False)
-        model = onnx.load(str(source), load_external_data=True)
+        onnx.checker.check_model(str(source), full_check=False)  # by path: reads the graph, not the weights
+        header = onnx.load(str(source), load_external_data=False)
     except Exception as exc:
-        raise ModelError(f"{source}: fails the ONNX checker: {str(exc).splitlines()[0][:300]}", hint="re-export the model") from None
+        raise ModelError(f"{source}: fails the ONNX checker: {_first_line(exc)}", hint="re-export the model") from None
+    with _model_errors(source, "cannot write the prepared model", "re-export the model"):
+        if _simplify(source, out, len(header.graph.node), notes):
+            _gather_data(out)
+        else:
+            write_model(header, source.parent, out)
+        if out.stat().st_size > EXTERNAL_ABOVE:
+            _externalize(out)
     try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        onnx.shape_inference.infer_shapes_path(str(out), str(out))
     except Exception as exc:
-        notes.append(f"shape inference skipped: {str(exc).splitlines()[0][:200]}")
-    model = _simplify(model, notes)
-    if precision == "fp16":
-        model = _to_fp16(model, notes, fp16_keep)
-    return notes, model
+        notes.append(f"shape inference skipped: {_first_line(exc, 200)}")
+    return notes
 
 
-def _simplify(model, notes: list[str]):
+def _externalize(path: Path) -> None:
+    """Move an inline model's weights to `<name>.data` (onnxsim writes models under 2 GB inline), so the fp16
+    conversion and every backend see the graph without the weights. Loading it whole is bounded: it is under 2 GB."""
+    import onnx
+
+    model = onnx.load(str(path))
+    moved = path.parent / "external" / path.name
+    moved.parent.mkdir()
+    onnx.save(model, str(moved), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.name}.data", size_threshold=1024)
+    del model
+    os.replace(moved.with_name(f"{path.name}.data"), path.with_name(f"{path.name}.data"))
+    os.replace(moved, path)
+
+
+def _gather_data(path: Path) -> None:
+    """Backends expect one data file, `<name>.data`; onnxsim names its own (a UUID) or writes one per tensor."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    files = data_files(model)
+    want = f"{path.name}.data"
+    if files <= {want}:
+        return
+    if len(files) == 1:  # one file under another name: rename it, and point the graph at the new name
+        os.replace(path.parent / files.pop(), path.parent / want)
+        rename_data_file(model, want)
+        onnx.save(model, str(path))
+        return
+    gathered = path.parent / "gathered" / path.name  # the same names, so the graph points at the final file
+    gathered.parent.mkdir()
+    write_model(model, path.parent, gathered)
+    os.replace(gathered.with_name(want), path.with_name(want))
+    os.replace(gathered, path)
+
+
+def _prepare_fp16(fp32: Path, out: Path, source: Path, keep: tuple[str, ...] = ()) -> list[str]:
+    """The fp32 prepared graph, converted without its weights in memory: the converter retypes the external
+    tensors it keeps as float16, and `write_model` converts their values one tensor at a time."""
+    import onnx
+
+    notes: list[str] = []
+    model = onnx.load(str(fp32), load_external_data=False)
+    was_float = {t.name for t in external_tensors(model) if t.data_type == onnx.TensorProto.FLOAT}
+    with _model_errors(source, "fp16 conversion failed", "build fp32 meanwhile"), converter_reads_no_weights():
+        converted = _to_fp16(model, notes, keep)
+        write_model(converted, fp32.parent, out, to_fp16=frozenset(was_float))
+    return notes
+
+
+@contextmanager
+def _model_errors(source: Path, what: str, hint: str):
+    """What the model causes becomes a ModelError (and is remembered as the prep's failure); what the machine
+    causes (a full disk, no memory) is raised as it is, so the next job tries again."""
+    try:
+        yield
+    except (ModelError, OSError, MemoryError):
+        raise
+    except Exception as exc:
+        raise ModelError(f"{source}: {what}: {_first_line(exc)}", hint=hint) from exc
+
+
+def _simplify(source: Path, out: Path, nodes_before: int, notes: list[str]) -> Path | None:
+    """onnxsim's simplification of `source`, written to `out` (by path, weights and all), or None with a note."""
     try:
         import onnxsim
     except ImportError:
         notes.append("not simplified: onnxsim is not installed")
-        return model
+        return None
     try:
-        simplified, ok = onnxsim.simplify(model, check_n=0)
+        simplified, ok = onnxsim.simplify(str(source), check_n=0, output_path=str(out))
+    except TypeError as exc:
+        if "output_path" not in str(exc):
+            notes.append(f"not simplified: onnxsim failed (TypeError: {_first_line(exc, 200)})")
+            return None
+        notes.append("not simplified: this onnxsim cannot write a model by path (onnxsim with simplify(output_path=...) can)")
+        return None
     except Exception as exc:  # onnxsim fails on some exotic graphs; the unsimplified model is still correct
         notes.append(f"not simplified: onnxsim failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
-        return model
-    if not ok:
+        return None
+    if not ok or not out.is_file():
         notes.append("not simplified: onnxsim could not verify the result")
-        return model
-    notes.append(f"simplified by onnxsim ({len(model.graph.node)} → {len(simplified.graph.node)} nodes)")
-    return simplified
+        return None
+    notes.append(f"simplified by onnxsim ({nodes_before} → {len(simplified.graph.node)} nodes)")
+    return out
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__
 
 
 def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):

@@ -42,6 +42,8 @@ class Row:
     size: int = 0
     stored_size: int = 0
     device: str = ""
+    peak_rss_mb: float | None = None  # the job's peak, measured in the processes that did the work
+    stages: tuple = ()  # time and peak memory per stage: ({"stage", "seconds", "peak_rss_mb"}, ...)
 
     @property
     def ref(self) -> str:
@@ -64,7 +66,8 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
                       min_cosine=manifest.validation.get("min_cosine"), min_psnr=manifest.validation.get("min_psnr"),
                       decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})), computes_in=manifest.validation.get("compute_precision", ""),
                       build_s=manifest.provenance.get("build_seconds"), size=sum(f.size for f in manifest.files),
-                      stored_size=sum(f.stored_size for f in manifest.files), device=bench.get("device", {}).get("class", ""))
+                      stored_size=sum(f.stored_size for f in manifest.files), device=bench.get("device", {}).get("class", ""),
+                      peak_rss_mb=manifest.provenance.get("peak_rss_mb"), stages=tuple(manifest.provenance.get("stages", ())))
             ident = (row.model, row.component, row.precision, row.target)
             if ident not in rows or (rows[ident].p50_ms or 1e18) > (row.p50_ms or 1e18):
                 rows[ident] = row
@@ -74,11 +77,17 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read build report {path}: {exc}", hint="pass the JSON files `enginefarm build --report` wrote") from None
         for result in results:
-            if result.get("status") != "failed" or "model" not in result:
+            if "model" not in result:
                 continue
             ident = (result["model"], result["component"], result["precision"], result["target"])
+            built = rows.get(ident)
+            if result.get("status") == "built" and built is not None and built.key == result.get("key") and result.get("stages"):
+                built.stages, built.peak_rss_mb = tuple(result["stages"]), result.get("peak_rss_mb")  # the report adds publish
+            if result.get("status") != "failed":
+                continue
             if ident not in rows:
-                rows[ident] = Row(*ident, status="failed", reason=result.get("reason", ""), key=result.get("key") or "", build_s=result.get("seconds"))
+                rows[ident] = Row(*ident, status="failed", reason=result.get("reason", ""), key=result.get("key") or "", build_s=result.get("seconds"),
+                                  peak_rss_mb=result.get("peak_rss_mb"), stages=tuple(result.get("stages") or ()))
     for job in expected:
         ident = (job["model"], job["component"], job["precision"], job["target"])
         rows.setdefault(ident, Row(*ident, status="missing", reason=job.get("why", "not built yet")))
@@ -140,6 +149,10 @@ def _mb(size: int) -> str:
     return f"{size / 2**20:.2f}"
 
 
+def _stages(row: Row) -> str:
+    return " · ".join(f"{s['stage']} {s['seconds']:.0f} s / {s['peak_rss_mb']:.0f} MB" for s in row.stages) or "–"
+
+
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.built{background:#e8f5e9}.failed{background:#ffebee}.missing{background:#f5f5f5;color:#777}
@@ -194,13 +207,16 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
                      f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>")
         md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |")
     parts.append("</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
-                 "<th>size MiB</th><th>stored MiB</th><th>stored / size</th></tr>")
-    md += ["", "## Build times and sizes", "", "| artifact | target | precision | build s | size MiB | stored MiB | stored / size |", "|---|---|---|---|---|---|---|"]
+                 "<th>size MiB</th><th>stored MiB</th><th>stored / size</th><th>peak RSS MB</th><th>per stage: time / peak RSS</th></tr>")
+    md += ["", "## Build times and sizes", "", "| artifact | target | precision | build s | size MiB | stored MiB | stored / size | peak RSS MB | per stage |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in built:
         ratio = f"{r.stored_size / r.size:.3f}" if r.size else "–"
         parts.append(f"<tr><td>{html.escape(r.ref)}</td><td>{r.target}</td><td>{r.precision}</td><td class='num'>{_fmt(r.build_s, '.1f')}</td>"
-                     f"<td class='num'>{_mb(r.size)}</td><td class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td></tr>")
-        md.append(f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | {_mb(r.stored_size)} | {ratio} |")
+                     f"<td class='num'>{_mb(r.size)}</td><td class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td>"
+                     f"<td class='num'>{_fmt(r.peak_rss_mb, '.0f')}</td><td class='small'>{html.escape(_stages(r))}</td></tr>")
+        md.append(f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | {_mb(r.stored_size)} | {ratio} | "
+                  f"{_fmt(r.peak_rss_mb, '.0f')} | {_stages(r)} |")
     parts.append("</table></body></html>")
     (out / "report.html").write_text("".join(parts), encoding="utf-8")
     (out / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")

@@ -49,7 +49,7 @@ def stale(job: Job, entry: IndexEntry | None, manifest: Manifest | None) -> bool
     return verdict.get("settings") != validation_settings(job)
 
 
-def revalidate(job: Job, store: Store, manifest: Manifest, workdir: Path, step: Callable[[str], None] | None = None) -> dict[str, Any]:
+def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workdir: Path, step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fetch the stored artifact, run the gate with the current settings, record the verdict. Returns the report."""
     from .build import validation_report
 
@@ -60,7 +60,7 @@ def revalidate(job: Job, store: Store, manifest: Manifest, workdir: Path, step: 
         cache.fetch(store, manifest)
         path = cache.verified_dir(manifest.build_key)
         step("validate")
-        report = validation_report(job, get_backend(job.target.backend), path, manifest, workdir)
+        report = validation_report(job, get_backend(job.target.backend), path, manifest, workroot)
     finally:
         shutil.rmtree(workdir / "fetched", ignore_errors=True)
     report = {**report, "revalidated": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,7 @@ def route(target: str, needs: Resources, runners: list[Runner], *, on_cpu: bool 
         most_vram = max(r.vram_gb for r in able)
         wanted = []
         if needs.host_ram_gb > most_ram:
-            wanted.append(f"{needs.host_ram_gb:g} GB RAM (largest {target} runner: {most_ram:g})")
+            wanted.append(f"{math.ceil(needs.host_ram_gb * 10) / 10:g} GB RAM (largest {target} runner: {most_ram:g})")
         if needs.gpu_vram_gb > most_vram:
             wanted.append(f"{needs.gpu_vram_gb:g} GB VRAM (largest {target} runner: {most_vram:g})")
         return None, "no runner has enough memory: needs " + " and ".join(wanted or ["more memory than any single runner"])

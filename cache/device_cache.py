@@ -5,7 +5,8 @@
                                                   resumed by the next fetch if their process died
     locks/                                        best-effort, to avoid fetching the same artifact twice
 
-Nothing is loaded that has not been hashed: `verified_dir` hashes every file against the manifest.
+Nothing is loaded that has not been hashed, and nothing is hashed twice: every byte is hashed as it is fetched,
+and `verified_dir` re-hashes only files whose stat changed since (proof.py). `problems` hashes everything.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from enginefarm.errors import DiskFullError, IntegrityError, StoreError
 from . import resume, workdirs
 from .atomic import remove_tree, sha256_file
 from .codecs import decode_stream
+from . import proof
 from .faults import checkpoint
 from .locks import file_lock
 from .manifest import Manifest
@@ -88,14 +90,21 @@ class DeviceCache:
             used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
             yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files), used)
 
-    def problems(self, key: str) -> list[str]:
-        """Hash every file of a cached artifact. Empty list: intact."""
+    def problems(self, key: str, *, trust_proof: bool = False) -> list[str]:
+        """Hash every file of a cached artifact, or with `trust_proof` only those whose stat changed since they were
+        last hashed (proof.py). Empty list: intact, and the proof is renewed."""
         manifest = self.manifest(key)
         if manifest is None:
             return ["not cached"]
         root = self.path_of(key)
+        entries = manifest.files
+        if trust_proof:
+            changed = set(proof.unproven(root, [f.path for f in entries]))
+            entries = tuple(f for f in entries if f.path in changed)
+            if not entries:
+                return []
         found = []
-        for entry in manifest.files:
+        for entry in entries:
             path = root / entry.path
             if not path.is_file():
                 found.append(f"{entry.path}: missing")
@@ -103,13 +112,16 @@ class DeviceCache:
                 found.append(f"{entry.path}: {path.stat().st_size} bytes, expected {entry.size}")
             elif sha256_file(path) != entry.sha256:
                 found.append(f"{entry.path}: sha256 mismatch")
+        if not found:
+            proof.record(root, [f.path for f in manifest.files])
         return found
 
     def verified_dir(self, key: str) -> Path | None:
-        """The artifact's directory if every file hashes right; a damaged entry is evicted and None returned."""
+        """The artifact's directory if its files are the ones hashed (re-hashing those whose stat changed since);
+        a damaged entry is evicted and None returned."""
         if self.manifest(key) is None:
             return None
-        found = self.problems(key)
+        found = self.problems(key, trust_proof=True)
         if found:
             log.warning("cached artifact %s is damaged (%s); evicting it", key[:12], "; ".join(found))
             self.evict(key)
@@ -230,6 +242,8 @@ class DeviceCache:
         return workdirs.fresh(self.tmp, key, ".incomplete")
 
     def _commit(self, staging: Path, manifest: Manifest) -> Path:
+        """Every file in `staging` has just been hashed against `manifest` (as it was fetched, or copied)."""
+        proof.record(staging, [f.path for f in manifest.files])  # moving the folder keeps each file's stat
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
         with open(staging / MANIFEST_NAME, "rb") as handle:
             os.fsync(handle.fileno())

@@ -132,12 +132,12 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     from rich.table import Table
 
     table = Table(title=f"{len(planned)} jobs")
-    for column in ("job", "key", "model/component", "precision", "profile", "target", "runs on", "status"):
+    for column in ("job", "key", "model/component", "precision", "profile", "target", "memory", "runs on", "status"):
         table.add_column(column)
     for p in planned:
         style = "green" if p.built else "red" if p.unroutable or p.refused else "yellow" if p.availability.can_build else "dim"
         table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target),
-                      escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
+                      f"{p.to_dict()['memory_gb']:g} GB", escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
     _console().print(table)
 
 
@@ -149,12 +149,18 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
 @click.option("-j", "--jobs-parallel", "parallel", type=click.IntRange(1, 64), default=1, show_default=True, help="Jobs built at once, each in its own process.")
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark (resolution then cannot rank by speed).")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the results as JSON here.")
-def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report):
+@click.option("--memory", metavar="SIZE", help="Memory the jobs may use together, e.g. 16G (default: what is available when the build starts).")
+def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report, memory):
     """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet.
 
-    A stored artifact whose [validate] settings changed since it was judged is re-validated, not rebuilt."""
+    A stored artifact whose [validate] settings changed since it was judged is re-validated, not rebuilt. Jobs run
+    in parallel (-j) only while their estimated memory needs fit --memory together; `plan` shows each job's need.
+    The report (--report) gives each job's time and peak memory per stage."""
     from rich.markup import escape
 
+    from enginefarm.settings import parse_size
+
+    budget = parse_size("--memory", memory)
     planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs, store_must_exist=False)
     todo = [p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)]
     console = _console()
@@ -163,7 +169,8 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
             console.print(f"[green]exists[/]   {p.job.label}")
         elif p.refused or not p.availability.can_build:
             console.print(f"[dim]skipped[/]  {p.job.label}: {escape(p.status)}")
-    results = _run_jobs(console, todo, opened, settings, f"building {len(todo)} job(s) into {opened.url}", parallel, bench=not no_bench)
+    results = _run_jobs(console, todo, opened, settings, f"building {len(todo)} job(s) into {opened.url}", parallel, bench=not no_bench,
+                        memory=budget)
     revalidated = sum(r.status == "revalidated" for r in results)
     refused = sum(bool(p.refused) and not p.built for p in planned)
     unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
@@ -196,7 +203,8 @@ def validate_cmd(recipes, store, targets, precisions, components, parallel, repo
     _finish(results, report)
 
 
-def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, bench: bool, validate_only: bool = False) -> list:
+def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, bench: bool, validate_only: bool = False,
+              memory: int | None = None) -> list:
     """Run jobs in worker processes with a live line each; returns their results."""
     from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -222,11 +230,13 @@ def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, ben
             elif kind == "done":
                 color = {"built": "green", "exists": "green", "revalidated": "green", "missing": "yellow", "failed": "red"}[detail.status]
                 reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
-                extra = f" ({detail.seconds:.1f}s)" if detail.status in ("built", "revalidated") else f": {escape(reason)}" if reason else ""
+                peak = f", peak {detail.peak_rss_mb / 1024:.1f} GB" if detail.peak_rss_mb else ""
+                extra = f" ({detail.seconds:.1f}s{peak})" if detail.status in ("built", "revalidated") else f": {escape(reason)}" if reason else ""
                 bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
                 bar.advance(overall)
 
-        return run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=bench, on_event=on_event, validate_only=validate_only)
+        return run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=bench, on_event=on_event,
+                        memory=memory, validate_only=validate_only)
 
 
 def _finish(results: list, report: Path | None) -> None:

@@ -12,6 +12,7 @@ from enginefarm.builder.backends import job_availability, job_refusal
 from enginefarm.builder.build import compile_artifact, job_workdir
 from enginefarm.builder.planner import Job, expand
 from enginefarm.builder.recipe import Recipe, load_recipe
+from enginefarm.builder.workcache import prune, source_folder
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import ArtifactNotFoundError, EnginefarmError
@@ -59,9 +60,13 @@ def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None])
     if existing is not None:
         return existing
     log.info("compiling %s on this device", job.label)
+    workroot = cache.home / "build"
     try:
-        manifest, outdir = compile_artifact(job, cache.home / "build", bench=False, step=step)
+        manifest, outdir = compile_artifact(job, workroot, bench=False, step=step)
         cache.add_local(replace(manifest, provenance={**manifest.provenance, "built_on_device": True}), outdir)
+        # On a user's device the prepared models (GBs for a UNet) serve nothing once the artifact is cached.
+        shutil.rmtree(source_folder(workroot, job.source.digest), ignore_errors=True)
     finally:  # only this process's folder: another build may be using the same ENGINEFARM_HOME
-        shutil.rmtree(job_workdir(cache.home / "build", job.key(job.toolchain())), ignore_errors=True)
+        shutil.rmtree(job_workdir(workroot, job.key(job.toolchain())), ignore_errors=True)
+        prune(workroot)
     return cache.manifest(manifest.build_key)

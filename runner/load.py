@@ -105,7 +105,7 @@ def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple
     report.message(f"fetching {manifest.ref} {manifest.target} {manifest.precision} from {found.store.url}")
     # A released manifest is signed (its sizes are the bound); an unsigned one may claim anything: cap it.
     cache.fetch(found.store, manifest, progress=report, limit=None if released else found.settings.max_artifact_size)
-    path = cache.verified_dir(key)  # hashed again at load time: the cache is shared with other processes
+    path = cache.verified_dir(key)  # hashed as it streamed in; checked again by stat: the cache is shared with other processes
     if path is None:
         raise IntegrityError(f"{manifest.ref}: artifact {key[:12]} was damaged right after download")
     return manifest, path

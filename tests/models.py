@@ -332,3 +332,49 @@ def convs(path: Path) -> Path:
          numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2")],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+
+
+def large_gather(path: Path, rows: int = 1 << 19, width: int = 1024, *, tile_rows: int = 64) -> Path:
+    """y = Gather(table, ids): ids int64 [batch] → y float32 [batch, width]; `table` [rows, width] float32 in
+    external data. The default is 2^31 bytes, over protobuf's 2 GB limit, with one op so it builds fast.
+    The table is a seeded random block of `tile_rows` rows repeated, written a block at a time (the test process
+    never holds it), so compressed blobs stay small; each row of the block differs, so a wrong row shows."""
+    from onnx import TensorProto, helper
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.with_name(path.name + ".data")
+    block = np.random.default_rng(7).normal(0, 1, (tile_rows, width)).astype(np.float32).tobytes()
+    with open(data, "wb") as out:
+        for _ in range(rows // tile_rows):
+            out.write(block)
+    table = TensorProto(name="table", data_type=TensorProto.FLOAT, dims=[rows, width])
+    table.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", data.name), ("offset", "0"), ("length", str(rows * width * 4))):
+        entry = table.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "large_gather",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])], [table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path.write_bytes(model.SerializeToString())  # the graph only: the table is external
+    return path
+
+
+def large_gather_row(index: int, width: int = 1024, *, tile_rows: int = 64) -> np.ndarray:
+    """Row `index` of large_gather's table."""
+    block = np.random.default_rng(7).normal(0, 1, (tile_rows, width)).astype(np.float32)
+    return block[index % tile_rows]
+
+
+def failing_checker(path: Path) -> Path:
+    """A model ONNX loads but its checker refuses: an op no opset defines."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"])], "bad_op",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from enginefarm.cache.atomic import write_bytes_atomic
+from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
 from enginefarm.cache.device_info import nvidia_gpus
 from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
@@ -229,13 +229,13 @@ def stripped_files(prepared_onnx: Path, workdir: Path, strip_weights: bool) -> l
     """The plan, plus the ONNX its weights are refitted from when it is weight-stripped."""
     files = [BuiltFile("model.plan", "engine")]
     if strip_weights:
-        import shutil
+        from ..onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
 
-        shutil.copyfile(prepared_onnx, workdir / "weights.onnx")
+        link_or_copy(prepared_onnx, workdir / "weights.onnx")
         files.append(BuiltFile("weights.onnx", "weights"))
         data = prepared_onnx.with_name(prepared_onnx.name + ".data")
         if data.exists():  # external data keeps the file name the ONNX graph refers to
-            shutil.copyfile(data, workdir / data.name)
+            link_or_copy(data, workdir / data.name)
             files.append(BuiltFile(data.name, "weights"))
     return files
 

@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enginefarm.cache.atomic import write_bytes_atomic
+from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
 
+from .. import rss
 from ._nvidia import KEPT_ERRORS, BuildSpec, SdkError, capturing_logger, die_with_parent
+
 
 def progress_monitor(trt, path: str):
     """Writes the top-level build phase's steps ({done, total, phase}) as JSON lines; None where the SDK has no monitor."""
@@ -103,13 +105,28 @@ def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
     notes: dict[str, Any] = {}
     if spec.timing_cache_out is not None:
         notes.update(_use_timing_cache(config, spec.timing_caches))
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise logger.refused("build_serialized_network failed")
-    write_bytes_atomic(Path(spec.plan), bytes(serialized))
+    _write_plan(trt, builder, network, config, Path(spec.plan), logger)
     if spec.timing_cache_out is not None:
         write_bytes_atomic(Path(spec.timing_cache_out), bytes(config.get_timing_cache().serialize()))
     return notes
+
+
+def _write_plan(trt, builder, network, config, plan: Path, logger) -> None:
+    """The plan goes to its file as the SDK writes it (`build_serialized_network_to_stream`, TensorRT 10.11+ and
+    TensorRT-RTX): never whole in host memory, where an SD UNet's is 3.4 GB. Older SDKs hand back a buffer."""
+    with atomic_writer(plan) as out:
+        if hasattr(builder, "build_serialized_network_to_stream"):
+            class _ToFile(trt.IStreamWriter):
+                def write(self, data) -> int:
+                    return out.write(data)
+
+            if not builder.build_serialized_network_to_stream(network, config, _ToFile()):
+                raise logger.refused("build_serialized_network failed")
+            return
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise logger.refused("build_serialized_network failed")
+        out.write(memoryview(serialized))  # the SDK's buffer itself: a bytes() copy would hold the plan twice
 
 
 def _use_timing_cache(config, paths: list[str]) -> dict[str, Any]:
@@ -140,6 +157,9 @@ def main(spec_path: str, result_path: str, parent: str) -> int:
             error += f" (the SDK's last error: {last})"
         write_bytes_atomic(Path(result_path), json.dumps({"error": error, "sdk_errors": logger.errors[-KEPT_ERRORS:]}).encode())
         return 1
+    # The build's own peak (this process's VmHWM), which the job's "compile" stage adds to its own memory.
+    notes["build_process_peak_rss_mb"] = rss.mb(rss.peak_bytes())
+    notes["build_process_peak_rss_mb"] = rss.mb(rss.peak_bytes())  # the job's "compile" stage adds this process's peak
     write_bytes_atomic(Path(result_path), json.dumps({"notes": notes}).encode())
     return 0
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -45,13 +44,15 @@ def constraints(job) -> dict:
 
 
 def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+    from ..onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+
     out = workdir / "model.onnx"
-    shutil.copyfile(prepared_onnx, out)
+    link_or_copy(prepared_onnx, out)
     files = [BuiltFile("model.onnx", "model")]
     data = prepared_onnx.with_name(prepared_onnx.name + ".data")
     if data.exists():
         # External data keeps its original file name, which the ONNX graph refers to.
-        shutil.copyfile(data, workdir / data.name)
+        link_or_copy(data, workdir / data.name)
         files.append(BuiltFile(data.name, "weights"))
     return files
 

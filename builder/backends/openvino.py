@@ -22,6 +22,11 @@ DEVICES = re.compile(r"^(cpu|gpu|npu)$")
 DEVICE_HINT = "cpu, gpu or npu"
 ONNX_PRECISION = "fp32"  # fp16 is done by OpenVINO's own weight compression
 BLOB_MIN_GAIN = 0.9  # ship the compiled blob only if importing it takes < 90% of compiling the IR
+# Above this many bytes of IR weights the blob trial is skipped: a compiled blob holds the weights again, so
+# importing it costs what reading them does, and it never won on SD 1.5 (import / compile: VAE decoder 198 MB
+# 296-486 / 202-211 ms, text encoder 492 MB 446-1214 / 459-566 ms), while the trial (two compiles, two imports,
+# the blob in memory) cost the UNet 17-36 s and doubled the text encoder's peak memory (README, "SD 1.5").
+BLOB_TRIAL_MAX_BYTES = 128 << 20
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
@@ -75,12 +80,18 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
     xml = workdir / "model.xml"
     ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
     files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
+    del model  # the graph and its weights: the blob trial reads the saved IR
     if job.target.device == "cpu":
         files += _maybe_blob(core, xml, job.precision, workdir)
     return files
 
 
 def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> list[BuiltFile]:
+    weights = xml.with_suffix(".bin").stat().st_size
+    if weights > BLOB_TRIAL_MAX_BYTES:
+        (workdir / "notes.json").write_text(json.dumps({"blob_shipped": False, "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} GiB)"}))
+        log.info("openvino: %.1f GiB of weights: no compiled-blob trial, IR only", weights / 2**30)
+        return []
     config = inference_config(core, "CPU", precision)
     compile_ms, compiled = _best_of(2, lambda: core.compile_model(core.read_model(str(xml)), "CPU", config))
     blob = workdir / "model.blob"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from enginefarm.builder import memory
 from enginefarm.builder.planner import GITHUB_MATRIX_CAP, github_matrix, plan, runner_labels
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.cache.manifest import Target
@@ -54,7 +55,8 @@ source = "models/tiny_sd.onnx"
     ids = [job for entry in entries for job in entry["jobs"].split()]
     assert len(ids) == len(set(ids)) == 280
     assert {tuple(e["runs-on"]) for e in entries} == {("ubuntu-latest",)}
-    assert {"name", "runs-on", "jobs", "recipes", "extras"} == set(entries[0])
+    assert {"name", "runs-on", "jobs", "recipes", "extras", "memory_gb"} == set(entries[0])
+    assert entries[0]["memory_gb"] == memory.gb(memory.need_bytes(tiny_sd.stat().st_size))  # what the runner must have
     as_json = json.loads(cli("plan", str(recipe), "--format", "json", "--target", "openvino:cpu", "--precision", "fp16", check=True).stdout)
     assert len(as_json) == 70 and {r["target"] for r in as_json} == {"openvino:cpu"}
 

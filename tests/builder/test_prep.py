@@ -161,3 +161,56 @@ batch = [1, 2, 4]
     fp16_kept = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl") if j.precision == "fp16"]
     assert [str(j.target) for j in fp16] == ["onnxruntime:cpu"]
     assert fp16[0].key(fp16[0].toolchain()) != fp16_kept[0].key(fp16_kept[0].toolchain())
+
+
+def test_each_source_is_prepared_once(tiny_sd, tmp_path, monkeypatch):
+    """fp16 is made from the cached fp32 prep: onnxsim runs once per source, whatever the precisions."""
+    import onnxsim
+
+    calls = []
+    real = onnxsim.simplify
+    monkeypatch.setattr(onnxsim, "simplify", lambda *a, **k: calls.append(a) or real(*a, **k))
+    fp32 = prep.prepare(tiny_sd, "fp32", tmp_path / "work")
+    inode = fp32.path.stat().st_ino
+    fp16 = prep.prepare(tiny_sd, "fp16", tmp_path / "work")
+    again = prep.prepare(tiny_sd, "fp32", tmp_path / "work")
+    assert len(calls) == 1
+    assert again.path.stat().st_ino == inode and fp16.path.parent == fp32.path.parent
+    assert fp16.notes[: len(fp32.notes)] == fp32.notes
+
+
+def test_a_failed_prep_is_remembered_not_retried(tmp_path, monkeypatch):
+    source = models.failing_checker(tmp_path / "bad.onnx")
+    with pytest.raises(ModelError, match="fails the ONNX checker") as first:
+        prep.prepare(source, "fp16", tmp_path / "work")
+    assert (tmp_path / "work" / "prepared-fp32.failed.json").is_file()
+    checked = []
+    monkeypatch.setattr(onnx.checker, "check_model", lambda *a, **k: checked.append(a))
+    with pytest.raises(ModelError) as second:
+        prep.prepare(source, "fp32", tmp_path / "work")
+    assert str(second.value) == str(first.value) and second.value.hint == first.value.hint
+    assert checked == []  # answered from the remembered failure
+
+
+def test_fp16_of_external_data_converts_one_tensor_at_a_time(tmp_path, monkeypatch):
+    """Weights in external data stay external: the converter retypes them, prep converts their values. (onnxsim
+    would make a model this small inline; with onnxsim failing, the model keeps its layout. The >2 GB test in
+    test_large_model.py covers the same path through onnxsim.)"""
+    import onnxsim
+
+    monkeypatch.setattr(onnxsim, "simplify", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated")))
+    path = models.external_data(tmp_path / "model" / "m.onnx", "weights.bin")
+    weights = np.random.default_rng(3).normal(0, 1, (8, 8)).astype(np.float32)
+    weights[0, 0] = 1e6  # beyond float16: clamped to its largest finite value, as the converter clamps inline weights
+    (tmp_path / "model" / "weights.bin").write_bytes(weights.tobytes())
+    prepared = prep.prepare(path, "fp16", tmp_path / "work")
+    header = onnx.load(str(prepared.path), load_external_data=False)
+    (table,) = header.graph.initializer
+    assert table.data_type == onnx.TensorProto.FLOAT16 and table.data_location == onnx.TensorProto.EXTERNAL
+    stored = np.fromfile(prepared.path.with_name(prepared.path.name + ".data"), dtype=np.float16)
+    expected = weights.copy()
+    expected[0, 0] = 65504.0
+    np.testing.assert_array_equal(stored, expected.astype(np.float16).ravel())
+    x = np.arange(8, dtype=np.float32)[None]
+    got = ort.InferenceSession(str(prepared.path)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ expected.astype(np.float16).astype(np.float32), rtol=2e-3)

@@ -173,6 +173,9 @@ def test_gpu_only_options_build_where_there_is_a_gpu(fake_nvidia, write_recipe, 
     assert set(call["flags"]) == {"STRIP_PLAN", "REFIT_IDENTICAL"} and call["strongly_typed"]
     assert {f.path: f.role for f in result.manifest.files}.items() >= {"model.plan": "engine", "weights.onnx": "weights"}.items()
     assert result.manifest.validation["passed"] is True  # the 'GPU' was here: validated at build time
+    (streamed,) = fake_nvidia.calls("plan_streamed", sdk="tensorrt_rtx")
+    engine = next(f for f in result.manifest.files if f.role == "engine")
+    assert streamed["size"] == engine.size  # written to its file as the SDK streamed it, never whole in memory
 
 
 def test_the_runtime_cache_lives_in_the_local_cache_per_gpu_and_driver(fake_nvidia, write_recipe, tiny_sd, tmp_path, monkeypatch):

@@ -141,3 +141,63 @@ def test_offline_uses_the_cache_only(published, tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_OFFLINE", "1")
     session = enginefarm.load("tiny-sd/decoder", device="cpu")
     assert "offline" in session.explain()
+
+
+def _hashes(monkeypatch) -> list[Path]:
+    """Every file the device cache hashes (the real sha256_file, recorded)."""
+    from enginefarm.cache import device_cache
+
+    seen: list[Path] = []
+    real = device_cache.sha256_file
+    monkeypatch.setattr(device_cache, "sha256_file", lambda path: seen.append(Path(path)) or real(path))
+    return seen
+
+
+def test_bytes_are_hashed_once_then_proven_by_stat(published, tmp_path, monkeypatch):
+    """A cold load hashes as it fetches; a warm load hashes nothing; `cache verify` hashes everything."""
+    store, manifest = published
+    hashed = _hashes(monkeypatch)
+    latent = np.zeros((1, 4, 8, 8), np.float32)
+    enginefarm.load("tiny-sd/decoder", device="cpu").run({"latent": latent})
+    assert hashed == []  # the fetch hashed the stream (decode_stream), nothing was read again
+    enginefarm.load("tiny-sd/decoder", device="cpu").run({"latent": latent})
+    assert hashed == []
+    assert cache_dir(tmp_path).problems(manifest.build_key) == []  # what `enginefarm cache verify` does
+    assert [p.name for p in hashed] == [f.path for f in manifest.files]
+
+
+@pytest.mark.parametrize("how", ["rewrite", "rewrite keeping size and mtime", "replace"])
+def test_a_changed_file_fails_the_proof_and_is_hashed(published, tmp_path, how):
+    store, manifest = published
+    cache = cache_dir(tmp_path)
+    root = cache.fetch(store, manifest)
+    cached = root / "model.onnx"
+    before = cached.stat()
+    data = bytearray(cached.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    if how == "replace":  # a new file put in its place: another inode
+        sibling = cached.with_name("new")
+        sibling.write_bytes(bytes(data))
+        os.utime(sibling, ns=(before.st_atime_ns, before.st_mtime_ns))
+        os.replace(sibling, cached)
+    else:
+        cached.write_bytes(bytes(data))
+        if how == "rewrite keeping size and mtime":  # ctime still moves: user space cannot set it back
+            os.utime(cached, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert cache.verified_dir(manifest.build_key) is None  # hashed, found damaged, evicted
+    assert not root.exists()
+
+
+def test_a_missing_or_unreadable_proof_means_hashing_again(published, tmp_path, monkeypatch):
+    from enginefarm.cache.proof import PROOF_NAME
+
+    store, manifest = published
+    cache = cache_dir(tmp_path)
+    root = cache.fetch(store, manifest)
+    (root / PROOF_NAME).write_text("{not json")
+    hashed = _hashes(monkeypatch)
+    assert cache.verified_dir(manifest.build_key) == root
+    assert [p.name for p in hashed] == [f.path for f in manifest.files]
+    hashed.clear()
+    assert cache.verified_dir(manifest.build_key) == root  # the proof was renewed by that hash
+    assert hashed == []

@@ -201,13 +201,16 @@ class Weights:
         self.size = self.array.size
 
 
-class _HostMemory:
-    def __init__(self, data: bytes):
-        self.data = data
-        self.nbytes = len(data)
+class _HostMemory(bytes):
+    """Like IHostMemory: a buffer (bytes(), memoryview()) with nbytes."""
 
-    def __bytes__(self):
-        return self.data
+    @property
+    def data(self) -> bytes:
+        return bytes(self)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self)
 
 
 def _has_gpu() -> bool:
@@ -392,6 +395,22 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             text = json.dumps(header).encode()
             assert len(text) < HEADER - len(MAGIC), "fake plan header too long"
             return _HostMemory(MAGIC + text.ljust(HEADER - len(MAGIC)) + model.SerializeToString())
+
+        def build_serialized_network_to_stream(self, network, config, writer):
+            """TensorRT 10.11+ and TensorRT-RTX: the plan goes to an IStreamWriter, a piece at a time; False on failure."""
+            plan = self.build_serialized_network(network, config)
+            if plan is None:
+                return False
+            for start in range(0, len(plan), 1 << 16):
+                piece = plan[start:start + (1 << 16)]
+                if writer.write(piece) != len(piece):
+                    return False
+            record(sdk, "plan_streamed", size=len(plan))
+            return True
+
+    class IStreamWriter:
+        def write(self, data) -> int:
+            raise NotImplementedError
 
     class Runtime:
         engine_header_size = HEADER
@@ -606,7 +625,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
         OnnxParserRefitter=OnnxParserRefitter, Weights=Weights, nptype=nptype, DataType=DataType, float32=DataType.FLOAT,
         TensorIOMode=TensorIOMode, NetworkDefinitionCreationFlag=creation_flags, BuilderFlag=flags_enum,
         HardwareCompatibilityLevel=HardwareCompatibilityLevel, MemoryPoolType=MemoryPoolType, EngineValidity=EngineValidity,
-        EngineInvalidityDiagnostics=EngineInvalidityDiagnostics,
+        EngineInvalidityDiagnostics=EngineInvalidityDiagnostics, IStreamWriter=IStreamWriter,
     )
     if rtx:
         namespace["ComputeCapability"] = ComputeCapability

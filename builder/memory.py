@@ -1,0 +1,51 @@
+"""What one build job needs in memory, known before it runs: the executor starts jobs only while their needs
+fit the machine, and `plan --runners` routes a job only to a runner with that much memory.
+
+A job's peak resident memory is bounded by its source's weights (README, "Stable Diffusion 1.5"): no stage
+holds more than the model twice over, the model and the artifact are never in memory in the same process, and
+a fixed part (the interpreter, onnx, ONNX Runtime, OpenVINO, onnxsim) stays the same for any model:
+
+    need = max(FACTOR × weights, weights + BASE)     (FACTOR 2.5; 3.0 for the NVIDIA builders)
+
+A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+FACTOR = 2.5
+# NVIDIA's builders hold the parsed weights, the engine's own copy and its serialization at once: the SD 1.5 UNet
+# fp32 peaks at 2.95x its weights in TensorRT-RTX's build process (SDK-internal; the plan is streamed to disk).
+BACKEND_FACTOR = {"tensorrt": 3.0, "tensorrt-rtx": 3.0}
+BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and activations at the profile's max
+
+
+def source_weight_bytes(path: Path) -> int:
+    """The model file plus its external data files: the weights, to within the graph's few MB."""
+    from .onnx_io import check_external_data, load_header
+
+    files = [path, *check_external_data(load_header(path), path)]
+    return sum(f.stat().st_size for f in files)
+
+
+def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "") -> int:
+    factor = BACKEND_FACTOR.get(backend, FACTOR)
+    return max(int(factor * weight_bytes), weight_bytes + BASE, int(host_ram_gb * 1e9))
+
+
+def job_need_bytes(job) -> int:
+    return need_bytes(job.weight_bytes, job.resources.host_ram_gb, job.target.backend)
+
+
+def available_bytes() -> int:
+    """What the machine can give builds now: memory not in use by anything else."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def gb(value: int) -> float:
+    """GB rounded up to a tenth: a need is never understated."""
+    return math.ceil(value / 1e8) / 10

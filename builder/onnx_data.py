@@ -1,0 +1,132 @@
+"""ONNX models of any size, one tensor at a time: never the whole model as one protobuf message.
+
+protobuf cannot serialize a message over 2 GB, so a multi-GB model only exists as a small graph (the `.onnx`,
+loaded with `load_external_data=False`) plus weights in external files. `write_model` saves such a graph with
+every external tensor copied into one `<name>.data` file next to it, a chunk at a time (memory: CHUNK, whatever
+the model's size), and can cast float32 tensors to float16 on the way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+_ALIGN = 4096  # tensors start on page boundaries, so runtimes can map them instead of copying
+CHUNK = 64 << 20  # bytes moved (and converted) at a time: a multiple of 4, so float32 values never split
+_EXTERNAL = 1  # TensorProto.EXTERNAL
+
+
+def external_tensors(model) -> list:
+    """Every tensor of `model` (initializers, Constant attributes, subgraphs) whose bytes live in a file."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    return [t for t in _get_all_tensors(model) if t.data_location == _EXTERNAL]
+
+
+def _entry(tensor) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def data_files(model) -> set[str]:
+    return {_entry(t).get("location", "") for t in external_tensors(model)}
+
+
+def rename_data_file(model, location: str) -> None:
+    """Point every external tensor at `location` (same offsets): for a data file that was renamed."""
+    for tensor in external_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+
+
+def write_model(model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = frozenset()) -> None:
+    """Save `model` at `out`, its external tensors (read from `base_dir`) in `out.name + ".data"`.
+
+    `to_fp16` names external tensors that were float32 in the files and are float16 in `model` (the fp16
+    converter changes the type of a tensor it cannot see the data of): their values are converted here, with
+    the converter's own clamping of what float16 cannot hold. Data moves in chunks: memory stays at CHUNK
+    bytes even for a single multi-GB tensor."""
+    import onnx
+
+    data_path = out.with_name(out.name + ".data")
+    tensors = external_tensors(model)
+    if tensors:
+        readers: dict[str, object] = {}
+        try:
+            with open(data_path, "wb") as sink:
+                for tensor in tensors:
+                    sink.write(b"\0" * (-sink.tell() % _ALIGN))
+                    offset = sink.tell()
+                    half = tensor.name in to_fp16 and tensor.data_type == onnx.TensorProto.FLOAT16
+                    length = _copy(readers, base_dir, _entry(tensor), sink, half)
+                    _point(tensor, data_path.name, offset, length)
+        finally:
+            for handle in readers.values():
+                handle.close()
+    onnx.save(model, str(out))  # only the graph: every tensor that is large is external by now
+
+
+def _copy(readers: dict, base_dir: Path, entry: dict[str, str], sink, half: bool) -> int:
+    location = entry.get("location", "")
+    handle = readers.get(location)
+    if handle is None:
+        handle = readers[location] = open(base_dir / location, "rb")
+    handle.seek(int(entry.get("offset") or 0))
+    left = int(entry["length"]) if entry.get("length") is not None else None
+    written = 0
+    while left is None or left > 0:
+        chunk = handle.read(CHUNK if left is None else min(CHUNK, left))
+        if not chunk:
+            if left is None:
+                break
+            raise ValueError(f"{location} ends {left} bytes before the tensor does")
+        if left is not None:
+            left -= len(chunk)
+        if half:
+            chunk = _fp16_bytes(chunk)
+        sink.write(chunk)
+        written += len(chunk)
+    return written
+
+
+def _fp16_bytes(raw: bytes) -> bytes:
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    return convert_np_to_float16(np.frombuffer(raw, dtype=np.float32)).astype(np.float16).tobytes()
+
+
+def _point(tensor, location: str, offset: int, length: int) -> None:
+    del tensor.external_data[:]
+    tensor.data_location = _EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+@contextmanager
+def converter_reads_no_weights():
+    """onnxruntime's fp16 converter takes a converted initializer's shape from `numpy_helper.to_array(tensor).shape`,
+    which reads an external tensor's whole data (relative to the working directory, and as the new dtype, so it
+    fails). The shape is the tensor's `dims`: while this is active the converter reads that instead."""
+    from onnx import helper
+    from onnxruntime.transformers import float16
+
+    real = float16.make_value_info_from_tensor
+    float16.make_value_info_from_tensor = lambda tensor: helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+    try:
+        yield
+    finally:
+        float16.make_value_info_from_tensor = real
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where the file system allows it (instant, no space), else a copy. For files nobody rewrites
+    in place: the prep cache's outputs are written once and replaced, never edited."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

@@ -1,0 +1,122 @@
+"""Memory: honest per-process peaks, per-stage reports, needs known before a job runs, and an executor that keeps
+jobs within the machine's memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from enginefarm.builder import memory, rss
+from enginefarm.builder.executor import run_jobs
+from enginefarm.builder.planner import plan
+from enginefarm.builder.recipe import load_recipe
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-process peaks (VmHWM, clear_refs) are Linux's")
+
+# A parent that touches 400 MB, frees it, then starts a child which reports its own peak both ways.
+_PARENT = """
+import json, subprocess, sys
+block = bytearray(400 << 20)
+for i in range(0, len(block), 4096):
+    block[i] = 1
+del block
+child = "import json, resource; from enginefarm.builder import rss; print(json.dumps([rss.peak_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)
+"""
+
+
+@linux_only
+def test_a_child_reports_its_own_peak_not_its_parents():
+    out = subprocess.run([sys.executable, "-c", _PARENT], capture_output=True, text=True, check=True).stdout
+    own, ru_maxrss = json.loads(out.strip().splitlines()[-1])
+    assert own < 200 << 20  # a bare interpreter with numpy-free imports: well under the parent's 400 MB
+    assert own <= ru_maxrss  # ru_maxrss can only say more (here it carries the parent's 400 MB over, see rss.py)
+
+
+@linux_only
+def test_the_peak_resets_per_stage():
+    from enginefarm.builder.stages import Stages
+
+    stages = Stages()
+    with stages.stage("big"):
+        block = bytearray(300 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        del block
+        rss.give_back()
+    with stages.stage("small"):
+        pass
+    big, small = (r["peak_rss_mb"] for r in stages.records)
+    assert big - small > 250  # the second stage does not carry the first one's 300 MB
+    assert stages.peak_rss_mb == big
+
+
+def test_need_is_a_bound_on_weights_with_a_floor():
+    assert memory.need_bytes(4 << 30) == 10 << 30  # 2.5x for a model of GBs
+    assert memory.need_bytes(1 << 20) == (1 << 20) + memory.BASE  # the interpreter and SDKs for a small one
+    assert memory.need_bytes(1 << 20, host_ram_gb=32) == 32e9  # a recipe may ask for more, never less
+    assert memory.need_bytes(4 << 30, backend="tensorrt-rtx") == 12 << 30  # NVIDIA's builders hold more (memory.py)
+
+
+def test_plan_shows_each_jobs_memory_need(tiny_recipe, tiny_sd, cli):
+    rows = json.loads(cli("plan", str(tiny_recipe()), "--format", "json", check=True).stdout)
+    weights = tiny_sd.stat().st_size
+    assert [r["memory_gb"] for r in rows] == [memory.gb(memory.need_bytes(weights))]
+    assert "memory" in cli("plan", str(tiny_recipe()), check=True).stdout
+
+
+def _starts_and_ends(events):
+    order = []
+    for job_id, kind, _ in events:
+        if kind in ("start", "done"):
+            order.append((kind, job_id))
+    return order
+
+
+def test_jobs_wait_until_their_memory_fits(tiny_recipe, tmp_path):
+    """-j 2 with memory for one job at a time: the second job starts only once the first is done."""
+    planned = plan([load_recipe(tiny_recipe(precisions=("fp32", "fp16")))], tmp_path / "dl")
+    jobs = [p.job for p in planned]
+    one = max(memory.job_need_bytes(j) for j in jobs)
+    events: list = []
+    results = run_jobs(jobs, str(tmp_path / "store"), tmp_path / "work", parallel=2, bench=False, memory=one,
+                       on_event=lambda *e: events.append(e))
+    assert [r.status for r in results] == ["built", "built"]
+    first, second = jobs[0].id, jobs[1].id
+    assert _starts_and_ends(events) == [("start", first), ("done", first), ("start", second), ("done", second)]
+    waiting = [d for job_id, kind, d in events if job_id == second and kind == "step" and str(d).startswith("waiting for memory")]
+    assert len(waiting) == 1 and f"needs {memory.gb(one):g} GB" in waiting[0]
+
+
+def test_jobs_that_fit_together_run_together(tiny_recipe, tmp_path):
+    planned = plan([load_recipe(tiny_recipe(precisions=("fp32", "fp16")))], tmp_path / "dl")
+    jobs = [p.job for p in planned]
+    events: list = []
+    run_jobs(jobs, str(tmp_path / "store"), tmp_path / "work", parallel=2, bench=False,
+             memory=sum(memory.job_need_bytes(j) for j in jobs), on_event=lambda *e: events.append(e))
+    order = _starts_and_ends(events)
+    assert [kind for kind, _ in order[:2]] == ["start", "start"]
+
+
+def test_a_job_larger_than_the_budget_still_runs_alone(tiny_recipe, tmp_path):
+    (job,) = [p.job for p in plan([load_recipe(tiny_recipe())], tmp_path / "dl")]
+    (result,) = run_jobs([job], str(tmp_path / "store"), tmp_path / "work", bench=False, memory=1)
+    assert result.status == "built"
+
+
+def test_build_reports_time_and_peak_memory_per_stage(tiny_recipe, tmp_path, cli):
+    report = tmp_path / "report.json"
+    cli("build", str(tiny_recipe(precisions=("fp32", "fp16"))), "--report", str(report), "-j", "2", check=True)
+    rows = json.loads(report.read_text())
+    for row in rows:
+        stages = {s["stage"]: s for s in row["stages"]}
+        assert list(stages) == ["prep", "compile", "reference", "validate", "benchmark", "publish"]
+        assert all(s["seconds"] >= 0 and s["peak_rss_mb"] > 20 for s in stages.values())
+        assert row["peak_rss_mb"] == max(s["peak_rss_mb"] for s in stages.values())
+        assert stages["benchmark"]["subprocess_peak_rss_mb"] > 20  # the benchmark process measured itself
+    # The reference outputs are computed once (by whichever job came first) and read back by the other.
+    computed = [row for row in rows if "subprocess_peak_rss_mb" in {s["stage"]: s for s in row["stages"]}["reference"]]
+    assert len(computed) == 1

@@ -77,8 +77,8 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
 
     step("prep")
     # Prepared models are reused across jobs, per source and per prep toolchain (a new version never reuses an old prep).
-    keep = job.fp16_keep if job.onnx_precision() == "fp16" else ()
-    prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter")},
+    keep = job.fp16_keep if job.onnx_precision() in ("fp16", "bf16") else ()
+    prep_id = build_key({"source": job.source.digest, "prep": {k: v for k, v in toolchain.items() if k in ("prep", "onnx", "onnxsim", "fp16_converter", "bf16_retype")},
                          **({"fp16_keep_fp32": list(keep)} if keep else {})})
     prepared = prepare(job.source.path, job.onnx_precision(), workroot / "prep" / prep_id[:24], keep)
     step(f"build {job.target}")

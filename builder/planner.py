@@ -13,7 +13,7 @@ from enginefarm.cache.manifest import Target, target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
-from .backends import availability, get_backend, job_options
+from .backends import availability, get_backend, job_options, precision_refusal
 from .backends.base import Availability
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
@@ -110,7 +110,7 @@ class Job:
                 "toolchain": toolchain,
                 "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
-                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() == "fp16" else {}),
+                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() in ("fp16", "bf16") else {}),
             }
         )
 
@@ -125,11 +125,14 @@ class PlannedJob:
     stale_validation: bool = False  # built, but judged under other [validate] settings than the recipe's
     runs_on: list[str] = field(default_factory=list)
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
+    refused: str = ""  # why the target's device class cannot compute in the job's precision: never built anywhere
 
     @property
     def status(self) -> str:
         if self.built:
             return "built, to re-validate ([validate] changed)" if self.stale_validation else "built"
+        if self.refused:
+            return f"refused: {self.refused}"
         if self.unroutable:
             return self.unroutable
         if not self.availability.can_build:
@@ -257,6 +260,13 @@ def plan(
     indexes: dict[str, dict] = {}
     for job in selected:
         entry = PlannedJob(job, availability(job.target))
+        entry.refused = precision_refusal(job.target, job.precision) or ""
+        if entry.refused:
+            entry.availability = Availability.missing(entry.refused)
+        elif entry.availability.can_build:
+            not_here = precision_here(job)
+            if not_here:
+                entry.availability = Availability.missing(not_here)
         if entry.availability.can_build:
             try:
                 entry.toolchain = job.toolchain()
@@ -276,6 +286,13 @@ def plan(
             continue
         planned.append(entry)
     return planned
+
+
+def precision_here(job: Job) -> str | None:
+    """Why this host cannot build and validate the job's precision although its device class runs it (OpenVINO bf16
+    on a CPU without bf16 instructions would compute, and be validated, in fp32)."""
+    check = getattr(get_backend(job.target.backend), "precision_here", None)
+    return check(job.precision, job.target.device) if check is not None else None
 
 
 def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) -> tuple[bool, bool]:
@@ -303,7 +320,7 @@ def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) ->
 def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> dict[str, Any]:
     """One GitHub Actions matrix: an entry per batch of jobs for the same runner labels, never more than `cap`
     entries. Jobs already built and jobs no runner can build are left out (the latter listed under `skipped`)."""
-    todo = [p for p in planned if not p.built and not p.unroutable]
+    todo = [p for p in planned if not p.built and not p.unroutable and not p.refused]
     groups: dict[tuple[str, ...], list[PlannedJob]] = {}
     for p in sorted(todo, key=lambda p: (p.runs_on, str(p.job.target), p.job.id)):
         groups.setdefault(tuple(p.runs_on), []).append(p)
@@ -322,7 +339,7 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
                 "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
                 "extras": ",".join(["all"] + sorted({EXTRAS[p.job.target.backend] for p in chunk if p.job.target.backend in EXTRAS})),
             })
-    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable} for p in planned if p.unroutable]
+    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.unroutable or p.status} for p in planned if p.unroutable or p.refused]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}
 
 

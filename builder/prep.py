@@ -20,6 +20,8 @@ PREP_VERSION = "2"
 _EXTERNAL_THRESHOLD = 1_800_000_000  # protobuf cannot serialize a single message over 2 GB
 # Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
 FP16_KEEP_VERSION = "1"
+# Bump when the bf16 retyping (builder/bf16.py) changes what it writes: it is part of bf16 build keys.
+BF16_VERSION = "1"
 
 
 @dataclass
@@ -32,10 +34,12 @@ def prep_versions(precision: str) -> dict[str, str]:
     import onnx
 
     versions = {"prep": PREP_VERSION, "onnx": onnx.__version__, "onnxsim": _onnxsim_version() or "absent"}
-    if precision == "fp16":
+    if precision in ("fp16", "bf16"):
         import onnxruntime
 
         versions["fp16_converter"] = f"onnxruntime-{onnxruntime.__version__}+keep{FP16_KEEP_VERSION}"
+    if precision == "bf16":
+        versions["bf16_retype"] = BF16_VERSION
     return versions
 
 
@@ -107,6 +111,8 @@ def _prepared_model(source: Path, precision: str, fp16_keep: tuple[str, ...] = (
     model = _simplify(model, notes)
     if precision == "fp16":
         model = _to_fp16(model, notes, fp16_keep)
+    elif precision == "bf16":
+        model = _to_bf16(model, notes, fp16_keep)
     return notes, model
 
 
@@ -143,6 +149,17 @@ def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):
     kept = sum(1 for n in converted.graph.node if n.op_type in ops or n.name in nodes)
     notes.append("converted to fp16 (float32 inputs and outputs)" + (f"; {kept} nodes kept fp32 ({_summary(converted, ops, nodes)})" if kept else "")
                  + (f"; merged {removed} duplicate casts" if removed else ""))
+    return converted
+
+
+def _to_bf16(model, notes: list[str], keep: tuple[str, ...] = ()):
+    """The fp16 conversion's graph (same borders, same ops kept fp32), retyped to bfloat16 from the fp32 weights."""
+    from .bf16 import float_initializers, retype
+
+    originals = float_initializers(model)
+    converted = _to_fp16(model, notes, keep)
+    rounded = retype(converted, originals)
+    notes[-1] = notes[-1].replace("converted to fp16", "converted to bf16", 1) + f"; {rounded} weights rounded from fp32"
     return converted
 
 

@@ -29,6 +29,7 @@ GATE_VERSION = "2"
 DEFAULT_THRESHOLDS = {
     "fp32": {"min_cosine": 0.9999, "max_abs_rel": 1e-3},
     "fp16": {"min_cosine": 0.999, "max_abs_rel": 0.02},
+    "bf16": {"min_cosine": 0.999, "max_abs_rel": 0.05},
 }
 # A correct artifact's max-abs error, in units of epsilon × carried magnitude. Measured on eight real models (OCR
 # detector and recognizers, a quantized recognizer, two YOLO detectors, a VAD with control flow) on ONNX Runtime and

@@ -296,7 +296,7 @@ def index_cmd(store):
 
 
 ref_options = [
-    click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="Default: the fastest measured."),
+    click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), help="Default: the fastest measured."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, nvidia, intel, amd or apple."),
     click.option("--target", metavar="T", help="Only artifacts for this target (backend:device or backend)."),
     store_option,
@@ -482,7 +482,7 @@ def doctor_cmd():
 @click.option("--model", "models", multiple=True, metavar="NAME", help="Only this model (required when --from is https://). Repeatable.")
 @click.option("--component", "components", multiple=True, metavar="NAME")
 @click.option("--target", "targets", multiple=True, metavar="T", help="backend:device or backend.")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]))
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16"]))
 @click.option("--key", "keys", multiple=True, metavar="KEY", help="Build key or its prefix.")
 def publish_cmd(source, dest, models, components, targets, precisions, keys):
     """Copy artifacts between stores (local → S3, say), uploading only the blobs the destination lacks."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from enginefarm.builder.backends import get_backend
+from enginefarm.builder.recipe import PRECISIONS
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest, target_matches
@@ -51,8 +52,8 @@ class Lookup:
 
 
 def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings) -> Lookup:
-    if precision is not None and precision not in ("fp32", "fp16"):
-        raise ConfigError(f"unknown precision {precision!r}", hint="use fp32 or fp16, or leave it out for the fastest")
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}", hint=f"use {', '.join(PRECISIONS)}, or leave it out for the fastest")
     model, _ = parse_ref(ref)
     selectors = (target,) if target else ()
     devices = [d for d in detect(device) if any(target_matches(t, selectors) for t in d.targets)]

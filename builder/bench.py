@@ -1,6 +1,9 @@
 """Benchmark at build: load ms, first-inference ms, p50/p90 latency and peak RSS, in a fresh process.
 
 A fresh process makes load time and peak RSS honest: nothing is warm, and the build's own memory is not counted.
+The process runs with the host to itself (`hostlock.alone`: no build and no other benchmark meanwhile), and repeats
+until the spread of its runs is small or its time is up (`timing.time_runs`); the record keeps the median, the
+spread and the repetitions.
 Run as `python -m enginefarm.builder.bench ARTIFACT_DIR MANIFEST_JSON FEEDS_NPZ` it prints one JSON line.
 """
 
@@ -17,25 +20,24 @@ import numpy as np
 
 from enginefarm.errors import BuildError
 
-MIN_RUNS = 5
-MAX_RUNS = 50
-TIME_BUDGET_S = 10.0
-
 
 def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path) -> dict[str, Any]:
+    from .hostlock import alone
+
     feeds_path = workdir / "bench-feeds.npz"
     np.savez(feeds_path, **feeds)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "enginefarm.builder.bench", str(artifact_dir), str(manifest_path), str(feeds_path)],
-            capture_output=True, text=True, timeout=3600,
-        )
+        with alone() as host:
+            proc = subprocess.run(
+                [sys.executable, "-m", "enginefarm.builder.bench", str(artifact_dir), str(manifest_path), str(feeds_path)],
+                capture_output=True, text=True, timeout=3600,
+            )
     except subprocess.TimeoutExpired:
         raise BuildError("the benchmark process ran for more than an hour", hint="build with --no-bench to publish without a benchmark") from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
         raise BuildError(f"the benchmark process failed: {tail[0]}", hint="build with --no-bench to publish without a benchmark")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), **host}
 
 
 def peak_rss_mb() -> float:
@@ -49,6 +51,7 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     from enginefarm.cache.manifest import Manifest
 
     from .backends import get_backend
+    from .timing import time_runs
 
     manifest = Manifest.from_json(Path(manifest_path).read_bytes())
     with np.load(feeds_path) as data:
@@ -60,20 +63,14 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     start = time.perf_counter()
     session.run(feeds)
     first_ms = (time.perf_counter() - start) * 1000
-    times: list[float] = []
-    deadline = time.perf_counter() + TIME_BUDGET_S
-    while len(times) < MAX_RUNS and (len(times) < MIN_RUNS or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        session.run(feeds)
-        times.append((time.perf_counter() - start) * 1000)
+    session.run(feeds)  # a second warm-up: some runtimes finish tuning on the first calls
+    timing = time_runs(lambda: session.run(feeds))
     result = {
         "device": _device(backend, manifest),
         "shape": {name: list(array.shape) for name, array in feeds.items()},
         "load_ms": round(load_ms, 2),
         "first_inference_ms": round(first_ms, 2),
-        "p50_ms": round(float(np.percentile(times, 50)), 3),
-        "p90_ms": round(float(np.percentile(times, 90)), 3),
-        "runs": len(times),
+        **timing.record(),
         "peak_rss_mb": peak_rss_mb(),
         "compute_precision": getattr(session, "compute_precision", "unknown"),
     }

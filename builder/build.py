@@ -27,6 +27,7 @@ from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
 from .backends import get_backend
 from .bench import measure_in_subprocess
+from .hostlock import building
 from .planner import Job
 from .prep import prepare
 from .revalidate import revalidate, stale, validation_settings
@@ -75,6 +76,27 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     outdir = workdir / "artifact"
     outdir.mkdir(parents=True)
 
+    with building():
+        manifest = _built_and_validated(job, backend, toolchain, key, workdir, outdir, workroot, step, store)
+    here = backend.available(job.target.device) if bench else None
+    if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
+        manifest = replace(manifest, provenance={**manifest.provenance, "benchmark": f"skipped: {here.reason}"})
+    elif bench:
+        step("benchmark")
+        manifest_path = workdir / "draft-manifest.json"
+        manifest_path.write_bytes(manifest.to_json())
+        opt_feeds = dict(sample_cases(job.inputs, job.profile, job.validate)[1][1])
+        try:
+            measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
+        except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
+            raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
+        manifest = replace(manifest, benchmarks=(measured,))
+    return manifest, outdir
+
+
+def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str, workdir: Path, outdir: Path, workroot: Path, step: Step,
+                         store: Store | None) -> Manifest:
+    """Prep, build and validate (the part that shares the host with other builds; benchmarks wait for it)."""
     step("prep")
     # Prepared models are reused across jobs, per source and per prep toolchain (a new version never reuses an old prep).
     keep = job.fp16_keep if job.onnx_precision() in ("fp16", "bf16") else ()
@@ -136,21 +158,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     manifest = replace(manifest, validation=report)
     if report["passed"] is False:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
-
-    here = backend.available(job.target.device) if bench else None
-    if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
-        manifest = replace(manifest, provenance={**manifest.provenance, "benchmark": f"skipped: {here.reason}"})
-    elif bench:
-        step("benchmark")
-        manifest_path = workdir / "draft-manifest.json"
-        manifest_path.write_bytes(manifest.to_json())
-        opt_feeds = dict(sample_cases(job.inputs, job.profile, job.validate)[1][1])
-        try:
-            measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
-        except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
-            raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
-        manifest = replace(manifest, benchmarks=(measured,))
-    return manifest, outdir
+    return manifest
 
 
 def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
 
 from .backends import get_backend
+from .hostlock import building
 from .planner import Job
 from .validate import GATE_VERSION, Thresholds, model_traits
 
@@ -59,7 +60,8 @@ def revalidate(job: Job, store: Store, manifest: Manifest, workdir: Path, step: 
         cache.fetch(store, manifest)
         path = cache.verified_dir(manifest.build_key)
         step("validate")
-        report = validation_report(job, get_backend(job.target.backend), path, manifest, workdir)
+        with building():  # CPU-heavy like a build: no benchmark runs beside it
+            report = validation_report(job, get_backend(job.target.backend), path, manifest, workdir)
     finally:
         shutil.rmtree(workdir / "fetched", ignore_errors=True)
     report = {**report, "revalidated": datetime.now(timezone.utc).isoformat(timespec="seconds")}

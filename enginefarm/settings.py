@@ -75,6 +75,8 @@ def parse_choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
 
 
 COREML_COMPUTE_UNITS = ("ALL", "CPU_AND_GPU", "CPU_AND_NE", "CPU_ONLY")  # coremltools.ComputeUnit names
+# On-device timing of close candidates at the first load: auto (only where it costs a few seconds), on, off.
+MEASURE_MODES = ("AUTO", "ON", "OFF")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ class Settings:
     trusted_root: Path | None = None  # the channel's root.json, shipped with the app
     coreml_compute_units: str = "ALL"
     store_explicit: bool = False  # ENGINEFARM_STORE was set: a local path that does not exist is an error, not "empty"
+    measure: str = "auto"  # time the close candidates on this device at the first load: auto | on | off
+    host_lock_dir: Path | None = None  # where builds and benchmarks of this host coordinate (None: the system temp dir)
 
 
 def _default_home() -> Path:
@@ -125,4 +129,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         trusted_root=Path(env["ENGINEFARM_TRUSTED_ROOT"]).expanduser() if env.get("ENGINEFARM_TRUSTED_ROOT") else None,
         coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
         store_explicit=bool(env.get("ENGINEFARM_STORE")),
+        measure=parse_choice("ENGINEFARM_MEASURE", env.get("ENGINEFARM_MEASURE"), MEASURE_MODES).lower(),
+        host_lock_dir=Path(env["ENGINEFARM_HOST_LOCK_DIR"]).expanduser() if env.get("ENGINEFARM_HOST_LOCK_DIR") else None,
     )

@@ -8,7 +8,8 @@ dir), so `build -j N`, several `enginefarm build` runs and on-device timing all 
   a waiting benchmark is not starved by builds that keep starting.
 
 A process that dies releases its locks (the kernel drops them with the file descriptor). Without flock (Windows)
-or without access to the folder, work goes on unlocked and the benchmark record says `alone: false`.
+or without access to the folder, work goes on unlocked and the benchmark record says `alone: null` (unknown);
+`alone: false` means the host could not be had alone in time and the numbers were measured anyway.
 """
 
 from __future__ import annotations
@@ -89,22 +90,24 @@ def building() -> Iterator[None]:
 @contextmanager
 def alone(timeout: float = MAX_WAIT_S) -> Iterator[dict]:
     """Hold the host exclusively: no build and no other benchmark runs meanwhile. Yields what the benchmark record
-    keeps: `alone` (whether the host was had alone) and `waited_s`."""
+    keeps: `alone` (True: had alone; False: not within `timeout`; None: this host cannot lock) and `waited_s`."""
     started = time.monotonic()
     try:
         import fcntl
     except ImportError:
-        yield {"alone": False, "waited_s": 0.0}
+        yield {"alone": None, "waited_s": 0.0}
         return
     turnstile, host = _open("turnstile.lock"), _open("host.lock")
     try:
-        got = turnstile is not None and _flock(turnstile, fcntl.LOCK_EX, timeout)
-        got = got and host is not None and _flock(host, fcntl.LOCK_EX, max(0.0, timeout - (time.monotonic() - started)))
-        if turnstile is not None:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)  # builds now queue on the host lock itself
+        if turnstile is None or host is None:
+            yield {"alone": None, "waited_s": 0.0}
+            return
+        got = _flock(turnstile, fcntl.LOCK_EX, timeout)
+        got = got and _flock(host, fcntl.LOCK_EX, max(0.0, timeout - (time.monotonic() - started)))
+        fcntl.flock(turnstile, fcntl.LOCK_UN)  # builds now queue on the host lock itself
         if not got:
-            log.warning("could not have the host alone within %.0f s; measuring anyway", timeout)
-        yield {"alone": bool(got), "waited_s": round(time.monotonic() - started, 2)}
+            log.warning("could not have the host alone within %.0f s", timeout)
+        yield {"alone": got, "waited_s": round(time.monotonic() - started, 2)}
     finally:
         for fd in (host, turnstile):
             if fd is not None:

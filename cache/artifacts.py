@@ -152,6 +152,21 @@ def update_index(store: Store, manifests: list[Manifest], *, replace_all: bool =
             log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)
 
 
+def remove_from_index(store: Store, model: str, keys: list[str]) -> None:
+    """Drop entries from a model's index: compare-and-swap, retried and read back like `update_index`."""
+    unwanted = set(keys)
+    for attempt in range(_CAS_ATTEMPTS):
+        raw, etag = store.get_index_bytes(model)
+        index = parse_index(raw, model)
+        if raw is None or not unwanted & set(index["entries"]):
+            return
+        index["entries"] = {k: e for k, e in index["entries"].items() if k not in unwanted}
+        if store.cas_index_bytes(model, _dump_index(index), etag) and not unwanted & set(read_index(store, model)["entries"]):
+            return
+        time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
+    log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)
+
+
 def rebuild_index(store: Store) -> dict[str, int]:
     """Rebuild every model's index from manifests/. Returns entries per model."""
     manifests: list[Manifest] = []

@@ -137,6 +137,7 @@ class Manifest:
         """What resolution needs, without the file list: one index GET answers 'what exists'."""
         return {
             "build_key": self.build_key,
+            "model_version": self.model_version,
             "component": self.component,
             "precision": self.precision,
             "profile_name": self.profile_name,

@@ -53,38 +53,39 @@ def spread(times_ms: list[float]) -> float:
 
 
 def time_runs(run: Callable[[], object], *, min_runs: int = MIN_RUNS, max_runs: int = MAX_RUNS, budget_s: float = TIME_BUDGET_S,
-              target: float = SPREAD_TARGET) -> Timing:
+              target: float = SPREAD_TARGET, clock: Callable[[], float] = time.perf_counter) -> Timing:
     """Call `run` until at least `min_runs` calls have a spread of at most `target`, or `budget_s` or `max_runs` is
-    reached (whichever comes first after `min_runs`). The caller warms the session up first."""
+    reached (whichever comes first after `min_runs`). The caller warms the session up first. `clock`: seconds."""
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
+    deadline = clock() + budget_s
     while True:
-        start = time.perf_counter()
+        start = clock()
         run()
-        times.append((time.perf_counter() - start) * 1000)
+        times.append((clock() - start) * 1000)
         if len(times) < min_runs:
             continue
         if spread(times) <= target:
             return Timing(times, "spread")
         if len(times) >= max_runs:
             return Timing(times, "max runs")
-        if time.perf_counter() > deadline:
+        if clock() > deadline:
             return Timing(times, "time cap")
 
 
 def time_interleaved(runs: dict[str, Callable[[], object]], *, min_rounds: int, max_rounds: int, budget_s: float,
-                     target: float = SPREAD_TARGET, on_round: Callable[[int, dict[str, "Timing"]], None] | None = None) -> dict[str, Timing]:
+                     target: float = SPREAD_TARGET, on_round: Callable[[int, dict[str, "Timing"]], None] | None = None,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Time several sessions round-robin, so machine noise hits them alike. Stops after `min_rounds` once the
     fastest is clear of the others (not tied) or every spread is at most `target`; else at `max_rounds` or
     `budget_s`."""
     times: dict[str, list[float]] = {key: [] for key in runs}
-    deadline = time.perf_counter() + budget_s
+    deadline = clock() + budget_s
     rounds = 0
     while True:
         for key, run in runs.items():
-            start = time.perf_counter()
+            start = clock()
             run()
-            times[key].append((time.perf_counter() - start) * 1000)
+            times[key].append((clock() - start) * 1000)
         rounds += 1
         done = {key: Timing(list(ts), "") for key, ts in times.items()}
         if on_round is not None:
@@ -92,7 +93,7 @@ def time_interleaved(runs: dict[str, Callable[[], object]], *, min_rounds: int, 
         if rounds < min_rounds:
             continue
         stopped = ("clear winner" if _clear_winner(done) else "spread" if all(t.spread <= target for t in done.values())
-                   else "max runs" if rounds >= max_rounds else "time cap" if time.perf_counter() > deadline else "")
+                   else "max runs" if rounds >= max_rounds else "time cap" if clock() > deadline else "")
         if stopped:
             for timing in done.values():
                 timing.stopped = stopped

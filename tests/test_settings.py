@@ -76,3 +76,18 @@ def test_unknown_coreml_compute_units_are_an_error():
     with pytest.raises(ConfigError, match="ENGINEFARM_COREML_COMPUTE_UNITS='GPU'") as caught:
         load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": "GPU"})
     assert "CPU_AND_GPU" in caught.value.hint
+
+
+@pytest.mark.parametrize("raw,expected", [("", "auto"), ("auto", "auto"), ("ON", "on"), ("off", "off")])
+def test_on_device_timing_setting(raw, expected):
+    assert load_settings({"ENGINEFARM_MEASURE": raw}).measure == expected
+
+
+def test_bad_on_device_timing_setting_is_an_error():
+    with pytest.raises(ConfigError, match="ENGINEFARM_MEASURE='1'"):
+        load_settings({"ENGINEFARM_MEASURE": "1"})
+
+
+def test_host_lock_dir(tmp_path):
+    assert load_settings({}).host_lock_dir is None
+    assert load_settings({"ENGINEFARM_HOST_LOCK_DIR": str(tmp_path)}).host_lock_dir == tmp_path

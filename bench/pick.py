@@ -25,7 +25,6 @@ import shutil
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import _common
 

@@ -39,8 +39,7 @@ def bf16_tensor(values: np.ndarray, name: str):
 def retype(converted, originals: dict[str, np.ndarray]) -> int:
     """Turn an fp16-converted model into bf16 in place. `originals`: the float32 initializers before conversion, by
     name. Returns how many tensors were rounded from their float32 originals."""
-    from_originals = _retype_graph(converted.graph, originals)
-    return from_originals
+    return _retype_graph(converted.graph, originals)
 
 
 def _retype_graph(graph, originals: dict[str, np.ndarray]) -> int:

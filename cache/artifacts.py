@@ -266,18 +266,25 @@ class GcPlan:
     stale_caches: list[str] = field(default_factory=list)  # build-cache objects past the newest few of their slot, older than the grace
 
 
-def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
-    """Blobs that no manifest references and that are older than `grace_s` (a builder may be mid-publish:
-    its blobs are written before its manifest, so young orphans are left alone)."""
-    now = time.time() if now is None else now
-    referenced: set[str] = set()
+def all_manifests(store: Store, purpose: str) -> list[Manifest]:
+    """Every manifest in the store. An unreadable one stops `purpose` (deleting on a partial view could orphan a blob
+    it references)."""
+    found = []
     for key in store.list_manifest_keys():
         try:
             manifest = read_manifest(store, key)
         except IntegrityError as exc:
-            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to collect garbage", hint="fix or remove that manifest first") from None
+            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to {purpose}", hint="fix or remove that manifest first") from None
         if manifest is not None:
-            referenced.update(f.stored_sha256 for f in manifest.files)
+            found.append(manifest)
+    return found
+
+
+def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
+    """Blobs that no manifest references and that are older than `grace_s` (a builder may be mid-publish:
+    its blobs are written before its manifest, so young orphans are left alone)."""
+    now = time.time() if now is None else now
+    referenced = {f.stored_sha256 for manifest in all_manifests(store, "collect garbage") for f in manifest.files}
     orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
     return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now))
 

@@ -11,17 +11,12 @@ artifact), then manifests (nothing points at the blobs any more), then blobs. Re
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
-from enginefarm.errors import IntegrityError, StoreError
-
+from .artifacts import VERDICTS, all_manifests, remove_from_index
 from .manifest import Manifest
 from .stores.base import Store
 from .versions import by_age, version_key
-
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class Pruning:
@@ -48,14 +43,7 @@ def older_versions(manifests: list[Manifest], keep: int) -> tuple[list[Manifest]
 
 
 def plan(store: Store, keep: int) -> Pruning:
-    manifests = []
-    for key in store.list_manifest_keys():
-        try:
-            manifest = _read(store, key)
-        except IntegrityError as exc:
-            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to remove versions", hint="fix or remove that manifest first") from None
-        if manifest is not None:
-            manifests.append(manifest)
+    manifests = all_manifests(store, "remove versions")
     removed, kept = older_versions(manifests, keep)
     gone = {m.build_key for m in removed}
     referenced = {f.stored_sha256 for m in manifests if m.build_key not in gone for f in m.files}
@@ -64,8 +52,6 @@ def plan(store: Store, keep: int) -> Pruning:
 
 
 def apply(store: Store, pruning: Pruning) -> None:
-    from .artifacts import VERDICTS, remove_from_index
-
     by_model: dict[str, list[str]] = {}
     for manifest in pruning.removed:
         by_model.setdefault(manifest.model, []).append(manifest.build_key)
@@ -87,9 +73,3 @@ def prune_cache(cache, keep: int) -> list[Manifest]:
     for manifest in removed:
         cache.evict(manifest.build_key)
     return removed
-
-
-def _read(store: Store, key: str) -> Manifest | None:
-    from .artifacts import read_manifest
-
-    return read_manifest(store, key)

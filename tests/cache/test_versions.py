@@ -160,3 +160,27 @@ def test_cache_gc_keep_versions_evicts_older_cached_versions(two_versions, cli):
     assert "evicted tiny-sd/decoder v1" in proc.stdout
     assert [e.manifest.model_version for e in cache.entries()] == ["2"]
     assert cli("gc", "--store", str(two_versions), "--keep-versions", "0").returncode == 2  # click: N must be >= 1
+
+
+def test_a_channel_serves_the_version_it_released(tmp_path, monkeypatch):
+    """A newer version in the store does not reach an app that loads from a release channel until it is promoted."""
+    import dataclasses
+
+    import enginefarm
+    from enginefarm.cache.artifacts import pack_files, publish
+    from enginefarm.cache.stores import open_store
+    from enginefarm.cache.trust import repo
+    from tests import models
+    from tests.releases import REF, released
+
+    store = open_store(tmp_path / "store")
+    keys, a, _, root = released(store, tmp_path)
+    models.linear(tmp_path / "v2" / "model.onnx", scale=3.0)
+    files, blobs = pack_files(tmp_path / "v2", [("model.onnx", "model")], tmp_path / "v2-blobs")
+    newer = dataclasses.replace(a, build_key=hashlib.sha256(b"v2").hexdigest(), model_version="2", files=tuple(files))
+    publish(store, newer, blobs)
+    assert enginefarm.load(REF, device="cpu", store=store.url).artifact.model_version == "2"
+    in_channel = enginefarm.load(REF, device="cpu", store=store.url, channel="stable", trusted_root=root)
+    assert in_channel.artifact.build_key == a.build_key and in_channel.artifact.model_version == "1"
+    repo.promote(store, "stable", keys, [newer.build_key])
+    assert enginefarm.load(REF, device="cpu", store=store.url, channel="stable", trusted_root=root).artifact.model_version == "2"

@@ -56,14 +56,15 @@ def main() -> None:
                 labels[key] = f"{manifest['target']} {manifest['precision']}"
                 p50s.setdefault(key, []).append(bench["p50_ms"])
                 records.setdefault(key, []).append(bench)
-    print(f"\n{'artifact':<26}{'p50 ms per build':<34}{'max/min':>8}{'(max-min)/median':>18}  claimed spread (runs)")
+    print(f"\n{'artifact':<26}{'p50 ms per build':<34}{'max/min':>8}{'(max-min)/median':>18}  claimed spread (runs, share of the cores used)")
     worst = []
     for key in sorted(p50s, key=lambda k: labels[k]):
         values = p50s[key]
         ratio = max(values) / min(values)
         rel = (max(values) - min(values)) / statistics.median(values)
         worst.append(rel)
-        claimed = ", ".join(f"{100 * r['spread']:.1f}% ({r.get('runs')})" if "spread" in r else f"- ({r.get('runs')})" for r in records[key])
+        claimed = ", ".join((f"{100 * r['spread']:.1f}% ({r.get('runs')}" if "spread" in r else f"- ({r.get('runs')}")
+                            + (f", cpu {r['cpu_share']:.2f}" if "cpu_share" in r else "") + ")" for r in records[key])
         print(f"{labels[key]:<26}{', '.join(f'{v:.1f}' for v in values):<34}{ratio:>8.2f}{100 * rel:>17.1f}%  {claimed}")
     if worst:
         print(f"\nacross {len(worst)} artifacts: median (max-min)/median {100 * statistics.median(worst):.1f}%, worst {100 * max(worst):.1f}%")

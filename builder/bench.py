@@ -10,6 +10,7 @@ Run as `python -m enginefarm.builder.bench ARTIFACT_DIR MANIFEST_JSON FEEDS_NPZ`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,17 +65,37 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     session.run(feeds)
     first_ms = (time.perf_counter() - start) * 1000
     session.run(feeds)  # a second warm-up: some runtimes finish tuning on the first calls
+    load_before, used_before, wall_before = _load_avg(), _cpu_seconds(), time.perf_counter()
     timing = time_runs(lambda: session.run(feeds))
+    cpu_share = (_cpu_seconds() - used_before) / max(1e-9, (time.perf_counter() - wall_before) * (os.cpu_count() or 1))
     result = {
         "device": _device(backend, manifest),
         "shape": {name: list(array.shape) for name, array in feeds.items()},
         "load_ms": round(load_ms, 2),
         "first_inference_ms": round(first_ms, 2),
         **timing.record(),
+        # What the host lock cannot keep out: other programs. The share of all cores this process used while timed
+        # (low when something else ran) and the load average before it say how contended the numbers were.
+        "cpu_share": round(cpu_share, 3),
+        "load_avg_1m": load_before,
         "peak_rss_mb": peak_rss_mb(),
         "compute_precision": getattr(session, "compute_precision", "unknown"),
     }
     print(json.dumps(result))
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # Windows has no load average
+        return None
 
 
 def _device(backend, manifest) -> dict:

@@ -199,7 +199,7 @@ def _time(resolution: Resolution, found: Contenders, memory: Memory, settings: S
     winner = pick(records, {c.entry["build_key"]: c.entry.get("precision") for c in found.candidates})
     result = {"winner": winner, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ref": resolution.ref,
               "why": found.why, "timings": records}
-    memory.put(list(records), result)
+    memory.put([c.entry["build_key"] for c in found.candidates], result)  # as decide() looks it up
     report.message(f"fastest here: {label[winner]} ({_ms(records[winner]['p50_ms'])} ms); remembered for this device")
     apply(resolution, result, "just now")
     return opened

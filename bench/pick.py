@@ -4,9 +4,12 @@ For the SD 1.5 VAE decoder and the tiny decoder (default: both; `--model vae|tin
 that runs on this CPU (OpenVINO fp32/fp16/bf16, ONNX Runtime fp32/fp16) is loaded with
 `enginefarm.load(ref, precision=p, device="cpu", target=t)`, warmed up, and timed --runs rounds interleaved
 round-robin (machine noise hits all alike) on one seeded input at the profile's opt shape; each gets its median.
-Then an app's `enginefarm.load(ref, device="cpu")` picks twice, each from a fresh cache:
+Then an app's `enginefarm.load(ref, device="cpu")` picks, each time from a fresh cache:
 - farm numbers only (ENGINEFARM_MEASURE=off): the build-time benchmarks (and their tie rule) decide;
-- with on-device timing (ENGINEFARM_MEASURE=on): the close candidates are timed on this CPU at the first load.
+- with on-device timing (ENGINEFARM_MEASURE=on): the close candidates are timed on this CPU at the first load;
+and both again as a device of another class than the farm's runners (a copy of the store whose benchmark records
+name another CPU class, as if the farm built elsewhere): then the farm's numbers are only a similar device's, and
+on-device timing times the top candidates.
 For each pick: its median here / the fastest median here (target <= 1.05), and how long the load took.
 bf16 is compared with fp32 (latency and validation scores) where both exist.
 
@@ -25,6 +28,7 @@ import shutil
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import _common
 
@@ -93,17 +97,37 @@ def measure(args: argparse.Namespace) -> None:
     _bf16_vs_fp32(sessions, median)
     del sessions
 
-    for mode, label in (("off", "farm numbers only (ENGINEFARM_MEASURE=off)"), ("on", "with on-device timing (ENGINEFARM_MEASURE=on)")):
-        _phase(args, f"pick-{mode}", mode)
-        t0 = time.perf_counter()
-        picked = enginefarm.load(args.ref, device="cpu", store=str(args.store), progress=lambda m: print(f"    {m}", flush=True))
-        took = time.perf_counter() - t0
-        key = picked.artifact.build_key
-        ratio = f"{median[key] / fastest:.2f}" if key in median else "n/a (not measured side by side)"
-        print(f"\npick, {label}: {picked.artifact.target} {picked.artifact.precision} [{key[:12]}]; load took {took:.1f} s")
-        print("  " + "\n  ".join(picked.explain().splitlines()[1:3]))
-        print(f"  pick ratio (picked / fastest here): {ratio} (target <= {TARGET_RATIO:.2f})")
+    elsewhere = _farm_elsewhere(args.store, args.home / "store-farm-elsewhere")
+    for store, where in ((args.store, "farm of this CPU class"), (elsewhere, "farm of another CPU class")):
+        for mode, label in (("off", "farm numbers only (ENGINEFARM_MEASURE=off)"), ("on", "with on-device timing (ENGINEFARM_MEASURE=on)")):
+            _pick(args, store, where, mode, label, median, fastest)
     print(f"\n{args.ref} measured in {time.perf_counter() - started:.0f} s")
+
+
+def _pick(args: argparse.Namespace, store: Path, where: str, mode: str, label: str, median: dict[str, float], fastest: float) -> None:
+    import enginefarm
+
+    _phase(args, f"pick-{mode}", mode)
+    t0 = time.perf_counter()
+    picked = enginefarm.load(args.ref, device="cpu", store=str(store), progress=lambda m: print(f"    {m}", flush=True))
+    took = time.perf_counter() - t0
+    key = picked.artifact.build_key
+    ratio = f"{median[key] / fastest:.2f}" if key in median else "n/a (not measured side by side)"
+    print(f"\npick ({where}), {label}: {picked.artifact.target} {picked.artifact.precision} [{key[:12]}]; load took {took:.1f} s")
+    print("  " + "\n  ".join(picked.explain().splitlines()[1:3]))
+    print(f"  pick ratio (picked / fastest here): {ratio} (target <= {TARGET_RATIO:.2f})")
+
+
+def _farm_elsewhere(store: Path, copy: Path) -> Path:
+    """The store as a farm of another CPU class would have built it: same blobs (linked), benchmark records relabelled."""
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir(parents=True)
+    (copy / "blobs").symlink_to(store / "blobs")
+    for folder in ("manifests", "index"):
+        (copy / folder).mkdir()
+        for path in (store / folder).glob("*.json"):
+            (copy / folder / path.name).write_text(path.read_text().replace('"class": "cpu-', '"class": "cpu-farm-'))
+    return copy
 
 
 def _phase(args: argparse.Namespace, name: str, measure_mode: str) -> None:

@@ -21,6 +21,11 @@ import numpy as np
 
 from enginefarm.errors import BuildError
 
+OTHERS_MAX = 0.2  # other processes busier than this share of the cores while a CPU benchmark ran: measure again
+MAX_ATTEMPTS = 3
+PAUSE_S = 2.0
+MIN_WINDOW_S = 1.0
+
 
 def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path) -> dict[str, Any]:
     from .hostlock import alone
@@ -52,7 +57,6 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     from enginefarm.cache.manifest import Manifest
 
     from .backends import get_backend
-    from .timing import time_runs
 
     manifest = Manifest.from_json(Path(manifest_path).read_bytes())
     with np.load(feeds_path) as data:
@@ -65,23 +69,54 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     session.run(feeds)
     first_ms = (time.perf_counter() - start) * 1000
     session.run(feeds)  # a second warm-up: some runtimes finish tuning on the first calls
-    load_before, used_before, wall_before = _load_avg(), _cpu_seconds(), time.perf_counter()
-    timing = time_runs(lambda: session.run(feeds))
-    cpu_share = (_cpu_seconds() - used_before) / max(1e-9, (time.perf_counter() - wall_before) * (os.cpu_count() or 1))
+    timing, contention, attempts = _least_contended(lambda: session.run(feeds), manifest.parsed_target.device == "cpu")
     result = {
         "device": _device(backend, manifest),
         "shape": {name: list(array.shape) for name, array in feeds.items()},
         "load_ms": round(load_ms, 2),
         "first_inference_ms": round(first_ms, 2),
         **timing.record(),
-        # What the host lock cannot keep out: other programs. The share of all cores this process used while timed
-        # (low when something else ran) and the load average before it say how contended the numbers were.
-        "cpu_share": round(cpu_share, 3),
-        "load_avg_1m": load_before,
+        # What the host lock cannot keep out: other programs. The shares of all cores this process and everything else
+        # used while timed, and the load average before, say how contended the numbers were.
+        **contention,
+        "attempts": attempts,
         "peak_rss_mb": peak_rss_mb(),
         "compute_precision": getattr(session, "compute_precision", "unknown"),
     }
     print(json.dumps(result))
+
+
+def _least_contended(run, on_cpu: bool):
+    """Time `run`; on a CPU, again after a pause while other processes used more than OTHERS_MAX of the cores meanwhile
+    (something outside the host lock ran), within twice the time budget. Returns the least contended attempt:
+    (timing, {cpu_share, others_share, load_avg_1m}, attempts made)."""
+    from .timing import TIME_BUDGET_S, time_runs
+
+    best = None
+    deadline = time.perf_counter() + 2 * TIME_BUDGET_S
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        load, ours, busy, wall = _load_avg(), _cpu_seconds(), _busy_seconds(), time.perf_counter()
+        timing = time_runs(run)
+        elapsed = time.perf_counter() - wall
+        capacity = elapsed * (os.cpu_count() or 1)
+        used = _cpu_seconds() - ours
+        contention = {"cpu_share": None, "others_share": None, "load_avg_1m": load}
+        if elapsed >= MIN_WINDOW_S:  # CPU time is counted in kernel ticks: a short window says nothing
+            contention.update(cpu_share=round(used / capacity, 3), others_share=round(max(0.0, _busy_seconds() - busy - used) / capacity, 3))
+        if best is None or (contention["others_share"] or 0.0) < (best[1]["others_share"] or 0.0):
+            best = (timing, contention)
+        if not on_cpu or (contention["others_share"] or 0.0) <= OTHERS_MAX or time.perf_counter() > deadline:
+            break
+        time.sleep(PAUSE_S)
+    return (*best, attempt)
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (stolen by the hypervisor included), all processes."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
 
 
 def _cpu_seconds() -> float:

@@ -136,5 +136,7 @@ def test_parallel_builds_record_benchmarks_measured_alone(tiny_recipe, cli, tmp_
         assert record["alone"] is True and record["waited_s"] >= 0
         assert record["runs"] >= 5 and record["stopped"] in ("spread", "time cap", "max runs")
         assert record["spread"] >= 0 and record["iqr_ms"] >= 0 and 0 < record["p50_ms"] <= record["p90_ms"]
-        assert 0 < record["cpu_share"] <= 1.5 and record["load_avg_1m"] >= 0
+        assert record["load_avg_1m"] >= 0 and 1 <= record["attempts"] <= 3
+        if record["cpu_share"] is not None:  # measured over at least a second
+            assert 0 < record["cpu_share"] <= 1.2 and 0 <= record["others_share"] <= 1.2
     assert {p.name for p in (tmp_path / "host-locks").iterdir()} == {"host.lock", "turnstile.lock"}

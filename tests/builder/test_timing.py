@@ -75,3 +75,35 @@ def test_side_by_side_timing_of_a_close_race_runs_to_its_cap():
     clock = Clock(10, 11, 12, 9)  # a: 10, 12, 10, 12...; b: 11, 9, 11, 9...: overlapping
     timings = time_interleaved({"a": clock.run, "b": clock.run}, min_rounds=3, max_rounds=6, budget_s=100, clock=clock)
     assert {t.stopped for t in timings.values()} == {"max runs"} and all(len(t.times_ms) == 6 for t in timings.values())
+
+
+class Seconds:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_cpu_benchmark_disturbed_by_other_programs_is_measured_again(monkeypatch):
+    """Other processes busy on the cores while it ran (what the host lock cannot stop): pause, measure again, keep
+    the least disturbed attempt and say how contended it was."""
+    from enginefarm.builder import bench, timing
+
+    busy = iter([0.0, 50.0, 50.0, 50.2])  # the machine's busy CPU seconds around each attempt: heavy, then quiet
+    monkeypatch.setattr(bench, "_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(bench, "_cpu_seconds", lambda: 0.0)
+    monkeypatch.setattr(bench, "time", Seconds())  # each reading of the clock one second later
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    attempts = iter([timing.Timing([9.0] * 5, "spread"), timing.Timing([5.0] * 5, "spread")])
+    monkeypatch.setattr(timing, "time_runs", lambda run: next(attempts))
+    best, contention, made = bench._least_contended(lambda: None, on_cpu=True)
+    assert made == 2 and best.median_ms == 5.0 and contention["others_share"] < bench.OTHERS_MAX
+    busy = iter([0.0, 50.0])
+    monkeypatch.setattr(bench, "_busy_seconds", lambda: next(busy))
+    attempts = iter([timing.Timing([9.0] * 5, "spread")])
+    assert bench._least_contended(lambda: None, on_cpu=False)[2] == 1  # a GPU's numbers do not depend on the CPU's load

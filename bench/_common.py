@@ -33,6 +33,7 @@ def setup(args: argparse.Namespace) -> None:
     os.environ["ENGINEFARM_HOME"] = str(args.home)
     os.environ["ENGINEFARM_STORE"] = str(args.store)
     os.environ.pop("ENGINEFARM_OFFLINE", None)
+    args.store.mkdir(parents=True, exist_ok=True)  # a named store must exist for every command but build
 
 
 def source_onnx(recipe: Path, component: str) -> Path:

@@ -31,6 +31,7 @@ from . import rss
 from .backends import get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .golden import attach as attach_golden
+from .hostlock import building
 from .planner import Job
 from .prep import prepare
 from .references import reference_outputs_cached
@@ -95,11 +96,35 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     outdir = workdir / "artifact"
     outdir.mkdir(parents=True)
 
+    with building():
+        manifest = _built_and_validated(job, backend, toolchain, key, outdir, workroot, step, store, stages)
+    here = backend.available(job.target.device) if bench else None
+    if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
+        manifest = replace(manifest, provenance={**manifest.provenance, "benchmark": f"skipped: {here.reason}"})
+    elif bench:
+        step("benchmark")
+        manifest_path = workdir / "draft-manifest.json"
+        manifest_path.write_bytes(manifest.to_json())
+        opt_feeds = dict(sample_cases(job.inputs, job.profile, job.validate)[1][1])
+        with stages.stage("benchmark") as probe:
+            try:
+                measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
+            except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
+                raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
+            probe.subprocess(int(measured.get("peak_rss_mb", 0) * 2**20))
+        manifest = replace(manifest, benchmarks=(measured,))
+    manifest = replace(manifest, provenance={**manifest.provenance, "stages": stages.records, "peak_rss_mb": stages.peak_rss_mb})
+    return manifest, outdir
+
+
+def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str, outdir: Path, workroot: Path, step: Step,
+                         store: Store | None, stages: Stages) -> Manifest:
+    """Prep, build and validate (the part that shares the host with other builds; benchmarks wait for it)."""
     step("prep")
     # Prepared models and reference outputs are reused across jobs, per source and prep toolchain (workcache.py).
     folder = source_folder(workroot, job.source.digest)
     with stages.stage("prep"):
-        prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if job.onnx_precision() == "fp16" else ())
+        prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if job.onnx_precision() in ("fp16", "bf16") else ())
     step(f"build {job.target}")
     _hook(backend, "before_build", store, job, outdir)
     with stages.stage("compile") as probe:
@@ -154,7 +179,6 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
             manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
 
     step("validate")
-    here = backend.available(job.target.device)
     report = validation_report(job, backend, outdir, manifest, workroot, stages)
     if report["executed"] is False:  # published unvalidated: the first device that runs it checks it (golden.py)
         step("golden samples")
@@ -165,23 +189,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     manifest = replace(manifest, validation=report)
     if report["passed"] is False:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
-
-    if bench and not here.can_load:  # resolution then ranks it by kind, as for --no-bench
-        manifest = replace(manifest, provenance={**manifest.provenance, "benchmark": f"skipped: {here.reason}"})
-    elif bench:
-        step("benchmark")
-        manifest_path = workdir / "draft-manifest.json"
-        manifest_path.write_bytes(manifest.to_json())
-        opt_feeds = dict(sample_cases(job.inputs, job.profile, job.validate)[1][1])
-        with stages.stage("benchmark") as probe:
-            try:
-                measured = measure_in_subprocess(outdir, manifest_path, opt_feeds, workdir)
-            except BuildError as exc:  # a crash while benchmarking fails this job like a crash while building
-                raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
-            probe.subprocess(int(measured.get("peak_rss_mb", 0) * 2**20))
-        manifest = replace(manifest, benchmarks=(measured,))
-    manifest = replace(manifest, provenance={**manifest.provenance, "stages": stages.records, "peak_rss_mb": stages.peak_rss_mb})
-    return manifest, outdir
+    return manifest
 
 
 def _thresholds(job: Job) -> Thresholds:

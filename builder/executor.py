@@ -10,8 +10,8 @@ When the run ends, work-cache folders unused for a day are removed (workcache.py
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
 
@@ -31,24 +31,24 @@ Event = Callable[[str, str, object], None]
 class _Uploads(Progress):
     """Forwards upload progress to the parent, at most every 0.2 s, so a slow link shows bytes moving."""
 
-    def __init__(self, job_id: str, messages) -> None:
-        self.job_id, self.messages, self.last = job_id, messages, 0.0
+    def __init__(self, job_id: str, pipe) -> None:
+        self.job_id, self.pipe, self.last = job_id, pipe, 0.0
 
     def transfer(self, name: str, done: int, total: int) -> None:
         now = time.monotonic()
         if done >= total or now - self.last > 0.2:
             self.last = now
-            self.messages.put((self.job_id, "transfer", (name, done, total)))
+            self.pipe.send((self.job_id, "transfer", (name, done, total)))
 
 
-def _child(job: Job, store_url: str, workroot: str, bench: bool, validate_only: bool, messages) -> None:
+def _child(job: Job, store_url: str, workroot: str, bench: bool, validate_only: bool, pipe) -> None:
     from enginefarm.cache.stores import open_store
 
-    messages.put((job.id, "start", job.label))
-    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: messages.put((job.id, "step", msg)),
-                   progress=_Uploads(job.id, messages), validate_only=validate_only)
+    pipe.send((job.id, "start", job.label))
+    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: pipe.send((job.id, "step", msg)),
+                   progress=_Uploads(job.id, pipe), validate_only=validate_only)
     result.manifest = None  # keep what crosses the process boundary small
-    messages.put((job.id, "result", result))
+    pipe.send((job.id, "result", result))
 
 
 def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None,
@@ -61,9 +61,10 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
     needs = {job.id: job_need_bytes(job) for job in jobs}
     told: set[str] = set()  # jobs already shown as waiting for memory
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
-    messages = context.Queue()
     waiting = list(jobs)
-    running: dict[str, tuple[mp.Process, Job]] = {}
+    # One pipe per worker, written from its main thread: a worker killed mid-message breaks only its own pipe. (A
+    # shared multiprocessing.Queue has one write lock; a worker killed while holding it would block every other.)
+    running: dict[str, tuple[mp.Process, Job, object]] = {}
     results: dict[str, BuildResult] = {}
 
     def finish(job: Job, result: BuildResult) -> None:
@@ -79,29 +80,29 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
                     _say_waiting(waiting, in_use, budget, needs, told, on_event)
                     break
                 waiting.remove(job)
-                process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, validate_only, messages), daemon=True)
+                reader, writer = context.Pipe(duplex=False)
+                process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, validate_only, writer), daemon=True)
                 process.start()
-                running[job.id] = (process, job)
-            try:
-                job_id, kind, detail = messages.get(timeout=0.2)
-                _handle(job_id, kind, detail, running, finish, on_event)
-            except queue.Empty:
-                pass
-            for job_id, (process, job) in list(running.items()):
-                if not process.is_alive():
-                    _drain(messages, running, finish, on_event)  # its last words may still be in the queue
-                    if job_id not in results:  # it died without a word: a crash or a kill
-                        finish(job, BuildResult.of(job, None, "failed", f"build process died (exit code {process.exitcode})"))
-                    running.pop(job_id, None)
+                writer.close()  # the worker holds the only writer: its exit is the reader's end of file
+                running[job.id] = (process, job, reader)
+            ready = wait([reader for _, _, reader in running.values()], timeout=0.2)
+            for job_id, (process, job, reader) in list(running.items()):
+                if reader not in ready and process.is_alive():
+                    continue
+                if _read(reader, job_id, finish, on_event, job) and process.is_alive():
+                    continue  # more to come
+                process.join(timeout=30)
+                if job_id not in results:  # it died without a word: a crash or a kill
+                    finish(job, BuildResult.of(job, None, "failed", f"build process died (exit code {process.exitcode})"))
+                reader.close()
+                running.pop(job_id)
     except BaseException:
-        for process, _ in running.values():
+        for process, _, _ in running.values():
             process.terminate()
-        for process, _ in running.values():
+        for process, _, _ in running.values():
             process.join(timeout=10)
         reclaim(workroot / "jobs")  # the terminated workers' folders (their processes are gone now)
         raise
-    finally:
-        messages.close()
     prune(workroot)
     return [results[job.id] for job in jobs if job.id in results]
 
@@ -113,20 +114,17 @@ def _say_waiting(waiting, in_use: int, budget: int, needs, told: set[str], on_ev
             on_event(job.id, "step", f"waiting for memory (needs {gb(needs[job.id]):g} GB; {gb(in_use):g} of {gb(budget):g} GB taken)")
 
 
-def _handle(job_id, kind, detail, running, finish, on_event) -> None:
-    if kind == "result":
-        process, job = running.pop(job_id)
-        process.join(timeout=30)
-        finish(job, detail)
-    else:
-        on_event(job_id, kind, detail)
-
-
-def _drain(messages, running, finish, on_event) -> None:
-    while True:
+def _read(reader, job_id: str, finish, on_event, job: Job) -> bool:
+    """Handle what the worker sent. False when its pipe is closed (it exited, or died mid-message) or its result came."""
+    while reader.poll():
         try:
-            job_id, kind, detail = messages.get(timeout=0.05)
-        except queue.Empty:
-            return
-        if job_id in running:
-            _handle(job_id, kind, detail, running, finish, on_event)
+            _, kind, detail = reader.recv()
+        except (EOFError, OSError):
+            return False
+        except Exception:  # a message cut short by the worker's death
+            return False
+        if kind == "result":
+            finish(job, detail)
+            return False
+        on_event(job_id, kind, detail)
+    return True

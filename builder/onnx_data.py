@@ -43,12 +43,13 @@ def rename_data_file(model, location: str) -> None:
                 entry.value = location
 
 
-def write_model(model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = frozenset()) -> None:
+def write_model(model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = frozenset(), to_bf16: frozenset[str] = frozenset()) -> None:
     """Save `model` at `out`, its external tensors (read from `base_dir`) in `out.name + ".data"`.
 
     `to_fp16` names external tensors that were float32 in the files and are float16 in `model` (the fp16
     converter changes the type of a tensor it cannot see the data of): their values are converted here, with
-    the converter's own clamping of what float16 cannot hold. Data moves in chunks: memory stays at CHUNK
+    the converter's own clamping of what float16 cannot hold. `to_bf16` does the same for tensors retyped to
+    bfloat16 (rounded to nearest even from float32, see builder/bf16.py). Data moves in chunks: memory stays at CHUNK
     bytes even for a single multi-GB tensor."""
     import onnx
 
@@ -61,8 +62,12 @@ def write_model(model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = f
                 for tensor in tensors:
                     sink.write(b"\0" * (-sink.tell() % _ALIGN))
                     offset = sink.tell()
-                    half = tensor.name in to_fp16 and tensor.data_type == onnx.TensorProto.FLOAT16
-                    length = _copy(readers, base_dir, _entry(tensor), sink, half)
+                    convert = None
+                    if tensor.name in to_fp16 and tensor.data_type == onnx.TensorProto.FLOAT16:
+                        convert = _fp16_bytes
+                    elif tensor.name in to_bf16 and tensor.data_type == onnx.TensorProto.BFLOAT16:
+                        convert = _bf16_bytes
+                    length = _copy(readers, base_dir, _entry(tensor), sink, convert)
                     _point(tensor, data_path.name, offset, length)
         finally:
             for handle in readers.values():
@@ -70,7 +75,7 @@ def write_model(model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = f
     onnx.save(model, str(out))  # only the graph: every tensor that is large is external by now
 
 
-def _copy(readers: dict, base_dir: Path, entry: dict[str, str], sink, half: bool) -> int:
+def _copy(readers: dict, base_dir: Path, entry: dict[str, str], sink, convert) -> int:
     location = entry.get("location", "")
     handle = readers.get(location)
     if handle is None:
@@ -86,8 +91,8 @@ def _copy(readers: dict, base_dir: Path, entry: dict[str, str], sink, half: bool
             raise ValueError(f"{location} ends {left} bytes before the tensor does")
         if left is not None:
             left -= len(chunk)
-        if half:
-            chunk = _fp16_bytes(chunk)
+        if convert is not None:
+            chunk = convert(chunk)
         sink.write(chunk)
         written += len(chunk)
     return written
@@ -97,6 +102,12 @@ def _fp16_bytes(raw: bytes) -> bytes:
     from onnxruntime.transformers.float16 import convert_np_to_float16
 
     return convert_np_to_float16(np.frombuffer(raw, dtype=np.float32)).astype(np.float16).tobytes()
+
+
+def _bf16_bytes(raw: bytes) -> bytes:
+    from .bf16 import to_bf16_bits
+
+    return to_bf16_bits(np.frombuffer(raw, dtype=np.float32)).tobytes()
 
 
 def _point(tensor, location: str, offset: int, length: int) -> None:

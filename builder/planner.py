@@ -13,7 +13,7 @@ from enginefarm.cache.manifest import Target, target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
-from .backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal
+from .backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal, precision_refusal
 from .backends.base import Availability
 from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
@@ -115,7 +115,7 @@ class Job:
                 "toolchain": toolchain,
                 "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
-                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() == "fp16" else {}),
+                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() in ("fp16", "bf16") else {}),
             }
         )
 
@@ -130,7 +130,7 @@ class PlannedJob:
     stale_validation: bool = False  # built, but judged under other [validate] settings than the recipe's
     runs_on: list[str] = field(default_factory=list)
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
-    refused: str = ""  # why the backend's SDK would refuse it anywhere, and the fix
+    refused: str = ""  # "refused: why; fix": the SDK would refuse it on any host, or the device class cannot compute in its precision
 
     @property
     def status(self) -> str:
@@ -268,8 +268,16 @@ def plan(
     for job in selected:
         entry = PlannedJob(job, job_availability(job))
         refusal = job_refusal(job)
-        if refusal is not None:
+        precision_why = precision_refusal(job.target, job.precision)
+        if precision_why:
+            entry.refused = f"refused: {precision_why}"
+            entry.availability = Availability.missing(precision_why)
+        elif refusal is not None:
             entry.refused = f"refused: {refusal[0]}; {refusal[1]}"
+        elif entry.availability.can_build:
+            not_here = precision_here(job)
+            if not_here:
+                entry.availability = Availability.missing(not_here)
         if entry.availability.can_build:
             try:
                 entry.toolchain = job.toolchain()
@@ -290,6 +298,13 @@ def plan(
             continue
         planned.append(entry)
     return planned
+
+
+def precision_here(job: Job) -> str | None:
+    """Why this host cannot build and validate the job's precision although its device class runs it (OpenVINO bf16
+    on a CPU without bf16 instructions would compute, and be validated, in fp32)."""
+    check = getattr(get_backend(job.target.backend), "precision_here", None)
+    return check(job.precision, job.target.device) if check is not None else None
 
 
 def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) -> tuple[bool, bool]:

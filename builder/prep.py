@@ -26,6 +26,8 @@ LAST_USED = ".last_used"  # touched by every job that uses a prep folder; old fo
 EXTERNAL_ABOVE = 64 << 20  # a prepared model larger than this keeps its weights in `<name>.data`
 # Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
 FP16_KEEP_VERSION = "1"
+# Bump when the bf16 retyping (builder/bf16.py) changes what it writes: it is part of bf16 build keys.
+BF16_VERSION = "1"
 
 
 @dataclass
@@ -38,10 +40,12 @@ def prep_versions(precision: str) -> dict[str, str]:
     import onnx
 
     versions = {"prep": PREP_VERSION, "onnx": onnx.__version__, "onnxsim": _onnxsim_version() or "absent"}
-    if precision == "fp16":
+    if precision in ("fp16", "bf16"):
         import onnxruntime
 
         versions["fp16_converter"] = f"onnxruntime-{onnxruntime.__version__}+keep{FP16_KEEP_VERSION}"
+    if precision == "bf16":
+        versions["bf16_retype"] = BF16_VERSION
     return versions
 
 
@@ -71,7 +75,7 @@ def _onnxsim_version() -> str | None:
 def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, ...] = ()) -> Prepared:
     """The prepared model for `precision` in `workdir`, the source's own prep folder (one per source digest and
     prep toolchain): `prepared-fp32.onnx` (checked, simplified, shapes inferred) and `prepared-fp16.onnx`
-    (converted from the fp32 one), each with its weights in `<name>.data` when it has external data.
+    (converted from the fp32 one; `prepared-bf16.onnx` the same graph retyped to bfloat16), each with its weights in `<name>.data` when it has external data.
     `fp16_keep`: op types or node names that stay fp32 in the fp16 model besides those `fp16_blocked` keeps (such
     a model is its own file, `prepared-fp16-keep-<digest>.onnx`).
 
@@ -82,9 +86,9 @@ def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, .
     fp32 = _once(workdir, "fp32", lambda out: _prepare_fp32(source, out))
     if precision == "fp32":
         return fp32
-    variant = "fp16" if not fp16_keep else "fp16-keep-" + hashlib.sha256("\n".join(sorted(fp16_keep)).encode()).hexdigest()[:12]
-    fp16 = _once(workdir, variant, lambda out: _prepare_fp16(fp32.path, out, source, fp16_keep))
-    return Prepared(fp16.path, fp32.notes + fp16.notes)
+    variant = precision if not fp16_keep else f"{precision}-keep-" + hashlib.sha256("\n".join(sorted(fp16_keep)).encode()).hexdigest()[:12]
+    half = _once(workdir, variant, lambda out: _prepare_half(fp32.path, out, source, fp16_keep, precision))
+    return Prepared(half.path, fp32.notes + half.notes)
 
 
 def _once(workdir: Path, precision: str, make) -> Prepared:
@@ -174,17 +178,21 @@ def _gather_data(path: Path) -> None:
     os.replace(gathered, path)
 
 
-def _prepare_fp16(fp32: Path, out: Path, source: Path, keep: tuple[str, ...] = ()) -> list[str]:
-    """The fp32 prepared graph, converted without its weights in memory: the converter retypes the external
-    tensors it keeps as float16, and `write_model` converts their values one tensor at a time."""
+def _prepare_half(fp32: Path, out: Path, source: Path, keep: tuple[str, ...], precision: str) -> list[str]:
+    """The fp32 prepared graph, converted to fp16 (or bf16) without its weights in memory: the converter retypes
+    the external tensors it keeps as float16, and `write_model` converts their values one tensor at a time."""
     import onnx
 
     notes: list[str] = []
     model = onnx.load(str(fp32), load_external_data=False)
-    was_float = {t.name for t in external_tensors(model) if t.data_type == onnx.TensorProto.FLOAT}
-    with _model_errors(source, "fp16 conversion failed", "build fp32 meanwhile"), converter_reads_no_weights():
-        converted = _to_fp16(model, notes, keep)
-        write_model(converted, fp32.parent, out, to_fp16=frozenset(was_float))
+    was_float = frozenset(t.name for t in external_tensors(model) if t.data_type == onnx.TensorProto.FLOAT)
+    with _model_errors(source, f"{precision} conversion failed", "build fp32 meanwhile"), converter_reads_no_weights():
+        if precision == "bf16":
+            converted = _to_bf16(model, notes, keep)
+            write_model(converted, fp32.parent, out, to_bf16=was_float)
+        else:
+            converted = _to_fp16(model, notes, keep)
+            write_model(converted, fp32.parent, out, to_fp16=was_float)
     return notes
 
 
@@ -245,6 +253,17 @@ def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):
     kept = sum(1 for n in converted.graph.node if n.op_type in ops or n.name in nodes)
     notes.append("converted to fp16 (float32 inputs and outputs)" + (f"; {kept} nodes kept fp32 ({_summary(converted, ops, nodes)})" if kept else "")
                  + (f"; merged {removed} duplicate casts" if removed else ""))
+    return converted
+
+
+def _to_bf16(model, notes: list[str], keep: tuple[str, ...] = ()):
+    """The fp16 conversion's graph (same borders, same ops kept fp32), retyped to bfloat16 from the fp32 weights."""
+    from .bf16 import float_initializers, retype
+
+    originals = float_initializers(model)
+    converted = _to_fp16(model, notes, keep)
+    rounded = retype(converted, originals)
+    notes[-1] = notes[-1].replace("converted to fp16", "converted to bf16", 1) + f"; {rounded} weights rounded from fp32"
     return converted
 
 

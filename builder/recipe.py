@@ -13,7 +13,7 @@ from typing import Any
 from enginefarm.cache.manifest import Target
 from enginefarm.errors import RecipeError
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "bf16")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

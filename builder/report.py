@@ -44,10 +44,13 @@ class Row:
     device: str = ""
     peak_rss_mb: float | None = None  # the job's peak, measured in the processes that did the work
     stages: tuple = ()  # time and peak memory per stage: ({"stage", "seconds", "peak_rss_mb"}, ...)
+    version: str = ""  # the model version (a recipe's model.version)
+    spread: float | None = None  # the benchmark's IQR / median
+    runs: int | None = None
 
     @property
     def ref(self) -> str:
-        return f"{self.model}/{self.component}"
+        return f"{self.model}/{self.component}" + (f" v{self.version}" if self.version else "")
 
 
 def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[str, str]] = (), models: Iterable[str] | None = None) -> list[Row]:
@@ -67,9 +70,10 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
                       decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})), computes_in=manifest.validation.get("compute_precision", ""),
                       build_s=manifest.provenance.get("build_seconds"), size=sum(f.size for f in manifest.files),
                       stored_size=sum(f.stored_size for f in manifest.files), device=bench.get("device", {}).get("class", ""),
-                      peak_rss_mb=manifest.provenance.get("peak_rss_mb"), stages=tuple(manifest.provenance.get("stages", ())))
+                      peak_rss_mb=manifest.provenance.get("peak_rss_mb"), stages=tuple(manifest.provenance.get("stages", ())),
+                      version=manifest.model_version, spread=bench.get("spread"), runs=bench.get("runs"))
             ident = (row.model, row.component, row.precision, row.target)
-            if ident not in rows or (rows[ident].p50_ms or 1e18) > (row.p50_ms or 1e18):
+            if ident not in rows or _newer_or_faster(row, rows[ident]):
                 rows[ident] = row
     for path in reports:
         try:
@@ -92,6 +96,15 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
         ident = (job["model"], job["component"], job["precision"], job["target"])
         rows.setdefault(ident, Row(*ident, status="missing", reason=job.get("why", "not built yet")))
     return sorted(rows.values(), key=lambda r: (r.model, r.component, r.precision, r.target))
+
+
+def _newer_or_faster(row: Row, other: Row) -> bool:
+    """One row per model, component, precision and target: the newest model version, then the fastest."""
+    from enginefarm.cache.versions import version_key
+
+    if version_key(row.version) != version_key(other.version):
+        return version_key(row.version) > version_key(other.version)
+    return (other.p50_ms or 1e18) > (row.p50_ms or 1e18)
 
 
 _warned: set[str] = set()
@@ -145,6 +158,12 @@ def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
+def _spread(r: Row) -> str:
+    """The benchmark's IQR / median and its repetitions (records from before spreads were kept show the runs only)."""
+    runs = f" ({r.runs})" if r.runs else ""
+    return f"{100 * r.spread:.1f}%{runs}" if r.spread is not None else (runs.strip() or "–")
+
+
 def _mb(size: int) -> str:
     return f"{size / 2**20:.2f}"
 
@@ -182,8 +201,9 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
                 parts.append("<td></td>")
                 md_cells.append("")
             elif r.status == "built":
-                parts.append(f"<td class='built'>built · p50 {_fmt(r.p50_ms, unit=' ms')}</td>")
-                md_cells.append(f"✅ {_fmt(r.p50_ms, unit=' ms')}")
+                version = f" v{r.version}" if r.version else ""
+                parts.append(f"<td class='built'>built{html.escape(version)} · p50 {_fmt(r.p50_ms, unit=' ms')}</td>")
+                md_cells.append(f"✅{version} {_fmt(r.p50_ms, unit=' ms')}")
             else:
                 mark = "❌" if r.status == "failed" else "⬜"
                 parts.append(f"<td class='{r.status}'><b>{r.status}</b><div class='small'>{html.escape(r.reason[:300])}</div></td>")
@@ -193,19 +213,19 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     parts.append("</table>")
 
     parts.append("<h2>Latency</h2>")
-    md += ["", "## Latency and validation", "", "| artifact | target | precision | computes in | p50 ms | p90 ms | load ms | min cosine | min PSNR dB |", "|---|---|---|---|---|---|---|---|---|"]
+    md += ["", "## Latency and validation", "", "| artifact | target | precision | computes in | p50 ms | spread (runs) | p90 ms | load ms | min cosine | min PSNR dB |", "|---|---|---|---|---|---|---|---|---|---|"]
     for model, component in sorted({(r.model, r.component) for r in built}):
         png = latency_png([r for r in built if (r.model, r.component) == (model, component)])
         if png:
             (out / f"latency-{model}-{component}.png").write_bytes(png)
             parts.append(f"<img alt='latency of {html.escape(model)}/{html.escape(component)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
     parts.append("<h2>Validation and benchmarks</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>computes in</th>"
-                 "<th>p50 ms</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR dB</th><th>decided by</th><th>measured on</th></tr>")
+                 "<th>p50 ms</th><th>spread (runs)</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR dB</th><th>decided by</th><th>measured on</th></tr>")
     for r in built:
         parts.append(f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td><td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
-                     f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
+                     f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_spread(r)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
                      f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>")
-        md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |")
+        md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_spread(r)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |")
     parts.append("</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
                  "<th>size MiB</th><th>stored MiB</th><th>stored / size</th><th>peak RSS MB</th><th>per stage: time / peak RSS</th></tr>")
     md += ["", "## Build times and sizes", "", "| artifact | target | precision | build s | size MiB | stored MiB | stored / size | peak RSS MB | per stage |",

@@ -25,6 +25,7 @@ from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
 
 from .backends import get_backend
+from .hostlock import building
 from .planner import Job
 from .validate import GATE_VERSION, Thresholds, model_traits
 
@@ -60,7 +61,8 @@ def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workd
         cache.fetch(store, manifest)
         path = cache.verified_dir(manifest.build_key)
         step("validate")
-        report = validation_report(job, get_backend(job.target.backend), path, manifest, workroot)
+        with building():  # CPU-heavy like a build: no benchmark runs beside it
+            report = validation_report(job, get_backend(job.target.backend), path, manifest, workroot)
     finally:
         shutil.rmtree(workdir / "fetched", ignore_errors=True)
     report = {**report, "revalidated": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -16,7 +16,7 @@ from enginefarm.errors import IntegrityError, StoreError
 from .atomic import sha256_file
 from .codecs import codec_for, decode_stream, encode_file
 from .faults import checkpoint
-from .index import parse_index, read_index, select_entries, update_index  # noqa: F401  (the index API, re-exported)
+from .index import parse_index, read_index, remove_from_index, select_entries, update_index  # noqa: F401  (the index API, re-exported)
 from .manifest import ArtifactFile, Manifest
 from .progress import ProgressLike, as_progress
 from .space import full_disk_as_error
@@ -220,18 +220,25 @@ class GcPlan:
     partials: list[str] = field(default_factory=list)  # what killed writers left (temp files, incomplete uploads), older than the grace
 
 
-def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
-    """Blobs that no manifest references and that are older than `grace_s` (a builder may be mid-publish:
-    its blobs are written before its manifest, so young orphans are left alone)."""
-    now = time.time() if now is None else now
-    referenced: set[str] = set()
+def all_manifests(store: Store, purpose: str) -> list[Manifest]:
+    """Every manifest in the store. An unreadable one stops `purpose` (deleting on a partial view could orphan a blob
+    it references)."""
+    found = []
     for key in store.list_manifest_keys():
         try:
             manifest = read_manifest(store, key)
         except IntegrityError as exc:
-            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to collect garbage", hint="fix or remove that manifest first") from None
+            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to {purpose}", hint="fix or remove that manifest first") from None
         if manifest is not None:
-            referenced.update(f.stored_sha256 for f in manifest.files)
+            found.append(manifest)
+    return found
+
+
+def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
+    """Blobs that no manifest references and that are older than `grace_s` (a builder may be mid-publish:
+    its blobs are written before its manifest, so young orphans are left alone)."""
+    now = time.time() if now is None else now
+    referenced = {f.stored_sha256 for manifest in all_manifests(store, "collect garbage") for f in manifest.files}
     orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
     partials = [name for name, mtime in store.list_partials() if now - mtime > grace_s]
     return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now), partials)

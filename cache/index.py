@@ -48,6 +48,7 @@ class IndexEntry:
     stored_size: int = 0
     created: str | None = None
     validation: dict[str, Any] = field(default_factory=dict)  # the current verdict (see verdict_summary)
+    model_version: str = ""  # the recipe's model.version ("" for artifacts indexed before versions were recorded)
 
     @property
     def parsed_target(self) -> Target:
@@ -62,7 +63,7 @@ class IndexEntry:
         return {"build_key": self.build_key, "component": self.component, "precision": self.precision, "profile_name": self.profile_name,
                 "profile": self.profile, "target": self.target, "toolchain": self.toolchain, "constraints": self.constraints,
                 "benchmarks": list(self.benchmarks), "size": self.size, "stored_size": self.stored_size, "created": self.created,
-                "validation": self.validation}
+                "validation": self.validation, "model_version": self.model_version}
 
     @property
     def failed_validation(self) -> bool:
@@ -74,7 +75,7 @@ class IndexEntry:
         return cls(manifest.build_key, manifest.model, manifest.component, manifest.precision, manifest.profile_name, manifest.target,
                    manifest.profile, manifest.toolchain, manifest.constraints, tuple(manifest.benchmarks),
                    sum(x.size for x in manifest.files), sum(x.stored_size for x in manifest.files), manifest.provenance.get("created"),
-                   verdict_summary(manifest.validation))
+                   verdict_summary(manifest.validation), manifest.model_version)
 
     @classmethod
     def from_dict(cls, data: Any, model: str) -> "IndexEntry":
@@ -100,6 +101,7 @@ class IndexEntry:
             stored_size=f.integer(data.get("stored_size", 0), "stored_size"),
             created=f.optional_text(data.get("created"), "created"),
             validation=_verdict(data.get("validation", {})),
+            model_version=f.optional_text(data.get("model_version"), "model_version") or "",
         )
 
 
@@ -218,3 +220,18 @@ def _keep_recheck(entry: IndexEntry, present: IndexEntry | None, verdicts: dict[
     if entry.build_key in verdicts or present is None or not present.validation.get("revalidated"):
         return entry
     return replace(entry, validation=present.validation)
+
+
+def remove_from_index(store: "Store", model: str, keys: Iterable[str]) -> None:
+    """Drop entries from a model's index: compare-and-swap, retried and read back like `update_index`."""
+    unwanted = set(keys)
+    for attempt in range(_CAS_ATTEMPTS):
+        raw, etag = store.get_index_bytes(model)
+        index = parse_index(raw, model, f"{store.url}/")
+        if raw is None or not unwanted & set(index.entries):
+            return
+        index.entries = {k: e for k, e in index.entries.items() if k not in unwanted}
+        if store.cas_index_bytes(model, index.to_json(), etag) and not unwanted & set(read_index(store, model).entries):
+            return
+        time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
+    log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)

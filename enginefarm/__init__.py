@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 def load(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, weights=None, loras=(), **kwargs) -> "Session":
     """The best artifact of `ref` ("model/component") for this device, verified and loaded.
 
-    precision: "fp32", "fp16" or None (the fastest measured). device: "auto", "cpu", "nvidia", "intel"...
+    precision: "fp32", "fp16", "bf16" or None (the fastest measured). device: "auto", "cpu", "nvidia", "intel"...
     store: a store URL (default ENGINEFARM_STORE). recipe=PATH lets it compile here when nothing stored fits.
     channel="stable", trusted_root=PATH (the channel's root.json, shipped with the app): load only what the
     maintainers released and signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT).

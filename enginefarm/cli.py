@@ -276,17 +276,21 @@ def ls_cmd(store, model, as_json):
             continue
         for entry in read_index(opened, name).entries.values():
             bench = (entry.benchmarks or ({},))[0]
-            rows.append({"model": name, **{k: getattr(entry, k) for k in ("component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
+            rows.append({"model": name, **{k: getattr(entry, k) for k in ("model_version", "component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
                          "p50_ms": bench.get("p50_ms"), "validation": _verdict_text(entry.validation)})
-    rows.sort(key=lambda r: (r["model"], r["component"], r["target"], r["precision"]))
+    from enginefarm.cache.versions import version_key
+
+    rows.sort(key=lambda r: (r["target"], r["precision"]))  # stable sorts: by component, newest version first, then target
+    rows.sort(key=lambda r: version_key(r["model_version"]), reverse=True)
+    rows.sort(key=lambda r: (r["model"], r["component"]))
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     table = Table(title=f"{len(rows)} artifacts in {opened.url}")
-    for column in ("model/component", "precision", "profile", "target", "key", "size MiB", "stored MiB", "p50 ms", "validation"):
+    for column in ("model/component", "version", "precision", "profile", "target", "key", "size MiB", "stored MiB", "p50 ms", "validation"):
         table.add_column(column)
     for r in rows:
-        table.add_row(f"{r['model']}/{r['component']}", r["precision"], r["profile_name"], r["target"], r["build_key"][:12],
+        table.add_row(f"{r['model']}/{r['component']}", r["model_version"] or "?", r["precision"], r["profile_name"], r["target"], r["build_key"][:12],
                       f"{(r['size'] or 0) / 2**20:.2f}", f"{(r['stored_size'] or 0) / 2**20:.2f}", f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
                       r["validation"])
     _console().print(table)
@@ -320,12 +324,13 @@ def index_cmd(store):
 
 
 ref_options = [
-    click.option("--precision", type=click.Choice(["fp32", "fp16"]), help="Default: the fastest measured."),
+    click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), help="Default: the fastest measured."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, nvidia, intel, amd or apple."),
     click.option("--target", metavar="T", help="Only artifacts for this target (backend:device or backend)."),
     store_option,
     click.option("--channel", metavar="NAME", help="Only artifacts released in this signed channel (default ENGINEFARM_CHANNEL)."),
     click.option("--trusted-root", type=click.Path(path_type=Path), help="The channel's root.json (default ENGINEFARM_TRUSTED_ROOT)."),
+    click.option("--version", "model_version", metavar="V", help="Serve this model version (default: the newest with an artifact usable here)."),
 ]
 
 
@@ -399,7 +404,7 @@ class _RichProgress:
 @click.option("--weights", type=click.Path(path_type=Path), help="A custom checkpoint (.safetensors) in the base checkpoint's names.")
 @click.option("--lora", "loras", multiple=True, metavar="PATH[:STRENGTH]", help="A LoRA (.safetensors) and its strength (default 1). Repeatable.")
 @_ref_opts
-def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, device, target, store, channel, trusted_root):
+def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, device, target, store, channel, trusted_root, model_version):
     """Run MODEL/COMPONENT on the best artifact for this device."""
     import time
 
@@ -411,7 +416,7 @@ def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, dev
     start = time.perf_counter()
     with _RichProgress() as progress:
         session = load(ref, precision, device, store, weights, [_lora_option(item) for item in loras], recipe=recipe, target=target,
-                       progress=progress, channel=channel, trusted_root=trusted_root)
+                       progress=progress, channel=channel, trusted_root=trusted_root, version=model_version)
     loaded = time.perf_counter()
     outputs = session.run(feeds)
     done = time.perf_counter()
@@ -470,12 +475,13 @@ def _read_inputs(items: tuple[str, ...]) -> dict:
 @click.argument("ref", metavar="MODEL/COMPONENT")
 @click.option("--explain", is_flag=True, help="Print why this artifact was chosen.")
 @_ref_opts
-def fetch_cmd(ref, explain, precision, device, target, store, channel, trusted_root):
+def fetch_cmd(ref, explain, precision, device, target, store, channel, trusted_root, model_version):
     """Fetch and verify the artifact `run` would use, into the local cache (for offline use later)."""
     from enginefarm.runner.load import fetch
 
     with _RichProgress() as progress:
-        manifest, path, why = fetch(ref, precision, device, store, target=target, progress=progress, channel=channel, trusted_root=trusted_root)
+        manifest, path, why = fetch(ref, precision, device, store, target=target, progress=progress, channel=channel, trusted_root=trusted_root,
+                                    version=model_version)
     if explain:
         click.echo(why)
     click.echo(f"{manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] → {path}")
@@ -527,7 +533,7 @@ def doctor_cmd():
 @click.option("--model", "models", multiple=True, metavar="NAME", help="Only this model (required when --from is https://). Repeatable.")
 @click.option("--component", "components", multiple=True, metavar="NAME")
 @click.option("--target", "targets", multiple=True, metavar="T", help="backend:device or backend.")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]))
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16"]))
 @click.option("--key", "keys", multiple=True, metavar="KEY", help="Build key or its prefix.")
 def publish_cmd(source, dest, models, components, targets, precisions, keys):
     """Copy artifacts between stores (local → S3, say), uploading only the blobs the destination lacks."""
@@ -572,15 +578,21 @@ def report_cmd(store, reports, recipes, runners, out, title):
 @main.command("gc")
 @click.option("--store", metavar="URL", required=True)
 @click.option("--grace", default="24h", show_default=True, help="Keep unreferenced blobs younger than this (s, m, h, d).")
+@click.option("--keep-versions", type=click.IntRange(min=1), metavar="N",
+              help="Also remove every model version but the N newest of each component: manifests, index entries, and blobs nothing kept uses.")
 @click.option("--delete", is_flag=True, help="Really delete; without it, only show what would go.")
-def gc_cmd(store, grace, delete):
-    """Remove blobs no manifest references and superseded build-cache objects, older than the grace period (dry run by default)."""
+def gc_cmd(store, grace, keep_versions, delete):
+    """Remove blobs no manifest references and superseded build-cache objects, older than the grace period (dry run by default).
+
+    With --keep-versions N, first the artifacts of older model versions (a blob a kept manifest uses is never removed)."""
     from enginefarm.cache.artifacts import CACHE_NEWEST_KEPT, plan_gc
     from enginefarm.cache.stores import open_store
     from enginefarm.settings import parse_duration
 
     grace_s = parse_duration("--grace", grace)
     opened = open_store(store)
+    if keep_versions:
+        _prune_versions(opened, keep_versions, delete)
     plan = plan_gc(opened, grace_s)
     young = len(plan.unreferenced) - len(plan.to_delete)
     for digest in plan.to_delete:
@@ -600,6 +612,22 @@ def gc_cmd(store, grace, delete):
         click.echo(f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the newest {CACHE_NEWEST_KEPT} of each kept)")
     if plan.partials:
         click.echo(f"{len(plan.partials)} leftovers of interrupted writes {'deleted' if delete else 'to delete'}")
+
+
+def _prune_versions(opened, keep: int, delete: bool) -> None:
+    from enginefarm.cache import prune
+
+    pruning = prune.plan(opened, keep)
+    verb = "removed" if delete else "would remove"
+    for manifest in pruning.removed:
+        click.echo(f"{verb} {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]")
+    for digest in pruning.blobs:
+        click.echo(f"{verb} blob {digest} (only older versions used it)")
+    if delete:
+        prune.apply(opened, pruning)
+    kept = "; ".join(f"{ref}: {', '.join(versions)}" for ref, versions in pruning.kept_versions.items())
+    click.echo(f"{len(pruning.removed)} artifacts of older versions and {len(pruning.blobs)} blobs {'removed' if delete else 'to remove (dry run: add --delete)'}"
+               + (f"; kept versions {kept}" if kept else ""))
 
 
 @main.group("cache")
@@ -653,15 +681,23 @@ def cache_verify():
 
 @cache_group.command("gc")
 @click.option("--quota", metavar="SIZE", help="Shrink to this size (e.g. 5G). Default ENGINEFARM_CACHE_QUOTA.")
-def cache_gc(quota):
-    """Remove stale downloads and least-recently-used artifacts beyond the quota."""
+@click.option("--keep-versions", type=click.IntRange(min=1), metavar="N", help="Evict every model version but the N newest of each component.")
+def cache_gc(quota, keep_versions):
+    """Remove stale downloads, artifacts of older model versions (--keep-versions) and least-recently-used artifacts beyond the quota."""
     from enginefarm.cache.device_cache import DeviceCache
     from enginefarm.settings import parse_size
 
     settings = load_settings()
     limit = parse_size("--quota", quota) if quota else settings.cache_quota
     cache = DeviceCache(settings.home)
-    removed = cache.gc(limit, max_tmp_age=0)  # every leftover of a dead process, whatever its age
+    evicted = []
+    if keep_versions:
+        from enginefarm.cache.prune import prune_cache
+
+        evicted = prune_cache(cache, keep_versions)
+        for manifest in evicted:
+            click.echo(f"evicted {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]")
+    removed = evicted + cache.gc(limit, max_tmp_age=0)  # every leftover of a dead process, whatever its age
     click.echo(f"removed {len(removed)} artifacts; cache holds {cache.size() / 2**20:.1f} MiB" + ("" if limit else " (no quota set)"))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 target_option = click.option("--target", "targets", multiple=True, metavar="T", help="Only this target (backend:device or backend). Repeatable.")
-precision_option = click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16"]), help="Only this precision. Repeatable.")
+precision_option = click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "bf16"]), help="Only this precision. Repeatable.")
 
 
 def stacked(*options):

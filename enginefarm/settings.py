@@ -76,6 +76,8 @@ def parse_choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
 
 DEFAULT_MAX_ARTIFACT_SIZE = 64 << 30
 COREML_COMPUTE_UNITS = ("ALL", "CPU_AND_GPU", "CPU_AND_NE", "CPU_ONLY")  # coremltools.ComputeUnit names
+# On-device timing of close candidates at the first load: auto (only where it costs a few seconds), on, off.
+MEASURE_MODES = ("AUTO", "ON", "OFF")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class Settings:
     # The most an artifact fetched outside a signed channel may claim (its manifest is unsigned there): what a
     # lying manifest can make the cache write before its hash check fails. SDXL's fp32 UNet is ~10 GB.
     max_artifact_size: int = DEFAULT_MAX_ARTIFACT_SIZE
+    measure: str = "auto"  # time the close candidates on this device at the first load: auto | on | off
+    host_lock_dir: Path | None = None  # where builds and benchmarks of this host coordinate (None: the system temp dir)
 
 
 def _default_home() -> Path:
@@ -130,4 +134,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
         store_explicit=bool(env.get("ENGINEFARM_STORE")),
         max_artifact_size=parse_size("ENGINEFARM_MAX_ARTIFACT_SIZE", env.get("ENGINEFARM_MAX_ARTIFACT_SIZE")) or DEFAULT_MAX_ARTIFACT_SIZE,
+        measure=parse_choice("ENGINEFARM_MEASURE", env.get("ENGINEFARM_MEASURE"), MEASURE_MODES).lower(),
+        host_lock_dir=Path(env["ENGINEFARM_HOST_LOCK_DIR"]).expanduser() if env.get("ENGINEFARM_HOST_LOCK_DIR") else None,
     )

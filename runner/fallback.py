@@ -8,9 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from enginefarm.builder.backends import job_availability, job_refusal
+from enginefarm.builder.backends import job_availability, job_refusal, precision_refusal
 from enginefarm.builder.build import compile_artifact, job_workdir
-from enginefarm.builder.planner import Job, expand
+from enginefarm.builder.planner import Job, expand, precision_here
 from enginefarm.builder.recipe import Recipe, load_recipe
 from enginefarm.builder.workcache import prune, source_folder
 from enginefarm.cache.device_cache import DeviceCache
@@ -43,7 +43,8 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
     local = replace(recipe, components={component: recipe.components[component]})
     runnable = {t for d in devices for t in d.targets}
     jobs = [j for j in expand(local, downloads, offline=offline) if str(j.target) in runnable and (precision is None or j.precision == precision)]
-    jobs = [j for j in jobs if job_availability(j).can_build and job_refusal(j) is None and (target is None or j.target.matches(target))]
+    jobs = [j for j in jobs if job_availability(j).can_build and job_refusal(j) is None and (target is None or j.target.matches(target))
+            and not precision_refusal(j.target, j.precision) and not precision_here(j)]  # bf16 only where it computes
     if not jobs:
         raise ArtifactNotFoundError(
             f"nothing stored fits {recipe.name}/{component}, and its recipe has no target this device can build",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from enginefarm.builder.backends import get_backend
+from enginefarm.builder.recipe import PRECISIONS
 from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import read_index
@@ -15,11 +16,12 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
+from enginefarm.cache.versions import by_age, same_version
 from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, StoreError, StoreNotFound,
                                TrustError, WeightsError)
 from enginefarm.settings import Settings, load_settings
 
-from . import golden, recompile
+from . import golden, measure, recompile
 from .custom import Stack, apply, check_stackable
 from .device import Device, detect
 from .fallback import compile_on_device, find_recipe, pick_job
@@ -52,9 +54,11 @@ class Lookup:
     stack_refusals: list[Exception] = field(default_factory=list)  # artifacts that cannot take the user's stack
 
 
-def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings) -> Lookup:
-    if precision is not None and precision not in ("fp32", "fp16"):
-        raise ConfigError(f"unknown precision {precision!r}", hint="use fp32 or fp16, or leave it out for the fastest")
+def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings,
+           version: str | None = None) -> Lookup:
+    """`version`: the model version to serve (None: the newest with an artifact usable here)."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}", hint=f"use {', '.join(PRECISIONS)}, or leave it out for the fastest")
     model, _ = parse_ref(ref)
     selectors = (target,) if target else ()
     devices = [d for d in detect(device) if any(target_matches(t, selectors) for t in d.targets)]
@@ -66,7 +70,7 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
 
         client, opened = open_channel(store, settings)
         entries = [(e, where) for e, where in released_entries(client, model) if target_matches(e.target, selectors)]
-        return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, client.note, settings, client)
+        return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, client.note, settings, client)
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
     entries = [(c.manifest.index_entry(), "cache") for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
     note, opened = "", None
@@ -82,7 +86,7 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
             note = f"store unreachable ({exc}); only the local cache was considered"
             log.warning(note)
     entries = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
-    return Lookup(resolve(ref, entries, precision, devices), devices, cache, opened, note, settings)
+    return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings)
 
 
 def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple[Manifest, Path]:
@@ -139,10 +143,13 @@ def with_channel(settings: Settings, channel: str | None, trusted_root: str | Pa
 
 def fetch(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, *, target: str | None = None,
           progress: ProgressLike = None, settings: Settings | None = None, channel: str | None = None,
-          trusted_root: str | Path | None = None) -> tuple[Manifest, Path, str]:
-    """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder, explanation)."""
-    found = lookup(ref, precision, device, store, target, with_channel(settings or load_settings(), channel, trusted_root))
+          trusted_root: str | Path | None = None, version: str | None = None) -> tuple[Manifest, Path, str]:
+    """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder, explanation).
+    A winner this device timed before counts; nothing is timed here (that needs loading)."""
+    settings = with_channel(settings or load_settings(), channel, trusted_root)
+    found = lookup(ref, precision, device, store, target, settings, version)
     report = as_progress(progress)
+    measure.decide(found.resolution, settings, report, None)
     candidate, got, failures = _first_usable(found, lambda c: _materialize(c, found, report))
     if candidate is None:
         raise _not_found(ref, found, failures)
@@ -163,14 +170,27 @@ def load(
     settings: Settings | None = None,
     channel: str | None = None,
     trusted_root: str | Path | None = None,
+    version: str | None = None,
 ) -> Session:
-    """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json."""
+    """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json.
+    version: serve this model version (the recipe's `model.version`); default the newest with an artifact usable here."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
     stack = Stack.parse(weights, loras) if weights is not None or loras else None
     report = as_progress(progress)
-    found = lookup(ref, precision, device, store, target, settings)
+    found = lookup(ref, precision, device, store, target, settings, version)
+
+    def timed(candidate: Candidate):
+        manifest, path = _materialize(candidate, found, report)
+        return manifest, get_backend(manifest.parsed_target.backend).load(path, manifest, manifest.parsed_target.device)
+
+    opened = measure.decide(found.resolution, settings, report, timed)
 
     def open_session(candidate: Candidate) -> Session:
+        key = candidate.entry.build_key
+        if stack is None and key in opened:  # loaded already to time it here
+            manifest, backend_session = opened.pop(key)
+            opened.clear()
+            return Session(backend_session, manifest, found.resolution.explain(candidate, note=found.note))
         manifest, path = _materialize(candidate, found, report)
         return _session(manifest, path, stack, found, found.resolution.explain(candidate, note=found.note), report)
 
@@ -181,7 +201,8 @@ def load(
 
     model, component = parse_ref(ref)
     recipe_found = find_recipe(model, recipe, settings.recipe_path)
-    if recipe_found is None or (found.release is not None and found.refusals):
+    other_version = recipe_found is not None and version is not None and not same_version(recipe_found.version, version)
+    if recipe_found is None or other_version or (found.release is not None and found.refusals):
         raise _not_found(ref, found, failures)
     report.message(f"no stored artifact fits; compiling {ref} on this device")
     job = pick_job(recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target)
@@ -254,6 +275,10 @@ def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
     rejected = [f"{c.entry.label}: {c.reason}" for c in unusable]
     why = "; ".join(failures or rejected or [found.note or "no stored artifact for it"])
     hint = "build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
+    if found.resolution.pinned is not None and not failures and all(c.reason.startswith("model version") for c in unusable):
+        present = ", ".join(str(v) for v in by_age(c.version for c in unusable))
+        return ArtifactNotFoundError(f"no artifact of {ref} has model version {found.resolution.pinned}",
+                                     hint=f"versions stored: {present}; leave the version out for the newest")
     if unusable and not failures and all(c.reason.startswith("no device here runs") for c in unusable):
         # what is stored is for other devices: building the same targets again would not help
         hint = ("build it for a target this device runs (`enginefarm doctor` lists them) with `enginefarm build RECIPE "

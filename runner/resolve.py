@@ -7,14 +7,20 @@ from typing import Any
 
 from enginefarm.builder.backends import availability, get_backend
 from enginefarm.builder.backends.base import version_in_range
+from enginefarm.builder.timing import noise_ms, tied
 from enginefarm.cache.index import IndexEntry
 from enginefarm.cache.manifest import Target
+from enginefarm.cache.versions import newest, same_version, version_key
 
 from .device import Device
 
 # Lower is preferred when no benchmark tells the artifacts apart. Engines for one exact architecture beat
 # hardware-compatible classes, which beat JIT-able engines, portable IR, and finally ONNX for ONNX Runtime.
 TIER_NAMES = {0: "exact-arch engine", 1: "hardware-compatible engine", 2: "JIT-able engine", 3: "portable IR", 4: "ONNX (ORT)"}
+# Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
+PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
+TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
+            "(fp32, then fp16, then bf16), then to the lower median")
 
 
 def _ms(value: float) -> str:
@@ -34,7 +40,7 @@ def tier_of(target: Target) -> int:
     return 0
 
 
-@dataclass
+@dataclass(eq=False)  # identity: candidates refer to each other (tied_with)
 class Candidate:
     entry: IndexEntry
     device: Device | None = None
@@ -43,6 +49,9 @@ class Candidate:
     measured_on: str | None = None  # "this device class" | "a similar device (<class>)" | None
     rank: tuple = ()
     source: str = "store"  # store | cache
+    bench: dict[str, Any] | None = None  # the farm's benchmark record behind p50_ms
+    tied_with: list["Candidate"] = field(default_factory=list)  # rivals within each other's noise (same bucket)
+    on_device: dict[str, Any] | None = None  # this device's own timing at a first load (runner.measure)
 
     @property
     def usable(self) -> bool:
@@ -52,13 +61,33 @@ class Candidate:
     def target(self) -> Target:
         return self.entry.parsed_target
 
+    @property
+    def version(self) -> str | None:
+        """The model version (recipe `model.version`); None in index entries written before versions were recorded."""
+        return self.entry.model_version or None
+
+    @property
+    def label(self) -> str:
+        return f"{self.entry.target} {self.entry.precision}"
+
     def describe(self) -> str:
         e = self.entry
         if self.p50_ms is not None:
-            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on}"
+            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on} by the farm{_noise(self.bench or {})}"
         else:
             speed = "" if self.device is None else ", no benchmark for this device"
-        return f"{e.label} {TIER_NAMES[tier_of(self.target)]}{speed}"
+        if self.on_device is not None:
+            speed += f"; timed on this device at a first load: {_ms(self.on_device['p50_ms'])} ms{_noise(self.on_device)}"
+        version = f" v{self.version}" if self.version is not None else ""
+        return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {TIER_NAMES[tier_of(self.target)]}{speed}"
+
+
+def _noise(record: dict[str, Any]) -> str:
+    """' (±1.2%, 12 runs)': the half-IQR around the median and the repetitions, where the record has them."""
+    runs = record.get("runs")
+    if not noise_ms(record) or not record.get("p50_ms"):
+        return f" ({runs} runs)" if runs else ""
+    return f" (±{100 * noise_ms(record) / record['p50_ms']:.1f}%, {runs} runs)"
 
 
 @dataclass
@@ -67,16 +96,23 @@ class Resolution:
     precision: str | None
     devices: list[Device]
     candidates: list[Candidate] = field(default_factory=list)
+    pinned: str | None = None  # the model version the caller asked for (None: the newest usable)
+    version: str | None = None  # the model version served
+    notes: list[str] = field(default_factory=list)  # what explain() adds: newer versions not usable, on-device timing
+    preferred: str | None = None  # the build key timed fastest on this device (runner.measure): ranked first
 
     @property
     def ranked(self) -> list[Candidate]:
-        return sorted((c for c in self.candidates if c.usable), key=lambda c: c.rank)
+        return sorted((c for c in self.candidates if c.usable), key=lambda c: (c.entry.build_key != self.preferred, c.rank))
 
     def explain(self, chosen: Candidate | None = None, note: str = "") -> str:
-        lines = [f"{self.ref} (precision {self.precision or 'any'}) on {', '.join(f'{d.kind} {d.name} [{d.bench_class}]' for d in self.devices)}"]
+        version = f"model version {self.pinned} (pinned)" if self.pinned is not None else "newest model version"
+        lines = [f"{self.ref} (precision {self.precision or 'any'}, {version}) on "
+                 f"{', '.join(f'{d.kind} {d.name} [{d.bench_class}]' for d in self.devices)}"]
         if chosen is not None:
             lines.append(f"chose {chosen.describe()} from the {chosen.source}")
             lines.append(f"  because: {self._why(chosen)}")
+        lines += [f"  {n}" for n in self.notes]
         if note:
             lines.append(f"  {note}")
         others = [c for c in self.candidates if c is not chosen]
@@ -90,9 +126,16 @@ class Resolution:
 
     def _why(self, chosen: Candidate) -> str:
         rivals = [c for c in self.ranked if c is not chosen]
+        if chosen.entry.build_key == self.preferred and chosen.on_device is not None:
+            timed = [c for c in rivals if c.on_device is not None]
+            against = ", ".join(f"{_ms(c.on_device['p50_ms'])} ms for {c.label}" for c in timed)
+            return f"timed fastest on this device at a first load: {_ms(chosen.on_device['p50_ms'])} ms" + (f" vs {against}" if against else "")
         if tier_of(chosen.target) <= 2 and any(tier_of(c.target) > tier_of(chosen.target) for c in rivals):
             return f"the most specific engine kind usable here ({TIER_NAMES[tier_of(chosen.target)]})"
         if chosen.p50_ms is not None:
+            if chosen.tied_with:
+                others = ", ".join(f"{c.label} at {_ms(c.p50_ms)} ms" for c in chosen.tied_with)
+                return f"tied with {others} (p50 {_ms(chosen.p50_ms)} ms; within each other's noise): {TIE_RULE}"
             slower = [c for c in rivals if c.p50_ms is not None]
             if slower:
                 best_other = min(slower, key=lambda c: c.p50_ms)
@@ -147,32 +190,39 @@ def _device_constraint(constraints: dict[str, Any], device: Device) -> str:
     vram, need = device.info.get("vram_mb"), constraints.get("vram_mb")
     if vram and need and need > vram:
         return f"needs {need} MiB of VRAM, this GPU has {vram}"
+    flags, any_of = device.info.get("flags"), constraints.get("cpu_flags_any")
+    if device.kind == "cpu" and flags is not None and any_of and not set(any_of) & set(flags):
+        return f"computes as built only on a CPU with {' or '.join(any_of)}; this one has neither"
     return ""
 
 
-def _speed(entry: IndexEntry, device: Device) -> tuple[float | None, str | None]:
+def _speed(entry: IndexEntry, device: Device) -> tuple[dict[str, Any] | None, str | None]:
+    """The farm's benchmark record that speaks for this device, and where it was measured."""
     exact = [b for b in entry.benchmarks if b["device"]["class"] == device.bench_class]
     if exact:
-        return min(b["p50_ms"] for b in exact), "this device class"
+        return min(exact, key=lambda b: b["p50_ms"]), "this device class"
     kind = device.bench_class.split("-")[0]
     similar = [b for b in entry.benchmarks if b["device"]["class"].startswith(kind)]
     if similar:
         best = min(similar, key=lambda b: b["p50_ms"])
-        return best["p50_ms"], f"a similar device ({best['device'].get('class')})"
+        return best, f"a similar device ({best['device'].get('class')})"
     return None, None
 
 
-def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | None, devices: list[Device], *, can_load=availability) -> Resolution:
+def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | None, devices: list[Device], *, can_load=availability,
+            version: str | None = None) -> Resolution:
     """`entries`: (index entry, where it came from). `can_load(target) -> Availability` says what this machine's
-    SDKs can load (a parameter so the rule table can be tested for hardware this machine lacks).
+    SDKs can load (a parameter so the rule table can be tested for hardware this machine lacks). `version`: serve
+    only this model version; None: the newest version that has a usable artifact here.
 
     Ranking, first difference wins:
     1. the device: GPUs before the CPU;
     2. compiled engines (exact arch > hardware-compatible class > JIT-able), by kind first, then by speed;
     3. portable artifacts (IR, ONNX) by speed measured on this device class, then a similar class, then by kind.
+    Speeds within each other's noise are tied, and a tie is broken by TIE_RULE.
     """
     model, _, component = ref.partition("/")
-    resolution = Resolution(ref, precision, devices)
+    resolution = Resolution(ref, precision, devices, pinned=version)
     cache: dict = {}
     seen: set[str] = set()
     # A verdict from re-validation (in the store's index) overrules the build-time record a cached copy carries.
@@ -187,15 +237,65 @@ def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | No
             continue
         candidate = Candidate(entry, device, reason, source=source)
         if device is not None:
-            candidate.p50_ms, candidate.measured_on = _speed(entry, device)
-        device_order = devices.index(device) if device in devices else len(devices)
-        tier = tier_of(candidate.target)
-        measured = candidate.p50_ms is not None
-        how_measured = (0 if candidate.measured_on == "this device class" else 1) if measured else 2
-        speed = candidate.p50_ms if measured else 0.0
-        if tier <= 2:  # compiled engines: the most specific kind wins, speed breaks ties
-            candidate.rank = (device_order, 0, tier, how_measured, speed, entry.precision != "fp32")
-        else:  # portable artifacts: the fastest measured here wins
-            candidate.rank = (device_order, 1, 0, how_measured, speed, tier, entry.precision != "fp32")
+            candidate.bench, candidate.measured_on = _speed(entry, device)
+            candidate.p50_ms = candidate.bench["p50_ms"] if candidate.bench else None
         resolution.candidates.append(candidate)
+    _choose_version(resolution)
+    _rank(resolution.candidates, devices)
     return resolution
+
+
+def _choose_version(resolution: Resolution) -> None:
+    """Keep one model version: the pinned one, or the newest that has a usable artifact here. Older versions stay
+    listed with the reason; a newer version with nothing usable here is named in the explanation."""
+    candidates = resolution.candidates
+    if resolution.pinned is not None:
+        for c in candidates:
+            if not same_version(c.version, resolution.pinned):
+                c.reason = f"model version {c.version or 'unknown'}, pinned to {resolution.pinned}"
+        resolution.version = resolution.pinned
+        return
+    usable = [c for c in candidates if c.usable]
+    if not usable:
+        return
+    served = newest(c.version for c in usable)
+    resolution.version = served
+    newer = [c for c in candidates if not c.usable and version_key(c.version) > version_key(served)]
+    if newer:
+        top = newest(c.version for c in newer)
+        why = next(c.reason for c in newer if same_version(c.version, top))
+        resolution.notes.append(f"model version {top} exists but none of its artifacts is usable here ({why}); serving version {served}")
+    for c in usable:
+        if not same_version(c.version, served):
+            c.reason = f"older model version {c.version or 'unknown'} (version {served} is usable here; pin version= to use it)"
+
+
+def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
+    """Each usable candidate's rank tuple. Within a bucket (same device and kind of artifact, numbers from the same
+    kind of source), measured candidates fall into tie clusters: the fastest remaining and everything within its
+    noise, ordered by TIE_RULE."""
+    buckets: dict[tuple, list[Candidate]] = {}
+    for c in candidates:
+        device_order = devices.index(c.device) if c.device in devices else len(devices)
+        tier = tier_of(c.target)
+        how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
+        bucket = (device_order, 0, tier) if tier <= 2 else (device_order, 1, 0)  # compiled engines: the most specific kind first
+        precision = PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER))
+        c.rank = bucket + (how_measured, 0, tier, precision)  # unmeasured: by kind, then precision
+        if how_measured < 2 and c.usable:
+            buckets.setdefault(bucket + (how_measured,), []).append(c)
+    for prefix, members in buckets.items():
+        remaining = sorted(members, key=lambda c: c.p50_ms)
+        cluster = 0
+        while remaining:
+            leader = remaining[0]
+            group = [c for c in remaining if c is leader or tied(_record(leader), _record(c))]
+            for c in group:
+                c.tied_with = [o for o in group if o is not c]
+                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, tier_of(c.target))
+            remaining = [c for c in remaining if c not in group]
+            cluster += 1
+
+
+def _record(c: Candidate) -> dict[str, Any]:
+    return {**(c.bench or {}), "p50_ms": c.p50_ms}

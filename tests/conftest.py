@@ -26,6 +26,9 @@ def isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("ENGINEFARM_OFFLINE", raising=False)
     monkeypatch.delenv("ENGINEFARM_CACHE_QUOTA", raising=False)
     monkeypatch.delenv("ENGINEFARM_RECIPE_PATH", raising=False)
+    # Picks follow the farm's numbers unless a test turns on-device timing on; host locks stay within the test.
+    monkeypatch.setenv("ENGINEFARM_MEASURE", "off")
+    monkeypatch.setenv("ENGINEFARM_HOST_LOCK_DIR", str(tmp_path / "host-locks"))
 
 
 @pytest.fixture

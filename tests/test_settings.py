@@ -87,3 +87,18 @@ def test_max_artifact_size_parsing(raw, expected):
 def test_bad_max_artifact_size_is_an_error(raw):
     with pytest.raises(ConfigError, match="ENGINEFARM_MAX_ARTIFACT_SIZE"):
         load_settings({"ENGINEFARM_MAX_ARTIFACT_SIZE": raw})
+
+
+@pytest.mark.parametrize("raw,expected", [("", "auto"), ("auto", "auto"), ("ON", "on"), ("off", "off")])
+def test_on_device_timing_setting(raw, expected):
+    assert load_settings({"ENGINEFARM_MEASURE": raw}).measure == expected
+
+
+def test_bad_on_device_timing_setting_is_an_error():
+    with pytest.raises(ConfigError, match="ENGINEFARM_MEASURE='1'"):
+        load_settings({"ENGINEFARM_MEASURE": "1"})
+
+
+def test_host_lock_dir(tmp_path):
+    assert load_settings({}).host_lock_dir is None
+    assert load_settings({"ENGINEFARM_HOST_LOCK_DIR": str(tmp_path)}).host_lock_dir == tmp_path

@@ -76,6 +76,21 @@ def builds_on_cpu(job) -> bool:
     return hasattr(get_backend(job.target.backend), "gpu_build_reason") and gpu_build_reason(job) is None
 
 
+def precision_refusal(target: Target, precision: str) -> str | None:
+    """Why `target`'s device class never computes in `precision` natively (None: it does). A backend module says so
+    with `precision_refusal(precision, device)`; without one, it builds fp32 and fp16 only. Refused jobs are never
+    built: an artifact labelled bf16 that computes in fp32 would be a lie, and one that does not load a waste."""
+    try:
+        check = getattr(get_backend(target.backend), "precision_refusal", None)
+    except BackendUnavailable:
+        return None
+    if check is not None:
+        return check(precision, target.device)
+    if precision == "bf16":
+        return f"{target.backend} artifacts are built in fp32 or fp16 only (bf16 is built for openvino:cpu and tensorrt-rtx)"
+    return None
+
+
 def job_options(target: Target, written: dict[str, dict]) -> dict:
     """The options a job of `target` is built with: the backend's defaults (a tuple's first choice), overridden by
     what the recipe wrote. All go into the build key, so changing one rebuilds; backends without options give {}."""
@@ -95,4 +110,4 @@ def validate_target(target: Target) -> tuple[str, str] | None:
 
 
 __all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "builds_on_cpu", "get_backend", "gpu_build_reason",
-           "job_availability", "job_options", "job_refusal", "validate_target"]
+           "job_availability", "job_options", "job_refusal", "precision_refusal", "validate_target"]

@@ -80,8 +80,8 @@ def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
             raise SdkError(f"the profile has no shapes for input {name!r}")
         profile.set_shape(name, tuple(shapes["min"]), tuple(shapes["opt"]), tuple(shapes["max"]))
     config.add_optimization_profile(profile)
-    if typed is None and spec.precision == "fp16":
-        config.set_flag(trt.BuilderFlag.FP16)
+    if typed is None and spec.precision in ("fp16", "bf16"):
+        config.set_flag(trt.BuilderFlag.FP16 if spec.precision == "fp16" else trt.BuilderFlag.BF16)
     if spec.strip_weights:
         config.set_flag(trt.BuilderFlag.STRIP_PLAN)
     if spec.refittable:

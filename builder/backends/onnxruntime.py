@@ -34,6 +34,13 @@ def available(device: str) -> Availability:
     return Availability(True, True)
 
 
+def precision_refusal(precision: str, device: str) -> str | None:
+    if precision == "bf16":
+        return ("ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does not even "
+                "load); build bf16 for openvino:cpu")
+    return None
+
+
 def versions() -> dict[str, str]:
     return {"onnxruntime": _ort().__version__}
 

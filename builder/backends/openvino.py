@@ -50,21 +50,51 @@ def versions() -> dict[str, str]:
     return {"openvino": _ov().get_version().split("-")[0]}
 
 
+# The CPU instructions OpenVINO's CPU plugin computes bf16 with (it lists BF16 among its capabilities then).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def precision_refusal(precision: str, device: str) -> str | None:
+    if precision == "bf16" and device == "gpu":
+        return "OpenVINO's GPU plugin computes in f32 or f16 only (its documented inference precisions); build fp16 for openvino:gpu"
+    if precision == "bf16" and device == "npu":
+        return "OpenVINO's NPU computes in fp16 or int8, not bf16; build fp16 for openvino:npu"
+    return None
+
+
+def precision_here(precision: str, device: str) -> str | None:
+    """A bf16 artifact built on a CPU without bf16 would be validated and benchmarked in fp32: not here."""
+    if precision != "bf16" or device != "cpu":
+        return None
+    caps = _ov().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if "BF16" in caps:
+        return None
+    return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
+            "nor benchmarked here; build it on a runner whose CPU has one")
+
+
 def constraints(job) -> dict:
     # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
     # OpenVINO on a CPU with the same instruction sets; elsewhere the loader compiles the IR instead.
     found = {"runtime": {"openvino": ">=" + versions()["openvino"]}}
     if job.target.device == "cpu":
         found["engine"] = {"openvino": versions()["openvino"], "cpu_flags": cpu_description()["flags"]}
+        if job.precision == "bf16":  # elsewhere it would compute in fp32: the fp32 artifact, slower to fetch
+            found["cpu_flags_any"] = list(BF16_CPU_FLAGS)
     return found
 
 
+_HINTS = {"fp16": ("FP16", "f16"), "bf16": ("BF16", "bf16")}
+
+
 def inference_config(core, device: str, precision: str) -> dict[str, str]:
-    """Ask for the precision the artifact promises; OpenVINO's CPU plugin would otherwise pick bf16 on some CPUs."""
+    """Ask for the precision the artifact promises; OpenVINO's CPU plugin would otherwise pick bf16 on some CPUs.
+    Where the device cannot compute in it, f32 (and the session's compute_precision says so)."""
     hint = "f32"
-    if precision == "fp16":
+    if precision in _HINTS:
+        capability, wanted = _HINTS[precision]
         caps = core.get_property(device, "OPTIMIZATION_CAPABILITIES") if device == "CPU" else ["FP16"]
-        hint = "f16" if "FP16" in caps else "f32"
+        hint = wanted if capability in caps else "f32"
     return {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
 
 

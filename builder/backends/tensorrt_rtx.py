@@ -124,6 +124,13 @@ FAILURE_HINTS = {
 }
 
 
+def precision_refusal(precision: str, device: str) -> str | None:
+    # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes: b16".
+    if precision == "bf16" and device in ("sm_75", "turing+"):
+        return "Turing GPUs (SM 7.5) have no bf16 math: TensorRT-RTX refuses to compile bf16 for them; use ampere+ (or fp16)"
+    return None
+
+
 def versions() -> dict[str, str]:
     return {"tensorrt-rtx": _trt().__version__}
 

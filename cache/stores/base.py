@@ -64,6 +64,10 @@ class Store(ABC):
     @abstractmethod
     def list_manifest_keys(self) -> Iterator[str]: ...
 
+    @abstractmethod
+    def delete_manifest(self, key: str) -> None:
+        """Only `enginefarm gc --keep-versions` deletes a manifest (an old model version's), after its index entry."""
+
     # Index (the one object that is rewritten) ------------------------------------------------------------
     @abstractmethod
     def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:

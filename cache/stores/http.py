@@ -81,6 +81,9 @@ class HttpStore(Store):
     def delete_blob(self, digest: str) -> None:
         self._refuse("delete blobs")
 
+    def delete_manifest(self, key: str) -> None:
+        self._refuse("delete manifests")
+
     def list_blobs(self) -> Iterator[tuple[str, float]]:
         self._refuse("list blobs")
 

@@ -130,6 +130,9 @@ class LocalStore(Store):
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"manifest {key[:12]} is missing from {self.url}") from None
 
+    def delete_manifest(self, key: str) -> None:
+        self._manifest(key).unlink(missing_ok=True)
+
     def list_manifest_keys(self) -> Iterator[str]:
         base = self.root / "manifests"
         if base.is_dir():

@@ -276,6 +276,9 @@ class S3Store(Store):
     def open_manifest(self, key: str) -> BinaryIO:
         return self._open(f"manifests/{check_digest(key)}.json")
 
+    def delete_manifest(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(f"manifests/{check_digest(key)}.json"))
+
     def _open(self, rel: str) -> BinaryIO:
         """A streaming GET: the reader decides how much of the body it takes."""
         _, botocore = _boto()

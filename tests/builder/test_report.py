@@ -44,7 +44,7 @@ def test_markdown_summary(reported):
     summary = (reported / "summary.md").read_text()
     assert "built **2**, failed **1**, missing **1**" in summary
     assert "| tiny-sd/decoder | fp32 |" in summary and "❌ failed" in summary
-    sizes = [line for line in summary.splitlines() if line.startswith("| tiny-sd/decoder | ") and line.count("|") == 10]
+    sizes = [line for line in summary.splitlines() if line.startswith("| tiny-sd/decoder v1 | ") and line.count("|") == 10]
     assert len(sizes) == 2
     for line in sizes:  # each build's peak memory, and its time and peak per stage
         assert re.search(r"\| \d+ \| prep \d+ s / \d+ MB · compile \d+ s / \d+ MB · reference .* · publish \d+ s / \d+ MB \|$", line), line

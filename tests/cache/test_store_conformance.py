@@ -86,6 +86,19 @@ class StoreConformance:
         assert list(store.list_manifest_keys()) == [first.build_key]
         assert read_manifest(reader, "f" * 64) is None
 
+    def test_manifests_are_deleted_only_on_purpose(self, store, reader, tmp_path):
+        """`gc --keep-versions` removes an old version's manifest; the blob and the other manifests stay."""
+        digest, path = blob_file(tmp_path, b"shared")
+        old, new = make_manifest("old", digest, 6), make_manifest("new", digest, 6)
+        publish(store, old, {digest: path})
+        publish(store, new, {digest: path})
+        store.delete_manifest(old.build_key)
+        assert read_manifest(reader, old.build_key) is None and read_manifest(reader, new.build_key) == new
+        assert list(store.list_manifest_keys()) == [new.build_key] and reader.has_blob(digest)
+        store.delete_manifest(old.build_key)  # gone already: a rerun after a crash is harmless
+        with pytest.raises(StoreError):
+            store.delete_manifest("../index/m")
+
     def test_index_lists_published_artifacts(self, store, reader, tmp_path):
         digest, path = blob_file(tmp_path, b"x")
         one, two = make_manifest("a", digest, 1), make_manifest("b", digest, 1, target="openvino:cpu")
@@ -247,6 +260,8 @@ class TestHttpStore(StoreConformance):
             publish(reader, make_manifest("k", digest, 1), {digest: path})
         with pytest.raises(StoreError, match="read-only"):
             reader.put_channel_file("stable", "timestamp.json", b"{}")
+        with pytest.raises(StoreError, match="read-only"):
+            reader.delete_manifest("a" * 64)
 
     def test_parallel_ranged_get(self, store, bucket, s3_env, tmp_path):
         from enginefarm.cache.stores.http import HttpStore

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from enginefarm.cache.index import IndexEntry
@@ -88,3 +90,72 @@ def test_sub_millisecond_latencies_stay_readable_in_explain():
     assert chosen == "b"
     text = resolution.explain(resolution.ranked[0])
     assert "fastest measured: 0.034 ms vs 0.049 ms" in text and "p50 0.049 ms measured" in text
+
+
+# Model versions -----------------------------------------------------------------------------------------------
+def versioned(key: str, version, target="onnxruntime:cpu", precision="fp32", ms=None):
+    e = entry(key, target, precision, [("cpu-x86_64-v4", ms)] if ms is not None else ())
+    return replace(e, model_version=str(version)) if version is not None else e
+
+
+def test_the_newest_usable_version_wins_even_when_slower():
+    chosen, resolution = pick([versioned("a", "1", ms=1.0), versioned("b", "10", ms=50.0), versioned("c", "9", ms=2.0)])
+    assert chosen == "b" and resolution.version == "10"
+    reasons = {c.entry.build_key[0]: c.reason for c in resolution.candidates}
+    assert reasons["a"].startswith("older model version 1") and reasons["c"].startswith("older model version 9")
+
+
+def test_a_pinned_version_is_served_and_others_say_why_not():
+    resolution = resolve("m/vae", [(versioned("a", "1", ms=1.0), "store"), (versioned("b", "2", ms=5.0), "store")], None, [CPU_V4], version="1.0")
+    assert [c.entry.build_key[0] for c in resolution.ranked] == ["a"]
+    assert "model version 2, pinned to 1.0" in resolution.explain()
+
+
+def test_a_newer_version_that_nothing_here_runs_is_named_and_the_older_one_served():
+    chosen, resolution = pick([versioned("a", "1", ms=5.0), versioned("b", "2", target="tensorrt:sm_89")])
+    assert chosen == "a" and resolution.version == "1"
+    assert "model version 2 exists but none of its artifacts is usable here (no device here runs tensorrt:sm_89); serving version 1" in resolution.explain()
+
+
+def test_entries_without_a_version_rank_below_versioned_ones():
+    chosen, _ = pick([versioned("a", None, ms=1.0), versioned("b", "1", ms=9.0)])
+    assert chosen == "b"
+
+
+# Ties within noise ----------------------------------------------------------------------------------------------
+def timed(key: str, target: str, precision: str, p50: float, iqr: float):
+    return replace(entry(key, target, precision), benchmarks=({"device": {"class": "cpu-x86_64-v4"}, "p50_ms": p50, "iqr_ms": iqr, "runs": 9},))
+
+
+def test_numbers_within_each_others_noise_are_tied_and_the_more_accurate_precision_wins():
+    chosen, resolution = pick([timed("a", "openvino:cpu", "bf16", 100.0, 8.0), timed("b", "onnxruntime:cpu", "fp32", 106.0, 6.0)])
+    assert chosen == "b"  # 6 ms apart, middle halves ±4 and ±3 ms overlap
+    text = resolution.explain(resolution.ranked[0])
+    assert "tied with openvino:cpu bf16 at 100.0 ms" in text and "the more accurate precision" in text and "(±2.8%, 9 runs)" in text
+
+
+def test_a_difference_beyond_the_noise_is_not_a_tie():
+    chosen, resolution = pick([timed("a", "openvino:cpu", "bf16", 100.0, 2.0), timed("b", "onnxruntime:cpu", "fp32", 106.0, 2.0)])
+    assert chosen == "a" and "fastest measured: 100.0 ms vs 106.0 ms" in resolution.explain(resolution.ranked[0])
+
+
+def test_records_without_a_spread_are_never_tied():
+    chosen, _ = pick([entry("a", "openvino:cpu", "bf16", [("cpu-x86_64-v4", 100.0)]), entry("b", "onnxruntime:cpu", "fp32", [("cpu-x86_64-v4", 100.5)])])
+    assert chosen == "a"
+
+
+def test_tie_clusters_start_from_the_fastest():
+    """a~b and b~c, but not a~c: a's cluster is {a, b}; c comes after it however accurate its precision."""
+    entries = [timed("a", "openvino:cpu", "fp16", 100.0, 4.0), timed("b", "onnxruntime:cpu", "fp16", 103.0, 4.0),
+               timed("c", "onnxruntime:cpu", "fp32", 106.5, 4.0)]
+    _, resolution = pick(entries)
+    assert [c.entry.build_key[0] for c in resolution.ranked] == ["a", "b", "c"]
+
+
+def test_bf16_artifacts_need_a_cpu_that_computes_bf16():
+    e = replace(entry("a", "openvino:cpu", "bf16", [("cpu-x86_64-v4", 1.0)]), constraints={"cpu_flags_any": ["avx512_bf16", "amx_bf16"]})
+    plain = Device("cpu", "Xeon", "cpu-x86_64-v4", CPU_V4.targets, {"flags": ["avx2", "avx512f"]})
+    with_bf16 = Device("cpu", "Xeon", "cpu-x86_64-v4", CPU_V4.targets, {"flags": ["avx2", "avx512f", "avx512_bf16"]})
+    assert pick([e], plain)[0] is None
+    assert "only on a CPU with avx512_bf16 or amx_bf16; this one has neither" in pick([e], plain)[1].explain()
+    assert pick([e], with_bf16)[0] == "a"

@@ -1,0 +1,114 @@
+"""One host, one benchmark at a time, and never beside a build: builds share the host, a benchmark has it alone.
+
+Two lock files in a folder every process on the host sees (ENGINEFARM_HOST_LOCK_DIR, default the system temp
+dir), so `build -j N`, several `enginefarm build` runs and on-device timing all respect each other:
+
+- `host.lock`: builds (prep, compile, validation) hold it shared; a benchmark holds it exclusive.
+- `turnstile.lock`: a benchmark holds it while it waits, and builds pass through it before taking their share, so
+  a waiting benchmark is not starved by builds that keep starting.
+
+A process that dies releases its locks (the kernel drops them with the file descriptor). Without flock (Windows)
+or without access to the folder, work goes on unlocked and the benchmark record says `alone: null` (unknown);
+`alone: false` means the host could not be had alone in time and the numbers were measured anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 3600.0  # a build that hangs must not keep a benchmark waiting forever
+
+
+def lock_dir() -> Path:
+    from enginefarm.settings import load_settings
+
+    return load_settings().host_lock_dir or Path(tempfile.gettempdir()) / "enginefarm-host-locks"
+
+
+def _open(name: str) -> int | None:
+    folder = lock_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / name, os.O_RDONLY | os.O_CREAT, 0o666)  # flock needs no write access: any user can lock
+    except OSError as exc:
+        log.warning("host lock %s unavailable (%s); going on unlocked", folder / name, exc)
+        return None
+    try:
+        os.fchmod(fd, 0o666)  # other users on the host lock it too
+    except OSError:
+        pass
+    return fd
+
+
+def _flock(fd: int, mode: int, timeout: float) -> bool:
+    import fcntl
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        except OSError:
+            return False
+
+
+@contextmanager
+def building() -> Iterator[None]:
+    """Hold the host shared while building: waits while a benchmark runs or waits to run."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    turnstile, host = _open("turnstile.lock"), _open("host.lock")
+    try:
+        if turnstile is not None:
+            _flock(turnstile, fcntl.LOCK_EX, MAX_WAIT_S)
+        if host is not None:
+            _flock(host, fcntl.LOCK_SH, MAX_WAIT_S)
+        if turnstile is not None:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
+    finally:
+        for fd in (host, turnstile):
+            if fd is not None:
+                os.close(fd)  # closing drops the lock
+
+
+@contextmanager
+def alone(timeout: float = MAX_WAIT_S) -> Iterator[dict]:
+    """Hold the host exclusively: no build and no other benchmark runs meanwhile. Yields what the benchmark record
+    keeps: `alone` (True: had alone; False: not within `timeout`; None: this host cannot lock) and `waited_s`."""
+    started = time.monotonic()
+    try:
+        import fcntl
+    except ImportError:
+        yield {"alone": None, "waited_s": 0.0}
+        return
+    turnstile, host = _open("turnstile.lock"), _open("host.lock")
+    try:
+        if turnstile is None or host is None:
+            yield {"alone": None, "waited_s": 0.0}
+            return
+        got = _flock(turnstile, fcntl.LOCK_EX, timeout)
+        got = got and _flock(host, fcntl.LOCK_EX, max(0.0, timeout - (time.monotonic() - started)))
+        fcntl.flock(turnstile, fcntl.LOCK_UN)  # builds now queue on the host lock itself
+        if not got:
+            log.warning("could not have the host alone within %.0f s", timeout)
+        yield {"alone": got, "waited_s": round(time.monotonic() - started, 2)}
+    finally:
+        for fd in (host, turnstile):
+            if fd is not None:
+                os.close(fd)

@@ -126,7 +126,7 @@ def main() -> int:
     os.environ["ENGINEFARM_STORE"] = str(work / "empty-store")
 
     import enginefarm
-    from enginefarm.builder.backends import get_backend
+    from enginefarm.backends import get_backend
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.builder.weightmap import read_map

@@ -92,7 +92,7 @@ def stack(work: Path, precision: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from lora import lora_files
 
-    from enginefarm.builder.backends import get_backend
+    from enginefarm.backends import get_backend
     from enginefarm.builder.build import build
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe

@@ -57,7 +57,7 @@ def peak_rss_mb() -> float:
 def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     from enginefarm.cache.manifest import Manifest
 
-    from .backends import get_backend
+    from enginefarm.backends import get_backend
 
     manifest = Manifest.from_json(Path(manifest_path).read_bytes())
     with np.load(feeds_path) as data:
@@ -91,7 +91,7 @@ def _least_contended(run, on_cpu: bool):
     """Time `run`; on a CPU, again after a pause while other processes used more than OTHERS_MAX of the cores meanwhile
     (something outside the host lock ran), within twice the time budget. Returns the least contended attempt:
     (timing, {cpu_share, others_share, load_avg_1m}, attempts made)."""
-    from .timing import TIME_BUDGET_S, time_runs
+    from enginefarm.runner.timing import TIME_BUDGET_S, time_runs
 
     best = None
     deadline = time.perf_counter() + 2 * TIME_BUDGET_S
@@ -136,7 +136,7 @@ def _load_avg() -> float | None:
 
 def _device(backend, manifest) -> dict:
     """The device class the numbers were measured on: resolution ranks artifacts by it (GPU backends describe their GPU)."""
-    from enginefarm.cache.device_info import cpu_description
+    from enginefarm.runner.device_info import cpu_description
 
     if hasattr(backend, "bench_device"):
         return backend.bench_device(manifest)

@@ -28,7 +28,7 @@ from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
 from . import rss
-from .backends import get_backend, job_refusal
+from enginefarm.backends import get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .golden import attach as attach_golden
 from .hostlock import building

@@ -13,8 +13,8 @@ from enginefarm.cache.manifest import Target, target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
-from .backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal, precision_refusal
-from .backends.base import Availability
+from enginefarm.backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal, precision_refusal
+from enginefarm.backends.base import Availability
 from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions

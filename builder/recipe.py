@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.cache.manifest import Target
+from enginefarm.cache.manifest import PRECISIONS, Target
 from enginefarm.errors import RecipeError
 
-PRECISIONS = ("fp32", "fp16", "bf16")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -174,7 +173,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
-    from .backends import validate_target  # the backend registry knows each backend's device classes
+    from enginefarm.backends import validate_target  # the backend registry knows each backend's device classes
 
     r = _Reader(path)
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
@@ -376,7 +375,7 @@ def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
 def _options(r: _Reader, value: Any, key: str) -> dict[str, dict[str, Any]]:
     """[options.BACKEND] tables. Each backend module declares OPTIONS = {name: default}; a tuple default lists the
     allowed strings, the first being the default. Anything else must have its default's type."""
-    from .backends import BACKENDS, get_backend
+    from enginefarm.backends import BACKENDS, get_backend
 
     found: dict[str, dict[str, Any]] = {}
     for backend, table in r.table(value, key, set(BACKENDS)).items():

@@ -24,7 +24,7 @@ from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
 
-from .backends import get_backend
+from enginefarm.backends import get_backend
 from .hostlock import building
 from .planner import Job
 from .validate import GATE_VERSION, Thresholds, model_traits

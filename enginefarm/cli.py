@@ -493,7 +493,7 @@ def doctor_cmd():
     from rich.markup import escape
     from rich.table import Table
 
-    from enginefarm.builder.backends import BACKENDS, availability, get_backend
+    from enginefarm.backends import BACKENDS, availability, get_backend
     from enginefarm.cache.manifest import Target
     from enginefarm.runner.device import run_probes
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.backends.base import BuiltFile
+from enginefarm.backends.base import BuiltFile
 from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
 from enginefarm.cache.atomic import sha256_file
@@ -249,7 +249,7 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
         onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
         if onnx_file is None:
             raise BackendUnavailable(f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)")
-        from enginefarm.builder.backends import onnxruntime
+        from enginefarm.backends import onnxruntime
 
         found = onnxruntime.read_weights(artifact_dir, replace(manifest, files=(replace(onnx_file, role="model"),)), names)
     missing = sorted(set(names) - set(found))

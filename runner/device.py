@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from enginefarm.cache.device_info import amd_gpus, cpu_description, nvidia_gpus
+from enginefarm.runner.device_info import amd_gpus, cpu_description, nvidia_gpus
 from enginefarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def nvidia_targets(major: int, minor: int) -> tuple[str, ...]:
     """What an NVIDIA GPU of compute capability major.minor runs: TensorRT engines for its exact arch and
     hardware-compatible `ampere+` ones from 8.0 on; TensorRT-RTX engines for its arch and family classes, by the
     floors that backend declares (it leaves out datacenter parts such as the A100's 8.0)."""
-    from enginefarm.builder.backends import tensorrt, tensorrt_rtx
+    from enginefarm.backends import tensorrt, tensorrt_rtx
 
     arch = f"sm_{major}{minor}"
     cc = (major, minor)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from enginefarm.builder.backends import job_availability, job_refusal, precision_refusal
+from enginefarm.backends import job_availability, job_refusal, precision_refusal
 from enginefarm.builder.build import compile_artifact, job_workdir
 from enginefarm.builder.planner import Job, expand, precision_here
 from enginefarm.builder.recipe import Recipe, load_recipe

@@ -15,17 +15,17 @@ import re
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from enginefarm.builder.golden import FILE, ROLE, tensor_name
-from enginefarm.builder.safetensors_io import SafeTensors
-from enginefarm.builder.validate import Reference, Thresholds, validate
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress
 from enginefarm.errors import IntegrityError, ValidationFailed
+
+if TYPE_CHECKING:
+    from enginefarm.builder.validate import Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,11 @@ def describe(verdict: dict[str, Any]) -> str:
 
 
 def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
+    # The gate's code is the builder's: imported only for an artifact that needs the check, never by a plain load.
+    from enginefarm.builder.golden import FILE, ROLE, tensor_name
+    from enginefarm.builder.safetensors_io import SafeTensors
+    from enginefarm.builder.validate import Reference, validate
+
     golden = manifest.validation["golden"]
     entry = next((f for f in manifest.files if f.role == ROLE), None)
     if entry is None or entry.path != golden.get("file", FILE):
@@ -93,7 +98,9 @@ def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     return validate(session, cases, references, thresholds(golden["thresholds"]))
 
 
-def thresholds(recorded: dict[str, Any]) -> Thresholds:
+def thresholds(recorded: dict[str, Any]) -> "Thresholds":
+    from enginefarm.builder.validate import Thresholds
+
     """The recipe's thresholds as the farm recorded them; fields this version does not know are ignored."""
     known = {f.name for f in fields(Thresholds)}
     return Thresholds(**{k: v for k, v in recorded.items() if k in known})

@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from enginefarm.builder.backends import get_backend
-from enginefarm.builder.recipe import PRECISIONS
+from enginefarm.backends import get_backend
 from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import read_index
-from enginefarm.cache.manifest import Manifest, target_matches
+from enginefarm.cache.manifest import PRECISIONS, Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
@@ -21,12 +20,13 @@ from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError
                                TrustError, WeightsError)
 from enginefarm.settings import Settings, load_settings
 
-from . import golden, measure, recompile
-from .custom import Stack, apply, check_stackable
+from . import golden, measure
 from .device import Device, detect
-from .fallback import compile_on_device, find_recipe, pick_job
 from .resolve import Candidate, Resolution, resolve
 from .session import Session
+
+if TYPE_CHECKING:
+    from .custom import Stack
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,11 @@ def load(
     """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json.
     version: serve this model version (the recipe's `model.version`); default the newest with an artifact usable here."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
-    stack = Stack.parse(weights, loras) if weights is not None or loras else None
+    stack = None
+    if weights is not None or loras:  # custom weights and LoRAs bring their own code (and the builder's readers)
+        from .custom import Stack
+
+        stack = Stack.parse(weights, loras)
     report = as_progress(progress)
     found = lookup(ref, precision, device, store, target, settings, version)
 
@@ -200,6 +204,8 @@ def load(
         return session
 
     model, component = parse_ref(ref)
+    from .fallback import compile_on_device, find_recipe, pick_job  # the builder: imported only to compile here
+
     recipe_found = find_recipe(model, recipe, settings.recipe_path)
     other_version = recipe_found is not None and version is not None and not same_version(recipe_found.version, version)
     if recipe_found is None or other_version or (found.release is not None and found.refusals):
@@ -215,7 +221,7 @@ def load(
     return _session(manifest, path, stack, found, explanation, report)
 
 
-def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
+def _session(manifest: Manifest, path: Path, stack: "Stack | None", found: Lookup, explanation: str, report: Progress) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         loaded = backend.load(path, manifest, manifest.parsed_target.device)
@@ -223,6 +229,9 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
         device = next((d for d in found.devices if manifest.target in d.targets), found.devices[0])
         verdict = golden.gate(loaded, manifest, path, found.settings.home, device, report)
         return Session(loaded, manifest, explanation + (f"\n{golden.describe(verdict)}" if verdict else ""))
+    from . import recompile
+    from .custom import apply, check_stackable
+
     if stack.active and recompile.applies(backend, manifest):  # an engine that cannot be refitted: compile one here
         try:
             applied = recompile.apply_stack(stack, manifest, backend, found.cache, found.store, report)

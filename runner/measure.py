@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from enginefarm.builder.timing import Timing, tied, time_interleaved
+from enginefarm.runner.timing import Timing, tied, time_interleaved
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.progress import Progress
@@ -82,7 +82,7 @@ def contenders(resolution: Resolution) -> Contenders | None:
 
 def fingerprint(device: Device, candidates: list[Candidate]) -> dict[str, Any]:
     """What a timing is valid for: this device, its driver, and the runtime versions of the backends timed."""
-    from enginefarm.builder.backends import get_backend
+    from enginefarm.backends import get_backend
 
     runtimes = {}
     for backend in sorted({c.target.backend for c in candidates}):

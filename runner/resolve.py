@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from enginefarm.builder.backends import availability, get_backend
-from enginefarm.builder.backends.base import version_in_range
-from enginefarm.builder.timing import noise_ms, tied
+from enginefarm.backends import availability, get_backend
+from enginefarm.backends.base import version_in_range
+from enginefarm.runner.timing import noise_ms, tied
 from enginefarm.cache.index import IndexEntry
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.versions import newest, same_version, version_key

@@ -16,7 +16,7 @@ def test_wheel_contains_only_the_enginefarm_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"enginefarm"}
-    for module in ("enginefarm/builder/planner.py", "enginefarm/cache/manifest.py", "enginefarm/runner/load.py", "enginefarm/builder/backends/openvino.py"):
+    for module in ("enginefarm/builder/planner.py", "enginefarm/cache/manifest.py", "enginefarm/runner/load.py", "enginefarm/backends/openvino.py"):
         assert module in names
     assert not any(n.startswith(("tests/", "recipes/", "bench/")) for n in names)
 

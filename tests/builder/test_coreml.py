@@ -49,7 +49,7 @@ def _plan_one(recipe: Path, tmp_path: Path, **select):
 
 
 def _package_summary(archive: Path, tmp_path: Path) -> dict:
-    from enginefarm.builder.backends.coreml import PACKAGE, spec_summary
+    from enginefarm.backends.coreml import PACKAGE, spec_summary
     from enginefarm.cache.archive import extract
 
     return spec_summary(extract(archive, tmp_path / "unpacked", PACKAGE))
@@ -162,7 +162,7 @@ def test_opset18_reduce_mean_is_rewritten_for_onnx2torch(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from enginefarm.builder.backends.coreml_convert import downgrade_reduce_axes, to_traceable_torch, unsupported_ops
+    from enginefarm.backends.coreml_convert import downgrade_reduce_axes, to_traceable_torch, unsupported_ops
 
     path = models.reduce_mean_18(tmp_path / "rm.onnx")
     assert unsupported_ops(onnx.load(str(path))) == ["ReduceMean (opset 18)"]
@@ -177,7 +177,7 @@ def test_opset18_reduce_mean_is_rewritten_for_onnx2torch(tmp_path):
 
 
 def test_an_op_onnx2torch_cannot_convert_is_named(tmp_path):
-    from enginefarm.builder.backends.coreml_convert import to_traceable_torch
+    from enginefarm.backends.coreml_convert import to_traceable_torch
     from enginefarm.errors import BuildError
 
     path = models.reduce_mean_18(tmp_path / "rm.onnx", dynamic_axes=True)  # axes computed at run time: no rewrite
@@ -205,7 +205,7 @@ def test_the_cli_reports_an_unconvertible_model_as_a_failed_job(tmp_path, write_
 
 
 def test_loading_off_macos_says_why(tmp_path):
-    from enginefarm.builder.backends import coreml
+    from enginefarm.backends import coreml
     from enginefarm.errors import BackendUnavailable
 
     avail = coreml.available("apple")
@@ -253,7 +253,7 @@ def test_coreml_on_a_mac_end_to_end(tiny_recipe, cli, monkeypatch, units):
 def test_the_spec_check_names_what_does_not_match_the_manifest():
     from types import SimpleNamespace
 
-    from enginefarm.builder.backends.coreml import _check_spec
+    from enginefarm.backends.coreml import _check_spec
 
     manifest = SimpleNamespace(io={"inputs": [{"name": "latent"}], "outputs": [{"name": "sample"}]},
                                profile={"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}})

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.hardware("nvidia")
 
 
 def gpu_arch() -> str:
-    from enginefarm.cache.device_info import nvidia_gpus
+    from enginefarm.runner.device_info import nvidia_gpus
 
     gpus, why = nvidia_gpus()
     if not gpus:
@@ -62,7 +62,7 @@ def test_tensorrt_ampere_plus_version_compatible_refittable(tiny_recipe, tiny_sd
     path.write_text(path.read_text() + "\n[components.decoder.options.tensorrt]\nversion_compatible = true\nrefittable = true\n")
     cli("build", str(path), check=True)
     session = enginefarm.load("tiny-sd/decoder", device="nvidia", target="tensorrt:ampere+")
-    from enginefarm.builder.backends import get_backend
+    from enginefarm.backends import get_backend
     from enginefarm.cache.device_cache import DeviceCache
 
     manifest = session.artifact

@@ -79,7 +79,7 @@ def test_a_crashing_build_process_fails_only_its_job(tiny_recipe, tmp_path):
     (crash / "sitecustomize.py").write_text(textwrap.dedent("""
         import os
         if os.environ.get("CRASH_OPENVINO_BUILD"):
-            from enginefarm.builder.backends import openvino
+            from enginefarm.backends import openvino
             def build(*args, **kwargs):
                 os._exit(9)
             openvino.build = build

@@ -129,13 +129,13 @@ def test_an_sdk_crash_fails_only_its_job(fake_rocm, tiny_recipe, cli, monkeypatc
 
 @pytest.mark.parametrize("gfx,version", [("gfx1100", "11.0.0"), ("gfx1030", "10.3.0"), ("gfx90a", "9.0.10"), ("gfx942", "9.4.2"), ("gfx1201", "12.0.1")])
 def test_gfx_names_map_to_hsa_override_versions(gfx, version):
-    from enginefarm.builder.backends.migraphx import gfx_version
+    from enginefarm.backends.migraphx import gfx_version
 
     assert gfx_version(gfx) == version
 
 
 def test_availability_says_why(fake_rocm, monkeypatch):
-    from enginefarm.builder.backends import migraphx
+    from enginefarm.backends import migraphx
 
     set_gpus, _ = fake_rocm
     set_gpus("gfx1100")
@@ -150,7 +150,7 @@ def test_without_the_sdk_doctor_and_plan_point_to_rocm_not_pip(cli, tiny_recipe)
     text = " ".join(proc.stdout.replace("│", " ").split())  # table cells wrap: compare the words
     assert "migraphx - unavailable: migraphx is not installed" in text
     assert "apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)" in text
-    from enginefarm.builder.backends import coreml
+    from enginefarm.backends import coreml
 
     here = coreml.available("apple")
     if here.can_build and not here.can_load:
@@ -163,7 +163,7 @@ def test_without_the_sdk_doctor_and_plan_point_to_rocm_not_pip(cli, tiny_recipe)
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_migraphx_on_an_amd_gpu_end_to_end(tiny_recipe, cli, precision):
     import enginefarm
-    from enginefarm.cache.device_info import amd_gpus
+    from enginefarm.runner.device_info import amd_gpus
 
     gfx = amd_gpus()[0][0]["gfx"]
     cli("build", str(tiny_recipe(precisions=(precision,), targets=(f"migraphx:{gfx}",))), check=True)

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from enginefarm.builder.backends._nvidia import BuildSpec, SdkError, capturing_logger, deserialize
-from enginefarm.builder.backends._nvidia_build import build_plan
+from enginefarm.backends._nvidia import BuildSpec, SdkError, capturing_logger, deserialize
+from enginefarm.backends._nvidia_build import build_plan
 from enginefarm.builder.prep import prepare
 from enginefarm.errors import BackendUnavailable
 from tests.builder.conftest import require_real_rtx
@@ -31,7 +31,7 @@ def rtx(request):
 
         assert tensorrt_rtx.__file__.endswith("fakes/tensorrt_rtx/__init__.py")
         return tensorrt_rtx
-    from enginefarm.cache.device_info import nvidia_gpus
+    from enginefarm.runner.device_info import nvidia_gpus
 
     if nvidia_gpus()[0]:
         pytest.skip("these assertions describe TensorRT-RTX on a machine without a GPU; this one has one")

@@ -8,7 +8,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from enginefarm.builder.backends import openvino as backend
+from enginefarm.backends import openvino as backend
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.stores import open_store

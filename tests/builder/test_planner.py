@@ -145,7 +145,7 @@ def test_the_all_vendors_recipe_plans_every_target(tiny_sd, tmp_path, cli):
     rtx = next(r for r in rows if r["target"] == "tensorrt-rtx:ampere+")
     assert rtx["status"].startswith("to build here (builds here without a GPU (TensorRT-RTX ") and rtx["runs_on"] == ["ubuntu-latest"]
     # Core ML converts on any OS where the coreml extra is installed (the test extra brings it); it runs only on a Mac.
-    from enginefarm.builder.backends import coreml
+    from enginefarm.backends import coreml
 
     here = coreml.available("apple")
     if here.can_load:

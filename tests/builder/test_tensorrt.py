@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enginefarm.builder.backends import availability, get_backend
+from enginefarm.backends import availability, get_backend
 from enginefarm.builder.build import build
 from enginefarm.builder.executor import run_jobs
 from enginefarm.builder.planner import expand

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from enginefarm.builder.backends import availability, get_backend
+from enginefarm.backends import availability, get_backend
 from enginefarm.builder.build import build
 from enginefarm.builder.planner import github_matrix, plan
 from enginefarm.builder.recipe import load_recipe

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import enginefarm
-from enginefarm.builder.backends import get_backend
+from enginefarm.backends import get_backend
 from enginefarm.builder.build import build
 from enginefarm.builder.golden import FILE
 from enginefarm.builder.planner import expand

@@ -170,7 +170,7 @@ def test_no_residue_across_processes(store, tmp_path, cli):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_patched_artifact_is_cached_and_keyed_by_strength(store, monkeypatch, target):
-    from enginefarm.builder.backends import get_backend
+    from enginefarm.backends import get_backend
 
     first = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.5)])
     backend = get_backend(target.split(":")[0])
@@ -192,7 +192,7 @@ class RefitBackend:
     """A backend with `refit` (as TensorRT has): ONNX Runtime over the artifact with the weights it is given."""
 
     def __init__(self, tmp_path):
-        from enginefarm.builder.backends import onnxruntime
+        from enginefarm.backends import onnxruntime
 
         self.ort, self.tmp, self.calls = onnxruntime, tmp_path, []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from enginefarm.builder.backends.base import Availability
+from enginefarm.backends.base import Availability
 from enginefarm.cache.index import IndexEntry
 from enginefarm.runner.device import Device, amd_device, apple_device, nvidia_device, nvidia_targets
 from enginefarm.runner.resolve import resolve

@@ -93,7 +93,7 @@ def check_job(job) -> str:
     needs = gpu_build_reason(job)
     if needs is None:
         return ""
-    from enginefarm.cache.device_info import nvidia_gpus
+    from enginefarm.runner.device_info import nvidia_gpus
 
     gpus, why = nvidia_gpus()
     return "" if gpus else f"{needs[0]}, and this machine has none ({why})"
@@ -106,7 +106,7 @@ def refusal(job) -> tuple[str, str] | None:
     """(why, fix) when TensorRT-RTX would refuse this job on any host: fp32 GEMMs for Turing (SM75)."""
     if job.precision != "fp32" or job.target.device not in TURING:
         return None
-    from ..onnx_io import float32_gemms
+    from enginefarm.builder.onnx_io import float32_gemms
 
     nodes = float32_gemms(job.source.path)
     if not nodes:

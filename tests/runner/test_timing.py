@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from enginefarm.builder.timing import noise_ms, spread, tied, time_interleaved, time_runs
+from enginefarm.runner.timing import noise_ms, spread, tied, time_interleaved, time_runs
 
 
 class Clock:
@@ -92,7 +92,8 @@ class Seconds:
 def test_a_cpu_benchmark_disturbed_by_other_programs_is_measured_again(monkeypatch):
     """Other processes busy on the cores while it ran (what the host lock cannot stop): pause, measure again, keep
     the least disturbed attempt and say how contended it was."""
-    from enginefarm.builder import bench, timing
+    from enginefarm.builder import bench
+    from enginefarm.runner import timing
 
     busy = iter([0.0, 50.0, 50.0, 50.2])  # the machine's busy CPU seconds around each attempt: heavy, then quiet
     monkeypatch.setattr(bench, "_busy_seconds", lambda: next(busy))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.cache.device_info import amd_gpus
+from enginefarm.runner.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
 
 from .base import Availability, BuiltFile, import_sdk
@@ -97,7 +97,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
     plan_path.write_text(json.dumps(parse_plan(job)))
     env, how = build_env(job.target.device)
     proc = subprocess.run(
-        [sys.executable, "-m", "enginefarm.builder.backends.migraphx", str(prepared_onnx), str(plan_path), str(workdir / PROGRAM)],
+        [sys.executable, "-m", "enginefarm.backends.migraphx", str(prepared_onnx), str(plan_path), str(workdir / PROGRAM)],
         capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S,
     )
     if proc.returncode != 0:

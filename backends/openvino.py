@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.cache.device_info import cpu_description
+from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
 from .base import Availability, BuiltFile, import_sdk

@@ -51,7 +51,7 @@ def constraints(job) -> dict:
 
 
 def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
-    from ..onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+    from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
 
     out = workdir / "model.onnx"
     link_or_copy(prepared_onnx, out)

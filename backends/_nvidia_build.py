@@ -1,4 +1,4 @@
-"""The build process of the NVIDIA backends: `python -m enginefarm.builder.backends._nvidia_build SPEC RESULT PARENT_PID`.
+"""The build process of the NVIDIA backends: `python -m enginefarm.backends._nvidia_build SPEC RESULT PARENT_PID`.
 
 It imports the SDK itself and writes RESULT (JSON: notes, or the error). If the SDK kills it instead (segfault,
 abort, out of memory), RESULT is missing and the parent reports how the process died.
@@ -19,7 +19,7 @@ from typing import Any
 
 from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
 
-from .. import rss
+from enginefarm.builder import rss
 from ._nvidia import KEPT_ERRORS, BuildSpec, SdkError, capturing_logger, die_with_parent
 
 

@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
-from enginefarm.cache.device_info import nvidia_gpus
+from enginefarm.cache.atomic import write_bytes_atomic
+from enginefarm.runner.device_info import nvidia_gpus
 from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
 from .base import Availability, BuiltFile, import_sdk
@@ -31,7 +31,7 @@ from .base import Availability, BuiltFile, import_sdk
 log = logging.getLogger(__name__)
 
 INDEX_NOTE = "its wheels download from NVIDIA's package index, which must be reachable from where you install"
-_CHILD = "enginefarm.builder.backends._nvidia_build"
+_CHILD = "enginefarm.backends._nvidia_build"
 
 
 def sdk(module: str, extra: str, note: str = INDEX_NOTE):
@@ -229,7 +229,7 @@ def stripped_files(prepared_onnx: Path, workdir: Path, strip_weights: bool) -> l
     """The plan, plus the ONNX its weights are refitted from when it is weight-stripped."""
     files = [BuiltFile("model.plan", "engine")]
     if strip_weights:
-        from ..onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+        from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
 
         link_or_copy(prepared_onnx, workdir / "weights.onnx")
         files.append(BuiltFile("weights.onnx", "weights"))

@@ -19,12 +19,12 @@ class BackendEntry:
 
 
 BACKENDS: dict[str, BackendEntry] = {
-    "onnxruntime": BackendEntry("enginefarm.builder.backends.onnxruntime", "pip install 'enginefarm[onnxruntime]'"),
-    "openvino": BackendEntry("enginefarm.builder.backends.openvino", "pip install 'enginefarm[openvino]'"),
-    "tensorrt": BackendEntry("enginefarm.builder.backends.tensorrt", "pip install 'enginefarm[tensorrt]'"),
-    "tensorrt-rtx": BackendEntry("enginefarm.builder.backends.tensorrt_rtx", "pip install 'enginefarm[tensorrt-rtx]'"),
-    "migraphx": BackendEntry("enginefarm.builder.backends.migraphx", "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"),
-    "coreml": BackendEntry("enginefarm.builder.backends.coreml", "pip install 'enginefarm[coreml]'"),
+    "onnxruntime": BackendEntry("enginefarm.backends.onnxruntime", "pip install 'enginefarm[onnxruntime]'"),
+    "openvino": BackendEntry("enginefarm.backends.openvino", "pip install 'enginefarm[openvino]'"),
+    "tensorrt": BackendEntry("enginefarm.backends.tensorrt", "pip install 'enginefarm[tensorrt]'"),
+    "tensorrt-rtx": BackendEntry("enginefarm.backends.tensorrt_rtx", "pip install 'enginefarm[tensorrt-rtx]'"),
+    "migraphx": BackendEntry("enginefarm.backends.migraphx", "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"),
+    "coreml": BackendEntry("enginefarm.backends.coreml", "pip install 'enginefarm[coreml]'"),
 }
 
 

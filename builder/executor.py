@@ -119,9 +119,7 @@ def _read(reader, job_id: str, finish, on_event, job: Job) -> bool:
     while reader.poll():
         try:
             _, kind, detail = reader.recv()
-        except (EOFError, OSError):
-            return False
-        except Exception:  # a message cut short by the worker's death
+        except Exception:  # end of file, or a message cut short by the worker's death
             return False
         if kind == "result":
             finish(job, detail)

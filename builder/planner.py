@@ -267,8 +267,8 @@ def plan(
     indexes: dict[str, dict] = {}
     for job in selected:
         entry = PlannedJob(job, job_availability(job))
-        refusal = job_refusal(job)
         precision_why = precision_refusal(job.target, job.precision)
+        refusal = None if precision_why else job_refusal(job)  # job_refusal may read the model: only when still needed
         if precision_why:
             entry.refused = f"refused: {precision_why}"
             entry.availability = Availability.missing(precision_why)

@@ -43,8 +43,9 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
     local = replace(recipe, components={component: recipe.components[component]})
     runnable = {t for d in devices for t in d.targets}
     jobs = [j for j in expand(local, downloads, offline=offline) if str(j.target) in runnable and (precision is None or j.precision == precision)]
-    jobs = [j for j in jobs if job_availability(j).can_build and job_refusal(j) is None and (target is None or j.target.matches(target))
-            and not precision_refusal(j.target, j.precision) and not precision_here(j)]  # bf16 only where it computes
+    # Cheap checks first: job_refusal may read the model.
+    jobs = [j for j in jobs if (target is None or j.target.matches(target)) and not precision_refusal(j.target, j.precision)
+            and not precision_here(j) and job_availability(j).can_build and job_refusal(j) is None]  # bf16 only where it computes
     if not jobs:
         raise ArtifactNotFoundError(
             f"nothing stored fits {recipe.name}/{component}, and its recipe has no target this device can build",

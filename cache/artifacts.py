@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from enginefarm.errors import IntegrityError, StoreError
 
@@ -242,6 +242,20 @@ def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
     orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
     partials = [name for name, mtime in store.list_partials() if now - mtime > grace_s]
     return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now), partials)
+
+
+def collect_garbage(store: Store, grace_s: float, *, delete: bool) -> GcPlan:
+    """What `plan_gc` finds; with `delete`, removed too: unreferenced blobs past the grace, leftovers of interrupted
+    writes, superseded build-cache objects. Returns the plan, which says what went (or, without `delete`, would go)."""
+    plan = plan_gc(store, grace_s)
+    if delete:
+        for digest in plan.to_delete:
+            store.delete_blob(digest)
+        for name in plan.partials:
+            store.delete_partial(name)
+        for name in plan.stale_caches:
+            store.delete_cache_object(name)
+    return plan
 
 
 def _stale_caches(store: Store, grace_s: float, now: float) -> list[str]:

@@ -49,6 +49,18 @@ class CachedArtifact:
     last_used: float
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A cached artifact as `verify_all` found it: `manifest` is None where it was missing or malformed."""
+    key: str
+    manifest: Manifest | None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def evicted(self) -> bool:
+        return self.manifest is None or bool(self.problems)
+
+
 def _mismatch(entry, store: Store, key: str, detail: str) -> IntegrityError:
     return IntegrityError(f"{entry.path} of {key[:12]} from {store.url}: the stored bytes do not match their manifest "
                           f"(tampered or corrupt store): {detail}", hint="the artifact was not cached; report it to whoever publishes this store", key=key)
@@ -115,6 +127,21 @@ class DeviceCache:
         if not found:
             proof.record(root, [f.path for f in manifest.files])
         return found
+
+    def verify_all(self) -> Iterator[Checked]:
+        """Hash every file of every cached artifact; evict the damaged ones (they are fetched again when needed) and
+        those whose manifest is missing or malformed. Yields each artifact once checked, those without a manifest first."""
+        before = {p.name for p in self.artifacts.iterdir() if not p.name.startswith(".")} if self.artifacts.is_dir() else set()
+        entries = list(self.entries())  # reading each manifest checks it; a malformed one is evicted
+        for key in sorted(before - {e.manifest.build_key for e in entries}):
+            self.evict(key)
+            yield Checked(key, None)
+        for entry in entries:
+            key = entry.manifest.build_key
+            problems = tuple(self.problems(key))
+            if problems:
+                self.evict(key)
+            yield Checked(key, entry.manifest, problems)
 
     def verified_dir(self, key: str) -> Path | None:
         """The artifact's directory if its files are the ones hashed (re-hashing those whose stat changed since);

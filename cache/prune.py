@@ -18,6 +18,7 @@ from .manifest import Manifest
 from .stores.base import Store
 from .versions import by_age, version_key
 
+
 @dataclass
 class Pruning:
     keep: int
@@ -63,6 +64,14 @@ def apply(store: Store, pruning: Pruning) -> None:
             store.delete_cache_object(name)
     for digest in pruning.blobs:
         store.delete_blob(digest)
+
+
+def prune_store(store: Store, keep: int, *, delete: bool) -> Pruning:
+    """What goes when only the `keep` newest versions of each model and component stay; removed with `delete`."""
+    pruning = plan(store, keep)
+    if delete:
+        apply(store, pruning)
+    return pruning
 
 
 def prune_cache(cache, keep: int) -> list[Manifest]:

@@ -8,16 +8,11 @@ from pathlib import Path
 
 import click
 
-from enginefarm.cli_options import precision_option, stacked, target_option
+from enginefarm.cli_options import channel_option, json_option, key_option, keys_option, precision_option, stacked, store_option, target_option
 from enginefarm.errors import ArtifactNotFoundError, ConfigError
 from enginefarm.settings import load_settings, parse_duration
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
-
-channel_option = click.option("--channel", default="stable", show_default=True, metavar="NAME", help="The release channel.")
-store_option = click.option("--store", metavar="URL", help="The store (a directory or s3://; default ENGINEFARM_STORE).")
-keys_option = click.option("--keys", "keys_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-                           help="Folder of private key files (0600). Only the keys of the roles being signed need be there.")
 
 
 def _store(url):
@@ -58,9 +53,9 @@ def release_group():
 
 
 @release_group.command("init")
-@store_option
-@keys_option
-@channel_option
+@store_option()
+@keys_option()
+@channel_option(release=True)
 @click.option("--threshold", "thresholds", multiple=True, metavar="ROLE=N", help="Signatures a role needs (and keys generated for it). Default 1. Repeatable.")
 @click.option("--expires", "expires", multiple=True, metavar="ROLE=DURATION", help="How long a role's signature lasts: root=1y targets=1y snapshot=1y timestamp=2d (defaults). Repeatable.")
 def init_cmd(store, keys_dir, channel, thresholds, expires):
@@ -84,15 +79,14 @@ def _selection(ref: str, targets, precisions, keys) -> dict:
     return {"models": (model,), "components": (component,) if component else (), "targets": targets, "precisions": precisions, "keys": keys}
 
 
-_select = stacked(target_option, precision_option,
-                  click.option("--key", "keys", multiple=True, metavar="KEY", help="Only this build key (or prefix). Repeatable."))
+_select = stacked(target_option(), precision_option(), key_option())
 
 
 @release_group.command("promote")
 @click.argument("ref", metavar="MODEL[/COMPONENT]")
-@channel_option
-@store_option
-@keys_option
+@channel_option(release=True)
+@store_option()
+@keys_option()
 @_select
 def promote_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
     """Release the selected artifacts of the store into the channel (signs targets, snapshot and timestamp)."""
@@ -109,9 +103,9 @@ def promote_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
 
 @release_group.command("yank")
 @click.argument("ref", metavar="MODEL[/COMPONENT]")
-@channel_option
-@store_option
-@keys_option
+@channel_option(release=True)
+@store_option()
+@keys_option()
 @_select
 def yank_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
     """Withdraw released artifacts: apps stop resolving to them at their next refresh. The artifacts stay in the store."""
@@ -133,9 +127,9 @@ def yank_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
 
 
 @release_group.command("ls")
-@channel_option
-@store_option
-@click.option("--json", "as_json", is_flag=True)
+@channel_option(release=True)
+@store_option()
+@json_option()
 def ls_cmd(channel, store, as_json):
     """Show the channel's roles (version, expiry, keys) and its released artifacts."""
     from enginefarm.cache.trust import repo
@@ -153,9 +147,9 @@ def ls_cmd(channel, store, as_json):
 
 
 @release_group.command("refresh")
-@channel_option
-@store_option
-@keys_option
+@channel_option(release=True)
+@store_option()
+@keys_option()
 @click.option("--role", "roles", multiple=True, type=click.Choice(ROLES), help="Also renew this role (needs its keys). Default: the timestamp only.")
 def refresh_cmd(channel, store, keys_dir, roles):
     """Renew the timestamp (run it on a schedule in CI with only the timestamp key); --role renews more."""
@@ -170,9 +164,9 @@ def refresh_cmd(channel, store, keys_dir, roles):
 
 @release_group.command("rotate")
 @click.argument("role", type=click.Choice(ROLES))
-@channel_option
-@store_option
-@keys_option
+@channel_option(release=True)
+@store_option()
+@keys_option()
 @click.option("--threshold", type=click.IntRange(1, 16), help="Signatures the role needs from now on (default: as before); as many new keys are made.")
 def rotate_cmd(role, channel, store, keys_dir, threshold):
     """Replace every key of ROLE with new ones (old key files move to KEYS/retired/). Needs the root keys."""
@@ -185,8 +179,8 @@ def rotate_cmd(role, channel, store, keys_dir, threshold):
 
 
 @release_group.command("export-root")
-@channel_option
-@store_option
+@channel_option(release=True)
+@store_option()
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write root.json (ship it with your app).")
 def export_root_cmd(channel, store, out):
     """Write the channel's current root metadata: the trust anchor an app ships and passes as trusted_root."""

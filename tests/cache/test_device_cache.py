@@ -117,6 +117,24 @@ def test_cache_verify_cli_evicts_damage(published, tmp_path, cli):
     assert not path.exists()
 
 
+def test_verify_all_evicts_damage_and_artifacts_without_a_manifest(published, tmp_path, cli):
+    store, manifest = published
+    cache = cache_dir(tmp_path)
+    path = cache.fetch(store, manifest)
+    assert [(c.key, c.problems, c.evicted) for c in cache.verify_all()] == [(manifest.build_key, (), False)]
+    (path / "model.onnx").write_bytes(b"tampered")
+    orphan = cache.artifacts / ("0" * 64)
+    orphan.mkdir()  # a folder whose manifest went missing
+    (checked_orphan, checked) = cache.verify_all()
+    assert checked_orphan.key == orphan.name and checked_orphan.manifest is None and checked_orphan.evicted
+    assert checked.manifest == manifest and checked.problems and checked.evicted
+    assert not path.exists() and not orphan.exists()
+    orphan.mkdir()
+    proc = cli("cache", "verify")
+    assert proc.returncode == 1 and f"evicted [{orphan.name[:12]}]: its manifest is missing or malformed" in proc.stdout
+    assert not orphan.exists() and cli("cache", "verify", check=True).stdout == ""  # evicted, so a second run finds nothing
+
+
 def test_gc_respects_the_quota_in_lru_order(tiny_recipe, cli, tmp_path):
     cli("build", str(tiny_recipe(precisions=("fp32", "fp16"))), "--no-bench", check=True)
     store = open_store(tmp_path / "store")

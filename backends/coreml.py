@@ -27,14 +27,10 @@ import numpy as np
 from enginefarm.cache.archive import extract, pack_dir
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, BuiltFile, import_sdk
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
 
 log = logging.getLogger(__name__)
 
-NAME = "coreml"
-DEVICES = re.compile(r"^(apple|apple-m[1-9])$")
-DEVICE_HINT = "apple (any Apple-silicon Mac) or apple-mN"
-ONNX_PRECISION = "fp32"  # fp16 is coremltools' compute precision; inputs and outputs stay float32
 # Recipe options ([components.X.options.coreml]); a tuple lists the allowed values, the first is the default.
 OPTIONS = {
     "shapes": ("range", "enumerated"),  # flexible inputs as RangeDim bounds, or only the profile's min/opt/max shapes
@@ -110,7 +106,7 @@ def constraints(job) -> dict:
 
 # Build ------------------------------------------------------------------------------------------------------
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     import torch
 
     from .coreml_convert import convert_to_mlprogram, to_traceable_torch
@@ -129,8 +125,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
     normalize_package(package)
     pack_dir(package, workdir / ARCHIVE)
     shutil.rmtree(staging, ignore_errors=True)
-    (workdir / "notes.json").write_text(json.dumps({"coreml_shapes": shapes}))
-    return [BuiltFile(ARCHIVE, "model")]
+    return Built([BuiltFile(ARCHIVE, "model")], {"coreml_shapes": shapes})
 
 
 def normalize_package(package: Path) -> None:
@@ -297,3 +292,32 @@ def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return CoreMLSession(model, manifest, folder)
+
+
+class CoreML(Backend):
+    name = "coreml"
+    devices = re.compile(r"^(apple|apple-m[1-9])$")
+    device_hint = "apple (any Apple-silicon Mac) or apple-mN"
+    install = INSTALL
+    extra = "coreml"
+    onnx_precision = "fp32"  # fp16 is coremltools' compute precision; inputs and outputs stay float32
+    options = OPTIONS
+    vendor_label = "apple"
+    example_device = "apple"
+    hosted_runners = {"apple": ["macos-14"]}
+    features = frozenset({Feature.OWN_VALIDATION})
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    load = staticmethod(load)
+    validation_session = staticmethod(validation_session)
+
+    def device_classes(self, device) -> tuple[str, ...]:
+        return ("apple",) if device.kind == "apple" else ()
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.PORTABLE_IR
+
+
+BACKEND = CoreML()

@@ -108,8 +108,26 @@ class NvidiaBackend(Backend, abstract=True):
         capability = (int(digits[:-1]), int(digits[-1]))
         return (f"sm_{digits}", *[name for name, floor in self.family_floors.items() if capability >= floor])
 
+    artifact_noun = "plan"  # what errors call the artifact: TensorRT's plan, TensorRT-RTX's engine
+
     def bench_device(self, manifest) -> dict:
         return gpu_description(manifest.parsed_target.device, self.family_floors)
+
+    def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> "TrtSession":
+        """The artifact's engine, refitted with `weights` when given."""
+        raise NotImplementedError
+
+    def load(self, artifact_dir: Path, manifest, device: str = "") -> "TrtSession":
+        return self.open(Path(artifact_dir), manifest, None)
+
+    def refit(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> "TrtSession":
+        """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to the
+        engine's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
+        self.check_refit(manifest)
+        return self.open(Path(artifact_dir), manifest, weights)
+
+    def check_refit(self, manifest) -> None:
+        require_refittable(manifest, self.options, self.artifact_noun)
 
 
 def matching_gpu(device: str, family_floors: dict[str, tuple[int, int]]) -> tuple[dict[str, Any] | None, str]:

@@ -25,7 +25,7 @@ from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
 from ._nvidia import (BuildSpec, NvidiaBackend, TrtSession, build_host_arch, build_in_subprocess, cudart, matching_gpu,
-                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
+                      open_engine, sdk, sdk_missing, stripped_files)
 from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
@@ -152,22 +152,7 @@ def after_build(store, job, workdir: Path) -> None:
     store.put_cache_object(f"{prefix}/{digest}", data)
 
 
-def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
-    return _open(Path(artifact_dir), manifest, None)
-
-
-def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
-    """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to
-    the plan's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
-    check_refit(manifest)
-    return _open(Path(artifact_dir), manifest, weights)
-
-
-def check_refit(manifest) -> None:
-    require_refittable(manifest, OPTIONS, "plan")
-
-
-def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+def open_plan(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
     engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
     return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])
@@ -186,9 +171,7 @@ class TensorRT(NvidiaBackend):
     versions = staticmethod(versions)
     constraints = staticmethod(constraints)
     build = staticmethod(build)
-    load = staticmethod(load)
-    refit = staticmethod(refit)
-    check_refit = staticmethod(check_refit)
+    open = staticmethod(open_plan)
     before_build = staticmethod(before_build)
     after_build = staticmethod(after_build)
 

@@ -28,7 +28,7 @@ from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
 from ._nvidia import (BuildProgress, NvidiaBackend, BuildSpec, TrtSession, build_in_subprocess, cuda_devices, cudart, matching_gpu,
-                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
+                      open_engine, sdk, sdk_missing, stripped_files)
 from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
@@ -176,29 +176,17 @@ def runtime_cache_path(manifest, gpu: dict) -> Path:
     return load_settings().home / "tensorrt-rtx-runtime-cache" / re.sub(r"[^A-Za-z0-9_.+-]", "_", slot) / f"{manifest.build_key}.bin"
 
 
-def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
-    return _open(Path(artifact_dir), manifest, None)
-
 
 def validation_session(artifact_dir: Path, manifest, device: str):
     """The engine itself where its GPU is here; built on a CPU host, it is published unvalidated, saying why."""
     here = available(device)
     if not here.can_load:
         return None, {"why": f"built without the device to run it ({here.reason})"}
-    return load(artifact_dir, manifest, device), {}
+    return open_engine_with_cache(Path(artifact_dir), manifest, None), {}
 
 
-def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
-    """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout)."""
-    check_refit(manifest)
-    return _open(Path(artifact_dir), manifest, weights)
-
-
-def check_refit(manifest) -> None:
-    require_refittable(manifest, OPTIONS, "engine")
-
-
-def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+def open_engine_with_cache(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+    """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
     trt = _trt()
     engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
     config = engine.create_runtime_config()
@@ -236,9 +224,8 @@ class TensorRTRTX(NvidiaBackend):
     versions = staticmethod(versions)
     constraints = staticmethod(constraints)
     build = staticmethod(build)
-    load = staticmethod(load)
-    refit = staticmethod(refit)
-    check_refit = staticmethod(check_refit)
+    open = staticmethod(open_engine_with_cache)
+    artifact_noun = "engine"
     validation_session = staticmethod(validation_session)
     gpu_build_reason = staticmethod(gpu_build_reason)
     can_build_refittable = staticmethod(can_build_refittable)

@@ -1,38 +1,79 @@
-"""The backend registry: one table maps each name to its module and install hint. There is no second registry."""
+"""The backend registry: one table maps each backend's name to its module, whose `BACKEND` object (a `Backend`)
+says everything else. There is no second table: device matching, ranking, runner labels, install hints, options
+and features are read from that object. Adding a backend is one module plus one line here; an app or a test adds
+one without editing the product through ENGINEFARM_BACKENDS (`name=module[,name=module]`), which build workers
+started as new processes inherit."""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from types import ModuleType
+import os
+from typing import TYPE_CHECKING
 
 from enginefarm.cache.manifest import Target
-from enginefarm.errors import BackendUnavailable
+from enginefarm.errors import BackendUnavailable, ConfigError
 
-from .base import Availability, BackendSession, BuiltFile
+from .base import Availability, Backend, BackendSession, Built, BuiltFile, Feature, Rank
 
+if TYPE_CHECKING:
+    from enginefarm.runner.device import Device
 
-@dataclass(frozen=True)
-class BackendEntry:
-    module: str
-    install: str
-
-
-BACKENDS: dict[str, BackendEntry] = {
-    "onnxruntime": BackendEntry("enginefarm.backends.onnxruntime", "pip install 'enginefarm[onnxruntime]'"),
-    "openvino": BackendEntry("enginefarm.backends.openvino", "pip install 'enginefarm[openvino]'"),
-    "tensorrt": BackendEntry("enginefarm.backends.tensorrt", "pip install 'enginefarm[tensorrt]'"),
-    "tensorrt-rtx": BackendEntry("enginefarm.backends.tensorrt_rtx", "pip install 'enginefarm[tensorrt-rtx]'"),
-    "migraphx": BackendEntry("enginefarm.backends.migraphx", "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"),
-    "coreml": BackendEntry("enginefarm.backends.coreml", "pip install 'enginefarm[coreml]'"),
+BACKENDS: dict[str, str] = {
+    "onnxruntime": "enginefarm.backends.onnxruntime",
+    "openvino": "enginefarm.backends.openvino",
+    "tensorrt": "enginefarm.backends.tensorrt",
+    "tensorrt-rtx": "enginefarm.backends.tensorrt_rtx",
+    "migraphx": "enginefarm.backends.migraphx",
+    "coreml": "enginefarm.backends.coreml",
 }
+PLUGINS_ENV = "ENGINEFARM_BACKENDS"
 
 
-def get_backend(name: str) -> ModuleType:
-    entry = BACKENDS.get(name)
-    if entry is None:
-        raise BackendUnavailable(f"unknown backend {name!r}", hint=f"known backends: {', '.join(BACKENDS)}")
-    return importlib.import_module(entry.module)
+def registry() -> dict[str, str]:
+    """BACKENDS plus the ones ENGINEFARM_BACKENDS adds (read on every call: a worker process sees its parent's)."""
+    added: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(PLUGINS_ENV, "").split(","))):
+        name, _, module = item.partition("=")
+        name, module = name.strip(), module.strip()
+        if not name or not module:
+            raise ConfigError(f"{PLUGINS_ENV}: {item!r} is not name=module", hint=f"e.g. {PLUGINS_ENV}=mybackend=my_package.backend")
+        if name in BACKENDS:
+            raise ConfigError(f"{PLUGINS_ENV}: {name!r} is a built-in backend", hint="give the added backend another name")
+        added[name] = module
+    return {**BACKENDS, **added}
+
+
+def get_backend(name: str) -> Backend:
+    modules = registry()
+    module_name = modules.get(name)
+    if module_name is None:
+        raise BackendUnavailable(f"unknown backend {name!r}", hint=f"known backends: {', '.join(modules)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # only an added backend can miss: the built-in modules import no SDK at module level
+        raise BackendUnavailable(f"backend {name!r}: cannot import {module_name} ({exc})", hint=f"check {PLUGINS_ENV}") from None
+    backend = getattr(module, "BACKEND", None)
+    if not isinstance(backend, Backend) or backend.name != name:
+        raise BackendUnavailable(f"backend {name!r}: {module_name} has no BACKEND object named {name!r}",
+                                 hint="a backend module sets BACKEND = MyBackend(), an instance of enginefarm.backends.Backend")
+    return backend
+
+
+def all_backends() -> list[Backend]:
+    return [get_backend(name) for name in registry()]
+
+
+def targets_for(device: "Device") -> tuple[str, ...]:
+    """Every `backend:device-class` target a detected device runs, as each backend matches it."""
+    return tuple(f"{backend.name}:{cls}" for backend in all_backends() for cls in backend.device_classes(device))
+
+
+def rank_of(target: Target) -> Rank:
+    """How specific `target`'s artifact kind is. A backend this install does not know ranks last, never first."""
+    try:
+        return get_backend(target.backend).rank(target.device)
+    except BackendUnavailable:
+        return Rank.ONNX
 
 
 def availability(target: Target) -> Availability:
@@ -50,22 +91,20 @@ def job_availability(job) -> Availability:
     """`availability(job.target)`, narrowed by what this job's options need of the build host (a backend's
     optional `check_job(job)` says why not, e.g. TensorRT-RTX weight stripping without a GPU)."""
     here = availability(job.target)
-    check = getattr(get_backend(job.target.backend), "check_job", None) if here.can_build else None
-    why = check(job) if check is not None else ""
+    why = get_backend(job.target.backend).check_job(job) if here.can_build else ""
     return Availability(False, False, why) if why else here
 
 
 def job_refusal(job) -> tuple[str, str] | None:
-    """(why, fix) when the backend's SDK would refuse this job on any host (its optional `refusal(job)`)."""
-    refusal = getattr(get_backend(job.target.backend), "refusal", None)
-    return refusal(job) if refusal is not None else None
+    """(why, fix) when the backend's SDK would refuse this job on any host."""
+    return get_backend(job.target.backend).refusal(job)
 
 
 def gpu_build_reason(job) -> tuple[str, str] | None:
-    """(why, fix) when this job needs a GPU on the build host, for backends that otherwise build on a CPU (their
-    optional `gpu_build_reason(job)`). Backends without it build where their target's device is."""
-    reason = getattr(get_backend(job.target.backend), "gpu_build_reason", None)
-    return reason(job) if reason is not None else None
+    """(why, fix) when this job needs a GPU on the build host, for backends that otherwise build on a CPU
+    (Feature.BUILDS_WITHOUT_DEVICE). Other backends build where their target's device is."""
+    backend = get_backend(job.target.backend)
+    return backend.gpu_build_reason(job) if backend.has(Feature.BUILDS_WITHOUT_DEVICE) else None
 
 
 def builds_on_cpu(job) -> bool:
@@ -73,7 +112,7 @@ def builds_on_cpu(job) -> bool:
     (TensorRT-RTX) unless an option needs one."""
     if job.target.device == "cpu":
         return True
-    return hasattr(get_backend(job.target.backend), "gpu_build_reason") and gpu_build_reason(job) is None
+    return get_backend(job.target.backend).has(Feature.BUILDS_WITHOUT_DEVICE) and gpu_build_reason(job) is None
 
 
 def precision_refusal(target: Target, precision: str) -> str | None:
@@ -81,33 +120,31 @@ def precision_refusal(target: Target, precision: str) -> str | None:
     with `precision_refusal(precision, device)`; without one, it builds fp32 and fp16 only. Refused jobs are never
     built: an artifact labelled bf16 that computes in fp32 would be a lie, and one that does not load a waste."""
     try:
-        check = getattr(get_backend(target.backend), "precision_refusal", None)
+        backend = get_backend(target.backend)
     except BackendUnavailable:
         return None
-    if check is not None:
-        return check(precision, target.device)
-    if precision == "bf16":
-        return f"{target.backend} artifacts are built in fp32 or fp16 only (bf16 is built for openvino:cpu and tensorrt-rtx)"
-    return None
+    return backend.precision_refusal(precision, target.device)
 
 
 def job_options(target: Target, written: dict[str, dict]) -> dict:
     """The options a job of `target` is built with: the backend's defaults (a tuple's first choice), overridden by
     what the recipe wrote. All go into the build key, so changing one rebuilds; backends without options give {}."""
-    declared = getattr(get_backend(target.backend), "OPTIONS", None) or {}
+    declared = get_backend(target.backend).options
     defaults = {name: d[0] if isinstance(d, tuple) else d for name, d in declared.items()}
     return {**defaults, **written.get(target.backend, {})}
 
 
 def validate_target(target: Target) -> tuple[str, str] | None:
     """(reason, hint) if the recipe names a backend or device class that does not exist."""
-    if target.backend not in BACKENDS:
-        return f"unknown backend {target.backend!r} in {target}", f"known backends: {', '.join(BACKENDS)}"
+    known = registry()
+    if target.backend not in known:
+        return f"unknown backend {target.backend!r} in {target}", f"known backends: {', '.join(known)}"
     backend = get_backend(target.backend)
-    if not backend.DEVICES.fullmatch(target.device):
-        return f"{target.backend} has no device class {target.device!r}", f"{target.backend} devices: {backend.DEVICE_HINT}"
+    if not backend.devices.fullmatch(target.device):
+        return f"{target.backend} has no device class {target.device!r}", f"{target.backend} devices: {backend.device_hint}"
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "BackendSession", "BuiltFile", "availability", "builds_on_cpu", "get_backend", "gpu_build_reason",
-           "job_availability", "job_options", "job_refusal", "precision_refusal", "validate_target"]
+__all__ = ["BACKENDS", "Availability", "Backend", "BackendSession", "Built", "BuiltFile", "Feature", "Rank", "all_backends", "availability",
+           "builds_on_cpu", "get_backend", "gpu_build_reason", "job_availability", "job_options", "job_refusal", "precision_refusal",
+           "rank_of", "registry", "targets_for", "validate_target"]

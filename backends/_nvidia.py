@@ -26,7 +26,7 @@ from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.runner.device_info import nvidia_gpus
 from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
-from .base import Availability, BuiltFile, import_sdk
+from .base import Availability, Backend, BuiltFile, import_sdk
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,47 @@ def gpu_runs(device: str, gpu: dict[str, Any], family_floors: dict[str, tuple[in
         return gpu["arch"] == device
     floor = family_floors.get(device)
     return floor is not None and (gpu["major"], gpu["minor"]) >= floor
+
+
+class NvidiaBackend(Backend, abstract=True):
+    """What TensorRT and TensorRT-RTX share: NVIDIA GPUs matched by compute capability, farm runners labelled nvidia,
+    builds that hold the weights about three times (builder/memory.py)."""
+
+    vendor_label = "nvidia"
+    onnx_precision = "same"  # strongly typed: the prepared ONNX says fp16 or fp32
+    build_memory_factor = 3.0
+    example_device = "ampere+"
+    family_floors: dict[str, tuple[int, int]] = {}  # family class -> lowest compute capability it covers
+    left_out: frozenset[int] = frozenset()  # capabilities (major*10+minor) this backend does not run at all
+
+    def device_classes(self, device) -> tuple[str, ...]:
+        """The GPU's exact arch, then every family class whose floor it reaches."""
+        digits = str(device.info.get("arch", "")).removeprefix("sm_")
+        if device.kind != "nvidia" or not digits.isdigit() or len(digits) < 2 or int(digits) in self.left_out:
+            return ()
+        capability = (int(digits[:-1]), int(digits[-1]))
+        return (f"sm_{digits}", *[name for name, floor in self.family_floors.items() if capability >= floor])
+
+    artifact_noun = "plan"  # what errors call the artifact: TensorRT's plan, TensorRT-RTX's engine
+
+    def bench_device(self, manifest) -> dict:
+        return gpu_description(manifest.parsed_target.device, self.family_floors)
+
+    def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> "TrtSession":
+        """The artifact's engine, refitted with `weights` when given."""
+        raise NotImplementedError
+
+    def load(self, artifact_dir: Path, manifest, device: str = "") -> "TrtSession":
+        return self.open(Path(artifact_dir), manifest, None)
+
+    def refit(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> "TrtSession":
+        """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to the
+        engine's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
+        self.check_refit(manifest)
+        return self.open(Path(artifact_dir), manifest, weights)
+
+    def check_refit(self, manifest) -> None:
+        require_refittable(manifest, self.options, self.artifact_noun)
 
 
 def matching_gpu(device: str, family_floors: dict[str, tuple[int, int]]) -> tuple[dict[str, Any] | None, str]:
@@ -176,9 +217,7 @@ def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str, *, hints: dic
         raise BuildError(f"{what}: {error}", hint=hint, sdk_errors=result.get("sdk_errors", []))
     if code != 0 or not result:
         raise BuildError(f"{what}: the build process died ({describe_exit(code)})", hint="a crash or out-of-memory in the SDK; the other jobs go on")
-    notes = result.get("notes", {})
-    write_bytes_atomic(workdir / "notes.json", json.dumps(notes).encode())  # build.py moves it into the manifest
-    return notes
+    return result.get("notes", {})
 
 
 def _forward_progress(path: Path, offset: int, progress: BuildProgress) -> int:

@@ -1,38 +1,30 @@
-"""The backend contract. Each vendor SDK lives in one module of this package that provides these names:
+"""The backend contract: each vendor SDK is one module of this package whose `BACKEND` object is an instance of a
+`Backend` subclass, named by one line in the registry (`backends/__init__.py`). Everything the rest of the product
+knows about a backend comes from that object: its device classes and which of them a detected device runs, how its
+artifacts rank, which farm runners build it, how to install it, and which optional features it has.
 
-    NAME: str                      the backend's name in targets ("openvino")
-    DEVICES: re.Pattern            device classes it understands ("cpu", "sm_89", ...)
-    DEVICE_HINT: str               what to write instead, for errors
-    ONNX_PRECISION: "fp32"|"same"  which prepared ONNX `build` wants: always fp32, or the job's precision
-    available(device) -> Availability
-    versions() -> dict[str, str]   every version that goes into the build key
-    constraints(job) -> dict        what a device needs to load the artifact (runtime range, ISA, driver...)
-    build(prepared_onnx, job, workdir) -> list[BuiltFile]
-    load(artifact_dir, manifest, device) -> BackendSession
-
-Optional:
-    OPTIONS: dict                  build options a recipe may set in [components.X.<backend>], with defaults (in the key)
-    refit(artifact_dir, manifest, weights, device) -> BackendSession   load, then replace named weights
-    check_refit(manifest)          raises (ConfigError with a hint) when this artifact cannot be refitted
-    before_build(store, job, workdir) / after_build(store, job, workdir)   fetch / publish shared build caches
-    bench_device(manifest) -> dict  the device class benchmarks were measured on (GPU backends)
-    validation_session(artifact_dir, manifest, device) -> (BackendSession | None, note: dict)
-                                   where the artifact may not run on the build host: its session, a stand-in, or None
-                                   (published unvalidated: passed None, executed False); `note` joins the record
-
-The SDK is imported inside those functions only, so importing a backend module is cheap and always works.
+Optional features are declared (`features = frozenset({Feature.REFIT, ...})`) and checked when the class is
+defined: a declared feature without its hooks, or a hook without its feature, is an error at import, so callers
+ask `backend.has(Feature.X)` and never probe attributes. The SDK is imported inside the hooks only, so importing a
+backend module is cheap and always works.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from enginefarm.errors import BackendUnavailable
+
+if TYPE_CHECKING:  # the runner's device type; importing the runner here would make every backend import it
+    from enginefarm.runner.device import Device
 
 
 def import_sdk(module: str, install: str) -> ModuleType:
@@ -60,6 +52,14 @@ class BuiltFile:
     role: str  # engine | weights | ir | model
 
 
+@dataclass(frozen=True)
+class Built:
+    """What a build wrote: its files, and notes the manifest's provenance keeps (timings, choices the SDK made)."""
+
+    files: list[BuiltFile]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
 class BackendSession(Protocol):
     input_names: list[str]
     output_names: list[str]
@@ -85,3 +85,184 @@ def version_in_range(version: str, spec: str) -> bool:
         if clause.startswith("==") and have != as_tuple(clause[2:]):
             return False
     return True
+
+
+class Feature(enum.Enum):
+    """What a backend may do beyond build and load; each comes with the hooks listed in FEATURE_HOOKS."""
+
+    REFIT = "refit"  # replace named weights of a built engine at load (custom weights, LoRA stacks)
+    PATCH_WEIGHTS = "patch weights"  # write a copy of the artifact with new weights, then load that
+    OWN_VALIDATION = "own validation"  # the artifact may not run on the build host: a stand-in or golden samples
+    BUILD_CACHE = "build cache"  # fetch / publish a shared build cache (TensorRT timing caches) around a build
+    BUILDS_WITHOUT_DEVICE = "builds without its device"  # a GPU target a CPU farm builds, unless an option needs the GPU
+    COMPILES_STACKS_ON_DEVICE = "compiles stacks on the device"  # a LoRA stack on a non-refittable engine is rebuilt
+
+
+FEATURE_HOOKS: dict[Feature, tuple[str, ...]] = {
+    Feature.REFIT: ("refit", "check_refit"),
+    Feature.PATCH_WEIGHTS: ("patch_weights", "read_weights", "weight_shapes"),
+    Feature.OWN_VALIDATION: ("validation_session",),
+    Feature.BUILD_CACHE: ("before_build", "after_build"),
+    Feature.BUILDS_WITHOUT_DEVICE: ("gpu_build_reason",),
+    Feature.COMPILES_STACKS_ON_DEVICE: ("can_build_refittable",),
+}
+
+
+class Rank(enum.IntEnum):
+    """How specific an artifact kind is. Lower is preferred when no benchmark tells artifacts apart: engines for one
+    exact architecture beat hardware-compatible classes, then JIT-able engines, portable IR, and ONNX for ONNX Runtime."""
+
+    EXACT_ARCH = 0
+    HARDWARE_COMPATIBLE = 1
+    JIT = 2
+    PORTABLE_IR = 3
+    ONNX = 4
+
+    @property
+    def label(self) -> str:
+        return {0: "exact-arch engine", 1: "hardware-compatible engine", 2: "JIT-able engine", 3: "portable IR", 4: "ONNX (ORT)"}[self.value]
+
+
+REQUIRED = ("name", "devices", "device_hint", "install")
+
+
+class Backend:
+    """One vendor SDK as the product sees it. Subclasses set the class attributes and implement the hooks; the
+    module exposes one instance as `BACKEND`."""
+
+    name: ClassVar[str]  # its name in targets ("openvino")
+    devices: ClassVar[re.Pattern]  # the device classes a recipe may name ("cpu", "sm_89", "ampere+", ...)
+    device_hint: ClassVar[str]  # what to write instead, for errors
+    install: ClassVar[str]  # how a user installs its SDK, for errors and `doctor`
+    extra: ClassVar[str | None] = None  # the pip extra a farm's build runner installs besides `all` (None: in `all`)
+    onnx_precision: ClassVar[str] = "fp32"  # which prepared ONNX `build` wants: "fp32", or "same" as the job
+    options: ClassVar[dict[str, Any]] = {}  # build options a recipe may set, with defaults (a tuple: the allowed values)
+    features: ClassVar[frozenset[Feature]] = frozenset()
+    build_memory_factor: ClassVar[float] = 2.5  # a build's peak memory over the source's weights (builder/memory.py)
+    vendor_label: ClassVar[str] = ""  # the farm runner label of its GPU vendor ("nvidia")
+    hosted_runners: ClassVar[dict[str, list[str]]] = {}  # device class -> labels of a hosted runner that builds it
+    example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs) -> None:
+        """`abstract`: a base several backends share (NVIDIA's), checked in its subclasses."""
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        missing = [name for name in REQUIRED if not hasattr(cls, name)]
+        if missing:
+            raise TypeError(f"backend {cls.__name__} does not set {', '.join(missing)}")
+        for feature, hooks in FEATURE_HOOKS.items():
+            written = [hook for hook in hooks if getattr(cls, hook) is not getattr(Backend, hook)]
+            if feature in cls.features and len(written) < len(hooks):
+                raise TypeError(f"backend {cls.name} declares {feature.value} but lacks {', '.join(sorted(set(hooks) - set(written)))}")
+            if feature not in cls.features and written:
+                raise TypeError(f"backend {cls.name} has {', '.join(written)} but does not declare {feature.value}")
+
+    def has(self, feature: Feature) -> bool:
+        return feature in self.features
+
+    # What every backend implements.
+
+    def available(self, device: str) -> Availability:
+        raise NotImplementedError
+
+    def versions(self) -> dict[str, str]:
+        """Every version that goes into the build key."""
+        raise NotImplementedError
+
+    def constraints(self, job) -> dict:
+        """What a device needs to load the artifact (runtime range, ISA, driver, OS ...)."""
+        raise NotImplementedError
+
+    def build(self, prepared_onnx: Path, job, workdir: Path) -> Built:
+        """Build into `workdir`. Backends with Feature.COMPILES_STACKS_ON_DEVICE also take `progress=(done, total, phase)`."""
+        raise NotImplementedError
+
+    def load(self, artifact_dir: Path, manifest, device: str) -> BackendSession:
+        raise NotImplementedError
+
+    def device_classes(self, device: "Device") -> tuple[str, ...]:
+        """Which of this backend's device classes a detected device runs, most specific first."""
+        raise NotImplementedError
+
+    def rank(self, device_class: str) -> Rank:
+        raise NotImplementedError
+
+    # What backends may refine; the defaults suit a backend that builds where its device is.
+
+    def runner_labels(self, device_class: str, on_cpu: bool = False) -> list[str]:
+        """GitHub Actions labels of the farm runner that builds this device class (`on_cpu`: the job needs no GPU)."""
+        if device_class in self.hosted_runners:
+            return self.hosted_runners[device_class]
+        if on_cpu or device_class == "cpu":  # CPU builds run on hosted runners
+            return ["ubuntu-latest"]
+        return ["self-hosted", self.vendor_label or self.name, device_class]
+
+    def check_job(self, job) -> str:
+        """Why this host cannot build this job although the target's SDK is here ("": it can)."""
+        return ""
+
+    def refusal(self, job) -> tuple[str, str] | None:
+        """(why, fix) when the SDK would refuse this job on any host."""
+        return None
+
+    def precision_refusal(self, precision: str, device: str) -> str | None:
+        """Why `device` never computes in `precision` natively (None: it does)."""
+        if precision == "bf16":
+            return f"{self.name} artifacts are built in fp32 or fp16 only (bf16 is built for openvino:cpu and tensorrt-rtx)"
+        return None
+
+    def precision_here(self, precision: str, device: str) -> str | None:
+        """Why this host cannot build and validate `precision` although the device class runs it."""
+        return None
+
+    def bench_device(self, manifest) -> dict:
+        """The device class benchmarks were measured on: resolution ranks artifacts by it."""
+        from enginefarm.runner.device_info import cpu_description
+
+        device = manifest.parsed_target.device
+        return cpu_description() if device == "cpu" else {"class": device}
+
+    # Feature hooks: a backend implements those of the features it declares.
+
+    def refit(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str) -> BackendSession:
+        """Feature.REFIT: load, then replace named weights."""
+        raise NotImplementedError
+
+    def check_refit(self, manifest) -> None:
+        """Feature.REFIT: raises (ConfigError with a hint) when this artifact cannot be refitted."""
+        raise NotImplementedError
+
+    def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+        """Feature.PATCH_WEIGHTS: write the artifact with `weights` replaced into `outdir`."""
+        raise NotImplementedError
+
+    def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
+        """Feature.PATCH_WEIGHTS: the artifact's current values of these weights."""
+        raise NotImplementedError
+
+    def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
+        """Feature.PATCH_WEIGHTS: every patchable weight's shape, as the artifact stores it."""
+        raise NotImplementedError
+
+    def validation_session(self, artifact_dir: Path, manifest, device: str) -> tuple[BackendSession | None, dict]:
+        """Feature.OWN_VALIDATION: the artifact's session, a stand-in, or None (published unvalidated), and a note
+        the validation record keeps."""
+        raise NotImplementedError
+
+    def before_build(self, store, job, workdir: Path) -> None:
+        """Feature.BUILD_CACHE: fetch a shared build cache before building."""
+        raise NotImplementedError
+
+    def after_build(self, store, job, workdir: Path) -> None:
+        """Feature.BUILD_CACHE: publish the build cache after building."""
+        raise NotImplementedError
+
+    def can_build_refittable(self) -> bool:
+        """Feature.COMPILES_STACKS_ON_DEVICE: whether this device can build a refittable engine (then later stacks are
+        refits of it); otherwise each stack is merged into the ONNX and compiled."""
+        raise NotImplementedError
+
+    def gpu_build_reason(self, job) -> tuple[str, str] | None:
+        """Feature.BUILDS_WITHOUT_DEVICE: (why, fix) when this job's options need a GPU on the build host."""
+        raise NotImplementedError

@@ -9,17 +9,13 @@ The manifest's validation says that the package itself was not executed.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import platform
 import re
 import shutil
 import tempfile
-import warnings
 import weakref
-from contextlib import contextmanager, redirect_stderr
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -27,67 +23,23 @@ import numpy as np
 from enginefarm.cache.archive import extract, pack_dir
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, BuiltFile, import_sdk
+from ._coreml_sdk import INSTALL, IO_DTYPES, coremltools, quiet_convert, sdk_problem
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
 
 log = logging.getLogger(__name__)
 
-NAME = "coreml"
-DEVICES = re.compile(r"^(apple|apple-m[1-9])$")
-DEVICE_HINT = "apple (any Apple-silicon Mac) or apple-mN"
-ONNX_PRECISION = "fp32"  # fp16 is coremltools' compute precision; inputs and outputs stay float32
 # Recipe options ([components.X.options.coreml]); a tuple lists the allowed values, the first is the default.
 OPTIONS = {
     "shapes": ("range", "enumerated"),  # flexible inputs as RangeDim bounds, or only the profile's min/opt/max shapes
     "deployment_target": ("macOS13", "macOS14", "macOS15"),
 }
-INSTALL = "pip install 'enginefarm[coreml]'"
 PACKAGE = "model.mlpackage"
 ARCHIVE = PACKAGE + ".tar"
 TRACED = "coreml-traced.pt"  # beside the artifact folder: what was converted, for validation off macOS
-_IO_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int32, "int32": np.int32, "bool": np.bool_}
-
-
-@contextmanager
-def _quiet_import():
-    """coremltools warns at import off macOS (no native library, untested torch version): expected here, noise."""
-    logger = logging.getLogger("coremltools")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-@contextmanager
-def _quiet_convert():
-    """torch.jit's deprecation and tracer warnings and coremltools' tqdm bars would print into the user's build
-    progress; a failure still raises, and validation at min/opt/max catches what a tracer warning is about."""
-    with warnings.catch_warnings(), redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
-
-
-@lru_cache(maxsize=1)
-def _sdk_problem() -> str | None:
-    try:
-        with _quiet_import():
-            import coremltools  # noqa: F401
-        import onnx  # noqa: F401
-        import onnx2torch  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError as exc:
-        return f"{exc.name or exc} is not installed"
-    return None
-
-
-def _ct():
-    with _quiet_import():
-        return import_sdk("coremltools", INSTALL)
 
 
 def available(device: str) -> Availability:
-    problem = _sdk_problem()
+    problem = sdk_problem()
     if problem:
         return Availability.missing(f"{problem} ({INSTALL})")
     if platform.system() != "Darwin":
@@ -110,13 +62,13 @@ def constraints(job) -> dict:
 
 # Build ------------------------------------------------------------------------------------------------------
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     import torch
 
     from .coreml_convert import convert_to_mlprogram, to_traceable_torch
 
     example = tuple(torch.from_numpy(np.zeros(job.profile[t.name]["opt"], dtype=t.dtype)) for t in job.inputs)
-    with _quiet_convert():
+    with quiet_convert():
         module = to_traceable_torch(Path(prepared_onnx))
         with torch.no_grad():
             traced = torch.jit.trace(module, example, check_trace=False)
@@ -129,8 +81,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
     normalize_package(package)
     pack_dir(package, workdir / ARCHIVE)
     shutil.rmtree(staging, ignore_errors=True)
-    (workdir / "notes.json").write_text(json.dumps({"coreml_shapes": shapes}))
-    return [BuiltFile(ARCHIVE, "model")]
+    return Built([BuiltFile(ARCHIVE, "model")], {"coreml_shapes": shapes})
 
 
 def normalize_package(package: Path) -> None:
@@ -160,7 +111,7 @@ def normalize_package(package: Path) -> None:
 def spec_summary(package: Path) -> dict:
     """What the package declares: inputs (name, dtype, default shape, ranges or enumerated shapes), outputs,
     and the ops and dtypes of its ML program. Read without loading the model, so it works on any OS."""
-    ct = _ct()
+    ct = coremltools()
     spec = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
     inputs = []
     for feature in spec.description.input:
@@ -247,7 +198,7 @@ def validation_session(artifact_dir: Path, manifest, device: str):
     problems = _check_spec(summary, manifest)
     if problems:
         raise BuildError(f"{manifest.ref}: the Core ML package does not match its manifest: {'; '.join(problems)}")
-    with _quiet_convert():
+    with quiet_convert():
         traced = torch.jit.load(str(Path(artifact_dir).parent / TRACED))
     inputs = manifest.io.get("inputs", [])
     session = TorchStandIn(traced, [t["name"] for t in inputs], [t["dtype"] for t in inputs], [t["name"] for t in manifest.io.get("outputs", [])])
@@ -265,7 +216,7 @@ class CoreMLSession:
         self._model = model
         inputs = manifest.io.get("inputs", [])
         self.input_names = [t["name"] for t in inputs]
-        self._dtypes = {t["name"]: _IO_DTYPES.get(t["dtype"], np.float32) for t in inputs}
+        self._dtypes = {t["name"]: IO_DTYPES.get(t["dtype"], np.float32) for t in inputs}
         self.output_names = [t["name"] for t in manifest.io.get("outputs", [])]
         self.compute_precision = manifest.precision
         # The extracted package lives as long as the session.
@@ -286,7 +237,7 @@ def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
     here = available(device)
     if not here.can_load:
         raise BackendUnavailable(here.reason, hint=INSTALL if not here.can_build else "load Core ML packages on a Mac")
-    ct = _ct()
+    ct = coremltools()
     # A fresh copy per session, extracted from the archive the device cache has just hashed.
     folder = Path(tempfile.mkdtemp(prefix=".coreml-", dir=artifact_dir))
     try:
@@ -297,3 +248,32 @@ def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return CoreMLSession(model, manifest, folder)
+
+
+class CoreML(Backend):
+    name = "coreml"
+    devices = re.compile(r"^(apple|apple-m[1-9])$")
+    device_hint = "apple (any Apple-silicon Mac) or apple-mN"
+    install = INSTALL
+    extra = "coreml"
+    onnx_precision = "fp32"  # fp16 is coremltools' compute precision; inputs and outputs stay float32
+    options = OPTIONS
+    vendor_label = "apple"
+    example_device = "apple"
+    hosted_runners = {"apple": ["macos-14"]}
+    features = frozenset({Feature.OWN_VALIDATION})
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    load = staticmethod(load)
+    validation_session = staticmethod(validation_session)
+
+    def device_classes(self, device) -> tuple[str, ...]:
+        return ("apple",) if device.kind == "apple" else ()
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.PORTABLE_IR
+
+
+BACKEND = CoreML()

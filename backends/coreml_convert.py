@@ -12,6 +12,8 @@ import numpy as np
 
 from enginefarm.errors import BuildError
 
+from ._coreml_sdk import IO_DTYPES, coremltools
+
 log = logging.getLogger(__name__)
 
 # Reduce ops whose axes moved from an attribute to an input in opset 18; onnx2torch knows only the older form.
@@ -158,12 +160,11 @@ def _register_int_fix(ct) -> None:
 
 
 def input_types(ct, job, shapes: str) -> list:
-    from .coreml import _IO_DTYPES
 
     types = []
     for tensor in job.inputs:
         bounds = job.profile[tensor.name]
-        dtype = _IO_DTYPES.get(tensor.dtype, np.float32)
+        dtype = IO_DTYPES.get(tensor.dtype, np.float32)
         if bounds["min"] == bounds["max"]:
             shape = tuple(bounds["min"])
         elif shapes == "enumerated":
@@ -180,9 +181,8 @@ def input_types(ct, job, shapes: str) -> list:
 def convert_to_mlprogram(traced, job) -> tuple[object, str]:
     """(MLModel, how shapes were made flexible). Ranges that coremltools cannot convert fall back to the
     profile's enumerated min/opt/max shapes, and the build notes say so."""
-    from .coreml import _ct
 
-    ct = _ct()
+    ct = coremltools()
     _register_int_fix(ct)
     precision = ct.precision.FLOAT16 if job.precision == "fp16" else ct.precision.FLOAT32
     target = getattr(ct.target, job.options.get("deployment_target", "macOS13"))

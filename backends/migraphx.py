@@ -24,22 +24,16 @@ import numpy as np
 from enginefarm.runner.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, BuiltFile, import_sdk
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
 
 log = logging.getLogger(__name__)
 
-NAME = "migraphx"
-DEVICES = re.compile(r"^gfx[0-9a-f]{3,4}$")
-DEVICE_HINT = "a gfx target such as gfx1100, gfx1030, gfx90a"
-ONNX_PRECISION = "fp32"  # fp16 is MIGraphX's own quantize_fp16, which keeps float32 inputs and outputs
 PROGRAM = "model.mxr"
 BUILD_TIMEOUT_S = 4 * 3600
 
 
 def _mgx():
-    from . import BACKENDS
-
-    return import_sdk("migraphx", BACKENDS[NAME].install)
+    return import_sdk("migraphx", MIGraphX.install)
 
 
 def gfx_version(gfx: str) -> str:
@@ -92,7 +86,7 @@ def parse_plan(job) -> dict:
     return {"static": static, "inputs": inputs, "fp16": job.precision == "fp16"}
 
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     plan_path = workdir.parent / "migraphx-plan.json"
     plan_path.write_text(json.dumps(parse_plan(job)))
     env, how = build_env(job.target.device)
@@ -103,8 +97,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
         raise BuildError(f"{job.label}: MIGraphX build process failed ({how}): {lines[-1][:300]}")
-    (workdir / "notes.json").write_text(json.dumps({"migraphx": how}))
-    return [BuiltFile(PROGRAM, "engine")]
+    return Built([BuiltFile(PROGRAM, "engine")], {"migraphx": how})
 
 
 def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
@@ -159,6 +152,33 @@ def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
     inputs = [t["name"] for t in manifest.io.get("inputs", [])] or list(program.get_parameter_names())
     outputs = [t["name"] for t in manifest.io.get("outputs", [])]
     return MigraphxSession(program, inputs, outputs, manifest.precision)
+
+
+class MIGraphX(Backend):
+    name = "migraphx"
+    devices = re.compile(r"^gfx[0-9a-f]{3,4}$")
+    device_hint = "a gfx target such as gfx1100, gfx1030, gfx90a"
+    install = "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"
+    onnx_precision = "fp32"  # fp16 is MIGraphX's own quantize_fp16, which keeps float32 inputs and outputs
+    vendor_label = "amd"
+    example_device = "gfx1100"
+    features = frozenset({Feature.OWN_VALIDATION})
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    load = staticmethod(load)
+    validation_session = staticmethod(validation_session)
+
+    def device_classes(self, device) -> tuple[str, ...]:
+        gfx = device.info.get("gfx")
+        return (gfx,) if device.kind == "amd" and gfx else ()
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.EXACT_ARCH  # a saved program holds code objects for one gfx
+
+
+BACKEND = MIGraphX()
 
 
 if __name__ == "__main__":

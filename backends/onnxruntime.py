@@ -9,18 +9,13 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, BuiltFile, import_sdk
-
-NAME = "onnxruntime"
-DEVICES = re.compile(r"^cpu$")
-DEVICE_HINT = "cpu"
-ONNX_PRECISION = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
 
 def _ort():
-    return import_sdk("onnxruntime", "pip install 'enginefarm[onnxruntime]'")
+    return import_sdk("onnxruntime", OnnxRuntime.install)
 
 
 def available(device: str) -> Availability:
@@ -50,7 +45,7 @@ def constraints(job) -> dict:
     return {"runtime": {"onnxruntime": ">=" + versions()["onnxruntime"].split("+")[0]}}
 
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
 
     out = workdir / "model.onnx"
@@ -61,7 +56,7 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
         # External data keeps its original file name, which the ONNX graph refers to.
         link_or_copy(data, workdir / data.name)
         files.append(BuiltFile(data.name, "weights"))
-    return files
+    return Built(files)
 
 
 class OrtSession:
@@ -125,3 +120,30 @@ def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], 
         return [BuiltFile(name, "model"), BuiltFile(Path(data_files[0].path).name, "weights")]
     onnx.save(model, str(outdir / name))
     return [BuiltFile(name, "model")]
+
+
+class OnnxRuntime(Backend):
+    name = "onnxruntime"
+    devices = re.compile(r"^cpu$")
+    device_hint = "cpu"
+    install = "pip install 'enginefarm[onnxruntime]'"
+    onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
+    features = frozenset({Feature.PATCH_WEIGHTS})
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    load = staticmethod(load)
+    precision_refusal = staticmethod(precision_refusal)
+    weight_shapes = staticmethod(weight_shapes)
+    read_weights = staticmethod(read_weights)
+    patch_weights = staticmethod(patch_weights)
+
+    def device_classes(self, device) -> tuple[str, ...]:
+        return ("cpu",) if device.kind == "cpu" else ()
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.ONNX
+
+
+BACKEND = OnnxRuntime()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -13,14 +12,10 @@ import numpy as np
 from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, BuiltFile, import_sdk
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
 
 log = logging.getLogger(__name__)
 
-NAME = "openvino"
-DEVICES = re.compile(r"^(cpu|gpu|npu)$")
-DEVICE_HINT = "cpu, gpu or npu"
-ONNX_PRECISION = "fp32"  # fp16 is done by OpenVINO's own weight compression
 BLOB_MIN_GAIN = 0.9  # ship the compiled blob only if importing it takes < 90% of compiling the IR
 # Above this many bytes of IR weights the blob trial is skipped: a compiled blob holds the weights again, so
 # importing it costs what reading them does, and it never won on SD 1.5 (import / compile: VAE decoder 198 MB
@@ -31,7 +26,7 @@ _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
 def _ov():
-    return import_sdk("openvino", "pip install 'enginefarm[openvino]'")
+    return import_sdk("openvino", OpenVINO.install)
 
 
 def available(device: str) -> Availability:
@@ -98,7 +93,7 @@ def inference_config(core, device: str, precision: str) -> dict[str, str]:
     return {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
 
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     ov = _ov()
     core = ov.Core()
     model = core.read_model(str(prepared_onnx))
@@ -111,17 +106,18 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
     ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
     files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
     del model  # the graph and its weights: the blob trial reads the saved IR
-    if job.target.device == "cpu":
-        files += _maybe_blob(core, xml, job.precision, workdir)
-    return files
+    if job.target.device != "cpu":
+        return Built(files)
+    blob, notes = _maybe_blob(core, xml, job.precision, workdir)
+    return Built(files + blob, notes)
 
 
-def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> list[BuiltFile]:
+def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> tuple[list[BuiltFile], dict]:
+    """The compiled blob when importing it beats compiling the IR, and the build notes that say how it went."""
     weights = xml.with_suffix(".bin").stat().st_size
     if weights > BLOB_TRIAL_MAX_BYTES:
-        (workdir / "notes.json").write_text(json.dumps({"blob_shipped": False, "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} GiB)"}))
         log.info("openvino: %.1f GiB of weights: no compiled-blob trial, IR only", weights / 2**30)
-        return []
+        return [], {"blob_shipped": False, "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} GiB)"}
     config = inference_config(core, "CPU", precision)
     compile_ms, compiled = _best_of(2, lambda: core.compile_model(core.read_model(str(xml)), "CPU", config))
     blob = workdir / "model.blob"
@@ -129,12 +125,12 @@ def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> list[BuiltFil
     blob.write_bytes(exported.getvalue() if hasattr(exported, "getvalue") else exported)
     import_ms, _ = _best_of(2, lambda: core.import_model(blob.read_bytes(), "CPU", config))
     used = import_ms < BLOB_MIN_GAIN * compile_ms
-    (workdir / "notes.json").write_text(json.dumps({"openvino_compile_ms": round(compile_ms, 1), "openvino_import_ms": round(import_ms, 1), "blob_shipped": used}))
+    notes = {"openvino_compile_ms": round(compile_ms, 1), "openvino_import_ms": round(import_ms, 1), "blob_shipped": used}
     log.info("openvino: compile IR %.0f ms, import blob %.0f ms → %s", compile_ms, import_ms, "ship blob" if used else "IR only")
     if not used:
         blob.unlink()
-        return []
-    return [BuiltFile("model.blob", "engine")]
+        return [], notes
+    return [BuiltFile("model.blob", "engine")], notes
 
 
 def _best_of(n: int, fn):
@@ -260,6 +256,35 @@ def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], 
     tree.write(out_xml, encoding="utf-8", xml_declaration=True)
     files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
     if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":
-        files += _maybe_blob(_ov().Core(), out_xml, manifest.precision, outdir)
-        (outdir / "notes.json").unlink(missing_ok=True)
+        files += _maybe_blob(_ov().Core(), out_xml, manifest.precision, outdir)[0]
     return files
+
+
+class OpenVINO(Backend):
+    name = "openvino"
+    devices = re.compile(r"^(cpu|gpu|npu)$")
+    device_hint = "cpu, gpu or npu"
+    install = "pip install 'enginefarm[openvino]'"
+    onnx_precision = "fp32"  # fp16 is done by OpenVINO's own weight compression
+    features = frozenset({Feature.PATCH_WEIGHTS})
+    vendor_label = "intel"
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    load = staticmethod(load)
+    precision_refusal = staticmethod(precision_refusal)
+    precision_here = staticmethod(precision_here)
+    weight_shapes = staticmethod(weight_shapes)
+    read_weights = staticmethod(read_weights)
+    patch_weights = staticmethod(patch_weights)
+
+    def device_classes(self, device) -> tuple[str, ...]:
+        """The CPU, and the Intel GPUs and NPUs OpenVINO itself lists (runner/device.py: intel-gpu, intel-npu)."""
+        return {"cpu": ("cpu",), "intel-gpu": ("gpu",), "intel-npu": ("npu",)}.get(device.kind, ())
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.PORTABLE_IR
+
+
+BACKEND = OpenVINO()

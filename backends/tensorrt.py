@@ -24,16 +24,12 @@ import numpy as np
 from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
-from ._nvidia import (BuildSpec, TrtSession, build_host_arch, build_in_subprocess, cudart, gpu_description, matching_gpu,
-                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
-from .base import Availability, BuiltFile
+from ._nvidia import (BuildSpec, NvidiaBackend, TrtSession, build_host_arch, build_in_subprocess, cudart, matching_gpu,
+                      open_engine, sdk, sdk_missing, stripped_files)
+from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
 
-NAME = "tensorrt"
-DEVICES = re.compile(r"^(sm_\d{2,3}|ampere\+)$")
-DEVICE_HINT = "sm_XX for one GPU architecture (sm_86, sm_89, sm_120) or ampere+ for hardware-compatible plans"
-ONNX_PRECISION = "same"  # strongly typed: the prepared ONNX says fp16 or fp32
 OPTIONS = {"strip_weights": True, "refittable": False, "version_compatible": False}
 FAMILY_FLOORS = {"ampere+": (8, 0)}
 TIMING_PREFIX = "tensorrt-timing"
@@ -97,7 +93,7 @@ def constraints(job) -> dict:
     return found
 
 
-def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     options = {**OPTIONS, **job.options}
     timing = _timing_dir(workdir)
     spec = BuildSpec(
@@ -113,8 +109,8 @@ def build(prepared_onnx: Path, job, workdir: Path) -> list[BuiltFile]:
         timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
         timing_cache_out=str(timing / "updated.cache"),
     )
-    build_in_subprocess(spec, workdir, f"{job.label}: tensorrt")
-    return stripped_files(prepared_onnx, workdir, options["strip_weights"])
+    notes = build_in_subprocess(spec, workdir, f"{job.label}: tensorrt")
+    return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
 
 
 # The timing cache in the store: caches/tensorrt-timing/<build GPU arch>/trt-<version>/<sha256>. Each build
@@ -156,26 +152,31 @@ def after_build(store, job, workdir: Path) -> None:
     store.put_cache_object(f"{prefix}/{digest}", data)
 
 
-def bench_device(manifest) -> dict:
-    return gpu_description(manifest.parsed_target.device, FAMILY_FLOORS)
-
-
-def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
-    return _open(Path(artifact_dir), manifest, None)
-
-
-def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
-    """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to
-    the plan's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
-    check_refit(manifest)
-    return _open(Path(artifact_dir), manifest, weights)
-
-
-def check_refit(manifest) -> None:
-    require_refittable(manifest, OPTIONS, "plan")
-
-
-def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+def open_plan(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
     trt = _trt()
     engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
     return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])
+
+
+class TensorRT(NvidiaBackend):
+    name = "tensorrt"
+    devices = re.compile(r"^(sm_\d{2,3}|ampere\+)$")
+    device_hint = "sm_XX for one GPU architecture (sm_86, sm_89, sm_120) or ampere+ for hardware-compatible plans"
+    install = "pip install 'enginefarm[tensorrt]'"
+    extra = "tensorrt"
+    options = OPTIONS
+    family_floors = FAMILY_FLOORS
+    features = frozenset({Feature.REFIT, Feature.BUILD_CACHE})
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    open = staticmethod(open_plan)
+    before_build = staticmethod(before_build)
+    after_build = staticmethod(after_build)
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.HARDWARE_COMPATIBLE if device_class.endswith("+") else Rank.EXACT_ARCH
+
+
+BACKEND = TensorRT()

@@ -27,16 +27,12 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from ._nvidia import (BuildProgress, BuildSpec, TrtSession, build_in_subprocess, cuda_devices, cudart, gpu_description, matching_gpu,
-                      open_engine, require_refittable, sdk, sdk_missing, stripped_files)
-from .base import Availability, BuiltFile
+from ._nvidia import (BuildProgress, NvidiaBackend, BuildSpec, TrtSession, build_in_subprocess, cuda_devices, cudart, matching_gpu,
+                      open_engine, sdk, sdk_missing, stripped_files)
+from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
 
-NAME = "tensorrt-rtx"
-DEVICES = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
-DEVICE_HINT = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
-ONNX_PRECISION = "same"
 OPTIONS = {"strip_weights": False, "refittable": False}
 GPU_BUILD_OPTIONS = ("strip_weights", "refittable")  # what TensorRT-RTX cannot build without a GPU
 # TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
@@ -77,11 +73,6 @@ def gpu_build_reason(job) -> tuple[str, str] | None:
     fix = (f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
            "or build on a runner with an NVIDIA GPU")
     return why, fix
-
-
-# Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the device
-# from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
-COMPILES_STACKS_ON_DEVICE = True
 
 
 def can_build_refittable() -> bool:
@@ -161,7 +152,7 @@ def compute_capabilities(trt, device: str) -> list[str]:
     return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=known.get)
 
 
-def build(prepared_onnx: Path, job, workdir: Path, *, progress: BuildProgress | None = None) -> list[BuiltFile]:
+def build(prepared_onnx: Path, job, workdir: Path, *, progress: BuildProgress | None = None) -> Built:
     options = {**OPTIONS, **job.options}
     spec = BuildSpec(
         sdk="tensorrt_rtx",
@@ -173,8 +164,8 @@ def build(prepared_onnx: Path, job, workdir: Path, *, progress: BuildProgress | 
         refittable=options["refittable"],
         compute_capabilities=compute_capabilities(_trt(), job.target.device),
     )
-    build_in_subprocess(spec, workdir, f"{job.label}: tensorrt-rtx", hints=FAILURE_HINTS, progress=progress)
-    return stripped_files(prepared_onnx, workdir, options["strip_weights"])
+    notes = build_in_subprocess(spec, workdir, f"{job.label}: tensorrt-rtx", hints=FAILURE_HINTS, progress=progress)
+    return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
 
 
 def runtime_cache_path(manifest, gpu: dict) -> Path:
@@ -185,33 +176,17 @@ def runtime_cache_path(manifest, gpu: dict) -> Path:
     return load_settings().home / "tensorrt-rtx-runtime-cache" / re.sub(r"[^A-Za-z0-9_.+-]", "_", slot) / f"{manifest.build_key}.bin"
 
 
-def bench_device(manifest) -> dict:
-    return gpu_description(manifest.parsed_target.device, FAMILY_FLOORS)
-
-
-def load(artifact_dir: Path, manifest, device: str = "") -> TrtSession:
-    return _open(Path(artifact_dir), manifest, None)
-
 
 def validation_session(artifact_dir: Path, manifest, device: str):
     """The engine itself where its GPU is here; built on a CPU host, it is published unvalidated, saying why."""
     here = available(device)
     if not here.can_load:
         return None, {"why": f"built without the device to run it ({here.reason})"}
-    return load(artifact_dir, manifest, device), {}
+    return open_engine_with_cache(Path(artifact_dir), manifest, None), {}
 
 
-def refit(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
-    """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout)."""
-    check_refit(manifest)
-    return _open(Path(artifact_dir), manifest, weights)
-
-
-def check_refit(manifest) -> None:
-    require_refittable(manifest, OPTIONS, "engine")
-
-
-def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+def open_engine_with_cache(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+    """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
     trt = _trt()
     engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
     config = engine.create_runtime_config()
@@ -231,3 +206,35 @@ def _open(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -
     context = engine.create_execution_context(config)
     return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels,
                       device_index=gpu["index"])
+
+
+class TensorRTRTX(NvidiaBackend):
+    name = "tensorrt-rtx"
+    devices = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
+    device_hint = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
+    install = "pip install 'enginefarm[tensorrt-rtx]'"
+    extra = "tensorrt-rtx"
+    options = OPTIONS
+    family_floors = FAMILY_FLOORS
+    left_out = frozenset(NOT_RTX)
+    # Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the
+    # device from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
+    features = frozenset({Feature.REFIT, Feature.OWN_VALIDATION, Feature.BUILDS_WITHOUT_DEVICE, Feature.COMPILES_STACKS_ON_DEVICE})
+    available = staticmethod(available)
+    versions = staticmethod(versions)
+    constraints = staticmethod(constraints)
+    build = staticmethod(build)
+    open = staticmethod(open_engine_with_cache)
+    artifact_noun = "engine"
+    validation_session = staticmethod(validation_session)
+    gpu_build_reason = staticmethod(gpu_build_reason)
+    can_build_refittable = staticmethod(can_build_refittable)
+    check_job = staticmethod(check_job)
+    refusal = staticmethod(refusal)
+    precision_refusal = staticmethod(precision_refusal)
+
+    def rank(self, device_class: str) -> Rank:
+        return Rank.JIT
+
+
+BACKEND = TensorRTRTX()

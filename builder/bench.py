@@ -136,11 +136,7 @@ def _load_avg() -> float | None:
 
 def _device(backend, manifest) -> dict:
     """The device class the numbers were measured on: resolution ranks artifacts by it (GPU backends describe their GPU)."""
-    from enginefarm.runner.device_info import cpu_description
-
-    if hasattr(backend, "bench_device"):
-        return backend.bench_device(manifest)
-    return cpu_description() if manifest.parsed_target.device == "cpu" else {"class": manifest.parsed_target.device}
+    return backend.bench_device(manifest)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ Each stage's time and peak memory are measured where the work happens (stages.py
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
@@ -28,7 +27,7 @@ from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
 from . import rss
-from enginefarm.backends import get_backend, job_refusal
+from enginefarm.backends import Feature, get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .golden import attach as attach_golden
 from .hostlock import building
@@ -90,7 +89,7 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
     if refusal is not None:
         raise BuildError(f"{job.label}: {refusal[0]}", hint=refusal[1])
     toolchain = job.toolchain()
-    key = job.key(toolchain)
+    key = job.build_key
     workdir = job_workdir(workroot, key)
     shutil.rmtree(workdir, ignore_errors=True)
     outdir = workdir / "artifact"
@@ -126,7 +125,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
     with stages.stage("prep"):
         prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if job.onnx_precision() in ("fp16", "bf16") else ())
     step(f"build {job.target}")
-    _hook(backend, "before_build", store, job, outdir)
+    _build_cache(backend.before_build, "fetching the build cache", store, job, outdir)
     with stages.stage("compile") as probe:
         started = time.perf_counter()
         try:
@@ -136,12 +135,10 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
         except Exception as exc:  # an SDK failure is the job's failure, not the farm's
             raise BuildError(f"{job.label}: {job.target.backend} failed: {sdk_text(exc, workroot)}") from exc
         build_s = time.perf_counter() - started
-        notes_path = outdir / "notes.json"
-        build_notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
-        notes_path.unlink(missing_ok=True)
+        build_notes = built.notes
         probe.subprocess(int(build_notes.get("build_process_peak_rss_mb", 0) * 2**20))  # backends that build in a subprocess
-    _hook(backend, "after_build", store, job, outdir)
-    for item in built:
+    _build_cache(backend.after_build, "publishing the build cache", store, job, outdir)
+    for item in built.files:
         if not (outdir / item.path).is_file():
             raise BuildError(f"{job.label}: backend reported {item.path} but did not write it")
 
@@ -155,7 +152,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
         profile=job.profile,
         target=str(job.target),
         toolchain=toolchain,
-        files=tuple(plain_file(outdir, item.path, item.role) for item in built),
+        files=tuple(plain_file(outdir, item.path, item.role) for item in built.files),
         io={"inputs": [t.to_dict() for t in job.inputs], "outputs": [t.to_dict() for t in job.outputs]},
         constraints=backend.constraints(job),
         options=dict(job.options),
@@ -212,10 +209,12 @@ def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest,
     if backend.available(job.target.device).can_load:
         with stages.stage("reference") as probe:
             references = reference_outputs_cached(job.source.path, cases, folder, probe)
-    opener = getattr(backend, "validation_session", None)
     with stages.stage("validate") as probe:
         try:
-            session, note = opener(artifact_dir, manifest, job.target.device) if opener else (backend.load(artifact_dir, manifest, job.target.device), {})
+            if backend.has(Feature.OWN_VALIDATION):
+                session, note = backend.validation_session(artifact_dir, manifest, job.target.device)
+            else:
+                session, note = backend.load(artifact_dir, manifest, job.target.device), {}
             if session is None:
                 return {"passed": None, "executed": False, "settings": settings, **note}
             if references is None:  # a stand-in runs here though the artifact cannot (Core ML's traced module)
@@ -246,7 +245,7 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
             step(name)
 
     try:
-        key = job.key(job.toolchain())
+        key = job.build_key
         stored = read_manifest(store, key)
         if stored is None and validate_only:
             return BuildResult.of(job, key, "missing", "not in the store: build it first", time.perf_counter() - started)
@@ -298,15 +297,14 @@ def _revalidated(job: Job, key: str, store: Store, stored: Manifest, workroot: P
     return BuildResult.of(job, key, "revalidated", "" if report["passed"] else report.get("why", "not run here"), seconds)
 
 
-def _hook(backend, name: str, store: Store | None, job: Job, outdir: Path) -> None:
+def _build_cache(hook, what: str, store: Store | None, job: Job, outdir: Path) -> None:
     """A shared build cache only speeds builds up: if the store cannot serve or keep it, the build goes on cold."""
-    hook = getattr(backend, name, None)
-    if hook is None or store is None:
+    if store is None or not get_backend(job.target.backend).has(Feature.BUILD_CACHE):
         return
     try:
         hook(store, job, outdir)
     except EnginefarmError as exc:
-        log.warning("%s: %s skipped: %s", job.label, name.replace("_", " "), exc)
+        log.warning("%s: %s skipped: %s", job.label, what, exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-FACTOR = 2.5
-# NVIDIA's builders hold the parsed weights, the engine's own copy and its serialization at once: the SD 1.5 UNet
-# fp32 peaks at 2.95x its weights in TensorRT-RTX's build process (SDK-internal; the plan is streamed to disk).
-BACKEND_FACTOR = {"tensorrt": 3.0, "tensorrt-rtx": 3.0}
+from enginefarm.backends.base import Backend
+
+FACTOR = Backend.build_memory_factor  # a backend may state its own
 BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and activations at the profile's max
 
 
@@ -31,8 +30,20 @@ def source_weight_bytes(path: Path) -> int:
 
 
 def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "") -> int:
-    factor = BACKEND_FACTOR.get(backend, FACTOR)
+    # A backend states its own factor (Backend.build_memory_factor): NVIDIA's builders hold the parsed weights, the
+    # engine's copy and its serialization at once (the SD 1.5 UNet fp32 peaks at 2.95x its weights in TensorRT-RTX).
+    factor = _backend_factor(backend) if backend else FACTOR
     return max(int(factor * weight_bytes), weight_bytes + BASE, int(host_ram_gb * 1e9))
+
+
+def _backend_factor(name: str) -> float:
+    from enginefarm.backends import get_backend
+    from enginefarm.errors import BackendUnavailable
+
+    try:
+        return get_backend(name).build_memory_factor
+    except BackendUnavailable:
+        return FACTOR
 
 
 def job_need_bytes(job) -> int:

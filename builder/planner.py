@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,42 +21,11 @@ from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .prep import prep_versions
 from .profiles import STATIC_PROFILE, Resolved, is_static, resolve_profile
 from .recipe import Recipe, Resources, ValidateSpec
+from .ci_matrix import runner_labels
 from .runners import Runner, route
 from .sources import LocalSource, materialize
 
 log = logging.getLogger(__name__)
-
-GITHUB_MATRIX_CAP = 256
-
-# Where a farm builds each target: GitHub Actions runner labels. CPU targets run on hosted runners.
-RUNNER_LABELS: dict[str, list[str]] = {
-    "onnxruntime:cpu": ["ubuntu-latest"],
-    "openvino:cpu": ["ubuntu-latest"],
-    "openvino:gpu": ["self-hosted", "intel", "gpu"],
-    "openvino:npu": ["self-hosted", "intel", "npu"],
-    "coreml:apple": ["macos-14"],
-}
-_VENDOR_LABEL = {"tensorrt": "nvidia", "tensorrt-rtx": "nvidia", "migraphx": "amd", "coreml": "apple", "openvino": "intel"}
-
-
-# Extras a build runner installs besides `all`, per backend that needs a vendor SDK.
-EXTRAS = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt-rtx", "coreml": "coreml"}
-
-
-def _relative(path: Path) -> str:
-    """Recipe paths as the workflow's checkout sees them (relative to the working directory when possible)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def runner_labels(target: Target, on_cpu: bool = False) -> list[str]:
-    """Labels of the runner that builds `target`; `on_cpu`: one without a GPU does (TensorRT-RTX's default jobs)."""
-    if on_cpu and str(target) not in RUNNER_LABELS:
-        return ["ubuntu-latest"]
-    return RUNNER_LABELS.get(str(target)) or ["self-hosted", _VENDOR_LABEL.get(target.backend, target.backend), target.device]
-
 
 @dataclass(frozen=True)
 class Job:
@@ -92,15 +62,25 @@ class Job:
 
     def onnx_precision(self) -> str:
         backend = get_backend(self.target.backend)
-        return self.precision if backend.ONNX_PRECISION == "same" else "fp32"
+        return self.precision if backend.onnx_precision == "same" else "fp32"
 
     def toolchain(self) -> dict[str, str]:
         """Every version that shapes the artifact. Raises BackendUnavailable if the SDK is missing."""
+        return dict(self._toolchain)
+
+    @cached_property
+    def _toolchain(self) -> dict[str, str]:
         backend = get_backend(self.target.backend)
         versions = dict(backend.versions())
         versions.update(prep_versions(self.onnx_precision()))
         versions["opset"] = str(self.opset)
         return versions
+
+    @cached_property
+    def build_key(self) -> str:
+        """The key, computed once per job: the plan, the build worker (the job is pickled with it) and the on-device
+        compile read this one."""
+        return self.key(self.toolchain())
 
     def key(self, toolchain: dict[str, str]) -> str:
         return build_key(
@@ -281,7 +261,7 @@ def plan(
         if entry.availability.can_build:
             try:
                 entry.toolchain = job.toolchain()
-                entry.key = job.key(entry.toolchain)
+                entry.key = job.build_key
             except BackendUnavailable as exc:
                 entry.availability = Availability.missing(str(exc))
             except ImportError as exc:
@@ -303,8 +283,7 @@ def plan(
 def precision_here(job: Job) -> str | None:
     """Why this host cannot build and validate the job's precision although its device class runs it (OpenVINO bf16
     on a CPU without bf16 instructions would compute, and be validated, in fp32)."""
-    check = getattr(get_backend(job.target.backend), "precision_here", None)
-    return check(job.precision, job.target.device) if check is not None else None
+    return get_backend(job.target.backend).precision_here(job.precision, job.target.device)
 
 
 def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) -> tuple[bool, bool]:
@@ -327,33 +306,6 @@ def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) ->
             return False, False
         entry = None
     return True, stale(job, entry, manifest)
-
-
-def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> dict[str, Any]:
-    """One GitHub Actions matrix: an entry per batch of jobs for the same runner labels, never more than `cap`
-    entries. Jobs already built and jobs no runner can build are left out (the latter listed under `skipped`)."""
-    todo = [p for p in planned if not p.built and not p.unroutable and not p.refused]
-    groups: dict[tuple[str, ...], list[PlannedJob]] = {}
-    for p in sorted(todo, key=lambda p: (p.runs_on, str(p.job.target), p.job.id)):
-        groups.setdefault(tuple(p.runs_on), []).append(p)
-    batch = 1
-    while sum(-(-len(jobs) // batch) for jobs in groups.values()) > cap:
-        batch += 1
-    include = []
-    for labels, jobs in groups.items():
-        for start in range(0, len(jobs), batch):
-            chunk = jobs[start : start + batch]
-            targets = sorted({str(p.job.target) for p in chunk})
-            include.append({
-                "name": f"{', '.join(targets)} ({start // batch + 1}/{-(-len(jobs) // batch)})",
-                "runs-on": list(labels),
-                "jobs": " ".join(p.job.id for p in chunk),
-                "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
-                "extras": ",".join(["all"] + sorted({EXTRAS[p.job.target.backend] for p in chunk if p.job.target.backend in EXTRAS})),
-                "memory_gb": max(gb(job_need_bytes(p.job)) for p in chunk),  # the largest job's need: one at a time fits
-            })
-    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.refused or p.unroutable} for p in planned if p.unroutable or p.refused]
-    return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}
 
 
 def _check_samples(recipe: Recipe, path: Path, inputs: list[TensorInfo], profiles: dict, key: str) -> None:

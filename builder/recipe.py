@@ -375,11 +375,11 @@ def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
 def _options(r: _Reader, value: Any, key: str) -> dict[str, dict[str, Any]]:
     """[options.BACKEND] tables. Each backend module declares OPTIONS = {name: default}; a tuple default lists the
     allowed strings, the first being the default. Anything else must have its default's type."""
-    from enginefarm.backends import BACKENDS, get_backend
+    from enginefarm.backends import get_backend, registry
 
     found: dict[str, dict[str, Any]] = {}
-    for backend, table in r.table(value, key, set(BACKENDS)).items():
-        declared = getattr(get_backend(backend), "OPTIONS", {})
+    for backend, table in r.table(value, key, set(registry())).items():
+        declared = get_backend(backend).options
         table = r.table(table, f"{key}.{backend}", set(declared))
         for name, given in table.items():
             _check_option(r, f"{key}.{backend}.{name}", given, declared[name])

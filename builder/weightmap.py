@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from enginefarm.backends.base import Feature
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.errors import BuildError, IntegrityError
 
@@ -254,9 +255,8 @@ def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoi
     if not found.mapped:  # a wrong file (a LoRA, another model's weights): an empty map would only fail at load
         raise BuildError(f"checkpoint {checkpoint.name}: none of its {len(found.unmatched)} tensor(s) holds a weight of this model",
                          hint="`checkpoint =` must be this component's own base weights (the state dict it was exported from)")
-    shapes_of = getattr(backend, "weight_shapes", None)
-    if shapes_of is not None:
-        present = shapes_of(outdir, manifest)
+    if backend.has(Feature.PATCH_WEIGHTS):
+        present = backend.weight_shapes(outdir, manifest)
         ckpt = SafeTensors(checkpoint)
         for name, m in list(found.mapped.items()):
             if present.get(m.initializer) != m.onnx_shape:

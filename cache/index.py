@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable
 
 from . import fields as f
@@ -50,8 +51,9 @@ class IndexEntry:
     validation: dict[str, Any] = field(default_factory=dict)  # the current verdict (see verdict_summary)
     model_version: str = ""  # the recipe's model.version ("" for artifacts indexed before versions were recorded)
 
-    @property
+    @cached_property
     def parsed_target(self) -> Target:
+        """Parsed once per object (the text was checked when it was read from the store)."""
         return Target.parse(self.target)
 
     @property

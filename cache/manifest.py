@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from enginefarm.errors import IntegrityError
@@ -95,8 +96,9 @@ class Manifest:
     def ref(self) -> str:
         return f"{self.model}/{self.component}"
 
-    @property
+    @cached_property
     def parsed_target(self) -> Target:
+        """Parsed once per object (the text was checked when it was read from the store)."""
         return Target.parse(self.target)
 
     def to_dict(self) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
 
     --format github prints {"matrix": …} for a GitHub Actions build matrix (at most 256 entries, jobs batched
     per runner), the job count, and the jobs no runner can build."""
-    from enginefarm.builder.planner import github_matrix
+    from enginefarm.builder.ci_matrix import github_matrix
     from enginefarm.cache.keys import short
 
     labels = tuple(filter(None, (label.strip() for label in runner_labels.split(","))))

@@ -110,7 +110,7 @@ def doctor_cmd():
     from rich.markup import escape
     from rich.table import Table
 
-    from enginefarm.backends import BACKENDS, availability, get_backend
+    from enginefarm.backends import all_backends, availability
     from enginefarm.cache.manifest import Target
     from enginefarm.runner.device import run_probes
 
@@ -128,18 +128,17 @@ def doctor_cmd():
     backends = Table(title="backends")
     for column in ("backend", "versions", "status"):
         backends.add_column(column)
-    for name, entry in BACKENDS.items():
-        device = "cpu" if name in ("openvino", "onnxruntime") else get_backend(name).DEVICE_HINT.split()[0]
-        avail = availability(Target(name, device))
+    for backend in all_backends():
+        avail = availability(Target(backend.name, backend.example_device))
         try:
-            versions = ", ".join(f"{k} {v}" for k, v in get_backend(name).versions().items())
+            versions = ", ".join(f"{k} {v}" for k, v in backend.versions().items())
         except Exception:
             versions = "-"
-        hint = "" if entry.install in (avail.reason or "") else f" ({entry.install})"
+        hint = "" if backend.install in (avail.reason or "") else f" ({backend.install})"
         status = "[green]build + load[/]" if avail.can_build and avail.can_load else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
         if avail.can_build and not avail.can_load:  # TensorRT-RTX builds on a CPU and runs elsewhere
             status = f"[yellow]build only[/]: {escape(avail.reason or '')}"
-        backends.add_row(name, versions, status)
+        backends.add_row(backend.name, versions, status)
     out.print(backends)
     out.print(f"store: {settings.store}\ncache: {settings.home}{'  (offline)' if settings.offline else ''}")
 

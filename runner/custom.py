@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.backends.base import BuiltFile
+from enginefarm.backends.base import BuiltFile, Feature
 from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
 from enginefarm.cache.atomic import sha256_file
@@ -86,7 +86,7 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
     if not stack.active:
         return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
     check_stackable(backend, manifest)  # before any merging or caching
-    if hasattr(backend, "refit"):
+    if backend.has(Feature.REFIT):
         return _refit(stack, stack_key(manifest.build_key, stack), wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
     patched, path, how = patched_artifact(stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras))
     return Applied(backend.load(path, patched, device), patched, how)
@@ -94,7 +94,7 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
 
 def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress,
                      read=None) -> tuple[Manifest, Path, str]:
-    """A copy of the artifact with the stack merged into its weights (backends with `patch_weights`), cached under
+    """A copy of the artifact with the stack merged into its weights (backends with Feature.PATCH_WEIGHTS), cached under
     the stack's key. Returns its manifest, verified folder and how it was had. `read`: the map and the user's
     tensors, when the caller has them already."""
     wmap, custom, loras = read if read is not None else _read_mapped(stack, artifact_dir, manifest)
@@ -120,9 +120,9 @@ def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):
 def check_stackable(backend, manifest: Manifest) -> None:
     """Raises, with the fix as its hint, when this artifact cannot take custom weights at all (a TensorRT plan
     built without refittable = true; a backend that can neither refit nor patch)."""
-    if hasattr(backend, "refit"):
-        getattr(backend, "check_refit", lambda _: None)(manifest)
-    elif not hasattr(backend, "patch_weights"):
+    if backend.has(Feature.REFIT):
+        backend.check_refit(manifest)
+    elif not backend.has(Feature.PATCH_WEIGHTS):
         raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
 
 
@@ -242,9 +242,8 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
 def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[str]) -> dict[str, np.ndarray]:
     if not names:
         return {}
-    reader = getattr(backend, "read_weights", None)
-    if reader is not None:
-        found = reader(artifact_dir, manifest, names)
+    if backend.has(Feature.PATCH_WEIGHTS):
+        found = backend.read_weights(artifact_dir, manifest, names)
     else:  # refit-only backends that ship the ONNX beside the engine (weight-stripped engines)
         onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
         if onnx_file is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from enginefarm.runner.device_info import amd_gpus, cpu_description, nvidia_gpus
@@ -15,11 +15,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Device:
-    kind: str  # cpu | nvidia | amd | intel-gpu | apple
+    kind: str  # cpu | nvidia | amd | intel-gpu | intel-npu | apple
     name: str
     bench_class: str  # benchmarks measured on this class rank artifacts for this device
     targets: tuple[str, ...]  # the `backend:device` targets this device can run
     info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def found(cls, kind: str, name: str, bench_class: str, info: dict[str, Any]) -> "Device":
+        """A detected device, with the targets every registered backend says it runs (Backend.device_classes)."""
+        from enginefarm.backends import targets_for
+
+        device = cls(kind, name, bench_class, (), info)
+        return replace(device, targets=targets_for(device))
 
 
 @dataclass(frozen=True)
@@ -31,8 +39,7 @@ class Probe:
 
 def probe_cpu() -> Probe:
     info = cpu_description()
-    device = Device("cpu", info["name"], info["class"], ("openvino:cpu", "onnxruntime:cpu"), info)
-    return Probe("cpu", (device,))
+    return Probe("cpu", (Device.found("cpu", info["name"], info["class"], info),))
 
 
 def probe_nvidia() -> Probe:
@@ -41,33 +48,19 @@ def probe_nvidia() -> Probe:
     return Probe("nvidia", devices, None if devices else reason)
 
 
-def nvidia_targets(major: int, minor: int) -> tuple[str, ...]:
-    """What an NVIDIA GPU of compute capability major.minor runs: TensorRT engines for its exact arch and
-    hardware-compatible `ampere+` ones from 8.0 on; TensorRT-RTX engines for its arch and family classes, by the
-    floors that backend declares (it leaves out datacenter parts such as the A100's 8.0)."""
-    from enginefarm.backends import tensorrt, tensorrt_rtx
-
-    arch = f"sm_{major}{minor}"
-    cc = (major, minor)
-    targets = [f"tensorrt:{arch}"] + [f"tensorrt:{name}" for name, floor in tensorrt.FAMILY_FLOORS.items() if cc >= floor]
-    if major * 10 + minor not in tensorrt_rtx.NOT_RTX:
-        targets += [f"tensorrt-rtx:{arch}"] + [f"tensorrt-rtx:{name}" for name, floor in tensorrt_rtx.FAMILY_FLOORS.items() if cc >= floor]
-    return tuple(targets)
-
-
 def nvidia_device(name: str, major: int, minor: int, driver: str, vram_mb: int, index: int = 0) -> Device:
     arch = f"sm_{major}{minor}"
     # TensorRT plans are not portable across operating systems: their constraints name the OS they were built on.
     info = {"index": index, "driver": driver, "vram_mb": vram_mb, "arch": arch, "os": platform.system().lower()}
-    return Device("nvidia", name, f"nvidia-{arch}", nvidia_targets(major, minor), info)
+    return Device.found("nvidia", name, f"nvidia-{arch}", info)
 
 
 def amd_device(name: str, gfx: str, vram_mb: int) -> Device:
-    return Device("amd", name, f"amd-{gfx}", (f"migraphx:{gfx}",), {"gfx": gfx, "vram_mb": vram_mb})
+    return Device.found("amd", name, f"amd-{gfx}", {"gfx": gfx, "vram_mb": vram_mb})
 
 
 def apple_device(chip: str, macos: str) -> Device:
-    return Device("apple", chip, "apple-" + chip.lower().replace("apple ", "").replace(" ", "-"), ("coreml:apple",), {"os": "darwin", "macos": macos})
+    return Device.found("apple", chip, "apple-" + chip.lower().replace("apple ", "").replace(" ", "-"), {"os": "darwin", "macos": macos})
 
 
 def probe_amd() -> Probe:
@@ -101,7 +94,7 @@ def probe_openvino_gpu() -> Probe:
             kind = name.split(".")[0]
             if kind in ("GPU", "NPU"):
                 full = core.get_property(name, "FULL_DEVICE_NAME")
-                found.append(Device(f"intel-{kind.lower()}", full, f"intel-{kind.lower()}", (f"openvino:{kind.lower()}",), {"openvino_device": name}))
+                found.append(Device.found(f"intel-{kind.lower()}", full, f"intel-{kind.lower()}", {"openvino_device": name}))
     except Exception as exc:
         return Probe("intel", (), f"OpenVINO could not list devices: {exc}")
     return Probe("intel", tuple(found), None if found else "OpenVINO sees no GPU or NPU")

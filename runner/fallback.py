@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from enginefarm.backends import job_availability, job_refusal, precision_refusal
+from enginefarm.backends import job_availability, job_refusal, precision_refusal, rank_of
 from enginefarm.builder.build import compile_artifact, job_workdir
 from enginefarm.builder.planner import Job, expand, precision_here
 from enginefarm.builder.recipe import Recipe, load_recipe
@@ -18,7 +18,6 @@ from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import ArtifactNotFoundError, EnginefarmError
 
 from .device import Device
-from .resolve import tier_of
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +53,11 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
     order = {d.kind: i for i, d in enumerate(devices)}
     device_rank = {t: order[d.kind] for d in devices for t in d.targets}
     # Prefer the first device, then the most specific backend, then fp32 (safer numerics when unbenchmarked).
-    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), tier_of(j.target), j.precision != "fp32"))
+    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target), j.precision != "fp32"))
 
 
 def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None]) -> Manifest:
-    existing = cache.manifest(job.key(job.toolchain()))
+    existing = cache.manifest(job.build_key)
     if existing is not None:
         return existing
     log.info("compiling %s on this device", job.label)
@@ -69,6 +68,6 @@ def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None])
         # On a user's device the prepared models (GBs for a UNet) serve nothing once the artifact is cached.
         shutil.rmtree(source_folder(workroot, job.source.digest), ignore_errors=True)
     finally:  # only this process's folder: another build may be using the same ENGINEFARM_HOME
-        shutil.rmtree(job_workdir(workroot, job.key(job.toolchain())), ignore_errors=True)
+        shutil.rmtree(job_workdir(workroot, job.build_key), ignore_errors=True)
         prune(workroot)
     return cache.manifest(manifest.build_key)

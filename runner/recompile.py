@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.backends import get_backend
+from enginefarm.backends import Feature, get_backend
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key
@@ -57,7 +57,7 @@ class DeviceJob:
 
 def applies(backend, manifest: Manifest) -> bool:
     """Whether a stack on this artifact is compiled on the device: the backend does it, and the engine cannot be refitted."""
-    return getattr(backend, "COMPILES_STACKS_ON_DEVICE", False) and not {**backend.OPTIONS, **manifest.options}["refittable"]
+    return backend.has(Feature.COMPILES_STACKS_ON_DEVICE) and not {**backend.options, **manifest.options}.get("refittable", False)
 
 
 def apply_stack(stack: Stack, manifest: Manifest, backend, cache: DeviceCache, store: Store | None, report: Progress) -> Applied:
@@ -159,8 +159,7 @@ def _compile(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backen
         started = time.perf_counter()
         built = backend.build(onnx_dir / model.path, job, outdir, progress=lambda done, total, _phase: report.work(name, done, total))
         seconds = time.perf_counter() - started
-        (outdir / "notes.json").unlink(missing_ok=True)
-        cache.add_local(describe_result(outdir, built, seconds), outdir)
+        cache.add_local(describe_result(outdir, built.files, seconds), outdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     log.info("%s: compiled on this device in %.1f s", job.label, seconds)

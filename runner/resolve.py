@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from enginefarm.backends import availability, get_backend
+from enginefarm.backends import availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
 from enginefarm.runner.timing import noise_ms, tied
 from enginefarm.cache.index import IndexEntry
@@ -14,9 +14,6 @@ from enginefarm.cache.versions import newest, same_version, version_key
 
 from .device import Device
 
-# Lower is preferred when no benchmark tells the artifacts apart. Engines for one exact architecture beat
-# hardware-compatible classes, which beat JIT-able engines, portable IR, and finally ONNX for ONNX Runtime.
-TIER_NAMES = {0: "exact-arch engine", 1: "hardware-compatible engine", 2: "JIT-able engine", 3: "portable IR", 4: "ONNX (ORT)"}
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
 PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
 TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
@@ -26,18 +23,6 @@ TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a t
 def _ms(value: float) -> str:
     """Milliseconds readable at any scale: tiny models run in microseconds, and 0.0 vs 0.0 explains nothing."""
     return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
-
-
-def tier_of(target: Target) -> int:
-    if target.backend == "onnxruntime":
-        return 4
-    if target.backend == "openvino" or target.backend == "coreml":
-        return 3
-    if target.backend == "tensorrt-rtx":
-        return 2
-    if target.device.endswith("+"):
-        return 1
-    return 0
 
 
 @dataclass(eq=False)  # identity: candidates refer to each other (tied_with)
@@ -79,7 +64,7 @@ class Candidate:
         if self.on_device is not None:
             speed += f"; timed on this device at a first load: {_ms(self.on_device['p50_ms'])} ms{_noise(self.on_device)}"
         version = f" v{self.version}" if self.version is not None else ""
-        return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {TIER_NAMES[tier_of(self.target)]}{speed}"
+        return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {rank_of(self.target).label}{speed}"
 
 
 def _noise(record: dict[str, Any]) -> str:
@@ -130,8 +115,8 @@ class Resolution:
             timed = [c for c in rivals if c.on_device is not None]
             against = ", ".join(f"{_ms(c.on_device['p50_ms'])} ms for {c.label}" for c in timed)
             return f"timed fastest on this device at a first load: {_ms(chosen.on_device['p50_ms'])} ms" + (f" vs {against}" if against else "")
-        if tier_of(chosen.target) <= 2 and any(tier_of(c.target) > tier_of(chosen.target) for c in rivals):
-            return f"the most specific engine kind usable here ({TIER_NAMES[tier_of(chosen.target)]})"
+        if rank_of(chosen.target) <= 2 and any(rank_of(c.target) > rank_of(chosen.target) for c in rivals):
+            return f"the most specific engine kind usable here ({rank_of(chosen.target).label})"
         if chosen.p50_ms is not None:
             if chosen.tied_with:
                 others = ", ".join(f"{c.label} at {_ms(c.p50_ms)} ms" for c in chosen.tied_with)
@@ -143,7 +128,7 @@ class Resolution:
             return "the only usable artifact with a benchmark"
         if not rivals:
             return "the only usable artifact"
-        return f"no benchmarks to compare, so the most specific kind wins ({TIER_NAMES[tier_of(chosen.target)]})"
+        return f"no benchmarks to compare, so the most specific kind wins ({rank_of(chosen.target).label})"
 
 
 def _runtime_version(backend: str) -> str | None:
@@ -277,7 +262,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
     buckets: dict[tuple, list[Candidate]] = {}
     for c in candidates:
         device_order = devices.index(c.device) if c.device in devices else len(devices)
-        tier = tier_of(c.target)
+        tier = rank_of(c.target)
         how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
         bucket = (device_order, 0, tier) if tier <= 2 else (device_order, 1, 0)  # compiled engines: the most specific kind first
         precision = PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER))
@@ -292,7 +277,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
             group = [c for c in remaining if c is leader or tied(_record(leader), _record(c))]
             for c in group:
                 c.tied_with = [o for o in group if o is not c]
-                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, tier_of(c.target))
+                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, rank_of(c.target))
             remaining = [c for c in remaining if c not in group]
             cluster += 1
 

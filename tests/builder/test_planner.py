@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from enginefarm.builder import memory
-from enginefarm.builder.planner import GITHUB_MATRIX_CAP, github_matrix, plan, runner_labels
+from enginefarm.builder.ci_matrix import GITHUB_MATRIX_CAP, github_matrix, runner_labels
+from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores import open_store

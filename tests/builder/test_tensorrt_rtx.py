@@ -10,9 +10,10 @@ import re
 import numpy as np
 import pytest
 
-from enginefarm.backends import availability, get_backend
+from enginefarm.backends import availability, get_backend, tensorrt_rtx
 from enginefarm.builder.build import build
-from enginefarm.builder.planner import github_matrix, plan
+from enginefarm.builder.ci_matrix import github_matrix
+from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.builder.runners import load_runners
 from enginefarm.cache.manifest import Target
@@ -78,12 +79,12 @@ def test_the_real_sdk_is_available_to_build_here_not_to_run(real_rtx):
 
 @pytest.mark.parametrize("device", sorted(CLASSES))
 def test_device_classes_name_the_capabilities_the_sdk_knows(real_rtx, device):
-    assert get_backend("tensorrt-rtx").compute_capabilities(real_rtx, device) == CLASSES[device]
+    assert tensorrt_rtx.compute_capabilities(real_rtx, device) == CLASSES[device]
 
 
 def test_an_unknown_compute_capability_is_a_build_error(real_rtx):
     with pytest.raises(BuildError, match="TensorRT-RTX 1.7.1.116 cannot target sm_90") as caught:
-        get_backend("tensorrt-rtx").compute_capabilities(real_rtx, "sm_90")
+        tensorrt_rtx.compute_capabilities(real_rtx, "sm_90")
     assert caught.value.hint == "it knows: SM75, SM80, SM86, SM89, SM120, SM121"
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import enginefarm
-from enginefarm.backends import get_backend
+from enginefarm.backends import Feature, get_backend
 from enginefarm.builder.build import build
 from enginefarm.builder.golden import FILE
 from enginefarm.builder.planner import expand
@@ -33,7 +33,9 @@ LATENT = np.random.default_rng(5).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float
 
 def force_unvalidated(monkeypatch, backend: str) -> None:
     """The backend says it cannot run what it built here: the build publishes it unvalidated, with golden samples."""
-    monkeypatch.setattr(get_backend(backend), "validation_session", lambda *_: (None, {"why": "forced by the test"}), raising=False)
+    target = get_backend(backend)
+    monkeypatch.setattr(target, "features", target.features | {Feature.OWN_VALIDATION})
+    monkeypatch.setattr(target, "validation_session", lambda *_: (None, {"why": "forced by the test"}))
 
 
 def build_all(recipe, tmp_path, **only):

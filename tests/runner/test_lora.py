@@ -188,23 +188,28 @@ def test_the_patched_artifact_is_cached_and_keyed_by_strength(store, monkeypatch
     assert "stack" not in plain.artifact.options
 
 
-class RefitBackend:
-    """A backend with `refit` (as TensorRT has): ONNX Runtime over the artifact with the weights it is given."""
+def refit_backend(tmp_path):
+    """A backend with Feature.REFIT (as TensorRT has): ONNX Runtime over the artifact with the weights it is given."""
+    from enginefarm.backends import Feature
+    from enginefarm.backends.onnxruntime import OnnxRuntime, OrtSession, patch_weights
 
-    def __init__(self, tmp_path):
-        from enginefarm.backends import onnxruntime
+    class RefitBackend(OnnxRuntime):
+        features = frozenset({Feature.REFIT, Feature.PATCH_WEIGHTS})
 
-        self.ort, self.tmp, self.calls = onnxruntime, tmp_path, []
+        def __init__(self):
+            self.tmp, self.calls = tmp_path, []
 
-    def read_weights(self, *args):
-        return self.ort.read_weights(*args)
+        def refit(self, artifact_dir, manifest, weights, device):
+            self.calls.append(weights)
+            out = self.tmp / f"refit-{len(self.calls)}"
+            out.mkdir()
+            patch_weights(artifact_dir, manifest, weights, out)
+            return OrtSession(out / "model.onnx", device, manifest.precision)
 
-    def refit(self, artifact_dir, manifest, weights, device):
-        self.calls.append(weights)
-        out = self.tmp / f"refit-{len(self.calls)}"
-        out.mkdir()
-        self.ort.patch_weights(artifact_dir, manifest, weights, out)
-        return self.ort.OrtSession(out / "model.onnx", device, manifest.precision)
+        def check_refit(self, manifest):
+            return None
+
+    return RefitBackend()
 
 
 def test_refit_gets_every_mapped_weight_and_caches_the_merge(store, tmp_path):
@@ -213,14 +218,14 @@ def test_refit_gets_every_mapped_weight_and_caches_the_merge(store, tmp_path):
     from enginefarm.runner.load import fetch
 
     manifest, path, _ = fetch("net/body", "fp32", "cpu", target="onnxruntime:cpu")
-    backend, cache = RefitBackend(tmp_path), DeviceCache(tmp_path / "home")
+    backend, cache = refit_backend(tmp_path), DeviceCache(tmp_path / "home")
     covered = {m.initializer for m in read_map(path, manifest).mapped.values()}
     from enginefarm.cache.progress import Progress
 
     a = apply(Stack.parse(None, [(store / "a_peft.safetensors", 1.0)]), manifest, path, backend, cache, Progress())
     b = apply(Stack.parse(None, [(store / "b.safetensors", 1.0)]), manifest, path, backend, cache, Progress())
     assert all(set(call) == covered for call in backend.calls)  # base values too: nothing of A can stay behind
-    base = backend.ort.read_weights(path, manifest, covered)
+    base = backend.read_weights(path, manifest, covered)
     assert np.array_equal(backend.calls[1]["onnx::Conv_7"], base["onnx::Conv_7"])  # A touched it, B does not
     assert np.allclose(b.session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 1.0)])), atol=1e-4)
     assert a.how == "refit in place"

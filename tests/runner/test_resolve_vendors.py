@@ -7,7 +7,7 @@ import pytest
 
 from enginefarm.backends.base import Availability
 from enginefarm.cache.index import IndexEntry
-from enginefarm.runner.device import Device, amd_device, apple_device, nvidia_device, nvidia_targets
+from enginefarm.runner.device import Device, amd_device, apple_device, nvidia_device
 from enginefarm.runner.resolve import resolve
 
 CPU = Device("cpu", "Ryzen 7 5800X", "cpu-x86_64-v3", ("openvino:cpu", "onnxruntime:cpu"), {"os": "linux"})
@@ -109,5 +109,5 @@ def test_backends_this_machine_cannot_load_are_skipped_with_the_reason():
     ((8, 0), {"tensorrt:sm_80", "tensorrt:ampere+"}, {"tensorrt-rtx:sm_80", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"}),
 ])
 def test_nvidia_target_classes(cc, has, lacks):
-    targets = set(nvidia_targets(*cc))
+    targets = set(nvidia_device("GPU", *cc, driver="580.00", vram_mb=8192).targets)
     assert has <= targets and not (lacks & targets)

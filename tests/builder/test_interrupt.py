@@ -82,7 +82,7 @@ def test_a_crashing_build_process_fails_only_its_job(tiny_recipe, tmp_path):
             from enginefarm.backends import openvino
             def build(*args, **kwargs):
                 os._exit(9)
-            openvino.build = build
+            openvino.BACKEND.build = build
     """))
     import os
 

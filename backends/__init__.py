@@ -7,6 +7,7 @@ started as new processes inherit."""
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ BACKENDS: dict[str, str] = {
     "coreml": "enginefarm.backends.coreml",
 }
 PLUGINS_ENV = "ENGINEFARM_BACKENDS"
+log = logging.getLogger(__name__)
 
 
 def registry() -> dict[str, str]:
@@ -64,8 +66,17 @@ def all_backends() -> list[Backend]:
 
 
 def targets_for(device: "Device") -> tuple[str, ...]:
-    """Every `backend:device-class` target a detected device runs, as each backend matches it."""
-    return tuple(f"{backend.name}:{cls}" for backend in all_backends() for cls in backend.device_classes(device))
+    """Every `backend:device-class` target a detected device runs, as each backend matches it. An added backend that
+    does not import is left out with a warning: it must not hide the device from the others."""
+    found = []
+    for name in registry():
+        try:
+            backend = get_backend(name)
+        except BackendUnavailable as exc:
+            log.warning("%s (%s)", exc, exc.hint)
+            continue
+        found += [f"{name}:{cls}" for cls in backend.device_classes(device)]
+    return tuple(found)
 
 
 def rank_of(target: Target) -> Rank:

@@ -26,7 +26,7 @@ from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.runner.device_info import nvidia_gpus
 from enginefarm.errors import BackendUnavailable, BuildError, IntegrityError
 
-from .base import Availability, Backend, BuiltFile, import_sdk
+from .base import Availability, Backend, Built, BuiltFile, import_sdk
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,16 @@ def die_with_parent(parent: int) -> None:
             return
     if os.getppid() != parent:  # the parent died before we asked to follow it
         os._exit(1)
+
+
+def build_engine(sdk: str, prepared_onnx: Path, job, workdir: Path, options: dict[str, Any], *, hints: dict[str, str] | None = None,
+                 progress: BuildProgress | None = None, **sdk_fields) -> Built:
+    """What both SDKs' builds share: the job's profile and precision, weight stripping and refit, run in the build
+    process; `sdk_fields` are the BuildSpec fields only one of them sets."""
+    spec = BuildSpec(sdk=sdk, onnx=str(prepared_onnx), plan=str(workdir / "model.plan"), profile=job.profile, precision=job.precision,
+                     strip_weights=options["strip_weights"], refittable=options["refittable"], **sdk_fields)
+    notes = build_in_subprocess(spec, workdir, f"{job.label}: {job.target.backend}", hints=hints, progress=progress)
+    return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
 
 
 def stripped_files(prepared_onnx: Path, workdir: Path, strip_weights: bool) -> list[BuiltFile]:

@@ -24,8 +24,7 @@ import numpy as np
 from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
-from ._nvidia import (BuildSpec, NvidiaBackend, TrtSession, build_host_arch, build_in_subprocess, cudart, matching_gpu,
-                      open_engine, sdk, sdk_missing, stripped_files)
+from ._nvidia import NvidiaBackend, TrtSession, build_engine, build_host_arch, cudart, matching_gpu, open_engine, sdk, sdk_missing
 from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
@@ -96,21 +95,11 @@ def constraints(job) -> dict:
 def build(prepared_onnx: Path, job, workdir: Path) -> Built:
     options = {**OPTIONS, **job.options}
     timing = _timing_dir(workdir)
-    spec = BuildSpec(
-        sdk="tensorrt",
-        onnx=str(prepared_onnx),
-        plan=str(workdir / "model.plan"),
-        profile=job.profile,
-        precision=job.precision,
-        strip_weights=options["strip_weights"],
-        refittable=options["refittable"],
-        version_compatible=options["version_compatible"],
-        hardware_compatible=job.target.device == "ampere+",
-        timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
-        timing_cache_out=str(timing / "updated.cache"),
-    )
-    notes = build_in_subprocess(spec, workdir, f"{job.label}: tensorrt")
-    return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
+    return build_engine("tensorrt", prepared_onnx, job, workdir, options,
+                        version_compatible=options["version_compatible"],
+                        hardware_compatible=job.target.device == "ampere+",
+                        timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
+                        timing_cache_out=str(timing / "updated.cache"))
 
 
 # The timing cache in the store: caches/tensorrt-timing/<build GPU arch>/trt-<version>/<sha256>. Each build

@@ -27,8 +27,8 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from ._nvidia import (BuildProgress, NvidiaBackend, BuildSpec, TrtSession, build_in_subprocess, cuda_devices, cudart, matching_gpu,
-                      open_engine, sdk, sdk_missing, stripped_files)
+from ._nvidia import (BuildProgress, NvidiaBackend, TrtSession, build_engine, cuda_devices, cudart, matching_gpu, open_engine, sdk,
+                      sdk_missing)
 from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
@@ -154,18 +154,8 @@ def compute_capabilities(trt, device: str) -> list[str]:
 
 def build(prepared_onnx: Path, job, workdir: Path, *, progress: BuildProgress | None = None) -> Built:
     options = {**OPTIONS, **job.options}
-    spec = BuildSpec(
-        sdk="tensorrt_rtx",
-        onnx=str(prepared_onnx),
-        plan=str(workdir / "model.plan"),
-        profile=job.profile,
-        precision=job.precision,
-        strip_weights=options["strip_weights"],
-        refittable=options["refittable"],
-        compute_capabilities=compute_capabilities(_trt(), job.target.device),
-    )
-    notes = build_in_subprocess(spec, workdir, f"{job.label}: tensorrt-rtx", hints=FAILURE_HINTS, progress=progress)
-    return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
+    return build_engine("tensorrt_rtx", prepared_onnx, job, workdir, options, hints=FAILURE_HINTS, progress=progress,
+                        compute_capabilities=compute_capabilities(_trt(), job.target.device))
 
 
 def runtime_cache_path(manifest, gpu: dict) -> Path:

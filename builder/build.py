@@ -125,7 +125,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
     with stages.stage("prep"):
         prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if job.onnx_precision() in ("fp16", "bf16") else ())
     step(f"build {job.target}")
-    _build_cache(backend.before_build, "fetching the build cache", store, job, outdir)
+    _build_cache(backend, backend.before_build, "fetching the build cache", store, job, outdir)
     with stages.stage("compile") as probe:
         started = time.perf_counter()
         try:
@@ -137,7 +137,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
         build_s = time.perf_counter() - started
         build_notes = built.notes
         probe.subprocess(int(build_notes.get("build_process_peak_rss_mb", 0) * 2**20))  # backends that build in a subprocess
-    _build_cache(backend.after_build, "publishing the build cache", store, job, outdir)
+    _build_cache(backend, backend.after_build, "publishing the build cache", store, job, outdir)
     for item in built.files:
         if not (outdir / item.path).is_file():
             raise BuildError(f"{job.label}: backend reported {item.path} but did not write it")
@@ -297,9 +297,9 @@ def _revalidated(job: Job, key: str, store: Store, stored: Manifest, workroot: P
     return BuildResult.of(job, key, "revalidated", "" if report["passed"] else report.get("why", "not run here"), seconds)
 
 
-def _build_cache(hook, what: str, store: Store | None, job: Job, outdir: Path) -> None:
+def _build_cache(backend, hook, what: str, store: Store | None, job: Job, outdir: Path) -> None:
     """A shared build cache only speeds builds up: if the store cannot serve or keep it, the build goes on cold."""
-    if store is None or not get_backend(job.target.backend).has(Feature.BUILD_CACHE):
+    if store is None or not backend.has(Feature.BUILD_CACHE):
         return
     try:
         hook(store, job, outdir)

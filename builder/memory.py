@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from enginefarm.backends.base import Backend
+from enginefarm.backends import Backend, get_backend
+from enginefarm.errors import BackendUnavailable
 
 FACTOR = Backend.build_memory_factor  # a backend may state its own
 BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and activations at the profile's max
@@ -37,9 +38,6 @@ def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "") -
 
 
 def _backend_factor(name: str) -> float:
-    from enginefarm.backends import get_backend
-    from enginefarm.errors import BackendUnavailable
-
     try:
         return get_backend(name).build_memory_factor
     except BackendUnavailable:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from enginefarm.backends import availability, get_backend, rank_of
+from enginefarm.backends import Rank, availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
 from enginefarm.runner.timing import noise_ms, tied
 from enginefarm.cache.index import IndexEntry
@@ -115,7 +115,7 @@ class Resolution:
             timed = [c for c in rivals if c.on_device is not None]
             against = ", ".join(f"{_ms(c.on_device['p50_ms'])} ms for {c.label}" for c in timed)
             return f"timed fastest on this device at a first load: {_ms(chosen.on_device['p50_ms'])} ms" + (f" vs {against}" if against else "")
-        if rank_of(chosen.target) <= 2 and any(rank_of(c.target) > rank_of(chosen.target) for c in rivals):
+        if rank_of(chosen.target) <= Rank.JIT and any(rank_of(c.target) > rank_of(chosen.target) for c in rivals):
             return f"the most specific engine kind usable here ({rank_of(chosen.target).label})"
         if chosen.p50_ms is not None:
             if chosen.tied_with:
@@ -264,7 +264,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
         device_order = devices.index(c.device) if c.device in devices else len(devices)
         tier = rank_of(c.target)
         how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
-        bucket = (device_order, 0, tier) if tier <= 2 else (device_order, 1, 0)  # compiled engines: the most specific kind first
+        bucket = (device_order, 0, tier) if tier <= Rank.JIT else (device_order, 1, 0)  # compiled engines: the most specific kind first
         precision = PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER))
         c.rank = bucket + (how_measured, 0, tier, precision)  # unmeasured: by kind, then precision
         if how_measured < 2 and c.usable:

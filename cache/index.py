@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from . import fields as f
 from .manifest import Target
@@ -201,20 +201,20 @@ def update_index(store: "Store", manifests: Iterable["Manifest"], *, replace_all
         for model in store.list_models():
             by_model.setdefault(model, [])
     for model, ours in by_model.items():
-        for attempt in range(_CAS_ATTEMPTS):
-            raw, etag = store.get_index_bytes(model)
-            index = Index(model) if replace_all else parse_index(raw, model, f"{store.url}/")
-            wanted = [_keep_recheck(e, index.entries.get(e.build_key), verdicts) for e in ours]
-            if not replace_all and all(index.entries.get(e.build_key) == e for e in wanted):
-                break
-            index.entries.update({e.build_key: e for e in wanted})
-            if store.cas_index_bytes(model, index.to_json(), etag):
-                current = read_index(store, model).entries
-                if all(current.get(e.build_key) == e for e in wanted):
-                    break
-            time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
-        else:
-            log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)
+        _merge_entries(store, model, ours, verdicts, fresh=replace_all)
+
+
+def _merge_entries(store: "Store", model: str, ours: list[IndexEntry], verdicts: dict[str, dict], *, fresh: bool) -> None:
+    wanted: list[IndexEntry] = []  # ours as last merged: what the read-back must find
+
+    def merge(index: Index) -> bool:
+        wanted[:] = [_keep_recheck(e, index.entries.get(e.build_key), verdicts) for e in ours]
+        if not fresh and all(index.entries.get(e.build_key) == e for e in wanted):
+            return False
+        index.entries.update({e.build_key: e for e in wanted})
+        return True
+
+    _swap_index(store, model, merge, lambda current: all(current.get(e.build_key) == e for e in wanted), fresh=fresh)
 
 
 def _keep_recheck(entry: IndexEntry, present: IndexEntry | None, verdicts: dict[str, dict]) -> IndexEntry:
@@ -227,13 +227,27 @@ def _keep_recheck(entry: IndexEntry, present: IndexEntry | None, verdicts: dict[
 def remove_from_index(store: "Store", model: str, keys: Iterable[str]) -> None:
     """Drop entries from a model's index: compare-and-swap, retried and read back like `update_index`."""
     unwanted = set(keys)
+
+    def drop(index: Index) -> bool:
+        if not unwanted & set(index.entries):
+            return False
+        index.entries = {k: e for k, e in index.entries.items() if k not in unwanted}
+        return True
+
+    _swap_index(store, model, drop, lambda current: not unwanted & set(current))
+
+
+def _swap_index(store: "Store", model: str, edit: Callable[[Index], bool], settled: Callable[[dict[str, IndexEntry]], bool], *,
+                fresh: bool = False) -> None:
+    """The compare-and-swap loop of every index writer: read the index (start from an empty one when `fresh`), let
+    `edit` change it (False: nothing to write), write it only if nobody did since the read, and read it back until
+    `settled` holds — some servers' conditional writes are not atomic (two writers can both 'win')."""
     for attempt in range(_CAS_ATTEMPTS):
         raw, etag = store.get_index_bytes(model)
-        index = parse_index(raw, model, f"{store.url}/")
-        if raw is None or not unwanted & set(index.entries):
+        index = Index(model) if fresh else parse_index(raw, model, f"{store.url}/")
+        if not edit(index):
             return
-        index.entries = {k: e for k, e in index.entries.items() if k not in unwanted}
-        if store.cas_index_bytes(model, index.to_json(), etag) and not unwanted & set(read_index(store, model).entries):
+        if store.cas_index_bytes(model, index.to_json(), etag) and settled(read_index(store, model).entries):
             return
         time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
     log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)

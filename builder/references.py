@@ -88,10 +88,41 @@ def _compute_in_subprocess(model: Path, cases: Cases, out: Path) -> int:
     finally:
         feeds_path.unlink(missing_ok=True)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
-        raise BuildError(f"the fp32 reference run (ONNX Runtime, original model) failed: {tail[0][:300]}",
-                         hint="the source model itself does not run on ONNX Runtime's CPU provider")
+        raise _reference_failure(proc)
     return int(json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
+
+
+def _reference_failure(proc: subprocess.CompletedProcess) -> BuildError:
+    """The job's error, blaming the model only when ONNX Runtime also fails on the bare source (checked once)."""
+    lines = (proc.stdout or "").strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
+        return BuildError(f"the fp32 reference run (ONNX Runtime, original model) failed: {tail[0][:300]}",
+                          hint="the reference process died; check free memory and the model's size")
+    if report.get("bare_error"):
+        return BuildError(f"the source model does not run on ONNX Runtime's CPU provider: {report['bare_error'][:300]}",
+                          hint="check the model with onnxruntime.InferenceSession(path) and re-export it")
+    return BuildError(f"the fp32 reference run failed although ONNX Runtime runs the bare source model: {report['error'][:300]}",
+                      hint="this is a bug in enginefarm's reference run, not in the model: please report it with this message")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _bare_run_error(model: Path, cases) -> str | None:
+    """What ONNX Runtime says when it runs the source as a user would (by its path, its own outputs), or None."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        for _, feeds in cases:
+            session.run(None, feeds)
+    except Exception as exc:
+        return _one_line(exc)
+    return None
 
 
 def _main(model: str, feeds_path: str, out: str) -> None:
@@ -101,7 +132,11 @@ def _main(model: str, feeds_path: str, out: str) -> None:
     with np.load(feeds_path, allow_pickle=False) as data:
         names = [str(n) for n in data["names"]]
         cases = [(str(i), {n: data[f"c{i}_{n}"] for n in names if f"c{i}_{n}" in data.files}) for i in range(int(data["count"]))]
-    references = reference_outputs(Path(model), cases)
+    try:
+        references = reference_outputs(Path(model), cases)
+    except Exception as exc:  # reported to the parent as data: it decides whose fault it is
+        print(json.dumps({"error": _one_line(exc), "bare_error": _bare_run_error(Path(model), cases[:1])}))
+        sys.exit(1)
     order = list(references[0].outputs) if references else []
     arrays = {f"c{i}_o{j}": ref.outputs[name] for i, ref in enumerate(references) for j, name in enumerate(order)}
     arrays.update({f"c{i}_scales": np.array([ref.scales.get(name, 0.0) for name in order], np.float64) for i, ref in enumerate(references)})

@@ -14,11 +14,7 @@ is at least 2^-7.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 # Unit roundoff per computing precision (machine epsilon).
 EPSILON = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
@@ -93,28 +89,25 @@ def _outer_names(node) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-@contextmanager
-def with_extra_outputs(model_path: Path, names: list[str]) -> Iterator[Path]:
-    """A copy of the model's graph that also outputs `names`, beside links to its external data files (the weights
-    are never loaded or copied, so this works at any size)."""
-    import onnx
+def session_with_extra_outputs(model_path: Path, names: list[str], options):
+    """An ONNX Runtime CPU session on the model's graph that also outputs `names`.
 
-    if not names:
-        yield model_path
-        return
+    The graph goes to ONNX Runtime as bytes, with the model's own folder named as where its external data lives
+    (`session.model_external_initializers_file_folder_path`, ONNX Runtime's documented way for in-memory models): no
+    link, copy or temporary folder, so external data is never reached through a path that leaves the model's
+    folder (ONNX Runtime 1.32 refuses that), and the weights are never copied whatever the model's size."""
+    import onnx
+    import onnxruntime as ort
+
     model = onnx.load(str(model_path), load_external_data=False)
     present = {o.name for o in model.graph.output}
-    for name in names:
-        if name not in present:
-            model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    with tempfile.TemporaryDirectory(prefix="enginefarm-ref-") as tmp:
-        from .onnx_io import check_external_data
+    missing = [name for name in names if name not in present]
+    if not missing:
+        return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    for name in missing:
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    from .onnx_io import check_external_data
 
-        source_dir = model_path.resolve().parent
-        for data in check_external_data(model, model_path):
-            link = Path(tmp) / data.relative_to(source_dir)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(data, link)
-        augmented = Path(tmp) / model_path.name
-        onnx.save(model, str(augmented))
-        yield augmented
+    if check_external_data(model, model_path):
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_path.parent))
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -20,7 +20,7 @@ import numpy as np
 
 from .recipe import ValidateSpec
 from .samples import fit, image_layout, image_like, noise
-from .scales import EPSILON, QUANTIZED_EPSILON, feeding_tensors, is_quantized, with_extra_outputs
+from .scales import EPSILON, QUANTIZED_EPSILON, feeding_tensors, is_quantized, session_with_extra_outputs
 
 # Bump when the gate's rules or defaults change: stored verdicts reached under another version are re-checked.
 GATE_VERSION = "2"
@@ -146,18 +146,17 @@ def reference_outputs(model_path: Path, cases, feeding: dict[str, list[str]] | N
     if feeding is None:
         feeding = model_traits(model_path)[1]
     extra = sorted({name for names in feeding.values() for name in names})
-    with with_extra_outputs(model_path, extra) as path:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        references = []
-        for _, feeds in cases:
-            values = dict(zip(names, session.run(names, feeds)))
-            outputs = {name: values[name] for name in feeding}
-            scales = {name: max([_magnitude(values[name])] + [_magnitude(values[f]) for f in feeding[name] if f in values])
-                      for name in feeding}
-            references.append(Reference(outputs, scales))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = session_with_extra_outputs(model_path, extra, options)
+    names = [o.name for o in session.get_outputs()]
+    references = []
+    for _, feeds in cases:
+        values = dict(zip(names, session.run(names, feeds)))
+        outputs = {name: values[name] for name in feeding}
+        scales = {name: max([_magnitude(values[name])] + [_magnitude(values[f]) for f in feeding[name] if f in values])
+                  for name in feeding}
+        references.append(Reference(outputs, scales))
     return references
 
 

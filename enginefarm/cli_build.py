@@ -11,11 +11,11 @@ import click
 
 from enginefarm.cli_console import console as _console
 from enginefarm.cli_options import (component_option, jobs_parallel_option, precision_option, recipe_option, report_option, runners_option,
-                                    stacked, store_option, target_option)
+                                    open_store_to_read, stacked, store_option, target_option)
 from enginefarm.settings import load_settings
 
 
-def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, store_must_exist=True):
+def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, creates_store=False):
     from enginefarm.builder.planner import plan
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.builder.runners import load_runners
@@ -23,8 +23,8 @@ def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None
 
     settings = load_settings()
     loaded = [load_recipe(p) for p in recipes]
-    # `build` creates its store; every other command reads one, so a path the user named must be there.
-    opened = open_store(store or settings.store, must_exist=store_must_exist and (bool(store) or settings.store_explicit))
+    # `build` creates its store; the other commands read one, and a store that is not there yet reads as empty.
+    opened = open_store(store or settings.store) if creates_store else open_store_to_read(store, settings)
     planned = plan(loaded, settings.home / "sources", store=opened, targets=targets, precisions=precisions,
                    components=components, job_ids=jobs, offline=settings.offline,
                    runners=load_runners(runners) if runners else None, runner_labels_filter=runner_labels)
@@ -87,7 +87,7 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     from enginefarm.settings import parse_size
 
     budget = parse_size("--memory", memory)
-    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs, store_must_exist=False)
+    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs, creates_store=True)
     todo = [p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)]
     console = _console()
     for p in planned:

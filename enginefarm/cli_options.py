@@ -106,3 +106,15 @@ def stacked(*options):
         return func
 
     return apply
+
+
+def open_store_to_read(store: str | None, settings):
+    """The store a read-only command looks at. A local path that does not exist yet is an empty store, said in one
+    line (a typo shows there too), and nothing is created: only `build` and `publish` create a store."""
+    from enginefarm.cache.stores import missing_local_root, open_store
+
+    opened = open_store(store or settings.store)
+    missing = missing_local_root(opened)
+    if missing is not None:
+        click.echo(f"note: no store at {missing} yet: it is empty (`enginefarm build RECIPE` creates it)", err=True)
+    return opened

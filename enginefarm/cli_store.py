@@ -7,8 +7,8 @@ import json
 import click
 
 from enginefarm.cli_console import RichProgress, console
-from enginefarm.cli_options import (component_option, json_option, keep_versions_option, key_option, model_option, precision_option,
-                                    store_option, target_option)
+from enginefarm.cli_options import (component_option, json_option, keep_versions_option, key_option, model_option, open_store_to_read,
+                                    precision_option, store_option, target_option)
 from enginefarm.settings import load_settings
 
 
@@ -21,11 +21,9 @@ def ls_cmd(store, model, as_json):
     from rich.table import Table
 
     from enginefarm.cache.index import read_index
-    from enginefarm.cache.stores import open_store
 
     settings = load_settings()
-    # A typo'd --store would otherwise list as an empty store; the default store simply has nothing built yet.
-    opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
+    opened = open_store_to_read(store, settings)
     rows = []
     for name in opened.list_models():
         if model and name != model:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 
@@ -38,14 +40,25 @@ def test_run_with_nothing_stored_prints_just_the_error(cli, tmp_path):
     assert proc.stderr.startswith("error: no artifact of nope/decoder fits this device: no stored artifact for it\nhint: "), repr(proc.stderr)
 
 
-def test_ls_of_a_mistyped_store_path_says_there_is_none(cli, tmp_path):
-    proc = cli("ls", "--store", str(tmp_path / "no-such-store"))
-    assert proc.returncode == 1
-    assert proc.stderr.startswith(f"error: no store at {tmp_path / 'no-such-store'}") and "Traceback" not in proc.stderr
-    assert not (tmp_path / "no-such-store").exists()  # looking created nothing
+def test_read_only_commands_see_a_store_that_does_not_exist_yet_as_empty_and_say_so(cli, tmp_path, tiny_recipe):
+    """A user's first commands (`plan recipe.toml --store NEW`, then `build`) work: reading a store that is not there
+    yet shows it empty, in one line that names the path (a typo shows there too), and creates nothing."""
+    missing = tmp_path / "no-such-store"
+    note = f"note: no store at {missing} yet: it is empty (`enginefarm build RECIPE` creates it)"
+    for args in (("ls",), ("plan", str(tiny_recipe())), ("validate", str(tiny_recipe()))):
+        for how in ({"args": ("--store", str(missing))}, {"env": {"ENGINEFARM_STORE": str(missing)}}):
+            proc = cli(*args, *how.get("args", ()), env=how.get("env"))
+            assert proc.returncode == 0, (args, proc.stderr)
+            assert proc.stderr.splitlines() == [note], (args, proc.stderr)
+    proc = cli("plan", str(tiny_recipe()), "--store", str(missing), "--format", "json")
+    assert [job["status"] for job in json.loads(proc.stdout)] == ["to build"]
+    assert not missing.exists()  # looking created nothing
+    cli("build", str(tiny_recipe()), "--store", str(missing), "--no-bench", check=True)  # building creates it
+    proc = cli("plan", str(tiny_recipe()), "--store", str(missing), check=True)
+    assert "note:" not in proc.stderr and "built" in proc.stdout
 
 
-def test_a_store_path_that_does_not_exist_is_an_error_everywhere(cli, tmp_path, tiny_recipe):
+def test_loading_from_a_store_that_does_not_exist_is_an_error(cli, tmp_path, tiny_recipe):
     """A typo in --store or ENGINEFARM_STORE must not read as 'nothing built' (or serve what the cache holds)."""
     import pytest
 
@@ -54,8 +67,7 @@ def test_a_store_path_that_does_not_exist_is_an_error_everywhere(cli, tmp_path, 
 
     missing = tmp_path / "no-such-store"
     np.savez(tmp_path / "in.npz", latent=np.ones((1, 4, 8, 8), np.float32))
-    for args in (("plan", str(tiny_recipe())), ("run", "tiny-sd/decoder", "--input", str(tmp_path / "in.npz")),
-                 ("fetch", "tiny-sd/decoder"), ("validate", str(tiny_recipe()))):
+    for args in (("run", "tiny-sd/decoder", "--input", str(tmp_path / "in.npz")), ("fetch", "tiny-sd/decoder")):
         proc = cli(*args, "--store", str(missing))
         assert proc.returncode == 1 and proc.stderr.startswith(f"error: no store at {missing}\nhint: check the path"), (args, proc.stderr)
         proc = cli(*args, env={"ENGINEFARM_STORE": str(missing)})
@@ -63,7 +75,6 @@ def test_a_store_path_that_does_not_exist_is_an_error_everywhere(cli, tmp_path, 
     with pytest.raises(StoreNotFound, match="no store at"):
         enginefarm.load("tiny-sd/decoder", store=str(missing))
     assert not missing.exists()
-    cli("build", str(tiny_recipe()), "--store", str(missing), "--no-bench", check=True)  # building creates it
 
 
 def test_missing_optional_extras_are_named_not_raised(cli, tmp_path, tiny_recipe):

@@ -48,4 +48,10 @@ def open_store(url: str | Path, *, must_exist: bool = False) -> Store:
     return store
 
 
-__all__ = ["STORES", "Store", "open_store", "scheme_of"]
+def missing_local_root(store: Store) -> Path | None:
+    """The folder of a local store that does not exist yet (an empty store until a build creates it), else None."""
+    root = getattr(store, "root", None)
+    return None if root is None or Path(root).is_dir() else Path(root)
+
+
+__all__ = ["STORES", "Store", "missing_local_root", "open_store", "scheme_of"]

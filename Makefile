@@ -3,19 +3,21 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# The versions CI tests, pinned: both commands install from them (see `make constraints`).
+CONSTRAINTS := enginefarm/constraints.txt
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean constraints
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Stamps re-run the install (which also compiles the codec's C loop) whenever pyproject.toml or the C source changes.
-$(VENV)/.demo-deps: pyproject.toml cache/_interleave.c | $(VENV)/bin/python
-	$(PIP) install -e '.[onnxruntime,openvino,build]'
+$(VENV)/.demo-deps: pyproject.toml $(CONSTRAINTS) cache/_interleave.c | $(VENV)/bin/python
+	$(PIP) install -c $(CONSTRAINTS) -e '.[onnxruntime,openvino,build]'
 	touch $@
 
-$(VENV)/.test-deps: pyproject.toml cache/_interleave.c | $(VENV)/bin/python
-	$(PIP) install -e '.[test]'
+$(VENV)/.test-deps: pyproject.toml $(CONSTRAINTS) cache/_interleave.c | $(VENV)/bin/python
+	$(PIP) install -c $(CONSTRAINTS) -e '.[test]'
 	touch $@ $(VENV)/.demo-deps
 
 demo: $(VENV)/.demo-deps
@@ -29,6 +31,13 @@ test: $(VENV)/.test-deps
 bench: $(VENV)/.test-deps
 	$(PY) bench/pick.py
 	$(PY) bench/ttfi.py
+
+# Re-resolve every dependency of the test extra at its newest release in a scratch venv and pin the result.
+constraints:
+	rm -rf .venv-constraints && $(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip --disable-pip-version-check -q install -e '.[test]'
+	{ sed -n '/^#/p' $(CONSTRAINTS); .venv-constraints/bin/python -m pip freeze --exclude-editable | grep -v '^enginefarm'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS) && rm -rf .venv-constraints
 
 clean:
 	rm -rf .enginefarm build dist *.egg-info cache/_interleave.*.so cache/_interleave.*.pyd

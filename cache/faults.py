@@ -40,7 +40,7 @@ def checkpoint(stage: str) -> None:
         return
     if action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {stage})")
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows has no SIGKILL
 
 
 def _split(spec: str) -> tuple[str, str]:

@@ -11,7 +11,7 @@ $(VENV)/bin/python:
 
 # Stamps re-run the install (which also compiles the codec's C loop) whenever pyproject.toml or the C source changes.
 $(VENV)/.demo-deps: pyproject.toml cache/_interleave.c | $(VENV)/bin/python
-	$(PIP) install -e '.[onnxruntime,openvino,build]'
+	$(PIP) install -e '.[onnxruntime,openvino,build,cli]'
 	touch $@
 
 $(VENV)/.test-deps: pyproject.toml cache/_interleave.c | $(VENV)/bin/python

@@ -13,7 +13,7 @@ $(VENV)/bin/python:
 
 # Stamps re-run the install (which also compiles the codec's C loop) whenever pyproject.toml or the C source changes.
 $(VENV)/.demo-deps: pyproject.toml $(CONSTRAINTS) cache/_interleave.c | $(VENV)/bin/python
-	$(PIP) install -c $(CONSTRAINTS) -e '.[onnxruntime,openvino,build]'
+	$(PIP) install -c $(CONSTRAINTS) -e '.[onnxruntime,openvino,build,cli,export]'
 	touch $@
 
 $(VENV)/.test-deps: pyproject.toml $(CONSTRAINTS) cache/_interleave.c | $(VENV)/bin/python

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from enginefarm.cache.manifest import Target
 from enginefarm.errors import BackendUnavailable, ConfigError
 
-from .base import Availability, Backend, BackendSession, Built, BuiltFile, Feature, Rank
+from .base import Availability, Backend, BackendSession, BundleSpec, Built, BuiltFile, Feature, Rank
 
 if TYPE_CHECKING:
     from enginefarm.runner.device import Device
@@ -156,6 +156,6 @@ def validate_target(target: Target) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "Backend", "BackendSession", "Built", "BuiltFile", "Feature", "Rank", "all_backends", "availability",
+__all__ = ["BACKENDS", "Availability", "Backend", "BackendSession", "BundleSpec", "Built", "BuiltFile", "Feature", "Rank", "all_backends", "availability",
            "builds_on_cpu", "get_backend", "gpu_build_reason", "job_availability", "job_options", "job_refusal", "precision_refusal",
            "rank_of", "registry", "targets_for", "validate_target"]

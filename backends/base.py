@@ -60,6 +60,21 @@ class Built:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BundleSpec:
+    """What `enginefarm bundle` copies of a backend's runtime for one device class (enginefarm/bundle.py). Every file
+    its pip distributions installed (their RECORD), minus those matching a `drop` glob unless a `keep` glob matches
+    too; globs match '/'-separated paths relative to site-packages (fnmatch: `*` crosses folders). `runs_here`: the
+    proof can run an artifact on a machine without the device class's hardware (a CPU); where it cannot, the proof
+    calls the backend's `bundle_probe` inside the bundle instead, which shows how far the runtime's files load."""
+
+    distributions: tuple[str, ...]
+    drop: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
+    runs_here: bool = True
+    notes: str = ""  # what the bundle still needs from the system (a driver, an ICD loader)
+
+
 class BackendSession(Protocol):
     input_names: list[str]
     output_names: list[str]
@@ -142,6 +157,7 @@ class Backend:
     vendor_label: ClassVar[str] = ""  # the farm runner label of its GPU vendor ("nvidia")
     hosted_runners: ClassVar[dict[str, list[str]]] = {}  # device class -> labels of a hosted runner that builds it
     example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
+    bundles: ClassVar[dict[str, BundleSpec]] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs) -> None:
         """`abstract`: a base several backends share (NVIDIA's), checked in its subclasses."""
@@ -160,6 +176,12 @@ class Backend:
 
     def has(self, feature: Feature) -> bool:
         return feature in self.features
+
+    def bundle_probe(self, device_class: str) -> dict[str, Any]:
+        """Run inside a bundle whose device class cannot run here (BundleSpec.runs_here False): load the runtime's
+        files as far as this machine allows. `loads`: the device's library loaded; `missing`: the library it lacked
+        (the proof fails if the bundled distribution has it); `line`: what to tell the user."""
+        raise NotImplementedError(f"{self.name} has no bundle probe")
 
     # What every backend implements.
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
@@ -122,6 +122,14 @@ def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], 
     return [BuiltFile(name, "model")]
 
 
+# An app bundle (`enginefarm bundle`) holds the Python package with its pybind module, which is self-contained: the C
+# API library beside it (libonnxruntime.so, 35 MB) serves C/C++ callers only. Left out: tools/, transformers/,
+# quantization/, datasets/ and backend/ (the ONNX backend API, which imports onnx), type stubs.
+_ORT_BUNDLE = BundleSpec(("onnxruntime",), drop=("onnxruntime/tools/*", "onnxruntime/transformers/*", "onnxruntime/quantization/*",
+                                                 "onnxruntime/datasets/*", "onnxruntime/backend/*", "onnxruntime/capi/*onnxruntime.so*",
+                                                 "onnxruntime/capi/*onnxruntime.*.dylib", "*.pyi"))
+
+
 class OnnxRuntime(Backend):
     name = "onnxruntime"
     devices = re.compile(r"^cpu$")
@@ -129,6 +137,7 @@ class OnnxRuntime(Backend):
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
     features = frozenset({Feature.PATCH_WEIGHTS})
+    bundles = {"cpu": _ORT_BUNDLE}
     available = staticmethod(available)
     versions = staticmethod(versions)
     constraints = staticmethod(constraints)

@@ -12,7 +12,7 @@ import numpy as np
 from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,20 @@ def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], 
     return files
 
 
+# An app bundle (`enginefarm bundle`) holds the core library, the IR frontend (artifacts are IR), TBB and the plugin of
+# its device class. Left out: the model frontends (ONNX, TensorFlow, TF Lite, Paddle, PyTorch, JAX, GGUF read models,
+# an artifact is IR already), the other devices' plugins, AUTO/HETERO/BATCH (load() names the device), the C API,
+# headers, cmake files, type stubs, the torch.compile backend and tools/ (the ovc converter: it alone imports
+# openvino-telemetry and packaging). Globs are written for the wheels' file names on Linux, macOS and Windows.
+_OV_DROP = ("openvino/libs/*", "openvino/frontend/*/*", "openvino/tools/*", "openvino/include/*", "openvino/cmake/*", "openvino/torch/*",
+            "*.pyi")
+_OV_CORE = ("openvino/libs/*openvino.*", "openvino/libs/*openvino_ir_frontend*", "openvino/libs/*tbb*.so*",
+            "openvino/libs/*tbb*.dll", "openvino/libs/*tbb*.dylib", "openvino/libs/*hwloc*")
+def _ov_bundle(device: str, plugin: str, needs: str, cache: tuple[str, ...] = ()) -> BundleSpec:
+    return BundleSpec(("openvino",), drop=_OV_DROP, keep=(*_OV_CORE, f"openvino/libs/*openvino_intel_{plugin}_plugin*", *cache),
+                      runs_here=device == "CPU", notes=needs)
+
+
 class OpenVINO(Backend):
     name = "openvino"
     devices = re.compile(r"^(cpu|gpu|npu)$")
@@ -268,6 +282,13 @@ class OpenVINO(Backend):
     onnx_precision = "fp32"  # fp16 is done by OpenVINO's own weight compression
     features = frozenset({Feature.PATCH_WEIGHTS})
     vendor_label = "intel"
+    bundles = {
+        "cpu": _ov_bundle("CPU", "cpu", ""),
+        # cache.json: the GPU plugin's kernel tuning cache.
+        "gpu": _ov_bundle("GPU", "gpu", "an Intel GPU driver with its OpenCL runtime (libOpenCL.so.1 / OpenCL.dll) from the system",
+                          ("openvino/libs/cache.json",)),
+        "npu": _ov_bundle("NPU", "npu", "the Intel NPU driver from the system"),
+    }
     available = staticmethod(available)
     versions = staticmethod(versions)
     constraints = staticmethod(constraints)
@@ -278,6 +299,24 @@ class OpenVINO(Backend):
     weight_shapes = staticmethod(weight_shapes)
     read_weights = staticmethod(read_weights)
     patch_weights = staticmethod(patch_weights)
+
+    def bundle_probe(self, device_class: str) -> dict:
+        """Load the device's plugin through the Core, as compile_model would: OpenVINO resolves the registered plugin
+        to its file in the bundle and loads it with its dependencies, or says which library the system lacks."""
+        ov = _ov()
+        core, device = ov.Core(), device_class.upper()
+        try:
+            version = core.get_versions(device)[device]
+        except RuntimeError as exc:  # 'Cannot load library "<plugin>": libOpenCL.so.1: cannot open shared object file: …'
+            found = re.search(r'Cannot load library "([^"]+)": ([^:\s]+):', str(exc))
+            if found is None:
+                raise
+            plugin, missing = found.groups()
+            return {"loads": False, "plugin": plugin, "missing": missing,
+                    "line": f"the {device} plugin is registered and found in the bundle ({Path(plugin).name}); it needs {missing} from the system "
+                            f"to load, which this machine lacks"}
+        return {"loads": True, "plugin": version.description, "missing": None,
+                "line": f"the {device} plugin loads ({version.description} {version.build_number}); devices here: {', '.join(core.available_devices) or 'none'}"}
 
     def device_classes(self, device) -> tuple[str, ...]:
         """The CPU, and the Intel GPUs and NPUs OpenVINO itself lists (runner/device.py: intel-gpu, intel-npu)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from enginefarm import cli_build, cli_run, cli_store
+from enginefarm import cli_build, cli_bundle, cli_run, cli_store
 from enginefarm.cli_cache import cache_group
 from enginefarm.cli_console import console
 from enginefarm.cli_release import release_group
@@ -78,7 +78,7 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-for command in (*cli_build.COMMANDS, *cli_store.COMMANDS, *cli_run.COMMANDS, cache_group, release_group):
+for command in (*cli_build.COMMANDS, *cli_store.COMMANDS, *cli_run.COMMANDS, *cli_bundle.COMMANDS, cache_group, release_group):
     main.add_command(command)
 
 if __name__ == "__main__":

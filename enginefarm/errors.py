@@ -98,6 +98,7 @@ OPTIONAL_MODULES = {
     "boto3": "s3", "botocore": "s3", "onnxsim": "build", "onnx": "build", "onnxruntime": "onnxruntime",
     "openvino": "openvino", "coremltools": "coreml", "onnx2torch": "coreml", "torch": "coreml", "torchvision": "coreml",
     "tensorrt_rtx": "tensorrt-rtx", "tensorrt": "tensorrt", "cuda": "tensorrt", "pynvml": "tensorrt",
+    "click": "cli", "rich": "cli", "pygments": "cli",
 }
 
 

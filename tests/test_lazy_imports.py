@@ -1,4 +1,5 @@
-"""`import enginefarm`, `enginefarm.runner` and `enginefarm.cache` load no vendor SDK, no onnx and no boto3."""
+"""`import enginefarm`, `enginefarm.runner` and `enginefarm.cache` load no vendor SDK, no onnx and no boto3; the runtime
+needs no CLI module (click, rich: the `cli` extra), and the command names that extra when it is missing."""
 
 from __future__ import annotations
 
@@ -27,20 +28,23 @@ def test_the_check_itself_would_catch_a_heavy_import():
 
 
 BUILD_TIME = ("enginefarm.builder", "onnx", "onnxsim")  # what an app that only fetches and runs never needs
+CLI_ONLY = ("click", "rich", "pygments")  # the `cli` extra: only the `enginefarm` command needs it
 
 
 def _loaded(code: str, env: dict | None = None) -> list[str]:
     import os
 
-    probe = f"{code}\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxsim') or m.startswith('enginefarm.builder'))))"
+    probe = (f"{code}\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxsim', *{CLI_ONLY!r}) "
+             "or m.startswith(('enginefarm.builder', 'enginefarm.cli')))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.runner.load", "enginefarm.runner.resolve",
                                     "enginefarm.runner.measure", "enginefarm.runner.golden", "enginefarm.backends.openvino",
-                                    "enginefarm.backends.onnxruntime", "enginefarm.backends.tensorrt_rtx"])
-def test_the_runtime_imports_no_builder_module_and_no_onnx(module):
+                                    "enginefarm.backends.onnxruntime", "enginefarm.backends.tensorrt_rtx", "enginefarm.cache.device_cache",
+                                    "enginefarm.cache.progress", "enginefarm.runner.release"])
+def test_the_runtime_imports_no_builder_module_no_onnx_and_no_cli_module(module):
     assert _loaded(f"import {module}") == []
 
 
@@ -48,13 +52,53 @@ def test_the_guard_would_catch_a_builder_import():
     assert "enginefarm.builder.planner" in _loaded("import enginefarm.runner, enginefarm.builder.planner")
 
 
+def test_the_guard_would_catch_a_cli_import():
+    assert {"click", "rich"} <= set(_loaded("import enginefarm.runner, click, rich"))
+
+
+def _hide(folder, modules=CLI_ONLY) -> dict:
+    """Shim packages that raise ModuleNotFoundError on import, first on PYTHONPATH: as if `modules` were not installed."""
+    for module in modules:
+        (folder / module).mkdir(parents=True, exist_ok=True)
+        (folder / module / "__init__.py").write_text(f"raise ModuleNotFoundError('hidden for this test', name='{module}')\n")
+    return {"PYTHONPATH": str(folder)}
+
+
+@pytest.mark.parametrize("hidden", [CLI_ONLY, ("rich", "pygments")], ids=["no click or rich", "click without rich"])
+def test_the_command_without_its_extra_names_the_extra_in_one_line(tmp_path, hidden):
+    import os
+
+    env = {**os.environ, **_hide(tmp_path / "shims", hidden)}
+    for args in (["--help"], ["doctor"]):
+        proc = subprocess.run([sys.executable, "-c", "from enginefarm.cli_entry import main; main()", *args], capture_output=True, text=True, env=env)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines() == ["error: the enginefarm command needs its CLI extra", "hint: pip install 'enginefarm[cli]'"]
+    with_cli = subprocess.run([sys.executable, "-c", "from enginefarm.cli_entry import main; main()", "--help"], capture_output=True, text=True)
+    assert with_cli.returncode == 0 and "Usage:" in with_cli.stdout, with_cli.stderr
+
+
+def test_the_console_script_is_the_entry_that_checks_for_the_extra():
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["enginefarm"] == "enginefarm.cli_entry:main"
+    core = " ".join(project["dependencies"])
+    assert not any(name in core for name in CLI_ONLY)
+    extras = project["optional-dependencies"]
+    assert {d.split(">")[0] for d in extras["cli"]} == {"click", "rich"}
+    assert all(any("cli" in d and d.startswith("enginefarm[") for d in extras[name]) for name in ("all", "test"))
+
+
 @pytest.mark.parametrize("target", ["openvino:cpu", "onnxruntime:cpu"])
 def test_fetching_loading_and_running_an_artifact_needs_no_builder_module(tiny_recipe, cli, tmp_path, target):
-    """What an app does (load, run) with the builder out of the picture: a `pip install 'enginefarm[openvino]'` app."""
+    """What an app does (load, run) with the builder and the CLI out of the picture: a `pip install
+    'enginefarm[openvino]'` app, with click and rich not even importable."""
     store, home = tmp_path / "store", tmp_path / "home"
     cli("build", str(tiny_recipe(targets=(target,))), "--store", str(store), "--no-bench", check=True)
     code = ("import numpy as np, enginefarm\n"
             f"s = enginefarm.load('tiny-sd/decoder', device='cpu', target={target!r})\n"
             "out = s.run({'latent': np.zeros((1, 4, 8, 8), np.float32)})\n"
             "assert all(np.isfinite(v).all() for v in out.values())")
-    assert _loaded(code, {"ENGINEFARM_STORE": str(store), "ENGINEFARM_HOME": str(home)}) == []
+    env = {"ENGINEFARM_STORE": str(store), "ENGINEFARM_HOME": str(home), **_hide(tmp_path / "shims")}
+    assert _loaded(code, env) == []

@@ -101,17 +101,19 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
     if value is None:
         return None
     if key == "trained_betas":
+        if isinstance(value, (str, bytes)) or not all(isinstance(b, (int, float)) for b in value):
+            raise TypeError("trained_betas must be a list of numbers")
         return tuple(float(b) for b in value)
     if annotation.startswith("bool"):
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be true or false, not {value!r}")
         return value
     if annotation.startswith("int"):
-        if isinstance(value, bool) or not float(value).is_integer():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
             raise TypeError(f"{key} must be an integer, not {value!r}")
         return int(value)
     if annotation.startswith("float"):
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{key} must be a number, not {value!r}")
         return float(value)
     if annotation.startswith("str"):

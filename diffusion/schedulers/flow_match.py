@@ -59,6 +59,8 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
             sigmas = self._time_shift(sigmas)
         else:
             sigmas = self._static_shift(sigmas)
+        if cfg.shift_terminal and steps < 2:
+            raise ConfigError(f"{self.name}: shift_terminal needs at least 2 steps", hint="use 2 or more steps")
         if cfg.shift_terminal:
             # stretch so the last sigma lands on shift_terminal
             one_minus = 1 - sigmas

@@ -89,7 +89,7 @@ def test_bad_config_values_are_config_errors_naming_the_key(change, key):
 
 @pytest.mark.parametrize(("name", "change"), [("euler", {"interpolation_type": "log_linear"}),
                                               ("euler", {"use_beta_sigmas": True}),
-                                              ("dpmpp_2m", {"algorithm_type": "dpmsolver"}),
+                                              ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver"}),
                                               ("dpmpp_2m", {"use_lu_lambdas": True}),
                                               ("euler_a", {"prediction_type": "sample"})])
 def test_settings_we_do_not_implement_are_refused_not_ignored(name, change):

@@ -51,13 +51,13 @@ def recipe_text(source: ExportSource, name: str, components: dict[str, str | Non
         if component.precisions is not None:
             kept = [p for p in precisions if p in component.precisions] or list(component.precisions)
             if kept != list(precisions):
-                lines.append(f"precisions = {_list(kept)}  # the family table's: {_list(component.precisions)}")
+                lines.append(f"precisions = {_list(kept)}  # {component.precisions_reason or 'the family table says so'}")
         if component.fp16_keep_fp32:
             lines.append(f"fp16_keep_fp32 = {_list(component.fp16_keep_fp32)}")
         lines += ["", f"[components.{component_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in profile_dims(family, component, sizes, batch=batch, latent=latent).items()]
         ranges = input_ranges(family, component, sizes, source.vae_scaling_factor)
         if ranges:
-            spec = ", ".join(f"{_key(n)} = {{ low = {_toml(float(lo))}, high = {_toml(float(hi))} }}" for n, (lo, hi) in ranges.items())
+            spec = ", ".join(f"{_key(n)} = {{ low = {_toml(lo)}, high = {_toml(hi)} }}" for n, (lo, hi) in ranges.items())
             lines += ["", f"[components.{component_name}.validate]", f"inputs = {{ {spec} }}"]
     return "\n".join(lines) + "\n"

@@ -86,6 +86,7 @@ class Component:
     residuals: str | None = None
     text_index: int = 0  # which text encoder (its width in Sizes.text_widths)
     precisions: tuple[str, ...] | None = None  # None: whatever the export asks for
+    precisions_reason: str = ""  # why `precisions` is limited, for the recipe's comment
     fp16_keep_fp32: tuple[str, ...] = ()
     # Validation input ranges: input name → (low, high), as numbers or size names ("vocab_size" → its last id).
     value_ranges: tuple[tuple[str, object, object], ...] = ()

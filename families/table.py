@@ -62,12 +62,12 @@ def _controlnet(time_ids: int) -> Component:
 def _vae(fp32_only: bool = False) -> tuple[Component, Component]:
     """The decoder takes latents already divided by the scaling factor; the encoder gives the latent
     distribution's parameters (mean and log-variance), so the pipeline takes the mean or samples with its own noise."""
-    precisions = ("fp32",) if fp32_only else None
+    limit = dict(precisions=("fp32",), precisions_reason="this VAE overflows fp16; a fp16-fix VAE can add fp16") if fp32_only else {}
     decoder = Component("vae_decoder", "vae_decoder", "vae", (Tensor("latent_sample", F32, LATENT),), (Tensor("sample", F32, IMAGE),),
-                        precisions=precisions, value_ranges=(("latent_sample", "-unscaled_latent", "unscaled_latent"),))
+                        value_ranges=(("latent_sample", "-unscaled_latent", "unscaled_latent"),), **limit)
     encoder = Component("vae_encoder", "vae_encoder", "vae", (Tensor("sample", F32, IMAGE),),
                         (Tensor("latent_parameters", F32, ("batch", "latent_moments", "height", "width")),),
-                        precisions=precisions, value_ranges=(("sample", -1.0, 1.0),))
+                        value_ranges=(("sample", -1.0, 1.0),), **limit)
     return decoder, encoder
 
 

@@ -6,6 +6,8 @@ only when a tokenizer is loaded.
 
 from __future__ import annotations
 
+from .images import read_png, write_png
+from .pipeline import Pipeline
 from .schedulers import ALIASES, SCHEDULERS, Scheduler, SchedulerConfig, dynamic_shift_mu, make_scheduler
 
-__all__ = ["ALIASES", "SCHEDULERS", "Scheduler", "SchedulerConfig", "dynamic_shift_mu", "make_scheduler"]
+__all__ = ["ALIASES", "SCHEDULERS", "Pipeline", "Scheduler", "SchedulerConfig", "dynamic_shift_mu", "make_scheduler", "read_png", "write_png"]

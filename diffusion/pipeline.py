@@ -71,7 +71,7 @@ class Pipeline:
                  control_image: np.ndarray | None = None, controlnet_conditioning_scale: float = 1.0,
                  original_size: tuple[int, int] | None = None, crops_coords_top_left: tuple[int, int] = (0, 0),
                  target_size: tuple[int, int] | None = None, aesthetic_score: float = 6.0, negative_aesthetic_score: float = 2.5,
-                 output_type: str = "np", on_step: StepCallback | None = None) -> np.ndarray:
+                 output_type: str = "np", on_step: StepCallback | None = None, step_noise: list[np.ndarray] | None = None) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
         latents: the starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as diffusers
@@ -79,7 +79,8 @@ class Pipeline:
         its spread is negligible for trained VAEs, and the result stays reproducible); `latents` is then the noise
         added to it. scheduler: a diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the
         model's own. original_size, crops_coords_top_left, target_size: SDXL's micro-conditioning (default: the
-        output size, no crop); aesthetic scores: the refiner's."""
+        output size, no crop); aesthetic scores: the refiner's. step_noise: the fresh noise of each ancestral step
+        (default drawn from `seed`), for reproducing another implementation's run."""
         from .schedulers import make_scheduler
 
         if output_type not in ("np", "latent"):
@@ -132,7 +133,7 @@ class Pipeline:
             if use_guidance:
                 uncond, cond = predicted[:1], predicted[1:]
                 predicted = uncond + np.float32(guidance) * (cond - uncond)
-            x = sched.step(predicted, t, x).astype(np.float32)
+            x = sched.step(predicted, t, x, None if step_noise is None else step_noise[done - 1]).astype(np.float32)
             if on_step is not None:
                 on_step(done, total)
         timings["denoise"] = time.perf_counter() - start

@@ -25,14 +25,17 @@ StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 class Pipeline:
     """A model's components as loaded sessions, with its assets (tokenizers, scheduler config, configs)."""
 
-    def __init__(self, name: str, assets: ModelAssets, sessions: dict, controlnet: str | None = None) -> None:
+    def __init__(self, name: str, assets: ModelAssets, sessions: dict, controlnet: str | None = None,
+                 load_component: Callable[[str], object] | None = None) -> None:
         self.name = name
+        self._load_component = load_component  # for what only some calls need (the VAE encoder: image to image)
         self.assets = assets
         self.family = assets.family
         self.sessions = sessions
         self.controlnet = controlnet
         self.prompts = PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
+        self._load_timings: dict[str, float] = {}
 
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
@@ -50,18 +53,28 @@ class Pipeline:
                               hint="pass assets= the assets/ folder `enginefarm export` wrote beside the recipe")
         found = ModelAssets.from_folder(assets)
         family = found.family
-        wanted = _components(family, controlnet)
-        sessions, timings = {}, {}
-        for component in wanted:
+        timings: dict[str, float] = {}
+
+        def load_component(component: str):
             spec = family.component(component)
             chosen = precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
             start = time.perf_counter()
-            sessions[component] = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target,
-                                                  progress=progress)
+            session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress)
             timings[f"load {component}"] = time.perf_counter() - start
-        pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None)
-        pipe.timings = timings
+            return session
+
+        sessions = {component: load_component(component) for component in _components(family, controlnet)}
+        pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
+        pipe.timings = pipe._load_timings = timings
         return pipe
+
+    def session(self, component: str):
+        """A component's session, loaded on first use if the pipeline did not load it up front."""
+        if component not in self.sessions:
+            if self._load_component is None:
+                raise ConfigError(f"this pipeline has no {component}", hint="load it with Pipeline.load")
+            self.sessions[component] = self._load_component(component)
+        return self.sessions[component]
 
     # -- one image
 
@@ -138,7 +151,7 @@ class Pipeline:
                 on_step(done, total)
         timings["denoise"] = time.perf_counter() - start
         timings["steps"] = total
-        self.timings = {**{k: v for k, v in self.timings.items() if k.startswith("load ")}, **timings}
+        self.timings = {**self._load_timings, **timings}
         if output_type == "latent":
             return x
         start = time.perf_counter()
@@ -170,7 +183,7 @@ class Pipeline:
 
     def _encode_image(self, image: np.ndarray, height: int, width: int) -> np.ndarray:
         pixels = to_nchw(image, height, width, "image") * 2 - 1
-        moments = self.sessions["vae_encoder"].run({"sample": pixels.astype(np.float32)})["latent_parameters"]
+        moments = self.session("vae_encoder").run({"sample": pixels.astype(np.float32)})["latent_parameters"]
         mean = moments[:, : moments.shape[1] // 2]
         return ((mean - np.float32(self.assets.vae_shift_factor)) * np.float32(self.assets.vae_scaling_factor)).astype(np.float32)
 
@@ -205,4 +218,4 @@ def _components(family, controlnet: bool) -> list[str]:
         names += ["controlnet", "unet_controlnet"]
     else:
         names.append("unet")
-    return names + [c.name for c in family.components if c.kind in ("vae_decoder", "vae_encoder")]
+    return names + ["vae_decoder"]  # the VAE encoder loads at the first image-to-image call

@@ -1,6 +1,6 @@
 """The `enginefarm` command: the `main` group, its logging and error handling, and the commands it is made of.
 
-Each command group lives in its own module (cli_build, cli_store, cli_run, cli_cache, cli_release), with the options
+Each command group lives in its own module (cli_build, cli_store, cli_run, cli_export, cli_generate, cli_cache, cli_release), with the options
 they share in cli_options. Commands are thin: parse options, call the library, draw results. User errors print one line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from enginefarm import cli_build, cli_bundle, cli_run, cli_store
+from enginefarm import cli_build, cli_bundle, cli_export, cli_generate, cli_run, cli_store
 from enginefarm.cli_cache import cache_group
 from enginefarm.cli_console import console
 from enginefarm.cli_release import release_group
@@ -78,7 +78,8 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-for command in (*cli_build.COMMANDS, *cli_store.COMMANDS, *cli_run.COMMANDS, *cli_bundle.COMMANDS, cache_group, release_group):
+for command in (*cli_build.COMMANDS, *cli_store.COMMANDS, *cli_run.COMMANDS, *cli_bundle.COMMANDS, *cli_export.COMMANDS,
+                *cli_generate.COMMANDS, cache_group, release_group):
     main.add_command(command)
 
 if __name__ == "__main__":

@@ -83,6 +83,11 @@ class TrustError(EnginefarmError):
     The last trusted state is kept and nothing is cached."""
 
 
+class ExportError(EnginefarmError, RuntimeError):
+    """`enginefarm export` could not produce a correct ONNX model: the exported model disagrees with torch, or
+    its inputs and outputs are not what the family table says. Nothing is written to the output folder."""
+
+
 class WeightsError(EnginefarmError, ValueError):
     """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""
 
@@ -97,6 +102,7 @@ OPTIONAL_MODULES = {
     "matplotlib": "report", "tuf": "release", "securesystemslib": "release", "cryptography": "release",
     "boto3": "s3", "botocore": "s3", "onnxsim": "build", "onnx": "build", "onnxruntime": "onnxruntime",
     "openvino": "openvino", "coremltools": "coreml", "onnx2torch": "coreml", "torch": "coreml", "torchvision": "coreml",
+    "diffusers": "export", "transformers": "export", "safetensors": "export",
     "tensorrt_rtx": "tensorrt-rtx", "tensorrt": "tensorrt", "cuda": "tensorrt", "pynvml": "tensorrt",
     "click": "cli", "rich": "cli", "pygments": "cli",
 }

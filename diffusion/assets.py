@@ -1,0 +1,76 @@
+"""What a pipeline reads besides its engines: the model's family, tokenizers, scheduler config and component configs,
+from the `assets/` folder `enginefarm export` writes (and `build` publishes beside the artifacts)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from enginefarm.errors import ConfigError
+from enginefarm.families import Family, detect_family, family
+
+
+@dataclass(frozen=True)
+class ModelAssets:
+    folder: Path
+    family: Family
+    model_index: dict[str, Any] = field(default_factory=dict)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # diffusers subfolder → its config
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "ModelAssets":
+        folder = Path(folder)
+        index_path = folder / "model_index.json"
+        if not index_path.is_file():
+            raise ConfigError(f"{folder}: no model_index.json: not a model's assets folder",
+                              hint="pass the assets/ folder `enginefarm export` wrote, or load the model from a store that has its assets")
+        model_index = _read_json(index_path)
+        configs = {p.parent.name: _read_json(p) for p in sorted(folder.glob("*/*config.json"))
+                   if p.name in ("config.json", "scheduler_config.json")}
+        described = folder / "family.json"
+        found = family(_read_json(described)["family"]) if described.is_file() else detect_family(model_index, configs)
+        return cls(folder, found, model_index, configs)
+
+    @property
+    def scheduler_config(self) -> dict[str, Any]:
+        return self.configs.get("scheduler", {})
+
+    @cached_property
+    def vae_scaling_factor(self) -> float:
+        return float(self.configs.get("vae", {}).get("scaling_factor", self.family.vae_scaling_factor))
+
+    @property
+    def vae_shift_factor(self) -> float:
+        return float(self.configs.get("vae", {}).get("shift_factor") or 0.0)
+
+    @property
+    def force_zeros_for_empty_prompt(self) -> bool:
+        """SDXL: an absent negative prompt is zeros, not the encoded empty prompt (model_index.json says)."""
+        return bool(self.model_index.get("force_zeros_for_empty_prompt", self.family.time_ids == 6))
+
+    @property
+    def native_pixels(self) -> int:
+        """The image size the UNet was trained at: its config's sample_size × the VAE's factor."""
+        sample = self.configs.get("unet", {}).get("sample_size")
+        return int(sample) * self.family.vae_scale_factor if isinstance(sample, int) else self.family.native_pixels
+
+    def tokenizer_folder(self, text_encoder: str) -> Path:
+        """text_encoder → tokenizer, text_encoder_2 → tokenizer_2 (diffusers' pairing)."""
+        name = "tokenizer" + text_encoder.removeprefix("text_encoder")
+        folder = self.folder / name
+        if not folder.is_dir():
+            raise ConfigError(f"{self.folder}: the tokenizer folder {name}/ is missing", hint="re-export the model with `enginefarm export`")
+        return folder
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: unreadable ({type(exc).__name__})", hint="re-export the model with `enginefarm export`") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object", hint="re-export the model with `enginefarm export`")
+    return data

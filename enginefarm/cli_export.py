@@ -1,0 +1,73 @@
+"""`enginefarm export`: a diffusers folder → ONNX files, checkpoints, assets and a recipe (the `export` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from enginefarm.errors import ConfigError
+
+_PATH = click.Path(path_type=Path)
+
+
+def _triple(name: str, raw: str | None) -> tuple[int, int, int] | None:
+    if raw is None:
+        return None
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not 0 < values[0] <= values[1] <= values[2]:
+        raise ConfigError(f"{name} {raw!r} is not MIN,OPT,MAX", hint=f"e.g. {name} 1,2,4 (positive, min <= opt <= max)")
+    return values
+
+
+def _items(raw: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def _bytes(raw: str) -> int:
+    from enginefarm.settings import parse_size
+
+    return 0 if raw.strip() == "0" else parse_size("--external-data-above", raw)
+
+
+@click.command("export")
+@click.argument("source", type=_PATH)
+@click.option("--out", required=True, type=_PATH, help="The folder to write (must be new or empty, unless --overwrite).")
+@click.option("--name", help="The model name in the recipe (default: SOURCE's folder name).")
+@click.option("--controlnet", type=_PATH, help="A ControlNet folder to export with the pipeline, as one model of its ControlNet family.")
+@click.option("--targets", default="openvino:cpu,onnxruntime:cpu", show_default=True, metavar="T,…", help="The recipe's targets.")
+@click.option("--precisions", default="fp32,fp16", show_default=True, metavar="P,…", help="The recipe's precisions.")
+@click.option("--batch", metavar="MIN,OPT,MAX", help="Batch range of the profiles (default: the family's, 1,2,4; VAE 1,1,2).")
+@click.option("--latent", metavar="MIN,OPT,MAX", help="Latent size range of the profiles, image pixels / 8 (default: the family's).")
+@click.option("--external-data-above", default="2G", show_default=True, metavar="SIZE",
+              help="Write weights to <component>.onnx.data above this size (protobuf cannot hold 2 GiB in one file).")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it holds something (only once the new export passed its checks).")
+def export_cmd(source, out, name, controlnet, targets, precisions, batch, latent, external_data_above, overwrite):
+    """Export the diffusers pipeline folder SOURCE (model_index.json) to ONNX, one file per component, each checked
+    against torch on ONNX Runtime at two shapes, with its checkpoint (safetensors, diffusers names), the assets a
+    runtime needs (tokenizers, scheduler, configs) and recipe.toml, which `enginefarm build` builds.
+
+    SOURCE may also be a standalone ControlNet folder (config.json): only `controlnet` is exported then."""
+    from enginefarm.cli_console import RichProgress, console
+    from enginefarm.export import export_model
+
+    with RichProgress() as progress:
+        result = export_model(source, out, name, progress, controlnet=controlnet, targets=_items(targets), precisions=_items(precisions),
+                              batch=_triple("--batch", batch), latent=_triple("--latent", latent),
+                              external_data_above=_bytes(external_data_above), overwrite=overwrite)
+    from rich.table import Table
+
+    table = Table(title=f"{result.name}: {result.family.id} ({result.family.title}), {result.seconds:.1f} s")
+    for column in ("component", "ONNX", "MB", "seconds", "max deviation from torch"):
+        table.add_column(column)
+    for c in result.components:
+        table.add_row(c.name, c.onnx.name + (" + .data" if c.external_data else ""), f"{c.size / 1e6:.1f}", f"{c.seconds:.1f}",
+                      f"{max(c.deviations.values()):.1e}")
+    console().print(table)
+    click.echo(f"wrote {result.out}; build it with: enginefarm build {result.recipe}")
+
+
+COMMANDS = (export_cmd,)

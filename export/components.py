@@ -1,0 +1,147 @@
+"""Each kind of component as a torch module with the ONNX contract's signature: the diffusers or transformers
+model loaded from its folder (fp32), wrapped so that its inputs and outputs are exactly the family table's, in
+its order. torch, diffusers and transformers are imported inside the functions (the `export` extra)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from enginefarm.families import Component
+
+from .source import ExportSource
+
+log = logging.getLogger(__name__)
+
+_DIFFUSERS_CLASSES = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel"}
+
+
+class Loaded:
+    """The torch models of one export, each loaded once (the VAE serves the decoder and the encoder, the UNet the
+    plain and the ControlNet UNet) and dropped when its last component is done."""
+
+    def __init__(self, source: ExportSource, components: tuple[str, ...]) -> None:
+        self.source = source
+        self.models: dict[str, object] = {}
+        self.users = {}
+        for name in components:
+            folder = source.family.component(name).folder
+            self.users[folder] = self.users.get(folder, 0) + 1
+
+    def get(self, folder: str):
+        if folder not in self.models:
+            self.models[folder] = _load(self.source, folder)
+        return self.models[folder]
+
+    def done(self, folder: str) -> None:
+        self.users[folder] -= 1
+        if self.users[folder] == 0:
+            self.models.pop(folder, None)
+
+
+def _load(source: ExportSource, folder: str):
+    """A component's model, fp32, from its local folder; nothing is fetched from a hub."""
+    import torch
+
+    path = source.folder(folder)
+    if folder.startswith("text_encoder"):
+        import transformers
+
+        library, cls_name = (source.model_index.get(folder) or [None, None])
+        cls = getattr(transformers, cls_name or "CLIPTextModel")
+        model = cls.from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
+    else:
+        import diffusers
+
+        model = getattr(diffusers, _DIFFUSERS_CLASSES[folder]).from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
+    return model.eval()
+
+
+def wrap(component: Component, model, family_time_ids: int):
+    """`model` as a module whose forward takes the component's inputs positionally and returns its outputs."""
+    import torch
+
+    kind = component.kind
+    output_names = [t.name for t in component.outputs]
+
+    class TextEncoder(torch.nn.Module):
+        """SD 1.x/2.x read the last layer (`last_hidden_state`); SDXL reads the penultimate hidden states and the
+        pooled projection (`text_embeds`, CLIPTextModelWithProjection)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            penultimate = "hidden_states" in output_names
+            out = self.model(input_ids=input_ids, output_hidden_states=penultimate)
+            results = [out.hidden_states[-2] if penultimate else out.last_hidden_state]
+            if "text_embeds" in output_names:
+                results.append(out.text_embeds)
+            return tuple(results) if len(results) > 1 else results[0]
+
+    class Denoiser(torch.nn.Module):
+        """The UNet (plain, or taking ControlNet residuals) and the ControlNet itself. SDXL's added conditioning
+        (text_embeds, time_ids) comes after the common inputs, the residuals last."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, sample, timestep, encoder_hidden_states, *rest):
+            rest = list(rest)
+            cond = rest.pop(0) if kind == "controlnet" else None
+            added = None
+            if family_time_ids:
+                added = {"text_embeds": rest.pop(0), "time_ids": rest.pop(0)}
+            if kind == "controlnet":
+                down, mid = self.model(sample, timestep, encoder_hidden_states, controlnet_cond=cond, conditioning_scale=1.0,
+                                       added_cond_kwargs=added, return_dict=False)
+                return (*down, mid)
+            if kind == "unet_controlnet":
+                return self.model(sample, timestep, encoder_hidden_states, added_cond_kwargs=added,
+                                  down_block_additional_residuals=tuple(rest[:-1]), mid_block_additional_residual=rest[-1],
+                                  return_dict=False)[0]
+            return self.model(sample, timestep, encoder_hidden_states, added_cond_kwargs=added, return_dict=False)[0]
+
+    class VaeDecoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, latent_sample):
+            return self.model.decode(latent_sample, return_dict=False)[0]
+
+    class VaeEncoder(torch.nn.Module):
+        """The latent distribution's parameters (mean and log-variance on the channel axis), not a sample: the
+        pipeline takes the mean or samples with its own seeded noise."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, sample):
+            return self.model.encode(sample, return_dict=False)[0].parameters
+
+    wrapper = {"text_encoder": TextEncoder, "unet": Denoiser, "unet_controlnet": Denoiser, "controlnet": Denoiser,
+               "vae_decoder": VaeDecoder, "vae_encoder": VaeEncoder}[kind]
+    return wrapper().eval()
+
+
+# The checkpoint of each component: its model's state_dict in diffusers/transformers names. The VAE's halves take
+# their own keys; the ControlNet UNet shares the UNet's file.
+_CHECKPOINT_PREFIXES = {"vae_decoder": ("decoder.", "post_quant_conv."), "vae_encoder": ("encoder.", "quant_conv.")}
+SHARED_CHECKPOINTS = {"unet_controlnet": "unet"}
+
+
+def checkpoint_tensors(component: Component, model) -> dict:
+    prefixes = _CHECKPOINT_PREFIXES.get(component.kind)
+    state = model.state_dict()
+    return {k: v.detach().contiguous() for k, v in state.items() if prefixes is None or k.startswith(prefixes)}
+
+
+def write_checkpoint(component: Component, model, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(checkpoint_tensors(component, model), str(path), metadata={"format": "pt"})
+    return path

@@ -1,0 +1,187 @@
+"""`export_model`: a diffusers folder → checked ONNX files, checkpoints, runtime assets and a recipe, written to a
+staging folder beside the output and moved into place only when every component passed its checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from enginefarm.cache.progress import ProgressLike, as_progress
+from enginefarm.errors import ConfigError
+from enginefarm.families import Family, input_ranges
+
+from . import recipe as recipes
+from .check import Shape, check_contract, compare_with_torch, example_inputs
+from .components import SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
+from .source import ExportSource, read_source
+
+log = logging.getLogger(__name__)
+
+ASSET_FOLDERS = ("tokenizer", "tokenizer_2")
+EXPORT_MODULES = ("torch", "diffusers", "transformers", "safetensors", "onnx", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class ComponentExport:
+    name: str
+    onnx: Path
+    external_data: bool  # weights in `<name>.onnx.data`
+    size: int  # bytes of the ONNX file and its data
+    seconds: float  # load, export, checks and checkpoint
+    deviations: dict[str, float]  # per checked shape: max |ONNX Runtime - torch| over the output range
+    checkpoint: Path | None
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    family: Family
+    name: str
+    out: Path
+    recipe: Path
+    components: tuple[ComponentExport, ...]
+    seconds: float
+
+
+def export_model(source: Path, out: Path, name: str | None = None, progress: ProgressLike = None, *, controlnet: Path | None = None,
+                 targets=recipes.DEFAULT_TARGETS, precisions=recipes.DEFAULT_PRECISIONS, batch: tuple[int, int, int] | None = None,
+                 latent: tuple[int, int, int] | None = None, external_data_above: int = EXTERNAL_DATA_ABOVE,
+                 overwrite: bool = False) -> ExportResult:
+    """Export the diffusers pipeline (or standalone ControlNet) folder `source` to `out`: `<component>.onnx` (and
+    `.onnx.data` for weights above `external_data_above` bytes), `<component>.safetensors`, `assets/`, `recipe.toml`.
+    `controlnet`: a ControlNet folder exported with the pipeline as one model of the ControlNet family. `batch`
+    and `latent` (min, opt, max) replace the family's profile ranges. Nothing is written to `out` unless every
+    component matches torch on ONNX Runtime."""
+    started = time.monotonic()
+    found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it")
+    _require_export_modules()
+    name = recipes.model_name(name or Path(source).resolve().name)
+    report = as_progress(progress)
+    report.message(f"{found.family.title} ({found.family.id}): {', '.join(found.components)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        done = _export_components(found, staging, report, batch=batch, latent=latent, external_data_above=external_data_above)
+        _copy_assets(found, staging / "assets")
+        checkpoints = {c.name: c.checkpoint.name if c.checkpoint else None for c in done}
+        for component, shared in SHARED_CHECKPOINTS.items():
+            if component in checkpoints and shared in checkpoints:
+                checkpoints[component] = checkpoints[shared]
+        text = recipes.recipe_text(found, name, checkpoints, targets=tuple(targets), precisions=tuple(precisions), batch=batch, latent=latent,
+                                   origin=str(source) + (f" with ControlNet {controlnet}" if controlnet else ""))
+        (staging / "recipe.toml").write_text(text)
+        _check_recipe(staging / "recipe.toml")
+        _move_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    moved = tuple(ComponentExport(c.name, out / c.onnx.name, c.external_data, c.size, c.seconds, c.deviations,
+                                  out / c.checkpoint.name if c.checkpoint else None) for c in done)
+    return ExportResult(found.family, name, out, out / "recipe.toml", moved, time.monotonic() - started)
+
+
+def _require_export_modules() -> None:
+    import importlib
+
+    for module in EXPORT_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ConfigError(f"`enginefarm export` needs {module}, which is not installed", hint="pip install 'enginefarm[export]'") from None
+    import diffusers
+    import transformers
+
+    # Their loading bars and "accelerate not found" notes are noise beside the export's own progress.
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None) -> tuple[Shape, Shape]:
+    """The export's tracing shape (batch 2, the profile's opt latent, square) and a second one with another batch
+    and a non-square latent a UNet level up and down, so batch, height and width are each shown to be dynamic."""
+    opt = (latent or found.family.latent_range)[1]
+    denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
+    step = 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
+    return Shape(2, opt, opt), Shape(1, max(step, opt - step), opt + step)
+
+
+def _export_components(found: ExportSource, staging: Path, report, *, batch, latent, external_data_above: int) -> list[ComponentExport]:
+    family, sizes = found.family, found.sizes
+    loaded = Loaded(found, found.components)
+    shapes = check_shapes(found, latent)
+    done = []
+    for index, component_name in enumerate(found.components):
+        report.work("export", index, len(found.components))
+        start = time.monotonic()
+        component = family.component(component_name)
+        model = loaded.get(component.folder)
+        module = wrap(component, model, family.time_ids)
+        inputs, outputs = component.io(sizes)
+        ranges = input_ranges(family, component, sizes, found.vae_scaling_factor)
+        cases = [(shape, example_inputs(inputs, ranges, shape, family.vae_scale_factor, seed)) for seed, shape in enumerate(shapes)]
+        path = staging / f"{component_name}.onnx"
+        external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
+        check_contract(path, component_name, inputs, outputs)
+        deviations = compare_with_torch(path, component_name, module, cases, outputs, family.vae_scale_factor)
+        checkpoint = None
+        if component_name not in SHARED_CHECKPOINTS:
+            checkpoint = write_checkpoint(component, model, staging / f"{component_name}.safetensors")
+        del module
+        loaded.done(component.folder)
+        size = sum(p.stat().st_size for p in files_of(path))
+        seconds = time.monotonic() - start
+        done.append(ComponentExport(component_name, path, external, size, seconds, deviations, checkpoint))
+        report.message(f"{component_name}: {seconds:.1f} s, {size / 1e6:.1f} MB{' (external data)' if external else ''}, "
+                       f"max deviation from torch {max(deviations.values()):.1e}")
+    report.work("export", len(found.components), len(found.components))
+    return done
+
+
+def _copy_assets(found: ExportSource, assets: Path) -> None:
+    """What a runtime needs beside the engines: tokenizers, the scheduler config, model_index.json and each
+    component's config.json in the diffusers layout, and family.json (the family and the sizes the configs decided)."""
+    assets.mkdir()
+    if found.pipeline is not None:
+        for folder in ASSET_FOLDERS:
+            if (found.pipeline / folder).is_dir():
+                shutil.copytree(found.pipeline / folder, assets / folder)
+        if (found.pipeline / "scheduler" / "scheduler_config.json").is_file():
+            (assets / "scheduler").mkdir()
+            shutil.copy2(found.pipeline / "scheduler" / "scheduler_config.json", assets / "scheduler" / "scheduler_config.json")
+        shutil.copy2(found.pipeline / "model_index.json", assets / "model_index.json")
+    for folder, config in found.configs.items():
+        if folder != "scheduler":
+            (assets / folder).mkdir(exist_ok=True)
+            (assets / folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    description = {"family": found.family.id, "components": list(found.components), "sizes": asdict(found.sizes),
+                   "vae_scaling_factor": found.vae_scaling_factor, "prediction_type": found.prediction_type}
+    (assets / "family.json").write_text(json.dumps(description, indent=2) + "\n")
+
+
+def _check_recipe(path: Path) -> None:
+    """The recipe must load as `enginefarm build` will load it (a bad --targets value fails here, not later)."""
+    from enginefarm.builder.recipe import load_recipe
+
+    load_recipe(path)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """One rename puts the finished export at `out`; a replaced one is moved aside first and removed after."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,83 @@
+"""Which family a diffusers folder holds, from its model_index.json and its components' configs alone."""
+
+from __future__ import annotations
+
+from enginefarm.errors import ConfigError
+
+from .spec import Family
+from .table import FAMILIES
+
+_HINT = f"known families: {', '.join(FAMILIES)}"
+# SD 1.x and 2.x share a pipeline class; their UNets differ in the text width they attend to.
+_SD_BY_TEXT_WIDTH = {768: "sd1", 1024: "sd2"}
+
+
+def family(family_id: str) -> Family:
+    try:
+        return FAMILIES[family_id]
+    except KeyError:
+        raise ConfigError(f"unknown model family {family_id!r}", hint=_HINT) from None
+
+
+def with_controlnet(base: Family) -> Family:
+    """The ControlNet variant of `base` (sd1 → controlnet-sd1); a ControlNet family is its own."""
+    if base.is_controlnet:
+        return base
+    if base.controlnet is None:
+        raise ConfigError(f"there is no ControlNet family for {base.id} ({base.title})",
+                          hint=f"ControlNet is supported for: {', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet)}")
+    return FAMILIES[base.controlnet]
+
+
+def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
+    """The family of a diffusers folder. `model_index` is its model_index.json, `configs` the config of each
+    component folder by name (unet, scheduler, controlnet…; missing ones are simply absent). A standalone
+    ControlNet folder passes its config.json as `model_index` (its `_class_name` is ControlNetModel)."""
+    cls = model_index.get("_class_name")
+    if cls == "ControlNetModel":
+        return FAMILIES[_controlnet_base(model_index).controlnet]
+    unet = configs.get("unet", {})
+    if unet.get("in_channels", 4) != 4:
+        raise ConfigError(f"{cls} with a {unet['in_channels']}-channel UNet (an inpainting or depth model) is not a supported family yet",
+                          hint=_HINT)
+    if cls in ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"):
+        return _sd(unet, configs.get("scheduler", {}))
+    if cls == "StableDiffusionXLPipeline":
+        return FAMILIES["sdxl"]
+    if cls == "StableDiffusionXLImg2ImgPipeline":
+        # The refiner is saved as the img2img pipeline without the first text encoder, conditioned on aesthetics.
+        no_first_encoder = not _present(model_index.get("text_encoder"))
+        return FAMILIES["sdxl-refiner" if no_first_encoder or model_index.get("requires_aesthetics_score") else "sdxl"]
+    if cls in FAMILIES["controlnet-sd1"].pipelines:
+        base = _sd(unet, configs.get("scheduler", {}))
+        return with_controlnet(base)
+    if cls in FAMILIES["controlnet-sdxl"].pipelines:
+        return FAMILIES["controlnet-sdxl"]
+    raise ConfigError(f"unknown model family: model_index.json's _class_name is {cls!r}",
+                      hint=f"supported pipelines: {', '.join(sorted({p for f in FAMILIES.values() for p in f.pipelines}))}")
+
+
+def _present(entry: object) -> bool:
+    """model_index.json lists a missing component as [null, null]."""
+    return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
+
+
+def _sd(unet: dict, scheduler: dict) -> Family:
+    width = unet.get("cross_attention_dim")
+    found = _SD_BY_TEXT_WIDTH.get(width)
+    if found is None:
+        raise ConfigError(f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD 2.x 1024)",
+                          hint=_HINT)
+    if found == "sd2" and scheduler.get("prediction_type") == "v_prediction":
+        found = "sd2-v"
+    return FAMILIES[found]
+
+
+def _controlnet_base(config: dict) -> Family:
+    if config.get("addition_embed_type") == "text_time":
+        return FAMILIES["sdxl"]
+    width = config.get("cross_attention_dim")
+    if width == 768:
+        return FAMILIES["sd1"]
+    raise ConfigError(f"unknown model family: a ControlNet with cross_attention_dim {width!r} and no SDXL conditioning",
+                      hint="ControlNets for SD 1.x (768) and SDXL (addition_embed_type text_time) are supported")

@@ -1,0 +1,196 @@
+"""The shapes of family knowledge: tensors, components, families, and the sizes a model's configs fill in.
+
+A tensor's shape is written once per family with three kinds of dims:
+- an int: fixed (77 text tokens);
+- a dynamic dim name from DYNAMIC_DIMS (`batch`, latent `height`/`width`, pixel `image_height`/`image_width`,
+  and `height_div2`… for ControlNet residuals at lower resolutions): the ONNX file names it, the recipe ranges it;
+- a size name (`text_width`, `cross_attention_dim`…): a number the model's configs decide, fixed in the ONNX file.
+  `Sizes` holds them; each family's `sizes` are its real models', and the exporter reads the actual ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+TOKENS = 77  # CLIP's context: every prompt is padded or cut to it, so the text length is never dynamic
+
+LATENT_DIMS = ("height", "width")
+IMAGE_DIMS = ("image_height", "image_width")
+
+
+def downscaled(dim: str, factor: int) -> str:
+    """The name of a latent dim divided by `factor` (ControlNet residuals below the top resolution)."""
+    return dim if factor == 1 else f"{dim}_div{factor}"
+
+
+def is_dynamic(dim: int | str) -> bool:
+    return isinstance(dim, str) and (dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS) or dim.split("_div")[0] in LATENT_DIMS and "_div" in dim)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str  # as numpy and onnx.helper spell it: "float32", "int64"
+    shape: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What a model's configs decide. `text_widths`: each text encoder's hidden size, in the family's encoder
+    order; `pooled_width`: the last encoder's projection (SDXL's text_embeds); `residuals`: (channels, downscale)
+    of each ControlNet down-block residual, then the mid-block's."""
+
+    text_widths: tuple[int, ...]
+    cross_attention_dim: int
+    latent_channels: int = 4
+    pooled_width: int = 0
+    residuals: tuple[tuple[int, int], ...] = ()
+    mid_residual: tuple[int, int] = (0, 0)
+    vocab_size: int = 49408
+    num_train_timesteps: int = 1000
+
+    def value(self, name: str, component: "Component") -> int:
+        if name == "text_width":
+            return self.text_widths[component.text_index]
+        if name == "latent_moments":  # the VAE encoder's mean and log-variance, stacked on the channel axis
+            return 2 * self.latent_channels
+        return getattr(self, name)
+
+
+def controlnet_residuals(block_out_channels: tuple[int, ...] | list[int], layers_per_block: int | tuple[int, ...] | list[int]
+                         ) -> tuple[tuple[tuple[int, int], ...], tuple[int, int]]:
+    """(down residuals, mid residual) as (channels, downscale), from a UNet's or ControlNet's config: conv_in's
+    output, then each down block's resnets and (all but the last) its downsampler; the mid block at the bottom."""
+    layers = [layers_per_block] * len(block_out_channels) if isinstance(layers_per_block, int) else list(layers_per_block)
+    down, factor = [(block_out_channels[0], 1)], 1
+    for index, (channels, count) in enumerate(zip(block_out_channels, layers)):
+        down += [(channels, factor)] * count
+        if index < len(block_out_channels) - 1:
+            factor *= 2
+            down.append((channels, factor))
+    return tuple(down), (block_out_channels[-1], factor)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One ONNX model of a family. `name` is its file (`<name>.onnx`), recipe component and artifact name;
+    `folder` the diffusers subfolder its weights come from; `kind` what it is (text_encoder, unet, unet_controlnet,
+    controlnet, vae_decoder, vae_encoder; later transformer…)."""
+
+    name: str
+    kind: str
+    folder: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    # The ControlNet residuals, added from Sizes.residuals: "inputs" (the UNet that takes them) or "outputs".
+    residuals: str | None = None
+    text_index: int = 0  # which text encoder (its width in Sizes.text_widths)
+    precisions: tuple[str, ...] | None = None  # None: whatever the export asks for
+    precisions_reason: str = ""  # why `precisions` is limited, for the recipe's comment
+    fp16_keep_fp32: tuple[str, ...] = ()
+    # Validation input ranges: input name → (low, high), as numbers or size names ("vocab_size" → its last id).
+    value_ranges: tuple[tuple[str, object, object], ...] = ()
+
+    def io(self, sizes: Sizes) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """The inputs and outputs with every size filled in from `sizes` (dynamic dims stay names)."""
+        resolve = lambda t: replace(t, shape=tuple(d if isinstance(d, int) or is_dynamic(d) else self._size(sizes, d) for d in t.shape))  # noqa: E731
+        inputs, outputs = tuple(map(resolve, self.inputs)), tuple(map(resolve, self.outputs))
+        if self.residuals == "inputs":
+            inputs += residual_tensors(sizes, "down_block_additional_residual_{}", "mid_block_additional_residual")
+        elif self.residuals == "outputs":
+            outputs += residual_tensors(sizes, "down_block_res_sample_{}", "mid_block_res_sample")
+        return inputs, outputs
+
+    def _size(self, sizes: Sizes, name: str) -> int:
+        return sizes.value(name, self)
+
+    def dynamic_dims(self, sizes: Sizes) -> tuple[str, ...]:
+        """The dynamic dim names of the inputs, in first-seen order: what a recipe profile must range."""
+        seen: dict[str, None] = {}
+        for tensor in self.io(sizes)[0]:
+            seen.update((d, None) for d in tensor.shape if isinstance(d, str))
+        return tuple(seen)
+
+
+def residual_tensors(sizes: Sizes, down: str, mid: str) -> tuple[Tensor, ...]:
+    def one(name: str, channels: int, factor: int) -> Tensor:
+        return Tensor(name, "float32", ("batch", channels, downscaled("height", factor), downscaled("width", factor)))
+
+    return (*(one(down.format(i), c, f) for i, (c, f) in enumerate(sizes.residuals)), one(mid, *sizes.mid_residual))
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything the exporter, custom weights and the runtime pipelines need to know about one model family."""
+
+    id: str
+    title: str
+    pipelines: tuple[str, ...]  # diffusers pipeline classes (model_index.json `_class_name`) it is saved as
+    components: tuple[Component, ...]
+    sizes: Sizes  # its real models'
+    native_pixels: int  # the resolution it was trained at
+    pixel_range: tuple[int, int]  # the image sizes its recipe profiles cover (min, max)
+    vae_scale_factor: int = 8  # image pixels per latent pixel
+    vae_scaling_factor: float = 0.18215  # the default; a model's vae/config.json `scaling_factor` wins
+    default_scheduler: str = "PNDMScheduler"
+    prediction_type: str = "epsilon"  # the default; the scheduler config's `prediction_type` wins
+    text_encoders: tuple[str, ...] = ("text_encoder",)  # the components a prompt goes through, in order
+    prompt_output: str = "last_hidden_state"  # read from each text encoder, concatenated on the last axis
+    pooled_output: str | None = None  # read from the last text encoder, fed to the UNet as text_embeds
+    time_ids: int = 0  # the UNet's time_ids width: 0 (none), 6 (SDXL), 5 (refiner: aesthetic score)
+    aesthetic_score: bool = False
+    controlnet: str | None = None  # the id of this family with ControlNet, or (for a ControlNet family) its base
+    batch_range: tuple[int, int, int] = (1, 2, 4)  # text and denoising: opt 2 is classifier-free guidance
+    vae_batch_range: tuple[int, int, int] = (1, 1, 2)
+    notes: tuple[str, ...] = field(default=())
+
+    def component(self, name: str) -> Component:
+        for component in self.components:
+            if component.name == name:
+                return component
+        raise KeyError(f"{self.id} has no component {name!r}; it has {', '.join(self.component_names)}")
+
+    @property
+    def component_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    @property
+    def latent_range(self) -> tuple[int, int, int]:
+        """(min, opt, max) latent pixels of the recipe profiles: the pixel range and the native size, over 8."""
+        low, high = self.pixel_range
+        return low // self.vae_scale_factor, self.native_pixels // self.vae_scale_factor, high // self.vae_scale_factor
+
+    @property
+    def is_controlnet(self) -> bool:
+        return any(c.kind == "controlnet" for c in self.components)
+
+
+def profile_dims(family: Family, component: Component, sizes: Sizes, *, batch: tuple[int, int, int] | None = None,
+                 latent: tuple[int, int, int] | None = None) -> dict[str, tuple[int, int, int]]:
+    """(min, opt, max) of each dynamic dim of `component`'s inputs: a recipe profile in its shorthand form.
+    `batch` and `latent` override the family's ranges (latent pixels; pixel dims follow at the VAE's scale)."""
+    if batch is None:
+        batch = family.vae_batch_range if component.kind.startswith("vae") else family.batch_range
+    latent = latent or family.latent_range
+    ranges: dict[str, tuple[int, int, int]] = {}
+    for dim in component.dynamic_dims(sizes):
+        if dim == "batch":
+            ranges[dim] = tuple(batch)
+        elif dim in IMAGE_DIMS:
+            ranges[dim] = tuple(n * family.vae_scale_factor for n in latent)
+        else:  # height, width, height_div2…
+            factor = int(dim.partition("_div")[2] or 1)
+            ranges[dim] = tuple(n // factor for n in latent)
+    return ranges
+
+
+def input_ranges(family: Family, component: Component, sizes: Sizes, scaling_factor: float) -> dict[str, tuple[float, float]]:
+    """The value range of each input that validation should feed, in the units the pipeline feeds it.
+
+    Symbolic bounds: "last_token" (vocab_size - 1), "last_timestep" (num_train_timesteps - 1), "native_pixels",
+    "unscaled_latent" (±√3 / scaling_factor: latents of unit spread, as the pipeline divides them for the decoder)."""
+    symbols = {"last_token": sizes.vocab_size - 1, "last_timestep": sizes.num_train_timesteps - 1, "native_pixels": family.native_pixels,
+               "unscaled_latent": round(3 ** 0.5 / scaling_factor, 2)}
+    value = lambda v: -symbols[v[1:]] if isinstance(v, str) and v.startswith("-") else symbols[v] if isinstance(v, str) else v  # noqa: E731
+    names = {t.name for t in component.io(sizes)[0]}
+    return {name: (value(low), value(high)) for name, low, high in component.value_ranges if name in names}

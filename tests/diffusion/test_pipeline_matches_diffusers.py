@@ -1,0 +1,160 @@
+"""enginefarm.diffusion.Pipeline against diffusers' own pipelines, family by family: the tiny random-weight model of
+each family exported by `enginefarm export`, built by the real `enginefarm build` for ONNX Runtime and OpenVINO at fp32
+and fp16, loaded through `enginefarm.load`, and run with the same weights, prompt, starting latent and scheduler as
+diffusers. fp32: the final latent within 1e-4 of diffusers' (max abs over its range); fp16: the image within 2e-2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+PROMPT = "a lighthouse on a cliff at dawn"
+NEGATIVE = "blurry"
+STEPS = 4
+BACKENDS = ("onnxruntime:cpu", "openvino:cpu")
+
+
+@pytest.fixture(scope="module")
+def built(tiny, tiny_controlnet, exported, tmp_path_factory):
+    """family → (diffusers folder, export folder, store): every component built for both backends, fp32 and fp16."""
+    done: dict[str, tuple[Path, Path, Path]] = {}
+
+    def build(family: str):
+        if family not in done:
+            if family == "controlnet-sd1":
+                source, export = tiny("sd1"), exported(tiny("sd1"), "--controlnet", str(tiny_controlnet("sd1")))
+            else:
+                source, export = tiny(family), exported(tiny(family))
+            store = tmp_path_factory.mktemp(f"store-{family}")
+            run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", check=True)
+            done[family] = (source, export.out, store)
+        return done[family]
+
+    return build
+
+
+def _ours(built_family, target: str, precision: str, controlnet: bool = False):
+    from enginefarm.diffusion import Pipeline
+
+    _, out, store = built_family
+    return Pipeline.load(_model_name(out), store=str(store), precision=precision, target=target, device="cpu", assets=out / "assets", controlnet=controlnet)
+
+
+def _model_name(out: Path) -> str:
+    import tomllib
+
+    return tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+
+
+def _theirs(source: Path, scheduler: str | None):
+    pipe = diffusers.DiffusionPipeline.from_pretrained(source)
+    pipe.set_progress_bar_config(disable=True)
+    if scheduler is not None:
+        from enginefarm.diffusion import ALIASES
+
+        cls, overrides = ALIASES[scheduler]
+        pipe.scheduler = getattr(diffusers, cls).from_config(pipe.scheduler.config, **overrides)
+    return pipe
+
+
+def _latents(pipe_ours, seed: int = 0) -> np.ndarray:
+    size = pipe_ours.assets.native_pixels // pipe_ours.vae_scale_factor
+    return np.random.default_rng(seed).standard_normal((1, pipe_ours.latent_channels, size, size)).astype(np.float32)
+
+
+def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
+    return float(np.abs(ours - theirs).max() / (theirs.max() - theirs.min()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, scheduler", [("sd1", None), ("sd1", "euler_a"), ("sd2-v", None), ("sdxl", None), ("sdxl", "dpmpp_2m_karras")])
+@pytest.mark.parametrize("target", BACKENDS)
+def test_text_to_image_matches_diffusers(built, family, scheduler, target):
+    source, _, _ = built(family)
+    theirs = _theirs(source, scheduler)
+    for precision in ("fp32", "fp16"):
+        ours = _ours(built(family), target, precision)
+        latents = _latents(ours)
+        size = ours.assets.native_pixels
+        noise = _ancestral_noise(scheduler, latents)
+        with _injected_noise(theirs, noise):
+            kwargs = dict(num_inference_steps=STEPS, latents=torch.from_numpy(latents), height=size, width=size, guidance_scale=6.0)
+            reference = theirs(PROMPT, negative_prompt=NEGATIVE, output_type="latent" if precision == "fp32" else "np", **kwargs).images
+        got = ours(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, scheduler=scheduler,
+                   output_type="latent" if precision == "fp32" else "np", step_noise=noise)
+        reference = np.asarray(reference.numpy() if hasattr(reference, "numpy") else reference)[0 if precision == "fp16" else slice(None)]
+        if precision == "fp32":
+            assert _relative(got, reference) < 1e-4, (family, scheduler, target)
+        else:
+            assert got.shape == reference.shape and np.abs(got - reference).max() < 2e-2, (family, scheduler, target)
+
+
+def _ancestral_noise(scheduler: str | None, latents: np.ndarray) -> list[np.ndarray] | None:
+    """The fresh noise of each ancestral step, given to both pipelines (diffusers draws it from torch's generator)."""
+    if scheduler != "euler_a":
+        return None
+    rng = np.random.default_rng(11)
+    return [rng.standard_normal(latents.shape).astype(np.float32) for _ in range(STEPS)]
+
+
+class _injected_noise:
+    """Makes diffusers' scheduler draw the given noise for its ancestral steps."""
+
+    def __init__(self, pipe, noise):
+        self.pipe, self.noise = pipe, noise
+
+    def __enter__(self):
+        if self.noise is None:
+            return self
+        import diffusers.schedulers.scheduling_euler_ancestral_discrete as module
+
+        queue = [torch.from_numpy(n) for n in self.noise]
+        self.module, self.original = module, module.randn_tensor
+        module.randn_tensor = lambda *a, **k: queue.pop(0)
+        return self
+
+    def __exit__(self, *exc):
+        if self.noise is not None:
+            self.module.randn_tensor = self.original
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["sd1", "sdxl-refiner"])
+def test_image_to_image_matches_diffusers(built, family, monkeypatch):
+    source, _, _ = built(family)
+    ours = _ours(built(family), "onnxruntime:cpu", "fp32")
+    size = ours.assets.native_pixels
+    image = np.random.default_rng(3).uniform(0, 1, (size, size, 3)).astype(np.float32)
+    noise = _latents(ours, seed=5)
+    theirs = _theirs(source, None)
+    module = __import__(type(theirs).__module__, fromlist=["retrieve_latents"])
+    # diffusers samples the VAE posterior and the noise from torch's generator; ours takes the posterior's mean and
+    # the noise given, so diffusers is given the same two.
+    monkeypatch.setattr(module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode())
+    monkeypatch.setattr(module, "randn_tensor", lambda *a, **k: torch.from_numpy(noise))
+    reference = theirs(PROMPT, image=image, strength=0.5, num_inference_steps=STEPS, output_type="latent", guidance_scale=6.0).images.numpy()
+    got = ours(PROMPT, image=image, strength=0.5, steps=STEPS, latents=noise, guidance_scale=6.0, output_type="latent")
+    assert _relative(got, reference) < 1e-4
+
+
+@pytest.mark.slow
+def test_controlnet_matches_diffusers(built, tiny_controlnet):
+    source, _, _ = built("controlnet-sd1")
+    ours = _ours(built("controlnet-sd1"), "onnxruntime:cpu", "fp32", controlnet=True)
+    size = ours.assets.native_pixels
+    control = np.random.default_rng(4).uniform(0, 1, (size, size, 3)).astype(np.float32)
+    latents = _latents(ours)
+    theirs = diffusers.StableDiffusionControlNetPipeline.from_pretrained(
+        source, controlnet=diffusers.ControlNetModel.from_pretrained(tiny_controlnet("sd1")))
+    theirs.set_progress_bar_config(disable=True)
+    reference = theirs(PROMPT, image=control, num_inference_steps=STEPS, latents=torch.from_numpy(latents), output_type="latent",
+                       height=size, width=size, controlnet_conditioning_scale=0.7).images.numpy()
+    got = ours(PROMPT, steps=STEPS, latents=latents, control_image=control, controlnet_conditioning_scale=0.7, output_type="latent")
+    assert _relative(got, reference) < 1e-4

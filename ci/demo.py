@@ -91,7 +91,8 @@ def family_demo(cli: list[str], console) -> int:
     from enginefarm.diffusion import Pipeline, read_png
 
     ours = Pipeline.load("tiny-sd1", assets=base / "export" / "assets", device="cpu")
-    latents = np.random.default_rng(7).standard_normal((1, 4, 32, 32)).astype(np.float32)
+    side = ours.assets.native_pixels // ours.vae_scale_factor
+    latents = np.random.default_rng(7).standard_normal((1, ours.latent_channels, side, side)).astype(np.float32)
     image = ours("a lighthouse at dawn", steps=8, latents=latents, scheduler="euler")
     theirs = diffusers.StableDiffusionPipeline.from_pretrained(source)
     theirs.scheduler = diffusers.EulerDiscreteScheduler.from_config(theirs.scheduler.config)

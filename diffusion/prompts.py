@@ -32,7 +32,7 @@ class PromptEncoder:
         for name in self.family.text_encoders:
             outputs = self.sessions[name].run({"input_ids": self.tokenizers[name](prompts)})
             hidden.append(outputs[self.family.prompt_output])
-            if self.family.pooled_output:
+            if self.family.pooled_output and name == self.family.text_encoders[-1]:
                 pooled = outputs[self.family.pooled_output]
         return TextConditioning(np.concatenate(hidden, axis=-1).astype(np.float32), pooled)
 

@@ -80,6 +80,7 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
                                    origin=str(source) + (f" with ControlNet {controlnet}" if controlnet else ""))
         (staging / "recipe.toml").write_text(text)
         _check_recipe(staging / "recipe.toml")
+        _usual_permissions(staging)
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -174,6 +175,16 @@ def _check_recipe(path: Path) -> None:
     from enginefarm.builder.recipe import load_recipe
 
     load_recipe(path)
+
+
+def _usual_permissions(folder: Path) -> None:
+    """mkdtemp makes the staging folder private (0700), and some writers make 0600 files; the export is the user's
+    like any folder they create, so it gets the modes the umask gives."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -27,7 +27,7 @@ def test_the_exported_recipe_builds_and_the_artifacts_load_and_match_diffusers(t
 
     export = exported(tiny("sd1"))
     proc = run_cli("build", str(export.out / "recipe.toml"), "--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench", check=True)
-    assert "failed" not in proc.stdout.lower()
+    assert re.search(r"\b4 built, 0 failed", proc.stdout), proc.stdout
     for component, (batch, height, width) in (("unet", (2, 8, 16)), ("text_encoder", (2, 8, 8)), ("vae_decoder", (1, 16, 8)),
                                               ("vae_encoder", (1, 8, 8))):
         session = enginefarm.load(f"sd1/{component}", precision="fp32", device="cpu", target="onnxruntime:cpu")
@@ -56,7 +56,7 @@ def test_external_data_export_builds_from_a_recipe_in_another_folder(tiny, expor
 
     export = exported(tiny("sdxl-refiner"), "--external-data-above", "0", "--name", "refiner-ext")
     assert (export.out / "unet.onnx.data").is_file()
-    assert (export.out / "unet.onnx").stat().st_size < 100_000  # the graph alone; the weights are in the .data file
+    assert (export.out / "unet.onnx").stat().st_size < (export.out / "unet.onnx.data").stat().st_size / 4  # graph and tiny tensors only
     elsewhere = tmp_path / "recipes" / "refiner.toml"
     elsewhere.parent.mkdir()
     text = (export.out / "recipe.toml").read_text()

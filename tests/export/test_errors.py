@@ -32,7 +32,7 @@ def test_an_unknown_pipeline_class_is_an_unknown_family(tmp_path):
     out = tmp_path / "out"
     err = _one_line_error(run_cli("export", str(source), "--out", str(out)))
     assert "unknown model family" in err and "KandinskyV22Pipeline" in err and "hint: supported pipelines:" in err
-    assert not out.exists() and list(tmp_path.iterdir()) == [source]
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())  # no staging left either
 
 
 def test_an_sd_unet_of_an_unknown_width_is_an_unknown_family(tmp_path):
@@ -92,3 +92,17 @@ def test_a_non_empty_out_is_not_overwritten_without_asking(tmp_path):
 def test_a_bad_latent_range_is_a_one_line_error(tmp_path):
     err = _one_line_error(run_cli("export", str(tmp_path), "--out", str(tmp_path / "o"), "--latent", "16,8,32"))
     assert "--latent" in err
+
+
+def test_an_export_that_fails_its_check_writes_nothing(tmp_path, monkeypatch):
+    import pytest
+
+    from enginefarm.errors import ExportError
+    from enginefarm.export import check, export_model
+    from tests.tiny_pipelines import make_tiny_pipeline
+
+    source = make_tiny_pipeline("sdxl-refiner", tmp_path / "refiner")
+    monkeypatch.setattr(check, "MAX_DEVIATION", 0.0)  # no fp32 kernel is that exact: the first component must fail
+    with pytest.raises(ExportError, match="ONNX Runtime differs from torch"):
+        export_model(source, tmp_path / "out", latent=(8, 8, 16))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["refiner", "store"]  # no --out, no staging folder

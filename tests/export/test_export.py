@@ -104,6 +104,12 @@ def test_assets_a_runtime_needs_are_exported(family, tiny, exported):
     for folder in ("text_encoder", "text_encoder_2", "unet", "vae", "controlnet"):
         if (pipeline / folder).is_dir():
             assert json.loads((assets / folder / "config.json").read_text()) == json.loads((pipeline / folder / "config.json").read_text())
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert export.out.stat().st_mode & 0o777 == 0o777 & ~umask  # not the staging folder's private 0700
+    assert (export.out / "unet.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
     described = json.loads((assets / "family.json").read_text())
     expected_factor = 0.13025 if "sdxl" in family else 0.18215
     assert described["vae_scaling_factor"] == expected_factor

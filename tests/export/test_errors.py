@@ -106,3 +106,17 @@ def test_an_export_that_fails_its_check_writes_nothing(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="ONNX Runtime differs from torch"):
         export_model(source, tmp_path / "out", latent=(8, 8, 16))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["refiner", "store"]  # no --out, no staging folder
+
+
+def test_bad_targets_precisions_and_latent_multiples_fail_before_exporting(tmp_path):
+    source = tmp_path / "x"
+    for folder in ("unet", "text_encoder", "vae"):
+        (source / folder).mkdir(parents=True)
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]}))
+    cases = ((("--targets", "openvino:tpu"), "openvino has no device class 'tpu'"), (("--precisions", "int3"), "int3"),
+             (("--latent", "12,64,128"), "multiples of 8"))
+    for args, says in cases:
+        err = _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out"), *args))
+        assert says in err
+    assert not (tmp_path / "out").exists()

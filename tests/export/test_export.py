@@ -20,8 +20,7 @@ SHAPES = ((1, 8, 12), (3, 10, 6))
 
 
 def _sizes(export) -> Sizes:
-    raw = export.family_json["sizes"]
-    return Sizes(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v for k, v in raw.items()})
+    return Sizes.from_json(export.family_json["sizes"])
 
 
 def _check_against_diffusers(export, pipeline, controlnet=None) -> dict[str, float]:

@@ -47,7 +47,7 @@ def _load(source: ExportSource, folder: str):
     if folder.startswith("text_encoder"):
         import transformers
 
-        library, cls_name = (source.model_index.get(folder) or [None, None])
+        _, cls_name = source.model_index.get(folder) or [None, None]
         cls = getattr(transformers, cls_name or "CLIPTextModel")
         model = cls.from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
     else:

@@ -60,6 +60,8 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     component matches torch on ONNX Runtime."""
     started = time.monotonic()
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
+    _check_recipe_choices(tuple(targets), tuple(precisions))
+    check_shapes(found, latent)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it")
@@ -80,6 +82,7 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
                                    origin=str(source) + (f" with ControlNet {controlnet}" if controlnet else ""))
         (staging / "recipe.toml").write_text(text)
         _check_recipe(staging / "recipe.toml")
+        _usual_permissions(staging)
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -107,13 +110,42 @@ def _require_export_modules() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def latent_multiple(found: ExportSource) -> int:
+    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families). The traced graph
+    fixes how each level upsamples, so other sizes would not come out right."""
+    denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
+    return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
+
+
 def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None) -> tuple[Shape, Shape]:
     """The export's tracing shape (batch 2, the profile's opt latent, square) and a second one with another batch
     and a non-square latent a UNet level up and down, so batch, height and width are each shown to be dynamic."""
-    opt = (latent or found.family.latent_range)[1]
-    denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
-    step = 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
+    ranges = latent or found.family.latent_range
+    step = latent_multiple(found)
+    if any(n % step for n in ranges):
+        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the UNet's downsampling",
+                          hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)")
+    opt = ranges[1]
     return Shape(2, opt, opt), Shape(1, max(step, opt - step), opt + step)
+
+
+def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...]) -> None:
+    """Targets and precisions as `build` will read them, checked before anything is exported."""
+    from enginefarm.backends import validate_target
+    from enginefarm.cache.manifest import PRECISIONS, Target
+
+    if not targets or not precisions:
+        raise ConfigError("the recipe needs at least one target and one precision", hint="--targets openvino:cpu --precisions fp32")
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {precision!r}", hint=f"use one of: {', '.join(PRECISIONS)}")
+    for target in targets:
+        try:
+            problem = validate_target(Target.parse(target))
+        except ValueError as exc:
+            problem = (str(exc), "a target is backend:device, e.g. openvino:cpu")
+        if problem:
+            raise ConfigError(problem[0], hint=problem[1])
 
 
 def _export_components(found: ExportSource, staging: Path, report, *, batch, latent, external_data_above: int) -> list[ComponentExport]:
@@ -165,7 +197,8 @@ def _copy_assets(found: ExportSource, assets: Path) -> None:
             (assets / folder).mkdir(exist_ok=True)
             (assets / folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     description = {"family": found.family.id, "components": list(found.components), "sizes": asdict(found.sizes),
-                   "vae_scaling_factor": found.vae_scaling_factor, "prediction_type": found.prediction_type}
+                   "vae_scaling_factor": found.vae_scaling_factor, "prediction_type": found.prediction_type,
+                   "latent_multiple": latent_multiple(found)}
     (assets / "family.json").write_text(json.dumps(description, indent=2) + "\n")
 
 
@@ -174,6 +207,16 @@ def _check_recipe(path: Path) -> None:
     from enginefarm.builder.recipe import load_recipe
 
     load_recipe(path)
+
+
+def _usual_permissions(folder: Path) -> None:
+    """mkdtemp makes the staging folder private (0700), and some writers make 0600 files; the export is the user's
+    like any folder they create, so it gets the modes the umask gives."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -49,6 +49,12 @@ class Sizes:
     vocab_size: int = 49408
     num_train_timesteps: int = 1000
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Sizes":
+        """From `dataclasses.asdict` written as JSON (an export's assets/family.json): lists back to tuples."""
+        tupled = lambda v: tuple(tupled(x) for x in v) if isinstance(v, list) else v  # noqa: E731
+        return cls(**{k: tupled(v) for k, v in data.items()})
+
     def value(self, name: str, component: "Component") -> int:
         if name == "text_width":
             return self.text_widths[component.text_index]

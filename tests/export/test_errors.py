@@ -1,0 +1,122 @@
+"""User errors of `enginefarm export`: one line and a hint, no traceback, nothing written at --out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import run_cli
+
+
+def _one_line_error(proc) -> str:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("error: ") and all(line.startswith(("error: ", "hint: ")) for line in lines), proc.stderr
+    return proc.stderr
+
+
+def test_a_folder_that_is_not_a_pipeline_names_the_file_looked_for(tmp_path):
+    (tmp_path / "photos").mkdir()
+    out = tmp_path / "out"
+    err = _one_line_error(run_cli("export", str(tmp_path / "photos"), "--out", str(out)))
+    assert str(tmp_path / "photos" / "model_index.json") in err
+    assert not out.exists()
+
+
+def test_an_unknown_pipeline_class_is_an_unknown_family(tmp_path):
+    source = tmp_path / "kandinsky"
+    source.mkdir()
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyV22Pipeline"}))
+    out = tmp_path / "out"
+    err = _one_line_error(run_cli("export", str(source), "--out", str(out)))
+    assert "unknown model family" in err and "KandinskyV22Pipeline" in err and "hint: supported pipelines:" in err
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())  # no staging left either
+
+
+def test_an_sd_unet_of_an_unknown_width_is_an_unknown_family(tmp_path):
+    source = tmp_path / "odd"
+    (source / "unet").mkdir(parents=True)
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 512, "in_channels": 4}))
+    err = _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out")))
+    assert "cross_attention_dim 512" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_controlnet_for_another_base_is_refused(tmp_path):
+    source, cn = tmp_path / "sd1", tmp_path / "cn"
+    for folder in ("unet", "text_encoder", "vae"):
+        (source / folder).mkdir(parents=True)
+    cn.mkdir()
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "in_channels": 4}))
+    (cn / "config.json").write_text(json.dumps({"_class_name": "ControlNetModel", "cross_attention_dim": 2048, "addition_embed_type": "text_time"}))
+    err = _one_line_error(run_cli("export", str(source), "--controlnet", str(cn), "--out", str(tmp_path / "out")))
+    assert "Stable Diffusion XL" in err and "Stable Diffusion 1.x" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_torch_names_the_export_extra(tmp_path):
+    source = tmp_path / "sd1"
+    (source / "unet").mkdir(parents=True)
+    for folder in ("text_encoder", "vae"):
+        (source / folder).mkdir()
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "in_channels": 4}))
+    (source / "text_encoder" / "config.json").write_text(json.dumps({"hidden_size": 768, "vocab_size": 49408}))
+    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['enginefarm'] + sys.argv[1:]; "
+            "from enginefarm.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "export", str(source), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    err = _one_line_error(proc)
+    assert "needs torch" in err and "hint: pip install 'enginefarm[export]'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_non_empty_out_is_not_overwritten_without_asking(tmp_path):
+    source = tmp_path / "x"
+    source.mkdir()
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet").mkdir()
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768}))
+    (source / "text_encoder").mkdir()
+    (source / "vae").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    err = _one_line_error(run_cli("export", str(source), "--out", str(out)))
+    assert "--overwrite" in err and (out / "keep.txt").read_text() == "mine"
+
+
+def test_a_bad_latent_range_is_a_one_line_error(tmp_path):
+    err = _one_line_error(run_cli("export", str(tmp_path), "--out", str(tmp_path / "o"), "--latent", "16,8,32"))
+    assert "--latent" in err
+
+
+def test_an_export_that_fails_its_check_writes_nothing(tmp_path, monkeypatch):
+    import pytest
+
+    from enginefarm.errors import ExportError
+    from enginefarm.export import check, export_model
+    from tests.tiny_pipelines import make_tiny_pipeline
+
+    source = make_tiny_pipeline("sdxl-refiner", tmp_path / "refiner")
+    monkeypatch.setattr(check, "MAX_DEVIATION", 0.0)  # no fp32 kernel is that exact: the first component must fail
+    with pytest.raises(ExportError, match="ONNX Runtime differs from torch"):
+        export_model(source, tmp_path / "out", latent=(8, 8, 16))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["refiner", "store"]  # no --out, no staging folder
+
+
+def test_bad_targets_precisions_and_latent_multiples_fail_before_exporting(tmp_path):
+    source = tmp_path / "x"
+    for folder in ("unet", "text_encoder", "vae"):
+        (source / folder).mkdir(parents=True)
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]}))
+    cases = ((("--targets", "openvino:tpu"), "openvino has no device class 'tpu'"), (("--precisions", "int3"), "int3"),
+             (("--latent", "12,64,128"), "multiples of 8"))
+    for args, says in cases:
+        err = _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out"), *args))
+        assert says in err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,151 @@
+"""`enginefarm export` on each family's tiny pipeline, through the real CLI: the detected family, every ONNX
+file against the family table and against diffusers on ONNX Runtime at two shapes, the checkpoints, the assets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from enginefarm.families import FAMILIES, Sizes
+
+from .references import deviation, feeds_for, torch_reference
+
+pytestmark = pytest.mark.slow
+
+PIPELINE_FAMILIES = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
+# Two shapes the exporter did not trace or check at (it uses batch 2 at 8x8 and batch 1 at 6x10).
+SHAPES = ((1, 8, 12), (3, 10, 6))
+
+
+def _sizes(export) -> Sizes:
+    return Sizes.from_json(export.family_json["sizes"])
+
+
+def _check_against_diffusers(export, pipeline, controlnet=None) -> dict[str, float]:
+    import onnxruntime as ort
+
+    family = FAMILIES[export.family_json["family"]]
+    sizes = _sizes(export)
+    worst = {}
+    for name in export.family_json["components"]:
+        inputs, outputs = family.component(name).io(sizes)
+        session = ort.InferenceSession(str(export.out / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == [t.name for t in inputs]
+        assert [o.name for o in session.get_outputs()] == [t.name for t in outputs]
+        assert [list(i.shape) for i in session.get_inputs()] == [list(t.shape) for t in inputs]
+        assert [list(o.shape) for o in session.get_outputs()] == [list(t.shape) for t in outputs]
+        for seed, (batch, height, width) in enumerate(SHAPES):
+            feeds = feeds_for(session, batch, height, width, seed)
+            got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+            want = torch_reference(pipeline, name, feeds, controlnet)
+            for output, value in got.items():
+                assert value.shape == want[output].shape, (name, output)
+                assert value.shape[0] == batch
+                worst[name] = max(worst.get(name, 0.0), deviation(want[output], value))
+        assert worst[name] <= 1e-4, (name, worst[name])
+    return worst
+
+
+@pytest.mark.parametrize("family", PIPELINE_FAMILIES)
+def test_each_component_matches_diffusers_on_onnxruntime_at_two_shapes(family, tiny, exported):
+    export = exported(tiny(family))
+    assert export.family_json["family"] == family
+    assert f"{family} (" in export.proc.stdout  # the CLI's table names the detected family
+    assert tuple(export.family_json["components"]) == FAMILIES[family].component_names
+    worst = _check_against_diffusers(export, tiny(family))
+    print(family, {k: f"{v:.1e}" for k, v in worst.items()})
+
+
+@pytest.mark.parametrize("family", PIPELINE_FAMILIES)
+def test_checkpoints_are_the_diffusers_state_dicts(family, tiny, exported):
+    import torch
+    from diffusers import AutoencoderKL, ControlNetModel, UNet2DConditionModel
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    pipeline = tiny(family)
+    export = exported(pipeline)
+    index = json.loads((pipeline / "model_index.json").read_text())
+    for name in export.family_json["components"]:
+        if name == "unet_controlnet":  # shares the UNet's checkpoint (the recipe points both at unet.safetensors)
+            assert not (export.out / f"{name}.safetensors").exists()
+            assert f'checkpoint = "unet.safetensors"' in (export.out / "recipe.toml").read_text().split(f"[components.{name}]")[1].split("[")[0]
+            continue
+        if name.startswith("text_encoder"):
+            import transformers
+
+            state = getattr(transformers, index[name][1]).from_pretrained(pipeline / name).state_dict()
+        elif name.startswith("vae"):
+            prefixes = ("decoder.", "post_quant_conv.") if name == "vae_decoder" else ("encoder.", "quant_conv.")
+            state = {k: v for k, v in AutoencoderKL.from_pretrained(pipeline / "vae").state_dict().items() if k.startswith(prefixes)}
+        else:
+            cls = ControlNetModel if name == "controlnet" else UNet2DConditionModel
+            state = cls.from_pretrained(pipeline / ("controlnet" if name == "controlnet" else "unet")).state_dict()
+        written = load_file(export.out / f"{name}.safetensors")
+        assert sorted(written) == sorted(state), name
+        for key, value in state.items():
+            assert torch.equal(written[key], value), (name, key)
+    del AutoModel
+
+
+@pytest.mark.parametrize("family", ["sd1", "sdxl", "sdxl-refiner", "controlnet-sdxl"])
+def test_assets_a_runtime_needs_are_exported(family, tiny, exported):
+    pipeline, export = tiny(family), exported(tiny(family))
+    assets = export.out / "assets"
+    assert json.loads((assets / "model_index.json").read_text()) == json.loads((pipeline / "model_index.json").read_text())
+    assert (assets / "scheduler" / "scheduler_config.json").read_text() == (pipeline / "scheduler" / "scheduler_config.json").read_text()
+    for tokenizer in ("tokenizer", "tokenizer_2"):
+        assert (assets / tokenizer).is_dir() == (pipeline / tokenizer).is_dir()
+        if (pipeline / tokenizer).is_dir():
+            assert (assets / tokenizer / "tokenizer.json").read_bytes() == (pipeline / tokenizer / "tokenizer.json").read_bytes()
+    for folder in ("text_encoder", "text_encoder_2", "unet", "vae", "controlnet"):
+        if (pipeline / folder).is_dir():
+            assert json.loads((assets / folder / "config.json").read_text()) == json.loads((pipeline / folder / "config.json").read_text())
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert export.out.stat().st_mode & 0o777 == 0o777 & ~umask  # not the staging folder's private 0700
+    assert (export.out / "unet.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    described = json.loads((assets / "family.json").read_text())
+    expected_factor = 0.13025 if "sdxl" in family else 0.18215
+    assert described["vae_scaling_factor"] == expected_factor
+
+
+def test_sdxl_conditioning_sizes_come_from_the_configs(tiny, exported):
+    base, refiner = exported(tiny("sdxl")).family_json, exported(tiny("sdxl-refiner")).family_json
+    assert base["sizes"]["text_widths"] == [32, 32] and base["sizes"]["cross_attention_dim"] == 64 and base["sizes"]["pooled_width"] == 32
+    assert refiner["sizes"]["text_widths"] == [32] and refiner["sizes"]["pooled_width"] == 32
+    import onnx
+
+    for export, ids in ((exported(tiny("sdxl")), 6), (exported(tiny("sdxl-refiner")), 5)):
+        graph = onnx.load(str(export.out / "unet.onnx"), load_external_data=False).graph
+        time_ids = next(i for i in graph.input if i.name == "time_ids")
+        assert [d.dim_param or d.dim_value for d in time_ids.type.tensor_type.shape.dim] == ["batch", ids]
+
+
+def test_controlnet_residual_counts_follow_the_config(tiny, exported):
+    # The tiny UNet has 2 blocks of 1 layer: conv_in, block 0's resnet and downsampler, block 1's resnet = 4.
+    for family in ("controlnet-sd1", "controlnet-sdxl"):
+        sizes = exported(tiny(family)).family_json["sizes"]
+        assert sizes["residuals"] == [[32, 1], [32, 1], [32, 2], [64, 2]] and sizes["mid_residual"] == [64, 2]
+
+
+def test_a_pipeline_with_a_controlnet_folder_exports_as_one_controlnet_model(tiny, tiny_controlnet, exported):
+    export = exported(tiny("sd1"), "--controlnet", str(tiny_controlnet("sd1")), name="sd1-with-cn")
+    assert export.family_json["family"] == "controlnet-sd1"
+    assert tuple(export.family_json["components"]) == FAMILIES["controlnet-sd1"].component_names
+    _check_against_diffusers(export, tiny("sd1"), tiny_controlnet("sd1"))
+
+
+def test_a_standalone_controlnet_folder_exports_the_controlnet_alone(tiny_controlnet, exported):
+    folder = tiny_controlnet("sdxl")
+    export = exported(folder)
+    assert export.family_json["family"] == "controlnet-sdxl"
+    assert export.family_json["components"] == ["controlnet"]
+    assert sorted(p.name for p in export.out.glob("*.onnx")) == ["controlnet.onnx"]
+    assert "[components.controlnet]" in (export.out / "recipe.toml").read_text()
+    _check_against_diffusers(export, folder.parent, folder)
+    assert json.loads((export.out / "assets" / "controlnet" / "config.json").read_text())["addition_embed_type"] == "text_time"

@@ -26,6 +26,7 @@ BACKENDS: dict[str, str] = {
     "tensorrt-rtx": "enginefarm.backends.tensorrt_rtx",
     "migraphx": "enginefarm.backends.migraphx",
     "coreml": "enginefarm.backends.coreml",
+    "assets": "enginefarm.backends.assets",  # a model's tokenizers and configs, published beside its engines
 }
 PLUGINS_ENV = "ENGINEFARM_BACKENDS"
 log = logging.getLogger(__name__)

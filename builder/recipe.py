@@ -99,6 +99,7 @@ class Recipe:
     version: str
     description: str
     components: dict[str, Component]
+    assets: Path | None = None  # [model] assets: the folder published beside the artifacts (tokenizers, configs)
 
 
 class _Reader:
@@ -177,12 +178,13 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
 
     r = _Reader(path)
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
-    model = r.table(data["model"], "model", {"name", "version", "description"}, ("name", "version"))
+    model = r.table(data["model"], "model", {"name", "version", "description", "assets"}, ("name", "version"))
     name = r.string(model["name"], "model.name")
     if not _NAME.fullmatch(name):
         raise r.fail("model.name", f"{name!r} may use only letters, digits, '_', '.', '-'")
     version = r.string(model["version"], "model.version")
     description = r.string(model["description"], "model.description") if "description" in model else ""
+    assets = _assets_folder(r, model["assets"], "model.assets") if "assets" in model else None
 
     defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options", "exclude", "fp16_keep_fp32"})
     default_options = _options(r, defaults.get("options", {}), "defaults.options")
@@ -219,7 +221,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             exclude=default_exclude + _exclusions(r, comp.get("exclude", []), f"{key}.exclude", validate_target),
             fp16_keep_fp32=tuple(dict.fromkeys(default_keep + r.strings(comp.get("fp16_keep_fp32", []), f"{key}.fp16_keep_fp32"))),
         )
-    return Recipe(path, digest, name, version, description, components)
+    return Recipe(path, digest, name, version, description, components, assets)
 
 
 def _precisions(r: _Reader, value: Any, key: str) -> tuple[str, ...]:
@@ -356,6 +358,19 @@ def _resources(r: _Reader, value: Any, key: str) -> Resources:
         host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
         gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
     )
+
+
+def _assets_folder(r: _Reader, value: Any, key: str) -> Path:
+    text = r.string(value, key)
+    path = Path(text).expanduser()
+    if "://" in text or path.is_absolute():
+        raise r.fail(key, "must be a folder beside the recipe", hint="a path relative to the recipe file, e.g. \"assets\"")
+    path = (r.path.parent / path).resolve()
+    if not path.is_dir():
+        raise r.fail(key, f"folder not found: {path}", hint="paths are relative to the recipe file")
+    if not any(p.is_file() for p in path.rglob("*")):
+        raise r.fail(key, f"{path} holds no files", hint="point it at the assets/ folder `enginefarm export` wrote")
+    return path
 
 
 def _checkpoint(r: _Reader, value: Any, key: str) -> Path:

@@ -39,18 +39,18 @@ class Pipeline:
 
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
-             device: str = "auto", controlnet: bool = False, assets: str | Path | None = None,
-             progress: Callable[[str], None] | None = None) -> "Pipeline":
+             device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
+             progress=None) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
-        assets: the model's assets folder (`enginefarm export` writes it as `assets/`: tokenizers, scheduler and
-        component configs). Stores do not carry assets yet, so it is required. controlnet: also load the ControlNet and the UNet that takes its residuals
+        assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
+        that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
+        and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
         (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32)."""
         import enginefarm
 
         if assets is None:
-            raise ConfigError(f"Pipeline.load({name!r}) needs the model's assets folder (tokenizers, scheduler config)",
-                              hint="pass assets= the assets/ folder `enginefarm export` wrote beside the recipe")
+            assets = _fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
         family = found.family
         timings: dict[str, float] = {}
@@ -59,7 +59,8 @@ class Pipeline:
             spec = family.component(component)
             chosen = precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
             start = time.perf_counter()
-            session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress)
+            session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
+                                      version=version)
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
@@ -208,6 +209,18 @@ class Pipeline:
             key = name.replace("down_block_res_sample_", "down_block_additional_residual_").replace("mid_block_res_sample", "mid_block_additional_residual")
             feeds[key] = (value * np.float32(scale)).astype(np.float32)
         return self.sessions["unet_controlnet"].run(feeds)["out_sample"]
+
+
+def _fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
+    from enginefarm.errors import ArtifactNotFoundError
+    from enginefarm.runner.load import fetch
+
+    try:
+        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
+    except ArtifactNotFoundError as exc:
+        raise ConfigError(f"{name} has no assets in the store ({exc})",
+                          hint="build its recipe with `[model] assets = \"assets\"` (what `enginefarm export` writes), or pass assets=FOLDER") from None
+    return folder
 
 
 def _components(family, controlnet: bool) -> list[str]:

@@ -97,6 +97,8 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
             console.print(f"[dim]skipped[/]  {p.job.label}: {escape(p.status)}")
     results = _run_jobs(console, todo, opened, settings, f"building {len(todo)} job(s) into {opened.url}", parallel, bench=not no_bench,
                         memory=budget)
+    if not components or "assets" in components:
+        _publish_assets(console, recipes, opened)
     revalidated = sum(r.status == "revalidated" for r in results)
     refused = sum(bool(p.refused) and not p.built for p in planned)
     unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
@@ -104,6 +106,19 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
                   f"{sum(p.built for p in planned)} already stored" + (f" ({revalidated} re-validated)" if revalidated else "")
                   + f", {unavailable} unavailable here" + (f", {refused} refused (see `enginefarm plan`)" if refused else ""))
     _finish(results, report)
+
+
+def _publish_assets(console, recipes, opened) -> None:
+    """Each recipe's [model] assets folder, beside its artifacts (once: the same files are never stored twice)."""
+    from enginefarm.builder.assets import publish_assets
+    from enginefarm.builder.recipe import load_recipe
+
+    for path in recipes:
+        recipe = load_recipe(path)
+        done = publish_assets(opened, recipe)
+        if done is not None:
+            state = "[green]published[/]" if done.written else "[green]exists[/]   "
+            console.print(f"{state} {recipe.name}/assets v{recipe.version}: {done.files} files, {done.size / 1e6:.2f} MB \\[{done.key[:12]}]")
 
 
 @click.command("validate")

@@ -14,8 +14,9 @@ from enginefarm.cli_options import precision_option, store_option
 @click.command("generate")
 @click.argument("model")
 @click.argument("prompt")
-@click.option("--assets", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="The model's assets folder (tokenizers, scheduler config): the assets/ that `enginefarm export` wrote.")
+@click.option("--assets", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Read the model's assets (tokenizers, configs) from this folder instead of the store.")
+@click.option("--version", default=None, help="The model version (default: the newest).")
 @click.option("--negative", "negative_prompt", default=None, help="Negative prompt (default: none; SDXL then uses zeros, as diffusers).")
 @click.option("--steps", default=25, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--guidance", "guidance_scale", type=float, default=None, help="Classifier-free guidance scale (default 7.5; SDXL 5).")
@@ -35,7 +36,7 @@ from enginefarm.cli_options import precision_option, store_option
 @click.option("--device", default="auto", show_default=True)
 @store_option()
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("image.png"), show_default=True)
-def generate_cmd(model, prompt, assets, negative_prompt, steps, guidance_scale, seed, width, height, scheduler, init_image, strength,
+def generate_cmd(model, prompt, assets, version, negative_prompt, steps, guidance_scale, seed, width, height, scheduler, init_image, strength,
                  control_image, controlnet_scale, precision, target, device, store, out):
     """Generate an image of PROMPT with MODEL (built by `enginefarm build` from the recipe `enginefarm export` wrote)."""
     from enginefarm.diffusion import Pipeline, read_png, write_png
@@ -44,7 +45,7 @@ def generate_cmd(model, prompt, assets, negative_prompt, steps, guidance_scale, 
     control = read_png(control_image) if control_image else None
     with RichProgress() as progress:
         pipe = Pipeline.load(model, store=store, precision=precision, target=target, device=device, assets=assets,
-                             controlnet=control is not None, progress=progress)
+                             version=version, controlnet=control is not None, progress=progress)
         result = pipe(prompt, negative_prompt, steps=steps, guidance_scale=guidance_scale, width=width, height=height, seed=seed,
                       scheduler=scheduler, image=image, strength=strength, control_image=control,
                       controlnet_conditioning_scale=controlnet_scale,

@@ -42,6 +42,7 @@ def recipe_text(source: ExportSource, name: str, components: dict[str, str | Non
     lines = [f"# Written by `enginefarm export` from {origin} ({family.id}: {family.title}).",
              "# Build it with `enginefarm build recipe.toml`; edit the profiles and targets as you need.",
              "", "[model]", f"name = {_toml(name)}", 'version = "1"', f"description = {_toml(f'{family.title}, exported from diffusers')}",
+             'assets = "assets"  # tokenizers and configs: published beside the artifacts, read by enginefarm.diffusion',
              "", "[defaults]", f"precisions = {_list(precisions)}", f"targets = {_list(targets)}"]
     for component_name, checkpoint in components.items():
         component = family.component(component_name)

@@ -1,0 +1,118 @@
+"""A model's assets (tokenizers, scheduler and component configs) travel with its artifacts: `build` publishes the
+recipe's `[model] assets` folder to the store, and an app with only the store runs the model: the assets are fetched
+into the device cache and verified byte by byte like any artifact, kept by gc, rebuilt into the index."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+pytest.importorskip("diffusers")
+
+
+@pytest.fixture(scope="module")
+def sd1_store(tiny, exported, tmp_path_factory):
+    export = exported(tiny("sd1"))
+    store = tmp_path_factory.mktemp("assets-store")
+    proc = run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--target", "onnxruntime:cpu", "--precision", "fp32",
+                   "--no-bench", check=True)
+    name = tomllib.loads((export.out / "recipe.toml").read_text())["model"]["name"]
+    return export.out, store, name, proc.stdout
+
+
+def _blobs(store: Path) -> set[Path]:
+    return {p for p in (store / "blobs").rglob("*") if p.is_file()}
+
+
+def test_build_publishes_the_assets_once(sd1_store):
+    out, store, name, stdout = sd1_store
+    assert f"published {name}/assets v1:" in stdout, stdout
+    files = sorted(p.relative_to(out / "assets").as_posix() for p in (out / "assets").rglob("*") if p.is_file())
+    assert "tokenizer/tokenizer_config.json" in files and "scheduler/scheduler_config.json" in files
+    assert f"{len(files)} files" in stdout
+    before = _blobs(store)
+    again = run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--target", "onnxruntime:cpu", "--precision", "fp32",
+                    "--no-bench", check=True)
+    assert f"exists    {name}/assets v1:" in again.stdout and _blobs(store) == before
+
+
+def test_a_pipeline_runs_from_the_store_alone_and_matches_the_folder(sd1_store, tmp_path, monkeypatch):
+    from enginefarm.diffusion import Pipeline
+
+    out, store, name, _ = sd1_store
+    monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "empty-home"))
+    from_store = Pipeline.load(name, store=str(store), device="cpu")
+    from_folder = Pipeline.load(name, store=str(store), device="cpu", assets=out / "assets")
+    assert from_store.assets.folder != out / "assets" and from_store.assets.folder.is_relative_to(tmp_path / "empty-home")
+    assert from_store.family.id == "sd1"
+    side = from_store.assets.native_pixels // from_store.vae_scale_factor
+    latents = np.random.default_rng(0).standard_normal((1, from_store.latent_channels, side, side)).astype(np.float32)
+    a = from_store("a red fox", steps=3, latents=latents)
+    b = from_folder("a red fox", steps=3, latents=latents)
+    assert np.array_equal(a, b)
+
+
+def test_a_tampered_asset_blob_is_refused(sd1_store, tmp_path, monkeypatch):
+    import shutil
+
+    from enginefarm.diffusion import Pipeline
+    from enginefarm.errors import EnginefarmError
+
+    out, store, name, _ = sd1_store
+    copy = tmp_path / "copied-store"
+    shutil.copytree(store, copy)
+    manifest = next(m for m in (copy / "manifests").glob("*.json") if '"component": "assets"' in m.read_text())
+    import json
+
+    record = next(f for f in json.loads(manifest.read_text())["files"] if f["path"] == "scheduler/scheduler_config.json")
+    blob = next(p for p in (copy / "blobs").rglob(record["stored_sha256"]))
+    blob.write_bytes(blob.read_bytes()[:-8] + b"tampered")
+    monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "home"))
+    with pytest.raises(EnginefarmError) as raised:
+        Pipeline.load(name, store=str(copy), device="cpu")
+    assert "scheduler/scheduler_config.json" in str(raised.value) and "tampered" in str(raised.value)
+    assert not any((tmp_path / "home").rglob("scheduler_config.json"))  # nothing unverified reached the cache
+
+
+def test_gc_keeps_the_asset_blobs_and_index_rebuilds_them(sd1_store, tmp_path):
+    import shutil
+
+    out, store, name, _ = sd1_store
+    copy = tmp_path / "copied-store"
+    shutil.copytree(store, copy)
+    before = {p.name for p in _blobs(copy)}
+    run_cli("gc", "--store", str(copy), "--grace", "0s", "--delete", check=True)
+    assert {p.name for p in _blobs(copy)} == before
+    (copy / "index" / f"{name}.json").unlink()
+    run_cli("index", "--store", str(copy), check=True)
+    listed = run_cli("ls", "--store", str(copy), "--json", check=True).stdout
+    assert '"component": "assets"' in listed and '"target": "assets:any"' in listed
+
+
+def test_a_missing_assets_folder_is_a_recipe_error(tmp_path, write_recipe, tiny_sd):
+    proc = run_cli("plan", str(write_recipe('''
+        [model]
+        name = "m"
+        version = "1"
+        assets = "no-such-folder"
+        [components.decoder]
+        source = "models/tiny_sd.onnx"
+        targets = ["onnxruntime:cpu"]
+        ''')))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "model.assets" in proc.stderr and "folder not found" in proc.stderr, proc.stderr
+
+
+def test_a_model_without_assets_in_the_store_says_how_to_publish_them(tmp_path, tiny_recipe, cli):
+    from enginefarm.diffusion import Pipeline
+    from enginefarm.errors import ConfigError
+
+    cli("build", str(tiny_recipe()), "--no-bench", check=True)
+    with pytest.raises(ConfigError, match="tiny-sd has no assets in the store") as raised:
+        Pipeline.load("tiny-sd", device="cpu")
+    assert "[model] assets" in raised.value.hint

@@ -175,10 +175,13 @@ def _stages(row: Row) -> str:
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.built{background:#e8f5e9}.failed{background:#ffebee}.missing{background:#f5f5f5;color:#777}
-.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}.counts span{margin-right:12px;padding:2px 8px}"""
+.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}.counts span{margin-right:12px;padding:2px 8px}
+.pictures{display:flex;flex-wrap:wrap;gap:12px}.pictures figure{margin:0;border:1px solid #ccc;padding:6px}
+.pictures img{width:192px;height:192px;image-rendering:pixelated;margin:0 4px 4px 0}.pictures figcaption{max-width:392px}"""
 
 
-def write_report(rows: list[Row], out: Path, title: str = "enginefarm build report") -> dict[str, int]:
+def write_report(rows: list[Row], out: Path, title: str = "enginefarm build report", pictures=()) -> dict[str, int]:
+    """`pictures`: builder/report_pictures.py's renders, shown in their own section (already written under `out`)."""
     out.mkdir(parents=True, exist_ok=True)
     counts = {status: sum(r.status == status for r in rows) for status in ("built", "failed", "missing")}
     targets = sorted({r.target for r in rows})
@@ -211,6 +214,10 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
         parts.append("</tr>")
         md.append(f"| {model}/{component} | {precision} | " + " | ".join(md_cells) + " |")
     parts.append("</table>")
+    if pictures:  # right under the status: what a precision costs in the image is what a reviewer looks for first
+        picture_parts, picture_md = _pictures_section(pictures)
+        parts += picture_parts
+        md += picture_md
 
     parts.append("<h2>Latency</h2>")
     md += ["", "## Latency and validation", "", "| artifact | target | precision | computes in | p50 ms | spread (runs) | p90 ms | load ms | min cosine | min PSNR dB |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -241,3 +248,24 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     (out / "report.html").write_text("".join(parts), encoding="utf-8")
     (out / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     return counts
+
+
+def _pictures_section(pictures) -> tuple[list[str], list[str]]:
+    """Per model, one figure per backend × precision: the image, its difference from the reference (×10), numbers."""
+    parts, md = ["<h2>Pictures</h2>"], ["", "## Pictures", "", "| model | target | precision | max abs | mean abs | PSNR dB | ms/step |", "|---|---|---|---|---|---|---|"]
+    for p in pictures:
+        parts.append(f"<h3>{html.escape(p.model)} v{html.escape(p.version)}</h3><p class='small'>“{html.escape(p.prompt)}”, seed {p.seed}, "
+                     f"{p.steps} steps, {p.size}×{p.size}; differences against {html.escape(p.reference or 'nothing rendered')}, shown ×10</p><div class='pictures'>")
+        for r in p.renders:
+            numbers = "reference" if r.diff is None else f"max abs {r.max_abs:.4f} · mean {r.mean_abs:.5f} · PSNR {_fmt(r.psnr_db, '.1f')} dB"
+            diff = "" if r.diff is None else f"<img alt='difference of {html.escape(r.target)} {r.precision}' src='{_data_uri(r.diff)}'>"
+            parts.append(f"<figure><img alt='{html.escape(p.model)} on {html.escape(r.target)} {r.precision}' src='{_data_uri(r.image)}'>{diff}"
+                         f"<figcaption><b>{html.escape(r.target)} {r.precision}</b><br>{numbers}<br>{r.ms_per_step:.0f} ms/step</figcaption></figure>")
+            md.append(f"| {p.model} | {r.target} | {r.precision} | {r.max_abs:.4f} | {r.mean_abs:.5f} | {_fmt(r.psnr_db, '.1f')} | {r.ms_per_step:.0f} |")
+        parts.append("</div>")
+        parts += [f"<p class='small'>not rendered: {html.escape(why)}</p>" for why in p.skipped]
+    return parts, md
+
+
+def _data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()

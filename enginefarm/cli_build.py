@@ -202,7 +202,12 @@ def _finish(results: list, report: Path | None) -> None:
 @runners_option()
 @click.option("--out", type=click.Path(path_type=Path), default=Path("farm-report"), show_default=True)
 @click.option("--title", default="enginefarm build report", show_default=True)
-def report_cmd(store, reports, recipes, runners, out, title):
+@click.option("--pictures", is_flag=True, help="Render one prompt through every backend × precision of each model whose assets are stored.")
+@click.option("--prompt", default="a lighthouse on a cliff at dawn, oil painting", show_default=True, help="The pictures' prompt.")
+@click.option("--seed", default=0, show_default=True, type=int, help="The pictures' seed.")
+@click.option("--picture-steps", default=8, show_default=True, type=click.IntRange(1, 200))
+@click.option("--picture-size", default=None, type=int, help="The pictures' width and height in pixels (default: each model's native size).")
+def report_cmd(store, reports, recipes, runners, out, title, pictures, prompt, seed, picture_steps, picture_size):
     """Write an HTML report (status grid, validation, latency plots, build times, sizes) and a markdown summary."""
     from enginefarm.builder.report import collect, write_report
     from enginefarm.cache.stores import open_store
@@ -214,7 +219,15 @@ def report_cmd(store, reports, recipes, runners, out, title):
         planned, _, _ = _plan(recipes, store, (), (), (), runners=runners)
         expected = [{**p.to_dict(), "why": p.status} for p in planned if not p.built]
     rows = collect(opened, files, expected)
-    counts = write_report(rows, out, title)
+    rendered = []
+    if pictures:
+        from enginefarm.builder.report_pictures import render_pictures
+
+        out.mkdir(parents=True, exist_ok=True)
+        rendered = render_pictures(opened, out, prompt=prompt, seed=seed, steps=picture_steps, size=picture_size)
+        if not rendered:
+            click.echo("note: no model in the store has its assets published, so there are no pictures (see `[model] assets`)", err=True)
+    counts = write_report(rows, out, title, rendered)
     click.echo(f"{counts['built']} built, {counts['failed']} failed, {counts['missing']} missing → {out / 'report.html'}, {out / 'summary.md'}")
 
 

@@ -207,3 +207,29 @@ def exported(tmp_path_factory):
         return done[key]
 
     return export
+
+
+# What each family's checks need built: the txt2img families on both backends at fp32 and fp16; the img2img and
+# ControlNet checks (the same loop with more inputs) on ONNX Runtime fp32, which keeps the suite's time down.
+NARROW_BUILD = ("--target", "onnxruntime:cpu", "--precision", "fp32")
+FAMILY_BUILDS = {"sd1": (), "sd2-v": (), "sdxl": (), "sdxl-refiner": NARROW_BUILD, "controlnet-sd1": NARROW_BUILD}
+
+
+@pytest.fixture(scope="session")
+def built(tiny, tiny_controlnet, exported, tmp_path_factory):
+    """family → (diffusers folder, export folder, store): the family's tiny pipeline exported and built by the real CLI
+    as FAMILY_BUILDS says (assets included), once per session, shared by every test that reads it."""
+    done: dict[str, tuple[Path, Path, Path]] = {}
+
+    def build(family: str):
+        if family not in done:
+            if family == "controlnet-sd1":
+                source, export = tiny("sd1"), exported(tiny("sd1"), "--controlnet", str(tiny_controlnet("sd1")))
+            else:
+                source, export = tiny(family), exported(tiny(family))
+            store = tmp_path_factory.mktemp(f"store-{family}")
+            run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", *FAMILY_BUILDS[family], check=True)
+            done[family] = (source, export.out, store)
+        return done[family]
+
+    return build

@@ -16,29 +16,29 @@ pytest.importorskip("diffusers")
 
 
 @pytest.fixture(scope="module")
-def sd1_store(tiny, exported, tmp_path_factory):
-    export = exported(tiny("sd1"))
-    store = tmp_path_factory.mktemp("assets-store")
-    proc = run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--target", "onnxruntime:cpu", "--precision", "fp32",
+def sd1_store(built):
+    """The session's sd1 build (tests/conftest.py: built), and what building its recipe again says."""
+    _, out, store = built("sd1")
+    proc = run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--target", "onnxruntime:cpu", "--precision", "fp32",
                    "--no-bench", check=True)
-    name = tomllib.loads((export.out / "recipe.toml").read_text())["model"]["name"]
-    return export.out, store, name, proc.stdout
+    name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+    return out, store, name, proc.stdout
 
 
 def _blobs(store: Path) -> set[Path]:
     return {p for p in (store / "blobs").rglob("*") if p.is_file()}
 
 
-def test_build_publishes_the_assets_once(sd1_store):
-    out, store, name, stdout = sd1_store
-    assert f"published {name}/assets v1:" in stdout, stdout
+def test_build_publishes_the_assets_once(sd1_store, tmp_path):
+    out, store, name, again = sd1_store
+    fresh = tmp_path / "fresh-store"
+    proc = run_cli("build", str(out / "recipe.toml"), "--store", str(fresh), "--component", "assets", check=True)
+    assert f"published {name}/assets v1:" in proc.stdout, proc.stdout
     files = sorted(p.relative_to(out / "assets").as_posix() for p in (out / "assets").rglob("*") if p.is_file())
     assert "tokenizer/tokenizer_config.json" in files and "scheduler/scheduler_config.json" in files
-    assert f"{len(files)} files" in stdout
-    before = _blobs(store)
-    again = run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--target", "onnxruntime:cpu", "--precision", "fp32",
-                    "--no-bench", check=True)
-    assert f"exists    {name}/assets v1:" in again.stdout and _blobs(store) == before
+    assert f"{len(files)} files" in proc.stdout
+    assert {p.name for p in _blobs(fresh)} <= {p.name for p in _blobs(store)}  # the same blobs as in the session's store
+    assert f"exists    {name}/assets v1:" in again  # building again stores nothing new
 
 
 def test_a_pipeline_runs_from_the_store_alone_and_matches_the_folder(sd1_store, tmp_path, monkeypatch):

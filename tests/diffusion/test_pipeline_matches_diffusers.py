@@ -10,8 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
-
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
@@ -19,31 +17,6 @@ PROMPT = "a lighthouse on a cliff at dawn"
 NEGATIVE = "blurry"
 STEPS = 4
 BACKENDS = ("onnxruntime:cpu", "openvino:cpu")
-
-
-# What each family's checks need built: the txt2img families on both backends at fp32 and fp16; the img2img and
-# ControlNet checks (the same loop with more inputs) on ONNX Runtime fp32, which keeps the suite's time down.
-NARROW = ("--target", "onnxruntime:cpu", "--precision", "fp32")
-BUILDS = {"sd1": (), "sd2-v": (), "sdxl": (), "sdxl-refiner": NARROW, "controlnet-sd1": NARROW}
-
-
-@pytest.fixture(scope="module")
-def built(tiny, tiny_controlnet, exported, tmp_path_factory):
-    """family → (diffusers folder, export folder, store), built as BUILDS says."""
-    done: dict[str, tuple[Path, Path, Path]] = {}
-
-    def build(family: str):
-        if family not in done:
-            if family == "controlnet-sd1":
-                source, export = tiny("sd1"), exported(tiny("sd1"), "--controlnet", str(tiny_controlnet("sd1")))
-            else:
-                source, export = tiny(family), exported(tiny(family))
-            store = tmp_path_factory.mktemp(f"store-{family}")
-            run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", *BUILDS[family], check=True)
-            done[family] = (source, export.out, store)
-        return done[family]
-
-    return build
 
 
 def _ours(built_family, target: str, precision: str, controlnet: bool = False):

@@ -212,7 +212,8 @@ def exported(tmp_path_factory):
 # What each family's checks need built: the txt2img families on both backends at fp32 and fp16; the img2img and
 # ControlNet checks (the same loop with more inputs) on ONNX Runtime fp32, which keeps the suite's time down.
 NARROW_BUILD = ("--target", "onnxruntime:cpu", "--precision", "fp32")
-FAMILY_BUILDS = {"sd1": (), "sd2-v": (), "sdxl": (), "sdxl-refiner": NARROW_BUILD, "controlnet-sd1": NARROW_BUILD}
+FAMILY_BUILDS = {"sd1": (), "sd2-v": (), "sdxl": (), "sdxl-refiner": NARROW_BUILD, "controlnet-sd1": NARROW_BUILD,
+                 "controlnet-sdxl": NARROW_BUILD}
 
 
 @pytest.fixture(scope="session")
@@ -223,8 +224,9 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
 
     def build(family: str):
         if family not in done:
-            if family == "controlnet-sd1":
-                source, export = tiny("sd1"), exported(tiny("sd1"), "--controlnet", str(tiny_controlnet("sd1")))
+            if family.startswith("controlnet-"):
+                base = family.removeprefix("controlnet-")
+                source, export = tiny(base), exported(tiny(base), "--controlnet", str(tiny_controlnet(base)))
             else:
                 source, export = tiny(family), exported(tiny(family))
             store = tmp_path_factory.mktemp(f"store-{family}")

@@ -125,14 +125,15 @@ def test_image_to_image_matches_diffusers(built, family, monkeypatch):
 
 
 @pytest.mark.slow
-def test_controlnet_matches_diffusers(built, tiny_controlnet):
-    source, _, _ = built("controlnet-sd1")
-    ours = _ours(built("controlnet-sd1"), "onnxruntime:cpu", "fp32", controlnet=True)
+@pytest.mark.parametrize("base", ["sd1", "sdxl"])
+def test_controlnet_matches_diffusers(built, tiny_controlnet, base):
+    source, _, _ = built(f"controlnet-{base}")
+    ours = _ours(built(f"controlnet-{base}"), "onnxruntime:cpu", "fp32", controlnet=True)
     size = ours.assets.native_pixels
     control = np.random.default_rng(4).uniform(0, 1, (size, size, 3)).astype(np.float32)
     latents = _latents(ours)
-    theirs = diffusers.StableDiffusionControlNetPipeline.from_pretrained(
-        source, controlnet=diffusers.ControlNetModel.from_pretrained(tiny_controlnet("sd1")))
+    cls = diffusers.StableDiffusionXLControlNetPipeline if base == "sdxl" else diffusers.StableDiffusionControlNetPipeline
+    theirs = cls.from_pretrained(source, controlnet=diffusers.ControlNetModel.from_pretrained(tiny_controlnet(base)))
     theirs.set_progress_bar_config(disable=True)
     reference = theirs(PROMPT, image=control[None], num_inference_steps=STEPS, latents=torch.from_numpy(latents), output_type="latent",
                        height=size, width=size, controlnet_conditioning_scale=0.7).images.numpy()

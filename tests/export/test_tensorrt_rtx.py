@@ -1,0 +1,27 @@
+"""An exported family built for TensorRT-RTX by the real SDK (no GPU needed to build): the tiny SD 1.x UNet at fp16
+for ampere+, published unvalidated with golden samples that the first GPU to load it checks (runner/golden.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.builder.conftest import require_real_rtx
+from tests.conftest import run_cli
+
+
+@pytest.mark.slow
+def test_the_sd1_unet_builds_for_tensorrt_rtx_with_golden_samples(tiny, exported, tmp_path):
+    require_real_rtx()
+    export = exported(tiny("sd1"), "--targets", "tensorrt-rtx:ampere+", "--precisions", "fp16", name="sd1-rtx")
+    store = tmp_path / "rtx-store"
+    proc = run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--component", "unet", "--no-bench", check=True)
+    assert "1 built, 0 failed" in proc.stdout, proc.stdout
+    manifest = next(json.loads(p.read_text()) for p in (store / "manifests").glob("*.json") if '"component": "unet"' in p.read_text())
+    assert manifest["target"] == "tensorrt-rtx:ampere+" and manifest["precision"] == "fp16"
+    roles = {f["role"] for f in manifest["files"]}
+    assert {"engine", "golden"} <= roles, roles
+    assert manifest["validation"].get("executed") is False  # no GPU here: the first device checks the golden samples
+    names = {t["name"] for t in manifest["io"]["inputs"]}
+    assert names == {"sample", "timestep", "encoder_hidden_states"}

@@ -47,9 +47,22 @@ class LocalStore(Store):
     def has_blob(self, digest: str) -> bool:
         return self._blob(digest).is_file()
 
+    def refresh_blob(self, digest: str) -> bool:
+        try:
+            os.utime(self._blob(digest))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def blob_mtime(self, digest: str) -> float | None:
+        try:
+            return self._blob(digest).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
     def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
         dest = self._blob(digest)
-        if dest.exists():
+        if self.refresh_blob(digest):  # reused: young again, so a concurrent gc keeps it (it may be an old orphan)
             return False
         tmp = temp_sibling(dest)
         try:
@@ -66,6 +79,7 @@ class LocalStore(Store):
             try:
                 os.link(tmp, dest)
             except FileExistsError:
+                self.refresh_blob(digest)
                 return False
             return True
         finally:

@@ -273,3 +273,56 @@ def test_a_manifest_claiming_another_stores_build_key_does_not_replace_it(tmp_pa
     assert session.artifact == good and _weights_sign(session) > 0
     assert _weights_sign(enginefarm.load(REF, device="cpu", store=evil_store.url)) < 0
     assert _weights_sign(enginefarm.load(REF, device="cpu", store=genuine.url)) > 0
+
+
+# Local store reads are capped, and special files refused (issue 25, finding 4) ---------------------------------
+# Before: an index symlinked to /dev/zero was read until MemoryError (5.4 GB), a FIFO hung the reader for good.
+# Each read runs in a child process with 1 GiB of address space and a timeout, so the unfixed code fails the test
+# instead of taking the machine down.
+SPECIAL_READER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from enginefarm.cache.stores import open_store
+from enginefarm.errors import StoreError
+store, what = open_store(sys.argv[1]), sys.argv[2]
+try:
+    if what == "index":
+        store.get_index_bytes("m")
+    elif what == "manifest":
+        store.get_manifest_bytes(sys.argv[3])
+    elif what == "channel":
+        store.open_channel_file("stable", "timestamp.json").read()
+    else:
+        store.open_blob(sys.argv[3]).read(1 << 20)
+    print("read")
+except StoreError as exc:
+    print("refused:", exc)
+"""
+
+
+# Blobs are streams capped by their manifest's size (test_fault_injection); a big one is no fault.
+@pytest.mark.parametrize("what,special", [(w, s) for w in ("index", "manifest", "channel", "blob") for s in ("dev-zero", "fifo", "too-large")
+                                          if (w, s) != ("blob", "too-large")])
+def test_a_store_file_that_is_special_or_endless_is_refused(what, special, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    store = open_store(tmp_path / "store")
+    good = artifact(store, tmp_path, "a")
+    path = {"index": store.root / "index" / "m.json", "manifest": store.root / "manifests" / f"{good.build_key}.json",
+            "channel": store.root / "channels" / "stable" / "timestamp.json",
+            "blob": store.root / "blobs" / "sha256" / good.files[0].stored_sha256[:2] / good.files[0].stored_sha256}[what]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if special == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif special == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate((64 << 20) + 1)  # sparse: one byte over the cap, no disk used
+    key = good.files[0].stored_sha256 if what == "blob" else good.build_key
+    proc = subprocess.run([sys.executable, "-c", SPECIAL_READER, str(store.root), what, key], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0 and proc.stdout.startswith("refused:"), proc.stdout + proc.stderr[-500:]
+    assert ("not a regular file" if special != "too-large" else "larger than") in proc.stdout

@@ -84,22 +84,28 @@ class BackendSession(Protocol):
 
 
 def version_in_range(version: str, spec: str) -> bool:
-    def as_tuple(text: str) -> tuple[int, ...]:
-        out = []
-        for part in text.split("+")[0].split(".")[:3]:
-            digits = "".join(ch for ch in part if ch.isdigit())
-            out.append(int(digits or 0))
-        return tuple(out + [0] * (3 - len(out)))
+    """Whether a runtime's version satisfies a PEP 440 specifier set (`>=10.13.0.35,<11`, `==10.12.0.36`, `~=2.1`,
+    `!=1.2`, `<=3`), with every component counted: a TensorRT plan built by 10.12.0.36 is not usable on 10.12.0.99.
+    Vendor versions that are not PEP 440 (OpenVINO's `2026.4.1-22982-…`) are compared by their leading release
+    numbers; a specifier that cannot be parsed is not satisfied (the artifact is not ranked usable on a guess)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
 
-    have = as_tuple(version)
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        if clause.startswith(">=") and not have >= as_tuple(clause[2:]):
+    try:
+        wanted = SpecifierSet(spec)
+    except InvalidSpecifier:
+        return False
+    try:
+        have = Version(version)
+    except InvalidVersion:
+        release = _RELEASE.match(version.strip())
+        if release is None:
             return False
-        if clause.startswith("<") and not clause.startswith("<=") and not have < as_tuple(clause[1:]):
-            return False
-        if clause.startswith("==") and have != as_tuple(clause[2:]):
-            return False
-    return True
+        have = Version(release.group(0))
+    return wanted.contains(have, prereleases=True)
+
+
+_RELEASE = re.compile(r"\d+(\.\d+)*")
 
 
 class Feature(enum.Enum):

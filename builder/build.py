@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from enginefarm.cache.artifacts import heal_index, pack_files, publish, read_index, read_manifest
+from enginefarm.cache.artifacts import heal_index, missing_blobs, pack_files, publish, read_index, read_manifest
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.progress import ProgressLike
@@ -72,6 +72,18 @@ class BuildResult:
         return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason,
                 "seconds": round(self.seconds, 2), **self.what, "peak_rss_mb": self.peak_rss_mb, "stages": self.stages,
                 **({"detail": self.detail} if self.detail else {})}
+
+
+def repair(store: Store, stored: Manifest, rebuilt: Manifest, blobs: dict[str, Path], lost: list[str]) -> str:
+    """A stored manifest names blobs the store lost (a `gc` that raced an older publish, a person): upload the
+    rebuilt ones. A build whose bytes differ from the stored ones (not every SDK is reproducible) cannot restore
+    them: the broken manifest, which nothing can load, is replaced by the rebuilt one. Returns the build's note."""
+    if all(digest in blobs for digest in lost):
+        return f"repaired: {len(lost)} missing blob(s) uploaded again"
+    log.warning("%s [%s]: the rebuild's bytes differ from the stored manifest's, whose blobs are lost; replacing that manifest",
+                stored.ref, stored.build_key[:12])
+    store.delete_manifest(stored.build_key)
+    return f"repaired: rebuilt ({len(lost)} blob(s) of the stored manifest were missing, and the rebuild's bytes differ)"
 
 
 def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None, store: Store | None = None,
@@ -249,7 +261,8 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         stored = read_manifest(store, key)
         if stored is None and validate_only:
             return BuildResult.of(job, key, "missing", "not in the store: build it first", time.perf_counter() - started)
-        if stored is not None:
+        lost = missing_blobs(store, stored) if stored is not None and not validate_only else []
+        if stored is not None and not lost:
             heal_index(store, key)  # a publish killed after its manifest left the index without it
             entry = read_index(store, job.model).entries.get(key)
             if not validate_only and not stale(job, entry, stored):
@@ -260,8 +273,11 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         with stages.stage("publish"):
             files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
             manifest = replace(manifest, files=tuple(files))
+            note = repair(store, stored, manifest, blobs, lost) if lost else ""
+            if lost and not note.startswith("repaired: rebuilt"):
+                manifest = stored  # the same bytes again: the stored manifest stays, and its blobs are back
             publish(store, manifest, blobs, progress=progress)
-        return BuildResult.of(job, key, "built", seconds=time.perf_counter() - started, manifest=manifest, stages=stages)
+        return BuildResult.of(job, key, "built", note, seconds=time.perf_counter() - started, manifest=manifest, stages=stages)
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
         result = BuildResult.of(job, key, "failed", reason, time.perf_counter() - started, stages=stages)

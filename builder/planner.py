@@ -108,6 +108,7 @@ class PlannedJob:
     toolchain: dict[str, str] = field(default_factory=dict)
     built: bool = False
     stale_validation: bool = False  # built, but judged under other [validate] settings than the recipe's
+    missing_blobs: int = 0  # its manifest is stored but names blobs the store lost: `build` repairs it
     runs_on: list[str] = field(default_factory=list)
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
     refused: str = ""  # "refused: why; fix": the SDK would refuse it on any host, or the device class cannot compute in its precision
@@ -116,6 +117,8 @@ class PlannedJob:
     def status(self) -> str:
         if self.built:
             return "built, to re-validate ([validate] changed)" if self.stale_validation else "built"
+        if self.missing_blobs:
+            return f"stored, but {self.missing_blobs} blob(s) missing: to repair (`enginefarm build` rebuilds it)"
         if self.refused:
             return self.refused
         if self.unroutable:
@@ -267,7 +270,7 @@ def plan(
             except ImportError as exc:
                 entry.availability = Availability.missing(f"missing {exc.name} (pip install 'enginefarm[build]')")
         if entry.key and store is not None:
-            entry.built, entry.stale_validation = _stored_state(store, job, entry.key, indexes)
+            entry.built, entry.stale_validation, entry.missing_blobs = _stored_state(store, job, entry.key, indexes)
         if runners is not None:
             runner, why = route(str(job.target), Resources(job_need_bytes(job) / 1e9, job.resources.gpu_vram_gb), runners,
                                 on_cpu=builds_on_cpu(job), gpu_needed=gpu_build_reason(job))
@@ -286,26 +289,27 @@ def precision_here(job: Job) -> str | None:
     return get_backend(job.target.backend).precision_here(job.precision, job.target.device)
 
 
-def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) -> tuple[bool, bool]:
-    """(built, validated under other settings than the recipe's now). One index read per model answers both;
-    a key the index does not list is looked up directly (an index can lag its manifests)."""
-    from enginefarm.cache.artifacts import read_index, read_manifest
+def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) -> tuple[bool, bool, int]:
+    """(built, validated under other settings than the recipe's now, blobs its manifest names that the store lost).
+    A key the index does not list is looked up directly (an index can lag its manifests); a stored manifest whose
+    blobs are gone is not built: `build` repairs it."""
+    from enginefarm.cache.artifacts import missing_blobs, read_index, read_manifest
 
     from .revalidate import stale
 
     if job.model not in indexes:
         indexes[job.model] = read_index(store, job.model).entries
     entry = indexes[job.model].get(key)
-    manifest = None
-    if entry is None or not entry.validation:
-        try:
-            manifest = read_manifest(store, key)
-        except EnginefarmError:
-            return True, False  # unreadable: never rebuilt over; `enginefarm index` and `gc` say why
-        if manifest is None:
-            return False, False
-        entry = None
-    return True, stale(job, entry, manifest)
+    try:
+        manifest = read_manifest(store, key)
+    except EnginefarmError:
+        return True, False, 0  # unreadable: never rebuilt over; `enginefarm index` and `gc` say why
+    if manifest is None:
+        return False, False, 0
+    lost = len(missing_blobs(store, manifest))
+    if lost:
+        return False, False, lost
+    return True, stale(job, entry if entry is not None and entry.validation else None, manifest), 0
 
 
 def _check_samples(recipe: Recipe, path: Path, inputs: list[TensorInfo], profiles: dict, key: str) -> None:

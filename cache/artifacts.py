@@ -61,9 +61,28 @@ def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: 
         checkpoint("publish:blob")
     written = store.put_manifest_bytes(manifest.build_key, manifest.to_json())
     checkpoint("publish:manifest")
-    update_index(store, [manifest if written else _stored(store, manifest.build_key)])
+    indexed = manifest if written else _stored(store, manifest.build_key)
+    restore_blobs(store, indexed, blobs)
+    update_index(store, [indexed])
     checkpoint("publish:index")
     return written
+
+
+def missing_blobs(store: Store, manifest: Manifest) -> list[str]:
+    """The digests of `manifest`'s blobs that the store does not hold (one HEAD each on S3)."""
+    return [d for d in dict.fromkeys(f.stored_sha256 for f in manifest.files) if not store.has_blob(d)]
+
+
+def restore_blobs(store: Store, manifest: Manifest, blobs: dict[str, Path]) -> list[str]:
+    """Once the manifest is stored, every blob it names must be there: a `gc` that planned before the manifest
+    existed may have deleted a reused orphan after it was refreshed. Missing blobs we hold are uploaded again;
+    returns the digests still missing (blobs another builder's manifest names, which only a rebuild can restore)."""
+    missing = missing_blobs(store, manifest)
+    for digest in missing:
+        if digest in blobs:
+            log.warning("blob %s of %s vanished while publishing (a concurrent gc?); uploading it again", digest[:12], manifest.ref)
+            store.put_blob(digest, blobs[digest])
+    return [d for d in missing if d not in blobs]
 
 
 def _stored(store: Store, key: str) -> Manifest:
@@ -177,7 +196,7 @@ def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: Pr
             total = sum(f.stored_size for f in target.files)
             on_bytes = _byte_counter(report, f"copy {manifest.ref} {manifest.target} {manifest.precision}", total)
             for entry in {f.stored_sha256: f for f in target.files}.values():
-                if dest.has_blob(entry.stored_sha256):
+                if dest.refresh_blob(entry.stored_sha256):  # reused: young again, so a concurrent gc keeps it
                     on_bytes(entry.stored_size)
                     continue
                 path = tmp / entry.stored_sha256
@@ -238,8 +257,10 @@ def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
     """Blobs that no manifest references and that are older than `grace_s` (a builder may be mid-publish:
     its blobs are written before its manifest, so young orphans are left alone)."""
     now = time.time() if now is None else now
+    # Blobs are listed before manifests: a publish whose manifest lands between the two listings is seen.
+    blobs = list(store.list_blobs())
     referenced = {f.stored_sha256 for manifest in all_manifests(store, "collect garbage") for f in manifest.files}
-    orphans = [(digest, mtime) for digest, mtime in store.list_blobs() if digest not in referenced]
+    orphans = [(digest, mtime) for digest, mtime in blobs if digest not in referenced]
     partials = [name for name, mtime in store.list_partials() if now - mtime > grace_s]
     return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now), partials)
 
@@ -249,7 +270,12 @@ def collect_garbage(store: Store, grace_s: float, *, delete: bool) -> GcPlan:
     writes, superseded build-cache objects. Returns the plan, which says what went (or, without `delete`, would go)."""
     plan = plan_gc(store, grace_s)
     if delete:
+        planned = dict(plan.unreferenced)
         for digest in plan.to_delete:
+            mtime = store.blob_mtime(digest)
+            if mtime is not None and mtime > planned[digest]:
+                log.info("blob %s was reused since gc planned; keeping it", digest[:12])  # a publish refreshed it
+                continue
             store.delete_blob(digest)
         for name in plan.partials:
             store.delete_partial(name)

@@ -1,6 +1,7 @@
 """The cache on the user's device (ENGINEFARM_HOME): verified, materialized artifacts, with LRU quota.
 
-    artifacts/<build-key>/manifest.json + files   complete artifacts only (a directory appears by rename)
+    artifacts/<build-key>/manifest.json + files   complete artifacts only (a directory appears by rename), with
+                                                  `.origins`: the stores that served it, or this device (origins.py)
     tmp/                                          downloads in progress (<key>.<pid>-<start>.<random>.incomplete),
                                                   resumed by the next fetch if their process died
     locks/                                        best-effort, to avoid fetching the same artifact twice
@@ -24,7 +25,7 @@ from enginefarm.errors import DiskFullError, IntegrityError, StoreError
 from . import resume, workdirs
 from .atomic import remove_tree, sha256_file
 from .codecs import decode_stream
-from . import proof
+from . import origins, proof
 from .faults import checkpoint
 from .locks import file_lock
 from .manifest import Manifest
@@ -156,6 +157,45 @@ class DeviceCache:
         self.touch(key)
         return self.path_of(key)
 
+    def origins(self, key: str) -> set[str]:
+        """Where the cached artifact came from (origins.py). Artifacts cached before origins were recorded count as
+        this device's only if they were built here."""
+        found = origins.read(self.path_of(key))
+        if not found and (self.path_of(key) / MANIFEST_NAME).is_file():
+            manifest = self.manifest(key)
+            if manifest is not None and manifest.provenance.get("built_on_device"):
+                return {origins.THIS_DEVICE}
+        return found
+
+    def served_by(self, key: str, origin: str) -> bool:
+        """True if the cached artifact is what `origin` (a store's URL) served, or was built on this device."""
+        return bool(self.origins(key) & {origin, origins.THIS_DEVICE})
+
+    def built_here_dir(self, key: str) -> Path | None:
+        """The verified folder of an artifact this device built (compiled, patched, refitted) under `key`; None if the
+        cache holds none, or holds one a store served under that key (a store chooses its manifests' keys)."""
+        if origins.THIS_DEVICE not in self.origins(key):
+            return None
+        return self.verified_dir(key)
+
+    def cached_as(self, manifest: Manifest, origin: str) -> Path | None:
+        """The verified folder of exactly `manifest`, now recorded as served by `origin` too; None if not cached.
+        Another artifact cached under the same build key (another store's manifest claiming it) is evicted: it is not
+        what `origin` serves, and the caller fetches the real one in its place."""
+        key = manifest.build_key
+        cached = self.manifest(key)
+        if cached is None:
+            return None
+        if cached != manifest:
+            log.warning("cached artifact %s is not the one %s serves under that build key (from %s); replacing it",
+                        key[:12], origin, ", ".join(sorted(self.origins(key))) or "an unrecorded store")
+            self.evict(key)
+            return None
+        path = self.verified_dir(key)
+        if path is not None:
+            origins.add(path, origin)
+        return path
+
     def touch(self, key: str) -> None:
         stamp = self.path_of(key) / _USED_STAMP
         try:
@@ -179,7 +219,7 @@ class DeviceCache:
                                  "ENGINEFARM_MAX_ARTIFACT_SIZE allows; nothing was fetched", key=key,
                                  hint="raise ENGINEFARM_MAX_ARTIFACT_SIZE if you trust this store (or load through a signed release channel)")
         with file_lock(self.locks / f"{key}.lock"):
-            existing = self.verified_dir(key)
+            existing = self.cached_as(manifest, store.url)
             if existing is not None:
                 return existing
             staging = self._adopt(key)
@@ -196,7 +236,7 @@ class DeviceCache:
                             checkpoint("fetch:file")
                         done += entry.size
                     checkpoint("fetch:commit")
-                    return self._commit(staging, manifest)
+                    return self._commit(staging, manifest, store.url)
             except (StoreError, KeyboardInterrupt) as exc:
                 # A broken transfer or an interrupt: the next fetch of this artifact resumes from what was written.
                 # Bad bytes are never resumed, and a full disk needs the space back.
@@ -261,16 +301,17 @@ class DeviceCache:
                 shutil.copyfile(source_dir / entry.path, dest)
                 if sha256_file(dest) != entry.sha256:
                     raise IntegrityError(f"built file {entry.path} changed while caching it", key=key)
-            return self._commit(staging, manifest)
+            return self._commit(staging, manifest, origins.THIS_DEVICE)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _staging(self, key: str) -> Path:
         return workdirs.fresh(self.tmp, key, ".incomplete")
 
-    def _commit(self, staging: Path, manifest: Manifest) -> Path:
-        """Every file in `staging` has just been hashed against `manifest` (as it was fetched, or copied)."""
+    def _commit(self, staging: Path, manifest: Manifest, origin: str) -> Path:
+        """Every file in `staging` has just been hashed against `manifest` (as it was fetched from `origin`, or copied)."""
         proof.record(staging, [f.path for f in manifest.files])  # moving the folder keeps each file's stat
+        origins.write(staging, {origin})
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
         with open(staging / MANIFEST_NAME, "rb") as handle:
             os.fsync(handle.fileno())
@@ -279,10 +320,13 @@ class DeviceCache:
         try:
             os.replace(staging, final)
         except OSError:
-            # Another process committed the same key first: theirs is as good as ours if it verifies.
-            if self.verified_dir(manifest.build_key) is None:
+            # Another process committed the same key first: theirs is as good as ours if it is the same manifest
+            # (not another store's under this key) and verifies.
+            if self.manifest(manifest.build_key) != manifest or self.verified_dir(manifest.build_key) is None:
                 remove_tree(final)
                 os.replace(staging, final)
+            else:
+                origins.add(final, origin)
         self.touch(manifest.build_key)
         return final
 

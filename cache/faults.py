@@ -4,8 +4,9 @@ process die (`kill -9`) or the disk fill up (ENOSPC), to prove that every stage 
     ENGINEFARM_FAULT_AT=STAGE[#N][:ACTION]
 
 STAGE is a checkpoint name (`STAGES`), N the hit that fires (default 1; a stage inside a loop is hit once per
-chunk or blob), ACTION `kill` (SIGKILL, the default) or `enospc` (an OSError as from a full disk). Unset, a
-checkpoint is one dictionary lookup. The variable is read here and nowhere else; it is not a user setting."""
+chunk or blob), ACTION `kill` (SIGKILL, the default), `enospc` (an OSError as from a full disk) or `pause` (SIGSTOP:
+the test runs another process, e.g. `gc`, at that very point, then sends SIGCONT). Unset, a checkpoint is one
+dictionary lookup. The variable is read here and nowhere else; it is not a user setting."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def checkpoint(stage: str) -> None:
         return
     if action == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {stage})")
+    if action == "pause":
+        os.kill(os.getpid(), signal.SIGSTOP)  # POSIX only, like the tests that use it
+        return
     os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows has no SIGKILL
 
 

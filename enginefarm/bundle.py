@@ -55,6 +55,7 @@ SUPPORT: dict[str, BundleSpec] = {
     "zstandard": BundleSpec(("zstandard",), drop=("zstandard/_cffi.*", "zstandard/backend_cffi.py", "*.pyi")),
     "platformdirs": BundleSpec(("platformdirs",), drop=("*.pyi",)),
     "psutil": BundleSpec(("psutil",), drop=("psutil/tests/*",)),
+    "packaging": BundleSpec(("packaging",), drop=("*.pyi",)),
 }
 # Kept from each distribution's .dist-info: its metadata (importlib.metadata.version works) and its licences.
 DIST_INFO_KEEP = ("*.dist-info/METADATA", "*.dist-info/LICENSE*", "*.dist-info/licenses/*", "*.dist-info/COPYING*", "*.dist-info/NOTICE*")

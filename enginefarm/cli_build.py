@@ -102,7 +102,9 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     revalidated = sum(r.status == "revalidated" for r in results)
     refused = sum(bool(p.refused) and not p.built for p in planned)
     unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
-    console.print(f"{sum(r.status == 'built' for r in results)} built, {sum(r.status == 'failed' for r in results)} failed, "
+    repaired = sum(r.status == "built" and r.reason.startswith("repaired") for r in results)
+    console.print(f"{sum(r.status == 'built' for r in results)} built" + (f" ({repaired} repaired: blobs were missing)" if repaired else "")
+                  + f", {sum(r.status == 'failed' for r in results)} failed, "
                   f"{sum(p.built for p in planned)} already stored" + (f" ({revalidated} re-validated)" if revalidated else "")
                   + f", {unavailable} unavailable here" + (f", {refused} refused (see `enginefarm plan`)" if refused else ""))
     _finish(results, report)

@@ -100,7 +100,7 @@ def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backe
     wmap, custom, loras = read if read is not None else _read_mapped(stack, artifact_dir, manifest)
     key = stack_key(manifest.build_key, stack)
     with file_lock(cache.locks / f"{key}.lock"):  # saves a second process the same work; the cache stays correct without it
-        path = cache.verified_dir(key)
+        path = cache.built_here_dir(key)
         how = "patched and compiled earlier (cached)"
         if path is None:
             report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
@@ -131,7 +131,7 @@ def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path,
     """Refit with every weight the map covers. The merged weights are what is cached: a later load refits
     straight from them."""
     report.message(f"refitting {manifest.ref} {manifest.target} with {describe(stack)}")
-    path = cache.verified_dir(key)
+    path = cache.built_here_dir(key)
     if path is not None:
         cached = SafeTensors(path / REFIT_FILE)
         weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"

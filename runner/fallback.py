@@ -58,7 +58,7 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
 
 def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None]) -> Manifest:
     existing = cache.manifest(job.build_key)
-    if existing is not None:
+    if existing is not None and cache.built_here_dir(job.build_key) is not None:  # not a store's artifact claiming this key
         return existing
     log.info("compiling %s on this device", job.label)
     workroot = cache.home / "build"

@@ -21,6 +21,7 @@ from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError
 from enginefarm.settings import Settings, load_settings
 
 from . import golden, measure
+from .identity import check_served
 from .device import Device, detect
 from .resolve import Candidate, Resolution, resolve
 from .session import Session
@@ -72,44 +73,73 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         entries = [(e, where) for e, where in released_entries(client, model) if target_matches(e.target, selectors)]
         return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, client.note, settings, client)
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
-    entries = [(c.manifest.index_entry(), "cache") for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
-    note, opened = "", None
+    cached = [c.manifest for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
+    note, opened, stored, origin = "", None, [], None
     if settings.offline:
         note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
+        origin = _url_of(store) if store else None  # a store the caller named: only what it served, even offline
     else:
         try:
             opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
-            entries += [(e, "store") for e in read_index(opened, model).entries.values()]
+            origin = opened.url
+            stored = [(e, "store") for e in read_index(opened, model).entries.values()]
         except StoreNotFound:
             raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
         except StoreError as exc:
             note = f"store unreachable ({exc}); only the local cache was considered"
             log.warning(note)
+    if origin is not None:
+        # What another store served never stands in for this one's: it is reached only through this store's own
+        # entry of the same key, once the two manifests are equal (_materialize).
+        foreign = [m for m in cached if not cache.served_by(m.build_key, origin)]
+        if foreign:
+            note = "; ".join(filter(None, [note, f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered"]))
+        cached = [m for m in cached if m not in foreign]
+    entries = [(m.index_entry(), "cache") for m in cached] + stored
     entries = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
     return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings)
 
 
+def _url_of(store: str) -> str | None:
+    """The URL a store records as its artifacts' origin, without reaching it."""
+    try:
+        return open_store(store).url
+    except StoreError:
+        return None
+
+
 def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple[Manifest, Path]:
-    """The candidate's verified folder in the local cache, fetching it from the store if needed."""
+    """The candidate's verified folder in the local cache, fetching it from the store if needed. The manifest must
+    be the candidate's entry and the request (identity.py), and a cached artifact must be what this store serves."""
     key = candidate.entry.build_key
     cache = found.cache
     released = None
     if found.release is not None:
         from .release import released_manifest
 
-        released = released_manifest(found.release, cache, key)
-    path = cache.verified_dir(key)
-    if path is not None:
-        return cache.manifest(key), path
+        released = released_manifest(found.release, cache, key)  # a cached artifact that is not the released one is evicted
+        path = cache.verified_dir(key)
+        if path is not None:
+            check_served(released, candidate.entry, found.resolution.ref, f"channel {found.release.channel}")
+            return released, path
+    elif candidate.source == "cache":  # offered by lookup: served by this store, or built here
+        manifest, path = cache.manifest(key), cache.verified_dir(key)
+        if manifest is not None and path is not None:
+            check_served(manifest, candidate.entry, found.resolution.ref, "the local cache")
+            return manifest, path
     if found.store is None:
         raise ArtifactNotFoundError("not in the local cache and no store to fetch from")
     manifest = released or read_manifest(found.store, key)
     if manifest is None:
         raise ArtifactNotFoundError(f"the index lists {key[:12]} but its manifest is missing (run `enginefarm index`)")
+    check_served(manifest, candidate.entry, found.resolution.ref, found.store.url)
+    path = cache.cached_as(manifest, found.store.url)
+    if path is not None:
+        return manifest, path
     report.message(f"fetching {manifest.ref} {manifest.target} {manifest.precision} from {found.store.url}")
     # A released manifest is signed (its sizes are the bound); an unsigned one may claim anything: cap it.
     cache.fetch(found.store, manifest, progress=report, limit=None if released else found.settings.max_artifact_size)
-    path = cache.verified_dir(key)  # hashed as it streamed in; checked again by stat: the cache is shared with other processes
+    path = cache.cached_as(manifest, found.store.url)  # hashed as it streamed in; checked again: the cache is shared
     if path is None:
         raise IntegrityError(f"{manifest.ref}: artifact {key[:12]} was damaged right after download")
     return manifest, path

@@ -71,7 +71,7 @@ def apply_stack(stack: Stack, manifest: Manifest, backend, cache: DeviceCache, s
     patched, patched_dir, _ = patched_artifact(stack, onnx_manifest, onnx_dir, get_backend("onnxruntime"), cache, report)
     key = stack_key(manifest.build_key, stack)
     with file_lock(cache.locks / f"{key}.lock"):  # a second process waits for the first one's engine instead of building its own
-        path = cache.verified_dir(key)
+        path = cache.built_here_dir(key)
         how = f"compiled on this device earlier from {source} with the stack merged (cached)"
         if path is None:
             report.message(f"{describe(stack)} merged into the ONNX; compiling a {manifest.target} engine on this device (no GPU to build a refittable one)")
@@ -89,7 +89,8 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
     candidates: dict[str, str] = {}  # build key → where
     for cached in cache.entries():
         m = cached.manifest
-        if m.model == manifest.model and m.component == manifest.component and m.target == ONNX_TARGET and "stack" not in m.options:
+        if m.model == manifest.model and m.component == manifest.component and m.target == ONNX_TARGET and "stack" not in m.options \
+                and (store is None or cache.served_by(m.build_key, store.url)):  # another store's never stands in for this one's
             candidates[m.build_key] = "cache"
     if store is not None:
         try:
@@ -102,9 +103,9 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
         found = cache.manifest(key) if where == "cache" else read_manifest(store, key)
         if found is None or found.precision != manifest.precision or found.provenance.get("source_digest") != wanted:
             continue
-        if not any(f.role == "map" for f in found.files):
+        if not any(f.role == "map" for f in found.files) or (found.model, found.component, found.target) != (manifest.model, manifest.component, ONNX_TARGET):
             continue
-        path = cache.verified_dir(key)
+        path = cache.verified_dir(key) if where == "cache" else cache.cached_as(found, store.url)
         if path is None and store is not None:
             report.message(f"fetching {manifest.ref}'s ONNX ({ONNX_TARGET} {found.precision} [{key[:12]}]) to compile {manifest.target} here")
             cache.fetch(store, found, progress=report)
@@ -124,7 +125,7 @@ def refittable_twin(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path,
     """The base engine compiled here refittable and weight-stripped (its weights are the ONNX shipped beside it), once."""
     key = build_key({"base": manifest.build_key, "device_build": "refittable", "onnx": onnx_manifest.build_key})
     with file_lock(cache.locks / f"{key}.lock"):
-        path = cache.verified_dir(key)
+        path = cache.built_here_dir(key)
         if path is not None:
             return cache.manifest(key), path, False
         report.message(f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks are refits)")

@@ -2,7 +2,7 @@
 
 The proxy forwards every request to an upstream server and, when a rule matches, breaks the exchange the way
 real networks and CDNs do: a connection reset mid-body, a Range ignored, a wrong Content-Range, a 503 SlowDown,
-a trickle, or a hook that runs between two requests (to replace the object under a transfer).
+a trickle, a stall, or a hook that runs between two requests (to replace the object under a transfer).
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class Rule:
     shift_content_range: int = 0
     status: int | None = None  # answer with this status (e.g. 503) instead of forwarding
     trickle_bps: int | None = None
+    stall_after: int | None = None  # send this many body bytes, then nothing more for `stall_s` (then close)
+    stall_s: float = 120.0
     after: Callable[[], None] | None = None  # run after the response was sent
     only_ranged: bool = False  # match only requests that carry a Range header
     hits: int = 0
@@ -142,6 +144,11 @@ class FaultProxy:
                         self.connection.shutdown(socket.SHUT_WR)
                     self.close_connection = True
                     self.connection.close()
+                elif rule and rule.stall_after is not None:
+                    self.wfile.write(data[: rule.stall_after])
+                    self.wfile.flush()
+                    time.sleep(rule.stall_s)
+                    self.close_connection = True
                 elif rule and rule.trickle_bps:
                     for i in range(0, len(data), max(1, rule.trickle_bps // 10)):
                         self.wfile.write(data[i : i + max(1, rule.trickle_bps // 10)])

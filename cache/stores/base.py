@@ -33,6 +33,16 @@ class Store(ABC):
         """Store the file at `path` under `digest` unless present. True if written; an existing blob counts as success.
         `progress` receives byte counts as they are sent."""
 
+    def refresh_blob(self, digest: str) -> bool:
+        """True if the blob is present, its modification time now renewed: a publish that reuses an orphan blob (a
+        killed build's) makes it young again, so `gc` (which deletes orphans older than its grace) leaves it be."""
+        return self.has_blob(digest)
+
+    def blob_mtime(self, digest: str) -> float | None:
+        """The blob's modification time now (None: gone, or this store cannot tell); `gc` checks it again just
+        before deleting, so a blob refreshed since its plan is kept."""
+        return None
+
     @abstractmethod
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         """A readable stream of the stored bytes from `offset` (to resume a download), never past `size` when

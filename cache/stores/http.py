@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.client
+import io
 import socket
 import urllib.error
 import urllib.request
@@ -15,6 +16,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 from .base import Store, blob_relpath, channel_relpath
 from .local import check_digest, check_model
 from .ranged import BlobChanged, Limits, Opened, ResumableReader
+from .small import Unreachable, read_whole, small_limits
 
 PARALLEL_THRESHOLD = 32 << 20
 CHUNK = 8 << 20
@@ -22,6 +24,7 @@ CHUNK = 8 << 20
 # Range request (moto, some origins) made 4 parallel ranges 9x slower than one stream. CDNs that cap
 # per-connection throughput are the opposite case: raise it there.
 SOCKET_TIMEOUT = 30.0
+SMALL_LIMIT = 64 << 20  # an index, a manifest or a channel file larger than this is not one
 _TRANSIENT = (ConnectionError, TimeoutError, socket.timeout, http.client.IncompleteRead, http.client.RemoteDisconnected, urllib.error.URLError)
 
 
@@ -40,10 +43,10 @@ class HttpStore(Store):
     def _url(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
-    def _request(self, rel: str, method: str = "GET", headers: dict[str, str] | None = None):
+    def _request(self, rel: str, method: str = "GET", headers: dict[str, str] | None = None, timeout: float = SOCKET_TIMEOUT):
         request = urllib.request.Request(self._url(rel), method=method, headers={"User-Agent": "enginefarm", **(headers or {})})
         try:
-            return urllib.request.urlopen(request, timeout=SOCKET_TIMEOUT)
+            return urllib.request.urlopen(request, timeout=timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 404:
@@ -54,14 +57,23 @@ class HttpStore(Store):
                 raise BlobChanged(f"{self._url(rel)} changed during the transfer") from None
             raise StoreError(f"{self._url(rel)}: HTTP {exc.code} {exc.reason}") from None
         except _TRANSIENT as exc:
-            raise StoreError(f"cannot reach {self._url(rel)}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network") from None
+            raise Unreachable(f"cannot reach {self._url(rel)}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network") from None
 
-    def _read_small(self, rel: str) -> tuple[bytes, str | None] | None:
+    def _read_small(self, rel: str, *, fresh: bool = True) -> tuple[bytes, str | None] | None:
+        """(body, ETag) of a small object, or None if it is not there: paced, capped, length-checked, retried (small.py).
+        `fresh`: ask caches for the current version (the index and channel metadata change; manifests never do)."""
+        headers = {"Cache-Control": "no-cache"} if fresh else {}
         try:
-            with self._request(rel, headers={"Cache-Control": "no-cache"}) as response:
-                return response.read(64 << 20), response.headers.get("ETag")
+            return read_whole(lambda timeout: self._request(rel, headers=headers, timeout=timeout), limit=SMALL_LIMIT,
+                              limits=small_limits(self.limits), what=self._url(rel), transient=_TRANSIENT)
         except ArtifactNotFoundError:
             return None
+
+    def _open_small(self, rel: str, *, fresh: bool = True) -> BinaryIO:
+        got = self._read_small(rel, fresh=fresh)
+        if got is None:
+            raise ArtifactNotFoundError(f"{self._url(rel)} not found (404)")
+        return io.BytesIO(got[0])
 
     def _refuse(self, what: str):
         raise StoreError(f"{self.url} is a read-only HTTP store: cannot {what}", hint="publish to the bucket behind it (s3://…) instead")
@@ -116,14 +128,14 @@ class HttpStore(Store):
 
     # Manifests -------------------------------------------------------------------------------------------
     def get_manifest_bytes(self, key: str) -> bytes | None:
-        got = self._read_small(f"manifests/{check_digest(key)}.json")
+        got = self._read_small(f"manifests/{check_digest(key)}.json", fresh=False)
         return None if got is None else got[0]
 
     def put_manifest_bytes(self, key: str, data: bytes) -> bool:
         self._refuse("write manifests")
 
     def open_manifest(self, key: str) -> BinaryIO:
-        return self._request(f"manifests/{check_digest(key)}.json")
+        return self._open_small(f"manifests/{check_digest(key)}.json", fresh=False)
 
     def list_manifest_keys(self) -> Iterator[str]:
         self._refuse("list manifests (HTTP cannot list; readers use index/<model>.json)")
@@ -141,7 +153,7 @@ class HttpStore(Store):
 
     # Release channels ------------------------------------------------------------------------------------
     def open_channel_file(self, channel: str, name: str) -> BinaryIO:
-        return self._request(channel_relpath(channel, name), headers={"Cache-Control": "no-cache"})
+        return self._open_small(channel_relpath(channel, name))
 
     def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
         self._refuse("write release metadata")

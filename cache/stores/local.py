@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
@@ -18,6 +20,32 @@ from .base import CappedReader, Store, blob_relpath, cache_folder, channel_relpa
 _HEX = re.compile(r"[0-9a-f]{64}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _PARTIAL = re.compile(r"\.[^/]+\.[0-9a-f]{12}\.incomplete")  # atomic.temp_sibling's names
+
+
+SMALL_LIMIT = 64 << 20  # an index, manifest or channel file larger than this is not one (as over HTTP)
+CACHE_OBJECT_LIMIT = 1 << 30  # a shared build cache (a TensorRT timing cache is MBs)
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open a store file for reading, refusing anything but a regular file (a FIFO would block forever, /dev/zero
+    never ends). Opened non-blocking so a FIFO is refused instead of waited on; raises FileNotFoundError if absent."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"{path} is not a regular file; refusing to read it", hint="a store holds only plain files: remove or replace it")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_small(path: Path, limit: int = SMALL_LIMIT) -> bytes:
+    """A whole small store file, at most `limit` bytes (raises FileNotFoundError if absent, StoreError if special or larger)."""
+    with open_regular(path) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise StoreError(f"{path} is larger than {limit >> 20} MiB; refusing to read it", hint="this is not an enginefarm store file")
+    return data
 
 
 def check_digest(digest: str) -> str:
@@ -47,9 +75,22 @@ class LocalStore(Store):
     def has_blob(self, digest: str) -> bool:
         return self._blob(digest).is_file()
 
+    def refresh_blob(self, digest: str) -> bool:
+        try:
+            os.utime(self._blob(digest))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def blob_mtime(self, digest: str) -> float | None:
+        try:
+            return self._blob(digest).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
     def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
         dest = self._blob(digest)
-        if dest.exists():
+        if self.refresh_blob(digest):  # reused: young again, so a concurrent gc keeps it (it may be an old orphan)
             return False
         tmp = temp_sibling(dest)
         try:
@@ -66,6 +107,7 @@ class LocalStore(Store):
             try:
                 os.link(tmp, dest)
             except FileExistsError:
+                self.refresh_blob(digest)
                 return False
             return True
         finally:
@@ -73,7 +115,7 @@ class LocalStore(Store):
 
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         try:
-            handle = open(self._blob(digest), "rb")
+            handle = open_regular(self._blob(digest))
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
         if offset:
@@ -116,7 +158,7 @@ class LocalStore(Store):
 
     def get_manifest_bytes(self, key: str) -> bytes | None:
         try:
-            return self._manifest(key).read_bytes()
+            return read_small(self._manifest(key))
         except FileNotFoundError:
             return None
 
@@ -126,7 +168,7 @@ class LocalStore(Store):
 
     def open_manifest(self, key: str) -> BinaryIO:
         try:
-            return open(self._manifest(key), "rb")
+            return io.BytesIO(read_small(self._manifest(key)))
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"manifest {key[:12]} is missing from {self.url}") from None
 
@@ -146,7 +188,7 @@ class LocalStore(Store):
 
     def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
         try:
-            data = self._index(model).read_bytes()
+            data = read_small(self._index(model))
         except FileNotFoundError:
             return None, None
         return data, sha256_bytes(data)
@@ -171,7 +213,7 @@ class LocalStore(Store):
     # Release channels ------------------------------------------------------------------------------------
     def open_channel_file(self, channel: str, name: str) -> BinaryIO:
         try:
-            return open(self.root / channel_relpath(channel, name), "rb")
+            return io.BytesIO(read_small(self.root / channel_relpath(channel, name)))
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"{channel_relpath(channel, name)} is missing from {self.url}") from None
 
@@ -187,7 +229,7 @@ class LocalStore(Store):
 
     def get_cache_object(self, name: str) -> bytes | None:
         try:
-            return (self.root / "caches" / check_cache_name(name)).read_bytes()
+            return read_small(self.root / "caches" / check_cache_name(name), CACHE_OBJECT_LIMIT)
         except FileNotFoundError:
             return None
 

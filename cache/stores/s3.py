@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
+COPY_LIMIT = 5 << 30  # CopyObject's limit; larger blobs are refreshed by a multipart copy
+COPY_PART = 1 << 30
 
 
 def _boto():
@@ -148,9 +150,53 @@ class S3Store(Store):
     def has_blob(self, digest: str) -> bool:
         return self._head(blob_relpath(check_digest(digest))) is not None
 
+    def refresh_blob(self, digest: str) -> bool:
+        """S3 cannot touch an object: it is copied onto itself (same bytes, a new LastModified). Objects over 5 GiB,
+        which CopyObject refuses, are copied in 1 GiB parts."""
+        rel = blob_relpath(check_digest(digest))
+        head = self._head(rel)
+        if head is None:
+            return False
+        _, botocore = _boto()
+        key, source = self._key(rel), {"Bucket": self.bucket, "Key": self._key(rel)}
+        try:
+            if head["ContentLength"] <= COPY_LIMIT:
+                self.client.copy_object(Bucket=self.bucket, Key=key, CopySource=source, MetadataDirective="REPLACE")
+            else:
+                self._copy_in_parts(key, source, head["ContentLength"])
+        except botocore.exceptions.ClientError as exc:
+            code, status = self._code(exc)
+            if status == 404 or code in ("NoSuchKey", "404"):
+                return False  # deleted under us: the caller uploads it again
+            raise self._fail(exc, f"refresh {rel}") from None
+        except botocore.exceptions.BotoCoreError as exc:
+            raise self._unreachable(exc) from None
+        return True
+
+    def _copy_in_parts(self, key: str, source: dict, size: int) -> None:
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, COPY_PART), 1):
+                end = min(size, start + COPY_PART) - 1
+                got = self.client.upload_part_copy(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, CopySource=source,
+                                                   CopySourceRange=f"bytes={start}-{end}")
+                parts.append({"ETag": got["CopyPartResult"]["ETag"], "PartNumber": number})
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+            except Exception:
+                pass
+            raise
+
+    def blob_mtime(self, digest: str) -> float | None:
+        head = self._head(blob_relpath(check_digest(digest)))
+        return None if head is None else head["LastModified"].timestamp()
+
     def put_blob(self, digest: str, path: Path, progress=None) -> bool:
         rel = blob_relpath(check_digest(digest))
-        if self.has_blob(digest):
+        if self.refresh_blob(digest):  # reused: young again, so a concurrent gc keeps it (it may be an old orphan)
             return False
         size = path.stat().st_size
         if size >= self.multipart_threshold:

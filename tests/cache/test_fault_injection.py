@@ -381,6 +381,70 @@ def test_racing_publishers_of_different_jobs_keep_every_entry(kind, tmp_path, re
         assert_published_whole(store, key)
 
 
+# gc racing a publish (issue 25, finding 2) ---------------------------------------------------------------------
+def _stopped(proc, timeout: float = 60.0) -> None:
+    """Wait until `proc` stopped itself (the fault hook's `pause`: SIGSTOP at its checkpoint)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        if Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.02)
+    raise AssertionError("the publisher never reached its checkpoint")
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_gc_during_a_publish_keeps_the_orphan_blob_it_reuses(kind, tmp_path, request, monkeypatch):
+    """A killed build left an orphan blob, older than the grace. A new publish of the same bytes found it "exists"
+    and left it old; `gc --delete`, running between that publish's blobs and its manifest, deleted it; the manifest
+    then pointed at a missing blob. Reused blobs are refreshed, and checked again once the manifest is written."""
+    from enginefarm.cache.artifacts import collect_garbage
+
+    url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"
+    assert run_publisher(url, tmp_path / "killed", fault="publish:blob#1", big=0).returncode == -signal.SIGKILL
+    store = open_store(url)
+    key = hashlib.sha256(b"a").hexdigest()
+    (orphan,) = [digest for digest, _ in store.list_blobs()]
+    assert store.get_manifest_bytes(key) is None
+    time.sleep(2.5)  # the orphan is now older than the 2 s grace
+    publisher = run_publisher(url, tmp_path / "again", fault="publish:blob#1:pause", big=0, wait=False)
+    try:
+        _stopped(publisher)  # its blob is "stored" (the orphan reused); its manifest not yet written
+        plan = collect_garbage(store, grace_s=2.0, delete=True)
+    finally:
+        os.kill(publisher.pid, signal.SIGCONT)
+    out, err = publisher.communicate(timeout=120)
+    assert publisher.returncode == 0, err
+    assert orphan not in plan.to_delete, "the reused blob was refreshed, so it is young again"
+    manifest = assert_published_whole(store, key)
+    assert_loads(url, manifest, tmp_path / "device", monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_build_repairs_a_stored_artifact_whose_blob_is_missing(kind, tiny_recipe, cli, tmp_path, request, monkeypatch):
+    """Before, `build` said "1 already stored" and never noticed the manifest pointed at a missing blob."""
+    url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"
+    recipe = str(tiny_recipe())
+    cli("build", recipe, "--no-bench", "--store", url, check=True)
+    store = open_store(url)
+    (key,) = list(store.list_manifest_keys())
+    manifest = read_manifest(store, key)
+    lost = max(manifest.files, key=lambda f: f.size)
+    store.delete_blob(lost.stored_sha256)
+    plan = cli("plan", recipe, "--store", url)
+    assert "missing" in plan.stdout, plan.stdout + plan.stderr
+    again = cli("build", recipe, "--no-bench", "--store", url)
+    assert again.returncode == 0 and "0 already stored" in again.stdout and "repaired" in again.stdout, again.stdout + again.stderr
+    repaired = read_manifest(store, key) or manifest
+    assert all(store.has_blob(f.stored_sha256) for f in repaired.files)
+    assert read_index(store, "tiny-sd").entries[repaired.build_key] == IndexEntry.of(repaired)
+    monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "device"))
+    assert enginefarm.load("tiny-sd/decoder", device="cpu", store=url).artifact.build_key == key
+    third = cli("build", recipe, "--no-bench", "--store", url)
+    assert "1 already stored" in third.stdout, third.stdout
+
+
 def test_fault_stages_are_all_exercised():
     """Every checkpoint in cache/faults.py is killed at by some test of this module."""
     source = Path(__file__).read_text()

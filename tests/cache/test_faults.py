@@ -166,6 +166,62 @@ def test_trickling_server_is_abandoned(artifact, proxy, bucket, tmp_path):
     assert_nothing_cached(tmp_path, manifest, resumable=True)
 
 
+# Small reads over HTTP: indexes, manifests, channel metadata (issue 25, finding 3) -----------------------------
+# Before: no deadline and no rate floor (a server sending 1 byte/s held `load` for good), a stalled body was a
+# TimeoutError traceback after 30 s, and a body cut short (with the right Content-Length) was parsed anyway.
+QUICK = Limits(deadline_s=6, min_rate=1024, window_s=2)
+
+
+@pytest.mark.parametrize("what", ["index", "manifest"])
+def test_a_small_read_cut_short_is_read_again(what, artifact, proxy, bucket):
+    store, manifest, _ = artifact
+    full = store.get_index_bytes("m")[0] if what == "index" else store.get_manifest_bytes(manifest.build_key)
+    rule = proxy.add(path_contains="/index/" if what == "index" else "/manifests/", reset_after=len(full) // 2)
+    http = via_proxy(proxy, bucket)
+    got = http.get_index_bytes("m")[0] if what == "index" else http.get_manifest_bytes(manifest.build_key)
+    assert rule.hits == 1 and got == full
+
+
+def test_a_small_read_cut_short_every_time_is_a_store_error(artifact, proxy, bucket):
+    store, manifest, _ = artifact
+    proxy.add(path_contains="/manifests/", reset_after=40, times=-1)
+    with pytest.raises(StoreError, match=r"40 of \d+ bytes") as caught:
+        read_manifest(via_proxy(proxy, bucket), manifest.build_key)
+    assert not isinstance(caught.value, IntegrityError)  # not "manifest is not JSON": the store, not the artifact
+
+
+@pytest.mark.parametrize("fault", [{"trickle_bps": 10}, {"stall_after": 20}])
+@pytest.mark.parametrize("what", ["index", "manifest", "channel"])
+def test_a_trickling_or_stalled_small_read_is_abandoned_with_a_clear_error(what, fault, artifact, proxy, bucket):
+    store, manifest, _ = artifact
+    path = {"index": "/index/", "manifest": "/manifests/", "channel": "/channels/"}[what]
+    proxy.add(path_contains=path, times=-1, **fault)
+    if what == "channel":
+        store.put_channel_file("stable", "timestamp.json", b"{}" * 200)
+    http = HttpStore(f"{proxy.url}/{bucket}/farm", limits=QUICK)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        if what == "index":
+            http.get_index_bytes("m")
+        elif what == "manifest":
+            http.get_manifest_bytes(manifest.build_key)
+        else:
+            http.open_channel_file("stable", "timestamp.json").read()
+    took = time.monotonic() - started
+    assert took < QUICK.deadline_s + 3, took
+    assert "\n" not in str(caught.value) and caught.value.hint
+
+
+def test_load_from_a_trickling_store_fails_fast_in_one_line(artifact, proxy, bucket, cli):
+    """Through the CLI, with the default window and deadline and only the rate floor set (the README's knob)."""
+    proxy.add(path_contains="/index/", trickle_bps=10, times=-1)
+    started = time.monotonic()
+    proc = cli("fetch", "m/c", "--device", "cpu", "--store", f"{proxy.url}/{bucket}/farm", env={"ENGINEFARM_HTTP_MIN_RATE": "1024"})
+    took = time.monotonic() - started
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "floor" in proc.stderr, proc.stderr
+    assert took < 25, took
+
+
 def test_slowdown_503_during_publish_is_retried(bucket, proxy, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     store = open_store(f"s3://{bucket}/farm")

@@ -181,3 +181,148 @@ def test_cache_verify_reports_a_malformed_cached_manifest(tmp_path, cli):
     proc = cli("cache", "verify")
     assert proc.returncode == 1 and f"evicted [{good.build_key[:12]}]" in proc.stdout, proc.stdout + proc.stderr
     assert not cached.parent.exists()
+
+
+# A third-party store poisoning the cache (issue 25, finding 1) --------------------------------------------------
+# Store A is anyone's; store G is the genuine one. A's artifact is a real, loadable m/lin with other weights (scale -1)
+# that claims to be the fastest ever measured. Before the fix, one load from A made every later load of m/lin from G
+# (same home) return A's model, pinned or not, even after A was gone; `cache verify` said ok.
+def _weights_sign(session) -> float:
+    """+1 for the genuine weights (scale 1), -1 for A's (scale -1): tests/models.py's W, fixed by its seed."""
+    w = np.random.default_rng(1).normal(0, 0.3, (8, 8)).astype(np.float32)
+    return round(float(session.run({"x": np.ones((1, 8), np.float32)})["y"].sum() / w.sum()))
+
+
+@pytest.fixture
+def genuine_and_evil(tmp_path):
+    """(G, its m/lin, A, A's tampered m/lin), each published with its own index."""
+    genuine = open_store(tmp_path / "G")
+    good = artifact(genuine, tmp_path, "good")
+    evil_store = open_store(tmp_path / "A")
+    evil = artifact(evil_store, tmp_path, "evil", p50=0.0001, scale=-1.0)
+    return genuine, good, evil_store, evil
+
+
+def _refile_index(store, model: str, entry_changes: dict, as_model: str | None = None) -> None:
+    """Rewrite store's index of m: every entry changed by `entry_changes`, filed as `as_model`'s index if given."""
+    path = store.root / "index" / "m.json"
+    index = json.loads(path.read_text())
+    index["entries"] = {k: {**v, **entry_changes} for k, v in index["entries"].items()}
+    if as_model:
+        path.unlink()
+        index["model"] = as_model
+        path = store.root / "index" / f"{as_model}.json"
+    path.write_text(json.dumps(index))
+
+
+def test_a_manifest_naming_another_model_is_refused_and_never_cached(genuine_and_evil, tmp_path, cli):
+    """The issue's attack: A's index/evil.json lists an entry whose manifest says m/lin."""
+    genuine, good, evil_store, evil = genuine_and_evil
+    _refile_index(evil_store, "m", {"component": "payload"}, as_model="evil")
+    with pytest.raises(IntegrityError, match=r"names m/lin, asked for evil/payload") as caught:
+        enginefarm.load("evil/payload", device="cpu", store=evil_store.url)
+    assert caught.value.hint and "\n" not in str(caught.value)
+    assert list(DeviceCache(tmp_path / "home").entries()) == [], "a model mismatch must not be cached under any name"
+    proc = cli("fetch", "evil/payload", "--device", "cpu", "--store", evil_store.url)
+    assert proc.returncode == 1 and "error:" in proc.stderr and "names m/lin" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    for pinned in ({}, {"target": "onnxruntime:cpu", "precision": "fp32"}):
+        session = enginefarm.load(REF, device="cpu", store=genuine.url, **pinned)
+        assert session.artifact == good and _weights_sign(session) > 0
+
+
+@pytest.mark.parametrize("field,value,asked,said", [
+    ("component", "other", {"ref": "m/other"}, "names m/lin, asked for m/other"),
+    ("precision", "fp16", {"precision": "fp16"}, "precision 'fp32' in the manifest, 'fp16' in the index"),
+    ("model_version", "7", {"version": "7"}, "model_version '1' in the manifest, '7' in the index"),
+    ("target", "openvino:cpu", {"target": "openvino:cpu"}, "target 'onnxruntime:cpu' in the manifest, 'openvino:cpu' in the index"),
+])
+def test_an_index_entry_that_its_manifest_contradicts_is_refused(field, value, asked, said, genuine_and_evil, tmp_path):
+    """The index says one thing (what resolution ranked), the manifest another (what would be loaded)."""
+    _, _, evil_store, evil = genuine_and_evil
+    _refile_index(evil_store, "m", {field: value})
+    asked = dict(asked)
+    with pytest.raises(IntegrityError, match=said):
+        enginefarm.load(asked.pop("ref", REF), device="cpu", store=evil_store.url, **asked)
+    assert list(DeviceCache(tmp_path / "home").entries()) == []
+
+
+def test_an_artifact_cached_from_another_store_never_stands_in_for_this_stores(genuine_and_evil, tmp_path):
+    genuine, good, evil_store, evil = genuine_and_evil
+    assert enginefarm.load(REF, device="cpu", store=evil_store.url).artifact == evil  # the user chose A once
+    for pinned in ({}, {"target": "onnxruntime:cpu", "precision": "fp32"}, {"version": "1"}):
+        session = enginefarm.load(REF, device="cpu", store=genuine.url, **pinned)
+        assert session.artifact == good and _weights_sign(session) > 0, pinned
+    assert "came from another store" in session.explain()
+    import shutil
+
+    shutil.rmtree(evil_store.root)  # A is gone: G still serves its own
+    assert enginefarm.load(REF, device="cpu", store=genuine.url).artifact == good
+    assert enginefarm.load(REF, device="cpu", store=str(tmp_path / "G")).artifact == good  # warm: from the cache, as G's
+
+
+def test_a_manifest_claiming_another_stores_build_key_does_not_replace_it(tmp_path):
+    """A publishes different weights under G's build key. Whatever the cache holds under that key, a load from G
+    gets G's bytes, and a load from A gets A's."""
+    genuine = open_store(tmp_path / "G")
+    good = artifact(genuine, tmp_path, "good")
+    evil_store = open_store(tmp_path / "A")
+    forged = artifact(evil_store, tmp_path, "good", scale=-1.0)  # the same seed: the same build key
+    assert forged.build_key == good.build_key and forged.files != good.files
+    assert _weights_sign(enginefarm.load(REF, device="cpu", store=evil_store.url)) < 0
+    session = enginefarm.load(REF, device="cpu", store=genuine.url)
+    assert session.artifact == good and _weights_sign(session) > 0
+    assert _weights_sign(enginefarm.load(REF, device="cpu", store=evil_store.url)) < 0
+    assert _weights_sign(enginefarm.load(REF, device="cpu", store=genuine.url)) > 0
+
+
+# Local store reads are capped, and special files refused (issue 25, finding 4) ---------------------------------
+# Before: an index symlinked to /dev/zero was read until MemoryError (5.4 GB), a FIFO hung the reader for good.
+# Each read runs in a child process with 1 GiB of address space and a timeout, so the unfixed code fails the test
+# instead of taking the machine down.
+SPECIAL_READER = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from enginefarm.cache.stores import open_store
+from enginefarm.errors import StoreError
+store, what = open_store(sys.argv[1]), sys.argv[2]
+try:
+    if what == "index":
+        store.get_index_bytes("m")
+    elif what == "manifest":
+        store.get_manifest_bytes(sys.argv[3])
+    elif what == "channel":
+        store.open_channel_file("stable", "timestamp.json").read()
+    else:
+        store.open_blob(sys.argv[3]).read(1 << 20)
+    print("read")
+except StoreError as exc:
+    print("refused:", exc)
+"""
+
+
+# Blobs are streams capped by their manifest's size (test_fault_injection); a big one is no fault.
+@pytest.mark.parametrize("what,special", [(w, s) for w in ("index", "manifest", "channel", "blob") for s in ("dev-zero", "fifo", "too-large")
+                                          if (w, s) != ("blob", "too-large")])
+def test_a_store_file_that_is_special_or_endless_is_refused(what, special, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    store = open_store(tmp_path / "store")
+    good = artifact(store, tmp_path, "a")
+    path = {"index": store.root / "index" / "m.json", "manifest": store.root / "manifests" / f"{good.build_key}.json",
+            "channel": store.root / "channels" / "stable" / "timestamp.json",
+            "blob": store.root / "blobs" / "sha256" / good.files[0].stored_sha256[:2] / good.files[0].stored_sha256}[what]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if special == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif special == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate((64 << 20) + 1)  # sparse: one byte over the cap, no disk used
+    key = good.files[0].stored_sha256 if what == "blob" else good.build_key
+    proc = subprocess.run([sys.executable, "-c", SPECIAL_READER, str(store.root), what, key], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0 and proc.stdout.startswith("refused:"), proc.stdout + proc.stderr[-500:]
+    assert ("not a regular file" if special != "too-large" else "larger than") in proc.stdout

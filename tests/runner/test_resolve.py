@@ -159,3 +159,40 @@ def test_bf16_artifacts_need_a_cpu_that_computes_bf16():
     assert pick([e], plain)[0] is None
     assert "only on a CPU with avx512_bf16 or amx_bf16; this one has neither" in pick([e], plain)[1].explain()
     assert pick([e], with_bf16)[0] == "a"
+
+
+# Runtime version ranges (issue 25, finding 6): every component counts, and every PEP 440 operator is understood.
+# Before, three components were kept and `<=`, `!=`, `~=` ignored: a plan built by TensorRT 10.12.0.36 was ranked
+# usable on 10.12.0.99 and failed only after the download.
+@pytest.mark.parametrize("have,spec,usable", [
+    ("10.12.0.99", "==10.12.0.36", False),
+    ("10.12.0.36", "==10.12.0.36", True),
+    ("10.13.1", "<=10.13.0", False),
+    ("10.13.0", "<=10.13.0", True),
+    ("10.12.0", "!=10.12.0", False),
+    ("10.13.0", "~=10.12.0", False),
+    ("10.12.5", "~=10.12.0", True),
+    ("10.13.0.35", ">=10.13.0.35,<11", True),
+    ("11.0.0.1", ">=10.13.0.35,<11", False),
+    ("10.13.0.34", ">=10.13.0.35,<11", False),
+    ("2026.4.1-22982-e213a147257-releases/2026/4", ">=2026.4.1", True),  # OpenVINO's __version__
+    ("2026.4.0-1-abc", ">=2026.4.1", False),
+    ("1.17.0+cu121", ">=1.17", True),
+    ("550.54.15", "<535", False),  # a driver minimum, as resolve asks it
+    ("1.2.3", "not a range", False),
+])
+def test_runtime_version_ranges(have, spec, usable):
+    from enginefarm.backends.base import version_in_range
+
+    assert version_in_range(have, spec) is usable
+
+
+def test_an_artifact_for_another_build_of_the_runtime_is_not_ranked_usable():
+    """Resolution with the runtime installed here: an artifact pinned to a fourth component this runtime lacks."""
+    from enginefarm.backends import Availability
+    from enginefarm.runner.resolve import _runtime_version
+
+    have = _runtime_version("onnxruntime")
+    pinned = entry("a", "onnxruntime:cpu", runtime={"onnxruntime": f"=={have}.99"}, benches=[("cpu-x86_64-v4", 0.1)])
+    resolution = resolve("m/vae", [(pinned, "store")], None, [CPU_V4], can_load=lambda t: Availability(True, True, ""))
+    assert resolution.ranked == [] and f"needs onnxruntime =={have}.99, this has {have}" in resolution.candidates[0].reason

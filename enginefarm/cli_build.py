@@ -87,9 +87,15 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     from enginefarm.settings import parse_size
 
     budget = parse_size("--memory", memory)
-    planned, opened, settings = _plan(recipes, store, targets, precisions, components, jobs, creates_store=True)
-    todo = [p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)]
     console = _console()
+    if components and set(components) == {"assets"} and not jobs:  # only the assets: nothing to plan or compile
+        from enginefarm.cache.stores import open_store
+
+        _publish_assets(console, recipes, open_store(store or load_settings().store))
+        return
+    planned, opened, settings = _plan(recipes, store, targets, precisions, tuple(c for c in components if c != "assets"), jobs,
+                                      creates_store=True)
+    todo = [p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)]
     for p in planned:
         if p.built and not p.stale_validation:
             console.print(f"[green]exists[/]   {p.job.label}")

@@ -184,11 +184,15 @@ class S3Store(Store):
                 parts.append({"ETag": got["CopyPartResult"]["ETag"], "PartNumber": number})
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
         except BaseException:
-            try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
-            except Exception:
-                pass
+            self._abort_quietly(key, upload)
             raise
+
+    def _abort_quietly(self, key: str, upload: str) -> None:
+        """Abandon a multipart upload while another error is on its way up: that error is the one to report."""
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+        except Exception:
+            pass
 
     def blob_mtime(self, digest: str) -> float | None:
         head = self._head(blob_relpath(check_digest(digest)))
@@ -235,10 +239,7 @@ class S3Store(Store):
                 return False  # someone else stored this digest first: same bytes, success
             raise self._fail(exc, f"multipart upload of {rel}") from None
         except BaseException:
-            try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
-            except Exception:
-                pass
+            self._abort_quietly(key, upload)
             raise
 
     def _verify(self, rel: str, digest: str) -> None:

@@ -181,6 +181,17 @@ width = [320, 320, 640]''',
 }
 
 
+def _refused_here(name: str) -> set[tuple[str, str]]:
+    """Artifacts the gate must refuse on this machine. OpenVINO's CPU plugin computes an fp16 artifact in real f16 on
+    CPUs that have it (AVX512-FP16, AMX: it lists FP16 among its capabilities), and the dynamically quantized LSTM
+    recognizer then overflows to NaN; elsewhere it computes in f32 and passes. Seen on a Sapphire Rapids runner with
+    every pinned and several older OpenVINO, ONNX Runtime, onnx and onnxsim releases alike."""
+    import openvino
+
+    computes_f16 = "FP16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return {("openvino:cpu", "fp16")} if name == "ddddocr_quantized" and computes_f16 else set()
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_real_models_build_on_the_first_try_and_match_onnx_runtime(name, tmp_path, write_recipe, cli, monkeypatch):
     import onnxruntime as ort
@@ -208,7 +219,14 @@ samples = "sample.npz"
     report = tmp_path / "report.json"
     proc = cli("build", str(recipe), "--no-bench", "--report", str(report))
     results = json.loads(report.read_text())
-    assert [r["status"] for r in results] == ["built"] * 4, proc.stderr
+    refused = _refused_here(name)
+    for r in results:
+        if (r["target"], r["precision"]) in refused:
+            # The gate's job: this artifact computes wrong on this CPU, so it is refused and never published.
+            assert r["status"] == "failed" and ("NaN" in r["reason"] or "cosine" in r["reason"]), r
+        else:
+            assert r["status"] == "built", (r, proc.stderr)
+    assert len(results) == 4
 
     plain = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
     expected = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, sample)))
@@ -216,6 +234,10 @@ samples = "sample.npz"
     scores = {}
     for target in ("openvino:cpu", "onnxruntime:cpu"):
         for precision in ("fp32", "fp16"):
+            if (target, precision) in refused:
+                with pytest.raises(enginefarm.EnginefarmError, match="no artifact"):
+                    enginefarm.load(f"real-{name.replace('_', '-')}/det", precision=precision, target=target, device="cpu")
+                continue
             session = enginefarm.load(f"real-{name.replace('_', '-')}/det", precision=precision, target=target, device="cpu")
             got = session.run(sample)
             for output, want in expected.items():

@@ -362,10 +362,9 @@ def _resources(r: _Reader, value: Any, key: str) -> Resources:
 
 def _assets_folder(r: _Reader, value: Any, key: str) -> Path:
     text = r.string(value, key)
-    path = Path(text).expanduser()
-    if "://" in text or path.is_absolute():
-        raise r.fail(key, "must be a folder beside the recipe", hint="a path relative to the recipe file, e.g. \"assets\"")
-    path = (r.path.parent / path).resolve()
+    if "://" in text:
+        raise r.fail(key, "must be a local folder", hint="a path relative to the recipe file, e.g. \"assets\"")
+    path = (r.path.parent / Path(text).expanduser()).resolve()
     if not path.is_dir():
         raise r.fail(key, f"folder not found: {path}", hint="paths are relative to the recipe file")
     if not any(p.is_file() for p in path.rglob("*")):

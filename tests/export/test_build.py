@@ -60,7 +60,7 @@ def test_external_data_export_builds_from_a_recipe_in_another_folder(tiny, expor
     elsewhere = tmp_path / "recipes" / "refiner.toml"
     elsewhere.parent.mkdir()
     text = (export.out / "recipe.toml").read_text()
-    elsewhere.write_text(re.sub(r'^(source|checkpoint) = "', lambda m: f'{m.group(0)}{export.out}/', text, flags=re.M))
+    elsewhere.write_text(re.sub(r'^(source|checkpoint|assets) = "', lambda m: f'{m.group(0)}{export.out}/', text, flags=re.M))
     run_cli("build", str(elsewhere), "--component", "unet", "--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench", check=True)
     session = enginefarm.load("refiner-ext/unet", precision="fp32", device="cpu", target="onnxruntime:cpu")
     feeds = _feeds(export.out / "unet.onnx", 2, 12, 8)

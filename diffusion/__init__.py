@@ -7,5 +7,7 @@ only when a tokenizer is loaded.
 from __future__ import annotations
 
 from .schedulers import ALIASES, SCHEDULERS, Scheduler, SchedulerConfig, dynamic_shift_mu, make_scheduler
+from .tokenizer import ClipTokenizer, T5Tokenizer
 
-__all__ = ["ALIASES", "SCHEDULERS", "Scheduler", "SchedulerConfig", "dynamic_shift_mu", "make_scheduler"]
+__all__ = ["ALIASES", "SCHEDULERS", "ClipTokenizer", "Scheduler", "SchedulerConfig", "T5Tokenizer", "dynamic_shift_mu",
+           "make_scheduler"]

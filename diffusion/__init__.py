@@ -9,5 +9,7 @@ from __future__ import annotations
 from .images import read_png, write_png
 from .pipeline import Pipeline
 from .schedulers import ALIASES, SCHEDULERS, Scheduler, SchedulerConfig, dynamic_shift_mu, make_scheduler
+from .tokenizer import ClipTokenizer, T5Tokenizer
 
-__all__ = ["ALIASES", "SCHEDULERS", "Pipeline", "Scheduler", "SchedulerConfig", "dynamic_shift_mu", "make_scheduler", "read_png", "write_png"]
+__all__ = ["ALIASES", "SCHEDULERS", "ClipTokenizer", "Pipeline", "Scheduler", "SchedulerConfig", "T5Tokenizer", "dynamic_shift_mu",
+           "make_scheduler", "read_png", "write_png"]

@@ -12,6 +12,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 CORPUS = """
 a photo of a cat sitting on a windowsill, highly detailed, 8k, trending on artstation
 an astronaut riding a horse on the moon, digital art, masterpiece, best quality
@@ -121,4 +123,46 @@ def write_clip_tokenizer(folder, pad_token: str = "<|endoftext|>", *, model_max_
         from transformers import CLIPTokenizer
 
         CLIPTokenizer.from_pretrained(folder).backend_tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def write_t5_tokenizer(folder, *, model_max_length: int = 512, extra_ids: int = 3) -> Path:
+    """A T5 tokenizer folder as SD3's `tokenizer_3/` and Flux's `tokenizer_2/` ship it, with a tokenizer.json: a
+    SentencePiece unigram model over whole words, word pieces and single characters of the prompt corpus (the real
+    one also has a precompiled normalization table, which this one leaves out)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    words = Counter(_WORDS.findall(CORPUS.lower()))
+    pieces = Counter()
+    for word, n in words.items():
+        pieces["▁" + word] += 4 * n
+        for size in (2, 3):
+            for i in range(len(word) - size + 1):
+                pieces[word[i:i + size]] += n
+        for ch in word:
+            pieces[ch] += n
+            pieces["▁" + ch] += 1
+    total = sum(pieces.values())
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    vocab += [(p, float(np.log(n / total))) for p, n in sorted(pieces.items(), key=lambda kv: (-kv[1], kv[0]))]
+    extra = [f"<extra_id_{i}>" for i in reversed(range(extra_ids))]
+    vocab += [(e, 0.0) for e in extra]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<pad>", "</s>", "<unk>", *extra)])
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: i for i, (t, _) in enumerate(vocab)}
+    config = {"tokenizer_class": "T5Tokenizer", "model_max_length": model_max_length, "eos_token": "</s>",
+              "pad_token": "<pad>", "unk_token": "<unk>", "extra_ids": extra_ids, "additional_special_tokens": extra,
+              "added_tokens_decoder": {str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                                     "single_word": False, "special": True}
+                                       for t in ("<pad>", "</s>", "<unk>", *extra)}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    special_map = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "additional_special_tokens": extra}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2), encoding="utf-8")
     return folder

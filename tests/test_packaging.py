@@ -16,7 +16,8 @@ def test_wheel_contains_only_the_enginefarm_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"enginefarm"}
-    for module in ("enginefarm/builder/planner.py", "enginefarm/cache/manifest.py", "enginefarm/runner/load.py", "enginefarm/backends/openvino.py"):
+    for module in ("enginefarm/builder/planner.py", "enginefarm/cache/manifest.py", "enginefarm/runner/load.py", "enginefarm/backends/openvino.py",
+                   "enginefarm/diffusion/tokenizer.py", "enginefarm/diffusion/schedulers/dpmsolver.py"):
         assert module in names
     assert not any(n.startswith(("tests/", "recipes/", "bench/")) for n in names)
 
@@ -34,8 +35,10 @@ def test_core_dependencies_stay_lean():
 def test_installed_layers_resolve_to_the_repository_folders():
     import enginefarm.builder
     import enginefarm.cache
+    import enginefarm.diffusion
     import enginefarm.runner
 
     assert Path(enginefarm.builder.__file__).parent.name == "builder"
     assert Path(enginefarm.cache.__file__).parent.name == "cache"
     assert Path(enginefarm.runner.__file__).parent.name == "runner"
+    assert Path(enginefarm.diffusion.__file__).parent.name == "diffusion"

@@ -105,8 +105,8 @@ def _with_sizes(family: Family, pipeline: Path | None, controlnet: Path | None, 
         raise ConfigError(f"the VAE scales images by {2 ** (len(vae['block_out_channels']) - 1)}, {family.title} by {family.vae_scale_factor}",
                           hint="the pixel-space inputs and outputs are written for the family's scale")
     return ExportSource(family=family, pipeline=pipeline, controlnet=controlnet, model_index=model_index, configs=configs,
-                        sizes=read_sizes(family, configs), vae_scaling_factor=float(vae.get("scaling_factor", family.vae_scaling_factor)),
-                        prediction_type=scheduler.get("prediction_type", family.prediction_type))
+                        sizes=read_sizes(family, configs), vae_scaling_factor=family.scaling_factor(vae),
+                        prediction_type=family.prediction(scheduler))
 
 
 def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:

@@ -150,6 +150,14 @@ class Family:
     vae_batch_range: tuple[int, int, int] = (1, 1, 2)
     notes: tuple[str, ...] = field(default=())
 
+    def scaling_factor(self, vae_config: dict | None) -> float:
+        """The VAE scaling factor: the model's vae/config.json `scaling_factor` when it has one, else the family's."""
+        return float((vae_config or {}).get("scaling_factor", self.vae_scaling_factor))
+
+    def prediction(self, scheduler_config: dict | None) -> str:
+        """What the UNet predicts: the scheduler config's `prediction_type` when it says, else the family's."""
+        return str((scheduler_config or {}).get("prediction_type", self.prediction_type))
+
     def component(self, name: str) -> Component:
         for component in self.components:
             if component.name == name:

@@ -119,3 +119,10 @@ def test_importing_the_exporter_loads_no_torch():
     code = "import sys, json, enginefarm.export; print(json.dumps([m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_config_values_win_over_family_defaults():
+    sdxl, sd2v = FAMILIES["sdxl"], FAMILIES["sd2-v"]
+    assert sdxl.scaling_factor(None) == 0.13025 and sdxl.scaling_factor({"scaling_factor": 0.2}) == 0.2
+    assert FAMILIES["sd1"].scaling_factor({}) == 0.18215
+    assert sd2v.prediction(None) == "v_prediction" and FAMILIES["sd1"].prediction({"prediction_type": "v_prediction"}) == "v_prediction"

@@ -107,6 +107,7 @@ class Pipeline:
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         if height % factor or width % factor:
             raise ConfigError(f"{width}×{height} is not a multiple of {factor}", hint=f"use sizes divisible by {factor}")
+        control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         rng = np.random.default_rng(seed)
         sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=np.random.default_rng([seed, 1]))
         guidance = (guidance_scale if guidance_scale is not None else 5.0 if self.family.time_ids else 7.5)
@@ -119,23 +120,17 @@ class Pipeline:
         shape = (1, self.latent_channels, height // factor, width // factor)
         noise = self._noise(latents, shape, rng)
         sched.set_timesteps(steps, strength if image is not None else 1.0)
-        if image is not None:
+        if image is not None:  # set_timesteps refused a strength that leaves no step
             start = time.perf_counter()
-            x = sched.add_noise(self._encode_image(image, height, width), noise, sched.timesteps[0]) if len(sched.timesteps) else self._encode_image(image, height, width)
+            x = sched.add_noise(self._encode_image(image, height, width), noise, sched.timesteps[0])
             timings["encode image"] = time.perf_counter() - start
         else:
             x = (noise * np.float32(sched.init_noise_sigma)).astype(np.float32)
 
         extra = self._added_conditioning(height, width, original_size, crops_coords_top_left, target_size, aesthetic_score,
                                          negative_aesthetic_score, text, use_guidance)
-        control = None
-        if self.controlnet is not None:
-            if control_image is None:
-                raise ConfigError("this pipeline was loaded with a ControlNet: give control_image=", hint="or load it without controlnet=True")
-            control = to_nchw(control_image, height, width, "control_image")
-            control = np.concatenate([control] * (2 if use_guidance else 1))
-        elif control_image is not None:
-            raise ConfigError("control_image= needs the ControlNet", hint=f"Pipeline.load({self.name!r}, controlnet=True)")
+        if control is not None and use_guidance:
+            control = np.concatenate([control, control])
 
         start = time.perf_counter()
         total = len(sched.timesteps)
@@ -181,6 +176,15 @@ class Pipeline:
             raise ConfigError(f"latents have shape {list(latents.shape)}, this image needs {list(shape)}",
                               hint="latents are [1, channels, height / f, width / f] for an image of height × width")
         return latents
+
+    def _control(self, control_image: np.ndarray | None, height: int, width: int) -> np.ndarray | None:
+        if self.controlnet is None:
+            if control_image is not None:
+                raise ConfigError("control_image= needs the ControlNet", hint=f"Pipeline.load({self.name!r}, controlnet=True)")
+            return None
+        if control_image is None:
+            raise ConfigError("this pipeline was loaded with a ControlNet: give control_image=", hint="or load it without controlnet=True")
+        return to_nchw(control_image, height, width, "control_image")
 
     def _encode_image(self, image: np.ndarray, height: int, width: int) -> np.ndarray:
         pixels = to_nchw(image, height, width, "image") * 2 - 1

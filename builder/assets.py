@@ -11,7 +11,6 @@ from pathlib import Path
 
 from enginefarm.backends.assets import COMPONENT, ROLE, TARGET
 from enginefarm.cache.artifacts import pack_files, publish
-from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
@@ -45,10 +44,11 @@ def publish_assets(store: Store, recipe: Recipe) -> PublishedAssets | None:
         return None
     folder = recipe.assets
     files = asset_files(folder)
-    key = build_key({"kind": COMPONENT, "model": recipe.name, "model_version": recipe.version,
-                     "files": [[rel, sha256_file(folder / rel)] for rel in files]})
     with tempfile.TemporaryDirectory(prefix="enginefarm-assets-") as tmp:
         records, blobs = pack_files(folder, [(rel, ROLE) for rel in files], Path(tmp), codec="zstd")
+        # pack_files hashed each file already: the key is made from those digests, not from reading the files again
+        key = build_key({"kind": COMPONENT, "model": recipe.name, "model_version": recipe.version,
+                         "files": [[r.path, r.sha256] for r in records]})
         manifest = Manifest(
             build_key=key, model=recipe.name, model_version=recipe.version, component=COMPONENT, precision="fp32",
             profile_name="default", profile={}, target=TARGET, toolchain={"assets": "1"}, files=tuple(records),

@@ -538,6 +538,13 @@ class TrtSession:
             self._after_run({n: a.shape for n, a in zip(self.input_names, held)})
         return outputs
 
+    def close(self) -> None:
+        """The device buffers and stream first, then the context before the engine that made it."""
+        cuda, self._cuda = getattr(self, "_cuda", None), None
+        if cuda is not None:
+            cuda.close()
+        self._context = self._engine = None
+
     def __del__(self) -> None:
         cuda = getattr(self, "_cuda", None)
         if cuda is not None:

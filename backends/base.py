@@ -82,6 +82,8 @@ class BackendSession(Protocol):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+    # Optional: `close()` releases what the session holds (weights, compiled code, device buffers) at once.
+
 
 def version_in_range(version: str, spec: str) -> bool:
     """Whether a runtime's version satisfies a PEP 440 specifier set (`>=10.13.0.35,<11`, `==10.12.0.36`, `~=2.1`,

@@ -140,6 +140,9 @@ class MigraphxSession:
         results = self._program.run({name: mgx.argument(array) for name, array in arrays.items()})
         return {name: np.array(result, copy=True) for name, result in zip(self.output_names, results)}
 
+    def close(self) -> None:
+        self._program = None
+
 
 def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
     mgx = _mgx()

@@ -73,6 +73,9 @@ class OrtSession:
         values = self._session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values))
 
+    def close(self) -> None:
+        self._session = None
+
 
 def load(artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
     model = next(f.path for f in manifest.files if f.role == "model")

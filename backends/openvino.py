@@ -157,6 +157,9 @@ class OpenVinoSession:
         result = self._request.infer(feeds)
         return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs)}
 
+    def close(self) -> None:
+        self._request = self._compiled = None  # the request holds the compiled model: both go
+
 
 def blob_compatible(manifest) -> str | None:
     """Why the shipped blob cannot be used here, or None if it can."""

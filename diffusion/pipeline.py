@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from enginefarm.errors import ConfigError
+from enginefarm.errors import ConfigError, SessionClosed
 
 from .assets import ModelAssets
 from .images import to_image, to_nchw
@@ -77,6 +77,20 @@ class Pipeline:
             self.sessions[component] = self._load_component(component)
         return self.sessions[component]
 
+    def close(self) -> None:
+        """Close every loaded component (`Session.close`): their memory goes back now. Closing twice is harmless;
+        a closed pipeline refuses to generate."""
+        sessions, self.sessions = self.sessions, {}
+        self._load_component = None
+        for session in sessions.values():
+            session.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     # -- one image
 
     def __call__(self, prompt: str, negative_prompt: str | None = None, *, steps: int = 25, guidance_scale: float | None = None,
@@ -97,6 +111,8 @@ class Pipeline:
         (default drawn from `seed`), for reproducing another implementation's run."""
         from .schedulers import make_scheduler
 
+        if not self.sessions:
+            raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
         if output_type not in ("np", "latent"):
             raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
         if steps < 1:

@@ -35,6 +35,7 @@ class Pipeline:
         self.controlnet = controlnet
         self.prompts = PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
+        self.vae_tiling = None  # a tiles.Tiling once enable_vae_tiling() is called
         self._load_timings: dict[str, float] = {}
 
     @classmethod
@@ -76,6 +77,17 @@ class Pipeline:
                 raise ConfigError(f"this pipeline has no {component}", hint="load it with Pipeline.load")
             self.sessions[component] = self._load_component(component)
         return self.sessions[component]
+
+    def enable_vae_tiling(self, tile_pixels: int | None = None, overlap: float = 0.25) -> None:
+        """Decode and encode images larger than a tile in overlapping tiles (diffusers' `enable_vae_tiling()`: tiles
+        of the VAE config's sample_size, a quarter overlapping): the VAE's memory follows the tile, not the image, and
+        sizes past the decoder's profile decode too."""
+        from .tiles import Tiling
+
+        self.vae_tiling = Tiling.from_vae(self.assets.configs.get("vae", {}), self.vae_scale_factor, tile_pixels, overlap)
+
+    def disable_vae_tiling(self) -> None:
+        self.vae_tiling = None
 
     def close(self) -> None:
         """Close every loaded component (`Session.close`): their memory goes back now. Closing twice is harmless;
@@ -168,7 +180,7 @@ class Pipeline:
             return x
         start = time.perf_counter()
         latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(np.float32)
-        decoded = self.sessions["vae_decoder"].run({"latent_sample": latent})["sample"]
+        decoded = self._vae("vae_decoder", "latent_sample", "sample", latent)
         self.timings["decode"] = time.perf_counter() - start
         return to_image(decoded)
 
@@ -204,9 +216,23 @@ class Pipeline:
 
     def _encode_image(self, image: np.ndarray, height: int, width: int) -> np.ndarray:
         pixels = to_nchw(image, height, width, "image") * 2 - 1
-        moments = self.session("vae_encoder").run({"sample": pixels.astype(np.float32)})["latent_parameters"]
+        moments = self._vae("vae_encoder", "sample", "latent_parameters", pixels.astype(np.float32))
         mean = moments[:, : moments.shape[1] // 2]
         return ((mean - np.float32(self.assets.vae_shift_factor)) * np.float32(self.assets.vae_scaling_factor)).astype(np.float32)
+
+    def _vae(self, component: str, input_name: str, output_name: str, x: np.ndarray) -> np.ndarray:
+        """One VAE run, in tiles when tiling is on and `x` is larger than a tile."""
+        from . import tiles
+
+        session = self.session(component)
+        run = lambda part: session.run({input_name: part})[output_name]  # noqa: E731
+        tiling = self.vae_tiling
+        tile = None if tiling is None else tiling.latent if component == "vae_decoder" else tiling.sample
+        if tile is None or not tiles.needed(x.shape, tile):
+            return run(x)
+        bounds = session.artifact.profile.get(input_name)
+        min_tile = max(bounds["min"][2:]) if bounds else 1
+        return (tiles.decode if component == "vae_decoder" else tiles.encode)(run, x, tiling, min_tile)
 
     def _added_conditioning(self, height, width, original_size, crops, target_size, aesthetic, negative_aesthetic,
                             text: TextConditioning, use_guidance: bool) -> dict[str, np.ndarray]:

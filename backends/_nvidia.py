@@ -92,6 +92,7 @@ def gpu_runs(device: str, gpu: dict[str, Any], family_floors: dict[str, tuple[in
 class NvidiaBackend(Backend, abstract=True):
     """What TensorRT and TensorRT-RTX share: NVIDIA GPUs matched by compute capability, farm runners labelled nvidia,
     builds that hold the weights about three times (builder/memory.py)."""
+    probes = ("nvidia",)
 
     vendor_label = "nvidia"
     onnx_precision = "same"  # strongly typed: the prepared ONNX says fp16 or fp32

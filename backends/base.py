@@ -166,6 +166,9 @@ class Backend:
     hosted_runners: ClassVar[dict[str, list[str]]] = {}  # device class -> labels of a hosted runner that builds it
     example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
     bundles: ClassVar[dict[str, BundleSpec]] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
+    # The device probes (enginefarm.runner.device.PROBES) that can find a device it runs; None: every probe. A load
+    # whose candidates are all this backend's runs only these (OpenVINO's GPU probe alone costs half a second).
+    probes: ClassVar[tuple[str, ...] | None] = None
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs) -> None:
         """`abstract`: a base several backends share (NVIDIA's), checked in its subclasses."""

@@ -255,6 +255,7 @@ def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
 
 
 class CoreML(Backend):
+    probes = ("apple",)
     name = "coreml"
     devices = re.compile(r"^(apple|apple-m[1-9])$")
     device_hint = "apple (any Apple-silicon Mac) or apple-mN"

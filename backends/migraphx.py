@@ -158,6 +158,7 @@ def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
 
 
 class MIGraphX(Backend):
+    probes = ("amd",)
     name = "migraphx"
     devices = re.compile(r"^gfx[0-9a-f]{3,4}$")
     device_hint = "a gfx target such as gfx1100, gfx1030, gfx90a"

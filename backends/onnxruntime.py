@@ -134,6 +134,7 @@ _ORT_BUNDLE = BundleSpec(("onnxruntime",), drop=("onnxruntime/tools/*", "onnxrun
 
 
 class OnnxRuntime(Backend):
+    probes = ("cpu",)
     name = "onnxruntime"
     devices = re.compile(r"^cpu$")
     device_hint = "cpu"

@@ -278,6 +278,7 @@ def _ov_bundle(device: str, plugin: str, needs: str, cache: tuple[str, ...] = ()
 
 
 class OpenVINO(Backend):
+    probes = ("cpu", "intel")
     name = "openvino"
     devices = re.compile(r"^(cpu|gpu|npu)$")
     device_hint = "cpu, gpu or npu"

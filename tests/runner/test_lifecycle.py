@@ -104,3 +104,25 @@ def test_a_closed_session_refuses_to_run_and_closing_twice_is_harmless(chain_sto
     with pytest.raises(SessionClosed, match="closed") as caught:
         session.run({"x": x})
     assert "enginefarm.load" in caught.value.hint
+
+
+_PROBED = """
+import json, sys
+import enginefarm
+session = enginefarm.load("chain/net", target=sys.argv[1])
+print(json.dumps({"openvino": "openvino" in sys.modules, "pynvml": "pynvml" in sys.modules}))
+"""
+
+
+def test_a_load_runs_only_the_device_probes_its_candidates_need(chain_store, monkeypatch):
+    """Candidates all for ONNX Runtime on the CPU: no GPU probe runs (OpenVINO's, which lists Intel GPUs, costs about
+    half a second of a first inference), so neither OpenVINO nor NVML is imported. With OpenVINO candidates, it is."""
+    monkeypatch.setenv("ENGINEFARM_HOME", str(chain_store / "home"))
+    monkeypatch.setenv("ENGINEFARM_STORE", str(chain_store / "store"))
+
+    def imported(target: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", _PROBED, target], capture_output=True, text=True, check=True, timeout=300).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    assert imported("onnxruntime:cpu") == {"openvino": False, "pynvml": False}
+    assert imported("openvino:cpu")["openvino"] is True

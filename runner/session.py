@@ -65,7 +65,9 @@ class Session:
         return getattr(self._session, "compute_precision", "unknown")
 
     def explain(self) -> str:
-        return self._explanation + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)"
+        how = getattr(self._session, "how", "")  # how the backend opened it: "compiled IR", "streaming weights: …"
+        return self._explanation + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)" + (
+            f"\nopened: {how}" if how else "")
 
     @property
     def closed(self) -> bool:

@@ -36,38 +36,58 @@ class Pipeline:
         self.prompts = PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
         self.vae_tiling = None  # a tiles.Tiling once enable_vae_tiling() is called
+        self.residency = None  # a budget.Residency when loaded with a memory budget
+        self.closed = False
         self._load_timings: dict[str, float] = {}
 
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             progress=None) -> "Pipeline":
+             progress=None, memory_budget: int | str | None = None) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
         and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
-        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32)."""
+        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
+        memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs them and those no stage
+        needs now are closed when the next would not fit (`enginefarm.diffusion.budget`); None: all loaded up front."""
         import enginefarm
 
+        from .budget import Residency, artifact_bytes, parse_budget
+
+        budget = parse_budget(memory_budget)
         if assets is None:
             assets = _fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
         family = found.family
         timings: dict[str, float] = {}
 
-        def load_component(component: str):
+        def chosen_precision(component: str) -> str | None:
             spec = family.component(component)
-            chosen = precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
+            return precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
+
+        def _estimate(component: str) -> int:
+            from enginefarm.runner.load import fetch
+
+            manifest, _, _ = fetch(f"{name}/{component}", precision=chosen_precision(component), device=device, store=store, target=target,
+                                   version=version)
+            return artifact_bytes(manifest)
+
+        def load_component(component: str):
+            chosen = chosen_precision(component)
             start = time.perf_counter()
             session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
                                       version=version)
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
-        sessions = {component: load_component(component) for component in _components(family, controlnet)}
+        wanted = _components(family, controlnet)
+        sessions = {component: load_component(component) for component in wanted} if budget is None else {}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
         pipe.timings = pipe._load_timings = timings
+        if budget is not None:
+            pipe.residency = Residency(budget, load_component, pipe.sessions, lambda component: _estimate(component))
         return pipe
 
     def session(self, component: str):
@@ -89,13 +109,20 @@ class Pipeline:
     def disable_vae_tiling(self) -> None:
         self.vae_tiling = None
 
+    def _stage(self, components) -> None:
+        """Make a stage's components loaded: within the memory budget if there is one, else on first use."""
+        if self.residency is not None:
+            self.residency.need(tuple(components))
+        for component in components:
+            self.session(component)
+
     def close(self) -> None:
         """Close every loaded component (`Session.close`): their memory goes back now. Closing twice is harmless;
         a closed pipeline refuses to generate."""
-        sessions, self.sessions = self.sessions, {}
-        self._load_component = None
-        for session in sessions.values():
-            session.close()
+        self.closed = True
+        self._load_component = self.residency = None
+        while self.sessions:
+            self.sessions.popitem()[1].close()
 
     def __enter__(self) -> "Pipeline":
         return self
@@ -123,7 +150,7 @@ class Pipeline:
         (default drawn from `seed`), for reproducing another implementation's run."""
         from .schedulers import make_scheduler
 
-        if not self.sessions:
+        if self.closed:
             raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
         if output_type not in ("np", "latent"):
             raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
@@ -142,6 +169,7 @@ class Pipeline:
         use_guidance = guidance > 1.0
 
         start = time.perf_counter()
+        self._stage(self.family.text_encoders)
         text = self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
         timings["text"] = time.perf_counter() - start
 
@@ -161,6 +189,7 @@ class Pipeline:
             control = np.concatenate([control, control])
 
         start = time.perf_counter()
+        self._stage(_components(self.family, self.controlnet is not None)[len(self.family.text_encoders):-1])
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
             x_in = np.concatenate([x, x]) if use_guidance else x
@@ -224,6 +253,7 @@ class Pipeline:
         """One VAE run, in tiles when tiling is on and `x` is larger than a tile."""
         from . import tiles
 
+        self._stage((component,))
         session = self.session(component)
         run = lambda part: session.run({input_name: part})[output_name]  # noqa: E731
         tiling = self.vae_tiling

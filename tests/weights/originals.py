@@ -67,5 +67,5 @@ def write_file(path: Path, tensors: dict[str, np.ndarray], dtype: str = "fp32") 
     from safetensors.torch import save_file
 
     kind = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    save_file({k: torch.from_numpy(np.ascontiguousarray(v)).to(kind) for k, v in tensors.items()}, str(path))
+    save_file({k: torch.from_numpy(np.array(v)).to(kind).clone() for k, v in tensors.items()}, str(path))
     return path

@@ -36,6 +36,7 @@ class Section:
     part: str  # layouts.UNET, CLIP, OPENCLIP, VAE or DIFFUSERS
     prefix: str  # the file's prefix of the part's keys
     owns: tuple[str, ...] = ("",)  # the keys (after the prefix) this component takes: the VAE's halves share a section
+    penultimate: bool = False  # a CLIP encoder read at its penultimate layer: its last layer and final norm are unused
 
 
 def _sd(text_encoder: Section) -> dict[str, Section]:
@@ -53,7 +54,7 @@ class FileLayout:
 
 
 _ALL = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
-_SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer."))
+_SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer.", penultimate=True))
 _VAE_ONLY = lambda part: {"vae_decoder": Section(part, "", _DECODER), "vae_encoder": Section(part, "", _ENCODER)}  # noqa: E731
 
 LAYOUTS = {layout.id: layout for layout in (
@@ -192,16 +193,27 @@ def _sources(section: Section, names) -> dict[str, Source]:
     return layouts.sources(section.part, names)
 
 
+def _layers(names) -> int:
+    return len({m.group(1) for m in (re.match(r"^(?:text_model\.)?encoder\.layers\.(\d+)\.", n) for n in names) if m})
+
+
 def _known_unused(section: Section, key: str, names) -> bool:
     """Tensors of a part the diffusers model has no place for, by design: SD 2.x reads OpenCLIP's penultimate layer
     (its encoder lacks the last block) and has no text projection."""
     if _NOT_WEIGHTS.match(key):
         return True
     if section.part == OPENCLIP:
-        layers = {int(m.group(1)) for m in (re.match(r"^(?:text_model\.)?encoder\.layers\.(\d+)\.", n) for n in names) if m}
-        last = re.match(rf"^transformer\.resblocks\.{len(layers)}\.", key)
+        last = re.match(rf"^transformer\.resblocks\.{_layers(names)}\.", key)
         return bool(last) or (key == "text_projection" and "text_projection.weight" not in names)
     return False
+
+
+def _unread(section: Section, key: str, names) -> bool:
+    """Tensors the model has but its graph never reads (SDXL's first encoder stops at the penultimate layer): not
+    offered, so a fine-tune that changed them is not refused for a change that could not show."""
+    if not section.penultimate:
+        return False
+    return bool(re.match(rf"^text_model\.(encoder\.layers\.{_layers(names) - 1}\.|final_layer_norm\.)", key))
 
 
 def component_part(path: str | Path, component: str, ref: str, mapped_shapes: dict[str, tuple[int, ...]], names) -> PartView | None:
@@ -226,6 +238,8 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
         if key not in table:
             if not _known_unused(section, key[len(section.prefix):], names):
                 homeless.append(key)
+            continue
+        if _unread(section, key[len(section.prefix):], names):
             continue
         for name, source in table[key]:
             shape = source.shape(opened.tensors.entries[key].shape)

@@ -105,11 +105,11 @@ def _export_single_file(source: Path, base: Path | None, out: Path, name: str | 
         raise ConfigError(f"{source}: a single-file checkpoint is exported with --base DIR (the base model's diffusers folder)"
                           if base is None else f"--base is for a single-file SOURCE; {source} is not a file",
                           hint="enginefarm export model.safetensors --base BASE_FOLDER --out OUT")
+    same_family(source, read_source(Path(base), options.get("controlnet")).family.id)  # a file for another family: one line
     out.parent.mkdir(parents=True, exist_ok=True)
     holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.single-file-", dir=out.parent))
     try:
         staged = stage(source, Path(base), holder / "pipeline")
-        same_family(source, read_source(staged, options.get("controlnet")).family.id)  # a file for another family: one line
         return export_model(staged, out, name or source.stem, progress, origin=f"{source} over {base}", **options)
     finally:
         shutil.rmtree(holder, ignore_errors=True)

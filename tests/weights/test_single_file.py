@@ -219,3 +219,23 @@ def test_export_stages_a_single_file_over_its_base(tiny, tmp_path, cli):
     other = cli("export", str(weights), "--base", str(tiny("sdxl")), "--out", str(tmp_path / "out"))
     assert other.returncode != 0 and "this model is sdxl" in other.stderr and "Traceback" not in other.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_routing_gives_each_component_its_file(tiny, tmp_path):
+    """Pipeline.load's routing, from the headers alone: a checkpoint to every component it has a part for, vae= over the
+    checkpoint's own VAE, and one-line errors for a checkpoint given as vae= or a file for another family."""
+    from enginefarm.families import FAMILIES
+    from enginefarm.weights.routing import route
+
+    sd1 = write_file(tmp_path / "sd1.safetensors", original_tensors(tiny("sd1"), "sd1"))
+    vae = write_file(tmp_path / "vae.safetensors", original_tensors(tiny("sd1"), "vae"))
+    family = FAMILIES["sd1"]
+    components = list(family.component_names)
+    assert route(family, components, sd1, None) == {c: sd1 for c in components}
+    assert route(family, components, sd1, vae) == {"text_encoder": sd1, "unet": sd1, "vae_decoder": vae, "vae_encoder": vae}
+    assert route(family, components, None, vae) == {"vae_decoder": vae, "vae_encoder": vae}
+    with pytest.raises(WeightsError, match="not a VAE") as caught:
+        route(family, components, None, sd1)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(WeightsError, match="this model is sd2"):
+        route(FAMILIES["sd2"], list(FAMILIES["sd2"].component_names), sd1, None)

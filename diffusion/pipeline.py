@@ -43,15 +43,22 @@ class Pipeline:
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             progress=None, memory_budget: int | str | None = None) -> "Pipeline":
+             weights: str | Path | None = None, vae: str | Path | None = None, loras=(), progress=None,
+             memory_budget: int | str | None = None) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
         and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
         (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
-        memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs them and those no stage
-        needs now are closed when the next would not fit (`enginefarm.diffusion.budget`); None: all loaded up front."""
+
+        weights: a whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the original layout,
+        SDXL's in the SGM layout) or a UNet in diffusers names; vae: a VAE file (diffusers AutoencoderKL or the original
+        layout). Each component takes its part, applied to its stored artifact (`enginefarm.load(..., weights=)`); the
+        files are checked against the family before anything loads. loras: [(file, strength), ...], given to every
+        component. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs them and
+        those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`); None: all
+        loaded up front."""
         import enginefarm
 
         from .budget import Residency, artifact_bytes, parse_budget
@@ -62,6 +69,11 @@ class Pipeline:
         found = ModelAssets.from_folder(assets)
         family = found.family
         timings: dict[str, float] = {}
+        files = {}
+        if weights is not None or vae is not None:
+            from enginefarm.weights.routing import route
+
+            files = route(family, list(family.component_names), weights, vae)
 
         def chosen_precision(component: str) -> str | None:
             spec = family.component(component)
@@ -78,7 +90,7 @@ class Pipeline:
             chosen = chosen_precision(component)
             start = time.perf_counter()
             session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                      version=version)
+                                      version=version, weights=files.get(component), loras=loras)
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 

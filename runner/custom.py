@@ -32,6 +32,7 @@ from .lora import LoraLayer, read_lora
 
 log = logging.getLogger(__name__)
 
+MAX_STRENGTH = 100.0  # far past any useful strength; 1e308 would only turn every merged weight into Inf
 REFIT_FILE = "refit.safetensors"  # a refit stack's cached merged weights, by ONNX initializer name
 
 
@@ -68,7 +69,9 @@ def _pair(item) -> tuple[str | Path, float]:
     except (TypeError, ValueError):
         raise ConfigError(f"LoRA {item!r} is not (path, strength)", hint='loras=[("a.safetensors", 0.8), ...]') from None
     if not math.isfinite(strength):
-        raise ConfigError(f"LoRA {path}: strength {strength} is not a finite number")
+        raise ConfigError(f"LoRA {path}: strength {strength} is not a finite number", hint="strengths are usually between -2 and 2")
+    if abs(strength) > MAX_STRENGTH:
+        raise ConfigError(f"LoRA {path}: strength {strength:g} is beyond ±{MAX_STRENGTH:g}", hint="strengths are usually between -2 and 2")
     return path, strength
 
 
@@ -114,7 +117,7 @@ def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):
     if wmap is None:
         raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
                            hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
-    return (wmap, *_read(stack, wmap))
+    return (wmap, *_read(stack, wmap, manifest.component))
 
 
 def check_stackable(backend, manifest: Manifest) -> None:
@@ -175,9 +178,9 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
             "loras": [[str(p), s] for p, s in stack.loras]}
 
 
-def _read(stack: Stack, wmap: WeightMap) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
+def _read(stack: Stack, wmap: WeightMap, component: str) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
     custom = _read_checkpoint(stack.weights, wmap) if stack.weights is not None else {}
-    return custom, [(read_lora(path, wmap), strength) for path, strength in stack.loras]
+    return custom, [(read_lora(path, wmap, component), strength) for path, strength in stack.loras]
 
 
 def _read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
@@ -209,8 +212,9 @@ def _read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
 
 def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],
                    loras: list[tuple[list[LoraLayer], float]], *, every: bool) -> dict[str, np.ndarray]:
-    """New values by ONNX initializer (float32, ONNX layout): W' = W + Σ strength · (alpha / rank) · up @ down,
-    W being the custom tensor or the artifact's own. `every`: all weights the map covers, unchanged ones too."""
+    """New values by ONNX initializer (float32, ONNX layout): each LoRA layer merged in stack order (W + strength ·
+    scale · ΔW; DoRA rescales the sum), W being the custom tensor or the artifact's own. `every`: all weights the map
+    covers, unchanged ones too. A merge that overflows is refused before anything is compiled."""
     deltas: dict[str, list[tuple[LoraLayer, float]]] = {}
     for layers, strength in loras:
         for layer in layers if strength != 0 else ():
@@ -225,7 +229,10 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
         m = wmap.mapped[name]
         value = np.array(custom[name] if name in custom else m.from_onnx(base[m.initializer]), dtype=np.float32)
         for layer, strength in deltas.get(name, ()):
-            value += np.float32(strength) * layer.delta(m.shape).astype(np.float32)
+            value = layer.apply(value, strength)
+        if name in deltas and not np.isfinite(value).all():
+            files = ", ".join(sorted({str(layer.source) for layer, _ in deltas[name]}))
+            raise WeightsError(f"{files}: merging into {name} gives Inf or NaN", hint="lower the strength; the LoRA's values are too large for this weight")
         parts.setdefault(m.initializer, []).append((m, m.to_onnx(value)))
     out = {}
     for init, items in parts.items():

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,8 @@ from enginefarm.errors import ConfigError
 from .assets import ModelAssets
 from .images import to_image, to_nchw
 from .prompts import PromptEncoder, TextConditioning
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 
@@ -36,17 +39,20 @@ class Pipeline:
         self.prompts = PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
         self._load_timings: dict[str, float] = {}
+        self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
 
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             progress=None) -> "Pipeline":
+             progress=None, loras=()) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
         and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
-        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32)."""
+        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
+        loras: [(path, strength), ...], files as shipped: each component takes its own part (UNet, text encoders);
+        layers no component takes are named once, in `pipe.notes` and the log."""
         import enginefarm
 
         if assets is None:
@@ -54,19 +60,28 @@ class Pipeline:
         found = ModelAssets.from_folder(assets)
         family = found.family
         timings: dict[str, float] = {}
+        dealt, ignored = ({}, "")
+        if loras:
+            from enginefarm.runner.custom import Stack
+            from enginefarm.weights.lora import split
+
+            dealt, ignored = split(Stack.parse(None, loras).loras, _components(family, controlnet))
+            if ignored:
+                log.warning("%s", ignored)
 
         def load_component(component: str):
             spec = family.component(component)
             chosen = precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
             start = time.perf_counter()
             session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                      version=version)
+                                      version=version, loras=dealt.get(component, ()))
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
         sessions = {component: load_component(component) for component in _components(family, controlnet)}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
         pipe.timings = pipe._load_timings = timings
+        pipe.notes = [ignored] if ignored else []
         return pipe
 
     def session(self, component: str):

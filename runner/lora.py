@@ -46,8 +46,10 @@ class ModuleNames:
     def resolve(self, module: str, local: str | None = None) -> tuple[str | None, str]:
         """(checkpoint tensor name, "") or (None, why). `local`: the name without its part's prefix, when the
         component takes only its part."""
-        if local is not None:
-            dotted, flat = [local], [local]
+        if local is not None:  # transformers 5 names a text encoder's tensors with or without `text_model.`
+            bare = local.removeprefix("text_model.").removeprefix("text_model_")
+            dotted = [local, bare, "text_model." + bare]
+            flat = [local, bare, "text_model_" + bare]
         else:
             dotted = [module] + [module[len(p):] for p in DOTTED_PREFIXES if module.startswith(p)]
             rest = module[len("lora_"):] if module.startswith("lora_") else None

@@ -35,7 +35,7 @@ KOHYA_PARTS = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "t
                "lora_transformer_": "transformer"}
 DOTTED_PARTS = {"unet.": "unet", "text_encoder.": "text_encoder", "text_encoder_2.": "text_encoder_2", "transformer.": "transformer"}
 # which components take each part's layers: kohya names Flux's transformer `lora_unet_…` too
-PART_COMPONENTS = {"unet": ("unet", "transformer"), "transformer": ("transformer",), "text_encoder": ("text_encoder",),
+PART_COMPONENTS = {"unet": ("unet", "unet_controlnet", "transformer"), "transformer": ("transformer",), "text_encoder": ("text_encoder",),
                    "text_encoder_2": ("text_encoder_2",)}
 TAKERS = frozenset(c for cs in PART_COMPONENTS.values() for c in cs)
 
@@ -215,8 +215,51 @@ class LoraFile:
         return [layer for layer in self.layers if component in PART_COMPONENTS[layer.part]]
 
 
+_READ: dict[tuple, LoraFile] = {}  # (path, size, mtime) → the file as read: a pipeline's components share one read
+
+
 def read(path: Path) -> LoraFile:
     """Every layer of the file, its format checked and its tensors finite; all problems are raised together."""
+    try:
+        stat = Path(path).stat()
+        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _READ:
+        return _READ[key]
+    found = _read(Path(path))
+    if key is not None:
+        if len(_READ) >= 8:
+            _READ.pop(next(iter(_READ)))
+        _READ[key] = found
+    return found
+
+
+def split(loras, components) -> tuple[dict[str, list[tuple[Path, float]]], str]:
+    """A pipeline's LoRAs, [(path, strength)], dealt to its components: component → the files that hold layers
+    for it. Also one line naming the layers no component takes ('' when every layer has a taker). A file with
+    nothing for any of them is an error."""
+    dealt: dict[str, list[tuple[Path, float]]] = {}
+    left: list[str] = []
+    for path, strength in loras:
+        parsed = read(path)
+        taken = 0
+        for component in components:
+            if mine := parsed.for_component(component) if component in TAKERS else []:
+                dealt.setdefault(component, []).append((Path(path), strength))
+                taken += len(mine)
+        counts = {part: n for part, n in parsed.parts().items() if not any(c in components for c in PART_COMPONENTS[part])}
+        if not taken:
+            theirs = ", ".join(f"{part} ({n})" for part, n in sorted(parsed.parts().items()))
+            raise WeightsError(f"{path}: no layer of this LoRA fits this pipeline's {', '.join(c for c in components if c in TAKERS)} "
+                               f"(it holds layers for {theirs})", hint="use a LoRA trained for this model family")
+        if counts:
+            left.append(f"{Path(path).name}: {', '.join(f'{n} {part} layer(s)' for part, n in sorted(counts.items()))}")
+    line = f"ignored, no component of this pipeline takes them: {'; '.join(left)}" if left else ""
+    return dealt, line
+
+
+def _read(path: Path) -> LoraFile:
     st = SafeTensors(path)
     groups: dict[str, dict[str, str]] = {}
     problems: list[str] = []

@@ -44,15 +44,20 @@ class Pipeline:
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             progress=None, loras=()) -> "Pipeline":
+             weights: str | Path | None = None, vae: str | Path | None = None, loras=(), progress=None) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
         and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
         (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
-        loras: [(path, strength), ...], files as shipped: each component takes its own part (UNet, text encoders);
-        layers no component takes are named once, in `pipe.notes` and the log."""
+
+        weights: a whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the original layout,
+        SDXL's in the SGM layout) or a UNet in diffusers names; vae: a VAE file (diffusers AutoencoderKL or the original
+        layout). Each component takes its part, applied to its stored artifact (`enginefarm.load(..., weights=)`); the
+        files are checked against the family before anything loads. loras: [(file, strength), ...], files as shipped:
+        each component takes its own part (UNet, text encoders); layers no component takes are named once, in
+        `pipe.notes` and the log."""
         import enginefarm
 
         if assets is None:
@@ -60,6 +65,11 @@ class Pipeline:
         found = ModelAssets.from_folder(assets)
         family = found.family
         timings: dict[str, float] = {}
+        files = {}
+        if weights is not None or vae is not None:
+            from enginefarm.weights.routing import route
+
+            files = route(family, list(family.component_names), weights, vae)
         dealt, ignored = ({}, "")
         if loras:
             from enginefarm.runner.custom import Stack
@@ -74,7 +84,7 @@ class Pipeline:
             chosen = precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
             start = time.perf_counter()
             session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                      version=version, loras=dealt.get(component, ()))
+                                      version=version, weights=files.get(component), loras=dealt.get(component, ()))
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 

@@ -52,13 +52,17 @@ class ExportResult:
 def export_model(source: Path, out: Path, name: str | None = None, progress: ProgressLike = None, *, controlnet: Path | None = None,
                  targets=recipes.DEFAULT_TARGETS, precisions=recipes.DEFAULT_PRECISIONS, batch: tuple[int, int, int] | None = None,
                  latent: tuple[int, int, int] | None = None, external_data_above: int = EXTERNAL_DATA_ABOVE,
-                 overwrite: bool = False) -> ExportResult:
+                 overwrite: bool = False, base: Path | None = None, origin: str | None = None) -> ExportResult:
     """Export the diffusers pipeline (or standalone ControlNet) folder `source` to `out`: `<component>.onnx` (and
     `.onnx.data` for weights above `external_data_above` bytes), `<component>.safetensors`, `assets/`, `recipe.toml`.
     `controlnet`: a ControlNet folder exported with the pipeline as one model of the ControlNet family. `batch`
     and `latent` (min, opt, max) replace the family's profile ranges. Nothing is written to `out` unless every
-    component matches torch on ONNX Runtime."""
+    component matches torch on ONNX Runtime. `source` may be a single-file checkpoint (or VAE file) as model sites ship
+    it: `base`, the base model's diffusers folder, gives configs, tokenizers and the names its weights take."""
     started = time.monotonic()
+    if Path(source).is_file() or base is not None:
+        return _export_single_file(Path(source), base, Path(out), name, progress, controlnet=controlnet, targets=targets, precisions=precisions,
+                                   batch=batch, latent=latent, external_data_above=external_data_above, overwrite=overwrite)
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
     _check_recipe_choices(tuple(targets), tuple(precisions))
     check_shapes(found, latent)
@@ -79,7 +83,7 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
             if component in checkpoints and shared in checkpoints:
                 checkpoints[component] = checkpoints[shared]
         text = recipes.recipe_text(found, name, checkpoints, targets=tuple(targets), precisions=tuple(precisions), batch=batch, latent=latent,
-                                   origin=str(source) + (f" with ControlNet {controlnet}" if controlnet else ""))
+                                   origin=(origin or str(source)) + (f" with ControlNet {controlnet}" if controlnet else ""))
         (staging / "recipe.toml").write_text(text)
         _check_recipe(staging / "recipe.toml")
         _usual_permissions(staging)
@@ -90,6 +94,25 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     moved = tuple(ComponentExport(c.name, out / c.onnx.name, c.external_data, c.size, c.seconds, c.deviations,
                                   out / c.checkpoint.name if c.checkpoint else None) for c in done)
     return ExportResult(found.family, name, out, out / "recipe.toml", moved, time.monotonic() - started)
+
+
+def _export_single_file(source: Path, base: Path | None, out: Path, name: str | None, progress, **options) -> ExportResult:
+    from enginefarm.weights.single_file import same_family
+
+    from .single_file import stage
+
+    if base is None or not source.is_file():
+        raise ConfigError(f"{source}: a single-file checkpoint is exported with --base DIR (the base model's diffusers folder)"
+                          if base is None else f"--base is for a single-file SOURCE; {source} is not a file",
+                          hint="enginefarm export model.safetensors --base BASE_FOLDER --out OUT")
+    same_family(source, read_source(Path(base), options.get("controlnet")).family.id)  # a file for another family: one line
+    out.parent.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.single-file-", dir=out.parent))
+    try:
+        staged = stage(source, Path(base), holder / "pipeline")
+        return export_model(staged, out, name or source.stem, progress, origin=f"{source} over {base}", **options)
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
 
 
 def _require_export_modules() -> None:

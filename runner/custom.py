@@ -20,7 +20,6 @@ import numpy as np
 from enginefarm.backends.base import BuiltFile, Feature
 from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
-from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.locks import file_lock
@@ -117,7 +116,7 @@ def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):
     if wmap is None:
         raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
                            hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
-    return (wmap, *_read(stack, wmap, manifest.component))
+    return (wmap, *_read(stack, wmap, manifest))
 
 
 def check_stackable(backend, manifest: Manifest) -> None:
@@ -164,8 +163,10 @@ def stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, bu
 
 
 def stack_key(base_key: str, stack: Stack) -> str:
-    return build_key({"base": base_key, "weights": sha256_file(stack.weights) if stack.weights else None,
-                      "loras": [[sha256_file(p), s] for p, s in stack.loras if s != 0]})
+    from enginefarm.weights.single_file import digest  # hashed once per process: every component of a pipeline asks
+
+    return build_key({"base": base_key, "weights": digest(stack.weights) if stack.weights else None,
+                      "loras": [[digest(p), s] for p, s in stack.loras if s != 0]})
 
 
 def describe(stack: Stack) -> str:
@@ -178,14 +179,18 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
             "loras": [[str(p), s] for p, s in stack.loras]}
 
 
-def _read(stack: Stack, wmap: WeightMap, component: str) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
-    custom = _read_checkpoint(stack.weights, wmap) if stack.weights is not None else {}
-    return custom, [(read_lora(path, wmap, component), strength) for path, strength in stack.loras]
+def _read(stack: Stack, wmap: WeightMap, manifest: Manifest) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
+    custom = _read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
+    return custom, [(read_lora(path, wmap, manifest.component), strength) for path, strength in stack.loras]
 
 
-def _read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
-    """The custom checkpoint's tensors the map places, by checkpoint name. Everything wrong is raised at once."""
-    st = SafeTensors(path)
+def _read_checkpoint(path: Path, wmap: WeightMap, manifest: Manifest) -> dict[str, np.ndarray]:
+    """The custom checkpoint's tensors the map places, by checkpoint name. Everything wrong is raised at once.
+    A whole-model file (single-file checkpoint, VAE) gives this component its own part, in diffusers names."""
+    from enginefarm.weights.single_file import component_part
+
+    part = component_part(path, manifest.component, manifest.ref, {n: m.shape for n, m in wmap.mapped.items()}, wmap.names)
+    st = part if part is not None else SafeTensors(path)
     problems, out = [], {}
     for name in st.names:
         entry = st.entries[name]

@@ -24,6 +24,9 @@ NAMING = ("LoRA module names must name a `<module>.weight` of the component's ch
           f"prefixed by one of {', '.join(DOTTED_PREFIXES)}) or kohya's lora_<{'|'.join(KOHYA_PARTS)}>_<module with _ for .>")
 
 
+ORIGINAL_LAYOUTS = {"unet": "unet", "unet_controlnet": "unet"}  # component → its part in weights.layouts
+
+
 @dataclass(frozen=True)
 class LoraLayer:
     target: str  # the checkpoint tensor it changes
@@ -37,11 +40,17 @@ class LoraLayer:
 class ModuleNames:
     """Resolves a LoRA module name to the checkpoint tensor it patches."""
 
-    def __init__(self, checkpoint_names) -> None:
+    def __init__(self, checkpoint_names, original_part: str | None = None) -> None:
         self.modules = {n[: -len(".weight")] for n in checkpoint_names if n.endswith(".weight")}
         self.kohya: dict[str, list[str]] = {}
         for module in self.modules:
             self.kohya.setdefault(module.replace(".", "_"), []).append(module)
+        if original_part is not None:  # kohya names in the original (LDM) layout: lora_unet_input_blocks_1_1_proj_in
+            from enginefarm.weights.layouts import original_names
+
+            for module, original in original_names(original_part, sorted(self.modules)).items():
+                if original.replace(".", "_") not in self.kohya:
+                    self.kohya[original.replace(".", "_")] = [module]
 
     def resolve(self, module: str, local: str | None = None) -> tuple[str | None, str]:
         """(checkpoint tensor name, "") or (None, why). `local`: the name without its part's prefix, when the
@@ -76,8 +85,8 @@ def read_lora(path: Path, wmap: WeightMap, component: str = "", parsed: lora_fil
         theirs = ", ".join(f"{part} ({n})" for part, n in sorted(parsed.parts().items()))
         raise WeightsError(f"{path}: no layer of this LoRA is for {component} (it holds layers for {theirs})",
                            hint="load it on the component it was trained for, or with Pipeline.load(..., loras=…)")
-    names = ModuleNames(wmap.names)
     takes_part = component in lora_files.TAKERS
+    names = ModuleNames(wmap.names, ORIGINAL_LAYOUTS.get(component))
     layers: list[LoraLayer] = []
     problems: list[str] = []
     for layer in mine:

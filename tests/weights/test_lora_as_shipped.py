@@ -228,3 +228,25 @@ def test_bad_values_and_strengths_are_one_line_before_anything_is_cached(sd1, tm
         ours(sd1, "onnxruntime:cpu", [(te2_only, 1.0)])
     cached = list(DeviceCache(tmp_path / "home").entries())
     assert not any("stack" in c.manifest.options for c in cached)
+
+
+def test_kohya_names_in_the_original_layout_are_the_same_lora(sd1, tmp_path):
+    """`lora_unet_input_blocks_3_1_proj_in` (LDM's names, via weights.layouts) places each layer where
+    `lora_unet_down_blocks_1_attentions_0_proj_in` does: the UNet's outputs are identical."""
+    import enginefarm
+    import tomllib
+
+    rng = np.random.default_rng(5)
+    original = {Q: "input_blocks.3.1.transformer_blocks.0.attn1.to_q", CONV3: "output_blocks.0.0.in_layers.2", PROJ_IN: "middle_block.1.proj_in"}
+    layers = {Q: lora_pair(rng, "x", 64, 64, 4, alpha=2.0), CONV3: lora_pair(rng, "x", 64, 128, 4, alpha=2.0, kernel=(3, 3)),
+              PROJ_IN: lora_pair(rng, "x", 64, 64, 4, alpha=2.0, kernel=(1, 1))}
+    files = {}
+    for style, names in (("diffusers", {m: m for m in layers}), ("original", original)):
+        files[style] = write_safetensors(tmp_path / f"{style}.safetensors", {
+            k.replace("x.", f"{kohya(names[m])}.", 1): v for m, t in layers.items() for k, v in t.items()})
+    name = tomllib.loads((sd1[1] / "recipe.toml").read_text())["model"]["name"]
+    feeds = {"sample": rand(rng, 1, 4, 8, 8, scale=1), "timestep": np.array([10.0], np.float32), "encoder_hidden_states": rand(rng, 1, 77, 768, scale=1)}
+    outs = {style: enginefarm.load(f"{name}/unet", precision="fp32", device="cpu", store=str(sd1[2]), target="onnxruntime:cpu",
+                                   loras=[(path, STRENGTH)]).run(feeds)["out_sample"] for style, path in files.items()}
+    base = enginefarm.load(f"{name}/unet", precision="fp32", device="cpu", store=str(sd1[2]), target="onnxruntime:cpu").run(feeds)["out_sample"]
+    assert np.array_equal(outs["original"], outs["diffusers"]) and not np.allclose(outs["original"], base, atol=1e-3)

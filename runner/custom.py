@@ -90,8 +90,23 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
     check_stackable(backend, manifest)  # before any merging or caching
     if backend.has(Feature.REFIT):
         return _refit(stack, stack_key(manifest.build_key, stack), wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
+    if backend.has(Feature.WEIGHTS_AT_LOAD):
+        return _at_load(stack, wmap, backend, artifact_dir, manifest, custom, loras, report)
     patched, path, how = patched_artifact(stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras))
     return Applied(backend.load(path, patched, device), patched, how)
+
+
+def _at_load(stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras, report: Progress) -> Applied:
+    """The changed weights merged in memory and given to the backend as the session opens: every combination costs
+    a merge and a load, and no cache space."""
+    report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision} in memory")
+    started = time.perf_counter()
+    weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
+    session = backend.load_with_weights(artifact_dir, manifest, weights, manifest.parsed_target.device)
+    log.info("%d weights applied at load in %.2f s", len(weights), time.perf_counter() - started)
+    key = stack_key(manifest.build_key, stack)
+    return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}),
+                   "applied in memory at load (nothing cached)")
 
 
 def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress,

@@ -106,8 +106,10 @@ def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
     import onnx
     from onnx import numpy_helper
 
+    from enginefarm.builder.onnx_data import load_model
+
     wanted = set(names)
-    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=True)
+    model = load_model(_model_path(artifact_dir, manifest))
     return {i.name: numpy_helper.to_array(i).astype(np.float32) for i in model.graph.initializer if i.name in wanted}
 
 
@@ -129,8 +131,10 @@ def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], 
     import onnx
     from onnx import numpy_helper
 
+    from enginefarm.builder.onnx_data import load_model
+
     source = _model_path(artifact_dir, manifest)
-    model = onnx.load(str(source), load_external_data=True)
+    model = load_model(source)
     for init in model.graph.initializer:
         if init.name in weights:
             current = numpy_helper.to_array(init)

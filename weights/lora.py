@@ -188,8 +188,7 @@ def part_of(module: str) -> tuple[str, str]:
     for prefix, part in KOHYA_PARTS.items():
         if module.startswith(prefix):
             return part, module[len(prefix):]
-    for prefix in ("base_model.model.",):
-        module = module.removeprefix(prefix)
+    module = module.removeprefix("base_model.model.")  # PEFT's wrapper
     for prefix, part in DOTTED_PARTS.items():
         if module.startswith(prefix):
             return part, module[len(prefix):]
@@ -300,7 +299,7 @@ def _split(name: str) -> tuple[str, str | None]:
 def _layer(st: SafeTensors, module: str, roles: dict[str, str]) -> tuple[Layer | None, str]:
     kind = kind_of(set(roles))
     if kind is None:
-        return None, f"has only {', '.join(sorted(st_suffix(roles)))}, no LoRA weights"
+        return None, f"has only {', '.join(sorted(name.rsplit('.', 1)[-1] for name in roles.values()))}, no LoRA weights"
     lacking = _needs(kind, set(roles))
     if lacking and kind == "lora" and not {"up", "down"} <= set(roles):
         return None, f"needs both up and down tensors, has {', '.join(sorted(r for r in roles if r in ('up', 'down', 'mid')))}"
@@ -321,10 +320,6 @@ def _layer(st: SafeTensors, module: str, roles: dict[str, str]) -> tuple[Layer |
     part, local = part_of(module)
     layer = Layer(module, part, local, kind, tensors, float(alpha.reshape(-1)[0]) if alpha is not None else None)
     return (layer, "") if (why := _shapes(layer)) == "" else (None, why)
-
-
-def st_suffix(roles: dict[str, str]) -> list[str]:
-    return [name.rsplit(".", 1)[-1] for name in roles.values()]
 
 
 def _shapes(layer: Layer) -> str:

@@ -117,9 +117,9 @@ def test_kohya_lora_for_unet_and_text_encoder_matches_diffusers(sd1, tmp_path, t
     assert np.abs(got - base_latent(sd1, target)).max() > 100 * max(diff, 1e-6)  # it changed something
 
 
-def test_peft_prefixed_and_kohya_dora_match_diffusers(sd1, tmp_path):
-    """diffusers/PEFT names (`unet.`, `text_encoder.` prefixes, lora_A/lora_B) and kohya DoRA (`dora_scale`, one
-    magnitude per output row) on OpenVINO."""
+def test_peft_prefixed_and_dora_match_diffusers(sd1, tmp_path):
+    """diffusers/PEFT names (`unet.`, `text_encoder.` prefixes, lora_A/lora_B, no alpha) and DoRA (one magnitude per
+    output row) on OpenVINO."""
     rng = np.random.default_rng(2)
     peft = {**lora_pair(rng, f"unet.{Q}", 64, 64, 4, up_name="lora_B.weight", down_name="lora_A.weight"),
             **lora_pair(rng, f"unet.{FF}", 512, 64, 4, up_name="lora_B.weight", down_name="lora_A.weight"),

@@ -6,9 +6,7 @@ has a part for, its weights converted by `enginefarm.weights` (tensors the file 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +64,4 @@ def stage(checkpoint: Path, base: Path, into: Path) -> Path:
             view = component_part(checkpoint, component, f"{base.name}/{entry.name}", own, own)
             values.update({n: view.array(n) for n in view.names})
         write_safetensors(into / entry.name / gathers[1], {n: np.asarray(v, np.float32) for n, v in values.items()})
-    index = json.loads((base / "model_index.json").read_text())
-    if not any(c in index for c in ("unet", "vae")):
-        shutil.rmtree(into)
-        raise SourceError(f"--base {base} has no UNet or VAE to take {checkpoint.name}'s weights")
     return into

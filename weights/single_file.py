@@ -197,23 +197,23 @@ def _layers(names) -> int:
     return len({m.group(1) for m in (re.match(r"^(?:text_model\.)?encoder\.layers\.(\d+)\.", n) for n in names) if m})
 
 
-def _known_unused(section: Section, key: str, names) -> bool:
+def _known_unused(section: Section, key: str, names, layers: int) -> bool:
     """Tensors of a part the diffusers model has no place for, by design: SD 2.x reads OpenCLIP's penultimate layer
     (its encoder lacks the last block) and has no text projection."""
     if _NOT_WEIGHTS.match(key):
         return True
     if section.part == OPENCLIP:
-        last = re.match(rf"^transformer\.resblocks\.{_layers(names)}\.", key)
+        last = re.match(rf"^transformer\.resblocks\.{layers}\.", key)
         return bool(last) or (key == "text_projection" and "text_projection.weight" not in names)
     return False
 
 
-def _unread(section: Section, key: str, names) -> bool:
+def _unread(section: Section, key: str, layers: int) -> bool:
     """Tensors the model has but its graph never reads (SDXL's first encoder stops at the penultimate layer): not
     offered, so a fine-tune that changed them is not refused for a change that could not show."""
     if not section.penultimate:
         return False
-    return bool(re.match(rf"^text_model\.(encoder\.layers\.{_layers(names) - 1}\.|final_layer_norm\.)", key))
+    return bool(re.match(rf"^text_model\.(encoder\.layers\.{layers - 1}\.|final_layer_norm\.)", key))
 
 
 def component_part(path: str | Path, component: str, ref: str, mapped_shapes: dict[str, tuple[int, ...]], names) -> PartView | None:
@@ -234,12 +234,13 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
     for name, source in _sources(section, names).items():
         table.setdefault(section.prefix + source.key, []).append((name, source))
     found, homeless, misfits = {}, [], []
+    layers = _layers(names)
     for key in opened.section_keys(section):
         if key not in table:
-            if not _known_unused(section, key[len(section.prefix):], names):
+            if not _known_unused(section, key[len(section.prefix):], names, layers):
                 homeless.append(key)
             continue
-        if _unread(section, key[len(section.prefix):], names):
+        if _unread(section, key[len(section.prefix):], layers):
             continue
         for name, source in table[key]:
             shape = source.shape(opened.tensors.entries[key].shape)
@@ -254,7 +255,7 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
             parts.append(f"{len(homeless)} tensor(s) have no place in it ({', '.join(homeless[:3])}{', …' if len(homeless) > 3 else ''})")
         if misfits:
             parts.append(f"{len(misfits)} differ in shape ({', '.join(misfits[:3])}{', …' if len(misfits) > 3 else ''})")
-        raise WeightsError(f"{opened.path} is {layout.title}, for {'/'.join(layout.families[:2])}; its {component} part does not fit "
+        raise WeightsError(f"{opened.path} is {layout.title}; its {component} part does not fit "
                            f"{ref}: {'; '.join(parts)}", hint="use a checkpoint of this model's family and size")
     return PartView(opened.path, opened.tensors, found)
 
@@ -266,8 +267,3 @@ def same_family(path: str | Path, family_id: str) -> None:
         raise WeightsError(f"{opened.path} is {opened.layout.title}; this model is {family_id}",
                            hint=f"use a checkpoint made for {family_id}")
 
-
-def routed_components(path: str | Path) -> list[str] | None:
-    """The components a file has parts for; None: a file in one component's diffusers names."""
-    opened = open_file(path)
-    return None if opened.layout is None else opened.components()

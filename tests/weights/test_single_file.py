@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,7 @@ def test_pipeline_with_a_single_file_matches_diffusers(built, tmp_path, family):
     from enginefarm.diffusion import Pipeline
 
     source, out, store = built(family)
+    started = time.perf_counter()  # the shared build above is not this test's cost
     tuned = _tuned(source, tmp_path / "tuned", seed=1)
     weights = write_file(tmp_path / "model.safetensors", original_tensors(tuned, family), "fp16" if family == "sd1" else "bf16")
     vae = None
@@ -181,7 +183,8 @@ def test_pipeline_with_a_single_file_matches_diffusers(built, tmp_path, family):
     stock = _image(diffusers.DiffusionPipeline.from_pretrained(source), latents, size, False)
     error = float(np.abs(got - want).max())
     cosine = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
-    print(f"{family}: max abs {error:.2e}, cosine {cosine:.8f}, stock differs by {float(np.abs(stock - want).max()):.3f}")
+    print(f"{family}: max abs {error:.2e}, cosine {cosine:.8f}, stock differs by {float(np.abs(stock - want).max()):.3f}; "
+          f"{time.perf_counter() - started:.1f} s after the shared build")
     assert float(np.abs(stock - want).max()) > 20 * max(error, 1e-4)  # the fine-tune changes the image: the check can fail
     assert error < 5e-4 and cosine > 0.99999  # measured: SD1 1.1e-5, SDXL 1.4e-4 (the fine-tune moves the image by 0.04-0.09)
 
@@ -216,3 +219,23 @@ def test_export_stages_a_single_file_over_its_base(tiny, tmp_path, cli):
     other = cli("export", str(weights), "--base", str(tiny("sdxl")), "--out", str(tmp_path / "out"))
     assert other.returncode != 0 and "this model is sdxl" in other.stderr and "Traceback" not in other.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_routing_gives_each_component_its_file(tiny, tmp_path):
+    """Pipeline.load's routing, from the headers alone: a checkpoint to every component it has a part for, vae= over the
+    checkpoint's own VAE, and one-line errors for a checkpoint given as vae= or a file for another family."""
+    from enginefarm.families import FAMILIES
+    from enginefarm.weights.routing import route
+
+    sd1 = write_file(tmp_path / "sd1.safetensors", original_tensors(tiny("sd1"), "sd1"))
+    vae = write_file(tmp_path / "vae.safetensors", original_tensors(tiny("sd1"), "vae"))
+    family = FAMILIES["sd1"]
+    components = list(family.component_names)
+    assert route(family, components, sd1, None) == {c: sd1 for c in components}
+    assert route(family, components, sd1, vae) == {"text_encoder": sd1, "unet": sd1, "vae_decoder": vae, "vae_encoder": vae}
+    assert route(family, components, None, vae) == {"vae_decoder": vae, "vae_encoder": vae}
+    with pytest.raises(WeightsError, match="not a VAE") as caught:
+        route(family, components, None, sd1)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(WeightsError, match="this model is sd2"):
+        route(FAMILIES["sd2"], list(FAMILIES["sd2"].component_names), sd1, None)

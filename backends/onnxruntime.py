@@ -109,7 +109,7 @@ def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
     from enginefarm.builder.onnx_data import load_model
 
     wanted = set(names)
-    model = load_model(_model_path(artifact_dir, manifest))
+    model = load_model(_model_path(artifact_dir, manifest), only=wanted)
     return {i.name: numpy_helper.to_array(i).astype(np.float32) for i in model.graph.initializer if i.name in wanted}
 
 

@@ -124,7 +124,9 @@ class Layer:
 
     def apply(self, weight: np.ndarray, strength: float) -> np.ndarray:
         """weight (torch layout, float32) with this layer merged at `strength`."""
-        merged = weight + np.float32(strength) * self.delta(weight.shape)
+        merged = self.delta(weight.shape)  # a fresh array: scaled and summed in place
+        merged *= np.float32(strength)
+        merged += weight
         m = self.magnitude
         if m is None:
             return merged

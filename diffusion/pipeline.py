@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,8 @@ from enginefarm.errors import ConfigError, SessionClosed
 from .assets import ModelAssets
 from .images import to_image, to_nchw
 from .prompts import PromptEncoder, TextConditioning
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 
@@ -39,6 +42,7 @@ class Pipeline:
         self.residency = None  # a budget.Residency when loaded with a memory budget
         self.closed = False
         self._load_timings: dict[str, float] = {}
+        self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
 
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
@@ -55,10 +59,11 @@ class Pipeline:
         weights: a whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the original layout,
         SDXL's in the SGM layout) or a UNet in diffusers names; vae: a VAE file (diffusers AutoencoderKL or the original
         layout). Each component takes its part, applied to its stored artifact (`enginefarm.load(..., weights=)`); the
-        files are checked against the family before anything loads. loras: [(file, strength), ...], given to every
-        component. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs them and
-        those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`); None: all
-        loaded up front."""
+        files are checked against the family before anything loads. loras: [(file, strength), ...], files as shipped:
+        each component takes its own part (UNet, text encoders); layers no component takes are named once, in
+        `pipe.notes` and the log. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs
+        them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`);
+        None: all loaded up front."""
         import enginefarm
 
         from .budget import Residency, artifact_bytes, parse_budget
@@ -74,6 +79,14 @@ class Pipeline:
             from enginefarm.weights.routing import route
 
             files = route(family, list(family.component_names), weights, vae)
+        dealt, ignored = ({}, "")
+        if loras:
+            from enginefarm.runner.custom import Stack
+            from enginefarm.weights.lora import split
+
+            dealt, ignored = split(Stack.parse(None, loras).loras, _components(family, controlnet))
+            if ignored:
+                log.warning("%s", ignored)
 
         def chosen_precision(component: str) -> str | None:
             spec = family.component(component)
@@ -90,7 +103,7 @@ class Pipeline:
             chosen = chosen_precision(component)
             start = time.perf_counter()
             session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                      version=version, weights=files.get(component), loras=loras)
+                                      version=version, weights=files.get(component), loras=dealt.get(component, ()))
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
@@ -98,6 +111,7 @@ class Pipeline:
         sessions = {component: load_component(component) for component in wanted} if budget is None else {}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
         pipe.timings = pipe._load_timings = timings
+        pipe.notes = [ignored] if ignored else []
         if budget is not None:
             pipe.residency = Residency(budget, load_component, pipe.sessions, lambda component: _estimate(component))
         return pipe

@@ -24,7 +24,7 @@ from .source import ExportSource, read_source
 
 log = logging.getLogger(__name__)
 
-ASSET_FOLDERS = ("tokenizer", "tokenizer_2")
+ASSET_FOLDERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
 EXPORT_MODULES = ("torch", "diffusers", "transformers", "safetensors", "onnx", "onnxruntime")
 
 
@@ -111,8 +111,10 @@ def _require_export_modules() -> None:
 
 
 def latent_multiple(found: ExportSource) -> int:
-    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families). The traced graph
-    fixes how each level upsamples, so other sizes would not come out right."""
+    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families), or a transformer's
+    patch size (2). The traced graph fixes how each level upsamples, so other sizes would not come out right."""
+    if "transformer" in found.configs:
+        return int(found.configs["transformer"].get("patch_size", 1))
     denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
@@ -123,7 +125,7 @@ def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None) -> tu
     ranges = latent or found.family.latent_range
     step = latent_multiple(found)
     if any(n % step for n in ranges):
-        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the UNet's downsampling",
+        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
                           hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)")
     opt = ranges[1]
     return Shape(2, opt, opt), Shape(1, max(step, opt - step), opt + step)
@@ -197,7 +199,8 @@ def _copy_assets(found: ExportSource, assets: Path) -> None:
             (assets / folder).mkdir(exist_ok=True)
             (assets / folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     description = {"family": found.family.id, "components": list(found.components), "sizes": asdict(found.sizes),
-                   "vae_scaling_factor": found.vae_scaling_factor, "prediction_type": found.prediction_type,
+                   "vae_scaling_factor": found.vae_scaling_factor, "vae_shift_factor": found.family.shift_factor(found.configs.get("vae")),
+                   "prediction_type": found.prediction_type,
                    "latent_multiple": latent_multiple(found)}
     (assets / "family.json").write_text(json.dumps(description, indent=2) + "\n")
 

@@ -53,6 +53,10 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
         return with_controlnet(base)
     if cls in FAMILIES["controlnet-sdxl"].pipelines:
         return FAMILIES["controlnet-sdxl"]
+    if cls in FAMILIES["sd3"].pipelines:
+        # SD3.5 normalizes attention queries and keys (qk_norm); Medium also has dual attention layers.
+        transformer = configs.get("transformer", {})
+        return FAMILIES["sd3.5" if transformer.get("qk_norm") or transformer.get("dual_attention_layers") else "sd3"]
     raise ConfigError(f"unknown model family: model_index.json's _class_name is {cls!r}",
                       hint=f"supported pipelines: {', '.join(sorted({p for f in FAMILIES.values() for p in f.pipelines}))}")
 

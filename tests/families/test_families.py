@@ -54,7 +54,7 @@ def test_an_unknown_family_is_a_config_error_with_a_hint(index, configs, says):
 def test_family_lookup_and_controlnet_variants():
     assert family("sdxl") is FAMILIES["sdxl"]
     with pytest.raises(ConfigError):
-        family("sd3")
+        family("sd4")
     assert with_controlnet(FAMILIES["sd1"]).id == "controlnet-sd1"
     assert with_controlnet(FAMILIES["controlnet-sdxl"]).id == "controlnet-sdxl"
     with pytest.raises(ConfigError):

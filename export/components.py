@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 _DIFFUSERS_CLASSES = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel", "transformer": "SD3Transformer2DModel"}
 
 
+# Transformers whose export packs latents into 2x2 patches inside the graph (export/flux.py).
+PACKED_TRANSFORMERS = ("FluxTransformer2DModel", "ChromaTransformer2DModel")
+
+
 class Loaded:
     """The torch models of one export, each loaded once (the VAE serves the decoder and the encoder, the UNet the
     plain and the ControlNet UNet) and dropped when its last component is done."""
@@ -77,8 +81,10 @@ def wrap(component: Component, model, family_time_ids: int):
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids):
-            out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names)
+        def forward(self, input_ids, *attention_mask):
+            # Chroma's T5 reads the tokenizer's mask too (the component's second input); the others read ids alone
+            mask = {"attention_mask": attention_mask[0]} if attention_mask else {}
+            out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names, **mask)
             results = [out.hidden_states[-2] if name == "hidden_states" else getattr(out, name) for name in output_names]
             return tuple(results) if len(results) > 1 else results[0]
 
@@ -137,6 +143,12 @@ def wrap(component: Component, model, family_time_ids: int):
         def forward(self, sample):
             return self.model.encode(sample, return_dict=False)[0].parameters
 
+    if kind == "transformer" and type(model).__name__ in PACKED_TRANSFORMERS:
+        from .flux import chroma_module, flux_module
+
+        if type(model).__name__ == "ChromaTransformer2DModel":
+            return chroma_module(model)
+        return flux_module(model, guidance=any(t.name == "guidance" for t in component.inputs))
     wrapper = {"text_encoder": TextEncoder, "transformer": Transformer, "unet": Denoiser, "unet_controlnet": Denoiser, "controlnet": Denoiser,
                "vae_decoder": VaeDecoder, "vae_encoder": VaeEncoder}[kind]
     return wrapper().eval()

@@ -3,6 +3,7 @@ staging folder beside the output and moved into place only when every component 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ from enginefarm.families import Family, input_ranges
 
 from . import recipe as recipes
 from .check import Shape, check_contract, compare_with_torch, example_inputs
-from .components import SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
 from .source import ExportSource, read_source
 
@@ -110,11 +111,23 @@ def _require_export_modules() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def _tracing(model):
+    """What the tracer needs patched for this model while it exports (Flux's and Chroma's, export/flux.py)."""
+    if type(model).__name__ in PACKED_TRANSFORMERS:
+        from .flux import traceable_flux
+
+        return traceable_flux()
+    return contextlib.nullcontext()
+
+
 def latent_multiple(found: ExportSource) -> int:
     """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families), or a transformer's
     patch size (2). The traced graph fixes how each level upsamples, so other sizes would not come out right."""
     if "transformer" in found.configs:
-        return int(found.configs["transformer"].get("patch_size", 1))
+        transformer = found.configs["transformer"]
+        # Flux and Chroma (patch_size 1 in their configs) are fed 2x2 patches of the latent, packed in the graph
+        packed = 2 if transformer.get("_class_name") in PACKED_TRANSFORMERS else 1
+        return int(transformer.get("patch_size", 1)) * packed
     denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
@@ -165,7 +178,8 @@ def _export_components(found: ExportSource, staging: Path, report, *, batch, lat
         ranges = input_ranges(family, component, sizes, found.vae_scaling_factor)
         cases = [(shape, example_inputs(inputs, ranges, shape, family.vae_scale_factor, seed)) for seed, shape in enumerate(shapes)]
         path = staging / f"{component_name}.onnx"
-        external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
+        with _tracing(model):
+            external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
         check_contract(path, component_name, inputs, outputs)
         deviations = compare_with_torch(path, component_name, module, cases, outputs, family.vae_scale_factor)
         checkpoint = None

@@ -186,4 +186,72 @@ SD3_5 = Family(
     joint_text=_SD3_TEXT, optional=SD3.optional, guidance_scale=3.5,
 )
 
-FAMILIES: dict[str, Family] = {f.id: f for f in (SD1, SD2, SD2_V, SDXL, SDXL_REFINER, CONTROLNET_SD1, CONTROLNET_SDXL, SD3, SD3_5)}
+# Flux.1 and Chroma: the transformer takes unpacked latents like SD3's; the export packs them into 2x2-patch
+# tokens and builds the position ids inside the graph (export/flux.py), so every dynamic dim is batch/height/width.
+# fp16: the sinusoidal timestep (and guidance) embeddings multiply t · 1000 by frequencies kept as fp16 constants,
+# which moves sin/cos by up to a radian; those scopes stay fp32 (Flux dev's tiny transformer: 1.0e-2 → 1.1e-3).
+_FLUX_T5_TOKENS = 512  # dev's max_sequence_length (schnell's model card uses 256, a size the export reads)
+_TIME_SCOPES = ("/model/time_text_embed/time_proj/",)
+
+
+def _flux_transformer(guidance: bool) -> Component:
+    inputs = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+              Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
+              Tensor("pooled_projections", F32, ("batch", "pooled_width")))
+    ranges = _TRANSFORMER_RANGES
+    if guidance:  # dev's distilled guidance: the scale is an input, embedded like the timestep
+        inputs += (Tensor("guidance", F32, ("batch",)),)
+        ranges += (("guidance", 1.0, 10.0),)
+    keep = _TIME_SCOPES + (("/model/time_text_embed/time_proj_1/",) if guidance else ())
+    return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),), value_ranges=ranges,
+                     fp16_keep_fp32=keep)
+
+
+def _chroma_transformer() -> Component:
+    """Chroma: T5 alone, no pooled text; `attention_mask` over the text tokens (the image tokens are appended attended)."""
+    inputs = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+              Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
+              Tensor("attention_mask", F32, ("batch", "context_tokens")))
+    return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),),
+                     value_ranges=_TRANSFORMER_RANGES + (("attention_mask", 0.0, 1.0),),
+                     fp16_keep_fp32=_TIME_SCOPES + ("/model/time_text_embed/guidance_proj/",))
+
+
+def _t5_masked(name: str, index: int) -> Component:
+    """Chroma's T5 reads the tokenizer's attention mask (Flux's and SD3's do not)."""
+    plain = _t5(name, index)
+    return Component(name, "text_encoder", name, plain.inputs + (Tensor("attention_mask", I64, ("batch", "text_length")),), plain.outputs,
+                     text_index=index, tokenizer="t5", value_ranges=plain.value_ranges + (("attention_mask", 0, 1),),
+                     precisions=plain.precisions, precisions_reason=plain.precisions_reason)
+
+
+_FLUX_CLIP = _text_encoder("text_encoder", 0, (Tensor("pooler_output", F32, ("batch", "text_width")),))
+_FLUX_SIZES = Sizes(text_widths=(768, 4096), cross_attention_dim=4096, latent_channels=16, pooled_width=768, text_lengths=(TOKENS, _FLUX_T5_TOKENS),
+                    vocab_sizes=(49408, 32128), projection_widths=(768, 0), context_tokens=_FLUX_T5_TOKENS)
+_FLUX_COMMON = dict(native_pixels=1024, pixel_range=(512, 1536), vae_scaling_factor=0.3611, vae_shift_factor=0.1159,
+                    default_scheduler="FlowMatchEulerDiscreteScheduler", prediction_type="flow")
+
+FLUX = Family(
+    id="flux", title="Flux.1 dev", pipelines=("FluxPipeline", "FluxImg2ImgPipeline"),
+    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=True), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
+    text_encoders=("text_encoder", "text_encoder_2"), prompt_output="last_hidden_state",
+    joint_text=JointText(tokens=("text_encoder_2",), pooled=("text_encoder",)), guidance_scale=3.5, true_cfg=False, batch_range=(1, 1, 4),
+)
+
+FLUX_SCHNELL = Family(
+    id="flux-schnell", title="Flux.1 schnell", pipelines=FLUX.pipelines,
+    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
+    text_encoders=FLUX.text_encoders, prompt_output="last_hidden_state", joint_text=FLUX.joint_text, guidance_scale=0.0, true_cfg=False,
+    batch_range=(1, 1, 4),
+)
+
+CHROMA = Family(
+    id="chroma", title="Chroma", pipelines=("ChromaPipeline", "ChromaImg2ImgPipeline"),
+    components=(_t5_masked("text_encoder", 0), _chroma_transformer(), *_vae()),
+    sizes=Sizes(text_widths=(4096,), cross_attention_dim=4096, latent_channels=16, text_lengths=(_FLUX_T5_TOKENS,), vocab_sizes=(32128,),
+                projection_widths=(0,), context_tokens=_FLUX_T5_TOKENS), **_FLUX_COMMON,
+    text_encoders=("text_encoder",), prompt_output="last_hidden_state", joint_text=JointText(tokens=("text_encoder",)), guidance_scale=5.0,
+)
+
+FAMILIES: dict[str, Family] = {f.id: f for f in (SD1, SD2, SD2_V, SDXL, SDXL_REFINER, CONTROLNET_SD1, CONTROLNET_SDXL, SD3, SD3_5,
+                                                 FLUX, FLUX_SCHNELL, CHROMA)}

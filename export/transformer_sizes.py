@@ -26,7 +26,9 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
             continue
         widths.append(encoder_width(config))
         vocabs.append(int(config["vocab_size"]))
-        projections.append(int(config.get("projection_dim") or widths[-1]) if name in joint.pooled else 0)
+        # CLIPTextModelWithProjection's text_embeds are projection_dim wide; CLIPTextModel's pooler_output (Flux) is its width
+        pooler = any(t.name == "pooler_output" for t in family.component(name).outputs)
+        projections.append((widths[-1] if pooler else int(config.get("projection_dim") or widths[-1])) if name in joint.pooled else 0)
     side_by_side = sum(w for n, w in zip(family.text_encoders, widths) if n in joint.width)
     if side_by_side > cross:
         raise ConfigError(f"the text encoders {', '.join(joint.width)} are {side_by_side} wide together, more than the transformer's "

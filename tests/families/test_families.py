@@ -38,7 +38,7 @@ def test_detect_family(index, configs, expected):
 
 
 @pytest.mark.parametrize("index, configs, says", [
-    ({"_class_name": "FluxPipeline"}, {}, "'FluxPipeline'"),
+    ({"_class_name": "FluxFillPipeline"}, {}, "'FluxFillPipeline'"),
     ({}, {}, "None"),
     (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 512}}, "cross_attention_dim 512"),
     (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "9-channel UNet"),

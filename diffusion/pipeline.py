@@ -1,5 +1,6 @@
-"""Text to image and image to image for the UNet families (SD 1.x, 2.x, XL and its refiner, ControlNet), on
-`enginefarm.load` sessions and numpy only: the family table says what each component takes and gives.
+"""Text to image and image to image for the UNet families (SD 1.x, 2.x, XL and its refiner, ControlNet) and the
+transformer families (SD3, SD3.5: `transformer_step.py`, `joint_text.py`), on `enginefarm.load` sessions and numpy
+only: the family table says what each component takes and gives.
 
     pipe = Pipeline.load("my-sdxl", store="s3://…", precision="fp16")
     image = pipe("a lighthouse at dawn", steps=25, seed=7)          # float [H, W, 3] in [0, 1]
@@ -16,7 +17,9 @@ import numpy as np
 from enginefarm.errors import ConfigError
 
 from .assets import ModelAssets
+from . import transformer_step
 from .images import to_image, to_nchw
+from .joint_text import JointTextEncoder
 from .prompts import PromptEncoder, TextConditioning
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
@@ -33,7 +36,8 @@ class Pipeline:
         self.family = assets.family
         self.sessions = sessions
         self.controlnet = controlnet
-        self.prompts = PromptEncoder(assets, sessions)
+        self.transformer = self.family.denoiser == "transformer"
+        self.prompts = JointTextEncoder(assets, sessions) if self.transformer else PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
         self._load_timings: dict[str, float] = {}
 
@@ -64,7 +68,7 @@ class Pipeline:
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
-        sessions = {component: load_component(component) for component in _components(family, controlnet)}
+        sessions = {component: load_component(component) for component in _components(found, controlnet)}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
         pipe.timings = pipe._load_timings = timings
         return pipe
@@ -105,12 +109,16 @@ class Pipeline:
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
-        if height % factor or width % factor:
-            raise ConfigError(f"{width}×{height} is not a multiple of {factor}", hint=f"use sizes divisible by {factor}")
+        multiple = factor * self.assets.patch_size  # a transformer's latent is cut into patches
+        if height % multiple or width % multiple:
+            raise ConfigError(f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}")
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         rng = np.random.default_rng(seed)
         sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=np.random.default_rng([seed, 1]))
-        guidance = (guidance_scale if guidance_scale is not None else 5.0 if self.family.time_ids else 7.5)
+        if self.transformer:
+            transformer_step.check_scheduler(sched)
+        default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
+        guidance = guidance_scale if guidance_scale is not None else default_guidance
         use_guidance = guidance > 1.0
 
         start = time.perf_counter()
@@ -119,7 +127,10 @@ class Pipeline:
 
         shape = (1, self.latent_channels, height // factor, width // factor)
         noise = self._noise(latents, shape, rng)
-        sched.set_timesteps(steps, strength if image is not None else 1.0)
+        if self.transformer:
+            transformer_step.set_timesteps(sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size)
+        else:
+            sched.set_timesteps(steps, strength if image is not None else 1.0)
         if image is not None:  # set_timesteps refused a strength that leaves no step
             start = time.perf_counter()
             x = sched.add_noise(self._encode_image(image, height, width), noise, sched.timesteps[0])
@@ -137,8 +148,11 @@ class Pipeline:
         for done, t in enumerate(sched.timesteps, 1):
             x_in = np.concatenate([x, x]) if use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
-            feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
-            predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
+            if self.transformer:
+                predicted = transformer_step.predict(self.sessions, transformer_step.feeds(x_in, t, text))
+            else:
+                feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
+                predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
             if use_guidance:
                 uncond, cond = predicted[:1], predicted[1:]
                 predicted = uncond + np.float32(guidance) * (cond - uncond)
@@ -227,8 +241,13 @@ def _fetch_assets(name: str, store: str | None, device: str, version: str | None
     return folder
 
 
-def _components(family, controlnet: bool) -> list[str]:
-    names = list(family.text_encoders)
+def _components(assets: ModelAssets, controlnet: bool) -> list[str]:
+    family = assets.family
+    names = [name for name in family.text_encoders if name in assets.components]  # SD3 may ship without T5
+    if family.denoiser == "transformer":
+        if controlnet:
+            raise ConfigError(f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True")
+        return names + ["transformer", "vae_decoder"]
     if controlnet:
         if not family.is_controlnet:
             raise ConfigError(f"{family.title} has no ControlNet in this model", hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)")

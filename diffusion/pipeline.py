@@ -17,7 +17,7 @@ import numpy as np
 from enginefarm.errors import ConfigError
 
 from .assets import ModelAssets
-from . import transformer_step
+from . import flux, transformer_step
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
 from .prompts import PromptEncoder, TextConditioning
@@ -119,7 +119,7 @@ class Pipeline:
             transformer_step.check_scheduler(sched)
         default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
         guidance = guidance_scale if guidance_scale is not None else default_guidance
-        use_guidance = guidance > 1.0
+        use_guidance = guidance > 1.0 and self.family.true_cfg  # Flux: no negative pass (dev feeds the scale instead)
 
         start = time.perf_counter()
         text = self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
@@ -128,7 +128,10 @@ class Pipeline:
         shape = (1, self.latent_channels, height // factor, width // factor)
         noise = self._noise(latents, shape, rng)
         if self.transformer:
-            transformer_step.set_timesteps(sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size)
+            if flux.is_flux_like(self.family):
+                flux.set_timesteps(sched, steps, strength if image is not None else 1.0, shape)
+            else:
+                transformer_step.set_timesteps(sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size)
         else:
             sched.set_timesteps(steps, strength if image is not None else 1.0)
         if image is not None:  # set_timesteps refused a strength that leaves no step
@@ -149,7 +152,9 @@ class Pipeline:
             x_in = np.concatenate([x, x]) if use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
             if self.transformer:
-                predicted = transformer_step.predict(self.sessions, transformer_step.feeds(x_in, t, text))
+                feeds = (flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance) if flux.is_flux_like(self.family)
+                         else transformer_step.feeds(x_in, t, text))
+                predicted = transformer_step.predict(self.sessions, feeds)
             else:
                 feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
                 predicted = self._denoise(feeds, control, controlnet_conditioning_scale)

@@ -1,7 +1,7 @@
 """enginefarm.diffusion.Pipeline against diffusers' FluxPipeline (dev: guidance embedding, resolution-dependent
 shift, no negative prompt) and ChromaPipeline (T5 alone with its attention mask, true CFG): the tiny models
-exported and built by the real CLI for ONNX Runtime and OpenVINO at fp32 and fp16 (T5 stays fp32: its table says
-so). Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
+exported and built by the real CLI at fp32 and fp16 (T5 stays fp32: its table says so), Flux for ONNX Runtime and
+OpenVINO, Chroma for ONNX Runtime. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
 its range), fp16: the image within 2e-2. diffusers takes and gives Flux latents packed in 2x2 patches; its own
 packing is used to hand them over."""
 
@@ -40,8 +40,10 @@ def _run_theirs(pipe, latents: np.ndarray, size: int, output: str, **kwargs) -> 
     return FluxPipeline._unpack_latents(result, size, size, 8).numpy() if output == "latent" else result[0]
 
 
-@pytest.mark.parametrize("family, kwargs", [("flux", dict(guidance_scale=3.5)), ("chroma", dict(negative_prompt=NEGATIVE, guidance_scale=4.0))])
-@pytest.mark.parametrize("target", BACKENDS)
+CASES = [("flux", dict(guidance_scale=3.5), target) for target in BACKENDS] + [("chroma", dict(negative_prompt=NEGATIVE, guidance_scale=4.0), "onnxruntime:cpu")]
+
+
+@pytest.mark.parametrize("family, kwargs, target", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_flux_and_chroma_text_to_image_match_diffusers(built, family, kwargs, target):
     source = built(family)[0]
     theirs = _theirs(source)
@@ -61,19 +63,19 @@ def test_flux_and_chroma_text_to_image_match_diffusers(built, family, kwargs, ta
 
 def test_flux_guidance_and_resolution_change_the_result(built):
     """dev's guidance is a transformer input (not a second pass), and the shift follows the image's size: both
-    change diffusers' result, and ours follows each (a non-square size, a token count off the base)."""
+    change diffusers' result, and ours follows each (a non-square size: 24 tokens, not the square test's 16)."""
     ours = _ours(built("flux"), "onnxruntime:cpu", "fp32")
     theirs = _theirs(built("flux")[0])
-    latents = np.random.default_rng(1).standard_normal((1, 16, 6, 10)).astype(np.float32)
+    latents = np.random.default_rng(1).standard_normal((1, 16, 8, 12)).astype(np.float32)
     from diffusers import FluxPipeline
 
     packed = FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
     results = {}
     for guidance in (1.5, 6.0):
-        reference = theirs(PROMPT, num_inference_steps=3, latents=packed, height=48, width=80, guidance_scale=guidance, max_sequence_length=TOKENS,
+        reference = theirs(PROMPT, num_inference_steps=3, latents=packed, height=64, width=96, guidance_scale=guidance, max_sequence_length=TOKENS,
                            output_type="latent").images
-        reference = FluxPipeline._unpack_latents(reference, 48, 80, 8).numpy()
-        got = ours(PROMPT, steps=3, latents=latents, height=48, width=80, guidance_scale=guidance, output_type="latent")
+        reference = FluxPipeline._unpack_latents(reference, 64, 96, 8).numpy()
+        got = ours(PROMPT, steps=3, latents=latents, height=64, width=96, guidance_scale=guidance, output_type="latent")
         assert _relative(got, reference) < 1e-4
         results[guidance] = got
     assert np.abs(results[1.5] - results[6.0]).max() > 1e-3

@@ -2,7 +2,7 @@
 from diffusers' (fp32: final latent, max abs over its range; fp16: image, max abs in [0, 1]) per backend, and the
 pipeline's time per denoising step. One table, printed; everything under a scratch folder.
 
-    python bench/families.py [--families sd1,sd2-v,sdxl] [--steps 4] [--out /tmp/ef-families]
+    python bench/families.py [--families sd1,sd2-v,sdxl,sd3,sd3.5] [--steps 4] [--out /tmp/ef-families]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ PROMPT = "a lighthouse on a cliff at dawn"
 
 
 def _tiny_pipelines():
+    if str(ROOT) not in sys.path:  # tiny_pipelines imports its siblings as tests.*
+        sys.path.insert(0, str(ROOT))
     spec = importlib.util.spec_from_file_location("tiny_pipelines", ROOT / "tests" / "tiny_pipelines.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -84,10 +86,10 @@ def measure(family: str, root: Path, steps: int) -> list[dict]:
             side = pixels // ours.vae_scale_factor
             latents = np.random.default_rng(0).standard_normal((1, ours.latent_channels, side, side)).astype(np.float32)
             kind = "latent" if precision == "fp32" else "np"
-            got = ours(PROMPT, steps=steps, latents=latents, output_type=kind, height=pixels, width=pixels)
+            got = ours(PROMPT, steps=steps, latents=latents, output_type=kind, height=pixels, width=pixels, guidance_scale=6.0)
             ms_step = ours.timings["denoise"] / ours.timings["steps"] * 1000
             reference = theirs(PROMPT, num_inference_steps=steps, latents=_theirs_latents(family, latents), output_type=kind,
-                               height=pixels, width=pixels).images
+                               height=pixels, width=pixels, guidance_scale=6.0).images
             reference = _unpacked(family, reference, pixels) if precision == "fp32" else reference[0]
             error = np.abs(got - reference).max() / ((reference.max() - reference.min()) if precision == "fp32" else 1.0)
             rows.append({"family": family, "export s": f"{export_s:.1f}", "ONNX MB": f"{export_mb:.1f}", "jobs": jobs, "target": target,

@@ -1,5 +1,6 @@
-"""Text to image and image to image for the UNet families (SD 1.x, 2.x, XL and its refiner, ControlNet), on
-`enginefarm.load` sessions and numpy only: the family table says what each component takes and gives.
+"""Text to image and image to image for the UNet families (SD 1.x, 2.x, XL and its refiner, ControlNet) and the
+transformer families (SD3, SD3.5: `transformer_step.py`, `joint_text.py`), on `enginefarm.load` sessions and numpy
+only: the family table says what each component takes and gives.
 
     pipe = Pipeline.load("my-sdxl", store="s3://…", precision="fp16")
     image = pipe("a lighthouse at dawn", steps=25, seed=7)          # float [H, W, 3] in [0, 1]
@@ -17,7 +18,9 @@ import numpy as np
 from enginefarm.errors import ConfigError, SessionClosed
 
 from .assets import ModelAssets
+from . import flux, transformer_step
 from .images import to_image, to_nchw
+from .joint_text import JointTextEncoder
 from .prompts import PromptEncoder, TextConditioning
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,8 @@ class Pipeline:
         self.family = assets.family
         self.sessions = sessions
         self.controlnet = controlnet
-        self.prompts = PromptEncoder(assets, sessions)
+        self.transformer = self.family.denoiser == "transformer"
+        self.prompts = JointTextEncoder(assets, sessions) if self.transformer else PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
         self.vae_tiling = None  # a tiles.Tiling once enable_vae_tiling() is called
         self.residency = None  # a budget.Residency when loaded with a memory budget
@@ -84,7 +88,7 @@ class Pipeline:
             from enginefarm.runner.custom import Stack
             from enginefarm.weights.lora import split
 
-            dealt, ignored = split(Stack.parse(None, loras).loras, _components(family, controlnet))
+            dealt, ignored = split(Stack.parse(None, loras).loras, _components(found, controlnet))
             if ignored:
                 log.warning("%s", ignored)
 
@@ -107,7 +111,7 @@ class Pipeline:
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
-        wanted = _components(family, controlnet)
+        wanted = _components(found, controlnet)
         sessions = {component: load_component(component) for component in wanted} if budget is None else {}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
         pipe.timings = pipe._load_timings = timings
@@ -134,6 +138,11 @@ class Pipeline:
 
     def disable_vae_tiling(self) -> None:
         self.vae_tiling = None
+
+    def _denoisers(self) -> list[str]:
+        """The denoising stage's components: the UNet (and ControlNet) or the transformer."""
+        names = _components(self.assets, self.controlnet is not None)
+        return [n for n in names[:-1] if n not in self.family.text_encoders]
 
     def _stage(self, components) -> None:
         """Make a stage's components loaded: within the memory budget if there is one, else on first use."""
@@ -186,22 +195,32 @@ class Pipeline:
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
-        if height % factor or width % factor:
-            raise ConfigError(f"{width}×{height} is not a multiple of {factor}", hint=f"use sizes divisible by {factor}")
+        multiple = factor * self.assets.patch_size  # a transformer's latent is cut into patches
+        if height % multiple or width % multiple:
+            raise ConfigError(f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}")
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         rng = np.random.default_rng(seed)
         sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=np.random.default_rng([seed, 1]))
-        guidance = (guidance_scale if guidance_scale is not None else 5.0 if self.family.time_ids else 7.5)
-        use_guidance = guidance > 1.0
+        if self.transformer:
+            transformer_step.check_scheduler(sched)
+        default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
+        guidance = guidance_scale if guidance_scale is not None else default_guidance
+        use_guidance = guidance > 1.0 and self.family.true_cfg  # Flux: no negative pass (dev feeds the scale instead)
 
         start = time.perf_counter()
-        self._stage(self.family.text_encoders)
+        self._stage([c for c in self.family.text_encoders if c in self.assets.components])
         text = self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
         timings["text"] = time.perf_counter() - start
 
         shape = (1, self.latent_channels, height // factor, width // factor)
         noise = self._noise(latents, shape, rng)
-        sched.set_timesteps(steps, strength if image is not None else 1.0)
+        if self.transformer:
+            if flux.is_flux_like(self.family):
+                flux.set_timesteps(sched, steps, strength if image is not None else 1.0, shape)
+            else:
+                transformer_step.set_timesteps(sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size)
+        else:
+            sched.set_timesteps(steps, strength if image is not None else 1.0)
         if image is not None:  # set_timesteps refused a strength that leaves no step
             start = time.perf_counter()
             x = sched.add_noise(self._encode_image(image, height, width), noise, sched.timesteps[0])
@@ -215,13 +234,18 @@ class Pipeline:
             control = np.concatenate([control, control])
 
         start = time.perf_counter()
-        self._stage(_components(self.family, self.controlnet is not None)[len(self.family.text_encoders):-1])
+        self._stage(self._denoisers())
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
             x_in = np.concatenate([x, x]) if use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
-            feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
-            predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
+            if self.transformer:
+                feeds = (flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance) if flux.is_flux_like(self.family)
+                         else transformer_step.feeds(x_in, t, text))
+                predicted = transformer_step.predict(self.sessions, feeds)
+            else:
+                feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
+                predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
             if use_guidance:
                 uncond, cond = predicted[:1], predicted[1:]
                 predicted = uncond + np.float32(guidance) * (cond - uncond)
@@ -325,8 +349,13 @@ def _fetch_assets(name: str, store: str | None, device: str, version: str | None
     return folder
 
 
-def _components(family, controlnet: bool) -> list[str]:
-    names = list(family.text_encoders)
+def _components(assets: ModelAssets, controlnet: bool) -> list[str]:
+    family = assets.family
+    names = [name for name in family.text_encoders if name in assets.components]  # SD3 may ship without T5
+    if family.denoiser == "transformer":
+        if controlnet:
+            raise ConfigError(f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True")
+        return names + ["transformer", "vae_decoder"]
     if controlnet:
         if not family.is_controlnet:
             raise ConfigError(f"{family.title} has no ControlNet in this model", hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)")

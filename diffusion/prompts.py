@@ -14,6 +14,7 @@ from .assets import ModelAssets
 class TextConditioning:
     hidden: np.ndarray  # [batch, 77, cross_attention_dim]
     pooled: np.ndarray | None  # [batch, pooled_width] (SDXL's text_embeds), or None
+    mask: np.ndarray | None = None  # [batch, text tokens] the transformer's text mask (Chroma), or None
 
 
 class PromptEncoder:

@@ -3,6 +3,7 @@ staging folder beside the output and moved into place only when every component 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,13 +19,13 @@ from enginefarm.families import Family, input_ranges
 
 from . import recipe as recipes
 from .check import Shape, check_contract, compare_with_torch, example_inputs
-from .components import SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
 from .source import ExportSource, read_source
 
 log = logging.getLogger(__name__)
 
-ASSET_FOLDERS = ("tokenizer", "tokenizer_2")
+ASSET_FOLDERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
 EXPORT_MODULES = ("torch", "diffusers", "transformers", "safetensors", "onnx", "onnxruntime")
 
 
@@ -133,9 +134,23 @@ def _require_export_modules() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def _tracing(model):
+    """What the tracer needs patched for this model while it exports (Flux's and Chroma's, export/flux.py)."""
+    if type(model).__name__ in PACKED_TRANSFORMERS:
+        from .flux import traceable_flux
+
+        return traceable_flux()
+    return contextlib.nullcontext()
+
+
 def latent_multiple(found: ExportSource) -> int:
-    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families). The traced graph
-    fixes how each level upsamples, so other sizes would not come out right."""
+    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families), or a transformer's
+    patch size (2). The traced graph fixes how each level upsamples, so other sizes would not come out right."""
+    if "transformer" in found.configs:
+        transformer = found.configs["transformer"]
+        # Flux and Chroma (patch_size 1 in their configs) are fed 2x2 patches of the latent, packed in the graph
+        packed = 2 if transformer.get("_class_name") in PACKED_TRANSFORMERS else 1
+        return int(transformer.get("patch_size", 1)) * packed
     denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
@@ -146,7 +161,7 @@ def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None) -> tu
     ranges = latent or found.family.latent_range
     step = latent_multiple(found)
     if any(n % step for n in ranges):
-        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the UNet's downsampling",
+        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
                           hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)")
     opt = ranges[1]
     return Shape(2, opt, opt), Shape(1, max(step, opt - step), opt + step)
@@ -186,7 +201,8 @@ def _export_components(found: ExportSource, staging: Path, report, *, batch, lat
         ranges = input_ranges(family, component, sizes, found.vae_scaling_factor)
         cases = [(shape, example_inputs(inputs, ranges, shape, family.vae_scale_factor, seed)) for seed, shape in enumerate(shapes)]
         path = staging / f"{component_name}.onnx"
-        external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
+        with _tracing(model):
+            external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
         check_contract(path, component_name, inputs, outputs)
         deviations = compare_with_torch(path, component_name, module, cases, outputs, family.vae_scale_factor)
         checkpoint = None
@@ -220,7 +236,8 @@ def _copy_assets(found: ExportSource, assets: Path) -> None:
             (assets / folder).mkdir(exist_ok=True)
             (assets / folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     description = {"family": found.family.id, "components": list(found.components), "sizes": asdict(found.sizes),
-                   "vae_scaling_factor": found.vae_scaling_factor, "prediction_type": found.prediction_type,
+                   "vae_scaling_factor": found.vae_scaling_factor, "vae_shift_factor": found.family.shift_factor(found.configs.get("vae")),
+                   "prediction_type": found.prediction_type,
                    "latent_multiple": latent_multiple(found)}
     (assets / "family.json").write_text(json.dumps(description, indent=2) + "\n")
 

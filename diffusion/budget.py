@@ -67,11 +67,12 @@ class Residency:
         return sum(self._bytes(c) for c in self.sessions)
 
     def _measured_load(self, component: str):
-        from enginefarm.builder.rss import current_bytes
+        import psutil
 
-        before = current_bytes()
+        process = psutil.Process()
+        before = process.memory_info().rss
         session = self._load(component)
-        self.held[component] = max(self.held.get(component, 0), current_bytes() - before)
+        self.held[component] = max(self.held.get(component, 0), process.memory_info().rss - before)
         self.loads += 1
         return session
 

@@ -1,39 +1,67 @@
 """enginefarm: ahead-of-time engines for Stable Diffusion-class models, fetched and verified on the device.
 
     import enginefarm
-    session = enginefarm.load("sd15/vae_decoder", precision="fp16")
-    outputs = session.run({"latent": latent})
+    with enginefarm.load("sd15/vae_decoder", precision="fp16") as session:
+        outputs = session.run({"latent": latent})
 
-Importing this package loads no vendor SDK, no onnx and no boto3: they load when first needed.
+    from enginefarm import Pipeline                 # enginefarm.diffusion.Pipeline: a whole model, prompt to image
+    with Pipeline.load("my-sdxl", memory_budget="6G") as pipe:
+        image = pipe("a lighthouse at dawn", steps=25, seed=7)
+
+Importing this package loads no vendor SDK, no onnx and no boto3: `Session` and `Pipeline` load when first named.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import EnginefarmError
+from .errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, OfflineError, SessionClosed,
+                     StoreError, TrustError, WeightsError)
 
 if TYPE_CHECKING:
+    from enginefarm.cache.progress import ProgressLike
+    from enginefarm.diffusion import Pipeline
     from enginefarm.runner.session import Session
+    from enginefarm.settings import Settings
 
 __version__ = "0.1.0"
 
 
-def load(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, weights=None, loras=(), **kwargs) -> "Session":
-    """The best artifact of `ref` ("model/component") for this device, verified and loaded.
+def load(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, weights: str | Path | None = None,
+         loras=(), *, recipe: str | Path | None = None, target: str | None = None, progress: ProgressLike = None,
+         settings: Settings | None = None, channel: str | None = None, trusted_root: str | Path | None = None,
+         version: str | None = None) -> Session:
+    """The best artifact of `ref` ("model/component") for this device, verified and loaded; close it (or use it in a
+    `with` block) to give its memory back.
 
     precision: "fp32", "fp16", "bf16" or None (the fastest measured). device: "auto", "cpu", "nvidia", "intel"...
-    store: a store URL (default ENGINEFARM_STORE). recipe=PATH lets it compile here when nothing stored fits.
-    channel="stable", trusted_root=PATH (the channel's root.json, shipped with the app): load only what the
-    maintainers released and signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT).
-    weights: a custom checkpoint (.safetensors): the base checkpoint's names, or a whole-model file as model sites
-    ship it (SD 1.x/2.x original layout, SDXL SGM layout, a VAE), of which the component takes its part;
-    loras: [(path, strength), ...].
-    progress=callable(str) receives progress messages.
+    store: a store URL (default ENGINEFARM_STORE). weights: a custom checkpoint (the base checkpoint's names, or a
+    whole-model file as model sites ship it: the component takes its part); loras: [(path, strength), ...].
+    recipe: compile here from this recipe when nothing stored fits. target: force a backend or target
+    ("openvino", "openvino:cpu"). progress: a callable receiving messages, or a Progress. channel="stable",
+    trusted_root=PATH (the channel's root.json, shipped with the app): load only what the maintainers released and
+    signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT). version: the model version to serve
+    (default the newest usable here). settings: overrides the environment's (`enginefarm.settings.load_settings`).
     """
     from enginefarm.runner.load import load as _load
 
-    return _load(ref, precision, device, store, weights, loras, **kwargs)
+    return _load(ref, precision, device, store, weights, loras, recipe=recipe, target=target, progress=progress, settings=settings,
+                 channel=channel, trusted_root=trusted_root, version=version)
 
 
-__all__ = ["EnginefarmError", "__version__", "load"]
+def __getattr__(name: str):
+    """`enginefarm.Session` and `enginefarm.Pipeline`, imported when first named (the pipeline brings its tokenizers)."""
+    if name == "Session":
+        from enginefarm.runner.session import Session
+
+        return Session
+    if name == "Pipeline":
+        from enginefarm.diffusion import Pipeline
+
+        return Pipeline
+    raise AttributeError(f"module 'enginefarm' has no attribute {name!r}")
+
+
+__all__ = ["ArtifactNotFoundError", "ConfigError", "DiskFullError", "EnginefarmError", "IntegrityError", "OfflineError", "Pipeline",
+           "Session", "SessionClosed", "StoreError", "TrustError", "WeightsError", "__version__", "load"]

@@ -103,3 +103,20 @@ def test_fetching_loading_and_running_an_artifact_needs_no_builder_module(tiny_r
             "assert all(np.isfinite(v).all() for v in out.values())")
     env = {"ENGINEFARM_STORE": str(store), "ENGINEFARM_HOME": str(home), **_hide(tmp_path / "shims")}
     assert _loaded(code, env) == []
+
+
+def test_the_public_face_names_its_parameters_and_stays_lazy():
+    """`enginefarm.load` shows every parameter (no **kwargs hiding them); Session and Pipeline come when named."""
+    import inspect
+
+    code = ("import sys, json, inspect, enginefarm; before = 'enginefarm.diffusion' in sys.modules; "
+            "p = enginefarm.Pipeline; print(json.dumps([before, 'enginefarm.diffusion' in sys.modules, enginefarm.Session.__name__]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [False, True, "Session"]
+    import enginefarm
+
+    kinds = {p.kind for p in inspect.signature(enginefarm.load).parameters.values()}
+    assert inspect.Parameter.VAR_KEYWORD not in kinds and "version" in inspect.signature(enginefarm.load).parameters
+    assert "memory_budget" in inspect.signature(enginefarm.Pipeline.load).parameters
+    with pytest.raises(AttributeError):
+        enginefarm.NoSuchThing  # noqa: B018

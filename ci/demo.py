@@ -63,13 +63,11 @@ def main() -> int:
 
 def family_demo(cli: list[str], console) -> int:
     """diffusers folder → export → build → generate, and the image against diffusers'."""
-    import importlib.util
-
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("tiny_pipelines", ROOT / "tests" / "tiny_pipelines.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
+    if str(ROOT) not in sys.path:  # the tiny pipelines import their siblings as `tests.…`
+        sys.path.insert(0, str(ROOT))
+    import tests.tiny_pipelines as tiny
     base = WORK / "tiny-sd1"
     console.print("\n[bold]A model family, from a diffusers folder to an image[/]")
     source = tiny.make_tiny_pipeline("sd1", base / "diffusers")

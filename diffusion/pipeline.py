@@ -40,19 +40,22 @@ class Pipeline:
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             progress=None) -> "Pipeline":
+             progress=None, embeddings=()) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
         and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
-        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32)."""
+        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
+        embeddings: textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no
+        rebuild (see `enginefarm.diffusion.embeddings`)."""
         import enginefarm
 
         if assets is None:
             assets = _fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
         family = found.family
+        read = _read_embeddings(embeddings, found)  # a bad file costs nothing: nothing is fetched or loaded yet
         timings: dict[str, float] = {}
 
         def load_component(component: str):
@@ -66,6 +69,7 @@ class Pipeline:
 
         sessions = {component: load_component(component) for component in _components(family, controlnet)}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
+        pipe.prompts.add_embeddings(read)
         pipe.timings = pipe._load_timings = timings
         return pipe
 
@@ -213,6 +217,14 @@ class Pipeline:
             key = name.replace("down_block_res_sample_", "down_block_additional_residual_").replace("mid_block_res_sample", "mid_block_additional_residual")
             feeds[key] = (value * np.float32(scale)).astype(np.float32)
         return self.sessions["unet_controlnet"].run(feeds)["out_sample"]
+
+
+def _read_embeddings(embeddings, assets: ModelAssets) -> list:
+    from .embeddings import read_embedding
+
+    if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
+        raise ConfigError(f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]')
+    return [read_embedding(item, assets.text_widths) for item in embeddings or ()]
 
 
 def _fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:

@@ -66,14 +66,24 @@ def wrap(component: Component, model, family_time_ids: int):
 
     class TextEncoder(torch.nn.Module):
         """SD 1.x/2.x read the last layer (`last_hidden_state`); SDXL reads the penultimate hidden states and the
-        pooled projection (`text_embeds`, CLIPTextModelWithProjection)."""
+        pooled projection (`text_embeds`, CLIPTextModelWithProjection).
+
+        Ids past the token table (textual-inversion tokens the pipeline added) take their row from `added_embeds`:
+        the table's lookup sees them clamped, and its result is replaced at those positions. The model itself
+        still sees the ids, so the pooled output picks its token as transformers does with a grown table."""
 
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            table = model.get_input_embeddings()
+            self.rows = table.num_embeddings
+            self._ids = self._added = None
+            table.register_forward_pre_hook(lambda _, args: (args[0].clamp(0, self.rows - 1), *args[1:]))
+            table.register_forward_hook(lambda _, args, out: torch.where((self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out))
 
-        def forward(self, input_ids):
+        def forward(self, input_ids, added_embeds):
             penultimate = "hidden_states" in output_names
+            self._ids, self._added = input_ids, added_embeds
             out = self.model(input_ids=input_ids, output_hidden_states=penultimate)
             results = [out.hidden_states[-2] if penultimate else out.last_hidden_state]
             if "text_embeds" in output_names:

@@ -89,6 +89,8 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
 
     try:
         header = json.loads(text, object_pairs_hook=unique)
+    except WeightsError:
+        raise
     except (UnicodeDecodeError, ValueError):
         raise bad("header is not JSON") from None
     if not isinstance(header, dict):

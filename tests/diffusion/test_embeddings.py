@@ -71,15 +71,13 @@ def test_sdxl_pair_matches_diffusers(built, tmp_path):
     ours = _ours(built("sdxl"), embeddings=[pair]).prompts.encode([prompt])
 
     pipe = diffusers.DiffusionPipeline.from_pretrained(source)
-    file = str(pair)
     from safetensors.torch import load_file
 
-    state = load_file(file)
+    state = load_file(str(pair))  # diffusers reads the pair's halves one encoder at a time
     pipe.load_textual_inversion(state["clip_l"], token=["xlstyle", "xlstyle_1"], text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer)
     pipe.load_textual_inversion(state["clip_g"], token=["xlstyle", "xlstyle_1"], text_encoder=pipe.text_encoder_2, tokenizer=pipe.tokenizer_2)
     with torch.no_grad():
-        hidden, _, pooled, _ = pipe.encode_prompt(pipe.maybe_convert_prompt(prompt, pipe.tokenizer), device="cpu", num_images_per_prompt=1,
-                                                  do_classifier_free_guidance=False)
+        hidden, _, pooled, _ = pipe.encode_prompt(prompt, device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=False)
     assert np.abs(ours.hidden - hidden.numpy()).max() < 2e-5
     assert np.abs(ours.pooled - pooled.numpy()).max() < 2e-5
 

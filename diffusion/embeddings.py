@@ -54,7 +54,7 @@ def read_embedding(item, widths: dict[str, int]) -> Embedding:
 
     if set(names) == set(SDXL_KEYS):
         wanted = [n for n in SDXL_KEYS if SDXL_KEYS[n] in widths]
-        if set(widths) - set(SDXL_KEYS.values()) or not wanted:
+        if "text_encoder_2" not in widths or set(widths) - set(SDXL_KEYS.values()):  # clip_l alone is not SD 1.x's vectors
             raise refuse("an SDXL embedding (clip_l + clip_g), for a model with another text encoder",
                          "use an embedding made for this model's family (SD 1.x/2.x: one tensor)")
         tensors = {SDXL_KEYS[n]: n for n in wanted}

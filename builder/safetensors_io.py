@@ -53,14 +53,16 @@ class SafeTensors:
         return data.reshape(entry.shape)
 
     def array(self, name: str) -> np.ndarray:
-        """The tensor as float32 (float dtypes only)."""
+        """The tensor as float32 (float dtypes only): F64 values past float32's range become ±Inf, which the readers
+        of custom weights refuse."""
         entry = self.entries[name]
         if entry.dtype not in FLOATS:
             raise WeightsError(f"{self.path}: tensor {name!r} is {entry.dtype}, not a float tensor")
         raw = self.raw(name)
         if entry.dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)
-        return raw.astype(np.float32)
+        with np.errstate(over="ignore"):
+            return raw.astype(np.float32)
 
 
 def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:

@@ -24,11 +24,11 @@ def _model_name(out: Path) -> str:
     return tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
 
 
-def _ours(built_family, embeddings=()):
+def _ours(built_family, embeddings=(), target=TARGET):
     from enginefarm.diffusion import Pipeline
 
     _, out, store = built_family
-    return Pipeline.load(_model_name(out), store=str(store), precision="fp32", target=TARGET, device="cpu", assets=out / "assets",
+    return Pipeline.load(_model_name(out), store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets",
                          embeddings=embeddings)
 
 
@@ -45,21 +45,22 @@ def _theirs_hidden(source: Path, files: list[tuple[Path, str]], prompt: str) -> 
     return embeds.numpy()
 
 
-def test_sd1_embeddings_match_diffusers_load_textual_inversion(built, tmp_path):
+@pytest.mark.parametrize("target", [TARGET, "openvino:cpu"])
+def test_sd1_embeddings_match_diffusers_load_textual_inversion(built, tmp_path, target):
     """A1111 (emb_params, 3 vectors, the word is the file's name) and diffusers (<token> key, 1 vector) files at once."""
     source, _, _ = built("sd1")
     a1111 = models.write_safetensors(tmp_path / "lhstyle.safetensors", {"emb_params": _vectors(1, 3, 768)})
     learned = models.write_safetensors(tmp_path / "learned_embeds.safetensors", {"<cat-toy>": _vectors(2, 1, 768)})
     prompt = "a <cat-toy> in lhstyle on a cliff"
 
-    pipe = _ours(built("sd1"), embeddings=[a1111, learned])
+    pipe = _ours(built("sd1"), embeddings=[a1111, learned], target=target)
     ours = pipe.prompts.encode([prompt]).hidden
     theirs = _theirs_hidden(source, [(a1111, "lhstyle"), (learned, "<cat-toy>")], prompt)
     plain = pipe.prompts.encode(["a cat-toy in style on a cliff"]).hidden
     assert np.abs(ours - theirs).max() < 2e-5, np.abs(ours - theirs).max()
     assert np.abs(ours - plain).max() > 1e-2  # the words changed the conditioning
     # the common case is unchanged: a prompt without the words encodes as on a pipeline without embeddings
-    base = _ours(built("sd1"))
+    base = _ours(built("sd1"), target=target)
     assert np.array_equal(base.prompts.encode(["a photo"]).hidden, pipe.prompts.encode(["a photo"]).hidden)
 
 

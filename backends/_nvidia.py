@@ -92,6 +92,7 @@ def gpu_runs(device: str, gpu: dict[str, Any], family_floors: dict[str, tuple[in
 class NvidiaBackend(Backend, abstract=True):
     """What TensorRT and TensorRT-RTX share: NVIDIA GPUs matched by compute capability, farm runners labelled nvidia,
     builds that hold the weights about three times (builder/memory.py)."""
+    probes = ("nvidia",)
 
     vendor_label = "nvidia"
     onnx_precision = "same"  # strongly typed: the prepared ONNX says fp16 or fp32
@@ -166,6 +167,7 @@ class BuildSpec:
     precision: str
     strip_weights: bool
     refittable: bool
+    weight_streaming: bool = False  # streamable plan: the runtime keeps only a budget of its weights on the GPU
     version_compatible: bool = False
     hardware_compatible: bool = False  # TensorRT's ampere+ level
     compute_capabilities: list[str] = field(default_factory=list)  # TensorRT-RTX: ComputeCapability member names
@@ -269,7 +271,8 @@ def build_engine(sdk: str, prepared_onnx: Path, job, workdir: Path, options: dic
     """What both SDKs' builds share: the job's profile and precision, weight stripping and refit, run in the build
     process; `sdk_fields` are the BuildSpec fields only one of them sets."""
     spec = BuildSpec(sdk=sdk, onnx=str(prepared_onnx), plan=str(workdir / "model.plan"), profile=job.profile, precision=job.precision,
-                     strip_weights=options["strip_weights"], refittable=options["refittable"], **sdk_fields)
+                     strip_weights=options["strip_weights"], refittable=options["refittable"],
+                     weight_streaming=options.get("weight_streaming", False), **sdk_fields)
     notes = build_in_subprocess(spec, workdir, f"{job.label}: {job.target.backend}", hints=hints, progress=progress)
     return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
 
@@ -425,7 +428,33 @@ def open_engine(trt, artifact_dir: Path, manifest, options: dict[str, Any], fami
     if onnx is not None or weights:
         refit_engine(trt, engine, logger, what, onnx, weights)
         how += f", {len(weights)} weights replaced" if weights else ""
+    if options.get("weight_streaming"):
+        how += stream_weights(engine, streaming_budget())
     return engine, gpu, how
+
+
+STREAMING_ENV = "ENGINEFARM_WEIGHT_STREAMING_BUDGET"
+
+
+def streaming_budget() -> int | None:
+    """The GPU bytes a streamable plan may keep its weights in (ENGINEFARM_WEIGHT_STREAMING_BUDGET: bytes, a size
+    such as 4G, or "auto": the SDK's own choice for the free memory); None: all of them on the GPU."""
+    raw = os.environ.get(STREAMING_ENV, "").strip()
+    if not raw or raw == "auto":
+        return None if not raw else -1
+    from enginefarm.settings import parse_size
+
+    return parse_size(STREAMING_ENV, raw)
+
+
+def stream_weights(engine, budget: int | None) -> str:
+    """Set the engine's weight-streaming budget before its execution context is made (the SDK reads it then)."""
+    if budget is None:
+        return ", streamable (every weight on the GPU)"
+    total = int(engine.streamable_weights_size)
+    chosen = int(engine.get_weight_streaming_automatic_budget()) if budget < 0 else min(budget, total)
+    engine.weight_streaming_budget_v2 = chosen
+    return f", streaming weights: {chosen >> 20} of {total >> 20} MiB on the GPU"
 
 
 def weights_onnx(artifact_dir: Path, manifest) -> Path | None:
@@ -537,6 +566,13 @@ class TrtSession:
         if self._after_run is not None:
             self._after_run({n: a.shape for n, a in zip(self.input_names, held)})
         return outputs
+
+    def close(self) -> None:
+        """The device buffers and stream first, then the context before the engine that made it."""
+        cuda, self._cuda = getattr(self, "_cuda", None), None
+        if cuda is not None:
+            cuda.close()
+        self._context = self._engine = None
 
     def __del__(self) -> None:
         cuda = getattr(self, "_cuda", None)

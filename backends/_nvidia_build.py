@@ -90,6 +90,8 @@ def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
         config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)  # refit only with the build's own weights: faster kernels
     if spec.version_compatible:
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if spec.weight_streaming:  # needs a strongly typed network, which every build here is
+        config.set_flag(trt.BuilderFlag.WEIGHT_STREAMING)
     if spec.hardware_compatible:
         config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
     if spec.compute_capabilities:

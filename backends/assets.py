@@ -34,6 +34,7 @@ class AssetsFolder:
 
 
 class Assets(Backend):
+    probes = ("cpu",)
     name = "assets"
     devices = re.compile(r"^any$")
     device_hint = "any"

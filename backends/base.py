@@ -82,6 +82,8 @@ class BackendSession(Protocol):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+    # Optional: `close()` releases what the session holds (weights, compiled code, device buffers) at once.
+
 
 def version_in_range(version: str, spec: str) -> bool:
     """Whether a runtime's version satisfies a PEP 440 specifier set (`>=10.13.0.35,<11`, `==10.12.0.36`, `~=2.1`,
@@ -113,6 +115,7 @@ class Feature(enum.Enum):
 
     REFIT = "refit"  # replace named weights of a built engine at load (custom weights, LoRA stacks)
     PATCH_WEIGHTS = "patch weights"  # write a copy of the artifact with new weights, then load that
+    WEIGHTS_AT_LOAD = "weights at load"  # open the artifact with new weights given in memory: nothing written or cached
     OWN_VALIDATION = "own validation"  # the artifact may not run on the build host: a stand-in or golden samples
     BUILD_CACHE = "build cache"  # fetch / publish a shared build cache (TensorRT timing caches) around a build
     BUILDS_WITHOUT_DEVICE = "builds without its device"  # a GPU target a CPU farm builds, unless an option needs the GPU
@@ -122,6 +125,7 @@ class Feature(enum.Enum):
 FEATURE_HOOKS: dict[Feature, tuple[str, ...]] = {
     Feature.REFIT: ("refit", "check_refit"),
     Feature.PATCH_WEIGHTS: ("patch_weights", "read_weights", "weight_shapes"),
+    Feature.WEIGHTS_AT_LOAD: ("load_with_weights",),
     Feature.OWN_VALIDATION: ("validation_session",),
     Feature.BUILD_CACHE: ("before_build", "after_build"),
     Feature.BUILDS_WITHOUT_DEVICE: ("gpu_build_reason",),
@@ -164,6 +168,9 @@ class Backend:
     hosted_runners: ClassVar[dict[str, list[str]]] = {}  # device class -> labels of a hosted runner that builds it
     example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
     bundles: ClassVar[dict[str, BundleSpec]] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
+    # The device probes (enginefarm.runner.device.PROBES) that can find a device it runs; None: every probe. A load
+    # whose candidates are all this backend's runs only these (OpenVINO's GPU probe alone costs half a second).
+    probes: ClassVar[tuple[str, ...] | None] = None
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs) -> None:
         """`abstract`: a base several backends share (NVIDIA's), checked in its subclasses."""
@@ -263,6 +270,10 @@ class Backend:
 
     def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
         """Feature.PATCH_WEIGHTS: write the artifact with `weights` replaced into `outdir`."""
+        raise NotImplementedError
+
+    def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str) -> BackendSession:
+        """Feature.WEIGHTS_AT_LOAD: a session of the artifact with `weights` (float32, ONNX layout) in place of its own."""
         raise NotImplementedError
 
     def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:

@@ -222,6 +222,10 @@ class CoreMLSession:
         # The extracted package lives as long as the session.
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
 
+    def close(self) -> None:
+        self._model = None
+        self._cleanup()  # the extracted package goes with the model
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self._model.predict({name: np.asarray(feeds[name], dtype=self._dtypes[name]) for name in self.input_names})
         return {name: np.asarray(out[name], dtype=np.float32) if np.asarray(out[name]).dtype == np.float16 else np.asarray(out[name]) for name in self.output_names}
@@ -251,6 +255,7 @@ def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
 
 
 class CoreML(Backend):
+    probes = ("apple",)
     name = "coreml"
     devices = re.compile(r"^(apple|apple-m[1-9])$")
     device_hint = "apple (any Apple-silicon Mac) or apple-mN"

@@ -140,6 +140,9 @@ class MigraphxSession:
         results = self._program.run({name: mgx.argument(array) for name, array in arrays.items()})
         return {name: np.array(result, copy=True) for name, result in zip(self.output_names, results)}
 
+    def close(self) -> None:
+        self._program = None
+
 
 def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
     mgx = _mgx()
@@ -155,6 +158,7 @@ def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
 
 
 class MIGraphX(Backend):
+    probes = ("amd",)
     name = "migraphx"
     devices = re.compile(r"^gfx[0-9a-f]{3,4}$")
     device_hint = "a gfx target such as gfx1100, gfx1030, gfx90a"

@@ -60,10 +60,19 @@ def build(prepared_onnx: Path, job, workdir: Path) -> Built:
 
 
 class OrtSession:
-    def __init__(self, path: Path, device: str, precision: str) -> None:
+    def __init__(self, path: Path, device: str, precision: str, overrides: dict[str, np.ndarray] | None = None) -> None:
         ort = _ort()
         options = ort.SessionOptions()
         options.log_severity_level = 4  # a failed run raises with the same text; ORT's own log line would repeat it
+        # initializers replaced at session creation (before graph optimization); ORT reads the arrays while the
+        # session lives, so they are kept
+        self._overrides = [(name, ort.OrtValue.ortvalue_from_numpy(value)) for name, value in (overrides or {}).items()]
+        for name, value in self._overrides:
+            options.add_initializer(name, value)
+        if self._overrides:
+            # ORT 1.32's layout passes (level ALL: NCHWc for fp32, NHWC for fp16) re-read Conv weights from the model
+            # file, so overridden Conv weights would be silently dropped: sessions with overrides stop at EXTENDED
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         self._session = ort.InferenceSession(str(path), options, providers=[_PROVIDERS.get(device, "CPUExecutionProvider")])
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
@@ -72,6 +81,9 @@ class OrtSession:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values))
+
+    def close(self) -> None:
+        self._session = None
 
 
 def load(artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
@@ -97,9 +109,24 @@ def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
     import onnx
     from onnx import numpy_helper
 
+    from enginefarm.builder.onnx_data import load_model
+
     wanted = set(names)
-    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=True)
+    model = load_model(_model_path(artifact_dir, manifest), only=wanted)
     return {i.name: numpy_helper.to_array(i).astype(np.float32) for i in model.graph.initializer if i.name in wanted}
+
+
+def load_with_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OrtSession:
+    """The artifact's session with `weights` (float32, ONNX layout, cast to the initializers' dtypes) given as
+    initializer overrides at session creation: nothing is written."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=False)
+    kinds = {i.name: (tensor_dtype_to_np_dtype(i.data_type), tuple(i.dims)) for i in model.graph.initializer if i.name in weights}
+    del model
+    overrides = {name: np.ascontiguousarray(value.reshape(kinds[name][1]), dtype=kinds[name][0]) for name, value in weights.items()}
+    return OrtSession(_model_path(artifact_dir, manifest), manifest.parsed_target.device, manifest.precision, overrides)
 
 
 def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
@@ -107,8 +134,10 @@ def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], 
     import onnx
     from onnx import numpy_helper
 
+    from enginefarm.builder.onnx_data import load_model
+
     source = _model_path(artifact_dir, manifest)
-    model = onnx.load(str(source), load_external_data=True)
+    model = load_model(source)
     for init in model.graph.initializer:
         if init.name in weights:
             current = numpy_helper.to_array(init)
@@ -131,12 +160,13 @@ _ORT_BUNDLE = BundleSpec(("onnxruntime",), drop=("onnxruntime/tools/*", "onnxrun
 
 
 class OnnxRuntime(Backend):
+    probes = ("cpu",)
     name = "onnxruntime"
     devices = re.compile(r"^cpu$")
     device_hint = "cpu"
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
-    features = frozenset({Feature.PATCH_WEIGHTS})
+    features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     bundles = {"cpu": _ORT_BUNDLE}
     available = staticmethod(available)
     versions = staticmethod(versions)
@@ -147,6 +177,7 @@ class OnnxRuntime(Backend):
     weight_shapes = staticmethod(weight_shapes)
     read_weights = staticmethod(read_weights)
     patch_weights = staticmethod(patch_weights)
+    load_with_weights = staticmethod(load_with_weights)
 
     def device_classes(self, device) -> tuple[str, ...]:
         return ("cpu",) if device.kind == "cpu" else ()

@@ -157,6 +157,9 @@ class OpenVinoSession:
         result = self._request.infer(feeds)
         return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs)}
 
+    def close(self) -> None:
+        self._request = self._compiled = None  # the request holds the compiled model: both go
+
 
 def blob_compatible(manifest) -> str | None:
     """Why the shipped blob cannot be used here, or None if it can."""
@@ -235,6 +238,34 @@ def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
     return out
 
 
+def load_with_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OpenVinoSession:
+    """The IR read into memory, the constants named by `weights` (float32, ONNX layout) replaced by new ones of
+    their own element type, then compiled: nothing is written."""
+    from openvino.utils import replace_node
+
+    from enginefarm.errors import IntegrityError
+
+    ov = _ov()
+    core = ov.Core()
+    dev = manifest.parsed_target.device.upper()
+    model = core.read_model(str(_ir_paths(artifact_dir, manifest)[0]))
+    left = dict(weights)
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Constant":
+            continue
+        names = node.output(0).get_names()
+        hit = next((n for n in names if n in left), None)
+        if hit is None:
+            continue
+        dtype = np.float16 if node.get_output_element_type(0) == ov.Type.f16 else np.float32
+        fresh = ov.op.Constant(np.ascontiguousarray(left.pop(hit).reshape(tuple(node.get_output_shape(0))), dtype=dtype))
+        fresh.output(0).set_names(names)
+        replace_node(node, fresh)
+    if left:
+        raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: no constant of the IR holds {sorted(left)[:5]}")
+    return OpenVinoSession(core.compile_model(model, dev, inference_config(core, dev, manifest.precision)), "compiled IR with new weights in memory")
+
+
 def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
     """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
     import shutil
@@ -275,12 +306,13 @@ def _ov_bundle(device: str, plugin: str, needs: str, cache: tuple[str, ...] = ()
 
 
 class OpenVINO(Backend):
+    probes = ("cpu", "intel")
     name = "openvino"
     devices = re.compile(r"^(cpu|gpu|npu)$")
     device_hint = "cpu, gpu or npu"
     install = "pip install 'enginefarm[openvino]'"
     onnx_precision = "fp32"  # fp16 is done by OpenVINO's own weight compression
-    features = frozenset({Feature.PATCH_WEIGHTS})
+    features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     vendor_label = "intel"
     bundles = {
         "cpu": _ov_bundle("CPU", "cpu", ""),
@@ -299,6 +331,7 @@ class OpenVINO(Backend):
     weight_shapes = staticmethod(weight_shapes)
     read_weights = staticmethod(read_weights)
     patch_weights = staticmethod(patch_weights)
+    load_with_weights = staticmethod(load_with_weights)
 
     def bundle_probe(self, device_class: str) -> dict:
         """Load the device's plugin through the Core, as compile_model would: OpenVINO resolves the registered plugin

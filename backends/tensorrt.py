@@ -29,7 +29,7 @@ from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {"strip_weights": True, "refittable": False, "version_compatible": False}
+OPTIONS = {"strip_weights": True, "refittable": False, "version_compatible": False, "weight_streaming": False}
 FAMILY_FLOORS = {"ampere+": (8, 0)}
 TIMING_PREFIX = "tensorrt-timing"
 # The oldest driver each CUDA major runs on with minor-version compatibility (CUDA release notes), Linux x86-64.

@@ -33,7 +33,7 @@ from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {"strip_weights": False, "refittable": False}
+OPTIONS = {"strip_weights": False, "refittable": False, "weight_streaming": False}
 GPU_BUILD_OPTIONS = ("strip_weights", "refittable")  # what TensorRT-RTX cannot build without a GPU
 # TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
 FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}

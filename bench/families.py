@@ -2,7 +2,7 @@
 from diffusers' (fp32: final latent, max abs over its range; fp16: image, max abs in [0, 1]) per backend, and the
 pipeline's time per denoising step. One table, printed; everything under a scratch folder.
 
-    python bench/families.py [--families sd1,sd2-v,sdxl] [--steps 4] [--out /tmp/ef-families]
+    python bench/families.py [--families sd1,sd2-v,sdxl,sd3,sd3.5] [--steps 4] [--out /tmp/ef-families]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ PROMPT = "a lighthouse on a cliff at dawn"
 
 
 def _tiny_pipelines():
+    if str(ROOT) not in sys.path:  # tiny_pipelines imports its siblings as tests.*
+        sys.path.insert(0, str(ROOT))
     spec = importlib.util.spec_from_file_location("tiny_pipelines", ROOT / "tests" / "tiny_pipelines.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -36,6 +38,28 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     if proc.returncode != 0:
         raise SystemExit(f"enginefarm {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return proc
+
+
+PACKED = ("flux", "flux-schnell", "chroma")  # diffusers takes and gives their latents in 2x2 patches
+
+
+def pixels_for(family: str, ours) -> int:
+    """The model's native size; the tiny Flux and Chroma transformers have no sample_size (the family's is 1024)."""
+    return 64 if family in PACKED else ours.assets.native_pixels
+
+
+def _theirs_latents(family: str, latents: np.ndarray):
+    import torch
+    from diffusers import FluxPipeline
+
+    tensor = torch.from_numpy(latents)
+    return FluxPipeline._pack_latents(tensor, *latents.shape) if family in PACKED else tensor
+
+
+def _unpacked(family: str, reference, pixels: int) -> np.ndarray:
+    from diffusers import FluxPipeline
+
+    return (FluxPipeline._unpack_latents(reference, pixels, pixels, 8) if family in PACKED else reference).numpy()
 
 
 def measure(family: str, root: Path, steps: int) -> list[dict]:
@@ -58,18 +82,19 @@ def measure(family: str, root: Path, steps: int) -> list[dict]:
     for target in BACKENDS:
         for precision in ("fp32", "fp16"):
             ours = Pipeline.load(name, store=str(root / "store"), precision=precision, target=target, device="cpu")
-            side = ours.assets.native_pixels // ours.vae_scale_factor
+            pixels = pixels_for(family, ours)
+            side = pixels // ours.vae_scale_factor
             latents = np.random.default_rng(0).standard_normal((1, ours.latent_channels, side, side)).astype(np.float32)
             kind = "latent" if precision == "fp32" else "np"
-            got = ours(PROMPT, steps=steps, latents=latents, output_type=kind)
+            got = ours(PROMPT, steps=steps, latents=latents, output_type=kind, height=pixels, width=pixels, guidance_scale=6.0)
             ms_step = ours.timings["denoise"] / ours.timings["steps"] * 1000
-            reference = theirs(PROMPT, num_inference_steps=steps, latents=torch.from_numpy(latents), output_type=kind,
-                               height=ours.assets.native_pixels, width=ours.assets.native_pixels).images
-            reference = reference.numpy() if precision == "fp32" else reference[0]
+            reference = theirs(PROMPT, num_inference_steps=steps, latents=_theirs_latents(family, latents), output_type=kind,
+                               height=pixels, width=pixels, guidance_scale=6.0).images
+            reference = _unpacked(family, reference, pixels) if precision == "fp32" else reference[0]
             error = np.abs(got - reference).max() / ((reference.max() - reference.min()) if precision == "fp32" else 1.0)
             rows.append({"family": family, "export s": f"{export_s:.1f}", "ONNX MB": f"{export_mb:.1f}", "jobs": jobs, "target": target,
                          "precision": precision, "vs diffusers": f"{error:.1e} ({'latent' if precision == 'fp32' else 'image'})",
-                         "ms/step": f"{ms_step:.0f}", "size": f"{ours.assets.native_pixels}²"})
+                         "ms/step": f"{ms_step:.0f}", "size": f"{pixels}²"})
     return rows
 
 

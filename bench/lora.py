@@ -4,10 +4,14 @@
                against the fp32 ONNX Runtime reference, into an empty device cache (what a device does when
                nothing prebuilt fits)
   apply stack  enginefarm.load(ref, loras=[A, B]) with the base artifact already in the cache: read both LoRAs,
-               merge in fp32, then refit in place (backends with `refit`, e.g. TensorRT) or patch the weights,
-               recompile, cache, and open the session; its output is checked to differ from the base's
-  cached       the same load again: the patched artifact comes from the cache
+               merge in fp32, then refit in place (backends with `refit`, e.g. TensorRT) or give the merged weights
+               to the session as it opens (ONNX Runtime, OpenVINO: Feature.WEIGHTS_AT_LOAD); its output is
+               checked to differ from the base's
+  again        the same load again
   base load    enginefarm.load(ref) of the base artifact (opening a session, for scale)
+  patched      the former path, kept for TensorRT-RTX's on-device recompile: a patched copy of the artifact,
+               compiled, cached and loaded (runner.custom.patched_artifact)
+  growth       what each path adds to the device cache, as a share of the base artifact's files
 
 LoRA A (kohya names, rank 8, alpha 4) covers every Linear and Conv weight the map places; LoRA B (PEFT names,
 rank 4) every other one. Models (--model):
@@ -107,6 +111,23 @@ def lora_files(folder: Path, mapped: dict) -> list[tuple[Path, float]]:
     return [(folder / "a.safetensors", 0.8), (folder / "b.safetensors", -0.5)]
 
 
+def du(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def patched_load(loras, manifest, cache, backend, device):
+    """The former path: the stack merged into a copy of the artifact, compiled, cached, loaded and run once."""
+    from enginefarm.cache.progress import Progress
+    from enginefarm.runner.custom import Stack, patched_artifact
+
+    patched, path, _ = patched_artifact(Stack.parse(None, loras), manifest, cache.path_of(manifest.build_key), backend, cache, Progress())
+    session = backend.load(path, patched, device)
+    return session.run(FEEDS)
+
+
+FEEDS: dict = {}
+
+
 def timed(fn):
     started = time.perf_counter()
     result = fn()
@@ -123,10 +144,11 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     (work / "model").mkdir(parents=True)
     os.environ.pop("ENGINEFARM_OFFLINE", None)
+    (work / "empty-store").mkdir()  # a store that is there and holds nothing: everything is built on this device
     os.environ["ENGINEFARM_STORE"] = str(work / "empty-store")
 
     import enginefarm
-    from enginefarm.backends import get_backend
+    from enginefarm.backends import Feature, get_backend
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.builder.weightmap import read_map
@@ -141,7 +163,8 @@ def main() -> int:
     recipe = work / "recipe.toml"
     recipe.write_text(RECIPE.format(source=source, checkpoint=checkpoint, targets=str(targets).replace("'", '"'), input=input_name, shape=shape))
     print(f"model: {args.model} ({source.name}, {source.stat().st_size / 1e6:.0f} MB), input {input_name} {shape}")
-    feeds = {input_name: np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)}
+    feeds = FEEDS
+    feeds[input_name] = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
     rows, loras = [], None
     for job in expand(load_recipe(recipe), work / "downloads"):
         target = str(job.target)
@@ -156,19 +179,31 @@ def main() -> int:
         load = lambda **stack: enginefarm.load("lorabench/body", precision="fp32", device="cpu", target=target, **stack)  # noqa: E731
         base_s, base = timed(lambda: load())
         base_out = next(iter(base.run(feeds).values()))
+        home = Path(os.environ["ENGINEFARM_HOME"])
+        base_bytes = sum(f.size for f in manifest.files)
+        before = du(home)
         apply_s, stacked = timed(lambda: load(loras=loras))
+        growth = du(home) - before
         out = next(iter(stacked.run(feeds).values()))
         cached_s, again = timed(lambda: load(loras=loras))
         same = np.array_equal(next(iter(again.run(feeds).values())), out)
         cos = float(np.dot(out.ravel(), base_out.ravel()) / (np.linalg.norm(out) * np.linalg.norm(base_out)))
-        path = "refit" if hasattr(get_backend(job.target.backend), "refit") else "patch + recompile"
-        rows.append((target, path, build_s, apply_s, cached_s, base_s, cos, same))
-        print(f"  build {build_s:.1f} s, apply {apply_s:.1f} s ({path}), cached {cached_s:.1f} s, base load {base_s:.1f} s", flush=True)
+        backend = get_backend(job.target.backend)
+        path = "refit" if backend.has(Feature.REFIT) else "at load" if backend.has(Feature.WEIGHTS_AT_LOAD) else "patch + recompile"
+        before = du(home)
+        patched_s, patched_out = timed(lambda: patched_load(loras, manifest, cache, backend, job.target.device))
+        patched_growth = du(home) - before
+        agree = float(np.abs(next(iter(patched_out.values())) - out).max())
+        rows.append((target, path, build_s, apply_s, cached_s, base_s, patched_s, growth / base_bytes, patched_growth / base_bytes, cos, same, agree))
+        print(f"  build {build_s:.1f} s, apply {apply_s:.2f} s ({path}), again {cached_s:.2f} s, base load {base_s:.2f} s, "
+              f"patched copy {patched_s:.2f} s", flush=True)
 
-    print(f"\n{'target':18} {'path':18} {'full build':>11} {'apply stack':>12} {'ratio':>7} {'cached':>8} {'ratio':>7} {'base load':>10}  output")
-    for target, path, build_s, apply_s, cached_s, base_s, cos, same in rows:
-        print(f"{target:18} {path:18} {build_s:10.2f}s {apply_s:11.2f}s {apply_s / build_s:7.3f} {cached_s:7.2f}s {cached_s / build_s:7.3f} {base_s:9.2f}s"
-              f"  cosine to base {cos:.4f}, cached run identical: {same}")
+    print(f"\n{'target':18} {'path':8} {'build':>7} {'base load':>10} {'apply':>7} {'÷ base':>7} {'again':>7} {'growth':>7} "
+          f"{'patched':>8} {'÷ base':>7} {'growth':>7}  output")
+    for target, path, build_s, apply_s, cached_s, base_s, patched_s, growth, patched_growth, cos, same, agree in rows:
+        print(f"{target:18} {path:8} {build_s:6.1f}s {base_s:9.2f}s {apply_s:6.2f}s {apply_s / base_s:7.2f} {cached_s:6.2f}s {growth:7.1%} "
+              f"{patched_s:7.2f}s {patched_s / base_s:7.2f} {patched_growth:7.1%}  cosine to base {cos:.4f}, again identical: {same}, "
+              f"max |at load − patched| {agree:.1e}")
     if not any(r[1] == "refit" for r in rows):
         print("refit: no backend on this machine has refit (TensorRT does); its path is the same load() call")
     return 0

@@ -62,7 +62,11 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     manifest = Manifest.from_json(Path(manifest_path).read_bytes())
     with np.load(feeds_path) as data:
         feeds = {name: data[name] for name in data.files}
+    from . import rss
+
     backend = get_backend(manifest.parsed_target.backend)
+    backend.available(manifest.parsed_target.device)  # imports the SDK: its libraries are not the artifact's memory
+    before = rss.current_bytes()
     start = time.perf_counter()
     session = backend.load(Path(artifact_dir), manifest, manifest.parsed_target.device)
     load_ms = (time.perf_counter() - start) * 1000
@@ -82,6 +86,9 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
         **contention,
         "attempts": attempts,
         "peak_rss_mb": peak_rss_mb(),
+        # What holding the loaded artifact costs after it ran (weights, compiled code, arenas): what a pipeline with
+        # a memory budget counts (enginefarm.diffusion.budget).
+        "resident_mb": rss.mb(max(0, rss.current_bytes() - before)),
         "compute_precision": getattr(session, "compute_precision", "unknown"),
     }
     print(json.dumps(result))

@@ -5,7 +5,8 @@
 - Integer paths: a Cast from an integer tensor to float (an int32 accumulator, say) and the multiply or divide that
   scales it right after; in fp16 that value overflows long before it is scaled back.
 - Ops of other domains (com.microsoft contrib ops…): their fp16 support is unknown.
-- What the recipe adds (`fp16_keep_fp32`): op types or node names.
+- What the recipe adds (`fp16_keep_fp32`): op types, node names, or scopes (a node-name prefix ending in `/`,
+  as the exporters name nodes: `/model/time_text_embed/time_proj/`), with the Constants only they read.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ def fp16_blocked(model, keep: tuple[str, ...] = ()) -> tuple[set[str], set[str]]
     ops = set(DEFAULT_OP_BLOCK_LIST) | QUANTIZE_OPS
     ops |= {n.op_type for n in nodes if n.domain not in ("", "ai.onnx")}
     names = {n.name for n in nodes if n.name}
-    ops |= {k for k in keep if k not in names}
-    kept = {k for k in keep if k in names}
+    scopes = tuple(k for k in keep if k.endswith("/"))
+    ops |= {k for k in keep if k not in names and not k.endswith("/")}
+    kept = {k for k in keep if k in names} | {n for n in names if scopes and n.startswith(scopes)}
+    kept |= _constants_of(nodes, kept)
     integer = _integer_tensors(model)
     consumers: dict[str, list] = {}
     for node in nodes:
@@ -39,6 +42,17 @@ def fp16_blocked(model, keep: tuple[str, ...] = ()) -> tuple[set[str], set[str]]
                     member.name = f"enginefarm_fp32_{index}_{member.op_type}_{len(kept)}"
                 kept.add(member.name)
     return ops, kept
+
+
+def _constants_of(nodes, kept: set[str]) -> set[str]:
+    """The Constant nodes that only kept nodes read: converted, they would round what the kept nodes compute with
+    (a sinusoidal embedding's frequencies, say) before the kept nodes cast them back."""
+    readers: dict[str, list] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return {n.name for n in nodes if n.op_type == "Constant" and n.name and readers.get(n.output[0])
+            and all(r.name in kept for r in readers[n.output[0]])}
 
 
 def _cast_to(node) -> int | None:

@@ -7,6 +7,11 @@ a fixed part (the interpreter, onnx, ONNX Runtime, OpenVINO, onnxsim) stays the 
 
     need = max(FACTOR × weights, weights + BASE)     (FACTOR 2.5; 3.0 for the NVIDIA builders)
 
+`weights` counts every float tensor at 4 bytes an element, whatever the source stores: a source saved in fp16 or
+bf16 is still validated against ONNX Runtime's run of it, and the CPU backends hold fp32 copies of fp16 weights while
+they compile and run (the SD 1.5 UNet's fp16 jobs peaked at 6.1-6.4 GB: 3.6x its 1.72 GB of fp16 weights, 1.8x its
+fp32 ones). Counting file bytes would halve the need of an fp16 source (Flux: 60 GB instead of 119).
+
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """
 
@@ -23,11 +28,27 @@ BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and 
 
 
 def source_weight_bytes(path: Path) -> int:
-    """The model file plus its external data files: the weights, to within the graph's few MB."""
+    """The weights at fp32: the model file plus its external data files, with each fp16/bf16 tensor counted at
+    twice its stored size (a file holds the graph's few MB beside them; a need is never understated)."""
     from .onnx_io import check_external_data, load_header
 
-    files = [path, *check_external_data(load_header(path), path)]
-    return sum(f.stat().st_size for f in files)
+    header = load_header(path)
+    files = [path, *check_external_data(header, path)]
+    return sum(f.stat().st_size for f in files) + half_precision_bytes(header)
+
+
+_HALF_TYPES = (10, 16)  # onnx.TensorProto FLOAT16, BFLOAT16
+
+
+def half_precision_bytes(header) -> int:
+    """What the fp16/bf16 tensors of a graph (initializers and constants, inline or external) occupy as stored."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    total = 0
+    for tensor in _get_all_tensors(header):
+        if tensor.data_type in _HALF_TYPES:
+            total += 2 * math.prod(tensor.dims)
+    return total
 
 
 def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "") -> int:

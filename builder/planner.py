@@ -202,7 +202,7 @@ def _checkpoint(recipe: Recipe, path: Path, key: str) -> LocalSource:
 def _check_keep(recipe: Recipe, keep: tuple[str, ...], header, key: str) -> None:
     """An op type or node name that is not in the model is a typo: it would keep nothing fp32."""
     present = {n.op_type for n in header.graph.node} | {n.name for n in header.graph.node if n.name}
-    unknown = [k for k in keep if k not in present]
+    unknown = [k for k in keep if k not in present and not (k.endswith("/") and any(n.name.startswith(k) for n in header.graph.node))]
     if unknown:
         ops = sorted({n.op_type for n in header.graph.node})
         raise RecipeError(recipe.path, key, f"the model has no op or node named {', '.join(map(repr, unknown))}",

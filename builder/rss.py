@@ -60,16 +60,9 @@ def reset_peak() -> bool:
 
 def give_back() -> None:
     """Return freed memory to the system: glibc keeps freed heap pages resident until asked (malloc_trim)."""
-    import gc
+    from enginefarm.runner.session import give_back_memory
 
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl): nothing to ask
-            pass
+    give_back_memory()
 
 
 def mb(value: int | float) -> float:

@@ -154,7 +154,9 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(onnx_path), load_external_data=True)
+    from .onnx_data import load_model
+
+    model = load_model(onnx_path)
     index: dict[tuple, list[str]] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     matrices: dict[str, np.ndarray] = {}  # 1-D and 2-D initializers, searched for fused blocks

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.errors import ConfigError
-from enginefarm.families import Family, detect_family, family
+from enginefarm.families import Family, Sizes, detect_family, family
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,30 @@ class ModelAssets:
         found = family(_read_json(described)["family"]) if described.is_file() else detect_family(model_index, configs)
         return cls(folder, found, model_index, configs)
 
+    @cached_property
+    def description(self) -> dict[str, Any]:
+        """family.json, which `enginefarm export` writes: the family, the components exported, the sizes."""
+        path = self.folder / "family.json"
+        return _read_json(path) if path.is_file() else {}
+
+    @property
+    def sizes(self) -> Sizes:
+        """The sizes the model's configs decided (family.json), else the family's real models'."""
+        found = self.description.get("sizes")
+        return Sizes.from_json(found) if found else self.family.sizes
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The components the model was exported with (SD3 may ship without T5), else all of the family's."""
+        return tuple(self.description.get("components") or self.family.component_names)
+
+    @property
+    def patch_size(self) -> int:
+        """Latent pixels per transformer token side (1 for UNets; Flux and Chroma: 2, their 2x2 packing)."""
+        from .flux import PATCH, is_flux_like
+
+        return int(self.configs.get("transformer", {}).get("patch_size") or 1) * (PATCH if is_flux_like(self.family) else 1)
+
     @property
     def scheduler_config(self) -> dict[str, Any]:
         return self.configs.get("scheduler", {})
@@ -44,7 +68,7 @@ class ModelAssets:
 
     @property
     def vae_shift_factor(self) -> float:
-        return float(self.configs.get("vae", {}).get("shift_factor") or 0.0)
+        return self.family.shift_factor(self.configs.get("vae"))
 
     @property
     def force_zeros_for_empty_prompt(self) -> bool:
@@ -53,8 +77,8 @@ class ModelAssets:
 
     @property
     def native_pixels(self) -> int:
-        """The image size the UNet was trained at: its config's sample_size × the VAE's factor."""
-        sample = self.configs.get("unet", {}).get("sample_size")
+        """The image size the UNet (or transformer) was trained at: its config's sample_size × the VAE's factor."""
+        sample = (self.configs.get("unet") or self.configs.get("transformer") or {}).get("sample_size")
         return int(sample) * self.family.vae_scale_factor if isinstance(sample, int) else self.family.native_pixels
 
     @property
@@ -64,7 +88,7 @@ class ModelAssets:
         return {n: int(self.configs.get(n, {}).get("hidden_size") or self.family.sizes.text_widths[i]) for i, n in enumerate(encoders)}
 
     def tokenizer_folder(self, text_encoder: str) -> Path:
-        """text_encoder → tokenizer, text_encoder_2 → tokenizer_2 (diffusers' pairing)."""
+        """text_encoder → tokenizer, text_encoder_2 → tokenizer_2, text_encoder_3 → tokenizer_3 (diffusers' pairing)."""
         name = "tokenizer" + text_encoder.removeprefix("text_encoder")
         folder = self.folder / name
         if not folder.is_dir():

@@ -1,5 +1,6 @@
-"""Text to image and image to image for the UNet families (SD 1.x, 2.x, XL and its refiner, ControlNet), on
-`enginefarm.load` sessions and numpy only: the family table says what each component takes and gives.
+"""Text to image and image to image for the UNet families (SD 1.x, 2.x, XL and its refiner, ControlNet) and the
+transformer families (SD3, SD3.5: `transformer_step.py`, `joint_text.py`), on `enginefarm.load` sessions and numpy
+only: the family table says what each component takes and gives.
 
     pipe = Pipeline.load("my-sdxl", store="s3://…", precision="fp16")
     image = pipe("a lighthouse at dawn", steps=25, seed=7)          # float [H, W, 3] in [0, 1]
@@ -7,17 +8,22 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from enginefarm.errors import ConfigError
+from enginefarm.errors import ConfigError, SessionClosed
 
 from .assets import ModelAssets
+from . import flux, transformer_step
 from .images import to_image, to_nchw
+from .joint_text import JointTextEncoder
 from .prompts import PromptEncoder, TextConditioning
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 
@@ -33,44 +39,89 @@ class Pipeline:
         self.family = assets.family
         self.sessions = sessions
         self.controlnet = controlnet
-        self.prompts = PromptEncoder(assets, sessions)
+        self.transformer = self.family.denoiser == "transformer"
+        self.prompts = JointTextEncoder(assets, sessions) if self.transformer else PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
+        self.vae_tiling = None  # a tiles.Tiling once enable_vae_tiling() is called
+        self.residency = None  # a budget.Residency when loaded with a memory budget
+        self.closed = False
         self._load_timings: dict[str, float] = {}
+        self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
 
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             progress=None, embeddings=()) -> "Pipeline":
+             weights: str | Path | None = None, vae: str | Path | None = None, loras=(), embeddings=(), progress=None,
+             memory_budget: int | str | None = None) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
         and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
         (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
-        embeddings: textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no
-        rebuild (see `enginefarm.diffusion.embeddings`)."""
+
+        weights: a whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the original layout,
+        SDXL's in the SGM layout) or a UNet in diffusers names; vae: a VAE file (diffusers AutoencoderKL or the original
+        layout). Each component takes its part, applied to its stored artifact (`enginefarm.load(..., weights=)`); the
+        files are checked against the family before anything loads. loras: [(file, strength), ...], files as shipped:
+        each component takes its own part (UNet, text encoders); layers no component takes are named once, in
+        `pipe.notes` and the log. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs
+        them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`);
+        None: all loaded up front. embeddings:
+        textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
+        `enginefarm.diffusion.embeddings`)."""
         import enginefarm
 
+        from .budget import Residency, artifact_bytes, parse_budget
+
+        budget = parse_budget(memory_budget)
         if assets is None:
             assets = _fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
         family = found.family
         read = _read_embeddings(embeddings, found)  # a bad file costs nothing: nothing is fetched or loaded yet
         timings: dict[str, float] = {}
+        files = {}
+        if weights is not None or vae is not None:
+            from enginefarm.weights.routing import route
+
+            files = route(family, list(family.component_names), weights, vae)
+        dealt, ignored = ({}, "")
+        if loras:
+            from enginefarm.runner.custom import Stack
+            from enginefarm.weights.lora import split
+
+            dealt, ignored = split(Stack.parse(None, loras).loras, _components(found, controlnet))
+            if ignored:
+                log.warning("%s", ignored)
+
+        def chosen_precision(component: str) -> str | None:
+            spec = family.component(component)
+            return precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
+
+        def _estimate(component: str) -> int:
+            from enginefarm.runner.load import fetch
+
+            manifest, _, _ = fetch(f"{name}/{component}", precision=chosen_precision(component), device=device, store=store, target=target,
+                                   version=version)
+            return artifact_bytes(manifest)
 
         def load_component(component: str):
-            spec = family.component(component)
-            chosen = precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
+            chosen = chosen_precision(component)
             start = time.perf_counter()
             session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                      version=version)
+                                      version=version, weights=files.get(component), loras=dealt.get(component, ()))
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
-        sessions = {component: load_component(component) for component in _components(family, controlnet)}
+        wanted = _components(found, controlnet)
+        sessions = {component: load_component(component) for component in wanted} if budget is None else {}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
         pipe.prompts.add_embeddings(read)
         pipe.timings = pipe._load_timings = timings
+        pipe.notes = [ignored] if ignored else []
+        if budget is not None:
+            pipe.residency = Residency(budget, load_component, pipe.sessions, lambda component: _estimate(component))
         return pipe
 
     def session(self, component: str):
@@ -80,6 +131,43 @@ class Pipeline:
                 raise ConfigError(f"this pipeline has no {component}", hint="load it with Pipeline.load")
             self.sessions[component] = self._load_component(component)
         return self.sessions[component]
+
+    def enable_vae_tiling(self, tile_pixels: int | None = None, overlap: float = 0.25) -> None:
+        """Decode and encode images larger than a tile in overlapping tiles (diffusers' `enable_vae_tiling()`: tiles
+        of the VAE config's sample_size, a quarter overlapping): the VAE's memory follows the tile, not the image, and
+        sizes past the decoder's profile decode too."""
+        from .tiles import Tiling
+
+        self.vae_tiling = Tiling.from_vae(self.assets.configs.get("vae", {}), self.vae_scale_factor, tile_pixels, overlap)
+
+    def disable_vae_tiling(self) -> None:
+        self.vae_tiling = None
+
+    def _denoisers(self) -> list[str]:
+        """The denoising stage's components: the UNet (and ControlNet) or the transformer."""
+        names = _components(self.assets, self.controlnet is not None)
+        return [n for n in names[:-1] if n not in self.family.text_encoders]
+
+    def _stage(self, components) -> None:
+        """Make a stage's components loaded: within the memory budget if there is one, else on first use."""
+        if self.residency is not None:
+            self.residency.need(tuple(components))
+        for component in components:
+            self.session(component)
+
+    def close(self) -> None:
+        """Close every loaded component (`Session.close`): their memory goes back now. Closing twice is harmless;
+        a closed pipeline refuses to generate."""
+        self.closed = True
+        self._load_component = self.residency = None
+        while self.sessions:
+            self.sessions.popitem()[1].close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     # -- one image
 
@@ -101,6 +189,8 @@ class Pipeline:
         (default drawn from `seed`), for reproducing another implementation's run."""
         from .schedulers import make_scheduler
 
+        if self.closed:
+            raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
         if output_type not in ("np", "latent"):
             raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
         if steps < 1:
@@ -109,21 +199,32 @@ class Pipeline:
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
-        if height % factor or width % factor:
-            raise ConfigError(f"{width}×{height} is not a multiple of {factor}", hint=f"use sizes divisible by {factor}")
+        multiple = factor * self.assets.patch_size  # a transformer's latent is cut into patches
+        if height % multiple or width % multiple:
+            raise ConfigError(f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}")
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         rng = np.random.default_rng(seed)
         sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=np.random.default_rng([seed, 1]))
-        guidance = (guidance_scale if guidance_scale is not None else 5.0 if self.family.time_ids else 7.5)
-        use_guidance = guidance > 1.0
+        if self.transformer:
+            transformer_step.check_scheduler(sched)
+        default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
+        guidance = guidance_scale if guidance_scale is not None else default_guidance
+        use_guidance = guidance > 1.0 and self.family.true_cfg  # Flux: no negative pass (dev feeds the scale instead)
 
         start = time.perf_counter()
+        self._stage([c for c in self.family.text_encoders if c in self.assets.components])
         text = self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
         timings["text"] = time.perf_counter() - start
 
         shape = (1, self.latent_channels, height // factor, width // factor)
         noise = self._noise(latents, shape, rng)
-        sched.set_timesteps(steps, strength if image is not None else 1.0)
+        if self.transformer:
+            if flux.is_flux_like(self.family):
+                flux.set_timesteps(sched, steps, strength if image is not None else 1.0, shape)
+            else:
+                transformer_step.set_timesteps(sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size)
+        else:
+            sched.set_timesteps(steps, strength if image is not None else 1.0)
         if image is not None:  # set_timesteps refused a strength that leaves no step
             start = time.perf_counter()
             x = sched.add_noise(self._encode_image(image, height, width), noise, sched.timesteps[0])
@@ -137,12 +238,18 @@ class Pipeline:
             control = np.concatenate([control, control])
 
         start = time.perf_counter()
+        self._stage(self._denoisers())
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
             x_in = np.concatenate([x, x]) if use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
-            feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
-            predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
+            if self.transformer:
+                feeds = (flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance) if flux.is_flux_like(self.family)
+                         else transformer_step.feeds(x_in, t, text))
+                predicted = transformer_step.predict(self.sessions, feeds)
+            else:
+                feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
+                predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
             if use_guidance:
                 uncond, cond = predicted[:1], predicted[1:]
                 predicted = uncond + np.float32(guidance) * (cond - uncond)
@@ -156,7 +263,7 @@ class Pipeline:
             return x
         start = time.perf_counter()
         latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(np.float32)
-        decoded = self.sessions["vae_decoder"].run({"latent_sample": latent})["sample"]
+        decoded = self._vae("vae_decoder", "latent_sample", "sample", latent)
         self.timings["decode"] = time.perf_counter() - start
         return to_image(decoded)
 
@@ -192,9 +299,24 @@ class Pipeline:
 
     def _encode_image(self, image: np.ndarray, height: int, width: int) -> np.ndarray:
         pixels = to_nchw(image, height, width, "image") * 2 - 1
-        moments = self.session("vae_encoder").run({"sample": pixels.astype(np.float32)})["latent_parameters"]
+        moments = self._vae("vae_encoder", "sample", "latent_parameters", pixels.astype(np.float32))
         mean = moments[:, : moments.shape[1] // 2]
         return ((mean - np.float32(self.assets.vae_shift_factor)) * np.float32(self.assets.vae_scaling_factor)).astype(np.float32)
+
+    def _vae(self, component: str, input_name: str, output_name: str, x: np.ndarray) -> np.ndarray:
+        """One VAE run, in tiles when tiling is on and `x` is larger than a tile."""
+        from . import tiles
+
+        self._stage((component,))
+        session = self.session(component)
+        run = lambda part: session.run({input_name: part})[output_name]  # noqa: E731
+        tiling = self.vae_tiling
+        tile = None if tiling is None else tiling.latent if component == "vae_decoder" else tiling.sample
+        if tile is None or not tiles.needed(x.shape, tile):
+            return run(x)
+        bounds = session.artifact.profile.get(input_name)
+        min_tile = max(bounds["min"][2:]) if bounds else 1
+        return (tiles.decode if component == "vae_decoder" else tiles.encode)(run, x, tiling, min_tile)
 
     def _added_conditioning(self, height, width, original_size, crops, target_size, aesthetic, negative_aesthetic,
                             text: TextConditioning, use_guidance: bool) -> dict[str, np.ndarray]:
@@ -224,6 +346,8 @@ def _read_embeddings(embeddings, assets: ModelAssets) -> list:
 
     if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
         raise ConfigError(f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]')
+    if embeddings and assets.family.joint_text is not None:
+        raise ConfigError(f"textual-inversion embeddings are not supported for {assets.family.title} yet", hint="load it without embeddings=")
     return [read_embedding(item, assets.text_widths) for item in embeddings or ()]
 
 
@@ -239,8 +363,13 @@ def _fetch_assets(name: str, store: str | None, device: str, version: str | None
     return folder
 
 
-def _components(family, controlnet: bool) -> list[str]:
-    names = list(family.text_encoders)
+def _components(assets: ModelAssets, controlnet: bool) -> list[str]:
+    family = assets.family
+    names = [name for name in family.text_encoders if name in assets.components]  # SD3 may ship without T5
+    if family.denoiser == "transformer":
+        if controlnet:
+            raise ConfigError(f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True")
+        return names + ["transformer", "vae_decoder"]
     if controlnet:
         if not family.is_controlnet:
             raise ConfigError(f"{family.title} has no ControlNet in this model", hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)")

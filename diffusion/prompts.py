@@ -17,6 +17,7 @@ from .embeddings import AddedRows, Embedding, expand
 class TextConditioning:
     hidden: np.ndarray  # [batch, 77, cross_attention_dim]
     pooled: np.ndarray | None  # [batch, pooled_width] (SDXL's text_embeds), or None
+    mask: np.ndarray | None = None  # [batch, text tokens] the transformer's text mask (Chroma), or None
 
 
 class PromptEncoder:

@@ -26,7 +26,9 @@ def load(ref: str, precision: str | None = None, device: str = "auto", store: st
     store: a store URL (default ENGINEFARM_STORE). recipe=PATH lets it compile here when nothing stored fits.
     channel="stable", trusted_root=PATH (the channel's root.json, shipped with the app): load only what the
     maintainers released and signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT).
-    weights: a custom checkpoint (.safetensors, the base checkpoint's names); loras: [(path, strength), ...].
+    weights: a custom checkpoint (.safetensors): the base checkpoint's names, or a whole-model file as model sites
+    ship it (SD 1.x/2.x original layout, SDXL SGM layout, a VAE), of which the component takes its part;
+    loras: [(path, strength), ...].
     progress=callable(str) receives progress messages.
     """
     from enginefarm.runner.load import load as _load

@@ -37,6 +37,7 @@ def _bytes(raw: str) -> int:
 @click.argument("source", type=_PATH)
 @click.option("--out", required=True, type=_PATH, help="The folder to write (must be new or empty, unless --overwrite).")
 @click.option("--name", help="The model name in the recipe (default: SOURCE's folder name).")
+@click.option("--base", type=_PATH, help="With a single-file SOURCE: the base model's diffusers folder (configs, tokenizers, scheduler).")
 @click.option("--controlnet", type=_PATH, help="A ControlNet folder to export with the pipeline, as one model of its ControlNet family.")
 @click.option("--targets", default="openvino:cpu,onnxruntime:cpu", show_default=True, metavar="T,…", help="The recipe's targets.")
 @click.option("--precisions", default="fp32,fp16", show_default=True, metavar="P,…", help="The recipe's precisions.")
@@ -45,19 +46,20 @@ def _bytes(raw: str) -> int:
 @click.option("--external-data-above", default="2G", show_default=True, metavar="SIZE",
               help="Write weights to <component>.onnx.data above this size (protobuf cannot hold 2 GiB in one file).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it holds something (only once the new export passed its checks).")
-def export_cmd(source, out, name, controlnet, targets, precisions, batch, latent, external_data_above, overwrite):
+def export_cmd(source, out, name, base, controlnet, targets, precisions, batch, latent, external_data_above, overwrite):
     """Export the diffusers pipeline folder SOURCE (model_index.json) to ONNX, one file per component, each checked
     against torch on ONNX Runtime at two shapes, with its checkpoint (safetensors, diffusers names), the assets a
     runtime needs (tokenizers, scheduler, configs) and recipe.toml, which `enginefarm build` builds.
 
-    SOURCE may also be a standalone ControlNet folder (config.json): only `controlnet` is exported then."""
+    SOURCE may also be a standalone ControlNet folder (config.json): only `controlnet` is exported then; or a
+    single-file checkpoint (SD 1.x/2.x original layout, SDXL SGM layout) or VAE file, over --base DIR."""
     from enginefarm.cli_console import RichProgress, console
     from enginefarm.export import export_model
 
     with RichProgress() as progress:
         result = export_model(source, out, name, progress, controlnet=controlnet, targets=_items(targets), precisions=_items(precisions),
                               batch=_triple("--batch", batch), latent=_triple("--latent", latent),
-                              external_data_above=_bytes(external_data_above), overwrite=overwrite)
+                              external_data_above=_bytes(external_data_above), overwrite=overwrite, base=base)
     from rich.table import Table
 
     table = Table(title=f"{result.name}: {result.family.id} ({result.family.title}), {result.seconds:.1f} s")

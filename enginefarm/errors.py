@@ -92,6 +92,10 @@ class WeightsError(EnginefarmError, ValueError):
     """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""
 
 
+class SessionClosed(EnginefarmError, RuntimeError):
+    """A session (or pipeline) was closed and then used: its memory was already given back."""
+
+
 class DiskFullError(EnginefarmError, OSError):
     """Not enough free space for a write: `need` bytes at `path` (checked before a fetch, or a write hit ENOSPC).
     Whatever was half-written is removed; nothing already stored or cached is harmed."""

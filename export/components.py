@@ -7,13 +7,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from enginefarm.families import Component
+from enginefarm.families import ADDED_EMBEDS, Component
 
 from .source import ExportSource
 
 log = logging.getLogger(__name__)
 
-_DIFFUSERS_CLASSES = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel"}
+_DIFFUSERS_CLASSES = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel", "transformer": "SD3Transformer2DModel"}
+
+
+# Transformers whose export packs latents into 2x2 patches inside the graph (export/flux.py).
+PACKED_TRANSFORMERS = ("FluxTransformer2DModel", "ChromaTransformer2DModel")
 
 
 class Loaded:
@@ -53,7 +57,11 @@ def _load(source: ExportSource, folder: str):
     else:
         import diffusers
 
-        model = getattr(diffusers, _DIFFUSERS_CLASSES[folder]).from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
+        # The pipeline's model_index.json names each folder's class (SD3Transformer2DModel, FluxTransformer2DModel…)
+        library, cls_name = source.model_index.get(folder) or [None, None]
+        if library != "diffusers" or not hasattr(diffusers, cls_name or ""):
+            cls_name = _DIFFUSERS_CLASSES[folder]
+        model = getattr(diffusers, cls_name).from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
     return model.eval()
 
 
@@ -65,30 +73,47 @@ def wrap(component: Component, model, family_time_ids: int):
     output_names = [t.name for t in component.outputs]
 
     class TextEncoder(torch.nn.Module):
-        """SD 1.x/2.x read the last layer (`last_hidden_state`); SDXL reads the penultimate hidden states and the
-        pooled projection (`text_embeds`, CLIPTextModelWithProjection).
+        """Each output by its name: `last_hidden_state` (SD 1.x/2.x's CLIP, T5), `hidden_states` (the penultimate
+        layer: SDXL, SD3), `text_embeds` (CLIPTextModelWithProjection's pooled projection), `pooler_output`
+        (CLIPTextModel's pooled state: Flux).
 
-        Ids past the token table (textual-inversion tokens the pipeline added) take their row from `added_embeds`:
-        the table's lookup sees them clamped, and its result is replaced at those positions. The model itself
-        still sees the ids, so the pooled output picks its token as transformers does with a grown table."""
+        The CLIP encoders take `added_embeds`: ids past the token table (textual-inversion tokens the pipeline added)
+        take their row from it; the table's lookup sees them clamped, and its result is replaced at those positions.
+        The model itself still sees the ids, so the pooled output picks its token as transformers does with a grown
+        table. Chroma's T5 takes the tokenizer's `attention_mask` instead; the other T5s read ids alone."""
 
         def __init__(self) -> None:
             super().__init__()
             self.model = model
-            table = model.get_input_embeddings()
-            self.rows = table.num_embeddings
+            self.second = component.inputs[1].name if len(component.inputs) > 1 else None
             self._ids = self._added = None
-            table.register_forward_pre_hook(lambda _, args: (args[0].clamp(0, self.rows - 1), *args[1:]))
-            table.register_forward_hook(lambda _, args, out: torch.where((self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out))
+            if self.second == ADDED_EMBEDS:
+                table = model.get_input_embeddings()
+                self.rows = table.num_embeddings
+                table.register_forward_pre_hook(lambda _, args: (args[0].clamp(0, self.rows - 1), *args[1:]))
+                table.register_forward_hook(lambda _, args, out: torch.where((self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out))
 
-        def forward(self, input_ids, added_embeds):
-            penultimate = "hidden_states" in output_names
-            self._ids, self._added = input_ids, added_embeds
-            out = self.model(input_ids=input_ids, output_hidden_states=penultimate)
-            results = [out.hidden_states[-2] if penultimate else out.last_hidden_state]
-            if "text_embeds" in output_names:
-                results.append(out.text_embeds)
+        def forward(self, input_ids, *second):
+            extra = {}
+            if self.second == ADDED_EMBEDS:
+                self._ids, self._added = input_ids, second[0]
+            elif self.second == "attention_mask":
+                extra["attention_mask"] = second[0]
+            out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names, **extra)
+            results = [out.hidden_states[-2] if name == "hidden_states" else getattr(out, name) for name in output_names]
             return tuple(results) if len(results) > 1 else results[0]
+
+    class Transformer(torch.nn.Module):
+        """A diffusion transformer (SD3's MMDiT, Flux, Chroma): the family table names its inputs as the model's
+        forward names its arguments, so they are passed by name; the first output is the prediction."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.names = [t.name for t in component.inputs]
+
+        def forward(self, *args):
+            return self.model(**dict(zip(self.names, args)), return_dict=False)[0]
 
     class Denoiser(torch.nn.Module):
         """The UNet (plain, or taking ControlNet residuals) and the ControlNet itself. SDXL's added conditioning
@@ -133,7 +158,13 @@ def wrap(component: Component, model, family_time_ids: int):
         def forward(self, sample):
             return self.model.encode(sample, return_dict=False)[0].parameters
 
-    wrapper = {"text_encoder": TextEncoder, "unet": Denoiser, "unet_controlnet": Denoiser, "controlnet": Denoiser,
+    if kind == "transformer" and type(model).__name__ in PACKED_TRANSFORMERS:
+        from .flux import chroma_module, flux_module
+
+        if type(model).__name__ == "ChromaTransformer2DModel":
+            return chroma_module(model)
+        return flux_module(model, guidance=any(t.name == "guidance" for t in component.inputs))
+    wrapper = {"text_encoder": TextEncoder, "transformer": Transformer, "unet": Denoiser, "unet_controlnet": Denoiser, "controlnet": Denoiser,
                "vae_decoder": VaeDecoder, "vae_encoder": VaeEncoder}[kind]
     return wrapper().eval()
 
@@ -147,7 +178,17 @@ SHARED_CHECKPOINTS = {"unet_controlnet": "unet"}
 def checkpoint_tensors(component: Component, model) -> dict:
     prefixes = _CHECKPOINT_PREFIXES.get(component.kind)
     state = model.state_dict()
-    return {k: v.detach().contiguous() for k, v in state.items() if prefixes is None or k.startswith(prefixes)}
+    tensors, seen = {}, set()
+    for key, value in state.items():
+        if prefixes is None or key.startswith(prefixes):
+            value = value.detach().contiguous()
+            # Tied weights (T5's shared embedding and encoder.embed_tokens) are one storage; safetensors wants each
+            # name to own its bytes, and every name stays, as the state_dict has it.
+            if value.data_ptr() in seen:
+                value = value.clone()
+            seen.add(value.data_ptr())
+            tensors[key] = value
+    return tensors
 
 
 def write_checkpoint(component: Component, model, path: Path) -> Path:

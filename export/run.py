@@ -3,6 +3,7 @@ staging folder beside the output and moved into place only when every component 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,13 +19,13 @@ from enginefarm.families import Family, input_ranges
 
 from . import recipe as recipes
 from .check import Shape, check_contract, compare_with_torch, example_inputs
-from .components import SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
 from .source import ExportSource, read_source
 
 log = logging.getLogger(__name__)
 
-ASSET_FOLDERS = ("tokenizer", "tokenizer_2")
+ASSET_FOLDERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
 EXPORT_MODULES = ("torch", "diffusers", "transformers", "safetensors", "onnx", "onnxruntime")
 
 
@@ -52,13 +53,17 @@ class ExportResult:
 def export_model(source: Path, out: Path, name: str | None = None, progress: ProgressLike = None, *, controlnet: Path | None = None,
                  targets=recipes.DEFAULT_TARGETS, precisions=recipes.DEFAULT_PRECISIONS, batch: tuple[int, int, int] | None = None,
                  latent: tuple[int, int, int] | None = None, external_data_above: int = EXTERNAL_DATA_ABOVE,
-                 overwrite: bool = False) -> ExportResult:
+                 overwrite: bool = False, base: Path | None = None, origin: str | None = None) -> ExportResult:
     """Export the diffusers pipeline (or standalone ControlNet) folder `source` to `out`: `<component>.onnx` (and
     `.onnx.data` for weights above `external_data_above` bytes), `<component>.safetensors`, `assets/`, `recipe.toml`.
     `controlnet`: a ControlNet folder exported with the pipeline as one model of the ControlNet family. `batch`
     and `latent` (min, opt, max) replace the family's profile ranges. Nothing is written to `out` unless every
-    component matches torch on ONNX Runtime."""
+    component matches torch on ONNX Runtime. `source` may be a single-file checkpoint (or VAE file) as model sites ship
+    it: `base`, the base model's diffusers folder, gives configs, tokenizers and the names its weights take."""
     started = time.monotonic()
+    if Path(source).is_file() or base is not None:
+        return _export_single_file(Path(source), base, Path(out), name, progress, controlnet=controlnet, targets=targets, precisions=precisions,
+                                   batch=batch, latent=latent, external_data_above=external_data_above, overwrite=overwrite)
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
     _check_recipe_choices(tuple(targets), tuple(precisions))
     check_shapes(found, latent)
@@ -79,7 +84,7 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
             if component in checkpoints and shared in checkpoints:
                 checkpoints[component] = checkpoints[shared]
         text = recipes.recipe_text(found, name, checkpoints, targets=tuple(targets), precisions=tuple(precisions), batch=batch, latent=latent,
-                                   origin=str(source) + (f" with ControlNet {controlnet}" if controlnet else ""))
+                                   origin=(origin or str(source)) + (f" with ControlNet {controlnet}" if controlnet else ""))
         (staging / "recipe.toml").write_text(text)
         _check_recipe(staging / "recipe.toml")
         _usual_permissions(staging)
@@ -90,6 +95,25 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     moved = tuple(ComponentExport(c.name, out / c.onnx.name, c.external_data, c.size, c.seconds, c.deviations,
                                   out / c.checkpoint.name if c.checkpoint else None) for c in done)
     return ExportResult(found.family, name, out, out / "recipe.toml", moved, time.monotonic() - started)
+
+
+def _export_single_file(source: Path, base: Path | None, out: Path, name: str | None, progress, **options) -> ExportResult:
+    from enginefarm.weights.single_file import same_family
+
+    from .single_file import stage
+
+    if base is None or not source.is_file():
+        raise ConfigError(f"{source}: a single-file checkpoint is exported with --base DIR (the base model's diffusers folder)"
+                          if base is None else f"--base is for a single-file SOURCE; {source} is not a file",
+                          hint="enginefarm export model.safetensors --base BASE_FOLDER --out OUT")
+    same_family(source, read_source(Path(base), options.get("controlnet")).family.id)  # a file for another family: one line
+    out.parent.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.single-file-", dir=out.parent))
+    try:
+        staged = stage(source, Path(base), holder / "pipeline")
+        return export_model(staged, out, name or source.stem, progress, origin=f"{source} over {base}", **options)
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
 
 
 def _require_export_modules() -> None:
@@ -110,9 +134,23 @@ def _require_export_modules() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def _tracing(model):
+    """What the tracer needs patched for this model while it exports (Flux's and Chroma's, export/flux.py)."""
+    if type(model).__name__ in PACKED_TRANSFORMERS:
+        from .flux import traceable_flux
+
+        return traceable_flux()
+    return contextlib.nullcontext()
+
+
 def latent_multiple(found: ExportSource) -> int:
-    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families). The traced graph
-    fixes how each level upsamples, so other sizes would not come out right."""
+    """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families), or a transformer's
+    patch size (2). The traced graph fixes how each level upsamples, so other sizes would not come out right."""
+    if "transformer" in found.configs:
+        transformer = found.configs["transformer"]
+        # Flux and Chroma (patch_size 1 in their configs) are fed 2x2 patches of the latent, packed in the graph
+        packed = 2 if transformer.get("_class_name") in PACKED_TRANSFORMERS else 1
+        return int(transformer.get("patch_size", 1)) * packed
     denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
@@ -123,7 +161,7 @@ def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None) -> tu
     ranges = latent or found.family.latent_range
     step = latent_multiple(found)
     if any(n % step for n in ranges):
-        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the UNet's downsampling",
+        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
                           hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)")
     opt = ranges[1]
     return Shape(2, opt, opt), Shape(1, max(step, opt - step), opt + step)
@@ -163,7 +201,8 @@ def _export_components(found: ExportSource, staging: Path, report, *, batch, lat
         ranges = input_ranges(family, component, sizes, found.vae_scaling_factor)
         cases = [(shape, example_inputs(inputs, ranges, shape, family.vae_scale_factor, seed)) for seed, shape in enumerate(shapes)]
         path = staging / f"{component_name}.onnx"
-        external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
+        with _tracing(model):
+            external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
         check_contract(path, component_name, inputs, outputs)
         deviations = compare_with_torch(path, component_name, module, cases, outputs, family.vae_scale_factor)
         checkpoint = None
@@ -197,7 +236,8 @@ def _copy_assets(found: ExportSource, assets: Path) -> None:
             (assets / folder).mkdir(exist_ok=True)
             (assets / folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     description = {"family": found.family.id, "components": list(found.components), "sizes": asdict(found.sizes),
-                   "vae_scaling_factor": found.vae_scaling_factor, "prediction_type": found.prediction_type,
+                   "vae_scaling_factor": found.vae_scaling_factor, "vae_shift_factor": found.family.shift_factor(found.configs.get("vae")),
+                   "prediction_type": found.prediction_type,
                    "latent_multiple": latent_multiple(found)}
     (assets / "family.json").write_text(json.dumps(description, indent=2) + "\n")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from enginefarm.errors import ConfigError, SourceError
 from enginefarm.families import Family, Sizes, controlnet_residuals, detect_family, with_controlnet
 
-CONFIG_FOLDERS = ("text_encoder", "text_encoder_2", "unet", "vae", "controlnet")
+CONFIG_FOLDERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae", "controlnet")
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,18 @@ class ExportSource:
         """What this export writes: the family's components, or only the ControlNet from a standalone folder."""
         if self.pipeline is None:
             return ("controlnet",)
-        return self.family.component_names
+        return tuple(c.name for c in self.family.components if c.name not in self.family.optional or _present(self.model_index.get(c.folder)))
 
     def folder(self, name: str) -> Path:
         """The folder a diffusers component (unet, vae, controlnet…) loads from."""
         if name == "controlnet":
             return self.controlnet
         return self.pipeline / name
+
+
+def _present(entry: object) -> bool:
+    """model_index.json lists a component a model ships without as [null, null]."""
+    return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
 
 
 def _read_json(path: Path) -> dict:
@@ -84,7 +89,8 @@ def read_source(source: Path, controlnet: Path | None = None) -> ExportSource:
             raise ConfigError(f"the ControlNet in {controlnet} is for {cn_family.title}, the pipeline in {source} is {family.title}",
                               hint="pair a ControlNet with a pipeline of its base family")
         cn_folder = controlnet
-    missing = [c.folder for c in family.components if not (source / c.folder).is_dir() and c.folder != "controlnet"]
+    shipped = [c for c in family.components if c.name not in family.optional or _present(model_index.get(c.folder))]
+    missing = [c.folder for c in shipped if not (source / c.folder).is_dir() and c.folder != "controlnet"]
     if cn_folder is not None and not cn_folder.is_dir():
         missing.append(str(cn_folder))
     if missing:
@@ -111,6 +117,10 @@ def _with_sizes(family: Family, pipeline: Path | None, controlnet: Path | None, 
 
 def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
     """The sizes the configs decide, checked against each other where two configs say the same thing."""
+    if family.denoiser == "transformer":
+        from .transformer_sizes import transformer_sizes
+
+        return transformer_sizes(family, configs)
     denoiser = configs.get("unet") or configs["controlnet"]
     encoders = [configs[name] for name in family.text_encoders if name in configs]
     widths = tuple(int(c["hidden_size"]) for c in encoders)

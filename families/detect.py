@@ -53,6 +53,15 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
         return with_controlnet(base)
     if cls in FAMILIES["controlnet-sdxl"].pipelines:
         return FAMILIES["controlnet-sdxl"]
+    if cls in FAMILIES["sd3"].pipelines:
+        # SD3.5 normalizes attention queries and keys (qk_norm); Medium also has dual attention layers.
+        transformer = configs.get("transformer", {})
+        return FAMILIES["sd3.5" if transformer.get("qk_norm") or transformer.get("dual_attention_layers") else "sd3"]
+    if cls in FAMILIES["flux"].pipelines:
+        # dev is guidance-distilled (the scale is a transformer input); schnell is timestep-distilled, without one.
+        return FAMILIES["flux" if configs.get("transformer", {}).get("guidance_embeds") else "flux-schnell"]
+    if cls in FAMILIES["chroma"].pipelines:
+        return FAMILIES["chroma"]
     raise ConfigError(f"unknown model family: model_index.json's _class_name is {cls!r}",
                       hint=f"supported pipelines: {', '.join(sorted({p for f in FAMILIES.values() for p in f.pipelines}))}")
 

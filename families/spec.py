@@ -48,6 +48,12 @@ class Sizes:
     mid_residual: tuple[int, int] = (0, 0)
     vocab_size: int = 49408
     num_train_timesteps: int = 1000
+    # Transformer families: each text encoder's token count (T5's is the pipeline's choice: SD3 256, Flux dev 512;
+    # empty: all CLIP's 77), each encoder's vocabulary, and the tokens of the transformer's text input.
+    text_lengths: tuple[int, ...] = ()
+    vocab_sizes: tuple[int, ...] = ()
+    projection_widths: tuple[int, ...] = ()  # each encoder's pooled output (SD3: CLIP-L 768, CLIP-G 1280; 0: none)
+    context_tokens: int = TOKENS
 
     @classmethod
     def from_json(cls, data: dict) -> "Sizes":
@@ -58,6 +64,10 @@ class Sizes:
     def value(self, name: str, component: "Component") -> int:
         if name == "text_width":
             return self.text_widths[component.text_index]
+        if name == "text_length":
+            return self.text_lengths[component.text_index] if self.text_lengths else TOKENS
+        if name == "projection_width":
+            return self.projection_widths[component.text_index]
         if name == "latent_moments":  # the VAE encoder's mean and log-variance, stacked on the channel axis
             return 2 * self.latent_channels
         return getattr(self, name)
@@ -81,7 +91,8 @@ def controlnet_residuals(block_out_channels: tuple[int, ...] | list[int], layers
 class Component:
     """One ONNX model of a family. `name` is its file (`<name>.onnx`), recipe component and artifact name;
     `folder` the diffusers subfolder its weights come from; `kind` what it is (text_encoder, unet, unet_controlnet,
-    controlnet, vae_decoder, vae_encoder; later transformer…)."""
+    controlnet, transformer, vae_decoder, vae_encoder). `tokenizer`: for a text encoder, which tokenizer feeds it
+    ("clip": CLIP BPE from vocab.json/merges.txt or tokenizer.json; "t5": T5 unigram from tokenizer.json)."""
 
     name: str
     kind: str
@@ -91,6 +102,7 @@ class Component:
     # The ControlNet residuals, added from Sizes.residuals: "inputs" (the UNet that takes them) or "outputs".
     residuals: str | None = None
     text_index: int = 0  # which text encoder (its width in Sizes.text_widths)
+    tokenizer: str = "clip"
     precisions: tuple[str, ...] | None = None  # None: whatever the export asks for
     precisions_reason: str = ""  # why `precisions` is limited, for the recipe's comment
     fp16_keep_fp32: tuple[str, ...] = ()
@@ -126,6 +138,21 @@ def residual_tensors(sizes: Sizes, down: str, mid: str) -> tuple[Tensor, ...]:
 
 
 @dataclass(frozen=True)
+class JointText:
+    """How a transformer family's text conditioning is assembled from its encoders' outputs (each encoder's
+    3-dim output is its hidden states, its 2-dim one its pooled embedding):
+    - `width`: hidden states side by side on the feature axis, zero-padded to the transformer's text width (SD3's
+      CLIP-L and CLIP-G);
+    - `tokens`: hidden states appended on the token axis after those (SD3's T5; Flux's and Chroma's T5 alone);
+    - `pooled`: pooled embeddings side by side (SD3: both CLIPs; Flux: CLIP-L).
+    An encoder a model ships without (SD3 without T5) gives zeros of its shape, as diffusers does."""
+
+    width: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
+    pooled: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     """Everything the exporter, custom weights and the runtime pipelines need to know about one model family."""
 
@@ -149,10 +176,26 @@ class Family:
     batch_range: tuple[int, int, int] = (1, 2, 4)  # text and denoising: opt 2 is classifier-free guidance
     vae_batch_range: tuple[int, int, int] = (1, 1, 2)
     notes: tuple[str, ...] = field(default=())
+    # Transformer families (a `transformer` component instead of a `unet`):
+    joint_text: JointText | None = None  # how the prompt becomes the transformer's text inputs
+    vae_shift_factor: float = 0.0  # the default; a model's vae/config.json `shift_factor` wins
+    optional: tuple[str, ...] = ()  # components a model may ship without (SD3's T5): exported when present
+    guidance_scale: float = 7.5  # the pipeline's default classifier-free guidance
+    true_cfg: bool = True  # False: one transformer pass per step (Flux: dev's guidance is an input, schnell has none)
 
     def scaling_factor(self, vae_config: dict | None) -> float:
         """The VAE scaling factor: the model's vae/config.json `scaling_factor` when it has one, else the family's."""
         return float((vae_config or {}).get("scaling_factor", self.vae_scaling_factor))
+
+    def shift_factor(self, vae_config: dict | None) -> float:
+        """The VAE shift factor (latents are (x - shift) * scale): the model's vae/config.json when it says, else the family's."""
+        value = (vae_config or {}).get("shift_factor")
+        return float(self.vae_shift_factor if value is None else value)
+
+    @property
+    def denoiser(self) -> str:
+        """The kind of the denoising component: "transformer" (SD3, Flux, Chroma) or "unet"."""
+        return "transformer" if any(c.kind == "transformer" for c in self.components) else "unet"
 
     def prediction(self, scheduler_config: dict | None) -> str:
         """What the UNet predicts: the scheduler config's `prediction_type` when it says, else the family's."""
@@ -203,7 +246,8 @@ def input_ranges(family: Family, component: Component, sizes: Sizes, scaling_fac
 
     Symbolic bounds: "last_token" (vocab_size - 1), "last_timestep" (num_train_timesteps - 1), "native_pixels",
     "unscaled_latent" (±√3 / scaling_factor: latents of unit spread, as the pipeline divides them for the decoder)."""
-    symbols = {"last_token": sizes.vocab_size - 1, "last_timestep": sizes.num_train_timesteps - 1, "native_pixels": family.native_pixels,
+    vocab = sizes.vocab_sizes[component.text_index] if sizes.vocab_sizes and component.kind == "text_encoder" else sizes.vocab_size
+    symbols = {"last_token": vocab - 1, "last_timestep": sizes.num_train_timesteps - 1, "native_pixels": family.native_pixels,
                "unscaled_latent": round(3 ** 0.5 / scaling_factor, 2)}
     value = lambda v: -symbols[v[1:]] if isinstance(v, str) and v.startswith("-") else symbols[v] if isinstance(v, str) else v  # noqa: E731
     names = {t.name for t in component.io(sizes)[0]}

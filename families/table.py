@@ -1,11 +1,12 @@
 """The families, as data. Sizes are the real models' (from their published configs); an exported model's own
 configs decide its actual sizes (`Sizes`), so fine-tunes and the tests' tiny models use the same entries.
 
-Room is left for transformer families (SD3, Flux, Chroma): a new `kind` of component and a new entry here."""
+Transformer families (SD3, SD3.5; Flux and Chroma plug in the same way) have a `transformer` component, text
+encoders whose token counts differ (`Sizes.text_lengths`), and a `JointText` saying how the prompt is assembled."""
 
 from __future__ import annotations
 
-from .spec import TOKENS, Component, Family, Sizes, Tensor, controlnet_residuals
+from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals
 
 F32, I64 = "float32", "int64"
 ADDED_EMBEDS = "added_embeds"  # the text encoders' rows for added tokens (textual inversion)
@@ -61,6 +62,44 @@ def _controlnet(time_ids: int) -> Component:
     inputs = inputs[:3] + (Tensor("controlnet_cond", F32, IMAGE),) + inputs[3:]
     return Component("controlnet", "controlnet", "controlnet", inputs, (), residuals="outputs",
                      value_ranges=_DENOISER_RANGES + (("controlnet_cond", 0.0, 1.0),))
+
+
+# -- transformer families
+
+_TRANSFORMER_RANGES = (("hidden_states", -3.0, 3.0), ("timestep", 0, "last_timestep"), ("encoder_hidden_states", -2.0, 2.0),
+                       ("pooled_projections", -2.0, 2.0))
+
+
+def _t5(name: str, index: int) -> Component:
+    """T5's encoder: the pipelines read its last hidden state, at the pipeline's token count (a size, fixed in the
+    file). Trained T5 (v1.1, XXL) overflows fp16 in its feed-forward outputs, which random weights cannot show:
+    fp32 (or bf16 where a backend computes it) until a keep-list is proven on the real weights."""
+    return Component(name, "text_encoder", name, (Tensor("input_ids", I64, ("batch", "text_length")),),
+                     (Tensor("last_hidden_state", F32, ("batch", "text_length", "text_width")),), text_index=index, tokenizer="t5",
+                     value_ranges=(("input_ids", 0, "last_token"),), precisions=("fp32", "bf16"),
+                     precisions_reason="trained T5 overflows fp16 (feed-forward outputs past 65504)")
+
+
+def _clip_with_projection(name: str, index: int) -> Component:
+    """SD3: the penultimate hidden states and the pooled projection of each CLIP, whose widths are its own."""
+    outputs = (Tensor("hidden_states", F32, ("batch", TOKENS, "text_width")), Tensor("text_embeds", F32, ("batch", "projection_width")))
+    return _text_encoder(name, index, outputs)
+
+
+# The sinusoidal timestep embedding multiplies timesteps up to 1000 by frequencies up to 1: in fp16 (spacing 0.5 at
+# 1000) the sin/cos arguments are off by up to 0.25 radians. Kept fp32, the tiny SD3's fp16 image on ONNX Runtime went
+# from 5.8e-3 to 5.0e-3 of diffusers' (OpenVINO compresses weights itself; keep-lists do not apply there). The names
+# are diffusers' module paths, the same in the real models.
+_SD3_TIMESTEP_EMBEDDING = tuple(f"/model/time_text_embed/time_proj/{op}" for op in ("Unsqueeze", "Cast", "Mul", "Sin", "Cos"))
+
+
+def _sd3_transformer() -> Component:
+    """SD3Transformer2DModel: unpatched latents in and out (it patches and unpatches them itself)."""
+    inputs = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+              Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
+              Tensor("pooled_projections", F32, ("batch", "pooled_width")))
+    return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),),
+                     value_ranges=_TRANSFORMER_RANGES, fp16_keep_fp32=_SD3_TIMESTEP_EMBEDDING)
 
 
 def _vae(fp32_only: bool = False) -> tuple[Component, Component]:
@@ -134,4 +173,96 @@ CONTROLNET_SDXL = Family(
     pooled_output=SDXL.pooled_output, time_ids=6, controlnet="sdxl",
 )
 
-FAMILIES: dict[str, Family] = {f.id: f for f in (SD1, SD2, SD2_V, SDXL, SDXL_REFINER, CONTROLNET_SD1, CONTROLNET_SDXL)}
+# SD3 and SD3.5 share the pipeline class and the transformer class; 3.5 adds RMS-normalized attention (qk_norm) and,
+# in Medium, dual attention layers. Their ONNX contracts are the same: two entries so a model says what it is.
+_SD3_TEXT = JointText(width=("text_encoder", "text_encoder_2"), tokens=("text_encoder_3",), pooled=("text_encoder", "text_encoder_2"))
+_SD3_T5_TOKENS = 256  # the pipeline's max_sequence_length default
+
+SD3 = Family(
+    id="sd3", title="Stable Diffusion 3 (Medium)", pipelines=("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline"),
+    components=(_clip_with_projection("text_encoder", 0), _clip_with_projection("text_encoder_2", 1),
+                _t5("text_encoder_3", 2), _sd3_transformer(), *_vae()),
+    sizes=Sizes(text_widths=(768, 1280, 4096), cross_attention_dim=4096, latent_channels=16, pooled_width=2048,
+                text_lengths=(TOKENS, TOKENS, _SD3_T5_TOKENS), vocab_sizes=(49408, 49408, 32128),
+                projection_widths=(768, 1280, 0), context_tokens=TOKENS + _SD3_T5_TOKENS),
+    native_pixels=1024, pixel_range=(512, 1536), vae_scaling_factor=1.5305, vae_shift_factor=0.0609,
+    default_scheduler="FlowMatchEulerDiscreteScheduler", prediction_type="flow", text_encoders=("text_encoder", "text_encoder_2", "text_encoder_3"),
+    prompt_output="hidden_states", joint_text=_SD3_TEXT, optional=("text_encoder_3",), guidance_scale=7.0,
+)
+
+SD3_5 = Family(
+    id="sd3.5", title="Stable Diffusion 3.5 (Large, Medium)", pipelines=SD3.pipelines, components=SD3.components, sizes=SD3.sizes,
+    native_pixels=1024, pixel_range=(512, 1536), vae_scaling_factor=1.5305, vae_shift_factor=0.0609,
+    default_scheduler=SD3.default_scheduler, prediction_type="flow", text_encoders=SD3.text_encoders, prompt_output="hidden_states",
+    joint_text=_SD3_TEXT, optional=SD3.optional, guidance_scale=3.5,
+)
+
+# Flux.1 and Chroma: the transformer takes unpacked latents like SD3's; the export packs them into 2x2-patch
+# tokens and builds the position ids inside the graph (export/flux.py), so every dynamic dim is batch/height/width.
+# fp16: the sinusoidal timestep (and guidance) embeddings multiply t · 1000 by frequencies kept as fp16 constants,
+# which moves sin/cos by up to a radian; those scopes stay fp32 (Flux dev's tiny transformer: 1.0e-2 → 1.1e-3).
+_FLUX_T5_TOKENS = 512  # dev's max_sequence_length (schnell's model card uses 256, a size the export reads)
+_TIME_SCOPES = ("/model/time_text_embed/time_proj/",)
+
+
+def _flux_transformer(guidance: bool) -> Component:
+    inputs = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+              Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
+              Tensor("pooled_projections", F32, ("batch", "pooled_width")))
+    ranges = _TRANSFORMER_RANGES
+    if guidance:  # dev's distilled guidance: the scale is an input, embedded like the timestep
+        inputs += (Tensor("guidance", F32, ("batch",)),)
+        ranges += (("guidance", 1.0, 10.0),)
+    keep = _TIME_SCOPES + (("/model/time_text_embed/time_proj_1/",) if guidance else ())
+    return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),), value_ranges=ranges,
+                     fp16_keep_fp32=keep)
+
+
+def _chroma_transformer() -> Component:
+    """Chroma: T5 alone, no pooled text; `attention_mask` over the text tokens (the image tokens are appended attended)."""
+    inputs = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+              Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
+              Tensor("attention_mask", F32, ("batch", "context_tokens")))
+    return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),),
+                     value_ranges=_TRANSFORMER_RANGES + (("attention_mask", 0.0, 1.0),),
+                     fp16_keep_fp32=_TIME_SCOPES + ("/model/time_text_embed/guidance_proj/",))
+
+
+def _t5_masked(name: str, index: int) -> Component:
+    """Chroma's T5 reads the tokenizer's attention mask (Flux's and SD3's do not)."""
+    plain = _t5(name, index)
+    return Component(name, "text_encoder", name, plain.inputs + (Tensor("attention_mask", I64, ("batch", "text_length")),), plain.outputs,
+                     text_index=index, tokenizer="t5", value_ranges=plain.value_ranges + (("attention_mask", 0, 1),),
+                     precisions=plain.precisions, precisions_reason=plain.precisions_reason)
+
+
+_FLUX_CLIP = _text_encoder("text_encoder", 0, (Tensor("pooler_output", F32, ("batch", "text_width")),))
+_FLUX_SIZES = Sizes(text_widths=(768, 4096), cross_attention_dim=4096, latent_channels=16, pooled_width=768, text_lengths=(TOKENS, _FLUX_T5_TOKENS),
+                    vocab_sizes=(49408, 32128), projection_widths=(768, 0), context_tokens=_FLUX_T5_TOKENS)
+_FLUX_COMMON = dict(native_pixels=1024, pixel_range=(512, 1536), vae_scaling_factor=0.3611, vae_shift_factor=0.1159,
+                    default_scheduler="FlowMatchEulerDiscreteScheduler", prediction_type="flow")
+
+FLUX = Family(
+    id="flux", title="Flux.1 dev", pipelines=("FluxPipeline", "FluxImg2ImgPipeline"),
+    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=True), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
+    text_encoders=("text_encoder", "text_encoder_2"), prompt_output="last_hidden_state",
+    joint_text=JointText(tokens=("text_encoder_2",), pooled=("text_encoder",)), guidance_scale=3.5, true_cfg=False, batch_range=(1, 1, 4),
+)
+
+FLUX_SCHNELL = Family(
+    id="flux-schnell", title="Flux.1 schnell", pipelines=FLUX.pipelines,
+    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
+    text_encoders=FLUX.text_encoders, prompt_output="last_hidden_state", joint_text=FLUX.joint_text, guidance_scale=0.0, true_cfg=False,
+    batch_range=(1, 1, 4),
+)
+
+CHROMA = Family(
+    id="chroma", title="Chroma", pipelines=("ChromaPipeline", "ChromaImg2ImgPipeline"),
+    components=(_t5_masked("text_encoder", 0), _chroma_transformer(), *_vae()),
+    sizes=Sizes(text_widths=(4096,), cross_attention_dim=4096, latent_channels=16, text_lengths=(_FLUX_T5_TOKENS,), vocab_sizes=(32128,),
+                projection_widths=(0,), context_tokens=_FLUX_T5_TOKENS), **_FLUX_COMMON,
+    text_encoders=("text_encoder",), prompt_output="last_hidden_state", joint_text=JointText(tokens=("text_encoder",)), guidance_scale=5.0,
+)
+
+FAMILIES: dict[str, Family] = {f.id: f for f in (SD1, SD2, SD2_V, SDXL, SDXL_REFINER, CONTROLNET_SD1, CONTROLNET_SDXL, SD3, SD3_5,
+                                                 FLUX, FLUX_SCHNELL, CHROMA)}

@@ -9,15 +9,20 @@ import numpy as np
 
 from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
 from enginefarm.builder.weightmap import WeightMap, same_as_base
+from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import WeightsError
 
 ABSURD = 1e6  # no trained weight comes near this magnitude; a value past it is a broken file, and overflows at run time
 
 
-def read_checkpoint(path: Path, wmap: WeightMap) -> dict[str, np.ndarray]:
+def read_checkpoint(path: Path, wmap: WeightMap, manifest: Manifest) -> dict[str, np.ndarray]:
     """The custom checkpoint's tensors the map places, by the base's names (`WeightMap.own_name`). Everything wrong is
-    raised at once, as one line, before anything is merged, compiled or cached."""
-    st = SafeTensors(path)
+    raised at once, as one line, before anything is merged, compiled or cached. A whole-model file (single-file
+    checkpoint, VAE) gives this component its own part, in diffusers names."""
+    from enginefarm.weights.single_file import component_part
+
+    part = component_part(path, manifest.component, manifest.ref, {n: m.shape for n, m in wmap.mapped.items()}, wmap.names)
+    st = part if part is not None else SafeTensors(path)
     problems, foreign, out, seen = [], 0, {}, {}
     for name in st.names:
         entry, own = st.entries[name], wmap.own_name(name)

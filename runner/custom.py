@@ -20,7 +20,6 @@ import numpy as np
 from enginefarm.backends.base import BuiltFile, Feature
 from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map
-from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.locks import file_lock
@@ -33,7 +32,7 @@ from .lora import LoraLayer, read_lora
 
 log = logging.getLogger(__name__)
 
-MAX_STRENGTH = 100.0  # past this a LoRA only adds overflow: 1e308 · delta is Inf in float32
+MAX_STRENGTH = 100.0  # far past any useful strength; 1e308 would only turn every merged weight into Inf
 REFIT_FILE = "refit.safetensors"  # a refit stack's cached merged weights, by ONNX initializer name
 
 
@@ -69,9 +68,10 @@ def _pair(item) -> tuple[str | Path, float]:
         strength = float(strength)
     except (TypeError, ValueError):
         raise ConfigError(f"LoRA {item!r} is not (path, strength)", hint='loras=[("a.safetensors", 0.8), ...]') from None
-    if not math.isfinite(strength) or abs(strength) > MAX_STRENGTH:
-        raise ConfigError(f"LoRA {path}: strength {strength:g} is not a finite number within ±{MAX_STRENGTH:g}",
-                          hint="LoRA strengths are usually between -2 and 2")
+    if not math.isfinite(strength):
+        raise ConfigError(f"LoRA {path}: strength {strength} is not a finite number", hint="strengths are usually between -2 and 2")
+    if abs(strength) > MAX_STRENGTH:
+        raise ConfigError(f"LoRA {path}: strength {strength:g} is beyond ±{MAX_STRENGTH:g}", hint="strengths are usually between -2 and 2")
     return path, strength
 
 
@@ -91,8 +91,23 @@ def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: 
     check_stackable(backend, manifest)  # before any merging or caching
     if backend.has(Feature.REFIT):
         return _refit(stack, stack_key(manifest.build_key, stack), wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
+    if backend.has(Feature.WEIGHTS_AT_LOAD):
+        return _at_load(stack, wmap, backend, artifact_dir, manifest, custom, loras, report)
     patched, path, how = patched_artifact(stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras))
     return Applied(backend.load(path, patched, device), patched, how)
+
+
+def _at_load(stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras, report: Progress) -> Applied:
+    """The changed weights merged in memory and given to the backend as the session opens: every combination costs
+    a merge and a load, and no cache space."""
+    report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision} in memory")
+    started = time.perf_counter()
+    weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
+    session = backend.load_with_weights(artifact_dir, manifest, weights, manifest.parsed_target.device)
+    log.info("%d weights applied at load in %.2f s", len(weights), time.perf_counter() - started)
+    key = stack_key(manifest.build_key, stack)
+    return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}),
+                   "applied in memory at load (nothing cached)")
 
 
 def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress,
@@ -117,7 +132,7 @@ def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):
     if wmap is None:
         raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
                            hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
-    return (wmap, *_read(stack, wmap))
+    return (wmap, *_read(stack, wmap, manifest))
 
 
 def check_stackable(backend, manifest: Manifest) -> None:
@@ -164,8 +179,10 @@ def stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, bu
 
 
 def stack_key(base_key: str, stack: Stack) -> str:
-    return build_key({"base": base_key, "weights": sha256_file(stack.weights) if stack.weights else None,
-                      "loras": [[sha256_file(p), s] for p, s in stack.loras if s != 0]})
+    from enginefarm.weights.single_file import digest  # hashed once per process: every component of a pipeline asks
+
+    return build_key({"base": base_key, "weights": digest(stack.weights) if stack.weights else None,
+                      "loras": [[digest(p), s] for p, s in stack.loras if s != 0]})
 
 
 def describe(stack: Stack) -> str:
@@ -178,15 +195,16 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
             "loras": [[str(p), s] for p, s in stack.loras]}
 
 
-def _read(stack: Stack, wmap: WeightMap) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
-    custom = read_checkpoint(stack.weights, wmap) if stack.weights is not None else {}
-    return custom, [(read_lora(path, wmap), strength) for path, strength in stack.loras]
+def _read(stack: Stack, wmap: WeightMap, manifest: Manifest) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
+    custom = read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
+    return custom, [(read_lora(path, wmap, manifest.component), strength) for path, strength in stack.loras]
 
 
 def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],
                    loras: list[tuple[list[LoraLayer], float]], *, every: bool) -> dict[str, np.ndarray]:
-    """New values by ONNX initializer (float32, ONNX layout): W' = W + Σ strength · (alpha / rank) · up @ down,
-    W being the custom tensor or the artifact's own. `every`: all weights the map covers, unchanged ones too."""
+    """New values by ONNX initializer (float32, ONNX layout): each LoRA layer merged in stack order (W + strength ·
+    scale · ΔW; DoRA rescales the sum), W being the custom tensor or the artifact's own. `every`: all weights the map
+    covers, unchanged ones too. A merge that overflows is refused before anything is compiled."""
     deltas: dict[str, list[tuple[LoraLayer, float]]] = {}
     for layers, strength in loras:
         for layer in layers if strength != 0 else ():
@@ -201,7 +219,10 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
         m = wmap.mapped[name]
         value = np.array(custom[name] if name in custom else m.from_onnx(base[m.initializer]), dtype=np.float32)
         for layer, strength in deltas.get(name, ()):
-            value += np.float32(strength) * layer.delta(m.shape).astype(np.float32)
+            value = layer.apply(value, strength)
+        if name in deltas and not np.isfinite(value).all():
+            files = ", ".join(sorted({str(layer.source) for layer, _ in deltas[name]}))
+            raise WeightsError(f"{files}: merging into {name} gives Inf or NaN", hint="lower the strength; the LoRA's values are too large for this weight")
         parts.setdefault(m.initializer, []).append((m, m.to_onnx(value)))
     out = {}
     for init, items in parts.items():

@@ -122,10 +122,11 @@ def run_probes(names: tuple[str, ...] | None = None) -> list[Probe]:
     return results
 
 
-def detect(device: str = "auto") -> list[Device]:
-    """Devices to consider. 'auto': everything found (GPUs first); 'cpu', 'nvidia', 'intel', ...: that kind only."""
+def detect(device: str = "auto", probes_needed: tuple[str, ...] | None = None) -> list[Device]:
+    """Devices to consider. 'auto': everything found (GPUs first), or what the probes in `probes_needed` find (the
+    others are not run); 'cpu', 'nvidia', 'intel', ...: that kind only."""
     if device == "auto":
-        probes = run_probes()
+        probes = run_probes(probes_needed)
     elif device in PROBES:
         probes = run_probes((device,))
     else:

@@ -62,15 +62,20 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         raise ConfigError(f"unknown precision {precision!r}", hint=f"use {', '.join(PRECISIONS)}, or leave it out for the fastest")
     model, _ = parse_ref(ref)
     selectors = (target,) if target else ()
-    devices = [d for d in detect(device) if any(target_matches(t, selectors) for t in d.targets)]
-    if not devices:
-        raise ConfigError(f"no device here runs {target or device}", hint="see `enginefarm doctor`")
+
+    def devices_for(entries) -> list[Device]:
+        found = [d for d in detect(device, probes_for(entries)) if any(target_matches(t, selectors) for t in d.targets)]
+        if not found:
+            raise ConfigError(f"no device here runs {target or device}", hint="see `enginefarm doctor`")
+        return found
+
     cache = DeviceCache(settings.home)
     if settings.channel or settings.trusted_root:
         from .release import open_channel, released_entries
 
         client, opened = open_channel(store, settings)
         entries = [(e, where) for e, where in released_entries(client, model) if target_matches(e.target, selectors)]
+        devices = devices_for(entries)
         return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, client.note, settings, client)
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
     cached = [c.manifest for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
@@ -97,7 +102,24 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         cached = [m for m in cached if m not in foreign]
     entries = [(m.index_entry(), "cache") for m in cached] + stored
     entries = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
+    devices = devices_for(entries)
     return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings)
+
+
+def probes_for(entries) -> tuple[str, ...] | None:
+    """The device probes worth running for these candidates: the CPU's (a fallback compile and every explanation
+    need it) and those of the candidates' backends. None (every probe) when there is no candidate, or a backend
+    does not say which it needs."""
+    kinds = {"cpu"}
+    for entry, _ in entries:
+        try:
+            probes = get_backend(entry.target.partition(":")[0]).probes
+        except EnginefarmError:
+            return None
+        if probes is None:
+            return None
+        kinds.update(probes)
+    return tuple(sorted(kinds)) if entries else None
 
 
 def _url_of(store: str) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from enginefarm.cache.manifest import Manifest
-from enginefarm.errors import EnginefarmError
+from enginefarm.errors import EnginefarmError, SessionClosed
 
 
 def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
@@ -20,11 +20,30 @@ def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
     return bool(array.min() >= info.min and array.max() <= info.max)
 
 
+def give_back_memory() -> None:
+    """Return freed heap to the system now: glibc keeps freed pages resident until asked (malloc_trim), so an app
+    that closes a 3 GB UNet would otherwise still show it in its RSS."""
+    import gc
+    import sys
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl): nothing to ask
+            pass
+
+
 class InputError(EnginefarmError, ValueError):
     """Inputs that do not fit the artifact: a missing name, the wrong rank, or a shape outside the profile."""
 
 
 class Session:
+    """An artifact loaded on a device. `close()` (or leaving a `with enginefarm.load(...) as s:` block) gives its
+    memory back at once instead of whenever the garbage collector gets to it; a closed session refuses to run."""
+
     def __init__(self, backend_session: Any, manifest: Manifest, explanation: str) -> None:
         self._session = backend_session
         self.artifact = manifest
@@ -33,10 +52,12 @@ class Session:
 
     @property
     def input_names(self) -> list[str]:
-        return list(self._inputs) or list(self._session.input_names)
+        return list(self._inputs) or list(getattr(self._session, "input_names", []))
 
     @property
     def output_names(self) -> list[str]:
+        if self._session is None:
+            return [t["name"] for t in self.artifact.io.get("outputs", [])]
         return list(self._session.output_names)
 
     @property
@@ -44,9 +65,35 @@ class Session:
         return getattr(self._session, "compute_precision", "unknown")
 
     def explain(self) -> str:
-        return self._explanation + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)"
+        how = getattr(self._session, "how", "")  # how the backend opened it: "compiled IR", "streaming weights: …"
+        return self._explanation + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)" + (
+            f"\nopened: {how}" if how else "")
+
+    @property
+    def closed(self) -> bool:
+        return self._session is None
+
+    def close(self) -> None:
+        """Release the backend's session (its weights, compiled code and device buffers) and hand the freed heap
+        back to the system. Closing twice is harmless."""
+        backend_session, self._session = self._session, None
+        if backend_session is None:
+            return
+        close = getattr(backend_session, "close", None)
+        if close is not None:
+            close()
+        del backend_session, close
+        give_back_memory()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._session is None:
+            raise SessionClosed(f"{self.artifact.ref}: this session is closed", hint="load it again with enginefarm.load(...)")
         checked = self._checked(feeds)
         try:
             return self._session.run(checked)

@@ -15,7 +15,7 @@ HEAVY = ["openvino", "onnxruntime", "onnx", "boto3", "botocore", "tensorrt", "te
 
 @pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.cache", "enginefarm.cli", "enginefarm.backends",
                                     "enginefarm.cache.trust", "enginefarm.runner.release", "enginefarm.cli_release", "enginefarm.families",
-                                    "enginefarm.export", "enginefarm.cli_export"])
+                                    "enginefarm.export", "enginefarm.cli_export", "enginefarm.weights.single_file", "enginefarm.weights.routing"])
 def test_import_loads_no_heavy_module(module):
     code = f"import sys, json, {module}; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

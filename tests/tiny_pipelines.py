@@ -17,7 +17,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-FAMILIES = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
+from tests.tiny_flux import FLUX_FAMILIES, make_tiny_flux
+from tests.tiny_transformers import TRANSFORMER_FAMILIES, make_tiny_transformer_pipeline
+
+FAMILIES = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl", "sd3", "sd3.5", *FLUX_FAMILIES)
 
 VOCAB_SIZE = 1000  # the text encoders' embedding rows; more than the tokenizer's 514 entries
 SAMPLE_SIZE = 8  # latent pixels the UNet was "trained" at (64 image pixels through the 8x VAE)
@@ -118,6 +121,10 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    if family in TRANSFORMER_FAMILIES:
+        return make_tiny_transformer_pipeline(family, folder, seed)
+    if family in FLUX_FAMILIES:
+        return make_tiny_flux(family, folder, seed)
     folder = Path(folder)
     tokens = folder.parent / f".{folder.name}-tokenizers"
     torch.manual_seed(seed)

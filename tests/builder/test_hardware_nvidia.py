@@ -82,3 +82,19 @@ def test_tensorrt_rtx_builds_runs_and_keeps_its_runtime_cache(tiny_recipe, tiny_
     latent = np.random.default_rng(2).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
     assert cosine(session.run({"latent": latent})["sample"], reference(tiny_sd, latent)) > 0.995
     assert list((tmp_path / "home" / "tensorrt-rtx-runtime-cache").rglob(f"{session.artifact.build_key}.bin"))
+
+
+def test_a_streamable_tensorrt_rtx_plan_runs_within_its_weight_budget(tiny_recipe, tiny_sd, cli, tmp_path, monkeypatch):
+    """TensorRT-RTX only runs on RTX parts (SM 7.5, 8.6, 8.9, 12.0, 12.1): a datacenter GPU (the H100, SM 9.0) cannot."""
+    arch = gpu_arch()
+    if arch not in ("sm_75", "sm_86", "sm_89", "sm_120", "sm_121"):
+        pytest.skip(f"TensorRT-RTX does not run on {arch}")
+    target = f"tensorrt-rtx:{arch}"
+    path = tiny_recipe(precisions=("fp16",), targets=(target,))
+    path.write_text(path.read_text() + "\n[components.decoder.options.tensorrt-rtx]\nweight_streaming = true\n")
+    cli("build", str(path), check=True)
+    monkeypatch.setenv("ENGINEFARM_WEIGHT_STREAMING_BUDGET", "1K")
+    session = enginefarm.load("tiny-sd/decoder", precision="fp16", device="nvidia", target=target)
+    assert "streaming weights" in session.explain()
+    latent = np.random.default_rng(0).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
+    assert cosine(session.run({"latent": latent})["sample"], reference(tiny_sd, latent)) > 0.995

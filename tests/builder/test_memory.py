@@ -120,3 +120,33 @@ def test_build_reports_time_and_peak_memory_per_stage(tiny_recipe, tmp_path, cli
     # The reference outputs are computed once (by whichever job came first) and read back by the other.
     computed = [row for row in rows if "subprocess_peak_rss_mb" in {s["stage"]: s for s in row["stages"]}["reference"]]
     assert len(computed) == 1
+
+
+@pytest.mark.parametrize("stored", ["float16", "bfloat16"])
+def test_a_half_precision_source_needs_what_its_fp32_weights_would(tmp_path, stored):
+    """fp16 and bf16 weights count at 4 bytes an element: the same model saved at fp32 and at half precision
+    needs the same memory (the reference and the CPU backends work on fp32 copies)."""
+    import numpy as np
+    import onnx
+    import onnx.helper as h
+    import onnx.numpy_helper as nh
+
+    def model(dtype: str, name: str):
+        values = np.random.default_rng(0).standard_normal((256, 1024)).astype("float32")
+        weight = nh.from_array(values, "w")
+        if dtype != "float32":
+            weight = h.make_tensor("w", onnx.TensorProto.BFLOAT16 if dtype == "bfloat16" else onnx.TensorProto.FLOAT16, values.shape,
+                                   np.zeros(values.size, np.uint16).tobytes(), raw=True)
+        elem = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
+        graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", elem, [1, 256])],
+                             [h.make_tensor_value_info("y", elem, [1, 1024])], [weight])
+        path = tmp_path / name / "model.onnx"
+        path.parent.mkdir()
+        onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10), str(path),
+                  save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+        return path
+
+    full, half = memory.source_weight_bytes(model("float32", "fp32")), memory.source_weight_bytes(model(stored, "half"))
+    assert full >= 256 * 1024 * 4
+    assert abs(half - full) < 4096  # the graphs' own bytes differ by a few hundred
+    assert (model(stored, "half2").parent / "model.onnx.data").stat().st_size == 256 * 1024 * 2  # stored at half the size

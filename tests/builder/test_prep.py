@@ -214,3 +214,27 @@ def test_fp16_of_external_data_converts_one_tensor_at_a_time(tmp_path, monkeypat
     x = np.arange(8, dtype=np.float32)[None]
     got = ort.InferenceSession(str(prepared.path)).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, x @ expected.astype(np.float16).astype(np.float32), rtol=2e-3)
+
+
+def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
+    """A sinusoidal embedding of t·1000: sin(t · freqs) with freqs a Constant. Kept by its scope, the Constant stays
+    fp32 too (rounded to fp16 it moves sin's argument by up to a radian), and the result is exact to fp32."""
+    from onnx import TensorProto, helper
+
+    from enginefarm.builder.fp16_rules import fp16_blocked
+
+    freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["freqs"], name="/model/time_proj/Constant", value=onnx.numpy_helper.from_array(freqs)),
+             helper.make_node("Mul", ["t", "freqs"], ["args"], name="/model/time_proj/Mul"),
+             helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
+             helper.make_node("Add", ["emb", "emb"], ["y"], name="/model/linear/Add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, kept = fp16_blocked(model, ("/model/time_proj/",))
+    assert kept == {"/model/time_proj/Constant", "/model/time_proj/Mul", "/model/time_proj/Sin"}
+    t = np.array([[873.4]], np.float32)
+    exact = 2 * np.sin(t * freqs)
+    run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]  # noqa: E731
+    assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("/model/time_proj/",))) - exact).max() < 2e-3
+    assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ())) - exact).max() > 0.1

@@ -69,6 +69,7 @@ CASES = [
     ("exclude of an unknown precision", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxruntime", precision = "fp8" }]'), "defaults.exclude[0].precision", "unknown precision"),
     ("exclude not a list of tables", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = "onnxruntime"'), "defaults.exclude", "list of tables"),
     ("fp16_keep_fp32 names nothing in the model", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["LayerNorm"]'), "components.c.fp16_keep_fp32", "no op or node named 'LayerNorm'"),
+    ("fp16_keep_fp32 scope with no node in it", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["/model/time_proj/"]'), "components.c.fp16_keep_fp32", "no op or node named '/model/time_proj/'"),
     ("dynamic dim without range", lambda s: s.replace("batch = [1, 2, 4]", "").replace("[components.c.profiles.default]", ""), "components.c.profiles", "dynamic"),
 ]
 

@@ -59,7 +59,7 @@ def test_a_recipe_without_options_builds_every_class_on_this_cpu(real_rtx, write
         assert result.status == "built", result.reason
         manifest = result.manifest
         assert {f.path: f.role for f in manifest.files if f.role != "golden"} == {"model.plan": "engine"}  # weights embedded
-        assert manifest.options == {"strip_weights": False, "refittable": False}
+        assert manifest.options == {"strip_weights": False, "refittable": False, "weight_streaming": False}
         assert manifest.constraints["runtime"] == {"tensorrt-rtx": "==1.7.1.116"}
         assert manifest.constraints["engine"] == {"compute_capabilities": CLASSES[job.target.device] or ["SM86 and later (SDK default)"], "weights": "embedded"}
         validation = manifest.validation
@@ -69,6 +69,22 @@ def test_a_recipe_without_options_builds_every_class_on_this_cpu(real_rtx, write
         assert engine.size > 50_000
         plans[job.target.device] = engine.sha256
     assert len({plans["sm_75"], plans["sm_86"], plans["sm_120"]}) == 3  # the capability reached the SDK
+
+
+
+def test_weight_streaming_builds_a_streamable_plan_on_this_cpu(real_rtx, write_recipe, tiny_sd, tmp_path):
+    """`weight_streaming = true`: the real SDK's CPU-only build sets WEIGHT_STREAMING for SM86 and writes another plan,
+    and the option is in the manifest (and the build key) for the runtime to set its budget."""
+    plain = recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:sm_86",), precisions=("fp16",))
+    streamed = write_recipe(plain.read_text() + "\n[components.decoder.options.tensorrt-rtx]\nweight_streaming = true\n", "streamed.toml")
+    (plain_job,), (streamed_job,) = jobs_of(plain, tmp_path), jobs_of(streamed, tmp_path)
+    assert plain_job.build_key != streamed_job.build_key
+    results = [build(job, LocalStore(tmp_path / "store"), tmp_path / "work", bench=False) for job in (plain_job, streamed_job)]
+    assert [r.status for r in results] == ["built", "built"], [r.reason for r in results]
+    assert results[1].manifest.options == {"strip_weights": False, "refittable": False, "weight_streaming": True}
+    engines = [next(f for f in r.manifest.files if f.role == "engine") for r in results]
+    assert engines[0].sha256 != engines[1].sha256  # the flag reached the SDK
+
 
 
 def test_the_real_sdk_is_available_to_build_here_not_to_run(real_rtx):

@@ -38,7 +38,7 @@ def test_detect_family(index, configs, expected):
 
 
 @pytest.mark.parametrize("index, configs, says", [
-    ({"_class_name": "FluxPipeline"}, {}, "'FluxPipeline'"),
+    ({"_class_name": "FluxFillPipeline"}, {}, "'FluxFillPipeline'"),
     ({}, {}, "None"),
     (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 512}}, "cross_attention_dim 512"),
     (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "9-channel UNet"),
@@ -54,7 +54,7 @@ def test_an_unknown_family_is_a_config_error_with_a_hint(index, configs, says):
 def test_family_lookup_and_controlnet_variants():
     assert family("sdxl") is FAMILIES["sdxl"]
     with pytest.raises(ConfigError):
-        family("sd3")
+        family("sd4")
     assert with_controlnet(FAMILIES["sd1"]).id == "controlnet-sd1"
     assert with_controlnet(FAMILIES["controlnet-sdxl"]).id == "controlnet-sdxl"
     with pytest.raises(ConfigError):

@@ -157,7 +157,7 @@ def test_no_residue_across_processes(store, tmp_path, cli):
     for i, extra in enumerate((["--lora", f"{store / 'a_peft.safetensors'}:0.9"], ["--lora", str(store / "b.safetensors")], [])):
         proc = cli("run", "net/body", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / f"out{i}.npz"),
                    "--precision", "fp32", "--target", "openvino:cpu", "--explain", *extra, check=True)
-        assert ("weights: patched" in proc.stdout) == bool(extra)
+        assert ("weights: applied in memory at load" in proc.stdout) == bool(extra)
         outputs.append(np.load(tmp_path / f"out{i}.npz")["y"])
     assert np.array_equal(outputs[0], run("openvino:cpu", loras=[(store / "a_peft.safetensors", 0.9)]))
     assert np.array_equal(outputs[1], run("openvino:cpu", loras=[(store / "b.safetensors", 1.0)]))
@@ -169,23 +169,43 @@ def test_no_residue_across_processes(store, tmp_path, cli):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_the_patched_artifact_is_cached_and_keyed_by_strength(store, monkeypatch, target):
+def test_stacks_are_applied_in_memory_and_cost_no_cache_space(store, tmp_path, monkeypatch, target):
     from enginefarm.backends import get_backend
 
-    first = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.5)])
+    plain = enginefarm.load("net/body", precision="fp32", device="cpu", target=target)
+    size = sum(f.stat().st_size for f in (tmp_path / "home").rglob("*") if f.is_file())
     backend = get_backend(target.split(":")[0])
+    monkeypatch.setattr(backend, "patch_weights", lambda *args: pytest.fail("a stack was written to disk"))
+    first = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.5)])
+    other = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.6)])
+    assert "weights: applied in memory at load (nothing cached)" in first.explain()
+    assert first.artifact.options["stack"]["base"] == plain.artifact.build_key and "stack" not in plain.artifact.options
+    assert np.allclose(other.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.6)])), atol=1e-4)
+    assert not np.allclose(first.run({"x": X})["y"], other.run({"x": X})["y"], atol=1e-3)
+    assert sum(f.stat().st_size for f in (tmp_path / "home").rglob("*") if f.is_file()) <= size + 4096  # locks and bookkeeping only
+    assert np.array_equal(enginefarm.load("net/body", precision="fp32", device="cpu", target=target).run({"x": X})["y"], plain.run({"x": X})["y"])
+
+
+def test_a_patched_artifact_is_cached_and_keyed_by_strength(store, tmp_path, monkeypatch):
+    """The path that TensorRT-RTX takes without a GPU (runner/recompile.py): a patched ONNX copy, cached per stack."""
+    from enginefarm.backends import get_backend
+    from enginefarm.cache.progress import Progress
+    from enginefarm.runner.custom import Stack, patched_artifact
+    from enginefarm.runner.load import fetch
+
+    manifest, path, _ = fetch("net/body", "fp32", "cpu", target="onnxruntime:cpu")
+    backend, cache = get_backend("onnxruntime"), DeviceCache(tmp_path / "home")
+    stack = lambda s: Stack.parse(None, [(store / "a_peft.safetensors", s)])  # noqa: E731
+    first, _, how = patched_artifact(stack(0.5), manifest, path, backend, cache, Progress())
     calls = []
     real = backend.patch_weights
     monkeypatch.setattr(backend, "patch_weights", lambda *args: calls.append(1) or real(*args))
-    again = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.5)])
-    assert calls == [] and again.artifact.build_key == first.artifact.build_key and "earlier (cached)" in again.explain()
-    assert np.array_equal(again.run({"x": X})["y"], first.run({"x": X})["y"])
-    other = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.6)])
-    assert calls == [1] and other.artifact.build_key != first.artifact.build_key  # another strength is another artifact
-    # a plain load never picks the patched artifact, though it sits in the same cache
-    plain = enginefarm.load("net/body", precision="fp32", device="cpu", target=target)
-    assert plain.artifact.build_key == first.artifact.options["stack"]["base"]
-    assert "stack" not in plain.artifact.options
+    again, _, how_again = patched_artifact(stack(0.5), manifest, path, backend, cache, Progress())
+    assert calls == [] and again.build_key == first.build_key and how == "patched and compiled on this device" and "earlier (cached)" in how_again
+    other, other_dir, _ = patched_artifact(stack(0.6), manifest, path, backend, cache, Progress())
+    assert calls == [1] and other.build_key != first.build_key  # another strength is another artifact
+    out = backend.load(other_dir, other, "cpu").run({"x": X})["y"]
+    assert np.allclose(out, reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.6)])), atol=1e-4)
 
 
 def refit_backend(tmp_path):
@@ -194,7 +214,7 @@ def refit_backend(tmp_path):
     from enginefarm.backends.onnxruntime import OnnxRuntime, OrtSession, patch_weights
 
     class RefitBackend(OnnxRuntime):
-        features = frozenset({Feature.REFIT, Feature.PATCH_WEIGHTS})
+        features = frozenset({Feature.REFIT, Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})  # refit comes first
 
         def __init__(self):
             self.tmp, self.calls = tmp_path, []
@@ -320,15 +340,15 @@ def test_two_processes_applying_one_stack_at_once(store, tmp_path):
         assert proc.returncode == 0, err.decode()
     assert np.array_equal(np.load(tmp_path / "c0.npz")["y"], np.load(tmp_path / "c1.npz")["y"])
     stacks = [c for c in DeviceCache(tmp_path / "home").entries() if "stack" in c.manifest.options]
-    assert len(stacks) == 1 and not list((tmp_path / "home" / "build" / "stacks").glob("*"))
+    assert not stacks and not list((tmp_path / "home" / "build" / "stacks").glob("*"))  # applied in memory: nothing cached
 
 
-def test_compiled_on_device_then_patched_when_nothing_is_stored(farm, tmp_path, monkeypatch):
+def test_compiled_on_device_then_stacked_when_nothing_is_stored(farm, tmp_path, monkeypatch):
     (tmp_path / "empty-store").mkdir()
     monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "empty-store"))
     session = enginefarm.load("net/body", precision="fp32", device="cpu", target="onnxruntime:cpu", recipe=farm / "recipe.toml",
                               loras=[(farm / "b.safetensors", 0.4)])
-    assert "compiled on this device" in session.explain() and "weights: patched and compiled on this device" in session.explain()
+    assert "compiled on this device" in session.explain() and "weights: applied in memory at load" in session.explain()
     assert np.allclose(session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 0.4)])), atol=1e-4)
 
 

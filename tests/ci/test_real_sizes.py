@@ -1,0 +1,31 @@
+"""The farm's runners file routes every real model's build jobs: the sizes come from the published configs, counted
+on torch's meta device by bench/real_sizes.py (nothing is downloaded or allocated)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("real_sizes", ROOT / "bench" / "real_sizes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
+    bench = _bench()
+    table = bench.rows(["sd15", "flux-dev"], ROOT / "ci" / "runners.toml")
+    by_component = {(r["model"], r["component"]): r for r in table}
+    flux = by_component["flux-dev", "transformer"]
+    assert 11.8 < flux["params_b"] < 12.0  # FLUX.1's 11.9B parameters, from its published sizes
+    assert 118 < flux["onnxruntime:cpu"][0] < 120  # 2.5 x 47.6 GB of fp32-equivalent weights
+    assert 3.43 < by_component["sd15", "unet"]["fp32_gb"] < 3.45  # the SD 1.5 UNet's measured 3.44 GB of fp32 weights
+    for row in table:
+        for target in bench.TARGETS:
+            need, runner = row[target]
+            assert runner != "none", f"{row['model']}/{row['component']} on {target}: {row['why']}"
+    assert flux["openvino:cpu"][1] == "big-cpu" and by_component["sd15", "unet"]["openvino:cpu"][1] == "hosted-cpu"

@@ -1,0 +1,81 @@
+"""enginefarm.diffusion.Pipeline against diffusers' FluxPipeline (dev: guidance embedding, resolution-dependent
+shift, no negative prompt) and ChromaPipeline (T5 alone with its attention mask, true CFG): the tiny models
+exported and built by the real CLI at fp32 and fp16 (T5 stays fp32: its table says so), Flux for ONNX Runtime and
+OpenVINO, Chroma for ONNX Runtime. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
+its range), fp16: the image within 2e-2. diffusers takes and gives Flux latents packed in 2x2 patches; its own
+packing is used to hand them over."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from .test_pipeline_matches_diffusers import BACKENDS, NEGATIVE, PROMPT, STEPS, _ours, _relative
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+pytestmark = pytest.mark.slow
+
+TOKENS = 512  # the family table's T5 token count, the pipelines' max_sequence_length
+SIZE = 64  # image pixels: 8x8 latent, 16 tokens (the tiny transformers have no sample_size; the family's native is 1024)
+
+
+def _theirs(source):
+    pipe = diffusers.DiffusionPipeline.from_pretrained(source)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _latents(size: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
+
+
+def _run_theirs(pipe, latents: np.ndarray, size: int, output: str, **kwargs) -> np.ndarray:
+    from diffusers import FluxPipeline
+
+    packed = FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
+    result = pipe(PROMPT, num_inference_steps=STEPS, latents=packed, height=size, width=size, max_sequence_length=TOKENS,
+                  output_type=output, **kwargs).images
+    return FluxPipeline._unpack_latents(result, size, size, 8).numpy() if output == "latent" else result[0]
+
+
+CASES = [("flux", dict(guidance_scale=3.5), target) for target in BACKENDS] + [("chroma", dict(negative_prompt=NEGATIVE, guidance_scale=4.0), "onnxruntime:cpu")]
+
+
+@pytest.mark.parametrize("family, kwargs, target", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_flux_and_chroma_text_to_image_match_diffusers(built, family, kwargs, target):
+    source = built(family)[0]
+    theirs = _theirs(source)
+    for precision in ("fp32", "fp16"):
+        ours = _ours(built(family), target, precision)
+        assert ours.family.id == family and "transformer" in ours.sessions
+        size = SIZE
+        latents, output = _latents(size), "latent" if precision == "fp32" else "np"
+        reference = _run_theirs(theirs, latents, size, output, **kwargs)
+        got = ours(PROMPT, kwargs.get("negative_prompt"), steps=STEPS, latents=latents, guidance_scale=kwargs["guidance_scale"],
+                   height=size, width=size, output_type=output)
+        if precision == "fp32":
+            assert got.shape == reference.shape and _relative(got, reference) < 1e-4, target
+        else:
+            assert got.shape == reference.shape and np.abs(got - reference).max() < 2e-2, target
+
+
+def test_flux_guidance_and_resolution_change_the_result(built):
+    """dev's guidance is a transformer input (not a second pass), and the shift follows the image's size: both
+    change diffusers' result, and ours follows each (a non-square size: 24 tokens, not the square test's 16)."""
+    ours = _ours(built("flux"), "onnxruntime:cpu", "fp32")
+    theirs = _theirs(built("flux")[0])
+    latents = np.random.default_rng(1).standard_normal((1, 16, 8, 12)).astype(np.float32)
+    from diffusers import FluxPipeline
+
+    packed = FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
+    results = {}
+    for guidance in (1.5, 6.0):
+        reference = theirs(PROMPT, num_inference_steps=3, latents=packed, height=64, width=96, guidance_scale=guidance, max_sequence_length=TOKENS,
+                           output_type="latent").images
+        reference = FluxPipeline._unpack_latents(reference, 64, 96, 8).numpy()
+        got = ours(PROMPT, steps=3, latents=latents, height=64, width=96, guidance_scale=guidance, output_type="latent")
+        assert _relative(got, reference) < 1e-4
+        results[guidance] = got
+    assert np.abs(results[1.5] - results[6.0]).max() > 1e-3

@@ -1,0 +1,50 @@
+"""`Pipeline.load(memory_budget=...)`: components load when a stage needs them and are closed when the next would not
+fit; the image is the same as without a budget."""
+
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pytest
+
+from enginefarm.errors import ConfigError, SessionClosed
+
+pytest.importorskip("diffusers")
+
+
+def _load(built, **kwargs):
+    from enginefarm.diffusion import Pipeline
+
+    _, out, store = built("sd1")
+    name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+    return Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets", **kwargs)
+
+
+def test_a_budget_loads_stage_by_stage_and_changes_nothing_in_the_image(built):
+    with _load(built) as everything:
+        assert set(everything.sessions) == {"text_encoder", "unet", "vae_decoder"}
+        reference = everything("a lighthouse", steps=2, seed=3)
+    with _load(built, memory_budget=1) as tight:  # nothing fits beside anything: one stage's components at a time
+        assert tight.sessions == {}
+        first = tight("a lighthouse", steps=2, seed=3)
+        assert set(tight.sessions) == {"vae_decoder"}  # the text encoder and the UNet were closed on the way
+        second = tight("a lighthouse", steps=2, seed=3)
+        assert tight.residency.loads == 6  # three components, each loaded again for the second image
+    assert np.array_equal(first, reference) and np.array_equal(second, reference)
+    with _load(built, memory_budget="64G") as roomy:  # everything fits: loaded once, kept
+        roomy("a lighthouse", steps=2, seed=3)
+        roomy("a lighthouse", steps=2, seed=3)
+        assert roomy.residency.loads == 3 and set(roomy.sessions) == {"text_encoder", "unet", "vae_decoder"}
+        assert all(held > 0 for held in roomy.residency.held.values())  # measured here, per component
+
+
+def test_a_closed_pipeline_refuses_and_bad_budgets_are_one_line_errors(built):
+    pipe = _load(built, memory_budget="auto")
+    pipe.close()
+    pipe.close()
+    with pytest.raises(SessionClosed, match="closed"):
+        pipe("a lighthouse", steps=1)
+    for bad in (0, -5, "lots", True):
+        with pytest.raises(ConfigError, match="memory_budget"):
+            _load(built, memory_budget=bad)

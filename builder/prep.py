@@ -21,7 +21,7 @@ from .onnx_data import converter_reads_no_weights, data_files, external_tensors,
 log = logging.getLogger(__name__)
 
 # Bump when any step below changes what it writes: it is part of every build key.
-PREP_VERSION = "3"
+PREP_VERSION = "4"  # 4: folded float constants kept as initializers (_constants_to_initializers)
 LAST_USED = ".last_used"  # touched by every job that uses a prep folder; old folders are pruned (workcache.py)
 EXTERNAL_ABOVE = 64 << 20  # a prepared model larger than this keeps its weights in `<name>.data`
 # Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
@@ -134,6 +134,9 @@ def _prepare_fp32(source: Path, out: Path) -> list[str]:
             _gather_data(out)
         else:
             write_model(header, source.parent, out)
+        promoted = _constants_to_initializers(out)
+        if promoted:
+            notes.append(f"{promoted} folded constant(s) kept as initializers (weights the weight map can place)")
         if out.stat().st_size > EXTERNAL_ABOVE:
             _externalize(out)
     try:
@@ -141,6 +144,40 @@ def _prepare_fp32(source: Path, out: Path) -> list[str]:
     except Exception as exc:
         notes.append(f"shape inference skipped: {_first_line(exc, 200)}")
     return notes
+
+
+PROMOTE_FROM = 16  # elements: smaller float constants (scalars, eps, shapes) stay Constant nodes
+
+
+def _constants_to_initializers(path: Path) -> int:
+    """Turn the Constant nodes that hold float tensors of PROMOTE_FROM elements or more into initializers of the same
+    name. The simplifier folds weights into such nodes (CLIP's position embedding, gathered by constant position ids,
+    becomes a [1, 77, width] Constant); as initializers they are weights every backend can patch or refit by name,
+    and the weight map finds them like any other. The graph computes the same. Reads the graph only: external
+    tensors stay where they are."""
+    import math
+
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+    keep, promoted = [], []
+    for node in model.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+        if (node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None and value.data_type in floats
+                and math.prod(value.dims) >= PROMOTE_FROM):
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            promoted.append(tensor)
+        else:
+            keep.append(node)
+    if promoted:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+        model.graph.initializer.extend(promoted)
+        onnx.save(model, str(path))
+    return len(promoted)
 
 
 def _externalize(path: Path) -> None:

@@ -53,14 +53,16 @@ class SafeTensors:
         return data.reshape(entry.shape)
 
     def array(self, name: str) -> np.ndarray:
-        """The tensor as float32 (float dtypes only)."""
+        """The tensor as float32 (float dtypes only): F64 values past float32's range become ±Inf, which the readers
+        of custom weights refuse."""
         entry = self.entries[name]
         if entry.dtype not in FLOATS:
             raise WeightsError(f"{self.path}: tensor {name!r} is {entry.dtype}, not a float tensor")
         raw = self.raw(name)
         if entry.dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)
-        return raw.astype(np.float32)
+        with np.errstate(over="ignore"):
+            return raw.astype(np.float32)
 
 
 def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
@@ -81,8 +83,16 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
         raise WeightsError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise WeightsError(f"{path}: is a directory, not a .safetensors file") from None
+    def unique(pairs):  # json keeps the last of repeated names: a header could show one tensor and read another
+        names = [k for k, _ in pairs]
+        if len(set(names)) != len(names):
+            raise bad(f"names {sorted({n for n in names if names.count(n) > 1})[:3]} appear more than once")
+        return dict(pairs)
+
     try:
-        header = json.loads(text)
+        header = json.loads(text, object_pairs_hook=unique)
+    except WeightsError:
+        raise
     except (UnicodeDecodeError, ValueError):
         raise bad("header is not JSON") from None
     if not isinstance(header, dict):
@@ -110,6 +120,10 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
         if start_b < end_a:
             raise bad(f"tensors {a!r} and {b!r} overlap")
+    # As the reference reader requires: the tensors fill the data section, no bytes hidden between or after them.
+    covered = sum(end - start for start, end, _ in spans)
+    if covered != data_size:
+        raise bad(f"its tensors cover {covered} of the {data_size} bytes of the data section")
     return entries, metadata
 
 

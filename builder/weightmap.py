@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 MAP_FILE = "weights.map.json"
 MAP_FORMAT = 1
+TEXT_MODEL = "text_model."  # transformers 4's CLIP prefix, absent in transformers 5 (see WeightMap.own_name)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,16 @@ class WeightMap:
     def names(self) -> set[str]:
         """Every tensor name of the base checkpoint."""
         return set(self.mapped) | set(self.unmatched)
+
+    def own_name(self, name: str) -> str | None:
+        """The base checkpoint's name for a custom checkpoint's tensor `name`, or None. A CLIP text encoder's state dict
+        is `text_model.…` in transformers 4 and in the files model sites ship, and has no such prefix in transformers 5
+        (which reads both): either spelling maps, whichever the base was exported with."""
+        names = self.names
+        if name in names:
+            return name
+        other = name.removeprefix(TEXT_MODEL) if name.startswith(TEXT_MODEL) else TEXT_MODEL + name
+        return other if other in names else None
 
 
 def _content_key(array: np.ndarray) -> tuple:

@@ -81,6 +81,12 @@ class ModelAssets:
         sample = (self.configs.get("unet") or self.configs.get("transformer") or {}).get("sample_size")
         return int(sample) * self.family.vae_scale_factor if isinstance(sample, int) else self.family.native_pixels
 
+    @property
+    def text_widths(self) -> dict[str, int]:
+        """Each text encoder → its width (hidden_size: its token embeddings' too), from its config."""
+        encoders = self.family.text_encoders
+        return {n: int(self.configs.get(n, {}).get("hidden_size") or self.family.sizes.text_widths[i]) for i, n in enumerate(encoders)}
+
     def tokenizer_folder(self, text_encoder: str) -> Path:
         """text_encoder → tokenizer, text_encoder_2 → tokenizer_2, text_encoder_3 → tokenizer_3 (diffusers' pairing)."""
         name = "tokenizer" + text_encoder.removeprefix("text_encoder")

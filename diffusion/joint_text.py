@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from enginefarm.errors import ConfigError
+from enginefarm.families import ADDED_EMBEDS
+
 from .assets import ModelAssets
 from .flux import text_mask
 from .prompts import TextConditioning
@@ -26,6 +29,12 @@ class JointTextEncoder:
             self.tokenizers[name] = (T5Tokenizer.from_folder(folder, max_length=length) if component.tokenizer == "t5"
                                      else ClipTokenizer.from_folder(folder))
 
+    def add_embeddings(self, embeddings: list) -> None:
+        """Textual inversion is wired for the UNet families' prompts only: refused here before anything runs."""
+        if embeddings:
+            raise ConfigError(f"textual-inversion embeddings are not supported for {self.family.title} yet",
+                              hint="load it without embeddings=")
+
     def _outputs(self, name: str, prompts: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(hidden states, pooled) of one encoder: its 3-dim output and its 2-dim one, by the family table."""
         component = self.family.component(name)
@@ -35,7 +44,10 @@ class JointTextEncoder:
             return hidden, pooled
         ids = self.tokenizers[name](prompts)
         feeds = {"input_ids": ids}
-        if any(t.name == "attention_mask" for t in component.inputs):  # Chroma's T5 reads the tokenizer's mask
+        inputs = {t.name for t in component.inputs}
+        if ADDED_EMBEDS in inputs:  # the CLIP encoders' rows for added words: none added here, so never read
+            feeds[ADDED_EMBEDS] = np.zeros((*ids.shape, self.sizes.value("text_width", component)), np.float32)
+        if "attention_mask" in inputs:  # Chroma's T5 reads the tokenizer's mask
             feeds["attention_mask"] = self.token_masks[name] = (ids != self.tokenizers[name].pad_id).astype(np.int64)
         outputs = self.sessions[name].run(feeds)
         hidden = next((outputs[t.name] for t in component.outputs if len(t.shape) == 3), None)  # Flux's CLIP gives only its pooled state

@@ -51,7 +51,7 @@ class Pipeline:
     @classmethod
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             weights: str | Path | None = None, vae: str | Path | None = None, loras=(), progress=None,
+             weights: str | Path | None = None, vae: str | Path | None = None, loras=(), embeddings=(), progress=None,
              memory_budget: int | str | None = None) -> "Pipeline":
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
@@ -67,7 +67,9 @@ class Pipeline:
         each component takes its own part (UNet, text encoders); layers no component takes are named once, in
         `pipe.notes` and the log. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs
         them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`);
-        None: all loaded up front."""
+        None: all loaded up front. embeddings:
+        textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
+        `enginefarm.diffusion.embeddings`)."""
         import enginefarm
 
         from .budget import Residency, artifact_bytes, parse_budget
@@ -77,6 +79,7 @@ class Pipeline:
             assets = _fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
         family = found.family
+        read = _read_embeddings(embeddings, found)  # a bad file costs nothing: nothing is fetched or loaded yet
         timings: dict[str, float] = {}
         files = {}
         if weights is not None or vae is not None:
@@ -114,6 +117,7 @@ class Pipeline:
         wanted = _components(found, controlnet)
         sessions = {component: load_component(component) for component in wanted} if budget is None else {}
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
+        pipe.prompts.add_embeddings(read)
         pipe.timings = pipe._load_timings = timings
         pipe.notes = [ignored] if ignored else []
         if budget is not None:
@@ -335,6 +339,16 @@ class Pipeline:
             key = name.replace("down_block_res_sample_", "down_block_additional_residual_").replace("mid_block_res_sample", "mid_block_additional_residual")
             feeds[key] = (value * np.float32(scale)).astype(np.float32)
         return self.sessions["unet_controlnet"].run(feeds)["out_sample"]
+
+
+def _read_embeddings(embeddings, assets: ModelAssets) -> list:
+    from .embeddings import read_embedding
+
+    if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
+        raise ConfigError(f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]')
+    if embeddings and assets.family.joint_text is not None:
+        raise ConfigError(f"textual-inversion embeddings are not supported for {assets.family.title} yet", hint="load it without embeddings=")
+    return [read_embedding(item, assets.text_widths) for item in embeddings or ()]
 
 
 def _fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:

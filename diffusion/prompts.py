@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enginefarm.errors import ConfigError
+
 from .assets import ModelAssets
+from .embeddings import AddedRows, Embedding, expand
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,36 @@ class PromptEncoder:
         self.sessions = sessions
         self.tokenizers = {name: ClipTokenizer.from_folder(assets.tokenizer_folder(name)) for name in self.family.text_encoders}
         self.zeros_for_empty = assets.force_zeros_for_empty_prompt
+        configs = {name: assets.configs.get(name, {}) for name in self.family.text_encoders}
+        # each encoder's token table, from its config: ids below it are its vocabulary
+        self.widths = assets.text_widths
+        self.added = {name: AddedRows(int(c.get("vocab_size") or len(self.tokenizers[name]))) for name, c in configs.items()}
+        self.embeddings: list[Embedding] = []
+
+    def add_embeddings(self, embeddings: list[Embedding]) -> None:
+        """Textual-inversion words: into every tokenizer, their vectors to each encoder's added rows. Refused whole
+        (nothing added) when a word is already known."""
+        words = [w for e in embeddings for w in e.words]
+        known = [w for w in words if any(t.token_to_id(w) is not None for t in self.tokenizers.values())]
+        if known or len(set(words)) < len(words):
+            clash = known or sorted({w for w in words if words.count(w) > 1})
+            raise ConfigError(f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
+                              hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]')
+        for embedding in embeddings:
+            for name, tokenizer in self.tokenizers.items():
+                for token, vector in zip(tokenizer.add_tokens(embedding.words), embedding.vectors[name]):
+                    self.added[name].vectors[token] = vector
+        self.embeddings += embeddings
 
     def encode(self, prompts: list[str]) -> TextConditioning:
+        from enginefarm.families import ADDED_EMBEDS
+
         hidden, pooled = [], None
+        prompts = [expand(p, self.embeddings) for p in prompts]
         for name in self.family.text_encoders:
-            outputs = self.sessions[name].run({"input_ids": self.tokenizers[name](prompts)})
+            session = self.sessions[name]
+            feeds = self.added[name].feeds(self.tokenizers[name](prompts), self.widths[name], ADDED_EMBEDS in session.input_names, name)
+            outputs = session.run(feeds)
             hidden.append(outputs[self.family.prompt_output])
             if self.family.pooled_output and name == self.family.text_encoders[-1]:
                 pooled = outputs[self.family.pooled_output]

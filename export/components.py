@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from enginefarm.families import Component
+from enginefarm.families import ADDED_EMBEDS, Component
 
 from .source import ExportSource
 
@@ -75,16 +75,31 @@ def wrap(component: Component, model, family_time_ids: int):
     class TextEncoder(torch.nn.Module):
         """Each output by its name: `last_hidden_state` (SD 1.x/2.x's CLIP, T5), `hidden_states` (the penultimate
         layer: SDXL, SD3), `text_embeds` (CLIPTextModelWithProjection's pooled projection), `pooler_output`
-        (CLIPTextModel's pooled state: Flux)."""
+        (CLIPTextModel's pooled state: Flux).
+
+        The CLIP encoders take `added_embeds`: ids past the token table (textual-inversion tokens the pipeline added)
+        take their row from it; the table's lookup sees them clamped, and its result is replaced at those positions.
+        The model itself still sees the ids, so the pooled output picks its token as transformers does with a grown
+        table. Chroma's T5 takes the tokenizer's `attention_mask` instead; the other T5s read ids alone."""
 
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.second = component.inputs[1].name if len(component.inputs) > 1 else None
+            self._ids = self._added = None
+            if self.second == ADDED_EMBEDS:
+                table = model.get_input_embeddings()
+                self.rows = table.num_embeddings
+                table.register_forward_pre_hook(lambda _, args: (args[0].clamp(0, self.rows - 1), *args[1:]))
+                table.register_forward_hook(lambda _, args, out: torch.where((self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out))
 
-        def forward(self, input_ids, *attention_mask):
-            # Chroma's T5 reads the tokenizer's mask too (the component's second input); the others read ids alone
-            mask = {"attention_mask": attention_mask[0]} if attention_mask else {}
-            out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names, **mask)
+        def forward(self, input_ids, *second):
+            extra = {}
+            if self.second == ADDED_EMBEDS:
+                self._ids, self._added = input_ids, second[0]
+            elif self.second == "attention_mask":
+                extra["attention_mask"] = second[0]
+            out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names, **extra)
             results = [out.hidden_states[-2] if name == "hidden_states" else getattr(out, name) for name in output_names]
             return tuple(results) if len(results) > 1 else results[0]
 

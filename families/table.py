@@ -9,6 +9,7 @@ from __future__ import annotations
 from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals
 
 F32, I64 = "float32", "int64"
+ADDED_EMBEDS = "added_embeds"  # the text encoders' rows for added tokens (textual inversion)
 LATENT = ("batch", "latent_channels", "height", "width")
 IMAGE = ("batch", 3, "image_height", "image_width")
 
@@ -18,8 +19,11 @@ _DENOISER_RANGES = (("sample", -3.0, 3.0), ("timestep", 0, "last_timestep"), ("e
 
 
 def _text_encoder(name: str, index: int, outputs: tuple[Tensor, ...]) -> Component:
-    return Component(name, "text_encoder", name, (Tensor("input_ids", I64, ("batch", TOKENS)),), outputs, text_index=index,
-                     value_ranges=(("input_ids", 0, "last_token"),))
+    """`added_embeds`: the token embedding of each position whose id is past the vocabulary (ids from vocab_size on:
+    textual-inversion tokens the pipeline added), ignored at every other position; zeros when no token was added."""
+    inputs = (Tensor("input_ids", I64, ("batch", TOKENS)), Tensor(ADDED_EMBEDS, F32, ("batch", TOKENS, "text_width")))
+    return Component(name, "text_encoder", name, inputs, outputs, text_index=index,
+                     value_ranges=(("input_ids", 0, "last_token"), (ADDED_EMBEDS, -0.1, 0.1)))
 
 
 def _clip(name: str = "text_encoder") -> Component:

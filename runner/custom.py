@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.backends.base import BuiltFile, Feature
-from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, write_safetensors
-from enginefarm.builder.weightmap import WeightMap, read_map, same_as_base
+from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
+from enginefarm.builder.weightmap import WeightMap, read_map
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.locks import file_lock
@@ -27,6 +27,7 @@ from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, WeightsError
 
+from .checkpoint import read_checkpoint
 from .lora import LoraLayer, read_lora
 
 log = logging.getLogger(__name__)
@@ -195,39 +196,8 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
 
 
 def _read(stack: Stack, wmap: WeightMap, manifest: Manifest) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
-    custom = _read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
+    custom = read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
     return custom, [(read_lora(path, wmap, manifest.component), strength) for path, strength in stack.loras]
-
-
-def _read_checkpoint(path: Path, wmap: WeightMap, manifest: Manifest) -> dict[str, np.ndarray]:
-    """The custom checkpoint's tensors the map places, by checkpoint name. Everything wrong is raised at once.
-    A whole-model file (single-file checkpoint, VAE) gives this component its own part, in diffusers names."""
-    from enginefarm.weights.single_file import component_part
-
-    part = component_part(path, manifest.component, manifest.ref, {n: m.shape for n, m in wmap.mapped.items()}, wmap.names)
-    st = part if part is not None else SafeTensors(path)
-    problems, out = [], {}
-    for name in st.names:
-        entry = st.entries[name]
-        if name in wmap.mapped:
-            want = wmap.mapped[name].shape
-            if entry.shape != want:
-                problems.append(f"{name}: shape {list(entry.shape)}, the base has {list(want)}")
-            elif entry.dtype not in FLOATS:
-                problems.append(f"{name}: dtype {entry.dtype}, the base is a float tensor")
-            else:
-                out[name] = st.array(name)
-        elif name in wmap.unmatched:
-            # Nothing in the artifact holds it: fine while it equals the base, an error if it would be lost.
-            if not same_as_base(st, name, wmap.digests.get(name, {})):
-                problems.append(f"{name}: differs from the base, but {wmap.unmatched[name]}")
-        else:
-            problems.append(f"{name}: not in the base checkpoint")
-    if problems:
-        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
-        raise WeightsError(f"{path}: {len(problems)} tensor(s) do not fit this model: {shown}",
-                           hint="custom weights must use the base checkpoint's names, shapes and float dtypes")
-    return out
 
 
 def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],

@@ -69,6 +69,10 @@ def _file(tmp_path, header, data: bytes = b"", length: int | None = None):
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
      b"\0" * 12, None, "overlap"),
     ({"__metadata__": {"k": 1}}, b"", None, "__metadata__"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "cover 4 of the 8 bytes"),  # a hole before it
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 12, None, "cover 4 of the 12 bytes"),  # bytes after it
+    (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+     b"\0" * 8, None, "appear more than once"),
 ])
 def test_hostile_headers_are_clear_errors(tmp_path, header, data, length, message):
     with pytest.raises(WeightsError, match=message):

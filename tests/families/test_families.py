@@ -78,7 +78,7 @@ def test_controlnet_residuals_of_the_real_models():
 def test_the_onnx_contract_per_family():
     sdxl = FAMILIES["sdxl"]
     te2_in, te2_out = sdxl.component("text_encoder_2").io(sdxl.sizes)
-    assert [(t.name, t.dtype, t.shape) for t in te2_in] == [("input_ids", "int64", ("batch", 77))]
+    assert [(t.name, t.dtype, t.shape) for t in te2_in] == [("input_ids", "int64", ("batch", 77)), ("added_embeds", "float32", ("batch", 77, 1280))]
     assert [(t.name, t.shape) for t in te2_out] == [("hidden_states", ("batch", 77, 1280)), ("text_embeds", ("batch", 1280))]
     unet_in, unet_out = sdxl.component("unet").io(sdxl.sizes)
     assert [(t.name, t.shape) for t in unet_in] == [("sample", ("batch", 4, "height", "width")), ("timestep", ("batch",)),
@@ -104,7 +104,7 @@ def test_profiles_and_validation_ranges():
     assert profile_dims(cn, cn.component("unet_controlnet"), cn.sizes)["height_div8"] == (4, 8, 16)
     ranges = input_ranges(sdxl, sdxl.component("unet"), sdxl.sizes, 0.13025)
     assert ranges["timestep"] == (0, 999) and ranges["time_ids"] == (0, 1024)
-    assert input_ranges(sd1, sd1.component("text_encoder"), sd1.sizes, 0.18215) == {"input_ids": (0, 49407)}
+    assert input_ranges(sd1, sd1.component("text_encoder"), sd1.sizes, 0.18215) == {"input_ids": (0, 49407), "added_embeds": (-0.1, 0.1)}
     assert "text_embeds" not in input_ranges(sd1, sd1.component("unet"), sd1.sizes, 0.18215)
     assert sdxl.component("vae_decoder").precisions == ("fp32",) and sd1.component("vae_decoder").precisions is None
 

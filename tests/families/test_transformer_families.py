@@ -51,7 +51,7 @@ def test_sd3_factors_ranges_and_precisions():
     assert profile_dims(sd3, sd3.component("text_encoder_3"), sd3.sizes) == {"batch": (1, 2, 4)}
     # each encoder's ids stay in its own vocabulary (T5's 32128 rows, CLIP's 49408)
     assert input_ranges(sd3, sd3.component("text_encoder_3"), sd3.sizes, 1.5305) == {"input_ids": (0, 32127)}
-    assert input_ranges(sd3, sd3.component("text_encoder"), sd3.sizes, 1.5305) == {"input_ids": (0, 49407)}
+    assert input_ranges(sd3, sd3.component("text_encoder"), sd3.sizes, 1.5305) == {"input_ids": (0, 49407), "added_embeds": (-0.1, 0.1)}
     assert input_ranges(sd3, sd3.component("transformer"), sd3.sizes, 1.5305)["timestep"] == (0, 999)
     assert sd3.component("text_encoder_3").precisions == ("fp32", "bf16") and sd3.component("transformer").precisions is None
 

@@ -64,7 +64,7 @@ def test_build_asks_for_the_profile_of_each_input_strongly_typed_and_stripped(fa
     assert parsed["path"].endswith("prepared-fp16.onnx")
     manifest = result.manifest
     assert {f.path: f.role for f in manifest.files} == {"model.plan": "engine", "weights.onnx": "weights"}
-    assert manifest.options == {"strip_weights": True, "refittable": False, "version_compatible": False}
+    assert manifest.options == {"strip_weights": True, "refittable": False, "version_compatible": False, "weight_streaming": False}
     assert manifest.validation["passed"] and manifest.validation["compute_precision"] == "fp16"
     assert manifest.constraints["runtime"] == {"tensorrt": "==10.13.0.35"}
     assert manifest.constraints["engine"]["arch"] == "sm_89"

@@ -133,6 +133,6 @@ def test_a_stack_skips_a_plan_that_cannot_take_it_for_an_artifact_that_can(store
     plain = enginefarm.load("net/fixed", precision="fp32")
     assert plain.artifact.target == TARGET  # the GPU plan ranks first without a stack
     session = enginefarm.load("net/fixed", precision="fp32", loras=[(store / "a_kohya.safetensors", 0.8)])
-    assert session.artifact.target == "onnxruntime:cpu" and "weights: patched" in session.explain()
+    assert session.artifact.target == "onnxruntime:cpu" and "weights: applied in memory at load" in session.explain()
     ref = reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.8)]))
     assert np.allclose(session.run({"x": X})["y"], ref, atol=1e-4)

@@ -37,15 +37,16 @@ def load_model(path: Path, only: set[str] | None = None):
     hard link to the prep cache's."""
     import onnx
 
+    from .onnx_io import check_external_data
+
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
+    check_external_data(model, path)  # every location inside the model's folder, every file there
     for tensor in external_tensors(model):
         if only is not None and tensor.name not in only:
             continue
         entry = _entry(tensor)
         location = (path.parent / entry["location"]).resolve()
-        if path.parent.resolve() not in location.parents:
-            raise ValueError(f"{path.name}: external data {entry['location']!r} is outside the model's folder")
         with open(location, "rb") as handle:
             handle.seek(int(entry.get("offset", 0)))
             tensor.raw_data = handle.read(int(entry["length"])) if "length" in entry else handle.read()

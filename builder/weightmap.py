@@ -106,11 +106,11 @@ class WeightMap:
         """The base checkpoint's name for a custom checkpoint's tensor `name`, or None. A CLIP text encoder's state dict
         is `text_model.…` in transformers 4 and in the files model sites ship, and has no such prefix in transformers 5
         (which reads both): either spelling maps, whichever the base was exported with."""
-        names = self.names
-        if name in names:
+        known = lambda n: n in self.mapped or n in self.unmatched  # noqa: E731  (called per tensor: no set built)
+        if known(name):
             return name
         other = name.removeprefix(TEXT_MODEL) if name.startswith(TEXT_MODEL) else TEXT_MODEL + name
-        return other if other in names else None
+        return other if known(other) else None
 
 
 def _content_key(array: np.ndarray) -> tuple:

@@ -143,6 +143,10 @@ class Pipeline:
     def disable_vae_tiling(self) -> None:
         self.vae_tiling = None
 
+    def _text_encoders(self) -> list[str]:
+        """The text stage's components: the family's encoders this model was exported with (SD3 may lack T5)."""
+        return [n for n in _components(self.assets, self.controlnet is not None) if n in self.family.text_encoders]
+
     def _denoisers(self) -> list[str]:
         """The denoising stage's components: the UNet (and ControlNet) or the transformer."""
         names = _components(self.assets, self.controlnet is not None)
@@ -212,7 +216,7 @@ class Pipeline:
         use_guidance = guidance > 1.0 and self.family.true_cfg  # Flux: no negative pass (dev feeds the scale instead)
 
         start = time.perf_counter()
-        self._stage([c for c in self.family.text_encoders if c in self.assets.components])
+        self._stage(self._text_encoders())
         text = self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
         timings["text"] = time.perf_counter() - start
 

@@ -32,7 +32,7 @@ def feeds_for(session, batch: int, height: int, width: int, seed: int = 0) -> di
 def torch_reference(pipeline: Path, component: str, feeds: dict[str, np.ndarray], controlnet: Path | None = None) -> dict[str, np.ndarray]:
     """What diffusers computes for `component` of the pipeline folder on `feeds`, by output name."""
     import torch
-    from diffusers import AutoencoderKL, ControlNetModel, UNet2DConditionModel
+    from diffusers import ControlNetModel, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
@@ -58,13 +58,21 @@ def torch_reference(pipeline: Path, component: str, feeds: dict[str, np.ndarray]
             result = {f"down_block_res_sample_{i}": r for i, r in enumerate(out.down_block_res_samples)}
             result["mid_block_res_sample"] = out.mid_block_res_sample
         else:
-            vae = AutoencoderKL.from_pretrained(pipeline / "vae").eval()
-            if component == "vae_decoder":
-                result = {"sample": vae.decode(t["latent_sample"]).sample}
-            else:
-                dist = vae.encode(t["sample"]).latent_dist
-                result = {"latent_parameters": torch.cat([dist.mean, dist.logvar], dim=1)}
+            result = vae_reference(pipeline, component, t)
     return {k: v.numpy() for k, v in result.items()}
+
+
+def vae_reference(pipeline, component: str, t: dict) -> dict:
+    """diffusers' VAE on the component's inputs (torch tensors): the decoder's image, or the encoder's mean and
+    log-variance on the channel axis."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(pipeline / "vae").eval()
+    if component == "vae_decoder":
+        return {"sample": vae.decode(t["latent_sample"]).sample}
+    dist = vae.encode(t["sample"]).latent_dist
+    return {"latent_parameters": torch.cat([dist.mean, dist.logvar], dim=1)}
 
 
 def deviation(want: np.ndarray, have: np.ndarray) -> float:

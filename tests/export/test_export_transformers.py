@@ -12,7 +12,7 @@ import pytest
 
 from enginefarm.families import FAMILIES, Sizes
 
-from .references import deviation
+from .references import deviation, vae_reference
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def _feeds(session, batch: int, height: int, width: int, vocab: int, seed: int) 
 def _reference(pipeline, component: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What diffusers' SD3 pipeline computes from each component, written from the public APIs."""
     import torch
-    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from diffusers import SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
@@ -52,12 +52,7 @@ def _reference(pipeline, component: str, feeds: dict[str, np.ndarray]) -> dict[s
             result = {"out_sample": model(hidden_states=t["hidden_states"], timestep=t["timestep"], encoder_hidden_states=t["encoder_hidden_states"],
                                           pooled_projections=t["pooled_projections"]).sample}
         else:
-            vae = AutoencoderKL.from_pretrained(pipeline / "vae").eval()
-            if component == "vae_decoder":
-                result = {"sample": vae.decode(t["latent_sample"]).sample}
-            else:
-                dist = vae.encode(t["sample"]).latent_dist
-                result = {"latent_parameters": torch.cat([dist.mean, dist.logvar], dim=1)}
+            result = vae_reference(pipeline, component, t)
     return {k: v.numpy() for k, v in result.items()}
 
 

@@ -55,13 +55,25 @@ def check_contract(path: Path, name: str, inputs: tuple[Tensor, ...], outputs: t
         raise ExportError(f"{name}: the exported ONNX does not match the family table: {'; '.join(problems)}")
 
 
-def compare_with_torch(path: Path, name: str, module, cases: list[tuple[Shape, tuple]], outputs: tuple[Tensor, ...],
-                       scale: int, limit: float | None = None) -> dict[str, float]:
-    """Run the ONNX file on ONNX Runtime (CPU) and `module` on torch for each case; the worst deviation per case
-    (max |difference| over the output's range), or ExportError naming the output that missed."""
+def torch_outputs(module, cases: list[tuple[Shape, tuple]]) -> list[list]:
+    """`module`'s outputs (numpy) for each case: computed before ONNX Runtime loads the file, so the torch model can
+    be dropped first and the two never hold the weights at once."""
+    import torch
+
+    results = []
+    for _, example in cases:
+        with torch.no_grad():
+            expected = module(*example)
+        results.append([t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))])
+    return results
+
+
+def compare_with_torch(path: Path, name: str, expected_outputs: list[list], cases: list[tuple[Shape, tuple]],
+                       outputs: tuple[Tensor, ...], scale: int, limit: float | None = None) -> dict[str, float]:
+    """Run the ONNX file on ONNX Runtime (CPU) for each case and compare with torch's outputs (`torch_outputs`): the
+    worst deviation per case (max |difference| over the output's range), or ExportError naming the output that missed."""
     import numpy as np
     import onnxruntime as ort
-    import torch
 
     limit = MAX_DEVIATION if limit is None else limit
     options = ort.SessionOptions()
@@ -69,10 +81,7 @@ def compare_with_torch(path: Path, name: str, module, cases: list[tuple[Shape, t
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     worst: dict[str, float] = {}
-    for shape, example in cases:
-        with torch.no_grad():
-            expected = module(*example)
-        expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
+    for (shape, example), expected in zip(cases, expected_outputs):
         got = session.run(None, {n: t.numpy() for n, t in zip(names, example)})
         deviation = 0.0
         for tensor, want, have in zip(outputs, expected, got):

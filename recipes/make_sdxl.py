@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Write a Stable Diffusion XL (base) diffusers folder at real size, with seeded random weights.
+
+Every component has SDXL base 1.0's published config (CLIP ViT-L text encoder, OpenCLIP ViT-bigG text encoder with
+projection, the 2.6 B-parameter UNet, the VAE with scaling factor 0.13025) and its scheduler; nothing is downloaded
+(the farm reaches PyPI only). The tokenizers are CLIP tokenizers with a hand-written byte vocabulary and no merges
+(tests/tiny_pipelines.py): prompts become real token ids, spelled out letter by letter. What the weights are does not
+change what a build needs or how fast an artifact runs, so this folder measures `enginefarm export`, `build` and
+`generate` at SDXL's real size; its images are noise.
+
+    python recipes/make_sdxl.py --out /tmp/sdxl          # ~6.9 GB on disk (the UNet saved at fp16), ~11 GB peak
+    enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16
+
+Needs the `export` extra (torch, diffusers, transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 0
+
+# stabilityai/stable-diffusion-xl-base-1.0: text_encoder/, text_encoder_2/, unet/, vae/ config.json
+CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+              max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768)
+CLIP_G = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+              max_position_embeddings=77, hidden_act="gelu", projection_dim=1280)
+UNET = dict(sample_size=128, in_channels=4, out_channels=4, cross_attention_dim=2048, block_out_channels=(320, 640, 1280),
+            layers_per_block=2, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(5, 10, 20),
+            transformer_layers_per_block=(1, 2, 10), use_linear_projection=True, addition_embed_type="text_time",
+            addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816)
+VAE = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+           down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, sample_size=1024,
+           scaling_factor=0.13025, force_upcast=True)
+SCHEDULER = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
+                 timestep_spacing="leading")
+
+
+def make_sdxl(out: Path) -> Path:
+    sys.path.insert(0, str(ROOT))  # the hand-written tokenizer lives with the tiny test models
+    import torch
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    from tests.tiny_pipelines import write_tokenizer
+
+    torch.manual_seed(SEED)
+    tokens = out.parent / f".{out.name}-tokenizers"
+    ids = dict(bos_token_id=512, eos_token_id=513)  # the hand-written vocabulary's <|startoftext|>, <|endoftext|>
+    text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, **ids, pad_token_id=513)).eval()
+    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G, **ids, pad_token_id=ord("!"))).eval()
+    unet = UNet2DConditionModel(**UNET).half()  # 10.3 GB at fp32; the exporter reads it back at fp32
+    pipeline = StableDiffusionXLPipeline(
+        vae=AutoencoderKL(**VAE), text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+        tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
+        tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),
+        unet=unet, scheduler=EulerDiscreteScheduler(**SCHEDULER))
+    pipeline.save_pretrained(out)
+    import shutil
+
+    shutil.rmtree(tokens)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist)")
+    args = p.parse_args()
+    if args.out.exists():
+        print(f"error: {args.out} exists; choose a new folder", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    make_sdxl(args.out)
+    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+    print(f"wrote {args.out}: {size / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -88,12 +88,19 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
             fp32 = count * 4  # every job's need counts weights at fp32 (see builder/memory.py)
             row = {"model": model, "component": component, "params_b": count / 1e9, "fp32_gb": fp32 / 1e9, "fp16_gb": fp32 / 2e9}
             for target in TARGETS:
-                need = gb(need_bytes(fp32, backend=target.split(":")[0]))
-                runner, why = route(target, Resources(need, 0.0), runners, on_cpu=True)
-                row[target] = (need, runner.name if runner else "none")
-                row.setdefault("why", why)
+                backend = target.split(":")[0]
+                needs = [gb(need_bytes(fp32, backend=backend, precision=p)) for p in ("fp32", "fp16")]
+                routes = [route(target, Resources(n, 0.0), runners, on_cpu=True) for n in needs]
+                row[target] = (needs, [r.name if r else "none" for r, _ in routes])
+                row.setdefault("why", routes[0][1])
             out.append(row)
     return out
+
+
+def _needs(needs: list[float], runners: list[str]) -> str:
+    if runners[0] == runners[1]:
+        return f"{needs[0]:g} / {needs[1]:g} → {runners[0]}"
+    return f"{needs[0]:g} → {runners[0]}, {needs[1]:g} → {runners[1]}"
 
 
 def main() -> int:
@@ -108,9 +115,9 @@ def main() -> int:
         print(f"error: unknown model {unknown[0]!r}; known: {', '.join(MODELS)}", file=sys.stderr)
         return 2
     table = rows(models, args.runners)
-    head = ["model", "component", "params (B)", "fp32 GB", "fp16 GB", *(f"{t}: need GB → runner" for t in TARGETS)]
+    head = ["model", "component", "params (B)", "fp32 GB", "fp16 GB", *(f"{t}: fp32 / fp16 job need GB → runner" for t in TARGETS)]
     lines = [[r["model"], r["component"], f"{r['params_b']:.3f}", f"{r['fp32_gb']:.1f}", f"{r['fp16_gb']:.1f}",
-              *(f"{r[t][0]:g} → {r[t][1]}" for t in TARGETS)] for r in table]
+              *(_needs(*r[t]) for t in TARGETS)] for r in table]
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(line) + " |" for line in lines))

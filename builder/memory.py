@@ -5,12 +5,17 @@ A job's peak resident memory is bounded by its source's weights (README, "Stable
 holds more than the model twice over, the model and the artifact are never in memory in the same process, and
 a fixed part (the interpreter, onnx, ONNX Runtime, OpenVINO, onnxsim) stays the same for any model:
 
-    need = max(FACTOR × weights, weights + BASE)     (FACTOR 2.5; 3.0 for the NVIDIA builders)
+    need = max(FACTOR × weights, weights + BASE)     (FACTOR 2.5; 3.0 for the NVIDIA builders;
+                                                       HALF_FACTOR 2.0 for fp16 and bf16 jobs)
 
 `weights` counts every float tensor at 4 bytes an element, whatever the source stores: a source saved in fp16 or
 bf16 is still validated against ONNX Runtime's run of it, and the CPU backends hold fp32 copies of fp16 weights while
 they compile and run (the SD 1.5 UNet's fp16 jobs peaked at 6.1-6.4 GB: 3.6x its 1.72 GB of fp16 weights, 1.8x its
 fp32 ones). Counting file bytes would halve the need of an fp16 source (Flux: 60 GB instead of 119).
+
+An fp16 or bf16 job never holds fp32 copies of the artifact's weights, so its peak is the fp32 reference run of the
+source (ONNX Runtime, shared by every job of the source: 1.86x the SD 1.5 UNet's fp32 weights) or onnxsim's prep
+(1.22x); its artifact is half the size. HALF_FACTOR covers that with a margin.
 
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """
@@ -24,6 +29,8 @@ from enginefarm.backends import Backend, get_backend
 from enginefarm.errors import BackendUnavailable
 
 FACTOR = Backend.build_memory_factor  # a backend may state its own
+HALF_FACTOR = 2.0
+HALF_PRECISIONS = ("fp16", "bf16")
 BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and activations at the profile's max
 
 
@@ -51,10 +58,13 @@ def half_precision_bytes(header) -> int:
     return total
 
 
-def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "") -> int:
+def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "", precision: str = "fp32") -> int:
     # A backend states its own factor (Backend.build_memory_factor): NVIDIA's builders hold the parsed weights, the
-    # engine's copy and its serialization at once (the SD 1.5 UNet fp32 peaks at 2.95x its weights in TensorRT-RTX).
+    # engine's copy and its serialization at once (the SD 1.5 UNet fp32 peaks at 2.95x its weights in TensorRT-RTX,
+    # fp16 at 1.74x).
     factor = _backend_factor(backend) if backend else FACTOR
+    if precision in HALF_PRECISIONS:
+        factor = min(factor, HALF_FACTOR)
     return max(int(factor * weight_bytes), weight_bytes + BASE, int(host_ram_gb * 1e9))
 
 
@@ -66,7 +76,7 @@ def _backend_factor(name: str) -> float:
 
 
 def job_need_bytes(job) -> int:
-    return need_bytes(job.weight_bytes, job.resources.host_ram_gb, job.target.backend)
+    return need_bytes(job.weight_bytes, job.resources.host_ram_gb, job.target.backend, job.precision)
 
 
 def available_bytes() -> int:

@@ -8,7 +8,7 @@ projection, the 2.6 B-parameter UNet, the VAE with scaling factor 0.13025) and i
 change what a build needs or how fast an artifact runs, so this folder measures `enginefarm export`, `build` and
 `generate` at SDXL's real size; its images are noise.
 
-    python recipes/make_sdxl.py --out /tmp/sdxl          # ~6.9 GB on disk (the UNet saved at fp16), ~11 GB peak
+    python recipes/make_sdxl.py --out /tmp/sdxl          # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
     enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16
 
 Needs the `export` extra (torch, diffusers, transformers).

@@ -59,6 +59,10 @@ def test_need_is_a_bound_on_weights_with_a_floor():
     assert memory.need_bytes(1 << 20) == (1 << 20) + memory.BASE  # the interpreter and SDKs for a small one
     assert memory.need_bytes(1 << 20, host_ram_gb=32) == 32e9  # a recipe may ask for more, never less
     assert memory.need_bytes(4 << 30, backend="tensorrt-rtx") == 12 << 30  # NVIDIA's builders hold more (memory.py)
+    for backend in ("", "openvino", "tensorrt-rtx"):  # fp16/bf16 jobs hold no fp32 copy of the artifact (memory.py)
+        assert memory.need_bytes(4 << 30, backend=backend, precision="fp16") == 8 << 30
+        assert memory.need_bytes(4 << 30, backend=backend, precision="bf16") == 8 << 30
+    assert memory.need_bytes(1 << 20, precision="fp16") == (1 << 20) + memory.BASE
 
 
 def test_plan_shows_each_jobs_memory_need(tiny_recipe, tiny_sd, cli):

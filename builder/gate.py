@@ -34,7 +34,8 @@ def validation_settings(job: Job) -> str:
     thresholds it applies, the seeded inputs and the recipe's sample files (by content)."""
     spec = job.validate
     quantized, _ = model_traits(job.source.path)
-    inputs = {name: {"low": s.low, "high": s.high, "file": sha256_file(s.file) if s.file else None} for name, s in spec.inputs.items()}
+    inputs = {name: {"low": s.low, "high": s.high, "file": sha256_file(s.file) if s.file else None}
+              for name, s in spec.inputs.items()}
     return build_key({
         "gate": GATE_VERSION,
         "thresholds": Thresholds.for_job(job.precision, spec, quantized=quantized).to_dict(),
@@ -55,7 +56,8 @@ def thresholds(job: Job) -> Thresholds:
     return Thresholds.for_job(job.precision, job.validate, quantized=model_traits(job.source.path)[0])
 
 
-def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path, stages: Stages | None = None) -> dict[str, Any]:
+def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path,
+                      stages: Stages | None = None) -> dict[str, Any]:
     """Run the gate on an artifact folder with the job's current [validate] settings; `settings` names them.
 
     The fp32 references are computed (or read back from the source's work folder) before the artifact loads, so
@@ -81,11 +83,13 @@ def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest,
                 return {"passed": None, "executed": False, "settings": settings, **note}
             if references is None:  # a stand-in runs here though the artifact cannot (Core ML's traced module)
                 references = reference_outputs_cached(job.source.path, cases, folder, probe)
-            report = {**validate(session, cases, references, thresholds(job)), "executed": True, "settings": settings, **note}
+            checked = validate(session, cases, references, thresholds(job))
+            report = {**checked, "executed": True, "settings": settings, **note}
         except EnginefarmError:
             raise
         except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
-            raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
+            why = sdk_text(exc, workroot)
+            raise BuildError(f"{job.label}: the built artifact does not load or run: {why}") from exc
         del session
         rss.give_back()  # the artifact's memory goes back to the system before the benchmark process starts
     return report

@@ -93,6 +93,7 @@ class Job:
                 "toolchain": toolchain,
                 "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
-                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() in ("fp16", "bf16") else {}),
+                **({"fp16_keep_fp32": list(self.fp16_keep)}
+                   if self.fp16_keep and self.onnx_precision() in ("fp16", "bf16") else {}),
             }
         )

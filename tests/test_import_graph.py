@@ -30,18 +30,20 @@ def test_the_product_package_has_no_import_circles():
     assert len(graph.modules()) > 100 and len(found) > 400  # the whole package was read, not an empty corner
     assert {"enginefarm.builder.job", "enginefarm.builder.gate"} <= set(graph.modules())
     circles = graph.circles(found, "function")
-    assert circles == [], "import circles (run bench/import_graph.py --edges): " + "; ".join(" <-> ".join(c) for c in circles)
+    named = "; ".join(" <-> ".join(c) for c in circles)
+    assert circles == [], f"import circles (bench/import_graph.py --edges names each import): {named}"
 
 
 def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_path):
-    """The checker itself on a package made to hold each kind of circle, so the test above cannot pass by seeing none."""
+    """The checker on a package made to hold each kind of circle: the test above cannot pass by seeing none."""
     (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"pkg" = "src"\n"pkg.sub" = "sub"\n')
     files = {
         "src/__init__.py": "",
         "src/a.py": "from .b import thing\n",  # a -> b -> a: relative, module level
         "src/b.py": "import pkg.a\nthing = 1\n",
         "src/c.py": "def late():\n    from pkg.sub import d\n",  # c -> sub.d -> c: inside a function
-        "src/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.f import F\n",  # e -> sub.f -> e: typing only
+        # e -> sub.f -> e: under TYPE_CHECKING only
+        "src/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.f import F\n",
         "sub/__init__.py": "",
         "sub/d.py": "from ..c import late\n",
         "sub/f.py": "from pkg import e\nclass F: ...\n",

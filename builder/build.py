@@ -7,7 +7,6 @@ Each stage's time and peak memory are measured where the work happens (stages.py
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import subprocess
 import time
@@ -26,17 +25,18 @@ from enginefarm.cache.stores.base import Store
 from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
-from . import rss
 from enginefarm.backends import Feature, get_backend, job_refusal
 from .bench import measure_in_subprocess
+from .gate import stale, thresholds, validation_report
 from .golden import attach as attach_golden
 from .hostlock import building
-from .planner import Job
+from .job import Job
 from .prep import prepare
 from .references import reference_outputs_cached
-from .revalidate import revalidate, stale, validation_settings
+from .revalidate import revalidate
+from .sdk_errors import sdk_text
 from .stages import Stages
-from .validate import Thresholds, model_traits, sample_cases, validate
+from .validate import sample_cases
 from .weightmap import attach as attach_weight_map
 from .workcache import source_folder
 
@@ -194,51 +194,11 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
         cases = sample_cases(job.inputs, job.profile, job.validate)
         with stages.stage("golden samples") as probe:
             references = reference_outputs_cached(job.source.path, cases, folder, probe)
-            manifest, report["golden"] = attach_golden(manifest, outdir, cases, list(references), _thresholds(job))
+            manifest, report["golden"] = attach_golden(manifest, outdir, cases, list(references), thresholds(job))
     manifest = replace(manifest, validation=report)
     if report["passed"] is False:
         raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
     return manifest
-
-
-def _thresholds(job: Job) -> Thresholds:
-    return Thresholds.for_job(job.precision, job.validate, quantized=model_traits(job.source.path)[0])
-
-
-def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path, stages: Stages | None = None) -> dict[str, Any]:
-    """Run the gate on an artifact folder with the job's current [validate] settings; `settings` names them.
-
-    The fp32 references are computed (or read back from the source's work folder) before the artifact loads, so
-    the two are never in memory at once. A backend whose artifact may not run on the build host (TensorRT-RTX or
-    MIGraphX without their GPU, Core ML off macOS) offers `validation_session`: its own session, what it can run
-    instead, or None; plus a note the manifest keeps. The record always says whether the artifact itself ran here
-    (`executed`), and if not, `why`."""
-    stages = stages if stages is not None else Stages()
-    folder = source_folder(workroot, job.source.digest)
-    cases = sample_cases(job.inputs, job.profile, job.validate)
-    settings = validation_settings(job)
-    references = None
-    if backend.available(job.target.device).can_load:
-        with stages.stage("reference") as probe:
-            references = reference_outputs_cached(job.source.path, cases, folder, probe)
-    with stages.stage("validate") as probe:
-        try:
-            if backend.has(Feature.OWN_VALIDATION):
-                session, note = backend.validation_session(artifact_dir, manifest, job.target.device)
-            else:
-                session, note = backend.load(artifact_dir, manifest, job.target.device), {}
-            if session is None:
-                return {"passed": None, "executed": False, "settings": settings, **note}
-            if references is None:  # a stand-in runs here though the artifact cannot (Core ML's traced module)
-                references = reference_outputs_cached(job.source.path, cases, folder, probe)
-            report = {**validate(session, cases, references, _thresholds(job)), "executed": True, "settings": settings, **note}
-        except EnginefarmError:
-            raise
-        except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
-            raise BuildError(f"{job.label}: the built artifact does not load or run: {sdk_text(exc, workroot)}") from exc
-        del session
-        rss.give_back()  # the artifact's memory goes back to the system before the benchmark process starts
-    return report
 
 
 def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None,
@@ -326,24 +286,6 @@ def _build_cache(backend, hook, what: str, store: Store | None, job: Job, outdir
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
-
-
-SDK_TEXT_LIMIT = 4000
-
-
-def sdk_text(exc: BaseException, workroot: Path) -> str:
-    """An SDK's error as the user needs it: every line of it (bounded, cut at a line), with the job's temporary
-    folders, which are gone by the time anyone reads the message, reduced to the file names inside them."""
-    text = str(exc).strip()
-    for root in {str(workroot), str(Path(workroot).resolve())}:
-        text = re.sub(re.escape(root) + r"/(?:[^\s'\"]*/)?", "", text)
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-    text = "\n".join(lines)
-    if len(text) > SDK_TEXT_LIMIT:
-        cut = text.rfind("\n", 0, SDK_TEXT_LIMIT)
-        cut = cut if cut > SDK_TEXT_LIMIT // 2 else text.rfind(" ", 0, SDK_TEXT_LIMIT)
-        text = f"{text[:cut]} … ({len(text) - cut} more characters; -v shows all)"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def plain_file(root: Path, rel: str, role: str) -> ArtifactFile:

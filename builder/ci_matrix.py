@@ -1,5 +1,5 @@
-"""What a farm's CI needs from a plan: the runner labels each job builds on (from its backend) and a GitHub
-Actions build matrix that batches jobs per runner."""
+"""What a farm's CI needs from a plan: a GitHub Actions build matrix that batches jobs per runner (the labels each
+job builds on are filled in by the planner: `PlannedJob.runs_on`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from enginefarm.backends import get_backend
-from enginefarm.cache.manifest import Target
 
 from .memory import gb, job_need_bytes
 
@@ -15,11 +14,6 @@ if TYPE_CHECKING:
     from .planner import PlannedJob
 
 GITHUB_MATRIX_CAP = 256
-
-
-def runner_labels(target: Target, on_cpu: bool = False) -> list[str]:
-    """Labels of the runner that builds `target`; `on_cpu`: one without a GPU does (TensorRT-RTX's default jobs)."""
-    return get_backend(target.backend).runner_labels(target.device, on_cpu)
 
 
 def _relative(path: Path) -> str:

@@ -20,7 +20,7 @@ from enginefarm.cache.workdirs import reclaim
 
 from .build import BuildResult, build
 from .memory import available_bytes, gb, job_need_bytes
-from .planner import Job
+from .job import Job
 from .workcache import prune
 
 # (job id, event, detail): event is "start", "step", "transfer" or "done"; detail is a step name,

@@ -2,102 +2,29 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from enginefarm.cache.keys import build_key, canonical_json
-from enginefarm.cache.manifest import Target, target_matches
+from enginefarm.cache.manifest import target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
 from enginefarm.backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal, precision_refusal
 from enginefarm.backends.base import Availability
+from .gate import stale
+from .job import Job
 from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
-from .prep import prep_versions
-from .profiles import STATIC_PROFILE, Resolved, is_static, resolve_profile
+from .profiles import STATIC_PROFILE, is_static, resolve_profile
 from .recipe import Recipe, Resources, ValidateSpec
-from .ci_matrix import runner_labels
-from .runners import Runner, route
+from .runners import Runner, route, runner_labels
 from .sources import LocalSource, materialize
 
 log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class Job:
-    recipe_path: Path
-    recipe_digest: str
-    model: str
-    model_version: str
-    component: str
-    precision: str
-    profile_name: str
-    profile: Resolved
-    target: Target
-    source_url: str
-    source: LocalSource
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
-    opset: int
-    validate: ValidateSpec
-    resources: Resources = Resources()
-    options: dict[str, Any] = field(default_factory=dict)  # the backend's build options, defaults filled in
-    checkpoint: LocalSource | None = None  # base weights whose names the artifact's weight map speaks
-    fp16_keep: tuple[str, ...] = ()  # op types or node names the recipe keeps fp32 in fp16 ONNX
-    weight_bytes: int = 0  # the source's weights: what the job's memory need is estimated from (memory.py)
-
-    @property
-    def id(self) -> str:
-        """Stable across toolchains: names *what* to build, where the key names *exactly which* artifact."""
-        ident = [self.model, self.component, self.precision, self.profile_name, str(self.target)]
-        return hashlib.sha256(canonical_json(ident)).hexdigest()[:12]
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}/{self.component} {self.precision} {self.profile_name} {self.target}"
-
-    def onnx_precision(self) -> str:
-        backend = get_backend(self.target.backend)
-        return self.precision if backend.onnx_precision == "same" else "fp32"
-
-    def toolchain(self) -> dict[str, str]:
-        """Every version that shapes the artifact. Raises BackendUnavailable if the SDK is missing."""
-        return dict(self._toolchain)
-
-    @cached_property
-    def _toolchain(self) -> dict[str, str]:
-        backend = get_backend(self.target.backend)
-        versions = dict(backend.versions())
-        versions.update(prep_versions(self.onnx_precision()))
-        versions["opset"] = str(self.opset)
-        return versions
-
-    @cached_property
-    def build_key(self) -> str:
-        """The key, computed once per job: the plan, the build worker (the job is pickled with it) and the on-device
-        compile read this one."""
-        return self.key(self.toolchain())
-
-    def key(self, toolchain: dict[str, str]) -> str:
-        return build_key(
-            {
-                "model": self.model,
-                "model_version": self.model_version,
-                "source": self.source.digest,
-                "component": self.component,
-                "precision": self.precision,
-                "profile": self.profile,
-                "target": str(self.target),
-                "toolchain": toolchain,
-                "options": self.options,
-                **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
-                **({"fp16_keep_fp32": list(self.fp16_keep)} if self.fp16_keep and self.onnx_precision() in ("fp16", "bf16") else {}),
-            }
-        )
+__all__ = ["Job", "PlannedJob", "expand", "plan", "precision_here"]  # Job lives in job.py; importable here as before
 
 
 @dataclass
@@ -109,7 +36,7 @@ class PlannedJob:
     built: bool = False
     stale_validation: bool = False  # built, but judged under other [validate] settings than the recipe's
     missing_blobs: int = 0  # its manifest is stored but names blobs the store lost: `build` repairs it
-    runs_on: list[str] = field(default_factory=list)
+    runs_on: list[str] = field(default_factory=list)  # filled at plan time: the farm's runner, or the backend's labels
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
     refused: str = ""  # "refused: why; fix": the SDK would refuse it on any host, or the device class cannot compute in its precision
 
@@ -142,7 +69,7 @@ class PlannedJob:
             "target": str(job.target),
             "recipe": str(job.recipe_path),
             "status": self.status,
-            "runs_on": self.runs_on or runner_labels(job.target, builds_on_cpu(job)),
+            "runs_on": self.runs_on,
             "memory_gb": gb(job_need_bytes(job)),
         }
 
@@ -294,8 +221,6 @@ def _stored_state(store: Store, job: Job, key: str, indexes: dict[str, dict]) ->
     A key the index does not list is looked up directly (an index can lag its manifests); a stored manifest whose
     blobs are gone is not built: `build` repairs it."""
     from enginefarm.cache.artifacts import missing_blobs, read_index, read_manifest
-
-    from .revalidate import stale
 
     if job.model not in indexes:
         indexes[job.model] = read_index(store, job.model).entries

@@ -17,43 +17,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from enginefarm.cache.artifacts import VERDICTS, record_verdict
-from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.device_cache import DeviceCache
-from enginefarm.cache.index import IndexEntry
-from enginefarm.cache.keys import build_key
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
 
 from enginefarm.backends import get_backend
+from .gate import validation_report
 from .hostlock import building
-from .planner import Job
-from .validate import GATE_VERSION, Thresholds, model_traits
-
-def validation_settings(job: Job) -> str:
-    """The digest of everything that decides a verdict besides the artifact: the gate's own version, the
-    thresholds it applies, the seeded inputs and the recipe's sample files (by content)."""
-    spec = job.validate
-    quantized, _ = model_traits(job.source.path)
-    inputs = {name: {"low": s.low, "high": s.high, "file": sha256_file(s.file) if s.file else None} for name, s in spec.inputs.items()}
-    return build_key({
-        "gate": GATE_VERSION,
-        "thresholds": Thresholds.for_job(job.precision, spec, quantized=quantized).to_dict(),
-        "inputs": inputs,
-        "samples": sha256_file(spec.samples) if spec.samples else None,
-        "seed": spec.seed,
-    })
-
-
-def stale(job: Job, entry: IndexEntry | None, manifest: Manifest | None) -> bool:
-    """Whether the stored verdict was reached under other settings than the recipe's current ones."""
-    verdict = (entry.validation if entry is not None else {}) or (manifest.validation if manifest is not None else {})
-    return verdict.get("settings") != validation_settings(job)
-
+from .job import Job
 
 def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workdir: Path, step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fetch the stored artifact, run the gate with the current settings, record the verdict. Returns the report."""
-    from .build import validation_report
-
     step = step or (lambda _msg: None)
     cache = DeviceCache(workdir / "fetched")  # a private cache: re-checking a farm's store does not fill the user's
     try:

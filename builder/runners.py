@@ -1,4 +1,5 @@
-"""The farm's runners and what each can build: routes jobs to runner labels by target and memory.
+"""The runner labels a job builds on: its backend's (`runner_labels`), or, with a farm's runners file, the runner that
+can build it, routed by target and memory:
 
     [[runner]]
     name = "rtx4090"                                  # optional, for messages
@@ -15,6 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from enginefarm.backends import get_backend
+from enginefarm.cache.manifest import Target
 from enginefarm.errors import RecipeError
 
 from .recipe import Resources
@@ -87,3 +90,9 @@ def route(target: str, needs: Resources, runners: list[Runner], *, on_cpu: bool 
             wanted.append(f"{needs.gpu_vram_gb:g} GB VRAM (largest {target} runner: {most_vram:g})")
         return None, "no runner has enough memory: needs " + " and ".join(wanted or ["more memory than any single runner"])
     return min(fits, key=lambda r: (r.vram_gb, r.ram_gb)), ""
+
+
+def runner_labels(target: Target, on_cpu: bool = False) -> list[str]:
+    """Labels of the runner that builds `target` when no runners file is given; `on_cpu`: one without a GPU does
+    (TensorRT-RTX's default jobs)."""
+    return get_backend(target.backend).runner_labels(target.device, on_cpu)

@@ -6,15 +6,12 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from enginefarm.errors import IntegrityError
 
 from . import fields as f
 from .keys import ARTIFACT_FORMAT_VERSION
-
-if TYPE_CHECKING:
-    from .index import IndexEntry
 
 ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
@@ -145,12 +142,6 @@ class Manifest:
         if expect_key is not None and manifest.build_key != expect_key:
             raise IntegrityError(f"manifest {expect_key[:12]} claims build key {manifest.build_key[:12]}")
         return manifest
-
-    def index_entry(self) -> "IndexEntry":
-        """What resolution needs, without the file list: one index GET answers 'what exists'."""
-        from .index import IndexEntry
-
-        return IndexEntry.of(self)
 
 
 _REQUIRED_TEXT = ("build_key", "model", "model_version", "component", "precision", "profile_name", "target")

@@ -70,7 +70,7 @@ class Pipeline:
         None: all loaded up front. embeddings:
         textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
         `enginefarm.diffusion.embeddings`)."""
-        import enginefarm
+        from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself; the package root imports us
 
         from .budget import Residency, artifact_bytes, parse_budget
 
@@ -109,8 +109,8 @@ class Pipeline:
         def load_component(component: str):
             chosen = chosen_precision(component)
             start = time.perf_counter()
-            session = enginefarm.load(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                      version=version, weights=files.get(component), loras=dealt.get(component, ()))
+            session = load_session(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
+                                  version=version, weights=files.get(component), loras=dealt.get(component, ()))
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 

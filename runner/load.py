@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 from enginefarm.backends import get_backend
 from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
-from enginefarm.cache.index import read_index
+from enginefarm.cache.index import IndexEntry, read_index
 from enginefarm.cache.manifest import PRECISIONS, Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
@@ -100,7 +100,7 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         if foreign:
             note = "; ".join(filter(None, [note, f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered"]))
         cached = [m for m in cached if m not in foreign]
-    entries = [(m.index_entry(), "cache") for m in cached] + stored
+    entries = [(IndexEntry.of(m), "cache") for m in cached] + stored
     entries = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
     devices = devices_for(entries)
     return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings)
@@ -268,7 +268,7 @@ def load(
     path = found.cache.verified_dir(manifest.build_key)
     if path is None:
         raise IntegrityError(f"the artifact just compiled for {ref} failed verification", key=manifest.build_key)
-    chosen = Candidate(manifest.index_entry(), source="cache (compiled on this device)")
+    chosen = Candidate(IndexEntry.of(manifest), source="cache (compiled on this device)")
     explanation = found.resolution.explain(chosen, note=f"compiled on this device from {recipe_found.path}: nothing stored fit")
     return _session(manifest, path, stack, found, explanation, report)
 

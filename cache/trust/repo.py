@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError, TrustError
 
+from ..index import IndexEntry
 from ..manifest import Manifest
 from ..stores.base import Store
 from . import ROLES, binding, require_tuf, target_path
@@ -42,7 +43,7 @@ def describe(manifest: Manifest) -> dict[str, Any]:
 
     # `entry` is JSON text: TUF's canonical JSON has no floats, and benchmarks are floats.
     return {"model": manifest.model, "component": manifest.component, "precision": manifest.precision,
-            "target": manifest.target, "build_key": manifest.build_key, "entry": json.dumps(manifest.index_entry().to_dict(), sort_keys=True)}
+            "target": manifest.target, "build_key": manifest.build_key, "entry": json.dumps(IndexEntry.of(manifest).to_dict(), sort_keys=True)}
 
 
 class Channel:

@@ -57,7 +57,7 @@ def test_manifest_from_bytes_is_typed_or_an_integrity_error(raw):
         pass
 
 
-GOOD_ENTRY = make_manifest("fuzz", "a" * 64, 10).index_entry().to_dict()
+GOOD_ENTRY = IndexEntry.of(make_manifest("fuzz", "a" * 64, 10)).to_dict()
 
 
 @FUZZ

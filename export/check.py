@@ -10,8 +10,10 @@ from pathlib import Path
 from enginefarm.errors import ExportError
 from enginefarm.families import Tensor
 
-# Max |ONNX Runtime - torch| over the reference's range, per output: fp32 kernels differ in summation order only.
-MAX_DEVIATION = 1e-4
+# Max |ONNX Runtime - torch| over the reference's range, per output: fp32 kernels differ in summation order only,
+# which grows with depth and output size (tiny models: under 2e-6; SDXL at real size: UNet 8.5e-7, VAE decoder
+# 1.5e-4 at 2 x 1024x1024, its worst of 6.3 M values). A wrong op or layout moves outputs by 1e-2 and more.
+MAX_DEVIATION = 1e-3
 
 _ONNX_TYPES = {"float32": 1, "int64": 7}
 

@@ -67,6 +67,16 @@ def _mismatch(entry, store: Store, key: str, detail: str) -> IntegrityError:
                           f"(tampered or corrupt store): {detail}", hint="the artifact was not cached; report it to whoever publishes this store", key=key)
 
 
+def _last_used(path: Path) -> float | None:
+    """When the artifact at `path` was last used; None if it is gone."""
+    for candidate in (path / _USED_STAMP, path):
+        try:
+            return candidate.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return None
+
+
 class DeviceCache:
     def __init__(self, home: Path) -> None:
         self.home = Path(home)
@@ -99,8 +109,9 @@ class DeviceCache:
             manifest = self.manifest(path.name)
             if manifest is None:
                 continue
-            stamp = path / _USED_STAMP
-            used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
+            used = _last_used(path)
+            if used is None:  # evicted meanwhile by another process (a second gc): no longer an entry
+                continue
             yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files), used)
 
     def problems(self, key: str, *, trust_proof: bool = False) -> list[str]:

@@ -101,3 +101,59 @@ def test_two_cache_gc_at_once_both_succeed_and_leave_a_valid_cache(tmp_path):
             assert list(cache.entries()) == []
         else:
             assert 0 < cache.size() <= 20 << 10
+
+
+# A read-only cache (a read-only mount, or a folder the user may not write) ------------------------------------
+# The command runs in its own mount namespace where ENGINEFARM_HOME is bind-mounted read-only: chmod does not stop
+# root, a read-only mount stops everyone, and nothing outside the child sees the mount.
+READ_ONLY = 'mount --bind "$ENGINEFARM_HOME" "$ENGINEFARM_HOME" && mount -o remount,ro,bind "$ENGINEFARM_HOME" && exec "$@"'
+
+
+def _run_read_only(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ENGINEFARM_HOME": str(home)}
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", READ_ONLY, "sh", "sh", "-c", 'touch "$ENGINEFARM_HOME/probe"'],
+                           env=env, capture_output=True, text=True) if shutil.which("unshare") else None
+    if probe is None or "Read-only file system" not in probe.stderr:
+        pytest.skip(f"cannot mount a folder read-only here (unshare -rm): {probe.stderr.strip() if probe else 'no unshare'}")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", READ_ONLY, "sh", sys.executable, "-m", "enginefarm.cli", *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def _snapshot(home: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def damaged_cache(tmp_path):
+    """Three cached artifacts, the second with a flipped byte, and leftovers of a dead process."""
+    home = tmp_path / "home"
+    manifests = _fill(home, 3)
+    damaged = DeviceCache(home).path_of(manifests[1].build_key) / "model.onnx"
+    damaged.write_bytes(b"X" + damaged.read_bytes()[1:])
+    return home, manifests
+
+
+def test_cache_verify_on_a_read_only_cache_checks_everything_and_says_nothing_was_evicted(damaged_cache):
+    """Before: OSError (Read-only file system) traceback while recording the first proof of hashing."""
+    home, manifests = damaged_cache
+    before = _snapshot(home)
+    proc = _run_read_only(home, "cache", "verify")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("ok ") for line in lines) == 2
+    assert [line for line in lines if line.startswith("damaged m/c1 ")] and not [line for line in lines if "evicted" in line]
+    assert proc.stderr.strip() == f"warning: the cache at {home} is read-only (read-only file system): every artifact was checked, nothing was evicted"
+    assert _snapshot(home) == before
+    assert DeviceCache(home).problems(manifests[0].build_key) == []
+
+
+def test_cache_gc_on_a_read_only_cache_is_one_line_and_changes_nothing(damaged_cache):
+    """Before: OSError (Read-only file system) traceback from the first eviction."""
+    home, _ = damaged_cache
+    before = _snapshot(home)
+    proc = _run_read_only(home, "cache", "gc", "--quota", "1")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: cache gc removed nothing: the cache at {home} is read-only (read-only file system)",
+        "hint: run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder"]
+    assert _snapshot(home) == before

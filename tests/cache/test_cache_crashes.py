@@ -157,3 +157,15 @@ def test_cache_gc_on_a_read_only_cache_is_one_line_and_changes_nothing(damaged_c
         f"error: cache gc removed nothing: the cache at {home} is read-only (read-only file system)",
         "hint: run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder"]
     assert _snapshot(home) == before
+
+
+@pytest.mark.parametrize("command", [("cache", "gc"), ("cache", "verify"), ("cache", "ls")])
+def test_a_home_that_is_a_file_is_one_line_naming_the_variable(command, tmp_path, cli):
+    """Before: each reported an empty cache and exit 0, as if all were well."""
+    home = tmp_path / "home"
+    home.write_text("a file")
+    proc = cli(*command, env={"ENGINEFARM_HOME": str(home)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[0] == f"error: ENGINEFARM_HOME={str(home)!r}: {home} is a file, not a folder"
+    assert proc.stderr.splitlines()[1].startswith("hint: ") and len(proc.stderr.splitlines()) == 2
+    assert home.read_text() == "a file"

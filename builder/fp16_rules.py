@@ -78,8 +78,9 @@ def _integer_tensors(model) -> set[str]:
 def elide_round_trips(graph) -> int:
     """The converter casts every fp32 output of a kept node to fp16 and back to fp32 before the next kept node, which
     overflows exactly the values kept fp32 for their size. A Cast to fp16 whose readers are Casts back to fp32 is
-    dropped with them, and their readers read the fp32 tensor. Returns how many pairs were removed."""
-    outputs = {o.name for o in graph.output}
+    dropped with them, and their readers read the fp32 tensor. Returns how many pairs were removed. A pair whose
+    tensors an If branch or Loop body reads from this scope stays: renaming reaches only this graph's nodes."""
+    outputs = {o.name for o in graph.output} | _read_by_subgraphs(graph)  # names a branch or loop body reads stay
     readers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
@@ -105,3 +106,15 @@ def elide_round_trips(graph) -> int:
     del graph.node[:]
     graph.node.extend(kept)
     return removed // 2
+
+
+def _read_by_subgraphs(graph) -> set[str]:
+    """Every tensor name read by a node of any subgraph (If branches, Loop and Scan bodies, nested at any depth):
+    a superset of what they capture from the outer scopes, which is all the caller needs to keep."""
+    found: set[str] = set()
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                found.update(name for inner in sub.node for name in inner.input)
+                found |= _read_by_subgraphs(sub)
+    return found

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.cache.manifest import PRECISIONS, Target
+from enginefarm.cache.names import name_problem
 from enginefarm.errors import RecipeError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -182,6 +183,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     name = r.string(model["name"], "model.name")
     if not _NAME.fullmatch(name):
         raise r.fail("model.name", f"{name!r} may use only letters, digits, '_', '.', '-'")
+    if problem := name_problem(name):
+        raise r.fail("model.name", problem, hint="choose a name every store and file system can hold")
     version = r.string(model["version"], "model.version")
     description = r.string(model["description"], "model.description") if "description" in model else ""
     assets = _assets_folder(r, model["assets"], "model.assets") if "assets" in model else None
@@ -201,6 +204,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
         key = f"components.{comp_name}"
         if not _NAME.fullmatch(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
+        if problem := name_problem(comp_name):
+            raise r.fail(key, problem, hint="choose a name every store and file system can hold")
         comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources",
                                        "options", "exclude", "fp16_keep_fp32"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions

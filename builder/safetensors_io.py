@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,9 +71,16 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     def bad(reason: str) -> WeightsError:
         return WeightsError(f"{path}: not a valid safetensors file: {reason}", hint="re-download or re-save the file as .safetensors")
 
+    from enginefarm.cache.stores.local import open_regular
+
+    def special(path: Path) -> WeightsError:
+        if path.is_dir():
+            return WeightsError(f"{path}: is a directory, not a .safetensors file")
+        return WeightsError(f"{path}: not a regular file; refusing to read it", hint="give the path of a .safetensors file, not a pipe or device")
+
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
+        with open_regular(path, special) as handle:  # a FIFO would block the read for good, a device never end
+            size = os.fstat(handle.fileno()).st_size
             head = handle.read(8)
             if len(head) < 8:
                 raise bad("shorter than its 8-byte header length")
@@ -95,6 +104,8 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
         raise
     except (UnicodeDecodeError, ValueError):
         raise bad("header is not JSON") from None
+    except RecursionError:  # a valid header nests three levels; thousands exhaust the parser's stack
+        raise bad(f"header is nested deeper than the JSON reader allows ({sys.getrecursionlimit()} levels)") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     metadata = header.pop("__metadata__", {}) or {}

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from enginefarm.errors import IntegrityError, StoreError
+from enginefarm.errors import ConfigError, IntegrityError, StoreError
 
 from .atomic import sha256_file
 from .codecs import codec_for, decode_stream, encode_file
 from .faults import checkpoint
 from .index import parse_index, read_index, remove_from_index, select_entries, update_index  # noqa: F401  (the index API, re-exported)
 from .manifest import ArtifactFile, Manifest
+from .names import case_twin, name_problem
 from .progress import ProgressLike, as_progress
 from .space import full_disk_as_error
 from .stores.base import Store
@@ -52,6 +53,7 @@ def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: 
     losing racer never replaces the winner's entry. Returns False if a manifest with this key already existed."""
     if not store.writable:
         raise StoreError(f"store {store.url} is read-only", hint="publish to a local directory or s3:// store")
+    check_model_name(store, manifest.model)
     report = as_progress(progress)
     sizes = {digest: path.stat().st_size for digest, path in blobs.items()}
     on_bytes = _byte_counter(report, f"upload {manifest.ref} {manifest.target} {manifest.precision}", sum(sizes.values()))
@@ -66,6 +68,16 @@ def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: 
     update_index(store, [indexed])
     checkpoint("publish:index")
     return written
+
+
+def check_model_name(store: Store, model: str) -> None:
+    """Refuse, before anything is written, a model name that some file system cannot hold (names.py), or that
+    differs only in case from a model the store holds."""
+    problem = name_problem(model)
+    twin = None if problem else case_twin(model, store.list_models())
+    if problem or twin:
+        raise ConfigError(f"cannot publish to {store.url}: model name {problem or f'{model!r} differs only in case from {twin}, one file on Windows and macOS'}",
+                          hint="rename the model (model.name in its recipe)", model=model)
 
 
 def missing_blobs(store: Store, manifest: Manifest) -> list[str]:
@@ -131,8 +143,12 @@ def rebuild_index(store: Store) -> dict[str, int]:
         except IntegrityError as exc:
             log.warning("skipping manifest %s: %s", key[:12], exc)
             continue
-        if manifest is not None:
-            manifests.append(manifest)
+        if manifest is None:
+            continue
+        if problem := name_problem(manifest.model):  # stored before names were checked: its index file cannot exist
+            log.warning("skipping manifest %s: model name %s", key[:12], problem)
+            continue
+        manifests.append(manifest)
     update_index(store, manifests, replace_all=True, verdicts=latest_verdicts(store))
     counts: dict[str, int] = {}
     for manifest in manifests:

@@ -12,6 +12,7 @@ and `verified_dir` re-hashes only files whose stat changed since (proof.py). `pr
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from enginefarm.errors import DiskFullError, IntegrityError, StoreError
+from enginefarm.errors import ConfigError, DiskFullError, IntegrityError, StoreError
 
 from . import resume, workdirs
 from .atomic import remove_tree, sha256_file
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 _USED_STAMP = ".last_used"
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 RESTARTS = 3  # times a file is fetched again from zero when the object changes under the transfer
 
@@ -56,15 +58,30 @@ class Checked:
     key: str
     manifest: Manifest | None
     problems: tuple[str, ...] = ()
+    kept: bool = False  # damaged, but left in place: the cache is read-only
+
+    @property
+    def damaged(self) -> bool:
+        return self.manifest is None or bool(self.problems)
 
     @property
     def evicted(self) -> bool:
-        return self.manifest is None or bool(self.problems)
+        return self.damaged and not self.kept
 
 
 def _mismatch(entry, store: Store, key: str, detail: str) -> IntegrityError:
     return IntegrityError(f"{entry.path} of {key[:12]} from {store.url}: the stored bytes do not match their manifest "
                           f"(tampered or corrupt store): {detail}", hint="the artifact was not cached; report it to whoever publishes this store", key=key)
+
+
+def _last_used(path: Path) -> float | None:
+    """When the artifact at `path` was last used; None if it is gone."""
+    for candidate in (path / _USED_STAMP, path):
+        try:
+            return candidate.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return None
 
 
 class DeviceCache:
@@ -87,7 +104,10 @@ class DeviceCache:
             return Manifest.from_json(raw, expect_key=key)
         except IntegrityError:
             log.warning("cached manifest %s is corrupt; evicting it", key[:12])
-            self.evict(key)
+            try:
+                self.evict(key)
+            except ConfigError:  # a read-only cache: the entry stays, unused
+                pass
             return None
 
     def entries(self) -> Iterator[CachedArtifact]:
@@ -99,8 +119,9 @@ class DeviceCache:
             manifest = self.manifest(path.name)
             if manifest is None:
                 continue
-            stamp = path / _USED_STAMP
-            used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
+            used = _last_used(path)
+            if used is None:  # evicted meanwhile by another process (a second gc): no longer an entry
+                continue
             yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files), used)
 
     def problems(self, key: str, *, trust_proof: bool = False) -> list[str]:
@@ -131,18 +152,21 @@ class DeviceCache:
 
     def verify_all(self) -> Iterator[Checked]:
         """Hash every file of every cached artifact; evict the damaged ones (they are fetched again when needed) and
-        those whose manifest is missing or malformed. Yields each artifact once checked, those without a manifest first."""
+        those whose manifest is missing or malformed. Yields each artifact once checked, those without a manifest first.
+        A read-only cache is checked all the same; its damaged artifacts are reported and `kept`."""
+        read_only = self.read_only() is not None
         before = {p.name for p in self.artifacts.iterdir() if not p.name.startswith(".")} if self.artifacts.is_dir() else set()
         entries = list(self.entries())  # reading each manifest checks it; a malformed one is evicted
         for key in sorted(before - {e.manifest.build_key for e in entries}):
-            self.evict(key)
-            yield Checked(key, None)
+            if not read_only:
+                self.evict(key)
+            yield Checked(key, None, kept=read_only)
         for entry in entries:
             key = entry.manifest.build_key
             problems = tuple(self.problems(key))
-            if problems:
+            if problems and not read_only:
                 self.evict(key)
-            yield Checked(key, entry.manifest, problems)
+            yield Checked(key, entry.manifest, problems, kept=read_only and bool(problems))
 
     def verified_dir(self, key: str) -> Path | None:
         """The artifact's directory if its files are the ones hashed (re-hashing those whose stat changed since);
@@ -331,7 +355,29 @@ class DeviceCache:
         return final
 
     def evict(self, key: str) -> None:
-        remove_tree(self.path_of(key))
+        try:
+            remove_tree(self.path_of(key))
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY_ERRNOS:
+                raise
+            raise self._read_only_error(f"cannot evict {key[:12]}", exc.strerror) from None
+
+    def read_only(self) -> str | None:
+        """Why this cache cannot be changed ("read-only file system", "no write permission"); None if it can."""
+        for folder in (self.home, self.artifacts, self.tmp, self.home / "build" / "jobs"):
+            if folder.is_dir() and not os.access(folder, os.W_OK):
+                return "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else f"no write permission on {folder}"
+        return None
+
+    def _read_only_error(self, what: str, why: str) -> ConfigError:
+        return ConfigError(f"{what}: the cache at {self.home} is read-only ({why})", variable="ENGINEFARM_HOME",
+                           hint="run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder")
+
+    def check_writable(self, what: str) -> None:
+        """Raise a one-line ConfigError saying `what` cannot be done if the cache is read-only."""
+        why = self.read_only()
+        if why is not None:
+            raise self._read_only_error(what, why)
 
     # Housekeeping ----------------------------------------------------------------------------------------
     def size(self) -> int:

@@ -10,6 +10,7 @@ rotting on disk under an unchanged inode) `enginefarm cache verify` finds: it ha
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -27,9 +28,14 @@ def _stamp(path: Path) -> list[int]:
 
 
 def record(root: Path, files: Iterable[str]) -> None:
-    """Remember the stat of each file (relative to `root`), just verified by hashing."""
+    """Remember the stat of each file (relative to `root`), just verified by hashing. Best effort: in a read-only
+    cache nothing is recorded, and the files are hashed again next time."""
     stamps = {rel: _stamp(root / rel) for rel in files}
-    write_bytes_atomic(root / PROOF_NAME, json.dumps({"format": _FORMAT, "files": stamps}, sort_keys=True).encode())
+    try:
+        write_bytes_atomic(root / PROOF_NAME, json.dumps({"format": _FORMAT, "files": stamps}, sort_keys=True).encode())
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
 
 
 def unproven(root: Path, files: Iterable[str]) -> list[str]:

@@ -41,16 +41,21 @@ def cache_verify():
     """Hash every cached file; evict damaged artifacts (they are fetched again when needed)."""
     from enginefarm.cache.device_cache import DeviceCache
 
+    cache = DeviceCache(load_settings().home)
     bad = 0
-    for checked in DeviceCache(load_settings().home).verify_all():
+    for checked in cache.verify_all():
         m = checked.manifest
-        bad += checked.evicted
+        bad += checked.damaged
+        said = "damaged" if checked.kept else "evicted"
         if m is None:
-            click.echo(f"evicted [{checked.key[:12]}]: its manifest is missing or malformed")
+            click.echo(f"{said} [{checked.key[:12]}]: its manifest is missing or malformed")
         elif checked.problems:
-            click.echo(f"evicted {m.ref} {m.target} [{m.build_key[:12]}]: {'; '.join(checked.problems)}")
+            click.echo(f"{said} {m.ref} {m.target} [{m.build_key[:12]}]: {'; '.join(checked.problems)}")
         else:
             click.echo(f"ok      {m.ref} {m.target} [{m.build_key[:12]}]")
+    why = cache.read_only()
+    if why is not None:
+        click.echo(f"warning: the cache at {cache.home} is read-only ({why}): every artifact was checked, nothing was evicted", err=True)
     if bad:
         sys.exit(1)
 
@@ -67,6 +72,7 @@ def cache_gc(quota, keep_versions):
     settings = load_settings()
     limit = parse_size("--quota", quota) if quota else settings.cache_quota
     cache = DeviceCache(settings.home)
+    cache.check_writable("cache gc removed nothing")
     evicted = prune_cache(cache, keep_versions) if keep_versions else []
     for manifest in evicted:
         click.echo(f"evicted {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]")

@@ -21,6 +21,24 @@ def _store(url):
     return open_store(url or load_settings().store)
 
 
+ROOT_WARNING_DAYS = 60  # a root is renewed offline, with keys kept away from CI: give maintainers weeks, not hours
+
+
+def _warn_if_root_expires_soon(opened, channel: str) -> None:
+    """One line on stderr when the channel's root expires within ROOT_WARNING_DAYS (or has expired)."""
+    from datetime import datetime, timezone
+
+    from enginefarm.cache.trust import repo
+
+    expires = repo.root_expiry(opened, channel)
+    left = expires - datetime.now(timezone.utc)
+    if left.days >= ROOT_WARNING_DAYS:
+        return
+    when = f"expired on {expires:%Y-%m-%d}" if left.total_seconds() <= 0 else f"expires on {expires:%Y-%m-%d %H:%M} UTC (in {left.days} days)"
+    click.echo(f"warning: the root of channel {channel} {when}: every app stops loading from it then; renew it with the root keys: "
+               f"`enginefarm release refresh --role root --channel {channel} --keys ROOT-KEYS`", err=True)
+
+
 def _pairs(option: str, items, parse) -> dict:
     found = {}
     for item in items:
@@ -99,6 +117,7 @@ def promote_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
         raise ArtifactNotFoundError(f"nothing in {opened.url} matches {ref}", hint="see `enginefarm ls --store URL`")
     for manifest in repo.promote(opened, channel, keys_dir, [e.build_key for e in entries]):
         click.echo(f"promoted {manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] to {channel}")
+    _warn_if_root_expires_soon(opened, channel)
 
 
 @release_group.command("yank")
@@ -134,7 +153,9 @@ def ls_cmd(channel, store, as_json):
     """Show the channel's roles (version, expiry, keys) and its released artifacts."""
     from enginefarm.cache.trust import repo
 
-    listing = repo.listing(_store(store), channel)
+    opened = _store(store)
+    listing = repo.listing(opened, channel)
+    _warn_if_root_expires_soon(opened, channel)
     if as_json:
         click.echo(json.dumps(listing, indent=1))
         return
@@ -155,11 +176,13 @@ def refresh_cmd(channel, store, keys_dir, roles):
     """Renew the timestamp (run it on a schedule in CI with only the timestamp key); --role renews more."""
     from enginefarm.cache.trust import repo
 
-    state = repo.refresh(_store(store), channel, keys_dir, set(roles) | {"timestamp"})
+    opened = _store(store)
+    state = repo.refresh(opened, channel, keys_dir, set(roles) | {"timestamp"})
     renewed = [r for r in ROLES if r in set(roles) | {"timestamp"}]
     for role in renewed:
         signed = getattr(state, role).signed
         click.echo(f"renewed {role} of {channel}: v{signed.version}, expires {signed.expires:%Y-%m-%d %H:%M} UTC")
+    _warn_if_root_expires_soon(opened, channel)
 
 
 @release_group.command("rotate")

@@ -114,13 +114,25 @@ def _default_store() -> str:
     return str(Path(platformdirs.user_data_dir("enginefarm", appauthor=False)) / "store")
 
 
+def _home_folder(raw: str) -> Path:
+    """ENGINEFARM_HOME as a folder that exists or can be made: neither it nor any folder above it may be a file."""
+    home = Path(raw).expanduser()
+    for path in (home, *home.parents):
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                raise ConfigError(f"ENGINEFARM_HOME={raw!r}: {path} is a file, not a folder", variable="ENGINEFARM_HOME",
+                                  hint="point ENGINEFARM_HOME at a folder (it is created if missing), or unset it for the default")
+            break
+    return home
+
+
 def load_settings(env: dict[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     home = env.get("ENGINEFARM_HOME") or str(_default_home())
     store = env.get("ENGINEFARM_STORE") or _default_store()
     recipe_path = tuple(Path(p) for p in (env.get("ENGINEFARM_RECIPE_PATH") or "").split(os.pathsep) if p)
     return Settings(
-        home=Path(home).expanduser(),
+        home=_home_folder(home),
         store=store,
         offline=parse_bool("ENGINEFARM_OFFLINE", env.get("ENGINEFARM_OFFLINE")),
         cache_quota=parse_size("ENGINEFARM_CACHE_QUOTA", env.get("ENGINEFARM_CACHE_QUOTA")),

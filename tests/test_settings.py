@@ -102,3 +102,12 @@ def test_bad_on_device_timing_setting_is_an_error():
 def test_host_lock_dir(tmp_path):
     assert load_settings({}).host_lock_dir is None
     assert load_settings({"ENGINEFARM_HOST_LOCK_DIR": str(tmp_path)}).host_lock_dir == tmp_path
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_home_that_is_a_file_or_under_one_is_named(where, tmp_path):
+    (tmp_path / "f").write_text("not a folder")
+    home = tmp_path / "f" if where == "a file" else tmp_path / "f" / "cache"
+    with pytest.raises(ConfigError, match=r"^ENGINEFARM_HOME=.* is a file, not a folder$") as caught:
+        load_settings({"ENGINEFARM_HOME": str(home)})
+    assert caught.value.hint and (tmp_path / "f").read_text() == "not a folder"

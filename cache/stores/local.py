@@ -26,12 +26,15 @@ SMALL_LIMIT = 64 << 20  # an index, manifest or channel file larger than this is
 CACHE_OBJECT_LIMIT = 1 << 30  # a shared build cache (a TensorRT timing cache is MBs)
 
 
-def open_regular(path: Path) -> BinaryIO:
+def open_regular(path: Path, refuse: Callable[[Path], Exception] | None = None) -> BinaryIO:
     """Open a store file for reading, refusing anything but a regular file (a FIFO would block forever, /dev/zero
-    never ends). Opened non-blocking so a FIFO is refused instead of waited on; raises FileNotFoundError if absent."""
+    never ends). Opened non-blocking so a FIFO is refused instead of waited on; raises FileNotFoundError if absent.
+    `refuse` makes the error for a special file (other readers of user files: LoRAs, checkpoints); else StoreError."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if refuse is not None:
+                raise refuse(Path(path))
             raise StoreError(f"{path} is not a regular file; refusing to read it", hint="a store holds only plain files: remove or replace it")
         return os.fdopen(fd, "rb")
     except BaseException:

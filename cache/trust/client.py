@@ -123,7 +123,11 @@ def refusal(exc: Exception, what: str) -> TrustError:
             reason, text = "missing", "release metadata is missing"
         else:
             reason, text = "invalid", "release metadata is invalid"
+    if reason == "expired" and "root" in str(exc):  # python-tuf: "Final root.json is expired", "New root is expired"
+        reason, text = "root-expired", "the channel's root has expired; nothing loads from it until its maintainers renew it"
     hint = {"expired": "the channel's maintainers must run `enginefarm release refresh`; if this device is offline, go online once",
+            "root-expired": "the channel's maintainers must renew the root with its keys: `enginefarm release refresh --role root` "
+                            "(or `release rotate root`); apps follow the renewed root on their next load, with the root.json they ship",
             "missing": "check the store URL and the channel name"}.get(reason, "nothing was loaded or cached; report it to whoever publishes this store")
     return TrustError(f"{what}: {text} ({exc})", hint=hint, reason=reason)
 

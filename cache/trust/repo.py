@@ -304,6 +304,11 @@ def listing(store: Store, channel: str) -> dict[str, Any]:
     return {"channel": channel, "store": store.url, "roles": roles, "targets": sorted(targets, key=lambda t: (t.get("model", ""), t.get("component", ""), t.get("target", ""), t.get("precision", "")))}
 
 
+def root_expiry(store: Store, channel: str):
+    """When the channel's current root expires (a datetime in UTC): every client stops loading from it then."""
+    return Channel(store, channel).load().root.signed.expires
+
+
 def root_bytes(store: Store, channel: str) -> bytes:
     """The channel's current root, verified: what an app ships as its trusted root."""
     from tuf.api.serialization.json import JSONSerializer

@@ -238,3 +238,36 @@ def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
     run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]  # noqa: E731
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("/model/time_proj/",))) - exact).max() < 2e-3
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ())) - exact).max() > 0.1
+
+
+def test_a_round_trip_cast_that_an_if_branch_reads_is_kept():
+    """The converter's fp16 → fp32 round trip `h` → `back`, where the If's then-branch reads `h` and its else-branch
+    reads `back` from the outer scope (issue 25, review). Before: both casts were dropped, the branches read names no
+    longer defined, and the model that was valid before the pass failed onnx.checker after it."""
+    from onnx import TensorProto, helper
+
+    from enginefarm.builder.fp16_rules import elide_round_trips
+
+    then = helper.make_graph([helper.make_node("Cast", ["h"], ["t"], to=TensorProto.FLOAT)], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["back"], ["e"])], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["h"], ["back"], to=TensorProto.FLOAT),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("Cast", ["x"], ["h2"], to=TensorProto.FLOAT16),  # a round trip no branch reads: dropped
+             helper.make_node("Cast", ["h2"], ["back2"], to=TensorProto.FLOAT),
+             helper.make_node("Neg", ["back2"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    x = np.array([1.0001, -3.5], np.float32)
+    run = lambda m, c: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(  # noqa: E731
+        None, {"x": x, "cond": np.array(c)})[0]
+    before = [run(model, c) for c in (True, False)]
+    assert elide_round_trips(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    for c, want in zip((True, False), before):
+        np.testing.assert_array_equal(run(model, c), want)
+    assert [n.op_type for n in model.graph.node] == ["Cast", "Cast", "If", "Neg"]

@@ -89,3 +89,20 @@ def test_without_python_tuf_the_error_says_what_to_install(tmp_path):
             "    print(exc.hint)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "enginefarm[release]" in out.stdout, out.stderr
+
+
+def test_maintainers_are_warned_before_the_root_expires(tmp_path, cli):
+    """Before: no command said anything until every client stopped loading (issue 25)."""
+    store = tmp_path / "engines"
+    fp32 = artifact(open_store(store), tmp_path, "fp32")
+    keys = tmp_path / "keys"
+    s = ("--channel", "stable", "--store", str(store))
+    cli("release", "init", *s, "--keys", str(keys), "--expires", "root=30d", check=True)
+    for args in (("ls",), ("promote", "m/lin", "--key", fp32.build_key[:8], "--keys", str(keys)), ("refresh", "--keys", str(keys))):
+        proc = cli("release", *args, *s, check=True)
+        warning = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+        assert len(warning) == 1 and "the root of channel stable expires on " in warning[0] and "(in 29 days)" in warning[0], proc.stderr
+        assert "release refresh --role root" in warning[0]
+    far = tmp_path / "far"
+    cli("release", "init", "--channel", "stable", "--store", str(far), "--keys", str(tmp_path / "keys2"), check=True)
+    assert cli("release", "ls", "--channel", "stable", "--store", str(far), check=True).stderr == ""

@@ -364,3 +364,39 @@ def test_a_lora_given_in_the_command_lines_form_or_as_one_string_is_named(tmp_pa
     with pytest.raises(ConfigError, match="is one path, not a list of LoRAs"):
         Stack.parse(None, str(lora))
     assert Stack.parse(None, [str(lora)]).loras == ((lora, 1.0),)
+
+
+# A LoRA that is a special file or a hostile header (issue 25, "crashes and hangs") --------------------------------
+def test_a_lora_that_is_a_fifo_is_refused_at_once(store, tmp_path):
+    """Before: the read blocked for good (here: until the watchdog opened the FIFO's other end, then a wrong reason)."""
+    import os
+    import threading
+    import time
+
+    fifo = tmp_path / "lora.safetensors"
+    os.mkfifo(fifo)
+    watchdog = threading.Timer(15, lambda: os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)))  # unblocks a hung reader
+    watchdog.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(WeightsError, match=f"^{fifo}: not a regular file; refusing to read it$") as caught:
+            run("onnxruntime:cpu", loras=[(fifo, 1.0)])
+    finally:
+        watchdog.cancel()
+    assert time.monotonic() - started < 10 and caught.value.hint
+
+
+def test_a_lora_header_nested_too_deep_is_one_line_and_keeps_the_cached_base(store, tmp_path):
+    """Before: RecursionError, reported as "no artifact fits", and the good cached base artifact was evicted."""
+    base = enginefarm.load("net/body", precision="fp32", device="cpu", target="onnxruntime:cpu")
+    cache = DeviceCache(tmp_path / "home")
+    assert cache.manifest(base.artifact.build_key) is not None
+    header = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(WeightsError, match="not a valid safetensors file: header is nested deeper than") as caught:
+        run("onnxruntime:cpu", loras=[(path, 1.0)])
+    assert "\n" not in str(caught.value)
+    assert cache.manifest(base.artifact.build_key) == base.artifact and cache.problems(base.artifact.build_key) == []
+    again = enginefarm.load("net/body", precision="fp32", device="cpu", target="onnxruntime:cpu")
+    assert np.array_equal(again.run({"x": X})["y"], base.run({"x": X})["y"])

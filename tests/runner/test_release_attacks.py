@@ -390,3 +390,32 @@ def test_a_broken_trusted_root_is_a_clear_error(release, monkeypatch, tmp_path, 
     broken.write_bytes(content)
     with pytest.raises(TrustError, match="not valid TUF root metadata"):
         App(store, broken, tmp_path / "fresh-device").load(monkeypatch)
+
+
+# Root expiry (issue 25): its own reason and a hint that works; maintainers are warned well before ------------------
+def _expire_root(store, keys) -> None:
+    """The maintainer's root, re-signed as the next version with an expiry in the past: what a year after `release
+    init` looks like to every client (the default root lifetime is 1y)."""
+    maintainer = Attacker(store, "stable", keys)
+    state = maintainer.state()
+    state.root.signed.version += 1
+    state.root.signed.expires = past()
+    maintainer.sign(state.root, "root", state.root)
+    maintainer.put(f"{state.root.signed.version}.root.json", state.root)
+    maintainer.put("root.json", state.root)
+
+
+def test_an_expired_root_says_so_and_its_hint_renews_it(release, monkeypatch):
+    """Before: reason `expired` with the hint `release refresh`, which renews only the timestamp and does not help."""
+    store, keys, a, b, app = release
+    _expire_root(store, keys)
+    cached = app.state()[1]
+    for _ in range(2):  # as it expired; then after what the old hint said (`release refresh`: the timestamp only)
+        with pytest.raises(TrustError) as caught:
+            app.load(monkeypatch)
+        error = caught.value
+        assert error.reason == "root-expired" and "the channel's root has expired" in str(error) and "\n" not in str(error)
+        assert "release refresh --role root" in error.hint and app.state()[1] == cached  # the root is signed: ngclient keeps it
+        repo.refresh(store, "stable", keys)
+    repo.refresh(store, "stable", keys, {"root"})  # what the new hint says
+    assert app.load(monkeypatch).artifact.build_key == a.build_key

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Write a Stable Diffusion XL (base) diffusers folder at real size, with seeded random weights.
+"""Write a Stable Diffusion 1.5 or XL (base) diffusers folder at real size, with seeded random weights.
 
-Every component has SDXL base 1.0's published config (CLIP ViT-L text encoder, OpenCLIP ViT-bigG text encoder with
-projection, the 2.6 B-parameter UNet, the VAE with scaling factor 0.13025) and its scheduler; nothing is downloaded
-(the farm reaches PyPI only). The tokenizers are CLIP tokenizers with a hand-written byte vocabulary and no merges
+Every component has the published config (SD 1.5: CLIP ViT-L text encoder, the 0.86 B-parameter UNet; SDXL base 1.0:
+CLIP ViT-L and OpenCLIP ViT-bigG text encoders, the 2.6 B-parameter UNet; each with its VAE and scheduler); nothing is
+downloaded (the farm reaches PyPI only). The tokenizers are CLIP tokenizers with a hand-written byte vocabulary and no merges
 (tests/tiny_pipelines.py): prompts become real token ids, spelled out letter by letter. What the weights are does not
 change what a build needs or how fast an artifact runs, so this folder measures `enginefarm export`, `build` and
 `generate` at SDXL's real size; its images are noise.
 
-    python recipes/make_sdxl.py --out /tmp/sdxl          # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
-    enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16
+    python recipes/make_real_pipeline.py sdxl --out /tmp/sdxl   # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
+    enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
+    python recipes/make_real_pipeline.py sd15 --out /tmp/sd15
+    enginefarm export /tmp/sd15 --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64
 
 Needs the `export` extra (torch, diffusers, transformers).
 """
@@ -29,6 +31,9 @@ CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hid
               max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768)
 CLIP_G = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
               max_position_embeddings=77, hidden_act="gelu", projection_dim=1280)
+SD15_UNET = dict(sample_size=64, in_channels=4, out_channels=4, cross_attention_dim=768, block_out_channels=(320, 640, 1280, 1280),
+                 layers_per_block=2, down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+                 up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3, attention_head_dim=8)
 UNET = dict(sample_size=128, in_channels=4, out_channels=4, cross_attention_dim=2048, block_out_channels=(320, 640, 1280),
             layers_per_block=2, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
             up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(5, 10, 20),
@@ -37,8 +42,33 @@ UNET = dict(sample_size=128, in_channels=4, out_channels=4, cross_attention_dim=
 VAE = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, sample_size=1024,
            scaling_factor=0.13025, force_upcast=True)
+SD15_VAE = dict(VAE, sample_size=512, scaling_factor=0.18215)
 SCHEDULER = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
                  timestep_spacing="leading")
+FAMILIES = ("sd15", "sdxl")
+
+
+def make_sd15(out: Path) -> Path:
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from tests.tiny_pipelines import write_tokenizer
+
+    torch.manual_seed(SEED)
+    tokens = out.parent / f".{out.name}-tokenizers"
+    text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, bos_token_id=512, eos_token_id=513, pad_token_id=513)).eval()
+    schedule = {k: v for k, v in SCHEDULER.items() if k != "timestep_spacing"}
+    pipeline = StableDiffusionPipeline(
+        vae=AutoencoderKL(**SD15_VAE), text_encoder=text_encoder, tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
+        unet=UNet2DConditionModel(**SD15_UNET), scheduler=PNDMScheduler(**schedule, skip_prk_steps=True, set_alpha_to_one=False),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipeline.save_pretrained(out)
+    import shutil
+
+    shutil.rmtree(tokens)
+    return out
 
 
 def make_sdxl(out: Path) -> Path:
@@ -69,13 +99,14 @@ def make_sdxl(out: Path) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("family", choices=FAMILIES)
     p.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist)")
     args = p.parse_args()
     if args.out.exists():
         print(f"error: {args.out} exists; choose a new folder", file=sys.stderr)
         return 2
     started = time.monotonic()
-    make_sdxl(args.out)
+    (make_sd15 if args.family == "sd15" else make_sdxl)(args.out)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"wrote {args.out}: {size / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
     return 0

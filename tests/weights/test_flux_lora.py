@@ -96,6 +96,7 @@ def test_peft_and_ai_toolkit_names_match_diffusers(flux, tmp_path, base):
     pipe = ours(flux, [(path, STRENGTH)])
     assert "stack" in pipe.sessions["transformer"].artifact.options and "stack" in pipe.sessions["text_encoder"].artifact.options
     diff, got = compare(pipe, theirs(flux, path))
+    print(f"flux peft: {diff:.1e} of the latent's range off diffusers")
     assert diff < 1e-4, diff
     assert np.abs(got - base).max() > 1e-2  # it changed something
 
@@ -130,6 +131,7 @@ def test_kohya_names_with_fused_qkv_match_diffusers(flux, tmp_path, base, caplog
     te_part = write_safetensors(tmp_path / "te.safetensors", {f"text_encoder.{TE_Q}.{'lora_A' if 'down' in k else 'lora_B'}.weight": v * (1.0 if "down" in k else scale)
                                                               for k, v in te.items() if not k.endswith("alpha")})
     diff, got = compare(pipe, theirs(flux, transformer_part, te_part))
+    print(f"flux kohya: {diff:.1e} of the latent's range off diffusers")
     assert diff < 1e-4, diff
     assert np.abs(got - base).max() > 1e-2
 
@@ -179,6 +181,7 @@ def test_original_layout_dotted_and_kohya_linear1_match_a_hand_merge(flux, tmp_p
     dotted, kohya = write_safetensors(tmp_path / "comfy.safetensors", t), write_safetensors(tmp_path / "linear1.safetensors", k)
     reference = theirs(flux, merge=hand_merge({**t, **k}, STRENGTH))
     diff, got = compare(ours(flux, [(dotted, STRENGTH), (kohya, STRENGTH)]), reference)
+    print(f"flux dotted original + kohya linear1: {diff:.1e} of the latent's range off a hand merge")
     assert diff < 1e-4, diff
     assert np.abs(got - base).max() > 1e-2
 

@@ -125,3 +125,41 @@ def test_pipeline_with_a_flux_transformer_file_matches_diffusers(built, tmp_path
     moved, _ = compare(ours, stock)
     print(f"flux transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)
+
+
+@pytest.mark.slow
+def test_pipeline_with_an_sd35_transformer_file_matches_diffusers(built, tmp_path):
+    """A fine-tune of the tiny SD3.5's transformer in Stability's layout (fp16 file), through Pipeline.load(weights=)
+    on its narrow build (ONNX Runtime fp32), against diffusers' StableDiffusion3Pipeline with the same weights."""
+    import tomllib
+
+    from enginefarm.diffusion import Pipeline
+
+    source, out, store = built("sd3.5")
+    reference = diffusers.StableDiffusion3Pipeline.from_pretrained(source)
+    reference.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in reference.transformer.named_parameters():
+            if ".norm_" in name:  # RMSNorm scales all ones in the random model: one shared initializer (see above)
+                continue
+            p.add_(0.05 * torch.randn(p.shape, generator=generator)).copy_(p.half().float())
+    tuned = {k: v.numpy() for k, v in reference.transformer.state_dict().items()}
+    weights = write_file(tmp_path / "sd3.5-tuned.safetensors", to_original(LAYOUTS["sd3"].components["transformer"], tuned), "fp16")
+    name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+    ours = Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets", weights=weights)
+    size = ours.assets.native_pixels
+    latents = np.random.default_rng(0).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
+
+    def run(pipe):
+        return pipe("a red bicycle", negative_prompt="blurry", num_inference_steps=2, latents=torch.from_numpy(latents), height=size, width=size,
+                    guidance_scale=6.0, output_type="latent").images.numpy()
+
+    want = run(reference)
+    got = ours("a red bicycle", "blurry", steps=2, latents=latents, guidance_scale=6.0, output_type="latent")
+    stock = diffusers.StableDiffusion3Pipeline.from_pretrained(source)
+    stock.set_progress_bar_config(disable=True)
+    span = float(want.max() - want.min())
+    diff, moved = float(np.abs(got - want).max()) / span, float(np.abs(run(stock) - want).max()) / span
+    print(f"sd3.5 transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
+    assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)

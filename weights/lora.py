@@ -242,9 +242,8 @@ def read(path: Path) -> LoraFile:
 DENOISERS = {
     "Flux": (("double_blocks", "single_blocks", "single_transformer_blocks"), ("flux", "flux-schnell", "chroma")),
     "SD3": (("joint_blocks",), ("sd3", "sd3.5")),
-    "UNet (SD 1.x/2.x/SDXL)": (("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block"),
-                               ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")),
-}
+    "UNet (SD 1.x/2.x/SDXL)": (("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block"), ()),
+}  # the UNet kind fits every family whose denoiser is a UNet
 
 
 def denoiser_of(parsed: "LoraFile") -> tuple[str, str] | None:
@@ -261,8 +260,13 @@ def denoiser_of(parsed: "LoraFile") -> tuple[str, str] | None:
 def same_family(parsed: "LoraFile", family) -> None:
     """Raises, in one line naming the file and both families, when the file's denoiser layers are another family's."""
     found = denoiser_of(parsed)
-    if found is not None and family.id not in DENOISERS[found[0]][1]:
-        raise WeightsError(f"{parsed.path}: a {found[0]} LoRA (e.g. {found[1]}); this model is {family.title} ({family.id})",
+    if found is None:
+        return
+    kind, example = found
+    families = DENOISERS[kind][1]
+    fits = family.id in families if families else family.denoiser == "unet"
+    if not fits:
+        raise WeightsError(f"{parsed.path}: a {kind} LoRA (e.g. {example}); this model is {family.title} ({family.id})",
                            hint=f"use a LoRA trained for {family.title}")
 
 

@@ -163,3 +163,21 @@ def test_pipeline_with_an_sd35_transformer_file_matches_diffusers(built, tmp_pat
     diff, moved = float(np.abs(got - want).max()) / span, float(np.abs(run(stock) - want).max()) / span
     print(f"sd3.5 transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)
+
+
+def test_export_stages_a_flux_transformer_file_over_its_base(tiny, tmp_path):
+    """`enginefarm export flux1-dev.safetensors --base FOLDER`: the staged folder's transformer is the file's, read
+    back by diffusers' own from_pretrained; the other components stay the base's."""
+    from diffusers import FluxTransformer2DModel
+
+    from enginefarm.export.single_file import stage
+
+    folder = tiny("flux")
+    tensors = diffusers_tensors(folder, "transformer")
+    rng = np.random.default_rng(5)
+    moved = {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in tensors.items()}
+    path = write_file(tmp_path / "flux1-tuned.safetensors", to_original(LAYOUTS["flux"].components["transformer"], moved))
+    staged = stage(path, folder, tmp_path / "staged")
+    model = FluxTransformer2DModel.from_pretrained(staged / "transformer")
+    assert all(np.array_equal(v.numpy(), moved[k]) for k, v in model.state_dict().items())
+    assert (staged / "vae").is_symlink() and (staged / "text_encoder").is_symlink()

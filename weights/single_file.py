@@ -55,6 +55,8 @@ class FileLayout:
 
 _FLUX = ("flux", "flux-schnell")  # Chroma's transformer has other modules (its modulation approximator)
 _ALL = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
+# their VAEs (16 latent channels) ship in the same layouts: Flux.1's `ae.safetensors` is LDM's; shapes tell them apart
+_TRANSFORMER_FAMILIES = ("sd3", "sd3.5", "flux", "flux-schnell", "chroma")
 _SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer.", penultimate=True))
 _VAE_ONLY = lambda part: {"vae_decoder": Section(part, "", _DECODER), "vae_encoder": Section(part, "", _ENCODER)}  # noqa: E731
 
@@ -75,8 +77,8 @@ LAYOUTS = {layout.id: layout for layout in (
                {"transformer": Section(FLUX, "model.diffusion_model.")}),
     FileLayout("sd3", "an SD3/SD3.5 transformer file (Stability's MMDiT layout)", ("sd3", "sd3.5"),
                {"transformer": Section(SD3, "model.diffusion_model.")}),
-    FileLayout("vae", "a VAE in the original layout", _ALL, _VAE_ONLY(VAE)),
-    FileLayout("vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL, _VAE_ONLY(DIFFUSERS)),
+    FileLayout("vae", "a VAE in the original layout", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(VAE)),
+    FileLayout("vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(DIFFUSERS)),
 )}
 
 # Not weights: scheduler buffers (top-level keys), EMA copies, SGM's sigmas, a VAE's training loss, position ids, logit scale.

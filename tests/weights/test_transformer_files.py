@@ -181,3 +181,27 @@ def test_export_stages_a_flux_transformer_file_over_its_base(tiny, tmp_path):
     model = FluxTransformer2DModel.from_pretrained(staged / "transformer")
     assert all(np.array_equal(v.numpy(), moved[k]) for k, v in model.state_dict().items())
     assert (staged / "vae").is_symlink() and (staged / "text_encoder").is_symlink()
+
+
+def test_flux_vae_as_bfl_ships_it(tiny, tmp_path):
+    """Flux.1's `ae.safetensors` is a VAE in the original (LDM) layout with 16 latent channels and no quant convs:
+    each half equals AutoencoderKL.from_single_file's, and Pipeline.load(vae=) routes it on a Flux model; an SD VAE
+    of 4 channels given to Flux is refused, naming the file."""
+    from enginefarm.families import FAMILIES
+    from enginefarm.weights.routing import route
+
+    folder = tiny("flux")
+    path = write_file(tmp_path / "ae.safetensors", original_tensors(folder, "vae"))
+    theirs = diffusers.AutoencoderKL.from_single_file(str(path), config=str(folder), subfolder="vae")
+    reference = {k: v.numpy() for k, v in theirs.state_dict().items()}
+    tensors = diffusers_tensors(folder, "vae")
+    for component, half in (("vae_decoder", ("decoder.", "post_quant_conv.")), ("vae_encoder", ("encoder.", "quant_conv."))):
+        own = {k: v for k, v in tensors.items() if k.startswith(half)}
+        view = component_part(path, component, f"m/{component}", {k: v.shape for k, v in own.items()}, own)
+        assert set(view.names) == set(own) and all(np.array_equal(view.array(k), reference[k]) for k in own)
+    assert route(FAMILIES["flux"], ["transformer", "vae_decoder", "vae_encoder"], None, path) == {"vae_decoder": path, "vae_encoder": path}
+    sd_vae = write_file(tmp_path / "sd-vae.safetensors", original_tensors(tiny("sd1"), "vae"))
+    flux_decoder = {k: v for k, v in tensors.items() if k.startswith("decoder.")}
+    with pytest.raises(WeightsError) as caught:
+        component_part(sd_vae, "vae_decoder", "m/vae_decoder", {k: v.shape for k, v in flux_decoder.items()}, flux_decoder)
+    assert "\n" not in str(caught.value) and "sd-vae.safetensors" in str(caught.value) and "differ in shape" in str(caught.value)

@@ -3,7 +3,9 @@
 The file's formats and parts are read by `enginefarm.weights.lora`; here each layer the component takes is
 matched to the base checkpoint's `<module>.weight` tensors (see NAMING):
 - dotted names as they are, or after dropping one leading prefix in DOTTED_PREFIXES;
-- kohya names `lora_<part>_<module with '.' as '_'>`, where <part> is in KOHYA_PARTS or absent.
+- kohya names `lora_<part>_<module with '.' as '_'>`, where <part> is in KOHYA_PARTS or absent;
+- either of them in the original layout (`weights/layouts.py`: LDM's UNet, Flux's and SD3's transformers), where a
+  fused original module (Flux's `img_attn.qkv`, `linear1`) patches each diffusers target with its rows of ΔW.
 A component that a part names (unet, text_encoder, …) takes that part's layers and ignores the others.
 """
 

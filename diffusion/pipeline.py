@@ -91,7 +91,7 @@ class Pipeline:
             from enginefarm.runner.custom import Stack
             from enginefarm.weights.lora import split
 
-            dealt, ignored = split(Stack.parse(None, loras).loras, _components(found, controlnet))
+            dealt, ignored = split(Stack.parse(None, loras).loras, _components(found, controlnet), family)
             if ignored:
                 log.warning("%s", ignored)
 

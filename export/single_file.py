@@ -17,7 +17,8 @@ from enginefarm.weights.single_file import component_part, open_file
 
 # diffusers folder → the components of the layout it gathers, and the weights file name its class loads
 _FOLDERS = {"unet": (("unet",), "diffusion_pytorch_model.safetensors"), "vae": (("vae_decoder", "vae_encoder"), "diffusion_pytorch_model.safetensors"),
-            "text_encoder": (("text_encoder",), "model.safetensors"), "text_encoder_2": (("text_encoder_2",), "model.safetensors")}
+            "text_encoder": (("text_encoder",), "model.safetensors"), "text_encoder_2": (("text_encoder_2",), "model.safetensors"),
+            "transformer": (("transformer",), "diffusion_pytorch_model.safetensors")}
 _WEIGHTS = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".ckpt", ".pt")
 
 

@@ -11,15 +11,19 @@ layers per block and on which up-blocks have attention) is computed from the mod
 Names may be tensors (`….weight`) or modules: the rules rename prefixes only. Parts: UNET (the denoiser, LDM's
 `model.diffusion_model.*` without that prefix), CLIP (transformers' CLIP text model: the same names with
 `text_model.`), OPENCLIP (open_clip's text tower: SD 2.x and SDXL's second encoder; q/k/v fused in `in_proj`),
-VAE (LDM's autoencoder: `encoder.down.0.block.0…`, mid attention as 1×1 convolutions)."""
+VAE (LDM's autoencoder: `encoder.down.0.block.0…`, mid attention as 1×1 convolutions); FLUX and SD3, the
+transformers as Black Forest Labs and Stability ship them (`transformer_layouts.py`)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 UNET, CLIP, OPENCLIP, VAE = "unet", "clip", "openclip", "vae"
-PARTS = (UNET, CLIP, OPENCLIP, VAE)
+FLUX, SD3 = "flux", "sd3"  # the transformers' original layouts (transformer_layouts.py)
+PARTS = (UNET, CLIP, OPENCLIP, VAE, FLUX, SD3)
 
 
 @dataclass(frozen=True)
@@ -27,14 +31,18 @@ class Source:
     """Where a diffusers tensor lives in the original layout, and how its value differs."""
 
     key: str
-    take: tuple[int, int] | None = None  # (i, n): the i-th of n equal blocks along axis 0 (OpenCLIP's in_proj: q, k, v)
+    # (start, stop, n): rows start..stop of n equal units along axis 0 (OpenCLIP's in_proj and MMDiT's qkv: (1, 2, 3)
+    # is k; Flux's single-block linear1 is q, k, v and an MLP four units wide: (3, 7, 7) is the MLP)
+    take: tuple[int, int, int] | None = None
     transpose: bool = False  # OpenCLIP's text_projection is [width, projection], applied as x @ P
     squeeze: bool = False  # the VAE's mid attention: 1×1 convolutions [C, C, 1, 1] for diffusers' Linear [C, C]
+    swap: bool = False  # the original's (shift, scale) halves along axis 0 are diffusers' (scale, shift): the final adaLN
 
     def shape(self, original: tuple[int, ...]) -> tuple[int, ...]:
         shape = tuple(original)
         if self.take is not None:
-            shape = (shape[0] // self.take[1], *shape[1:])
+            start, stop, n = self.take
+            shape = (shape[0] // n * (stop - start), *shape[1:])
         if self.transpose:
             shape = shape[::-1]
         if self.squeeze:
@@ -44,9 +52,12 @@ class Source:
     def convert(self, value):
         """The original tensor (a numpy array) as diffusers holds it."""
         if self.take is not None:
-            i, n = self.take
-            size = value.shape[0] // n
-            value = value[i * size:(i + 1) * size]
+            start, stop, n = self.take
+            unit = value.shape[0] // n
+            value = value[start * unit:stop * unit]
+        if self.swap:
+            half = value.shape[0] // 2
+            value = np.concatenate([value[half:], value[:half]])
         if self.transpose:
             value = value.T
         if self.squeeze:
@@ -134,7 +145,7 @@ def _openclip(name: str) -> Source | None:
     if len(parts) >= 2 and parts[0] == "self_attn" and parts[1] in _QKV:
         if len(parts) == 2:  # a module name: the fused projection holds it
             return Source(f"{head}.attn.in_proj")
-        return Source(f"{head}.attn.in_proj_{parts[2]}", take=(_QKV[parts[1]], 3))
+        return Source(f"{head}.attn.in_proj_{parts[2]}", take=(_QKV[parts[1]], _QKV[parts[1]] + 1, 3))
     return Source(_join(head, _rename(rest, _OPENCLIP_LAYER)))
 
 
@@ -185,6 +196,12 @@ def sources(part: str, names) -> dict[str, Source]:
         rule = _clip
     elif part == OPENCLIP:
         rule = _openclip
+    elif part == FLUX:
+        from .transformer_layouts import flux as rule
+    elif part == SD3:
+        from .transformer_layouts import Sd3
+
+        rule = Sd3(names).source
     else:
         raise ValueError(f"unknown part {part!r}; one of {', '.join(PARTS)}")
     found = {name: rule(name) for name in names}

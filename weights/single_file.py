@@ -1,7 +1,7 @@
 """Whole-model files as users download them, and the part each component takes.
 
 A file is recognised by its keys (`detect`): an SD 1.x / 2.x single-file checkpoint in the original LDM layout, an
-SDXL base or refiner one in the SGM layout, a VAE in the original layout or as a full diffusers AutoencoderKL, or
+SDXL base or refiner one in the SGM layout, a Flux.1 or SD3/SD3.5 transformer as its publisher ships it, a VAE in the original layout or as a full diffusers AutoencoderKL, or
 none of these (a component's own file in diffusers names, read as it is). Each layout is a table: component → the
 file's section (key prefix) and the model part whose names it uses (`layouts.py`).
 
@@ -23,7 +23,7 @@ from enginefarm.builder.safetensors_io import SafeTensors, TensorEntry
 from enginefarm.errors import WeightsError
 
 from . import layouts
-from .layouts import CLIP, OPENCLIP, UNET, VAE, Source
+from .layouts import CLIP, FLUX, OPENCLIP, SD3, UNET, VAE, Source
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,10 @@ class FileLayout:
     components: dict[str, Section] = field(default_factory=dict)
 
 
+_FLUX = ("flux", "flux-schnell")  # Chroma's transformer has other modules (its modulation approximator)
 _ALL = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
+# their VAEs (16 latent channels) ship in the same layouts: Flux.1's `ae.safetensors` is LDM's; shapes tell them apart
+_TRANSFORMER_FAMILIES = ("sd3", "sd3.5", "flux", "flux-schnell", "chroma")
 _SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer.", penultimate=True))
 _VAE_ONLY = lambda part: {"vae_decoder": Section(part, "", _DECODER), "vae_encoder": Section(part, "", _ENCODER)}  # noqa: E731
 
@@ -69,8 +72,13 @@ LAYOUTS = {layout.id: layout for layout in (
                | {"text_encoder_2": Section(OPENCLIP, "conditioner.embedders.0.model.")}),
     FileLayout("unet", "a UNet-only checkpoint (original layout)", _ALL,
                {"unet": Section(UNET, "model.diffusion_model."), "unet_controlnet": Section(UNET, "model.diffusion_model.")}),
-    FileLayout("vae", "a VAE in the original layout", _ALL, _VAE_ONLY(VAE)),
-    FileLayout("vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL, _VAE_ONLY(DIFFUSERS)),
+    FileLayout("flux", "a Flux.1 transformer file (Black Forest Labs' layout)", _FLUX, {"transformer": Section(FLUX, "")}),
+    FileLayout("flux-ldm", "a Flux.1 transformer file (Black Forest Labs' layout, model.diffusion_model.)", _FLUX,
+               {"transformer": Section(FLUX, "model.diffusion_model.")}),
+    FileLayout("sd3", "an SD3/SD3.5 transformer file (Stability's MMDiT layout)", ("sd3", "sd3.5"),
+               {"transformer": Section(SD3, "model.diffusion_model.")}),
+    FileLayout("vae", "a VAE in the original layout", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(VAE)),
+    FileLayout("vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(DIFFUSERS)),
 )}
 
 # Not weights: scheduler buffers (top-level keys), EMA copies, SGM's sigmas, a VAE's training loss, position ids, logit scale.
@@ -89,8 +97,14 @@ def detect(names) -> FileLayout | None:
         return LAYOUTS["sd2"]
     if has("cond_stage_model.transformer."):
         return LAYOUTS["sd1"]
+    if has("model.diffusion_model.joint_blocks."):
+        return LAYOUTS["sd3"]
+    if has("model.diffusion_model.double_blocks."):
+        return LAYOUTS["flux-ldm"]
     if has("model.diffusion_model."):
         return LAYOUTS["unet"]
+    if has("double_blocks.") and has("single_blocks."):
+        return LAYOUTS["flux"]
     if has("encoder.down.") or has("decoder.up."):
         return LAYOUTS["vae"]
     if has("encoder.down_blocks.") and has("decoder.up_blocks."):

@@ -30,9 +30,13 @@ def to_original(section: Section, tensors: dict[str, np.ndarray]) -> dict[str, n
     out = {}
     for key, items in grouped.items():
         source, value = items[0]
-        if source.take is not None:  # q, k, v into one in_proj, in that order
-            assert len(items) == 3, key
-            value = np.concatenate([v for _, v in sorted(items, key=lambda item: item[0].take[0])])
+        if source.take is not None:  # q, k, v (and Flux's MLP) into one tensor, in the order of their units
+            ordered = sorted(items, key=lambda item: item[0].take[0])
+            units = [s.take for s, _ in ordered]
+            assert units[0][0] == 0 and units[-1][1] == units[-1][2] and all(a[1] == b[0] for a, b in zip(units, units[1:])), key
+            value = np.concatenate([v for _, v in ordered])
+        if source.swap:  # diffusers' (scale, shift) back to the original's (shift, scale)
+            value = np.concatenate([value[value.shape[0] // 2:], value[:value.shape[0] // 2]])
         if source.transpose:
             value = value.T
         if source.squeeze:
@@ -42,7 +46,8 @@ def to_original(section: Section, tensors: dict[str, np.ndarray]) -> dict[str, n
 
 
 # component → the subfolder of a diffusers pipeline holding its weights
-SUBFOLDERS = {"text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2", "unet": "unet", "vae_decoder": "vae", "vae_encoder": "vae"}
+SUBFOLDERS = {"text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2", "unet": "unet", "vae_decoder": "vae", "vae_encoder": "vae",
+              "transformer": "transformer"}
 
 
 def original_tensors(folder: Path, layout: str, extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

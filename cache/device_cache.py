@@ -23,7 +23,7 @@ from typing import Iterator
 from enginefarm.errors import DiskFullError, IntegrityError, StoreError
 
 from . import resume, workdirs
-from .atomic import remove_tree, sha256_file
+from .atomic import aging_mtime, remove_tree, sha256_file
 from .codecs import decode_stream
 from . import origins, proof
 from .faults import checkpoint
@@ -100,7 +100,7 @@ class DeviceCache:
             if manifest is None:
                 continue
             stamp = path / _USED_STAMP
-            used = stamp.stat().st_mtime if stamp.exists() else path.stat().st_mtime
+            used = aging_mtime(stamp) if stamp.exists() else aging_mtime(path)  # a future stamp would never be least recently used
             yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files), used)
 
     def problems(self, key: str, *, trust_proof: bool = False) -> list[str]:
@@ -222,6 +222,7 @@ class DeviceCache:
             existing = self.cached_as(manifest, store.url)
             if existing is not None:
                 return existing
+            _check_stored_sizes(store, manifest)
             staging = self._adopt(key)
             kept = False
             try:
@@ -354,7 +355,7 @@ class DeviceCache:
         for path in self._work_items():
             alive = workdirs.owner_alive(path)
             try:
-                old = now - path.stat().st_mtime > max_tmp_age
+                old = now - aging_mtime(path, now) > max_tmp_age
             except FileNotFoundError:
                 continue
             if alive is False and (old or path.parent != self.tmp) or alive is None and old:
@@ -376,3 +377,13 @@ class DeviceCache:
             total -= entry.size
             removed.append(entry.manifest.build_key)
         return removed
+
+
+def _check_stored_sizes(store: Store, manifest: Manifest) -> None:
+    """The store's own size of each blob must be the manifest's: a 98 KB blob under a manifest claiming gigabytes (a
+    decompression bomb) is refused here, before a byte is written, not after the claimed size was decoded to disk."""
+    for entry in manifest.files:
+        held = store.blob_size(entry.stored_sha256)
+        if held is not None and held != entry.stored_size:
+            raise _mismatch(entry, store, manifest.build_key, f"the store holds {held} bytes, the manifest claims {entry.stored_size}; "
+                            "nothing was fetched")

@@ -43,6 +43,11 @@ class Store(ABC):
         before deleting, so a blob refreshed since its plan is kept."""
         return None
 
+    def blob_size(self, digest: str) -> int | None:
+        """How many bytes the store holds for the blob (None: gone, or this store cannot tell), asked before a
+        download so a manifest that claims another size is refused before anything is written."""
+        return None
+
     @abstractmethod
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         """A readable stream of the stored bytes from `offset` (to resume a download), never past `size` when

@@ -87,6 +87,20 @@ class HttpStore(Store):
         except ArtifactNotFoundError:
             return False
 
+    def blob_size(self, digest: str) -> int | None:
+        """From a one-byte GET (as has_blob): its Content-Range names the whole size; a server that ignores ranges
+        answers 200 with the whole length."""
+        try:
+            response = self._request(blob_relpath(check_digest(digest)), headers={"Range": "bytes=0-0"})
+        except ArtifactNotFoundError:
+            return None
+        with response:
+            total = (response.headers.get("Content-Range") or "").rpartition("/")[2]
+            if response.status == 206 and total.isdigit():
+                return int(total)
+            length = response.headers.get("Content-Length")
+            return int(length) if response.status == 200 and length and length.isdigit() else None
+
     def put_blob(self, digest, path, progress=None) -> bool:
         self._refuse("upload blobs")
 

@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
-from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
+from ..atomic import aging_mtime, atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..faults import checkpoint
 from ..locks import file_lock
 from ..space import full_disk_as_error
@@ -88,6 +88,15 @@ class LocalStore(Store):
         except FileNotFoundError:
             return None
 
+    def blob_size(self, digest: str) -> int | None:
+        try:
+            found = self._blob(digest).stat()
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(found.st_mode):  # a folder's 4096 bytes are not a size to compare
+            raise StoreError(f"{self._blob(digest)} is not a regular file; refusing to read it", hint="a store holds only plain files: remove or replace it")
+        return found.st_size
+
     def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
         dest = self._blob(digest)
         if self.refresh_blob(digest):  # reused: young again, so a concurrent gc keeps it (it may be an old orphan)
@@ -131,7 +140,7 @@ class LocalStore(Store):
             return
         for path in sorted(base.glob("??/*")):
             if _HEX.fullmatch(path.name):
-                yield path.name, path.stat().st_mtime
+                yield path.name, aging_mtime(path)
 
     def list_partials(self) -> list[tuple[str, float]]:
         """Temp files a killed writer left (`.<name>.<random>.incomplete`), with their mtimes."""
@@ -142,7 +151,7 @@ class LocalStore(Store):
                 for path in base.rglob(".*.incomplete"):
                     if _PARTIAL.fullmatch(path.name):
                         try:
-                            found.append((str(path.relative_to(self.root)), path.stat().st_mtime))
+                            found.append((str(path.relative_to(self.root)), aging_mtime(path)))
                         except FileNotFoundError:
                             continue
         return sorted(found)
@@ -238,7 +247,7 @@ class LocalStore(Store):
         base = root / cache_folder(prefix)
         if not base.is_dir():
             return []
-        return [(str(p.relative_to(root)), p.stat().st_mtime) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        return [(str(p.relative_to(root)), aging_mtime(p)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")]
 
     def delete_cache_object(self, name: str) -> None:
         (self.root / "caches" / check_cache_name(name)).unlink(missing_ok=True)

@@ -150,6 +150,10 @@ class S3Store(Store):
     def has_blob(self, digest: str) -> bool:
         return self._head(blob_relpath(check_digest(digest))) is not None
 
+    def blob_size(self, digest: str) -> int | None:
+        head = self._head(blob_relpath(check_digest(digest)))
+        return None if head is None else int(head["ContentLength"])
+
     def refresh_blob(self, digest: str) -> bool:
         """S3 cannot touch an object: it is copied onto itself (same bytes, a new LastModified). Objects over 5 GiB,
         which CopyObject refuses, are copied in 1 GiB parts."""

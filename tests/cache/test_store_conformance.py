@@ -55,6 +55,13 @@ class StoreConformance:
         with reader.open_blob(digest) as handle:
             assert _read_all(handle) == b"same"
 
+    def test_blob_size_is_what_the_store_holds(self, store, reader, tmp_path):
+        """Asked before a download: a manifest claiming another size is refused before anything is written."""
+        digest, path = blob_file(tmp_path, b"sized" * 777)
+        assert reader.blob_size(digest) is None
+        store.put_blob(digest, path)
+        assert reader.blob_size(digest) == 5 * 777
+
     def test_missing_blob_is_a_typed_error(self, reader):
         with pytest.raises(ArtifactNotFoundError):
             _read_all(reader.open_blob("0" * 64))

@@ -113,7 +113,8 @@ def run_child(kind: str, store: Path, key: str, home: Path, limit_mb: int, tree:
     if tree is not None:
         env.update(BENCH_TREE=str(tree.resolve()), BENCH_ROOT=str(ROOT))
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(store), key], cwd=ROOT, env=env, text=True, capture_output=True,
+    # The working directory is on the child's sys.path, so the top-level package `enginefarm` comes from it.
+    proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(store), key], cwd=tree or ROOT, env=env, text=True, capture_output=True,
                           preexec_fn=limit)
     wall = time.perf_counter() - started
     last = proc.stdout.strip().splitlines()[-1:] or [""]

@@ -222,7 +222,6 @@ class DeviceCache:
             existing = self.cached_as(manifest, store.url)
             if existing is not None:
                 return existing
-            _check_stored_sizes(store, manifest)
             staging = self._adopt(key)
             kept = False
             try:
@@ -378,12 +377,3 @@ class DeviceCache:
             removed.append(entry.manifest.build_key)
         return removed
 
-
-def _check_stored_sizes(store: Store, manifest: Manifest) -> None:
-    """The store's own size of each blob must be the manifest's: a 98 KB blob under a manifest claiming gigabytes (a
-    decompression bomb) is refused here, before a byte is written, not after the claimed size was decoded to disk."""
-    for entry in manifest.files:
-        held = store.blob_size(entry.stored_sha256)
-        if held is not None and held != entry.stored_size:
-            raise _mismatch(entry, store, manifest.build_key, f"the store holds {held} bytes, the manifest claims {entry.stored_size}; "
-                            "nothing was fetched")

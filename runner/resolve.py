@@ -13,6 +13,7 @@ from enginefarm.cache.manifest import Target
 from enginefarm.cache.versions import newest, same_version, version_key
 
 from .device import Device
+from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
 PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
@@ -52,7 +53,7 @@ class Candidate:
     rank: tuple = ()
     source: str = "store"  # store | cache
     bench: dict[str, Any] | None = None  # the farm's benchmark record behind p50_ms
-    tie: "_Tie | None" = None  # the candidates within each other's noise (same bucket), this one included
+    tie: Tie | None = None  # the candidates within each other's noise (same bucket), this one included
     tier: Rank | None = None  # rank_of(target), set once by _rank (asked per candidate, it dominated 10^5-entry loads)
     on_device: dict[str, Any] | None = None  # this device's own timing at a first load (runner.measure)
 
@@ -333,49 +334,11 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
         if how_measured < 2 and c.usable:
             buckets.setdefault(bucket + (how_measured,), []).append(c)
     for prefix, members in buckets.items():
-        for cluster, group in enumerate(_tie_clusters(members)):
-            tie = _Tie(group)
+        for cluster, group in enumerate(clusters(members, lambda c: c.p50_ms, _noise_of)):
+            tie = Tie(group)
             for c in group:
                 c.tie = tie
                 c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, c.tier)
-
-
-def _tie_clusters(members: list[Candidate]) -> list[list[Candidate]]:
-    """Repeatedly: the fastest remaining candidate and everything still remaining that is tied with it.
-
-    c is tied with the leader L (the smaller median) when p50(c) - noise(c) <= p50(L) + noise(L), so a cluster is
-    the remaining candidates whose lower edge is at most the leader's upper edge: with the candidates sorted once by
-    median (for leaders) and once by lower edge (for members), each candidate is looked at a bounded number of
-    times: O(n log n), where comparing every remaining candidate with each leader was quadratic."""
-    by_median = sorted(members, key=lambda c: c.p50_ms)
-    lower = [c.p50_ms - _noise_of(c) for c in members]
-    by_lower = sorted(range(len(members)), key=lambda i: lower[i])
-    taken: set[int] = set()  # ids of candidates already in a cluster
-    clusters: list[list[Candidate]] = []
-    next_leader = next_member = 0
-    while next_member < len(by_lower):
-        while id(by_median[next_leader]) in taken:
-            next_leader += 1
-        leader = by_median[next_leader]
-        upper = leader.p50_ms + _noise_of(leader)
-        group = []
-        # Everything before next_member is taken; what follows it in lower-edge order up to `upper` is the cluster,
-        # and the leader is among them (its lower edge is below its upper one).
-        while next_member < len(by_lower) and lower[by_lower[next_member]] <= upper:
-            group.append(members[by_lower[next_member]])
-            next_member += 1
-        taken.update(id(c) for c in group)
-        group.sort(key=lambda c: c.p50_ms)  # stable: as sorted by median before
-        clusters.append(group)
-    return clusters
-
-
-@dataclass(eq=False)
-class _Tie:
-    """The candidates within each other's noise, shared by all of them (each holding a list of all the others was
-    quadratic in memory: 20 000 tied entries took 3.4 GB)."""
-
-    members: list[Candidate]
 
 
 def _noise_of(c: Candidate) -> float:

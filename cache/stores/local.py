@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from enginefarm.errors import ArtifactNotFoundError, StoreError
+from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
 from ..atomic import aging_mtime, atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..faults import checkpoint
@@ -88,15 +88,6 @@ class LocalStore(Store):
         except FileNotFoundError:
             return None
 
-    def blob_size(self, digest: str) -> int | None:
-        try:
-            found = self._blob(digest).stat()
-        except FileNotFoundError:
-            return None
-        if not stat.S_ISREG(found.st_mode):  # a folder's 4096 bytes are not a size to compare
-            raise StoreError(f"{self._blob(digest)} is not a regular file; refusing to read it", hint="a store holds only plain files: remove or replace it")
-        return found.st_size
-
     def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
         dest = self._blob(digest)
         if self.refresh_blob(digest):  # reused: young again, so a concurrent gc keeps it (it may be an old orphan)
@@ -127,6 +118,10 @@ class LocalStore(Store):
             handle = open_regular(self._blob(digest))
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
+        held = os.fstat(handle.fileno()).st_size
+        if size is not None and held != size:
+            handle.close()
+            raise IntegrityError(f"blob {digest[:12]}: the store holds {held} bytes, the manifest claims {size}")
         if offset:
             handle.seek(offset)
         return handle if size is None else CappedReader(handle, size - offset)

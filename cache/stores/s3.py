@@ -18,7 +18,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 from ..atomic import sha256_file
 from .base import Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 from .local import check_digest, check_model
-from .ranged import Limits, Opened, ResumableReader
+from .ranged import Limits, Opened, ResumableReader, declared_total
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +150,6 @@ class S3Store(Store):
     def has_blob(self, digest: str) -> bool:
         return self._head(blob_relpath(check_digest(digest))) is not None
 
-    def blob_size(self, digest: str) -> int | None:
-        head = self._head(blob_relpath(check_digest(digest)))
-        return None if head is None else int(head["ContentLength"])
-
     def refresh_blob(self, digest: str) -> bool:
         """S3 cannot touch an object: it is copied onto itself (same bytes, a new LastModified). Objects over 5 GiB,
         which CopyObject refuses, are copied in 1 GiB parts."""
@@ -281,13 +277,14 @@ class S3Store(Store):
                 raise self._fail(exc, f"GET {rel}") from None
             content_range = response.get("ContentRange") or ""
             first = int(content_range.split()[1].split("-")[0]) if content_range.startswith("bytes ") else 0
-            return Opened(response["Body"], response.get("ETag"), first, bool(content_range))  # absolute offsets
+            total = declared_total(content_range, response.get("ContentLength"), first)
+            return Opened(response["Body"], response.get("ETag"), first, bool(content_range), total)  # absolute offsets
 
         transient = (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionError, botocore.exceptions.ResponseStreamingError,
                      botocore.exceptions.IncompleteReadError,
                      urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, ConnectionError, TimeoutError)
         return ResumableReader(opener, expected_size=None if size is None else size - offset, transient=transient, limits=Limits(),
-                               what=f"blob {digest[:12]}", base=offset)
+                               what=f"blob {digest[:12]}", base=offset, object_size=size)
 
     def delete_blob(self, digest: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(blob_relpath(check_digest(digest))))

@@ -55,12 +55,12 @@ class StoreConformance:
         with reader.open_blob(digest) as handle:
             assert _read_all(handle) == b"same"
 
-    def test_blob_size_is_what_the_store_holds(self, store, reader, tmp_path):
-        """Asked before a download: a manifest claiming another size is refused before anything is written."""
+    def test_a_blob_of_another_size_than_claimed_is_refused_before_reading(self, store, reader, tmp_path):
+        """The store's own size (stat, the response's Content-Length or Content-Range) against the claim."""
         digest, path = blob_file(tmp_path, b"sized" * 777)
-        assert reader.blob_size(digest) is None
         store.put_blob(digest, path)
-        assert reader.blob_size(digest) == 5 * 777
+        with pytest.raises(IntegrityError, match=f"the store holds {5 * 777} bytes, the manifest claims {64 << 20}"):
+            _read_all(reader.open_blob(digest, 64 << 20))
 
     def test_missing_blob_is_a_typed_error(self, reader):
         with pytest.raises(ArtifactNotFoundError):

@@ -24,7 +24,7 @@ from enginefarm.cache.archive import extract, pack_dir
 from enginefarm.errors import BackendUnavailable, BuildError
 
 from ._coreml_sdk import INSTALL, IO_DTYPES, coremltools, quiet_convert, sdk_problem
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, role_file
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class CoreMLSession:
 
 
 def _archive(manifest) -> str:
-    return next(f.path for f in manifest.files if f.role == "model")
+    return role_file(manifest, "model")
 
 
 def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:

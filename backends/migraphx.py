@@ -24,7 +24,7 @@ import numpy as np
 from enginefarm.runner.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk, role_file
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
     avail = available(gfx)
     if not avail.can_load:
         raise BackendUnavailable(f"cannot run a {gfx} program here: {avail.reason}")
-    path = next(f.path for f in manifest.files if f.role == "engine")
+    path = role_file(manifest, "engine")
     program = mgx.load(str(Path(artifact_dir) / path), format="msgpack")
     inputs = [t["name"] for t in manifest.io.get("inputs", [])] or list(program.get_parameter_names())
     outputs = [t["name"] for t in manifest.io.get("outputs", [])]

@@ -9,7 +9,7 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk, role_file
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
@@ -87,14 +87,14 @@ class OrtSession:
 
 
 def load(artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
-    model = next(f.path for f in manifest.files if f.role == "model")
+    model = role_file(manifest, "model")
     return OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
 
 
 
 # Custom weights: the artifact is ONNX, so its weights are the initializers, by name.
 def _model_path(artifact_dir: Path, manifest) -> Path:
-    return Path(artifact_dir) / next(f.path for f in manifest.files if f.role == "model")
+    return Path(artifact_dir) / role_file(manifest, "model")
 
 
 def weight_shapes(artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:

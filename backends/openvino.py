@@ -12,7 +12,7 @@ import numpy as np
 from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk, role_file
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def load(artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
                 log.warning("openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0])
         else:
             log.info("openvino: %s; compiling the IR", why_not)
-    xml = next(f.path for f in manifest.files if f.role == "ir")
+    xml = role_file(manifest, "ir")
     return OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
 
 
@@ -200,7 +200,7 @@ _IR_DTYPES = {"f32": "<f4", "f16": "<f2"}
 
 def _ir_paths(artifact_dir: Path, manifest) -> tuple[Path, Path]:
     root = Path(artifact_dir)
-    xml = root / next(f.path for f in manifest.files if f.role == "ir")
+    xml = root / role_file(manifest, "ir")
     return xml, xml.with_suffix(".bin")
 
 

@@ -201,6 +201,10 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
     return manifest
 
 
+# Why a job found its artifact stored: the caller plans before building, so another builder published it since.
+MEANWHILE = "published by another builder meanwhile"
+
+
 def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None,
           validate_only: bool = False) -> BuildResult:
     """Build one job into `store` unless its key is already there; a stored artifact judged under other [validate]
@@ -226,7 +230,7 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
             heal_index(store, key)  # a publish killed after its manifest left the index without it
             entry = read_index(store, job.model).entries.get(key)
             if not validate_only and not stale(job, entry, stored):
-                return BuildResult.of(job, key, "exists", seconds=time.perf_counter() - started)
+                return BuildResult.of(job, key, "exists", MEANWHILE, seconds=time.perf_counter() - started)
             return _revalidated(job, key, store, stored, workroot, tell, started)
         manifest, outdir = compile_artifact(job, workroot, bench=bench, step=tell, store=store, stages=stages)
         tell("publish")
@@ -236,7 +240,9 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
             note = repair(store, stored, manifest, blobs, lost) if lost else ""
             if lost and not note.startswith("repaired: rebuilt"):
                 manifest = stored  # the same bytes again: the stored manifest stays, and its blobs are back
-            publish(store, manifest, blobs, progress=progress)
+            written = publish(store, manifest, blobs, progress=progress)
+        if not written and not lost:  # another builder's manifest won the race: its artifact is the one stored
+            return BuildResult.of(job, key, "exists", MEANWHILE, seconds=time.perf_counter() - started, stages=stages)
         return BuildResult.of(job, key, "built", note, seconds=time.perf_counter() - started, manifest=manifest, stages=stages)
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too

@@ -6,6 +6,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -89,3 +90,23 @@ def remove_tree(path: Path) -> None:
     except FileNotFoundError:
         return
     shutil.rmtree(trash, ignore_errors=True)
+
+
+FUTURE_SLACK_S = 60.0  # clocks of hosts sharing a store or cache differ a little; that is not "the future"
+
+
+def aging_mtime(path: Path, now: float | None = None) -> float:
+    """`path`'s modification time for an age check (raises FileNotFoundError if it is gone). A time in the future (a
+    wrong clock, an archive extracted with its times) is first set to now: counted as it stands, the file would stay
+    younger than any grace forever and no gc would remove it; from now it ages out like any other."""
+    mtime = path.stat().st_mtime
+    now = time.time() if now is None else now
+    if mtime <= now + FUTURE_SLACK_S:
+        return mtime
+    try:
+        os.utime(path, (now, now))
+    except FileNotFoundError:
+        raise
+    except OSError:
+        pass  # read-only: counted as now this time, and again next time
+    return now

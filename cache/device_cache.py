@@ -24,7 +24,7 @@ from typing import Iterator
 from enginefarm.errors import ConfigError, DiskFullError, IntegrityError, StoreError
 
 from . import resume, workdirs
-from .atomic import remove_tree, sha256_file
+from .atomic import aging_mtime, remove_tree, sha256_file
 from .codecs import decode_stream
 from . import origins, proof
 from .faults import checkpoint
@@ -78,7 +78,7 @@ def _last_used(path: Path) -> float | None:
     """When the artifact at `path` was last used; None if it is gone."""
     for candidate in (path / _USED_STAMP, path):
         try:
-            return candidate.stat().st_mtime
+            return aging_mtime(candidate)  # a future stamp would never be least recently used
         except FileNotFoundError:
             continue
     return None
@@ -400,7 +400,7 @@ class DeviceCache:
         for path in self._work_items():
             alive = workdirs.owner_alive(path)
             try:
-                old = now - path.stat().st_mtime > max_tmp_age
+                old = now - aging_mtime(path, now) > max_tmp_age
             except FileNotFoundError:
                 continue
             if alive is False and (old or path.parent != self.tmp) or alive is None and old:
@@ -422,3 +422,4 @@ class DeviceCache:
             total -= entry.size
             removed.append(entry.manifest.build_key)
         return removed
+

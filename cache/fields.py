@@ -64,7 +64,14 @@ def text_map(value: Any, field: str) -> dict[str, str]:
     return value
 
 
+def _all_dims(value: Any) -> bool:
+    """The common case, checked without building a field name per item (an index may hold 10^5 entries)."""
+    return type(value) is list and all(type(item) is int and item >= 0 for item in value)
+
+
 def dims(value: Any, field: str) -> list[int]:
+    if _all_dims(value):
+        return value
     for i, item in enumerate(items(value, field)):
         integer(item, f"{field}[{i}]")
     return value
@@ -73,8 +80,11 @@ def dims(value: Any, field: str) -> list[int]:
 def profile(value: Any, field: str) -> dict[str, dict[str, list[int]]]:
     """input name → {min, opt, max}: the bounds a session checks inputs against."""
     for name, bounds in mapping(value, field).items():
-        for corner in ("min", "opt", "max"):
-            dims(mapping(bounds, f"{field}.{name}").get(corner), f"{field}.{name}.{corner}")
+        if type(bounds) is dict and _all_dims(bounds.get("min")) and _all_dims(bounds.get("opt")) and _all_dims(bounds.get("max")):
+            pass  # well formed: only the ranks are left to compare
+        else:
+            for corner in ("min", "opt", "max"):
+                dims(mapping(bounds, f"{field}.{name}").get(corner), f"{field}.{name}.{corner}")
         if not len(bounds["min"]) == len(bounds["opt"]) == len(bounds["max"]):
             raise FieldError(f"{field}.{name}", "min, opt and max differ in rank")
     return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from enginefarm.errors import IntegrityError
@@ -30,10 +30,7 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> "Target":
-        backend, sep, device = text.strip().partition(":")
-        if not sep or not backend or not device:
-            raise ValueError(f"target {text!r} is not 'backend:device'")
-        return cls(backend, device)
+        return _parse_target(text)
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.device}"
@@ -41,6 +38,14 @@ class Target:
     def matches(self, selector: str) -> bool:
         """A user's --target: a whole target (`openvino:cpu`) or a backend (`openvino`)."""
         return selector in (str(self), self.backend)
+
+
+@lru_cache(maxsize=1024)  # targets are few and immutable; an index of 10^5 entries names each many times
+def _parse_target(text: str) -> Target:
+    backend, sep, device = text.strip().partition(":")
+    if not sep or not backend or not device:
+        raise ValueError(f"target {text!r} is not 'backend:device'")
+    return Target(backend, device)
 
 
 def target_matches(target: str, selectors) -> bool:

@@ -16,12 +16,14 @@ alphabetically. The empty version (an index entry written before versions were r
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Iterable
 
 _PIECES = re.compile(r"\d+|[^\W\d_]+")
 _WORD, _END, _NUMBER = 0, 1, 2
 
 
+@lru_cache(maxsize=4096)  # an index of 10^5 entries holds a few versions: each is parsed once, not per comparison
 def version_key(version: str | None) -> tuple:
     """A sort key: a newer version has a larger key; equal keys are the same version."""
     text = re.sub(r"^[vV](?=\d)", "", str(version or "").strip())

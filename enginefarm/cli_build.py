@@ -109,9 +109,11 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     refused = sum(bool(p.refused) and not p.built for p in planned)
     unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
     repaired = sum(r.status == "built" and r.reason.startswith("repaired") for r in results)
+    meanwhile = sum(r.status == "exists" for r in results)  # planned as missing, stored by the time its worker looked
     console.print(f"{sum(r.status == 'built' for r in results)} built" + (f" ({repaired} repaired: blobs were missing)" if repaired else "")
                   + f", {sum(r.status == 'failed' for r in results)} failed, "
                   f"{sum(p.built for p in planned)} already stored" + (f" ({revalidated} re-validated)" if revalidated else "")
+                  + (f", {meanwhile} published by another builder meanwhile" if meanwhile else "")
                   + f", {unavailable} unavailable here" + (f", {refused} refused (see `enginefarm plan`)" if refused else ""))
     _finish(results, report)
 

@@ -14,6 +14,13 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
 
 
+def plain_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A table as aligned plain text, in time linear in its cells (for listings too long for rich to lay out)."""
+    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+    line = lambda cells: "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([title, line(columns), line(tuple("-" * w for w in widths)), *map(line, rows)])
+
+
 class RichProgress:
     """Draws the library's progress callback: messages as dim lines, transfers as bars with bytes, rate and ETA,
     other work (an engine compiled on the device) as bars with steps and elapsed time."""

@@ -15,7 +15,7 @@ from enginefarm.settings import load_settings
 @click.command("run")
 @click.argument("ref", metavar="MODEL/COMPONENT")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array. Repeatable. A .npz gives all inputs at once.")
-@click.option("--output", type=click.Path(path_type=Path), help="Write all outputs to this .npz.")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), help="Write all outputs to this .npz.")
 @recipe_option("Compile here from this recipe if nothing stored fits.")
 @explain_option()
 @click.option("--weights", type=click.Path(path_type=Path), help="A custom checkpoint (.safetensors) in the base checkpoint's names.")

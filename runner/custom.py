@@ -54,6 +54,9 @@ class Stack:
             if isinstance(item, str) and sep and not Path(item).exists() and Path(head).exists():
                 raise ConfigError(f"LoRA {item!r}: PATH:STRENGTH is the command line's form", hint=f'loras=[("{head}", {tail})]')
             items.append((Path(path), strength))
+        for what, path in [("weights", weights), *(("LoRA", p) for p, _ in items)]:
+            if path is not None and Path(path).is_dir():  # else an IsADirectoryError deep in the reader, reported as a load failure
+                raise WeightsError(f"{what} {path} is a folder, not a file", hint="pass the .safetensors file itself")
         return cls(Path(weights) if weights is not None else None, tuple(items))
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -10,18 +11,19 @@ from typing import TYPE_CHECKING, Callable
 from enginefarm.backends import get_backend
 from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
-from enginefarm.cache.index import IndexEntry, read_index
+from enginefarm.cache.index import IndexEntry, gc_paused, read_index
 from enginefarm.cache.manifest import PRECISIONS, Manifest, target_matches
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
-from enginefarm.cache.versions import by_age, same_version
+from enginefarm.cache.versions import same_version
 from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, StoreError, StoreNotFound,
                                TrustError, WeightsError)
 from enginefarm.settings import Settings, load_settings
 
 from . import golden, measure
 from .identity import check_served
+from .not_found import not_found
 from .device import Device, detect
 from .resolve import Candidate, Resolution, resolve
 from .session import Session
@@ -33,10 +35,23 @@ log = logging.getLogger(__name__)
 
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a recipe's model and component names (builder/recipe.py)
+_NAME_MAX = 200  # bytes: the store's file names (index/<model>.json) must fit every file system's 255
+
+
 def parse_ref(ref: str) -> tuple[str, str]:
     model, sep, component = ref.partition("/")
     if not sep or not model or not component or "/" in component:
         raise ConfigError(f"{ref!r} is not MODEL/COMPONENT", hint="for example: sd15/vae_decoder")
+    shown = ref if len(ref) <= 80 else f"{ref[:60]}…"
+    for what, name in (("model", model), ("component", component)):
+        # Checked before any store is asked: a name no store can hold is the caller's typo, not an unreachable store.
+        if not _NAME.fullmatch(name):
+            raise ConfigError(f"{shown!r}: {name[:60]!r} is not a valid {what} name",
+                              hint="names are those of a recipe: letters, digits, '_', '.', '-', starting with a letter or digit")
+        if len(name.encode()) > _NAME_MAX:
+            raise ConfigError(f"{shown!r}: the {what} name is {len(name.encode())} bytes long, more than any store holds ({_NAME_MAX})",
+                              hint="check the name: it is the recipe's [model] name or component, as `enginefarm ls` lists them")
     return model, component
 
 
@@ -51,6 +66,9 @@ class Lookup:
     note: str
     settings: Settings
     release: object = None  # the signed channel's client when resolving inside a release channel
+    selectors: tuple[str, ...] = ()  # the caller's --target
+    filtered_out: list = field(default_factory=list)  # index entries of the component that --target left out
+    unreadable_index: str = ""  # why the store's index of the model could not be read (then nothing is listed)
     refusals: list[Exception] = field(default_factory=list)  # trust and integrity failures, raised if nothing loads
     stack_refusals: list[Exception] = field(default_factory=list)  # artifacts that cannot take the user's stack
 
@@ -58,10 +76,22 @@ class Lookup:
 def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings,
            version: str | None = None) -> Lookup:
     """`version`: the model version to serve (None: the newest with an artifact usable here)."""
+    with gc_paused():  # one cycle-collector pass over the index's objects at the end, not one per stage (see gc_paused)
+        return _lookup(ref, precision, device, store, target, settings, version)
+
+
+def _lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings,
+            version: str | None) -> Lookup:
     if precision is not None and precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}", hint=f"use {', '.join(PRECISIONS)}, or leave it out for the fastest")
-    model, _ = parse_ref(ref)
+    model, component = parse_ref(ref)
     selectors = (target,) if target else ()
+
+    def filtered(entries) -> tuple[list, list]:
+        """(entries --target keeps, the component's entries it leaves out: named if nothing else fits)."""
+        kept = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
+        left_out = [e for e, _ in entries if e.component == component and not target_matches(e.target, selectors)] if selectors else []
+        return kept, left_out
 
     def devices_for(entries) -> list[Device]:
         found = [d for d in detect(device, probes_for(entries)) if any(target_matches(t, selectors) for t in d.targets)]
@@ -74,12 +104,13 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         from .release import open_channel, released_entries
 
         client, opened = open_channel(store, settings)
-        entries = [(e, where) for e, where in released_entries(client, model) if target_matches(e.target, selectors)]
+        entries, left_out = filtered(released_entries(client, model))
         devices = devices_for(entries)
-        return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, client.note, settings, client)
+        return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, client.note, settings, client,
+                      selectors, left_out)
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
     cached = [c.manifest for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
-    note, opened, stored, origin = "", None, [], None
+    note, opened, stored, origin, unreadable = "", None, [], None, ""
     if settings.offline:
         note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
         origin = _url_of(store) if store else None  # a store the caller named: only what it served, even offline
@@ -87,7 +118,9 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         try:
             opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
             origin = opened.url
-            stored = [(e, "store") for e in read_index(opened, model).entries.values()]
+            index = read_index(opened, model)
+            stored = [(e, "store") for e in index.entries.values()]
+            unreadable = f"{opened.url}/index/{model}.json {index.unreadable}" if index.unreadable else ""
         except StoreNotFound:
             raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
         except StoreError as exc:
@@ -100,10 +133,10 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
         if foreign:
             note = "; ".join(filter(None, [note, f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered"]))
         cached = [m for m in cached if m not in foreign]
-    entries = [(IndexEntry.of(m), "cache") for m in cached] + stored
-    entries = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
+    entries, left_out = filtered([(IndexEntry.of(m), "cache") for m in cached] + stored)
     devices = devices_for(entries)
-    return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings)
+    return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings,
+                  selectors=selectors, filtered_out=left_out, unreadable_index=unreadable)
 
 
 def probes_for(entries) -> tuple[str, ...] | None:
@@ -111,9 +144,9 @@ def probes_for(entries) -> tuple[str, ...] | None:
     need it) and those of the candidates' backends. None (every probe) when there is no candidate, or a backend
     does not say which it needs."""
     kinds = {"cpu"}
-    for entry, _ in entries:
+    for name in {entry.target.partition(":")[0] for entry, _ in entries}:  # per backend, not per entry: there may be 10^5
         try:
-            probes = get_backend(entry.target.partition(":")[0]).probes
+            probes = get_backend(name).probes
         except EnginefarmError:
             return None
         if probes is None:
@@ -204,7 +237,7 @@ def fetch(ref: str, precision: str | None = None, device: str = "auto", store: s
     measure.decide(found.resolution, settings, report, None)
     candidate, got, failures = _first_usable(found, lambda c: _materialize(c, found, report))
     if candidate is None:
-        raise _not_found(ref, found, failures)
+        raise not_found(ref, found, failures)
     return got[0], got[1], found.resolution.explain(candidate, note=found.note)
 
 
@@ -261,7 +294,7 @@ def load(
     recipe_found = find_recipe(model, recipe, settings.recipe_path)
     other_version = recipe_found is not None and version is not None and not same_version(recipe_found.version, version)
     if recipe_found is None or other_version or (found.release is not None and found.refusals):
-        raise _not_found(ref, found, failures)
+        raise not_found(ref, found, failures)
     report.message(f"no stored artifact fits; compiling {ref} on this device")
     job = pick_job(recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target)
     manifest = compile_on_device(job, found.cache, report.message)
@@ -315,33 +348,3 @@ def _forget_if_fetched(cache: DeviceCache, key: str) -> None:
         log.warning("evicting %s [%s] from the cache: it does not load", manifest.ref, key[:12])
         cache.evict(key)
 
-
-def _not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
-    full = [e for e in found.refusals if isinstance(e, DiskFullError)]
-    if full:
-        return full[0]  # the one failure the user can fix at once
-    if found.refusals:
-        return found.refusals[0]  # tampered, unsigned or replayed: that is the answer, not "nothing fits"
-    if found.stack_refusals:
-        return found.stack_refusals[0]  # an artifact fits but not with these weights: its own error has the fix
-    if found.release is not None and not found.resolution.candidates:
-        model, _ = parse_ref(ref)
-        component = ref.partition("/")[2]
-        yanked = [y for y in found.release.yanked(model) if y.get("component") == component]
-        if yanked:
-            what = ", ".join(f"{y.get('target')} {y.get('precision')} [{str(y.get('build_key'))[:12]}]" for y in yanked)
-            return ArtifactNotFoundError(f"{ref} was yanked from channel {found.release.channel}: {what}; nothing else of it is released",
-                                         hint="its maintainers withdrew it; wait for a new release, or load from another channel")
-    unusable = [c for c in found.resolution.candidates if c.reason]
-    rejected = [f"{c.entry.label}: {c.reason}" for c in unusable]
-    why = "; ".join(failures or rejected or [found.note or "no stored artifact for it"])
-    hint = "build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
-    if found.resolution.pinned is not None and not failures and all(c.reason.startswith("model version") for c in unusable):
-        present = ", ".join(str(v) for v in by_age(c.version for c in unusable))
-        return ArtifactNotFoundError(f"no artifact of {ref} has model version {found.resolution.pinned}",
-                                     hint=f"versions stored: {present}; leave the version out for the newest")
-    if unusable and not failures and all(c.reason.startswith("no device here runs") for c in unusable):
-        # what is stored is for other devices: building the same targets again would not help
-        hint = ("build it for a target this device runs (`enginefarm doctor` lists them) with `enginefarm build RECIPE "
-                "--target T`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here")
-    return ArtifactNotFoundError(f"no artifact of {ref} fits this device: {why}", hint=hint)

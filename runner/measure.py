@@ -68,7 +68,7 @@ def contenders(resolution: Resolution) -> Contenders | None:
     if leader.measured_on != "this device class":
         where = leader.measured_on or "no device"
         return Contenders(bucket[:MAX_CANDIDATES], f"the leader's number comes from {where}")
-    rivals = [c for c in bucket[1:] if c.measured_on != "this device class" or c in leader.tied_with
+    rivals = [c for c in bucket[1:] if c.measured_on != "this device class" or leader.is_tied_with(c)
               or c.p50_ms <= leader.p50_ms * (1 + CLOSE)]
     # The closest by the farm's numbers first (a tie's precision order says nothing about which is faster here).
     rivals.sort(key=lambda c: (c.measured_on != "this device class", c.p50_ms if c.p50_ms is not None else float("inf")))

@@ -7,17 +7,35 @@ from typing import Any
 
 from enginefarm.backends import Rank, availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
-from enginefarm.runner.timing import noise_ms, tied
-from enginefarm.cache.index import IndexEntry
+from enginefarm.runner.timing import noise_ms
+from enginefarm.cache.index import IndexEntry, gc_paused
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.versions import newest, same_version, version_key
 
 from .device import Device
+from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
 PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
 TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
             "(fp32, then fp16, then bf16), then to the lower median")
+
+LISTED = 25  # rivals an explanation names one by one; the rest are counted (an index may hold 10^5 entries)
+
+
+def _more(rest: list["Candidate"]) -> str:
+    """'1200 more: 1000 usable, ranked lower; 200 not usable (150 no device here runs …, 50 …)'."""
+    reasons: dict[str, int] = {}
+    for c in rest:
+        if c.reason:
+            reasons[c.reason] = reasons.get(c.reason, 0) + 1
+    usable = len(rest) - sum(reasons.values())
+    parts = [f"{usable} usable, ranked lower"] if usable else []
+    if reasons:
+        common = sorted(reasons.items(), key=lambda kv: -kv[1])
+        listed = ", ".join(f"{n}: {why}" for why, n in common[:3]) + (", …" if len(common) > 3 else "")
+        parts.append(f"{sum(reasons.values())} not usable ({listed})")
+    return f"{len(rest)} more: " + "; ".join(parts)
 
 
 def _ms(value: float) -> str:
@@ -35,8 +53,21 @@ class Candidate:
     rank: tuple = ()
     source: str = "store"  # store | cache
     bench: dict[str, Any] | None = None  # the farm's benchmark record behind p50_ms
-    tied_with: list["Candidate"] = field(default_factory=list)  # rivals within each other's noise (same bucket)
+    tie: Tie | None = None  # the candidates within each other's noise (same bucket), this one included
+    tier: Rank | None = None  # rank_of(target), set once by _rank (asked per candidate, it dominated 10^5-entry loads)
     on_device: dict[str, Any] | None = None  # this device's own timing at a first load (runner.measure)
+
+    @property
+    def tied_with(self) -> list["Candidate"]:
+        """Rivals within each other's noise (same bucket)."""
+        return [] if self.tie is None else [c for c in self.tie.members if c is not self]
+
+    def is_tied_with(self, other: "Candidate") -> bool:
+        return other is not self and self.tie is not None and other.tie is self.tie
+
+    @property
+    def kind(self) -> Rank:
+        return self.tier if self.tier is not None else rank_of(self.target)
 
     @property
     def usable(self) -> bool:
@@ -64,7 +95,7 @@ class Candidate:
         if self.on_device is not None:
             speed += f"; timed on this device at a first load: {_ms(self.on_device['p50_ms'])} ms{_noise(self.on_device)}"
         version = f" v{self.version}" if self.version is not None else ""
-        return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {rank_of(self.target).label}{speed}"
+        return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {self.kind.label}{speed}"
 
 
 def _noise(record: dict[str, Any]) -> str:
@@ -85,10 +116,18 @@ class Resolution:
     version: str | None = None  # the model version served
     notes: list[str] = field(default_factory=list)  # what explain() adds: newer versions not usable, on-device timing
     preferred: str | None = None  # the build key timed fastest on this device (runner.measure): ranked first
+    by_rank: list[Candidate] | None = None  # the candidates sorted by rank once ranked (ranks never change after)
+
+    def _ordered(self) -> list[Candidate]:
+        return self.by_rank if self.by_rank is not None else sorted(self.candidates, key=lambda c: c.rank)
 
     @property
     def ranked(self) -> list[Candidate]:
-        return sorted((c for c in self.candidates if c.usable), key=lambda c: (c.entry.build_key != self.preferred, c.rank))
+        """The usable candidates, best first: the one timed fastest here (if any), then by rank. Linear once ranked
+        (asked several times per load, over up to 10^5 candidates)."""
+        usable = [c for c in self._ordered() if c.usable]
+        first = [c for c in usable if c.entry.build_key == self.preferred]
+        return first + [c for c in usable if c.entry.build_key != self.preferred] if first else usable
 
     def explain(self, chosen: Candidate | None = None, note: str = "") -> str:
         version = f"model version {self.pinned} (pinned)" if self.pinned is not None else "newest model version"
@@ -100,11 +139,14 @@ class Resolution:
         lines += [f"  {n}" for n in self.notes]
         if note:
             lines.append(f"  {note}")
-        others = [c for c in self.candidates if c is not chosen]
+        others = [c for c in self._ordered() if c is not chosen]
         if others:
             lines.append("also considered:")
-            for c in sorted(others, key=lambda c: (not c.usable, c.rank)):
+            others = [c for c in others if c.usable] + [c for c in others if not c.usable]  # each part by rank
+            for c in others[:LISTED]:
                 lines.append(f"  - {c.describe()}: {c.reason or 'usable, ranked lower'}")
+            if len(others) > LISTED:
+                lines.append(f"  … and {_more(others[LISTED:])}")
         elif chosen is None:
             lines.append("no stored artifact for it")
         return "\n".join(lines)
@@ -115,11 +157,13 @@ class Resolution:
             timed = [c for c in rivals if c.on_device is not None]
             against = ", ".join(f"{_ms(c.on_device['p50_ms'])} ms for {c.label}" for c in timed)
             return f"timed fastest on this device at a first load: {_ms(chosen.on_device['p50_ms'])} ms" + (f" vs {against}" if against else "")
-        if rank_of(chosen.target) <= Rank.JIT and any(rank_of(c.target) > rank_of(chosen.target) for c in rivals):
-            return f"the most specific engine kind usable here ({rank_of(chosen.target).label})"
+        if chosen.kind <= Rank.JIT and any(c.kind > chosen.kind for c in rivals):
+            return f"the most specific engine kind usable here ({chosen.kind.label})"
         if chosen.p50_ms is not None:
             if chosen.tied_with:
-                others = ", ".join(f"{c.label} at {_ms(c.p50_ms)} ms" for c in chosen.tied_with)
+                tied = chosen.tied_with
+                others = ", ".join(f"{c.label} at {_ms(c.p50_ms)} ms" for c in tied[:LISTED])
+                others += f" and {len(tied) - LISTED} more" if len(tied) > LISTED else ""
                 return f"tied with {others} (p50 {_ms(chosen.p50_ms)} ms; within each other's noise): {TIE_RULE}"
             slower = [c for c in rivals if c.p50_ms is not None]
             if slower:
@@ -128,7 +172,7 @@ class Resolution:
             return "the only usable artifact with a benchmark"
         if not rivals:
             return "the only usable artifact"
-        return f"no benchmarks to compare, so the most specific kind wins ({rank_of(chosen.target).label})"
+        return f"no benchmarks to compare, so the most specific kind wins ({chosen.kind.label})"
 
 
 def _runtime_version(backend: str) -> str | None:
@@ -147,18 +191,25 @@ def _check(entry: IndexEntry, component: str, precision: str | None, devices: li
     if precision and entry.precision != precision:
         return f"precision {entry.precision}, asked for {precision}", None
     target = entry.parsed_target
-    device = next((d for d in devices if str(target) in d.targets), None)
+    text = entry.target  # the cache's key: a string hashes once, a Target per lookup
+    if ("device", text) not in cache:  # per distinct target, not per entry
+        cache["device", text] = next((d for d in devices if str(target) in d.targets), None)
+    device = cache["device", text]
     if device is None:
         return f"no device here runs {target}", None
-    if str(target) not in cache:
-        cache[str(target)] = can_load(target)
-    avail = cache[str(target)]
+    if ("load", text) not in cache:
+        cache["load", text] = can_load(target)
+    avail = cache["load", text]
     if not avail.can_load:
         return f"cannot load here: {avail.reason}", device
     constraints = entry.constraints
     for package, spec in constraints.get("runtime", {}).items():
-        have = _runtime_version(package) if package == target.backend else None
-        if have is not None and not version_in_range(have, spec):
+        if package == target.backend and ("runtime", package) not in cache:
+            cache["runtime", package] = _runtime_version(package)
+        have = cache["runtime", package] if package == target.backend else None
+        if have is not None and ("range", have, spec) not in cache:
+            cache["range", have, spec] = version_in_range(have, spec)
+        if have is not None and not cache["range", have, spec]:
             return f"needs {package} {spec}, this has {have}", device
     problem = _device_constraint(constraints, device)
     return problem, device
@@ -206,6 +257,12 @@ def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | No
     3. portable artifacts (IR, ONNX) by speed measured on this device class, then a similar class, then by kind.
     Speeds within each other's noise are tied, and a tie is broken by TIE_RULE.
     """
+    with gc_paused():  # 10^5 candidates, no cycles worth collecting until resolution is done (see gc_paused)
+        return _resolve(ref, entries, precision, devices, can_load, version)
+
+
+def _resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | None, devices: list[Device], can_load,
+             version: str | None) -> Resolution:
     model, _, component = ref.partition("/")
     resolution = Resolution(ref, precision, devices, pinned=version)
     cache: dict = {}
@@ -227,6 +284,7 @@ def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | No
         resolution.candidates.append(candidate)
     _choose_version(resolution)
     _rank(resolution.candidates, devices)
+    resolution.by_rank = sorted(resolution.candidates, key=lambda c: c.rank)
     return resolution
 
 
@@ -259,10 +317,16 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
     """Each usable candidate's rank tuple. Within a bucket (same device and kind of artifact, numbers from the same
     kind of source), measured candidates fall into tie clusters: the fastest remaining and everything within its
     noise, ordered by TIE_RULE."""
+    tiers: dict[str, Rank] = {}
     buckets: dict[tuple, list[Candidate]] = {}
+    order: dict[int, int] = {}  # per device object, not per candidate (Device equality compares every field)
     for c in candidates:
-        device_order = devices.index(c.device) if c.device in devices else len(devices)
-        tier = rank_of(c.target)
+        if id(c.device) not in order:
+            order[id(c.device)] = devices.index(c.device) if c.device in devices else len(devices)
+        device_order = order[id(c.device)]
+        if c.entry.target not in tiers:
+            tiers[c.entry.target] = rank_of(c.target)
+        tier = c.tier = tiers[c.entry.target]
         how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
         bucket = (device_order, 0, tier) if tier <= Rank.JIT else (device_order, 1, 0)  # compiled engines: the most specific kind first
         precision = PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER))
@@ -270,16 +334,17 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
         if how_measured < 2 and c.usable:
             buckets.setdefault(bucket + (how_measured,), []).append(c)
     for prefix, members in buckets.items():
-        remaining = sorted(members, key=lambda c: c.p50_ms)
-        cluster = 0
-        while remaining:
-            leader = remaining[0]
-            group = [c for c in remaining if c is leader or tied(_record(leader), _record(c))]
+        for cluster, group in enumerate(clusters(members, lambda c: c.p50_ms, _noise_of)):
+            tie = Tie(group)
             for c in group:
-                c.tied_with = [o for o in group if o is not c]
-                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, rank_of(c.target))
-            remaining = [c for c in remaining if c not in group]
-            cluster += 1
+                c.tie = tie
+                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, c.tier)
+
+
+def _noise_of(c: Candidate) -> float:
+    """Its half-IQR; a negative or NaN one (a damaged record) counts as none, so a leader is always in its own cluster."""
+    noise = noise_ms(_record(c))
+    return noise if noise >= 0 else 0.0
 
 
 def _record(c: Candidate) -> dict[str, Any]:

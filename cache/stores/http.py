@@ -15,7 +15,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from .base import Store, blob_relpath, channel_relpath
 from .local import check_digest, check_model
-from .ranged import BlobChanged, Limits, Opened, ResumableReader
+from .ranged import BlobChanged, Limits, Opened, ResumableReader, declared_total
 from .small import Unreachable, read_whole, small_limits
 
 PARALLEL_THRESHOLD = 32 << 20
@@ -102,12 +102,13 @@ class HttpStore(Store):
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
         rel = blob_relpath(check_digest(digest))
         if offset:
-            return self._reader(rel, None if size is None else size - offset, f"blob {digest[:12]}", offset)
+            return self._reader(rel, None if size is None else size - offset, f"blob {digest[:12]}", offset, object_size=size)
         if size is not None and size >= self.parallel_threshold and self.workers > 1:
             return _ParallelReader(self, rel, size, digest)
-        return self._reader(rel, size, f"blob {digest[:12]}")
+        return self._reader(rel, size, f"blob {digest[:12]}", object_size=size)
 
-    def _reader(self, rel: str, size: int | None, what: str, offset: int = 0, etag: str | None = None, *, whole: bool = True) -> ResumableReader:
+    def _reader(self, rel: str, size: int | None, what: str, offset: int = 0, etag: str | None = None, *, whole: bool = True,
+                object_size: int | None = None) -> ResumableReader:
         """A resumable reader of `rel` from `offset` (`size` bytes, or to the end), pinned to `etag` once known."""
         end = "" if whole or size is None else str(offset + size - 1)
 
@@ -122,9 +123,12 @@ class HttpStore(Store):
             response = self._request(rel, headers=headers)
             content_range = response.headers.get("Content-Range") or ""
             first = int(content_range.split()[1].split("-")[0]) if response.status == 206 and content_range.startswith("bytes ") else 0
-            return Opened(response, response.headers.get("ETag"), first, response.status == 206)
+            length = response.headers.get("Content-Length")
+            total = declared_total(content_range, int(length) if length and length.isdigit() else None, first)
+            return Opened(response, response.headers.get("ETag"), first, response.status == 206, total)
 
-        return ResumableReader(opener, expected_size=size, transient=_TRANSIENT, limits=self.limits, what=what, base=offset, etag=etag)
+        return ResumableReader(opener, expected_size=size, transient=_TRANSIENT, limits=self.limits, what=what, base=offset, etag=etag,
+                               object_size=object_size)
 
     # Manifests -------------------------------------------------------------------------------------------
     def get_manifest_bytes(self, key: str) -> bytes | None:
@@ -175,7 +179,7 @@ class _ParallelReader:
         self._next = 1 + len(self._futures)
 
     def _fetch(self, start: int, length: int) -> bytes:
-        reader = self._store._reader(self._rel, length, self._what, start, self._etag, whole=False)
+        reader = self._store._reader(self._rel, length, self._what, start, self._etag, whole=False, object_size=self._size)
         parts = []
         try:
             while chunk := reader.read(1 << 20):

@@ -9,9 +9,9 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from enginefarm.errors import ArtifactNotFoundError, StoreError
+from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
-from ..atomic import atomic_writer, sha256_bytes, temp_sibling, write_once
+from ..atomic import aging_mtime, atomic_writer, sha256_bytes, temp_sibling, write_once
 from ..faults import checkpoint
 from ..locks import file_lock
 from ..space import full_disk_as_error
@@ -121,6 +121,10 @@ class LocalStore(Store):
             handle = open_regular(self._blob(digest))
         except FileNotFoundError:
             raise ArtifactNotFoundError(f"blob {digest[:12]} is missing from {self.url}") from None
+        held = os.fstat(handle.fileno()).st_size
+        if size is not None and held != size:
+            handle.close()
+            raise IntegrityError(f"blob {digest[:12]}: the store holds {held} bytes, the manifest claims {size}")
         if offset:
             handle.seek(offset)
         return handle if size is None else CappedReader(handle, size - offset)
@@ -134,7 +138,7 @@ class LocalStore(Store):
             return
         for path in sorted(base.glob("??/*")):
             if _HEX.fullmatch(path.name):
-                yield path.name, path.stat().st_mtime
+                yield path.name, aging_mtime(path)
 
     def list_partials(self) -> list[tuple[str, float]]:
         """Temp files a killed writer left (`.<name>.<random>.incomplete`), with their mtimes."""
@@ -145,7 +149,7 @@ class LocalStore(Store):
                 for path in base.rglob(".*.incomplete"):
                     if _PARTIAL.fullmatch(path.name):
                         try:
-                            found.append((str(path.relative_to(self.root)), path.stat().st_mtime))
+                            found.append((str(path.relative_to(self.root)), aging_mtime(path)))
                         except FileNotFoundError:
                             continue
         return sorted(found)
@@ -241,7 +245,7 @@ class LocalStore(Store):
         base = root / cache_folder(prefix)
         if not base.is_dir():
             return []
-        return [(str(p.relative_to(root)), p.stat().st_mtime) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        return [(str(p.relative_to(root)), aging_mtime(p)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")]
 
     def delete_cache_object(self, name: str) -> None:
         (self.root / "caches" / check_cache_name(name)).unlink(missing_ok=True)

@@ -40,6 +40,15 @@ class Opened:
     etag: str | None
     start: int  # absolute offset of the first byte this response carries (from Content-Range; 0 for a 200)
     partial: bool  # True for a 206 with Content-Range
+    total: int | None = None  # the whole object's size, as the response declares it (declared_total)
+
+
+def declared_total(content_range: str, content_length: int | None, start: int) -> int | None:
+    """The whole object's size a response declares: Content-Range's `/TOTAL`, or a whole body's Content-Length."""
+    total = content_range.rpartition("/")[2]
+    if content_range.startswith("bytes ") and total.isdigit():
+        return int(total)
+    return content_length if not content_range and start == 0 and content_length is not None else None
 
 
 # opener(start, etag) → Opened for the object's bytes from absolute offset `start` (up to the reader's end).
@@ -58,8 +67,9 @@ class ResumableReader:
     """A file-like reader over `opener` that resumes on broken connections. Retryable errors: `transient`."""
 
     def __init__(self, opener: Opener, *, expected_size: int | None, transient: tuple[type[BaseException], ...], limits: Limits = Limits(),
-                 what: str = "object", base: int = 0, etag: str | None = None) -> None:
+                 what: str = "object", base: int = 0, etag: str | None = None, object_size: int | None = None) -> None:
         self._opener = opener
+        self._object_size = object_size  # the whole object's claimed size: a response declaring another is refused
         self._base = base  # where this reader's bytes start in the object (parallel chunks)
         self._expected = expected_size
         self._transient = transient
@@ -82,6 +92,9 @@ class ResumableReader:
             problem = BlobChanged(f"{self._what} changed during the transfer; restarting from zero")
         elif opened.partial and opened.start != want:
             problem = IntegrityError(f"{self._what}: asked for bytes from {want}, the server sent from {opened.start} (bad Content-Range)")
+        elif self._object_size is not None and opened.total is not None and opened.total != self._object_size:
+            # before a byte is read: a 98 KB bomb under a 3 GB claim would otherwise decode the claim to disk
+            problem = IntegrityError(f"{self._what}: the store holds {opened.total} bytes, the manifest claims {self._object_size}")
         if problem is not None:
             opened.stream.close()
             raise problem

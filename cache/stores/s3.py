@@ -18,7 +18,7 @@ from enginefarm.errors import ArtifactNotFoundError, StoreError
 from ..atomic import sha256_file
 from .base import Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 from .local import check_digest, check_model
-from .ranged import Limits, Opened, ResumableReader
+from .ranged import Limits, Opened, ResumableReader, declared_total
 
 log = logging.getLogger(__name__)
 
@@ -277,13 +277,14 @@ class S3Store(Store):
                 raise self._fail(exc, f"GET {rel}") from None
             content_range = response.get("ContentRange") or ""
             first = int(content_range.split()[1].split("-")[0]) if content_range.startswith("bytes ") else 0
-            return Opened(response["Body"], response.get("ETag"), first, bool(content_range))  # absolute offsets
+            total = declared_total(content_range, response.get("ContentLength"), first)
+            return Opened(response["Body"], response.get("ETag"), first, bool(content_range), total)  # absolute offsets
 
         transient = (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionError, botocore.exceptions.ResponseStreamingError,
                      botocore.exceptions.IncompleteReadError,
                      urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, ConnectionError, TimeoutError)
         return ResumableReader(opener, expected_size=None if size is None else size - offset, transient=transient, limits=Limits(),
-                               what=f"blob {digest[:12]}", base=offset)
+                               what=f"blob {digest[:12]}", base=offset, object_size=size)
 
     def delete_blob(self, digest: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(blob_relpath(check_digest(digest))))

@@ -55,6 +55,13 @@ class StoreConformance:
         with reader.open_blob(digest) as handle:
             assert _read_all(handle) == b"same"
 
+    def test_a_blob_of_another_size_than_claimed_is_refused_before_reading(self, store, reader, tmp_path):
+        """The store's own size (stat, the response's Content-Length or Content-Range) against the claim."""
+        digest, path = blob_file(tmp_path, b"sized" * 777)
+        store.put_blob(digest, path)
+        with pytest.raises(IntegrityError, match=f"the store holds {5 * 777} bytes, the manifest claims {64 << 20}"):
+            _read_all(reader.open_blob(digest, 64 << 20))
+
     def test_missing_blob_is_a_typed_error(self, reader):
         with pytest.raises(ArtifactNotFoundError):
             _read_all(reader.open_blob("0" * 64))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .layouts import Source
+from .tensor_source import Source
 
 FLUX, SD3 = "flux", "sd3"
 

@@ -1,7 +1,8 @@
 """enginefarm.diffusion.Pipeline against diffusers' FluxPipeline (dev: guidance embedding, resolution-dependent
 shift, no negative prompt) and ChromaPipeline (T5 alone with its attention mask, true CFG): the tiny models
 exported and built by the real CLI at fp32 and fp16 (T5 stays fp32: its table says so), Flux for ONNX Runtime and
-OpenVINO, Chroma for ONNX Runtime. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
+OpenVINO, Chroma for ONNX Runtime; Flux dev's image to image (FluxImg2ImgPipeline) and schnell's text to image on
+ONNX Runtime fp32. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
 its range), fp16: the image within 2e-2. diffusers takes and gives Flux latents packed in 2x2 patches; its own
 packing is used to hand them over."""
 

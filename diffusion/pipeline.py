@@ -175,7 +175,7 @@ class Pipeline:
 
     # -- one image
 
-    def __call__(self, prompt: str, negative_prompt: str | None = None, *, steps: int = 25, guidance_scale: float | None = None,
+    def __call__(self, prompt: str, negative_prompt: str | None = None, *, steps: int | None = None, guidance_scale: float | None = None,
                  width: int | None = None, height: int | None = None, seed: int = 0, latents: np.ndarray | None = None,
                  scheduler: str | None = None, image: np.ndarray | None = None, strength: float = 0.8,
                  control_image: np.ndarray | None = None, controlnet_conditioning_scale: float = 1.0,
@@ -184,7 +184,7 @@ class Pipeline:
                  output_type: str = "np", on_step: StepCallback | None = None, step_noise: list[np.ndarray] | None = None) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
-        latents: the starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as diffusers
+        steps: default the family's (25; Flux schnell, distilled: 4). latents: the starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as diffusers
         does); default drawn from `seed`. image + strength: image to image (the VAE posterior's mean is the start:
         its spread is negligible for trained VAEs, and the result stays reproducible); `latents` is then the noise
         added to it. scheduler: a diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the
@@ -197,6 +197,7 @@ class Pipeline:
             raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
         if output_type not in ("np", "latent"):
             raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
+        steps = self.family.default_steps if steps is None else steps
         if steps < 1:
             raise ConfigError(f"steps={steps}", hint="use one step or more")
         timings: dict[str, float] = {}

@@ -18,7 +18,7 @@ from enginefarm.cli_options import precision_option, store_option
               help="Read the model's assets (tokenizers, configs) from this folder instead of the store.")
 @click.option("--version", default=None, help="The model version (default: the newest).")
 @click.option("--negative", "negative_prompt", default=None, help="Negative prompt (default: none; SDXL then uses zeros, as diffusers).")
-@click.option("--steps", default=25, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--steps", default=None, type=click.IntRange(1, 1000), help="Denoising steps (default: the family's, 25; Flux schnell 4).")
 @click.option("--guidance", "guidance_scale", type=float, default=None, help="Classifier-free guidance scale (default 7.5; SDXL 5).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--width", type=int, default=None, help="Image width in pixels (default: the model's native size).")

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model")
     p.add_argument("prompt")
     p.add_argument("--negative", default=None)
-    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--steps", type=int, default=None, help="default: the family's (25; Flux schnell 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=int, default=None, help="image side in pixels (default the model's native size)")
     p.add_argument("--guidance", type=float, default=None)

@@ -182,6 +182,7 @@ class Family:
     optional: tuple[str, ...] = ()  # components a model may ship without (SD3's T5): exported when present
     guidance_scale: float = 7.5  # the pipeline's default classifier-free guidance
     true_cfg: bool = True  # False: one transformer pass per step (Flux: dev's guidance is an input, schnell has none)
+    default_steps: int = 25  # the pipeline's default step count (schnell is distilled to a few steps)
 
     def scaling_factor(self, vae_config: dict | None) -> float:
         """The VAE scaling factor: the model's vae/config.json `scaling_factor` when it has one, else the family's."""

@@ -253,7 +253,7 @@ FLUX_SCHNELL = Family(
     id="flux-schnell", title="Flux.1 schnell", pipelines=FLUX.pipelines,
     components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
     text_encoders=FLUX.text_encoders, prompt_output="last_hidden_state", joint_text=FLUX.joint_text, guidance_scale=0.0, true_cfg=False,
-    batch_range=(1, 1, 4),
+    batch_range=(1, 1, 4), default_steps=4,  # timestep-distilled: its model card samples 4 steps
 )
 
 CHROMA = Family(

@@ -1,7 +1,8 @@
 """enginefarm.diffusion.Pipeline against diffusers' FluxPipeline (dev: guidance embedding, resolution-dependent
 shift, no negative prompt) and ChromaPipeline (T5 alone with its attention mask, true CFG): the tiny models
 exported and built by the real CLI at fp32 and fp16 (T5 stays fp32: its table says so), Flux for ONNX Runtime and
-OpenVINO, Chroma for ONNX Runtime. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
+OpenVINO, Chroma for ONNX Runtime; Flux dev's image to image (FluxImg2ImgPipeline) and schnell's text to image on
+ONNX Runtime fp32. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
 its range), fp16: the image within 2e-2. diffusers takes and gives Flux latents packed in 2x2 patches; its own
 packing is used to hand them over."""
 
@@ -79,3 +80,48 @@ def test_flux_guidance_and_resolution_change_the_result(built):
         assert _relative(got, reference) < 1e-4
         results[guidance] = got
     assert np.abs(results[1.5] - results[6.0]).max() > 1e-3
+
+
+def test_flux_image_to_image_matches_diffusers(built, monkeypatch):
+    """FluxImg2ImgPipeline: the init image's VAE latent (shift, then scaling factor) mixed with the noise at the first
+    sigma strength leaves (sigma * noise + (1 - sigma) * latent); the schedule cut as diffusers cuts it (strength 0.6
+    of 4 steps runs 3). diffusers samples the VAE posterior and draws the noise from torch's generator; ours takes the
+    posterior's mean and the noise given, so diffusers is given the same two."""
+    import sys
+
+    from diffusers import FluxImg2ImgPipeline, FluxPipeline
+
+    source, _, _ = built("flux+vae_encoder")
+    ours = _ours(built("flux+vae_encoder"), "onnxruntime:cpu", "fp32")
+    image = np.random.default_rng(3).uniform(0, 1, (SIZE, SIZE, 3)).astype(np.float32)
+    noise = _latents(SIZE, seed=5)
+    theirs = FluxImg2ImgPipeline.from_pretrained(source)
+    theirs.set_progress_bar_config(disable=True)
+    module = sys.modules[FluxImg2ImgPipeline.__module__]
+    monkeypatch.setattr(module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode())
+    monkeypatch.setattr(module, "randn_tensor", lambda *a, **k: torch.from_numpy(noise))
+    results = {}
+    for strength in (0.6, 1.0):
+        reference = theirs(PROMPT, image=image[None], strength=strength, num_inference_steps=STEPS, height=SIZE, width=SIZE, guidance_scale=3.5,
+                           max_sequence_length=TOKENS, output_type="latent").images
+        reference = FluxPipeline._unpack_latents(reference, SIZE, SIZE, 8).numpy()
+        got = ours(PROMPT, image=image, strength=strength, steps=STEPS, latents=noise, guidance_scale=3.5, output_type="latent")
+        assert got.shape == reference.shape and _relative(got, reference) < 1e-4, strength
+        assert ours.timings["steps"] == (3 if strength == 0.6 else STEPS)
+        results[strength] = got
+    assert np.abs(results[0.6] - results[1.0]).max() > 1e-3  # the image is kept at 0.6, not at 1.0: strength reaches the result
+
+
+def test_flux_schnell_text_to_image_matches_diffusers(built):
+    """schnell: no guidance input, an unshifted schedule (its scheduler's shift is 1, no dynamic shift), and the
+    family's defaults when the caller gives none: 4 steps, one pass per step. diffusers is run with 4 steps."""
+    ours = _ours(built("flux-schnell"), "onnxruntime:cpu", "fp32")
+    assert ours.family.id == "flux-schnell"
+    assert "guidance" not in {tensor.name for tensor in ours.family.component("transformer").inputs}
+    theirs = _theirs(built("flux-schnell")[0])
+    assert not theirs.transformer.config.guidance_embeds and not theirs.scheduler.config.use_dynamic_shifting
+    latents = _latents(SIZE, seed=2)
+    reference = _run_theirs(theirs, latents, SIZE, "latent", guidance_scale=0.0)
+    got = ours(PROMPT, latents=latents, height=SIZE, width=SIZE, output_type="latent")
+    assert ours.timings["steps"] == 4 == STEPS
+    assert got.shape == reference.shape and _relative(got, reference) < 1e-4

@@ -20,7 +20,7 @@ from enginefarm.cache.progress import Progress
 from enginefarm.errors import ArtifactNotFoundError
 from enginefarm.runner.custom import Stack, stack_key
 from tests import models
-from tests.builder.conftest import FAKES, fake_nvidia, real_rtx  # noqa: F401  (fixtures)
+from tests.nvidia_fakes import FAKES
 from tests.runner.test_lora import BASE, LAYERS_A, LAYERS_B, X, build_farm, cosine, reference
 
 RECIPE = """

@@ -19,7 +19,7 @@ from enginefarm.backends.nvidia.plan import deserialize
 from enginefarm.backends.nvidia.sdk import SdkError, capturing_logger
 from enginefarm.builder.prep import prepare
 from enginefarm.errors import BackendUnavailable
-from tests.builder.conftest import require_real_rtx
+from tests.nvidia_fakes import require_real_rtx
 
 PROFILE = {"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}}
 

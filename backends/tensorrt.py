@@ -1,6 +1,6 @@
 """NVIDIA TensorRT: plans for one GPU architecture (sm_XX) or hardware-compatible plans (ampere+).
 
-Builds run in their own process (`_nvidia.build_in_subprocess`) with the job's optimization profile, strongly
+Builds run in their own process (`nvidia.build.build_in_subprocess`) with the job's optimization profile, strongly
 typed from the prepared ONNX (fp16 weights and math, float32 I/O), and a timing cache shared through the store
 per (build GPU arch, TensorRT version). Plans are weight-stripped by default and refitted on load from the
 ONNX shipped beside them, so every TensorRT artifact of a model stores its weights once.
@@ -24,7 +24,12 @@ import numpy as np
 from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
-from ._nvidia import NvidiaBackend, TrtSession, build_engine, build_host_arch, cudart, matching_gpu, open_engine, sdk, sdk_missing
+from .nvidia.backend import NvidiaBackend
+from .nvidia.build import build_engine
+from .nvidia.devices import build_host_arch, matching_gpu
+from .nvidia.plan import open_engine
+from .nvidia.sdk import sdk, sdk_missing
+from .nvidia.session import TrtSession, cudart
 from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,12 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from ._nvidia import (BuildProgress, NvidiaBackend, TrtSession, build_engine, cuda_devices, cudart, matching_gpu, open_engine, sdk,
-                      sdk_missing)
+from .nvidia.backend import NvidiaBackend
+from .nvidia.build import BuildProgress, build_engine
+from .nvidia.devices import matching_gpu
+from .nvidia.plan import open_engine
+from .nvidia.sdk import sdk, sdk_missing
+from .nvidia.session import TrtSession, cuda_devices, cudart
 from .base import Availability, Built, Feature, Rank
 
 log = logging.getLogger(__name__)

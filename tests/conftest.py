@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import models
+from tests import models, nvidia_fakes
 from tests.tiny_pipelines import make_tiny_controlnet, make_tiny_pipeline
 from tests.servers import FaultProxy, MotoServer
 
@@ -255,3 +255,24 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
         return done[family]
 
     return build
+
+
+@pytest.fixture
+def fake_nvidia(monkeypatch, tmp_path):
+    """An RTX 4090 with the fake SDKs installed (tests/fakes, tests/nvidia_fakes.py); the CLI subprocesses see them
+    through PYTHONPATH."""
+    monkeypatch.syspath_prepend(str(nvidia_fakes.FAKES))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(nvidia_fakes.FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    monkeypatch.setenv("FAKE_TRT_LOG", str(tmp_path / "fake-nvidia-calls.jsonl"))
+    monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA GeForce RTX 4090:8.9")
+    for name in ("FAKE_TRT_CRASH", "FAKE_TRT_CRASH_IF", "FAKE_TRT_PIDFILE", "FAKE_TRT_INVALID", "FAKE_TRT_NO_VALIDITY", "FAKE_TRT_VERSION", "FAKE_TRT_RTX_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    nvidia_fakes.forget_fakes()
+    yield nvidia_fakes.FakeNvidia(tmp_path / "fake-nvidia-calls.jsonl", monkeypatch)
+    nvidia_fakes.forget_fakes()
+
+
+@pytest.fixture
+def real_rtx():
+    """The real TensorRT-RTX module; every test that builds an RTX engine builds it with this."""
+    return nvidia_fakes.require_real_rtx()

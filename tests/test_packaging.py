@@ -17,7 +17,7 @@ def test_wheel_contains_only_the_enginefarm_package(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"enginefarm"}
     for module in ("enginefarm/builder/planner.py", "enginefarm/cache/manifest.py", "enginefarm/runner/load.py", "enginefarm/backends/openvino.py",
-                   "enginefarm/diffusion/tokenizer.py", "enginefarm/diffusion/schedulers/dpmsolver.py"):
+                   "enginefarm/backends/nvidia/build_process.py", "enginefarm/diffusion/tokenizer.py", "enginefarm/diffusion/schedulers/dpmsolver.py"):
         assert module in names
     assert not any(n.startswith(("tests/", "recipes/", "bench/")) for n in names)
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.builder.conftest import require_real_rtx
+from tests.nvidia_fakes import require_real_rtx
 from tests.conftest import run_cli
 
 

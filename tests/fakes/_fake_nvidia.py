@@ -12,7 +12,7 @@ FAKE_TRT_CRASH_IF when set), FAKE_TRT_INVALID=1
 FAKE_TRT_WRONG=1 (an engine that runs but computes wrong numbers, as a miscompiled one would).
 
 Where the real TensorRT-RTX can be observed on a machine without a GPU, the fake behaves the same (checked by
-tests/builder/test_nvidia_sdk_conformance.py against the real SDK): errors go to the ILogger the Builder or Runtime
+tests/backends/test_nvidia_sdk_conformance.py against the real SDK): errors go to the ILogger the Builder or Runtime
 was given, set_compute_capability returns False instead of raising, fp32 GEMMs for SM75 and weight stripping or refit
 without a GPU make build_serialized_network return None, and without a GPU get_engine_validity says (INVALID, 0) and
 deserialize_cuda_engine returns None. "Without a GPU" is FAKE_NVML_GPUS empty, as NVML sees it.

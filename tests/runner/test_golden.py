@@ -26,7 +26,6 @@ from enginefarm.builder.safetensors_io import SafeTensors
 from enginefarm.builder.validate import Thresholds
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import ArtifactNotFoundError
-from tests.builder.conftest import fake_nvidia  # noqa: F401  (the fixture)
 
 LATENT = np.random.default_rng(5).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
 

@@ -20,7 +20,7 @@ from enginefarm.cache.progress import Progress
 from enginefarm.errors import ArtifactNotFoundError
 from enginefarm.runner.custom import Stack, stack_key
 from tests import models
-from tests.builder.conftest import FAKES, fake_nvidia, real_rtx  # noqa: F401  (fixtures)
+from tests.nvidia_fakes import FAKES
 from tests.runner.test_lora import BASE, LAYERS_A, LAYERS_B, X, build_farm, cosine, reference
 
 RECIPE = """
@@ -92,8 +92,9 @@ def test_without_a_gpu_the_stack_is_merged_and_a_real_engine_compiled_and_cached
     plan = (cache.verified_dir(key) / "model.plan").read_bytes()
     merged_onnx = next(cache.verified_dir(e.manifest.build_key) for e in cache.entries()
                        if e.manifest.target == "onnxruntime:cpu" and "stack" in e.manifest.options) / "model.onnx"
-    from enginefarm.backends._nvidia import BuildSpec, capturing_logger
-    from enginefarm.backends._nvidia_build import build_plan
+    from enginefarm.backends.nvidia.build import BuildSpec
+    from enginefarm.backends.nvidia.build_process import build_plan
+    from enginefarm.backends.nvidia.sdk import capturing_logger
 
     build_plan(real_rtx, BuildSpec(sdk="tensorrt_rtx", onnx=str(merged_onnx), plan=str(tmp_path / "direct.plan"), profile=base.profile,
                                    precision="fp32", strip_weights=False, refittable=False), capturing_logger(real_rtx))

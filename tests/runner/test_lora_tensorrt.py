@@ -12,7 +12,7 @@ import pytest
 import enginefarm
 from enginefarm.errors import EnginefarmError
 from tests import models
-from tests.builder.conftest import FAKES, FakeNvidia, forget_fakes
+from tests.nvidia_fakes import FAKES, FakeNvidia, forget_fakes
 from tests.runner.test_lora import BASE, LAYERS_A, LAYERS_B, X, build_farm, cosine, reference
 
 TARGET = "tensorrt:sm_89"

@@ -1,7 +1,7 @@
 """TensorRT and TensorRT-RTX for real, on an NVIDIA GPU. This CI has none, so these skip with the reason; run them
 where one exists, with the SDK installed (pip install '.[tensorrt,tensorrt-rtx]'):
 
-    ENGINEFARM_TEST_HARDWARE=nvidia make test PYTEST_ARGS=tests/builder/test_hardware_nvidia.py
+    ENGINEFARM_TEST_HARDWARE=nvidia make test PYTEST_ARGS=tests/backends/test_hardware_nvidia.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Everything here is what the real SDK does on a machine without a GPU, where both can be observed: its enums, what
 its calls return (set_compute_capability answers False, it does not raise), what it refuses to build (weight
 stripping and refit, fp32 GEMMs for Turing, CURRENT), and what its runtime says about a good plan (INVALID, 0;
-deserialize_cuda_engine returns None). The build calls are our own (`_nvidia_build.build_plan`), so what is checked
+deserialize_cuda_engine returns None). The build calls are our own (`nvidia/build_process.build_plan`), so what is checked
 is also what the farm sees. The real SDK is the version the test extra pins.
 """
 
@@ -13,11 +13,13 @@ import json
 
 import pytest
 
-from enginefarm.backends._nvidia import BuildSpec, SdkError, capturing_logger, deserialize
-from enginefarm.backends._nvidia_build import build_plan
+from enginefarm.backends.nvidia.build import BuildSpec
+from enginefarm.backends.nvidia.build_process import build_plan
+from enginefarm.backends.nvidia.plan import deserialize
+from enginefarm.backends.nvidia.sdk import SdkError, capturing_logger
 from enginefarm.builder.prep import prepare
 from enginefarm.errors import BackendUnavailable
-from tests.builder.conftest import require_real_rtx
+from tests.nvidia_fakes import require_real_rtx
 
 PROFILE = {"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}}
 

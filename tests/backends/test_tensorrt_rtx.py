@@ -20,7 +20,7 @@ from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import BackendUnavailable, BuildError
 from tests import models
-from tests.builder.test_tensorrt import build_one, jobs_of, recipe, unpacked
+from tests.backends.test_tensorrt import build_one, jobs_of, recipe, unpacked
 
 CLASSES = {
     "sm_75": ["SM75"], "sm_86": ["SM86"], "sm_89": ["SM89"], "sm_120": ["SM120"],

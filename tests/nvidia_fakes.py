@@ -1,4 +1,5 @@
-"""The fake NVIDIA SDK (tests/fakes) for tests of our code around TensorRT / TensorRT-RTX calls."""
+"""The fake NVIDIA SDK (tests/fakes) for tests of our code around TensorRT / TensorRT-RTX calls, and the real
+TensorRT-RTX where a test needs it. The fixtures `fake_nvidia` and `real_rtx` (tests/conftest.py) are made from these."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = Path(__file__).resolve().parent / "fakes"
 _FAKE_MODULES = {"tensorrt", "tensorrt_rtx", "pynvml", "cuda", "_fake_nvidia"}
 
 
@@ -47,20 +48,6 @@ def forget_fakes() -> None:
             del sys.modules[name]
 
 
-@pytest.fixture
-def fake_nvidia(monkeypatch, tmp_path):
-    """An RTX 4090 with the fake SDKs installed; the CLI subprocesses see them through PYTHONPATH."""
-    monkeypatch.syspath_prepend(str(FAKES))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    monkeypatch.setenv("FAKE_TRT_LOG", str(tmp_path / "fake-nvidia-calls.jsonl"))
-    monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA GeForce RTX 4090:8.9")
-    for name in ("FAKE_TRT_CRASH", "FAKE_TRT_CRASH_IF", "FAKE_TRT_PIDFILE", "FAKE_TRT_INVALID", "FAKE_TRT_NO_VALIDITY", "FAKE_TRT_VERSION", "FAKE_TRT_RTX_VERSION"):
-        monkeypatch.delenv(name, raising=False)
-    forget_fakes()
-    yield FakeNvidia(tmp_path / "fake-nvidia-calls.jsonl", monkeypatch)
-    forget_fakes()
-
-
 def require_real_rtx(env=os.environ):
     """The real TensorRT-RTX SDK (the test extra installs it; it builds without a GPU). Skips without it, except in
     CI (CI=true), where a missing SDK must fail, not skip."""
@@ -71,9 +58,3 @@ def require_real_rtx(env=os.environ):
     if env.get("CI", "").lower() == "true":
         pytest.fail("CI=true but tensorrt-rtx is not installed: the test extra must bring it")
     pytest.skip("tensorrt-rtx is not installed (pip install 'enginefarm[tensorrt-rtx]')")
-
-
-@pytest.fixture
-def real_rtx():
-    """The real TensorRT-RTX module; every test that builds an RTX engine builds it with this."""
-    return require_real_rtx()

@@ -1,4 +1,4 @@
-"""The build process of the NVIDIA backends: `python -m enginefarm.backends._nvidia_build SPEC RESULT PARENT_PID`.
+"""The build process of the NVIDIA backends: `python -m enginefarm.backends.nvidia.build_process SPEC RESULT PARENT_PID`.
 
 It imports the SDK itself and writes RESULT (JSON: notes, or the error). If the SDK kills it instead (segfault,
 abort, out of memory), RESULT is missing and the parent reports how the process died.
@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from enginefarm.builder import rss
 from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
 
-from enginefarm.builder import rss
-from ._nvidia import KEPT_ERRORS, BuildSpec, SdkError, capturing_logger, die_with_parent
+from .build import BuildSpec, die_with_parent
+from .sdk import KEPT_ERRORS, SdkError, capturing_logger
 
 
 def progress_monitor(trt, path: str):
@@ -161,7 +162,6 @@ def main(spec_path: str, result_path: str, parent: str) -> int:
         return 1
     # The build's own peak (this process's VmHWM), which the job's "compile" stage adds to its own memory.
     notes["build_process_peak_rss_mb"] = rss.mb(rss.peak_bytes())
-    notes["build_process_peak_rss_mb"] = rss.mb(rss.peak_bytes())  # the job's "compile" stage adds this process's peak
     write_bytes_atomic(Path(result_path), json.dumps({"notes": notes}).encode())
     return 0
 

@@ -1,0 +1,127 @@
+"""Running an engine: CUDA through cuda-python (device buffers, a stream) and TensorRT's tensor API."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from enginefarm.errors import BackendUnavailable
+
+
+def cudart():
+    """CUDA runtime bindings from cuda-python (`cuda.bindings.runtime`; `cuda.cudart` before 12.6)."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        try:
+            from cuda import cudart as runtime
+        except ImportError:
+            raise BackendUnavailable("cuda-python is not installed", hint="pip install 'enginefarm[tensorrt]'") from None
+    return runtime
+
+
+def cuda_devices() -> int:
+    """GPUs the CUDA runtime can use here (0 without a driver). Building weight-stripped or refittable TensorRT-RTX
+    engines needs one; NVML seeing a GPU is not enough."""
+    try:
+        status, *rest = cudart().cudaGetDeviceCount()
+    except Exception:  # no bindings, or bindings that cannot load the runtime
+        return 0
+    return int(rest[0] or 0) if int(status) == 0 and rest else 0
+
+
+class _Cuda:
+    def __init__(self, device_index: int) -> None:
+        self.rt = cudart()
+        # NVML and CUDA number GPUs alike under CUDA_DEVICE_ORDER=PCI_BUS_ID; with one GPU, as on most user machines, always.
+        self.call(self.rt.cudaSetDevice(device_index))
+        self.stream = self.call(self.rt.cudaStreamCreate())
+        self.buffers: dict[str, tuple[int, int]] = {}  # tensor name → (device pointer, capacity in bytes)
+
+    def call(self, result):
+        status, *rest = result if isinstance(result, tuple) else (result,)
+        if int(status) != 0:
+            raise RuntimeError(f"CUDA call failed: {status}")
+        return rest[0] if len(rest) == 1 else tuple(rest) or None
+
+    def buffer(self, name: str, nbytes: int) -> int:
+        pointer, capacity = self.buffers.get(name, (0, 0))
+        if capacity < nbytes:
+            if pointer:
+                self.call(self.rt.cudaFree(pointer))
+            pointer = int(self.call(self.rt.cudaMalloc(max(nbytes, 1))))
+            self.buffers[name] = (pointer, max(nbytes, 1))
+        return pointer
+
+    def upload(self, pointer: int, array: np.ndarray) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.call(self.rt.cudaMemcpyAsync(pointer, array.ctypes.data, array.nbytes, kind, self.stream))
+
+    def download(self, array: np.ndarray, pointer: int) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self.call(self.rt.cudaMemcpyAsync(array.ctypes.data, pointer, array.nbytes, kind, self.stream))
+
+    def sync(self) -> None:
+        self.call(self.rt.cudaStreamSynchronize(self.stream))
+
+    def close(self) -> None:
+        for pointer, _ in self.buffers.values():
+            self.rt.cudaFree(pointer)
+        self.buffers.clear()
+        if self.stream is not None:
+            self.rt.cudaStreamDestroy(self.stream)
+            self.stream = None
+
+
+class TrtSession:
+    """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address, execute_async_v3)."""
+
+    def __init__(self, trt, engine, context, precision: str, *, how: str = "", after_run=None, device_index: int = 0) -> None:
+        self._trt, self._engine, self._context = trt, engine, context
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.output_names = [n for n in names if n not in self.input_names]
+        self._dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
+        self.compute_precision = precision
+        self.how = how
+        self._after_run = after_run  # called with the input shapes after each run (RTX saves its runtime cache)
+        self._cuda = _Cuda(device_index)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        context, cuda = self._context, self._cuda
+        held = []
+        for name in self.input_names:
+            array = np.ascontiguousarray(feeds[name], dtype=self._dtypes[name])
+            held.append(array)
+            if not context.set_input_shape(name, tuple(array.shape)):
+                raise ValueError(f"input {name} shape {array.shape} is outside the plan's profile")
+            pointer = cuda.buffer(name, array.nbytes)
+            cuda.upload(pointer, array)
+            context.set_tensor_address(name, pointer)
+        outputs = {}
+        for name in self.output_names:
+            array = np.empty(tuple(context.get_tensor_shape(name)), dtype=self._dtypes[name])
+            outputs[name] = array
+            context.set_tensor_address(name, cuda.buffer(name, array.nbytes))
+        if not context.execute_async_v3(int(cuda.stream)):
+            raise RuntimeError("TensorRT execute_async_v3 failed")
+        for name, array in outputs.items():
+            cuda.download(array, cuda.buffers[name][0])
+        cuda.sync()
+        if self._after_run is not None:
+            self._after_run({n: a.shape for n, a in zip(self.input_names, held)})
+        return outputs
+
+    def close(self) -> None:
+        """The device buffers and stream first, then the context before the engine that made it."""
+        cuda, self._cuda = getattr(self, "_cuda", None), None
+        if cuda is not None:
+            cuda.close()
+        self._context = self._engine = None
+
+    def __del__(self) -> None:
+        cuda = getattr(self, "_cuda", None)
+        if cuda is not None:
+            try:
+                cuda.close()
+            except Exception:
+                pass

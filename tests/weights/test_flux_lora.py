@@ -16,6 +16,7 @@ import pytest
 
 from enginefarm.errors import WeightsError
 from tests.models import write_safetensors
+from tests.weights.lora_reference import diffusers_with_loras
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -56,16 +57,7 @@ def ours(flux, loras):
 
 
 def theirs(flux, *loras, merge=None):
-    pipe = diffusers.FluxPipeline.from_pretrained(flux[0])
-    pipe.set_progress_bar_config(disable=True)
-    for i, lora in enumerate(loras):
-        pipe.load_lora_weights(str(lora.parent), weight_name=lora.name, adapter_name=f"x{i}")
-    if loras:
-        pipe.set_adapters([f"x{i}" for i in range(len(loras))], adapter_weights=[STRENGTH] * len(loras))
-    if merge is not None:
-        with torch.no_grad():
-            merge(pipe)
-    return pipe
+    return diffusers_with_loras(diffusers.FluxPipeline, flux[0], loras, STRENGTH, merge)
 
 
 def compare(got_pipe, reference_pipe) -> tuple[float, np.ndarray]:

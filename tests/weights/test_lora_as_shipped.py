@@ -10,6 +10,7 @@ import pytest
 
 from enginefarm.errors import ConfigError, WeightsError
 from tests.models import write_safetensors
+from tests.weights.lora_reference import diffusers_with_loras
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -58,16 +59,7 @@ def ours(sd1, target, loras):
 
 
 def theirs(sd1, *loras, merge=None):
-    pipe = diffusers.StableDiffusionPipeline.from_pretrained(sd1[0])
-    pipe.set_progress_bar_config(disable=True)
-    for i, lora in enumerate(loras):
-        pipe.load_lora_weights(str(lora.parent), weight_name=lora.name, adapter_name=f"x{i}")
-    if loras:
-        pipe.set_adapters([f"x{i}" for i in range(len(loras))], adapter_weights=[STRENGTH] * len(loras))
-    if merge is not None:
-        with torch.no_grad():
-            merge(pipe)
-    return pipe
+    return diffusers_with_loras(diffusers.StableDiffusionPipeline, sd1[0], loras, STRENGTH, merge)
 
 
 def latents(pipe):

@@ -12,6 +12,9 @@ from enginefarm.families import input_ranges, profile_dims
 from .source import ExportSource
 
 DEFAULT_TARGETS = ("openvino:cpu", "onnxruntime:cpu")
+# A VAE's activations, not its 0.2 GB of weights, decide its build's memory: SDXL's decoder job peaked at 6.9 GB at
+# 1024x1024 (its fp32 reference run), SD 1.5's at 2.4 GB at 512x512: about 1.5 GB plus 6 GB per megapixel decoded.
+VAE_GB_BASE, VAE_GB_PER_MEGAPIXEL = 1.5, 6.0
 DEFAULT_PRECISIONS = ("fp32", "fp16")
 
 
@@ -35,6 +38,15 @@ def _key(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
+def vae_memory_gb(dims: dict[str, tuple[int, int, int]], scale: int) -> float:
+    """What a VAE job needs at its profile's largest image (batch x pixels), from the measured rule above."""
+    if "image_height" in dims:
+        pixels = dims["image_height"][2] * dims["image_width"][2]
+    else:
+        pixels = dims["height"][2] * dims["width"][2] * scale * scale
+    return round(VAE_GB_BASE + VAE_GB_PER_MEGAPIXEL * dims.get("batch", (1, 1, 1))[2] * pixels / 1e6, 1)
+
+
 def recipe_text(source: ExportSource, name: str, components: dict[str, str | None], *, targets=DEFAULT_TARGETS,
                 precisions=DEFAULT_PRECISIONS, batch=None, latent=None, origin: str = "") -> str:
     """`components`: component → its checkpoint file (or None), in the order to write them."""
@@ -55,8 +67,12 @@ def recipe_text(source: ExportSource, name: str, components: dict[str, str | Non
                 lines.append(f"precisions = {_list(kept)}  # {component.precisions_reason or 'the family table says so'}")
         if component.fp16_keep_fp32:
             lines.append(f"fp16_keep_fp32 = {_list(component.fp16_keep_fp32)}")
+        dims = profile_dims(family, component, sizes, batch=batch, latent=latent)
         lines += ["", f"[components.{component_name}.profiles.default]"]
-        lines += [f"{_key(dim)} = {_list(r)}" for dim, r in profile_dims(family, component, sizes, batch=batch, latent=latent).items()]
+        lines += [f"{_key(dim)} = {_list(r)}" for dim, r in dims.items()]
+        if component.kind.startswith("vae"):
+            lines += ["", f"[components.{component_name}.resources]",
+                      f"host_ram_gb = {vae_memory_gb(dims, family.vae_scale_factor)}  # its activations at the largest profile"]
         ranges = input_ranges(family, component, sizes, source.vae_scaling_factor)
         if ranges:
             spec = ", ".join(f"{_key(n)} = {{ low = {_toml(lo)}, high = {_toml(hi)} }}" for n, (lo, hi) in ranges.items())

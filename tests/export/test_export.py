@@ -149,3 +149,22 @@ def test_a_standalone_controlnet_folder_exports_the_controlnet_alone(tiny_contro
     assert "[components.controlnet]" in (export.out / "recipe.toml").read_text()
     _check_against_diffusers(export, folder.parent, folder)
     assert json.loads((export.out / "assets" / "controlnet" / "config.json").read_text())["addition_embed_type"] == "text_time"
+
+
+def test_vae_jobs_need_memory_for_their_largest_image(tiny, exported, tmp_path):
+    """A VAE's memory is its activations: SDXL's decoder job peaked at 6.9 GB at 1024x1024 with 0.2 GB of weights
+    (README, "SDXL at real size"), which the weight rule put at 3.5 GB. The export writes the need into the recipe."""
+    from enginefarm.builder.memory import job_need_bytes
+    from enginefarm.builder.planner import expand
+    from enginefarm.builder.recipe import load_recipe
+    from enginefarm.export.recipe import VAE_GB_BASE, vae_memory_gb
+
+    assert vae_memory_gb({"batch": (1, 1, 1), "height": (64, 128, 128), "width": (64, 128, 128)}, 8) >= 6.9  # measured
+    assert vae_memory_gb({"batch": (1, 1, 2), "image_height": (512, 1024, 1536), "image_width": (512, 1024, 1536)}, 8) > 2 * 6.9
+    export = exported(tiny("sdxl"))
+    recipe = load_recipe(export.out / "recipe.toml")
+    decoder = recipe.components["vae_decoder"]
+    assert decoder.resources.host_ram_gb >= VAE_GB_BASE and recipe.components["vae_encoder"].resources.host_ram_gb >= VAE_GB_BASE
+    assert recipe.components["unet"].resources.host_ram_gb == 0  # the weight rule covers the others
+    needs = {j.component: job_need_bytes(j) for j in expand(recipe, tmp_path)}
+    assert needs["vae_decoder"] >= decoder.resources.host_ram_gb * 1e9

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.backends.base import BuiltFile, Feature
+from enginefarm.backends.base import BuiltFile, Feature, role_entry
 from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map
 from enginefarm.cache.device_cache import DeviceCache
@@ -271,7 +271,7 @@ def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_
         started = time.perf_counter()
         weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
         built = backend.patch_weights(artifact_dir, manifest, weights, workdir)
-        map_entry = next(f for f in manifest.files if f.role == "map")
+        map_entry = role_entry(manifest, "map")
         shutil.copyfile(Path(artifact_dir) / map_entry.path, workdir / map_entry.path)
         patched = stack_manifest(manifest, stack, key, workdir, built, (map_entry,), time.perf_counter() - started)
         cache.add_local(patched, workdir)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from enginefarm.backends.base import role_entry
 from enginefarm.backends import Feature, get_backend
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
@@ -129,7 +130,7 @@ def refittable_twin(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path,
         if path is not None:
             return cache.manifest(key), path, False
         report.message(f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks are refits)")
-        map_entry = next(f for f in onnx_manifest.files if f.role == "map")
+        map_entry = role_entry(onnx_manifest, "map")
 
         def twin_manifest(workdir: Path, built, seconds: float) -> Manifest:
             from enginefarm.builder.build import plain_file
@@ -149,7 +150,7 @@ def refittable_twin(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path,
 def _compile(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backend, cache: DeviceCache, key: str, options: dict[str, Any],
              report: Progress, describe_result) -> tuple[Path, float]:
     """Build `manifest`'s engine from the ONNX artifact's model with `options`, and cache it under `key`."""
-    model = next(f for f in onnx_manifest.files if f.role == "model")
+    model = role_entry(onnx_manifest, "model")
     job = DeviceJob(f"{manifest.ref} {manifest.precision} {manifest.target} (on this device)", manifest.component, manifest.parsed_target,
                     manifest.precision, manifest.profile, {**manifest.options, **options})
     workdir = work_folder(cache, key)

@@ -253,7 +253,8 @@ def _simplify(source: Path, out: Path, nodes_before: int, notes: list[str]) -> P
         notes.append("not simplified: onnxsim is not installed")
         return None
     try:
-        simplified, ok = onnxsim.simplify(str(source), check_n=0, output_path=str(out))
+        with _printed_to(out.with_name(out.name + ".onnxsim.log")) as log:
+            simplified, ok = onnxsim.simplify(str(source), check_n=0, output_path=str(out))
     except TypeError as exc:
         if "output_path" not in str(exc):
             notes.append(f"not simplified: onnxsim failed (TypeError: {_first_line(exc, 200)})")
@@ -267,7 +268,35 @@ def _simplify(source: Path, out: Path, nodes_before: int, notes: list[str]) -> P
         notes.append("not simplified: onnxsim could not verify the result")
         return None
     notes.append(f"simplified by onnxsim ({nodes_before} → {len(simplified.graph.node)} nodes)")
+    warned = sum(line.startswith("WARNING") for line in log.read_text(errors="replace").splitlines())
+    if warned:
+        notes.append(f"onnxsim left {warned} op(s) unfolded (its warnings)")
     return out
+
+
+@contextmanager
+def _printed_to(path: Path):
+    """What onnxsim's C++ prints (a WARNING per op it cannot fold: hundreds for a CLIP encoder) goes to `path`, not to
+    the build's output; the process's own stdout and stderr come back afterwards."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "wb") as sink:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield path
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        for fd in saved:
+            os.close(fd)
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:

@@ -13,9 +13,9 @@ bf16 is still validated against ONNX Runtime's run of it, and the CPU backends h
 they compile and run (the SD 1.5 UNet's fp16 jobs peaked at 6.1-6.4 GB: 3.6x its 1.72 GB of fp16 weights, 1.8x its
 fp32 ones). Counting file bytes would halve the need of an fp16 source (Flux: 60 GB instead of 119).
 
-An fp16 or bf16 job never holds fp32 copies of the artifact's weights, so its peak is the fp32 reference run of the
-source (ONNX Runtime, shared by every job of the source: 1.86x the SD 1.5 UNet's fp32 weights) or onnxsim's prep
-(1.22x); its artifact is half the size. HALF_FACTOR covers that with a margin.
+An fp16 or bf16 job's artifact is half the size, and its measured peaks stay under 2x the fp32 weights: SD 1.5's UNet
+1.74-1.86x (the highest: the source's fp32 reference run, shared by every job of the source), SDXL's UNet 1.53x (its
+OpenVINO validation), against 2.35x for OpenVINO's SD 1.5 fp32 job. HALF_FACTOR covers them with a margin.
 
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """

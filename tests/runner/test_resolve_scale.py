@@ -53,12 +53,13 @@ def test_tie_clusters_are_the_fastest_remaining_and_what_is_tied_with_it():
             assert all(c.is_tied_with(o) == (o is not c and o.rank[4] == c.rank[4]) for o in resolution.candidates)
 
 
+# The child's own peak (VmHWM): ru_maxrss would carry the pytest parent's RSS across fork + exec (builder/rss.py).
 CHILD = r"""
-import json, resource, sys
+import json, sys
 import enginefarm
+from enginefarm.builder import rss
 session = enginefarm.load(sys.argv[1], device="cpu", store=sys.argv[2])
-print(json.dumps({"key": session.artifact.build_key, "explain": len(session.explain()),
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"key": session.artifact.build_key, "explain": len(session.explain()), "peak_mb": rss.peak_bytes() / 2**20}))
 """
 
 

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.cache.manifest import PRECISIONS, Target
-from enginefarm.cache.names import name_problem
+from enginefarm.cache.names import NAME_CHARS, name_problem
 from enginefarm.errors import RecipeError
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -181,7 +180,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     r.table(data, "", {"model", "defaults", "components"}, ("model", "components"))
     model = r.table(data["model"], "model", {"name", "version", "description", "assets"}, ("name", "version"))
     name = r.string(model["name"], "model.name")
-    if not _NAME.fullmatch(name):
+    if not NAME_CHARS.fullmatch(name):
         raise r.fail("model.name", f"{name!r} may use only letters, digits, '_', '.', '-'")
     if problem := name_problem(name):
         raise r.fail("model.name", problem, hint="choose a name every store and file system can hold")
@@ -202,7 +201,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     components: dict[str, Component] = {}
     for comp_name, comp_raw in components_raw.items():
         key = f"components.{comp_name}"
-        if not _NAME.fullmatch(comp_name):
+        if not NAME_CHARS.fullmatch(comp_name):
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
         if problem := name_problem(comp_name):
             raise r.fail(key, problem, hint="choose a name every store and file system can hold")

@@ -17,13 +17,13 @@ import re
 from typing import Iterable
 
 MAX_NAME = 100
-_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+NAME_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # the one definition: recipes, publish and load refs
 _RESERVED = re.compile(r"(con|prn|aux|nul|com[1-9]|lpt[1-9])(\..*)?", re.IGNORECASE)
 
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot be a model or component name, or None if it can."""
-    if not isinstance(name, str) or not _CHARS.fullmatch(name):
+    if not isinstance(name, str) or not NAME_CHARS.fullmatch(name):
         return f"{name!r} may use only letters, digits, '_', '.', '-' (starting with a letter or digit)"
     if len(name) > MAX_NAME:
         return f"{name[:20]!r}... is longer than {MAX_NAME} characters ({len(name)}): Windows paths stop at 260"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -13,6 +12,7 @@ from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import IndexEntry, gc_paused, read_index
 from enginefarm.cache.manifest import PRECISIONS, Manifest, target_matches
+from enginefarm.cache.names import NAME_CHARS
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a recipe's model and component names (builder/recipe.py)
 _NAME_MAX = 200  # bytes: the store's file names (index/<model>.json) must fit every file system's 255
 
 
@@ -46,7 +45,7 @@ def parse_ref(ref: str) -> tuple[str, str]:
     shown = ref if len(ref) <= 80 else f"{ref[:60]}…"
     for what, name in (("model", model), ("component", component)):
         # Checked before any store is asked: a name no store can hold is the caller's typo, not an unreachable store.
-        if not _NAME.fullmatch(name):
+        if not NAME_CHARS.fullmatch(name):
             raise ConfigError(f"{shown!r}: {name[:60]!r} is not a valid {what} name",
                               hint="names are those of a recipe: letters, digits, '_', '.', '-', starting with a letter or digit")
         if len(name.encode()) > _NAME_MAX:

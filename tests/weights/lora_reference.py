@@ -1,8 +1,22 @@
-"""diffusers' own pipeline with LoRA files loaded as adapters at one strength: the reference the LoRA tests compare with."""
+"""What the LoRA tests share: random LoRA layers as trainers write them, and diffusers' own pipeline with LoRA files
+loaded as adapters at one strength (the reference they compare with)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
+
+
+def lora_pair(rng, prefix: str, out: int, inner: int, rank: int, *, scale: float, alpha=None, kernel=(),
+              down: str = "lora_down.weight", up: str = "lora_up.weight") -> dict[str, np.ndarray]:
+    """One layer's down [rank, inner, *kernel] and up [out, rank, 1, …] matrices (normal, std `scale`; drawn down
+    first), and its alpha when given."""
+    tensors = {f"{prefix}.{down}": rng.normal(0, scale, (rank, inner, *kernel)).astype(np.float32),
+               f"{prefix}.{up}": rng.normal(0, scale, (out, rank, *[1] * len(kernel))).astype(np.float32)}
+    if alpha is not None:
+        tensors[f"{prefix}.alpha"] = np.array(alpha, np.float32)
+    return tensors
 
 
 def diffusers_with_loras(pipeline_class, folder, loras: tuple[Path, ...], strength: float, merge=None):

@@ -16,7 +16,7 @@ import pytest
 
 from enginefarm.errors import WeightsError
 from tests.models import write_safetensors
-from tests.weights.lora_reference import diffusers_with_loras
+from tests.weights.lora_reference import diffusers_with_loras, lora_pair
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -34,11 +34,8 @@ def rand(rng, *shape, scale=0.2):
 
 
 def pair(rng, prefix, out, inner, rank=4, alpha=None, kohya=False, scale=0.2):
-    down, up = ("lora_down", "lora_up") if kohya else ("lora_A", "lora_B")
-    t = {f"{prefix}.{down}.weight": rand(rng, rank, inner, scale=scale), f"{prefix}.{up}.weight": rand(rng, out, rank, scale=scale)}
-    if alpha is not None:
-        t[f"{prefix}.alpha"] = np.array(alpha, np.float32)
-    return t
+    names = {} if kohya else {"down": "lora_A.weight", "up": "lora_B.weight"}
+    return lora_pair(rng, prefix, out, inner, rank, scale=scale, alpha=alpha, **names)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from enginefarm.errors import ConfigError, WeightsError
 from tests.models import write_safetensors
-from tests.weights.lora_reference import diffusers_with_loras
+from tests.weights.lora_reference import diffusers_with_loras, lora_pair as _lora_pair
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -37,11 +37,10 @@ def rand(rng, *shape, scale=0.1):
     return (rng.normal(0, scale, shape)).astype(np.float32)
 
 
+
+
 def lora_pair(rng, prefix, out, inner, rank, alpha=None, kernel=(), up_name="lora_up.weight", down_name="lora_down.weight"):
-    t = {f"{prefix}.{down_name}": rand(rng, rank, inner, *kernel), f"{prefix}.{up_name}": rand(rng, out, rank, *[1] * len(kernel))}
-    if alpha is not None:
-        t[f"{prefix}.alpha"] = np.array(alpha, np.float32)
-    return t
+    return _lora_pair(rng, prefix, out, inner, rank, scale=0.1, alpha=alpha, kernel=kernel, down=down_name, up=up_name)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from enginefarm.errors import ConfigError
 from enginefarm.families import Family, input_ranges
 
 from . import recipe as recipes
+from . import resume
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
@@ -76,9 +77,13 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     report = as_progress(progress)
     report.message(f"{found.family.title} ({found.family.id}): {', '.join(found.components)}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
-        done = _export_components(found, staging, report, batch=batch, latent=latent, external_data_above=external_data_above)
+    key = resume.export_key([f for f in (found.pipeline, found.controlnet) if f is not None],
+                            {"batch": batch, "latent": latent, "external_data_above": external_data_above})
+    with resume.staging(out, key, report) as partial:
+        staging = partial.folder
+        done = _export_components(found, partial, report, batch=batch, latent=latent, external_data_above=external_data_above)
+        (staging / resume.RECORD).unlink()
+        shutil.rmtree(staging / "assets", ignore_errors=True)
         _copy_assets(found, staging / "assets")
         checkpoints = {c.name: c.checkpoint.name if c.checkpoint else None for c in done}
         for component, shared in SHARED_CHECKPOINTS.items():
@@ -90,9 +95,6 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
         _check_recipe(staging / "recipe.toml")
         _usual_permissions(staging)
         _move_into_place(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     moved = tuple(ComponentExport(c.name, out / c.onnx.name, c.external_data, c.size, c.seconds, c.deviations,
                                   out / c.checkpoint.name if c.checkpoint else None) for c in done)
     return ExportResult(found.family, name, out, out / "recipe.toml", moved, time.monotonic() - started)
@@ -187,8 +189,8 @@ def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...])
             raise ConfigError(problem[0], hint=problem[1])
 
 
-def _export_components(found: ExportSource, staging: Path, report, *, batch, latent, external_data_above: int) -> list[ComponentExport]:
-    family, sizes = found.family, found.sizes
+def _export_components(found: ExportSource, partial: resume.Partial, report, *, batch, latent, external_data_above: int) -> list[ComponentExport]:
+    family, sizes, staging = found.family, found.sizes, partial.folder
     loaded = Loaded(found, found.components)
     shapes = check_shapes(found, latent)
     done = []
@@ -196,6 +198,11 @@ def _export_components(found: ExportSource, staging: Path, report, *, batch, lat
         report.work("export", index, len(found.components))
         start = time.monotonic()
         component = family.component(component_name)
+        kept = partial.get(component_name)
+        if kept is not None:
+            loaded.done(component.folder)
+            done.append(_kept(staging, component_name, kept))
+            continue
         model = loaded.get(component.folder)
         module = wrap(component, model, family.time_ids)
         inputs, outputs = component.io(sizes)
@@ -216,10 +223,20 @@ def _export_components(found: ExportSource, staging: Path, report, *, batch, lat
         size = sum(p.stat().st_size for p in files_of(path))
         seconds = time.monotonic() - start
         done.append(ComponentExport(component_name, path, external, size, seconds, deviations, checkpoint))
+        partial.record(component_name, {"external_data": external, "seconds": seconds, "deviations": deviations,
+                                        "checkpoint": checkpoint.name if checkpoint else None},
+                       list(files_of(path)) + ([checkpoint] if checkpoint else []))
         report.message(f"{component_name}: {seconds:.1f} s, {size / 1e6:.1f} MB{' (external data)' if external else ''}, "
                        f"max deviation from torch {max(deviations.values()):.1e}")
     report.work("export", len(found.components), len(found.components))
     return done
+
+
+def _kept(staging: Path, name: str, entry: dict) -> ComponentExport:
+    path = staging / f"{name}.onnx"
+    checkpoint = staging / entry["checkpoint"] if entry["checkpoint"] else None
+    return ComponentExport(name, path, entry["external_data"], sum(p.stat().st_size for p in files_of(path)), entry["seconds"],
+                           entry["deviations"], checkpoint)
 
 
 def _copy_assets(found: ExportSource, assets: Path) -> None:

@@ -1,0 +1,75 @@
+"""A failed or interrupted export keeps the components that passed their checks, and the same command resumes."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginefarm.cache.progress import Progress
+from enginefarm.export import export_model
+from enginefarm.export.resume import RECORD, partial_folder
+from enginefarm.export.source import read_source
+
+LATENT = (8, 8, 16)
+
+
+class CtrlC(Progress):
+    """Ctrl-C as the export starts its `at`th component (the signal lands while the progress line is drawn)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.messages: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+    def work(self, name: str, done: int, total: int) -> None:
+        if done == self.at:
+            raise KeyboardInterrupt
+
+
+@pytest.fixture
+def source(tiny):
+    return tiny("sd1")
+
+
+def test_an_interrupted_export_resumes_where_it_stopped(source, tmp_path):
+    out = tmp_path / "out"
+    first = CtrlC(at=2)
+    with pytest.raises(KeyboardInterrupt):
+        export_model(source, out, latent=LATENT, progress=first)
+    assert not out.exists()
+    kept = partial_folder(out)
+    assert (kept / RECORD).is_file()
+    assert any("kept 2 finished component(s)" in m and "the same command resumes" in m for m in first.messages), first.messages
+    names = [c.name for c in read_source(source, None).family.components][:2]
+    stamps = {n: (kept / f"{n}.onnx").stat().st_mtime_ns for n in names}
+
+    again = CtrlC(at=-1)
+    result = export_model(source, out, latent=LATENT, progress=again)
+    assert any(m.startswith(f"resuming: {', '.join(names)} kept") for m in again.messages), again.messages
+    assert {n: (out / f"{n}.onnx").stat().st_mtime_ns for n in names} == stamps  # taken over, not exported again
+    assert len(result.components) == 4 and all(max(c.deviations.values()) < 1e-3 for c in result.components)
+    assert not (out / RECORD).exists() and (out / "recipe.toml").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "store") == ["out"]  # no staging folder, no lock file
+
+
+def test_a_damaged_component_or_other_options_are_exported_again(source, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        export_model(source, out, latent=LATENT, progress=CtrlC(at=1))
+    damaged = next(partial_folder(out).glob("*.onnx"))
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a disk error, or a hand edit
+    with pytest.raises(KeyboardInterrupt):
+        export_model(source, out, latent=LATENT, progress=(again := CtrlC(at=1)))
+    assert "resuming: nothing kept from an earlier run of this export" in again.messages, again.messages
+    assert damaged.stat().st_size > 100  # exported again
+
+    with pytest.raises(KeyboardInterrupt):  # another latent range: what was kept does not fit it
+        export_model(source, out, latent=(8, 16, 16), progress=(other := CtrlC(at=1)))
+    assert not any(m.startswith("resuming") for m in other.messages), other.messages
+
+
+def test_a_failure_before_any_component_finished_leaves_nothing(source, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        export_model(source, tmp_path / "out", latent=LATENT, progress=CtrlC(at=0))
+    assert [p.name for p in tmp_path.iterdir() if p.name != "store"] == []

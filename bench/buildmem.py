@@ -8,7 +8,7 @@ where the build reports it, the job's own measurement (`stages` in the report: t
 inside the processes that did the work). The outside view double-counts pages shared between processes (a
 file mapped by two of them), so it is an upper bound; the job's own numbers are what it asserts on.
 
-    .venv/bin/python bench/buildmem.py --recipe recipes/sd15.toml --component unet [--target T] [--precision P]
+    .venv/bin/python bench/buildmem.py --recipe recipes/models/sd15/recipe.toml --component unet [--target T] [--precision P]
                                        [--store DIR] [--home DIR] [--json OUT.json] [--no-bench]
 
 The store and work folder default to .enginefarm/bench-store and .enginefarm/bench-home; a job whose key is
@@ -102,7 +102,7 @@ def measure(job, store_url: str, workroot: Path, bench: bool) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "sd15.toml")
+    p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "models" / "sd15" / "recipe.toml")
     p.add_argument("--component", action="append", default=[], help="only this component (repeatable)")
     p.add_argument("--target", action="append", default=[], help="only this target (repeatable)")
     p.add_argument("--precision", action="append", default=[], help="only this precision (repeatable)")

@@ -23,8 +23,9 @@ class TensorInfo:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.dims)}
 
 
-def load_header(path: Path):
-    """The model graph without external weights. Raises ModelError for anything that is not ONNX."""
+def load_header(path: Path, *, external: bool = True):
+    """The model graph without external weights. Raises ModelError for anything that is not ONNX, or (`external`)
+    whose external data files are missing or outside its folder."""
     import onnx
 
     try:
@@ -35,8 +36,29 @@ def load_header(path: Path):
         raise ModelError(f"{path}: not a valid ONNX file ({type(exc).__name__})", hint="re-export or re-download the model") from None
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not a valid ONNX file (empty graph)", hint="re-export or re-download the model")
-    check_external_data(model, path)
+    if external:
+        check_external_data(model, path)
     return model
+
+
+def external_locations(model) -> list[str]:
+    """The external data files a graph's tensors name, as written (relative to the model's folder), each once."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    found = {}
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location == 1:  # EXTERNAL
+            found[next((e.value for e in tensor.external_data if e.key == "location"), "")] = tensor.name
+    return list(found)
+
+
+def check_external_locations(locations: list[str], path: Path) -> None:
+    """Refuse, before anything is fetched or read, a location that would leave the model's folder."""
+    for location in locations:
+        parts = Path(location).parts
+        if not location or Path(location).is_absolute() or ".." in parts or "\\" in location or ":" in location:
+            raise ModelError(f"{path}: external data location {location!r} is outside the model's folder",
+                             hint="keep external data files next to the .onnx file")
 
 
 def check_external_data(model, path: Path) -> list[Path]:

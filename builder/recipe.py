@@ -55,6 +55,7 @@ class Source:
     url: str  # as written
     sha256: str | None
     local: Path | None  # for file sources: the resolved path
+    external_sha256: tuple[tuple[str, str], ...] = ()  # remote sources: (external data file, its sha256), pinned like the .onnx
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
         if problem := name_problem(comp_name):
             raise r.fail(key, problem, hint="choose a name every store and file system can hold")
-        comp = r.table(comp_raw, key, {"source", "sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources",
+        comp = r.table(comp_raw, key, {"source", "sha256", "external_sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources",
                                        "options", "exclude", "fp16_keep_fp32"}, ("source",))
         precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
         targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
@@ -285,7 +286,9 @@ def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
     if scheme in ("https", "http", "hf"):
         if sha is None:
             raise r.fail(f"{key}.sha256", f"is required for a {scheme}:// source", hint="run `sha256sum` on the file and paste the digest")
-        return Source(url, sha, None)
+        return Source(url, sha, None, _external_pins(r, comp.get("external_sha256", {}), f"{key}.external_sha256"))
+    if "external_sha256" in comp:
+        raise r.fail(f"{key}.external_sha256", "is for https:// and hf:// sources", hint="a local model's external data is read beside it")
     if scheme != "file":
         raise r.fail(f"{key}.source", f"unsupported source scheme {scheme}://", hint="use a path, file://, https:// or hf://")
     rel = url[len("file://"):] if url.startswith("file://") else url
@@ -295,6 +298,17 @@ def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
     if not local.is_file():
         raise r.fail(f"{key}.source", f"file not found: {local}", hint="paths are relative to the recipe file")
     return Source(url, sha, local)
+
+
+def _external_pins(r: _Reader, value: Any, key: str) -> tuple[tuple[str, str], ...]:
+    table = r.table(value, key, None)
+    pins = []
+    for name, digest in table.items():
+        digest = r.string(digest, f"{key}.{name}").lower()
+        if not _SHA256.fullmatch(digest):
+            raise r.fail(f"{key}.{name}", "must be 64 hex digits")
+        pins.append((name, digest))
+    return tuple(sorted(pins))
 
 
 def _profiles(r: _Reader, value: Any, key: str) -> dict[str, ProfileSpec]:

@@ -1,18 +1,18 @@
-"""Model sources: local files, or https:// and hf:// downloads pinned by sha256."""
+"""Model sources: local files, or https:// and hf:// downloads (the .onnx and its external data) pinned by sha256."""
 
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from enginefarm.cache.atomic import atomic_writer, sha256_file
+from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.keys import canonical_json
 from enginefarm.errors import OfflineError, SourceError
 
-from .onnx_io import check_external_data, load_header
+from .downloads import beside, download, hf_to_https
+from .onnx_io import check_external_data, check_external_locations, external_locations, load_header
 from .recipe import Source
 
 log = logging.getLogger(__name__)
@@ -22,16 +22,6 @@ log = logging.getLogger(__name__)
 class LocalSource:
     path: Path
     digest: str  # covers the .onnx file and any external data files
-
-
-def hf_to_https(url: str) -> str:
-    """hf://org/repo/path/in/repo@rev → the Hub's resolve URL."""
-    rest = url[len("hf://"):]
-    rest, _, rev = rest.partition("@")
-    parts = rest.split("/")
-    if len(parts) < 3:
-        raise SourceError(f"{url}: expected hf://org/repo/path[@revision]")
-    return f"https://huggingface.co/{parts[0]}/{parts[1]}/resolve/{rev or 'main'}/{'/'.join(parts[2:])}"
 
 
 def materialize(source: Source, downloads: Path, *, offline: bool = False) -> LocalSource:
@@ -44,23 +34,47 @@ def materialize(source: Source, downloads: Path, *, offline: bool = False) -> Lo
             raise SourceError(f"source {path} does not match its sha256 in the recipe", hint="the file changed: re-check it, then update sha256")
         return LocalSource(path, source_digest(path))
     assert source.sha256, "remote sources are required to carry sha256 by the recipe parser"
-    dest = downloads / f"{source.sha256}.onnx"
-    if dest.is_file() and sha256_file(dest) == source.sha256:
-        return LocalSource(dest, source_digest(dest))
+    return _remote(source, downloads / source.sha256, offline)
+
+
+def _remote(source: Source, folder: Path, offline: bool) -> LocalSource:
+    """The model and its external data files in `folder`, named as the model names them, each checked against its
+    pin. A file already there and matching is not fetched again, so a failed download resumes at the file it stopped."""
+    hf = source.url.startswith("hf://")
+    url = hf_to_https(source.url) if hf else source.url
+    model = folder / _file_name(url)
+    _fetch(url, model, source.sha256, offline, hf)
+    pins = dict(source.external_sha256)
+    locations = external_locations(load_header(model, external=False))
+    check_external_locations(locations, model)
+    unpinned = []
+    for location in locations:
+        dest = folder / location
+        if location not in pins:
+            _fetch(beside(url, location), dest, None, offline, hf)
+            unpinned.append(f'"{location}" = "{sha256_file(dest)}"')
+            continue
+        _fetch(beside(url, location), dest, pins[location], offline, hf)
+    if unpinned:
+        raise SourceError(f"{source.url}: its external data is not pinned in the recipe (downloaded: {', '.join(unpinned)})",
+                          hint="check those digests against the publisher's, then add external_sha256 = { ... } beside sha256")
+    return LocalSource(model, source_digest(model))
+
+
+def _file_name(url: str) -> str:
+    name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+    return name if name.endswith(".onnx") else f"{name or 'model'}.onnx"
+
+
+def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool) -> None:
+    if dest.is_file() and (sha256 is None or sha256_file(dest) == sha256):
+        return
     if offline:
-        raise OfflineError(f"{source.url} is not downloaded and ENGINEFARM_OFFLINE is set", hint="unset ENGINEFARM_OFFLINE once to download it")
-    url = hf_to_https(source.url) if source.url.startswith("hf://") else source.url
-    log.info("downloading %s", url)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, atomic_writer(dest) as out:
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-    except (urllib.error.URLError, OSError) as exc:
-        raise SourceError(f"cannot download {url}: {exc}", hint="check the URL and your network") from None
-    if sha256_file(dest) != source.sha256:
+        raise OfflineError(f"{url} is not downloaded and ENGINEFARM_OFFLINE is set", hint="unset ENGINEFARM_OFFLINE once to download it")
+    download(url, dest, hf=hf)
+    if sha256 is not None and sha256_file(dest) != sha256:
         dest.unlink(missing_ok=True)
-        raise SourceError(f"{url} does not match its sha256 in the recipe", hint="the remote file changed: verify it, then update sha256")
-    return LocalSource(dest, source_digest(dest))
+        raise SourceError(f"{url} does not match its sha256 in the recipe", hint="the remote file changed: verify it, then update the pin")
 
 
 def source_digest(path: Path) -> str:

@@ -248,9 +248,9 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
         onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
         if onnx_file is None:
             raise BackendUnavailable(f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)")
-        from enginefarm.backends import onnxruntime
+        from enginefarm.backends import onnx_weights
 
-        found = onnxruntime.read_weights(artifact_dir, replace(manifest, files=(replace(onnx_file, role="model"),)), names)
+        found = onnx_weights.read(Path(artifact_dir) / onnx_file.path, names)
     missing = sorted(set(names) - set(found))
     if missing:
         raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: weights {missing[:5]} named by its map are missing")

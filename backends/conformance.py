@@ -81,24 +81,29 @@ def manifest_of(folder: Path, files: list[BuiltFile], job: ConformanceJob, const
 class BackendConformance:
     backend: str | Backend
     device: str
+    build_options: dict[str, Any] = {}  # over the backend's defaults, e.g. {"refittable": True} to check refit
 
     @pytest.fixture(scope="class")
-    def subject(self) -> Backend:
-        return self.backend if isinstance(self.backend, Backend) else get_backend(self.backend)
+    @classmethod
+    def subject(cls) -> Backend:
+        return cls.backend if isinstance(cls.backend, Backend) else get_backend(cls.backend)
 
     @pytest.fixture(scope="class")
-    def here(self, subject) -> Availability:
-        return subject.available(self.device)
+    @classmethod
+    def here(cls, subject) -> Availability:
+        return subject.available(cls.device)
 
     @pytest.fixture(scope="class")
-    def job(self, subject) -> ConformanceJob:
+    @classmethod
+    def job(cls, subject) -> ConformanceJob:
         defaults = {name: d[0] if isinstance(d, tuple) else d for name, d in subject.options.items()}
-        return ConformanceJob(Target(subject.name, self.device), defaults)
+        return ConformanceJob(Target(subject.name, cls.device), {**defaults, **cls.build_options})
 
     @pytest.fixture(scope="class")
-    def built(self, subject, here, job, tmp_path_factory) -> tuple[Path, Built, Manifest]:
+    @classmethod
+    def built(cls, subject, here, job, tmp_path_factory) -> tuple[Path, Built, Manifest]:
         if not here.can_build:
-            pytest.skip(f"{subject.name}:{self.device} cannot build here: {here.reason}")
+            pytest.skip(f"{subject.name}:{cls.device} cannot build here: {here.reason}")
         root = tmp_path_factory.mktemp(f"conformance-{subject.name}")
         workdir = root / "artifact"
         workdir.mkdir()

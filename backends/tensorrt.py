@@ -74,8 +74,6 @@ class TensorRT(NvidiaBackend):
     sdk_module = "tensorrt"
     devices = re.compile(r"^(sm_\d{2,3}|ampere\+)$")
     device_hint = "sm_XX for one GPU architecture (sm_86, sm_89, sm_120) or ampere+ for hardware-compatible plans"
-    install = "pip install 'enginefarm[tensorrt]'"
-    extra = "tensorrt"
     options = OPTIONS
     family_floors = FAMILY_FLOORS
     features = frozenset({Feature.REFIT, Feature.BUILD_CACHE})

@@ -94,8 +94,6 @@ class TensorRTRTX(NvidiaBackend):
     install_note = INSTALL_NOTE
     devices = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
     device_hint = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
-    install = "pip install 'enginefarm[tensorrt-rtx]'"
-    extra = "tensorrt-rtx"
     options = OPTIONS
     family_floors = FAMILY_FLOORS
     left_out = frozenset(NOT_RTX)

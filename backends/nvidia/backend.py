@@ -19,6 +19,12 @@ class NvidiaBackend(Backend, abstract=True):
     builds that hold the weights about three times (builder/memory.py)."""
     probes = ("nvidia",)
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        if "name" in cls.__dict__:  # each NVIDIA SDK's pip extra is named after its backend
+            cls.extra = cls.name
+            cls.install = f"pip install 'enginefarm[{cls.name}]'"
+        super().__init_subclass__(**kwargs)
+
     vendor_label = "nvidia"
     onnx_precision = "same"  # strongly typed: the prepared ONNX says fp16 or fp32
     build_memory_factor = 3.0

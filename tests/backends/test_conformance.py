@@ -79,11 +79,26 @@ def test_an_installed_entry_point_adds_a_backend_and_never_replaces_a_built_in(i
     assert registry()["outside"] == "tests.toy_backend"
 
 
+@pytest.mark.usefixtures("installed")  # module-scoped: installed before the suite's class fixtures look the name up
 class TestEntryPointBackend(BackendConformance):
     backend = "outside"
     device = "cpu"
 
-    @pytest.fixture(scope="class", autouse=True)
-    @classmethod
-    def present(cls, installed):
-        return installed
+
+def test_the_planners_job_and_the_on_device_job_have_the_shape_backends_read():
+    """Both job classes carry every member of the Protocols backends are typed with (build_job.py)."""
+    from dataclasses import fields
+
+    from enginefarm.backends.build_job import BuildJob, PlannedJob
+    from enginefarm.builder.job import Job
+    from enginefarm.runner.recompile import DeviceJob
+
+    def members(protocol):
+        return {name for name, value in vars(protocol).items() if isinstance(value, property)}
+
+    def has(cls):
+        return {f.name for f in fields(cls)} | {name for name in dir(cls) if not name.startswith("_")}
+
+    assert members(BuildJob) == {"label", "component", "target", "precision", "profile", "options"}
+    assert members(BuildJob) <= has(Job) and members(BuildJob) <= has(DeviceJob)
+    assert members(PlannedJob) == {"inputs", "outputs", "source"} and members(PlannedJob) <= has(Job)

@@ -4,7 +4,7 @@ and features are read from that object. Adding a backend to the product is one m
 
 Outside backends are added without editing the product, two ways:
 - an installed distribution declares one in the `enginefarm.backends` entry-point group
-  (`toy = my_package.backend`, or `my_package.backend:MyBackend` for another attribute, an instance or a class);
+  (`mybackend = my_package.backend`, or `my_package.backend:MyBackend` for another attribute, an instance or a class);
 - ENGINEFARM_BACKENDS (`name=module[,name=module]`) names one for a process and the build workers it starts.
 The variable wins over an entry point of the same name; neither may take a built-in name."""
 
@@ -97,7 +97,8 @@ def get_backend(name: str) -> Backend:
         raise BackendUnavailable(f"unknown backend {name!r}", hint=f"known backends: {', '.join(modules)}")
     backend = _load(name, where)
     if not isinstance(backend, Backend) or backend.name != name:
-        raise BackendUnavailable(f"backend {name!r}: {where} is no Backend named {name!r}",
+        what = "is not a Backend" if ":" in where else "has no BACKEND object"
+        raise BackendUnavailable(f"backend {name!r}: {where} {what} named {name!r}",
                                  hint="a backend module sets BACKEND = MyBackend(), an instance of enginefarm.backends.Backend")
     return backend
 

@@ -24,7 +24,8 @@ from enginefarm.cache.archive import extract, pack_dir
 from enginefarm.errors import BackendUnavailable, BuildError
 
 from ._coreml_sdk import INSTALL, IO_DTYPES, coremltools, quiet_convert, sdk_problem
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, role_file
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
 from .build_job import BuildJob, PlannedJob
 
 log = logging.getLogger(__name__)

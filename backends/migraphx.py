@@ -24,7 +24,8 @@ import numpy as np
 from enginefarm.runner.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, role_file
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
 from .build_job import BuildJob
 
 log = logging.getLogger(__name__)

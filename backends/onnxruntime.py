@@ -10,7 +10,8 @@ import numpy as np
 from enginefarm.errors import BackendUnavailable
 
 from . import onnx_weights
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, role_file
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
 from .build_job import BuildJob
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}

@@ -12,7 +12,9 @@ import numpy as np
 from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, role_file
+from . import openvino_ir
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
 from .build_job import BuildJob
 
 log = logging.getLogger(__name__)
@@ -107,29 +109,8 @@ def blob_compatible(manifest) -> str | None:
     return None
 
 
-# Custom weights: IR constants keep the ONNX initializer's name among their output names, and their bytes sit
-# at (offset, size) in the .bin. Patched values are appended to a copy of the .bin and the constant re-pointed,
-# so bytes OpenVINO shares between identical constants are never overwritten.
-_IR_DTYPES = {"f32": "<f4", "f16": "<f2"}
-
-
-def _ir_paths(artifact_dir: Path, manifest) -> tuple[Path, Path]:
-    root = Path(artifact_dir)
-    xml = root / role_file(manifest, "ir")
-    return xml, xml.with_suffix(".bin")
-
-
-def _constants(tree) -> dict[str, tuple]:
-    """ONNX name → (data element, element type, shape) of every float constant of the IR."""
-    found = {}
-    for layer in tree.getroot().iter("layer"):
-        data, port = layer.find("data"), layer.find("output/port")
-        if layer.get("type") != "Const" or data is None or port is None or data.get("element_type") not in _IR_DTYPES:
-            continue
-        shape = tuple(int(d) for d in data.get("shape", "").split(",") if d.strip())
-        for name in filter(None, (port.get("names") or "").split(",")):
-            found[name.strip()] = (data, data.get("element_type"), shape)
-    return found
+def _ir(artifact_dir: Path, manifest) -> Path:
+    return Path(artifact_dir) / role_file(manifest, "ir")
 
 
 # An app bundle (`enginefarm bundle`) holds the core library, the IR frontend (artifacts are IR), TBB and the plugin of
@@ -242,44 +223,16 @@ class OpenVINO(Backend):
         return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
                 "nor benchmarked here; build it on a runner whose CPU has one")
 
+    # Custom weights: read and patched in the IR's files (openvino_ir.py), or replaced in memory at load.
     def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
-        import xml.etree.ElementTree as ET
-
-        return {name: shape for name, (_, _, shape) in _constants(ET.parse(_ir_paths(artifact_dir, manifest)[0])).items()}
+        return openvino_ir.float_shapes(_ir(artifact_dir, manifest))
 
     def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
-        import xml.etree.ElementTree as ET
-
-        xml, bin_path = _ir_paths(artifact_dir, manifest)
-        consts = _constants(ET.parse(xml))
-        blob = np.memmap(bin_path, dtype=np.uint8, mode="r")
-        out = {}
-        for name in names:
-            data, kind, shape = consts[name]
-            start = int(data.get("offset"))
-            raw = blob[start:start + int(data.get("size"))].view(_IR_DTYPES[kind])
-            out[name] = raw.astype(np.float32).reshape(shape)
-        return out
+        return openvino_ir.read(_ir(artifact_dir, manifest), names)
 
     def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
         """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
-        import shutil
-        import xml.etree.ElementTree as ET
-
-        xml, bin_path = _ir_paths(artifact_dir, manifest)
-        tree = ET.parse(xml)
-        consts = _constants(tree)
-        out_xml, out_bin = outdir / xml.name, outdir / bin_path.name
-        shutil.copyfile(bin_path, out_bin)
-        with open(out_bin, "ab") as handle:
-            for name, value in weights.items():
-                data, kind, shape = consts[name]
-                payload = np.ascontiguousarray(value.reshape(shape), dtype=_IR_DTYPES[kind]).tobytes()
-                handle.write(b"\0" * (-handle.tell() % 64))
-                data.set("offset", str(handle.tell()))
-                data.set("size", str(len(payload)))
-                handle.write(payload)
-        tree.write(out_xml, encoding="utf-8", xml_declaration=True)
+        out_xml, out_bin = openvino_ir.write_patched(_ir(artifact_dir, manifest), weights, outdir)
         files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
         if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":
             files += _maybe_blob(_ov().Core(), out_xml, manifest.precision, outdir)[0]
@@ -295,7 +248,7 @@ class OpenVINO(Backend):
         ov = _ov()
         core = ov.Core()
         dev = manifest.parsed_target.device.upper()
-        model = core.read_model(str(_ir_paths(artifact_dir, manifest)[0]))
+        model = core.read_model(str(_ir(artifact_dir, manifest)))
         left = dict(weights)
         for node in model.get_ordered_ops():
             if node.get_type_name() != "Constant":

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.backends.base import BuiltFile, Feature, role_entry
+from enginefarm.backends.base import BuiltFile, Feature
+from enginefarm.backends.manifest_files import role_entry
 from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map
 from enginefarm.cache.device_cache import DeviceCache

@@ -115,7 +115,7 @@ class MIGraphX(Backend):
 
     def available(self, device: str) -> Availability:
         try:
-            _mgx()
+            self.sdk()
         except BackendUnavailable as exc:
             return Availability.missing(str(exc))
         gpus, why = amd_gpus()
@@ -144,7 +144,7 @@ class MIGraphX(Backend):
         return Built([BuiltFile(PROGRAM, "engine")], {"migraphx": how})
 
     def load(self, artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
-        mgx = _mgx()
+        mgx = self.sdk()
         gfx = manifest.parsed_target.device
         avail = self.available(gfx)
         if not avail.can_load:

@@ -74,7 +74,7 @@ class OnnxRuntime(Backend):
 
     def available(self, device: str) -> Availability:
         try:
-            ort = _ort()
+            ort = self.sdk()
         except BackendUnavailable as exc:
             return Availability.missing(str(exc))
         provider = _PROVIDERS.get(device)

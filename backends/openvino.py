@@ -28,9 +28,6 @@ BLOB_TRIAL_MAX_BYTES = 128 << 20
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
-def _ov():
-    return BACKEND.sdk()
-
 
 # The CPU instructions OpenVINO's CPU plugin computes bf16 with (it lists BF16 among its capabilities then).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -147,7 +144,7 @@ class OpenVINO(Backend):
 
     def available(self, device: str) -> Availability:
         try:
-            ov = _ov()
+            ov = self.sdk()
             devices = ov.Core().available_devices
         except BackendUnavailable as exc:
             return Availability.missing(str(exc))
@@ -157,7 +154,7 @@ class OpenVINO(Backend):
         return Availability(True, True)
 
     def versions(self) -> dict[str, str]:
-        return {"openvino": _ov().get_version().split("-")[0]}
+        return {"openvino": self.sdk().get_version().split("-")[0]}
 
     def constraints(self, job: BuildJob) -> dict:
         # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
@@ -170,7 +167,7 @@ class OpenVINO(Backend):
         return found
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        ov = _ov()
+        ov = self.sdk()
         core = ov.Core()
         model = core.read_model(str(prepared_onnx))
         bounds = {}
@@ -188,7 +185,7 @@ class OpenVINO(Backend):
         return Built(files + blob, notes)
 
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
-        ov = _ov()
+        ov = self.sdk()
         core = ov.Core()
         dev = manifest.parsed_target.device.upper()
         config = inference_config(core, dev, manifest.precision)
@@ -217,7 +214,7 @@ class OpenVINO(Backend):
         """A bf16 artifact built on a CPU without bf16 would be validated and benchmarked in fp32: not here."""
         if precision != "bf16" or device != "cpu":
             return None
-        caps = _ov().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        caps = self.sdk().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         if "BF16" in caps:
             return None
         return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
@@ -235,7 +232,7 @@ class OpenVINO(Backend):
         out_xml, out_bin = openvino_ir.write_patched(_ir(artifact_dir, manifest), weights, outdir)
         files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
         if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":
-            files += _maybe_blob(_ov().Core(), out_xml, manifest.precision, outdir)[0]
+            files += _maybe_blob(self.sdk().Core(), out_xml, manifest.precision, outdir)[0]
         return files
 
     def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OpenVinoSession:
@@ -245,7 +242,7 @@ class OpenVINO(Backend):
 
         from enginefarm.errors import IntegrityError
 
-        ov = _ov()
+        ov = self.sdk()
         core = ov.Core()
         dev = manifest.parsed_target.device.upper()
         model = core.read_model(str(_ir(artifact_dir, manifest)))
@@ -268,7 +265,7 @@ class OpenVINO(Backend):
     def bundle_probe(self, device_class: str) -> dict:
         """Load the device's plugin through the Core, as compile_model would: OpenVINO resolves the registered plugin
         to its file in the bundle and loads it with its dependencies, or says which library the system lacks."""
-        ov = _ov()
+        ov = self.sdk()
         core, device = ov.Core(), device_class.upper()
         try:
             version = core.get_versions(device)[device]

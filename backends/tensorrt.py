@@ -42,9 +42,6 @@ TIMING_PREFIX = "tensorrt-timing"
 MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 
-def _trt():
-    return BACKEND.sdk()
-
 
 def _cuda_major() -> int | None:
     """The CUDA major TensorRT was installed for, from its wheel's name (tensorrt-cu12-libs, ...)."""
@@ -80,7 +77,7 @@ class TensorRT(NvidiaBackend):
 
     def available(self, device: str) -> Availability:
         try:
-            trt = _trt()
+            trt = self.sdk()
         except BackendUnavailable as exc:
             return sdk_missing(exc, matching_gpu(device, FAMILY_FLOORS)[1])
         gpu, why = matching_gpu(device, FAMILY_FLOORS)
@@ -123,7 +120,7 @@ class TensorRT(NvidiaBackend):
                             timing_cache_out=str(timing / "updated.cache"))
 
     def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
-        trt = _trt()
+        trt = self.sdk()
         engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
         return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])
 

@@ -49,9 +49,6 @@ NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 INSTALL_NOTE = "real wheels from PyPI, 244 MB installed; it builds engines without a GPU"
 
 
-def _trt():
-    return BACKEND.sdk()
-
 
 TURING = ("sm_75", "turing+")  # the device classes whose engines include SM75
 
@@ -103,7 +100,7 @@ class TensorRTRTX(NvidiaBackend):
 
     def available(self, device: str) -> Availability:
         try:
-            trt = _trt()
+            trt = self.sdk()
         except BackendUnavailable as exc:
             return sdk_missing(exc, note=INSTALL_NOTE)
         gpu, why = matching_gpu(device, FAMILY_FLOORS)
@@ -120,18 +117,18 @@ class TensorRTRTX(NvidiaBackend):
         return {
             "runtime": {"tensorrt-rtx": "==" + self.versions()["tensorrt-rtx"]},
             "os": [platform.system().lower()],
-            "engine": {"compute_capabilities": compute_capabilities(_trt(), job.target.device) or ["SM86 and later (SDK default)"],
+            "engine": {"compute_capabilities": compute_capabilities(self.sdk(), job.target.device) or ["SM86 and later (SDK default)"],
                        "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded"},
         }
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path, *, progress: BuildProgress | None = None) -> Built:
         options = {**OPTIONS, **job.options}
         return build_engine("tensorrt_rtx", prepared_onnx, job, workdir, options, hints=FAILURE_HINTS, progress=progress,
-                            compute_capabilities=compute_capabilities(_trt(), job.target.device))
+                            compute_capabilities=compute_capabilities(self.sdk(), job.target.device))
 
     def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
         """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
-        trt = _trt()
+        trt = self.sdk()
         engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
         config = engine.create_runtime_config()
         cache = config.create_runtime_cache()

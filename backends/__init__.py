@@ -1,20 +1,27 @@
 """The backend registry: one table maps each backend's name to its module, whose `BACKEND` object (a `Backend`)
 says everything else. There is no second table: device matching, ranking, runner labels, install hints, options
-and features are read from that object. Adding a backend is one module plus one line here; an app or a test adds
-one without editing the product through ENGINEFARM_BACKENDS (`name=module[,name=module]`), which build workers
-started as new processes inherit."""
+and features are read from that object. Adding a backend to the product is one module plus one line here.
+
+Outside backends are added without editing the product, two ways:
+- an installed distribution declares one in the `enginefarm.backends` entry-point group
+  (`mybackend = my_package.backend`, or `my_package.backend:MyBackend` for another attribute, an instance or a class);
+- ENGINEFARM_BACKENDS (`name=module[,name=module]`) names one for a process and the build workers it starts.
+The variable wins over an entry point of the same name; neither may take a built-in name."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from enginefarm.cache.manifest import Target
 from enginefarm.errors import BackendUnavailable, ConfigError
 
 from .base import Availability, Backend, BackendSession, BundleSpec, Built, BuiltFile, Feature, Rank
+from .build_job import BuildJob, PlannedJob
 
 if TYPE_CHECKING:
     from enginefarm.runner.device import Device
@@ -29,11 +36,13 @@ BACKENDS: dict[str, str] = {
     "assets": "enginefarm.backends.assets",  # a model's tokenizers and configs, published beside its engines
 }
 PLUGINS_ENV = "ENGINEFARM_BACKENDS"
+ENTRY_POINT_GROUP = "enginefarm.backends"
 log = logging.getLogger(__name__)
 
 
 def registry() -> dict[str, str]:
-    """BACKENDS plus the ones ENGINEFARM_BACKENDS adds (read on every call: a worker process sees its parent's)."""
+    """BACKENDS, the installed entry points, then ENGINEFARM_BACKENDS (read on every call: a worker process sees its
+    parent's). A value is `module` (its BACKEND) or `module:attribute`."""
     added: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in os.environ.get(PLUGINS_ENV, "").split(","))):
         name, _, module = item.partition("=")
@@ -43,21 +52,53 @@ def registry() -> dict[str, str]:
         if name in BACKENDS:
             raise ConfigError(f"{PLUGINS_ENV}: {name!r} is a built-in backend", hint="give the added backend another name")
         added[name] = module
-    return {**BACKENDS, **added}
+    return {**BACKENDS, **_entry_points(tuple(sys.path)), **added}
+
+
+@functools.lru_cache(maxsize=4)
+def _entry_points(path: tuple[str, ...]) -> dict[str, str]:
+    """The `enginefarm.backends` entry points of the distributions on `path` (scanning site-packages costs milliseconds,
+    so once per sys.path). One that takes a built-in name is left out with a warning: an installed package must not
+    replace a backend under the user's feet, nor stop every command."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, str] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name in BACKENDS:
+            log.warning("entry point %s = %s (group %s) takes the built-in backend name %r; left out", point.name, point.value,
+                        ENTRY_POINT_GROUP, point.name)
+            continue
+        found[point.name] = point.value
+    return found
+
+
+def _load(name: str, where: str) -> object:
+    """The object `where` names: `module` → its BACKEND, `module:attribute` → that attribute; a Backend class is
+    instantiated."""
+    module_name, _, attribute = where.partition(":")
+    try:
+        module = importlib.import_module(module_name.strip())
+    except ImportError as exc:  # only an added backend can miss: the built-in modules import no SDK at module level
+        raise BackendUnavailable(f"backend {name!r}: cannot import {module_name} ({exc})",
+                                 hint=f"check {PLUGINS_ENV} or the {ENTRY_POINT_GROUP} entry point that names it") from None
+    found = getattr(module, attribute.strip() or "BACKEND", None)
+    if isinstance(found, type) and issubclass(found, Backend):
+        return _INSTANCES.setdefault(found, found())  # one object per class, as a module's BACKEND is
+    return found
+
+
+_INSTANCES: dict[type, Backend] = {}
 
 
 def get_backend(name: str) -> Backend:
     modules = registry()
-    module_name = modules.get(name)
-    if module_name is None:
+    where = modules.get(name)
+    if where is None:
         raise BackendUnavailable(f"unknown backend {name!r}", hint=f"known backends: {', '.join(modules)}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:  # only an added backend can miss: the built-in modules import no SDK at module level
-        raise BackendUnavailable(f"backend {name!r}: cannot import {module_name} ({exc})", hint=f"check {PLUGINS_ENV}") from None
-    backend = getattr(module, "BACKEND", None)
+    backend = _load(name, where)
     if not isinstance(backend, Backend) or backend.name != name:
-        raise BackendUnavailable(f"backend {name!r}: {module_name} has no BACKEND object named {name!r}",
+        what = "is not a Backend" if ":" in where else "has no BACKEND object"
+        raise BackendUnavailable(f"backend {name!r}: {where} {what} named {name!r}",
                                  hint="a backend module sets BACKEND = MyBackend(), an instance of enginefarm.backends.Backend")
     return backend
 
@@ -99,7 +140,7 @@ def availability(target: Target) -> Availability:
         return Availability.missing(f"{type(exc).__name__}: {exc}")
 
 
-def job_availability(job) -> Availability:
+def job_availability(job: BuildJob) -> Availability:
     """`availability(job.target)`, narrowed by what this job's options need of the build host (a backend's
     optional `check_job(job)` says why not, e.g. TensorRT-RTX weight stripping without a GPU)."""
     here = availability(job.target)
@@ -107,19 +148,19 @@ def job_availability(job) -> Availability:
     return Availability(False, False, why) if why else here
 
 
-def job_refusal(job) -> tuple[str, str] | None:
+def job_refusal(job: BuildJob) -> tuple[str, str] | None:
     """(why, fix) when the backend's SDK would refuse this job on any host."""
     return get_backend(job.target.backend).refusal(job)
 
 
-def gpu_build_reason(job) -> tuple[str, str] | None:
+def gpu_build_reason(job: PlannedJob) -> tuple[str, str] | None:
     """(why, fix) when this job needs a GPU on the build host, for backends that otherwise build on a CPU
     (Feature.BUILDS_WITHOUT_DEVICE). Other backends build where their target's device is."""
     backend = get_backend(job.target.backend)
     return backend.gpu_build_reason(job) if backend.has(Feature.BUILDS_WITHOUT_DEVICE) else None
 
 
-def builds_on_cpu(job) -> bool:
+def builds_on_cpu(job: BuildJob) -> bool:
     """Whether a runner without a GPU builds this job: CPU targets, and backends that build without their device
     (TensorRT-RTX) unless an option needs one."""
     if job.target.device == "cpu":
@@ -157,6 +198,6 @@ def validate_target(target: Target) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "Backend", "BackendSession", "BundleSpec", "Built", "BuiltFile", "Feature", "Rank", "all_backends", "availability",
-           "builds_on_cpu", "get_backend", "gpu_build_reason", "job_availability", "job_options", "job_refusal", "precision_refusal",
+__all__ = ["BACKENDS", "Availability", "Backend", "BackendSession", "BuildJob", "BundleSpec", "Built", "BuiltFile", "Feature", "Rank", "all_backends", "availability",
+           "builds_on_cpu", "get_backend", "gpu_build_reason", "job_availability", "job_options", "job_refusal", "PlannedJob", "precision_refusal",
            "rank_of", "registry", "targets_for", "validate_target"]

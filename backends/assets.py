@@ -13,6 +13,7 @@ from pathlib import Path
 from enginefarm.errors import BuildError
 
 from .base import Availability, Backend, Built, Rank
+from .build_job import BuildJob, PlannedJob
 
 COMPONENT = "assets"
 TARGET = "assets:any"
@@ -48,14 +49,14 @@ class Assets(Backend):
     def versions(self) -> dict[str, str]:
         return {"assets": "1"}
 
-    def constraints(self, job) -> dict:
+    def constraints(self, job: BuildJob) -> dict:
         return {}
 
-    def build(self, prepared_onnx: Path, job, workdir: Path) -> Built:
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
         raise BuildError("assets are published from a recipe's [model] assets folder, not built from ONNX",
                          hint="remove the assets:any target from the recipe; set [model] assets = \"FOLDER\" instead")
 
-    def refusal(self, job) -> tuple[str, str] | None:
+    def refusal(self, job: PlannedJob) -> tuple[str, str] | None:
         return ("assets are not built from ONNX", "set [model] assets = \"FOLDER\" in the recipe instead of an assets:any target")
 
     def load(self, artifact_dir: Path, manifest, device: str) -> AssetsFolder:

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from enginefarm.errors import BackendUnavailable, IntegrityError
+from enginefarm.errors import BackendUnavailable
+
+from .build_job import BuildJob, PlannedJob
 
 if TYPE_CHECKING:  # the runner's device type; importing the runner here would make every backend import it
     from enginefarm.runner.device import Device
@@ -168,6 +170,7 @@ class Backend:
     hosted_runners: ClassVar[dict[str, list[str]]] = {}  # device class -> labels of a hosted runner that builds it
     example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
     bundles: ClassVar[dict[str, BundleSpec]] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
+    sdk_module: ClassVar[str | None] = None  # the vendor SDK's Python module, imported on first use by `sdk()`
     # The device probes (enginefarm.runner.device.PROBES) that can find a device it runs; None: every probe. A load
     # whose candidates are all this backend's runs only these (OpenVINO's GPU probe alone costs half a second).
     probes: ClassVar[tuple[str, ...] | None] = None
@@ -196,20 +199,26 @@ class Backend:
         (the proof fails if the bundled distribution has it); `line`: what to tell the user."""
         raise NotImplementedError(f"{self.name} has no bundle probe")
 
+    def sdk(self) -> ModuleType:
+        """The vendor SDK, imported on first use; a missing one is a BackendUnavailable with the install command."""
+        if self.sdk_module is None:
+            raise NotImplementedError(f"{self.name} names no sdk_module")
+        return import_sdk(self.sdk_module, self.install)
+
     # What every backend implements.
 
     def available(self, device: str) -> Availability:
         raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
-        """Every version that goes into the build key."""
-        raise NotImplementedError
+        """Every version that goes into the build key; by default the SDK's own `__version__`."""
+        return {self.name: str(self.sdk().__version__)}
 
-    def constraints(self, job) -> dict:
+    def constraints(self, job: BuildJob) -> dict:
         """What a device needs to load the artifact (runtime range, ISA, driver, OS ...)."""
         raise NotImplementedError
 
-    def build(self, prepared_onnx: Path, job, workdir: Path) -> Built:
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
         """Build into `workdir`. Backends with Feature.COMPILES_STACKS_ON_DEVICE also take `progress=(done, total, phase)`."""
         raise NotImplementedError
 
@@ -233,11 +242,11 @@ class Backend:
             return ["ubuntu-latest"]
         return ["self-hosted", self.vendor_label or self.name, device_class]
 
-    def check_job(self, job) -> str:
+    def check_job(self, job: PlannedJob) -> str:
         """Why this host cannot build this job although the target's SDK is here ("": it can)."""
         return ""
 
-    def refusal(self, job) -> tuple[str, str] | None:
+    def refusal(self, job: PlannedJob) -> tuple[str, str] | None:
         """(why, fix) when the SDK would refuse this job on any host."""
         return None
 
@@ -289,11 +298,11 @@ class Backend:
         the validation record keeps."""
         raise NotImplementedError
 
-    def before_build(self, store, job, workdir: Path) -> None:
+    def before_build(self, store, job: BuildJob, workdir: Path) -> None:
         """Feature.BUILD_CACHE: fetch a shared build cache before building."""
         raise NotImplementedError
 
-    def after_build(self, store, job, workdir: Path) -> None:
+    def after_build(self, store, job: BuildJob, workdir: Path) -> None:
         """Feature.BUILD_CACHE: publish the build cache after building."""
         raise NotImplementedError
 
@@ -302,23 +311,6 @@ class Backend:
         refits of it); otherwise each stack is merged into the ONNX and compiled."""
         raise NotImplementedError
 
-    def gpu_build_reason(self, job) -> tuple[str, str] | None:
+    def gpu_build_reason(self, job: PlannedJob) -> tuple[str, str] | None:
         """Feature.BUILDS_WITHOUT_DEVICE: (why, fix) when this job's options need a GPU on the build host."""
         raise NotImplementedError
-
-
-def role_file(manifest, role: str) -> str:
-    """The path of the artifact's file of `role` (its ONNX model, IR, engine). A manifest without one names an
-    artifact no loader can open: a one-line IntegrityError, not a StopIteration from inside the loader."""
-    return role_entry(manifest, role).path
-
-
-def role_entry(manifest, role: str):
-    """The manifest's file entry of `role` (path, size, digest), or the IntegrityError of `role_file`."""
-    for entry in manifest.files:
-        if entry.role == role:
-            return entry
-    roles = ", ".join(sorted({f.role for f in manifest.files})) or "none"
-    raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest lists no {role} file, which {manifest.target} needs "
-                         f"(it lists: {roles})", key=manifest.build_key,
-                         hint="the store's manifest is incomplete or from another tool: rebuild it with `enginefarm build`")

@@ -24,7 +24,9 @@ from enginefarm.cache.archive import extract, pack_dir
 from enginefarm.errors import BackendUnavailable, BuildError
 
 from ._coreml_sdk import INSTALL, IO_DTYPES, coremltools, quiet_convert, sdk_problem
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, role_file
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
+from .build_job import BuildJob, PlannedJob
 
 log = logging.getLogger(__name__)
 
@@ -38,50 +40,7 @@ ARCHIVE = PACKAGE + ".tar"
 TRACED = "coreml-traced.pt"  # beside the artifact folder: what was converted, for validation off macOS
 
 
-def available(device: str) -> Availability:
-    problem = sdk_problem()
-    if problem:
-        return Availability.missing(f"{problem} ({INSTALL})")
-    if platform.system() != "Darwin":
-        return Availability(True, False, f"Core ML runs only on macOS (this is {platform.system()}): packages are converted here, not run")
-    return Availability(True, True)
-
-
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return {name: version(name) for name in ("coremltools", "onnx2torch", "torch")}
-    except PackageNotFoundError as exc:
-        raise BackendUnavailable(f"{exc.name} is not installed", hint=INSTALL) from None
-
-
-def constraints(job) -> dict:
-    return {"os": ["darwin"], "macos": ">=" + job.options.get("deployment_target", "macOS13").removeprefix("macOS")}
-
-
 # Build ------------------------------------------------------------------------------------------------------
-
-def build(prepared_onnx: Path, job, workdir: Path) -> Built:
-    import torch
-
-    from .coreml_convert import convert_to_mlprogram, to_traceable_torch
-
-    example = tuple(torch.from_numpy(np.zeros(job.profile[t.name]["opt"], dtype=t.dtype)) for t in job.inputs)
-    with quiet_convert():
-        module = to_traceable_torch(Path(prepared_onnx))
-        with torch.no_grad():
-            traced = torch.jit.trace(module, example, check_trace=False)
-        torch.jit.save(traced, str(workdir.parent / TRACED))
-        mlmodel, shapes = convert_to_mlprogram(traced, job)
-    staging = workdir.parent / "coreml-package"
-    shutil.rmtree(staging, ignore_errors=True)
-    package = staging / PACKAGE
-    mlmodel.save(str(package))
-    normalize_package(package)
-    pack_dir(package, workdir / ARCHIVE)
-    shutil.rmtree(staging, ignore_errors=True)
-    return Built([BuiltFile(ARCHIVE, "model")], {"coreml_shapes": shapes})
 
 
 def normalize_package(package: Path) -> None:
@@ -185,32 +144,6 @@ class TorchStandIn:
         return {name: value.numpy() for name, value in zip(self.output_names, outs)}
 
 
-def validation_session(artifact_dir: Path, manifest, device: str):
-    """On macOS: the package itself. Elsewhere: the package's spec is checked against the manifest, and the
-    traced torch module that was converted stands in for it."""
-    here = available(device)
-    if here.can_load:
-        return load(artifact_dir, manifest, device), {}
-    import torch
-
-    with tempfile.TemporaryDirectory(prefix="coreml-spec-") as tmp:
-        summary = spec_summary(extract(Path(artifact_dir) / _archive(manifest), Path(tmp), PACKAGE))
-    problems = _check_spec(summary, manifest)
-    if problems:
-        raise BuildError(f"{manifest.ref}: the Core ML package does not match its manifest: {'; '.join(problems)}")
-    with quiet_convert():
-        traced = torch.jit.load(str(Path(artifact_dir).parent / TRACED))
-    inputs = manifest.io.get("inputs", [])
-    session = TorchStandIn(traced, [t["name"] for t in inputs], [t["dtype"] for t in inputs], [t["name"] for t in manifest.io.get("outputs", [])])
-    note = {
-        "executed": False,
-        "ran_instead": "the traced torch module that coremltools converted (fp32, CPU); the package's spec was checked",
-        "why": here.reason,
-        "spec": {"inputs": summary["inputs"], "outputs": summary["outputs"], "dtypes": summary["dtypes"]},
-    }
-    return session, note
-
-
 class CoreMLSession:
     def __init__(self, model, manifest, folder: Path) -> None:
         self._model = model
@@ -235,25 +168,6 @@ def _archive(manifest) -> str:
     return role_file(manifest, "model")
 
 
-def load(artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
-    from enginefarm.settings import load_settings
-
-    here = available(device)
-    if not here.can_load:
-        raise BackendUnavailable(here.reason, hint=INSTALL if not here.can_build else "load Core ML packages on a Mac")
-    ct = coremltools()
-    # A fresh copy per session, extracted from the archive the device cache has just hashed.
-    folder = Path(tempfile.mkdtemp(prefix=".coreml-", dir=artifact_dir))
-    try:
-        package = extract(Path(artifact_dir) / _archive(manifest), folder, PACKAGE)
-        units = getattr(ct.ComputeUnit, load_settings().coreml_compute_units)
-        model = ct.models.MLModel(str(package), compute_units=units)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return CoreMLSession(model, manifest, folder)
-
-
 class CoreML(Backend):
     probes = ("apple",)
     name = "coreml"
@@ -267,12 +181,89 @@ class CoreML(Backend):
     example_device = "apple"
     hosted_runners = {"apple": ["macos-14"]}
     features = frozenset({Feature.OWN_VALIDATION})
-    available = staticmethod(available)
-    versions = staticmethod(versions)
-    constraints = staticmethod(constraints)
-    build = staticmethod(build)
-    load = staticmethod(load)
-    validation_session = staticmethod(validation_session)
+
+    def available(self, device: str) -> Availability:
+        problem = sdk_problem()
+        if problem:
+            return Availability.missing(f"{problem} ({INSTALL})")
+        if platform.system() != "Darwin":
+            return Availability(True, False, f"Core ML runs only on macOS (this is {platform.system()}): packages are converted here, not run")
+        return Availability(True, True)
+
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return {name: version(name) for name in ("coremltools", "onnx2torch", "torch")}
+        except PackageNotFoundError as exc:
+            raise BackendUnavailable(f"{exc.name} is not installed", hint=INSTALL) from None
+
+    def constraints(self, job: BuildJob) -> dict:
+        return {"os": ["darwin"], "macos": ">=" + job.options.get("deployment_target", "macOS13").removeprefix("macOS")}
+
+    def build(self, prepared_onnx: Path, job: PlannedJob, workdir: Path) -> Built:
+        import torch
+
+        from .coreml_convert import convert_to_mlprogram, to_traceable_torch
+
+        example = tuple(torch.from_numpy(np.zeros(job.profile[t.name]["opt"], dtype=t.dtype)) for t in job.inputs)
+        with quiet_convert():
+            module = to_traceable_torch(Path(prepared_onnx))
+            with torch.no_grad():
+                traced = torch.jit.trace(module, example, check_trace=False)
+            torch.jit.save(traced, str(workdir.parent / TRACED))
+            mlmodel, shapes = convert_to_mlprogram(traced, job)
+        staging = workdir.parent / "coreml-package"
+        shutil.rmtree(staging, ignore_errors=True)
+        package = staging / PACKAGE
+        mlmodel.save(str(package))
+        normalize_package(package)
+        pack_dir(package, workdir / ARCHIVE)
+        shutil.rmtree(staging, ignore_errors=True)
+        return Built([BuiltFile(ARCHIVE, "model")], {"coreml_shapes": shapes})
+
+    def load(self, artifact_dir: Path, manifest, device: str = "apple") -> CoreMLSession:
+        from enginefarm.settings import load_settings
+
+        here = self.available(device)
+        if not here.can_load:
+            raise BackendUnavailable(here.reason, hint=INSTALL if not here.can_build else "load Core ML packages on a Mac")
+        ct = coremltools()
+        # A fresh copy per session, extracted from the archive the device cache has just hashed.
+        folder = Path(tempfile.mkdtemp(prefix=".coreml-", dir=artifact_dir))
+        try:
+            package = extract(Path(artifact_dir) / _archive(manifest), folder, PACKAGE)
+            units = getattr(ct.ComputeUnit, load_settings().coreml_compute_units)
+            model = ct.models.MLModel(str(package), compute_units=units)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return CoreMLSession(model, manifest, folder)
+
+    def validation_session(self, artifact_dir: Path, manifest, device: str):
+        """On macOS: the package itself. Elsewhere: the package's spec is checked against the manifest, and the
+        traced torch module that was converted stands in for it."""
+        here = self.available(device)
+        if here.can_load:
+            return self.load(artifact_dir, manifest, device), {}
+        import torch
+
+        with tempfile.TemporaryDirectory(prefix="coreml-spec-") as tmp:
+            summary = spec_summary(extract(Path(artifact_dir) / _archive(manifest), Path(tmp), PACKAGE))
+        problems = _check_spec(summary, manifest)
+        if problems:
+            raise BuildError(f"{manifest.ref}: the Core ML package does not match its manifest: {'; '.join(problems)}")
+        with quiet_convert():
+            traced = torch.jit.load(str(Path(artifact_dir).parent / TRACED))
+        inputs = manifest.io.get("inputs", [])
+        session = TorchStandIn(traced, [t["name"] for t in inputs], [t["dtype"] for t in inputs], [t["name"] for t in manifest.io.get("outputs", [])])
+        note = {
+            "executed": False,
+            "ran_instead": "the traced torch module that coremltools converted (fp32, CPU); the package's spec was checked",
+            "why": here.reason,
+            "spec": {"inputs": summary["inputs"], "outputs": summary["outputs"], "dtypes": summary["dtypes"]},
+        }
+        return session, note
 
     def device_classes(self, device) -> tuple[str, ...]:
         return ("apple",) if device.kind == "apple" else ()

@@ -13,6 +13,7 @@ import numpy as np
 from enginefarm.errors import BuildError
 
 from ._coreml_sdk import IO_DTYPES, coremltools
+from .build_job import PlannedJob
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _register_int_fix(ct) -> None:
     _FIXED = True
 
 
-def input_types(ct, job, shapes: str) -> list:
+def input_types(ct, job: PlannedJob, shapes: str) -> list:
 
     types = []
     for tensor in job.inputs:
@@ -178,7 +179,7 @@ def input_types(ct, job, shapes: str) -> list:
     return types
 
 
-def convert_to_mlprogram(traced, job) -> tuple[object, str]:
+def convert_to_mlprogram(traced, job: PlannedJob) -> tuple[object, str]:
     """(MLModel, how shapes were made flexible). Ranges that coremltools cannot convert fall back to the
     profile's enumerated min/opt/max shapes, and the build notes say so."""
 

@@ -24,7 +24,9 @@ import numpy as np
 from enginefarm.runner.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, Backend, Built, BuiltFile, Feature, Rank, import_sdk, role_file
+from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
+from .build_job import BuildJob
 
 log = logging.getLogger(__name__)
 
@@ -33,36 +35,13 @@ BUILD_TIMEOUT_S = 4 * 3600
 
 
 def _mgx():
-    return import_sdk("migraphx", MIGraphX.install)
+    return BACKEND.sdk()
 
 
 def gfx_version(gfx: str) -> str:
     """gfx1100 → 11.0.0, gfx90a → 9.0.10: the form HSA_OVERRIDE_GFX_VERSION takes (major, minor, stepping)."""
     digits = gfx.removeprefix("gfx")
     return f"{int(digits[:-2])}.{int(digits[-2], 16)}.{int(digits[-1], 16)}"
-
-
-def available(device: str) -> Availability:
-    try:
-        _mgx()
-    except BackendUnavailable as exc:
-        return Availability.missing(str(exc))
-    gpus, why = amd_gpus()
-    if not gpus:
-        return Availability.missing(f"MIGraphX is installed but there is no AMD GPU to compile on: {why}")
-    if not any(g["gfx"] == device for g in gpus):
-        here = ", ".join(sorted({g["gfx"] for g in gpus}))
-        return Availability(True, False, f"no {device} GPU here (found {here}): builds are cross-compiled and not run")
-    return Availability(True, True)
-
-
-def versions() -> dict[str, str]:
-    return {"migraphx": str(_mgx().__version__)}
-
-
-def constraints(job) -> dict:
-    # A saved program holds code objects for one gfx, serialized by one MIGraphX release.
-    return {"runtime": {"migraphx": "==" + versions()["migraphx"]}, "arch": job.target.device, "os": ["linux"]}
 
 
 def build_env(gfx: str, base: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
@@ -79,25 +58,11 @@ def build_env(gfx: str, base: dict[str, str] | None = None) -> tuple[dict[str, s
     return env, f"cross-compiled for {gfx} on {host} (HSA_OVERRIDE_GFX_VERSION={env['HSA_OVERRIDE_GFX_VERSION']})"
 
 
-def parse_plan(job) -> dict:
+def parse_plan(job: BuildJob) -> dict:
     """What the build subprocess does: fixed dims when every input is static, else min/max/opt per dimension."""
     static = all(shapes["min"] == shapes["max"] for shapes in job.profile.values())
     inputs = {name: {"min": shapes["min"], "opt": shapes["opt"], "max": shapes["max"]} for name, shapes in job.profile.items()}
     return {"static": static, "inputs": inputs, "fp16": job.precision == "fp16"}
-
-
-def build(prepared_onnx: Path, job, workdir: Path) -> Built:
-    plan_path = workdir.parent / "migraphx-plan.json"
-    plan_path.write_text(json.dumps(parse_plan(job)))
-    env, how = build_env(job.target.device)
-    proc = subprocess.run(
-        [sys.executable, "-m", "enginefarm.backends.migraphx", str(prepared_onnx), str(plan_path), str(workdir / PROGRAM)],
-        capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S,
-    )
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
-        raise BuildError(f"{job.label}: MIGraphX build process failed ({how}): {lines[-1][:300]}")
-    return Built([BuiltFile(PROGRAM, "engine")], {"migraphx": how})
 
 
 def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
@@ -118,14 +83,6 @@ def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
     mgx.save(program, out_path, format="msgpack")
 
 
-def validation_session(artifact_dir: Path, manifest, device: str):
-    """The program itself where a GPU of its gfx is here; a cross-compiled program is recorded as not run."""
-    here = available(device)
-    if here.can_load:
-        return load(artifact_dir, manifest, device), {}
-    return None, {"why": here.reason}
-
-
 class MigraphxSession:
     def __init__(self, program, input_names: list[str], output_names: list[str], precision: str) -> None:
         self._program = program
@@ -144,22 +101,10 @@ class MigraphxSession:
         self._program = None
 
 
-def load(artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
-    mgx = _mgx()
-    gfx = manifest.parsed_target.device
-    avail = available(gfx)
-    if not avail.can_load:
-        raise BackendUnavailable(f"cannot run a {gfx} program here: {avail.reason}")
-    path = role_file(manifest, "engine")
-    program = mgx.load(str(Path(artifact_dir) / path), format="msgpack")
-    inputs = [t["name"] for t in manifest.io.get("inputs", [])] or list(program.get_parameter_names())
-    outputs = [t["name"] for t in manifest.io.get("outputs", [])]
-    return MigraphxSession(program, inputs, outputs, manifest.precision)
-
-
 class MIGraphX(Backend):
     probes = ("amd",)
     name = "migraphx"
+    sdk_module = "migraphx"
     devices = re.compile(r"^gfx[0-9a-f]{3,4}$")
     device_hint = "a gfx target such as gfx1100, gfx1030, gfx90a"
     install = "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"
@@ -167,12 +112,55 @@ class MIGraphX(Backend):
     vendor_label = "amd"
     example_device = "gfx1100"
     features = frozenset({Feature.OWN_VALIDATION})
-    available = staticmethod(available)
-    versions = staticmethod(versions)
-    constraints = staticmethod(constraints)
-    build = staticmethod(build)
-    load = staticmethod(load)
-    validation_session = staticmethod(validation_session)
+
+    def available(self, device: str) -> Availability:
+        try:
+            self.sdk()
+        except BackendUnavailable as exc:
+            return Availability.missing(str(exc))
+        gpus, why = amd_gpus()
+        if not gpus:
+            return Availability.missing(f"MIGraphX is installed but there is no AMD GPU to compile on: {why}")
+        if not any(g["gfx"] == device for g in gpus):
+            here = ", ".join(sorted({g["gfx"] for g in gpus}))
+            return Availability(True, False, f"no {device} GPU here (found {here}): builds are cross-compiled and not run")
+        return Availability(True, True)
+
+    def constraints(self, job: BuildJob) -> dict:
+        # A saved program holds code objects for one gfx, serialized by one MIGraphX release.
+        return {"runtime": {"migraphx": "==" + self.versions()["migraphx"]}, "arch": job.target.device, "os": ["linux"]}
+
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
+        plan_path = workdir.parent / "migraphx-plan.json"
+        plan_path.write_text(json.dumps(parse_plan(job)))
+        env, how = build_env(job.target.device)
+        proc = subprocess.run(
+            [sys.executable, "-m", "enginefarm.backends.migraphx", str(prepared_onnx), str(plan_path), str(workdir / PROGRAM)],
+            capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S,
+        )
+        if proc.returncode != 0:
+            lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
+            raise BuildError(f"{job.label}: MIGraphX build process failed ({how}): {lines[-1][:300]}")
+        return Built([BuiltFile(PROGRAM, "engine")], {"migraphx": how})
+
+    def load(self, artifact_dir: Path, manifest, device: str = "") -> MigraphxSession:
+        mgx = self.sdk()
+        gfx = manifest.parsed_target.device
+        avail = self.available(gfx)
+        if not avail.can_load:
+            raise BackendUnavailable(f"cannot run a {gfx} program here: {avail.reason}")
+        path = role_file(manifest, "engine")
+        program = mgx.load(str(Path(artifact_dir) / path), format="msgpack")
+        inputs = [t["name"] for t in manifest.io.get("inputs", [])] or list(program.get_parameter_names())
+        outputs = [t["name"] for t in manifest.io.get("outputs", [])]
+        return MigraphxSession(program, inputs, outputs, manifest.precision)
+
+    def validation_session(self, artifact_dir: Path, manifest, device: str):
+        """The program itself where a GPU of its gfx is here; a cross-compiled program is recorded as not run."""
+        here = self.available(device)
+        if here.can_load:
+            return self.load(artifact_dir, manifest, device), {}
+        return None, {"why": here.reason}
 
     def device_classes(self, device) -> tuple[str, ...]:
         gfx = device.info.get("gfx")

@@ -9,54 +9,16 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk, role_file
+from . import onnx_weights
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
+from .build_job import BuildJob
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
 
 def _ort():
-    return import_sdk("onnxruntime", OnnxRuntime.install)
-
-
-def available(device: str) -> Availability:
-    try:
-        ort = _ort()
-    except BackendUnavailable as exc:
-        return Availability.missing(str(exc))
-    provider = _PROVIDERS.get(device)
-    if provider not in ort.get_available_providers():
-        return Availability.missing(f"onnxruntime here has no {provider or device}")
-    return Availability(True, True)
-
-
-def precision_refusal(precision: str, device: str) -> str | None:
-    if precision == "bf16":
-        return ("ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does not even "
-                "load); build bf16 for openvino:cpu")
-    return None
-
-
-def versions() -> dict[str, str]:
-    return {"onnxruntime": _ort().__version__}
-
-
-def constraints(job) -> dict:
-    # ONNX runs on any ORT that knows its opset; we ask for the build's minor or newer as a safe floor.
-    return {"runtime": {"onnxruntime": ">=" + versions()["onnxruntime"].split("+")[0]}}
-
-
-def build(prepared_onnx: Path, job, workdir: Path) -> Built:
-    from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
-
-    out = workdir / "model.onnx"
-    link_or_copy(prepared_onnx, out)
-    files = [BuiltFile("model.onnx", "model")]
-    data = prepared_onnx.with_name(prepared_onnx.name + ".data")
-    if data.exists():
-        # External data keeps its original file name, which the ONNX graph refers to.
-        link_or_copy(data, workdir / data.name)
-        files.append(BuiltFile(data.name, "weights"))
-    return Built(files)
+    return BACKEND.sdk()
 
 
 class OrtSession:
@@ -86,69 +48,9 @@ class OrtSession:
         self._session = None
 
 
-def load(artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
-    model = role_file(manifest, "model")
-    return OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
-
-
-
-# Custom weights: the artifact is ONNX, so its weights are the initializers, by name.
+# The artifact is its ONNX model (and the external data file beside it for large models).
 def _model_path(artifact_dir: Path, manifest) -> Path:
     return Path(artifact_dir) / role_file(manifest, "model")
-
-
-def weight_shapes(artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
-    import onnx
-
-    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=False)
-    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-    return {i.name: tuple(i.dims) for i in model.graph.initializer if i.data_type in floats}
-
-
-def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
-    import onnx
-    from onnx import numpy_helper
-
-    from enginefarm.builder.onnx_data import load_model
-
-    wanted = set(names)
-    model = load_model(_model_path(artifact_dir, manifest), only=wanted)
-    return {i.name: numpy_helper.to_array(i).astype(np.float32) for i in model.graph.initializer if i.name in wanted}
-
-
-def load_with_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OrtSession:
-    """The artifact's session with `weights` (float32, ONNX layout, cast to the initializers' dtypes) given as
-    initializer overrides at session creation: nothing is written."""
-    import onnx
-    from onnx.helper import tensor_dtype_to_np_dtype
-
-    model = onnx.load(str(_model_path(artifact_dir, manifest)), load_external_data=False)
-    kinds = {i.name: (tensor_dtype_to_np_dtype(i.data_type), tuple(i.dims)) for i in model.graph.initializer if i.name in weights}
-    del model
-    overrides = {name: np.ascontiguousarray(value.reshape(kinds[name][1]), dtype=kinds[name][0]) for name, value in weights.items()}
-    return OrtSession(_model_path(artifact_dir, manifest), manifest.parsed_target.device, manifest.precision, overrides)
-
-
-def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
-    """A copy of the artifact with `weights` (float32, ONNX layout) cast into the initializers' own dtypes."""
-    import onnx
-    from onnx import numpy_helper
-
-    from enginefarm.builder.onnx_data import load_model
-
-    source = _model_path(artifact_dir, manifest)
-    model = load_model(source)
-    for init in model.graph.initializer:
-        if init.name in weights:
-            current = numpy_helper.to_array(init)
-            init.CopyFrom(numpy_helper.from_array(weights[init.name].astype(current.dtype).reshape(current.shape), init.name))
-    data_files = [f for f in manifest.files if f.role == "weights"]
-    name = source.name
-    if data_files:  # large models keep their weights in one external file of the same name as before
-        onnx.save(model, str(outdir / name), save_as_external_data=True, location=Path(data_files[0].path).name)
-        return [BuiltFile(name, "model"), BuiltFile(Path(data_files[0].path).name, "weights")]
-    onnx.save(model, str(outdir / name))
-    return [BuiltFile(name, "model")]
 
 
 # An app bundle (`enginefarm bundle`) holds the Python package with its pybind module, which is self-contained: the C
@@ -162,22 +64,71 @@ _ORT_BUNDLE = BundleSpec(("onnxruntime",), drop=("onnxruntime/tools/*", "onnxrun
 class OnnxRuntime(Backend):
     probes = ("cpu",)
     name = "onnxruntime"
+    sdk_module = "onnxruntime"
     devices = re.compile(r"^cpu$")
     device_hint = "cpu"
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
     features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     bundles = {"cpu": _ORT_BUNDLE}
-    available = staticmethod(available)
-    versions = staticmethod(versions)
-    constraints = staticmethod(constraints)
-    build = staticmethod(build)
-    load = staticmethod(load)
-    precision_refusal = staticmethod(precision_refusal)
-    weight_shapes = staticmethod(weight_shapes)
-    read_weights = staticmethod(read_weights)
-    patch_weights = staticmethod(patch_weights)
-    load_with_weights = staticmethod(load_with_weights)
+
+    def available(self, device: str) -> Availability:
+        try:
+            ort = self.sdk()
+        except BackendUnavailable as exc:
+            return Availability.missing(str(exc))
+        provider = _PROVIDERS.get(device)
+        if provider not in ort.get_available_providers():
+            return Availability.missing(f"onnxruntime here has no {provider or device}")
+        return Availability(True, True)
+
+    def constraints(self, job: BuildJob) -> dict:
+        # ONNX runs on any ORT that knows its opset; we ask for the build's minor or newer as a safe floor.
+        return {"runtime": {"onnxruntime": ">=" + self.versions()["onnxruntime"].split("+")[0]}}
+
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
+        from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+
+        out = workdir / "model.onnx"
+        link_or_copy(prepared_onnx, out)
+        files = [BuiltFile("model.onnx", "model")]
+        data = prepared_onnx.with_name(prepared_onnx.name + ".data")
+        if data.exists():
+            # External data keeps its original file name, which the ONNX graph refers to.
+            link_or_copy(data, workdir / data.name)
+            files.append(BuiltFile(data.name, "weights"))
+        return Built(files)
+
+    def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
+        model = role_file(manifest, "model")
+        return OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
+
+    def precision_refusal(self, precision: str, device: str) -> str | None:
+        if precision == "bf16":
+            return ("ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does not even "
+                    "load); build bf16 for openvino:cpu")
+        return None
+
+    # Custom weights: the artifact is ONNX, so its weights are the initializers, by name (onnx_weights.py).
+    def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
+        return onnx_weights.float_shapes(_model_path(artifact_dir, manifest))
+
+    def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
+        return onnx_weights.read(_model_path(artifact_dir, manifest), names)
+
+    def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+        """A copy of the artifact with `weights` (float32, ONNX layout) cast into the initializers' own dtypes; large
+        models keep their weights in one external file of the same name as before."""
+        data = next((Path(f.path).name for f in manifest.files if f.role == "weights"), None)
+        written = onnx_weights.write_patched(_model_path(artifact_dir, manifest), weights, outdir, data)
+        return [BuiltFile(name, "weights" if name == data else "model") for name in written]
+
+    def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OrtSession:
+        """The artifact's session with `weights` (float32, ONNX layout, cast to the initializers' dtypes) given to ONNX
+        Runtime as initializer overrides at session creation: nothing is written, and `onnx` is not imported."""
+        model = _model_path(artifact_dir, manifest)
+        overrides = onnx_weights.as_overrides(model, weights, f"{manifest.ref} [{manifest.build_key[:12]}]")
+        return OrtSession(model, manifest.parsed_target.device, manifest.precision, overrides)
 
     def device_classes(self, device) -> tuple[str, ...]:
         return ("cpu",) if device.kind == "cpu" else ()

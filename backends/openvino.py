@@ -12,7 +12,10 @@ import numpy as np
 from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank, import_sdk, role_file
+from . import openvino_ir
+from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
+from .manifest_files import role_file
+from .build_job import BuildJob
 
 log = logging.getLogger(__name__)
 
@@ -25,58 +28,9 @@ BLOB_TRIAL_MAX_BYTES = 128 << 20
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
-def _ov():
-    return import_sdk("openvino", OpenVINO.install)
-
-
-def available(device: str) -> Availability:
-    try:
-        ov = _ov()
-        devices = ov.Core().available_devices
-    except BackendUnavailable as exc:
-        return Availability.missing(str(exc))
-    want = device.upper()
-    if not any(d.split(".")[0] == want for d in devices):
-        return Availability.missing(f"no OpenVINO {want} device here (found: {', '.join(devices) or 'none'})")
-    return Availability(True, True)
-
-
-def versions() -> dict[str, str]:
-    return {"openvino": _ov().get_version().split("-")[0]}
-
 
 # The CPU instructions OpenVINO's CPU plugin computes bf16 with (it lists BF16 among its capabilities then).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def precision_refusal(precision: str, device: str) -> str | None:
-    if precision == "bf16" and device == "gpu":
-        return "OpenVINO's GPU plugin computes in f32 or f16 only (its documented inference precisions); build fp16 for openvino:gpu"
-    if precision == "bf16" and device == "npu":
-        return "OpenVINO's NPU computes in fp16 or int8, not bf16; build fp16 for openvino:npu"
-    return None
-
-
-def precision_here(precision: str, device: str) -> str | None:
-    """A bf16 artifact built on a CPU without bf16 would be validated and benchmarked in fp32: not here."""
-    if precision != "bf16" or device != "cpu":
-        return None
-    caps = _ov().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    if "BF16" in caps:
-        return None
-    return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
-            "nor benchmarked here; build it on a runner whose CPU has one")
-
-
-def constraints(job) -> dict:
-    # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
-    # OpenVINO on a CPU with the same instruction sets; elsewhere the loader compiles the IR instead.
-    found = {"runtime": {"openvino": ">=" + versions()["openvino"]}}
-    if job.target.device == "cpu":
-        found["engine"] = {"openvino": versions()["openvino"], "cpu_flags": cpu_description()["flags"]}
-        if job.precision == "bf16":  # elsewhere it would compute in fp32: the fp32 artifact, slower to fetch
-            found["cpu_flags_any"] = list(BF16_CPU_FLAGS)
-    return found
 
 
 _HINTS = {"fp16": ("FP16", "f16"), "bf16": ("BF16", "bf16")}
@@ -91,25 +45,6 @@ def inference_config(core, device: str, precision: str) -> dict[str, str]:
         caps = core.get_property(device, "OPTIMIZATION_CAPABILITIES") if device == "CPU" else ["FP16"]
         hint = wanted if capability in caps else "f32"
     return {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
-
-
-def build(prepared_onnx: Path, job, workdir: Path) -> Built:
-    ov = _ov()
-    core = ov.Core()
-    model = core.read_model(str(prepared_onnx))
-    bounds = {}
-    for name, shapes in job.profile.items():
-        dims = [ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi) for lo, hi in zip(shapes["min"], shapes["max"])]
-        bounds[name] = ov.PartialShape(dims)
-    model.reshape(bounds)
-    xml = workdir / "model.xml"
-    ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
-    files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
-    del model  # the graph and its weights: the blob trial reads the saved IR
-    if job.target.device != "cpu":
-        return Built(files)
-    blob, notes = _maybe_blob(core, xml, job.precision, workdir)
-    return Built(files + blob, notes)
 
 
 def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> tuple[list[BuiltFile], dict]:
@@ -164,131 +99,15 @@ class OpenVinoSession:
 def blob_compatible(manifest) -> str | None:
     """Why the shipped blob cannot be used here, or None if it can."""
     wanted = manifest.constraints.get("engine", {})
-    if wanted.get("openvino") != versions()["openvino"]:
-        return f"blob is for OpenVINO {wanted.get('openvino')}, this is {versions()['openvino']}"
+    if wanted.get("openvino") != BACKEND.versions()["openvino"]:
+        return f"blob is for OpenVINO {wanted.get('openvino')}, this is {BACKEND.versions()['openvino']}"
     if wanted.get("cpu_flags") != cpu_description()["flags"]:
         return "blob was compiled for a CPU with other instruction sets"
     return None
 
 
-def load(artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
-    ov = _ov()
-    core = ov.Core()
-    dev = manifest.parsed_target.device.upper()
-    config = inference_config(core, dev, manifest.precision)
-    root = Path(artifact_dir)
-    blob = next((f.path for f in manifest.files if f.role == "engine"), None)
-    if blob and dev == "CPU":
-        why_not = blob_compatible(manifest)
-        if why_not is None:
-            try:
-                return OpenVinoSession(core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob")
-            except RuntimeError as exc:
-                log.warning("openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0])
-        else:
-            log.info("openvino: %s; compiling the IR", why_not)
-    xml = role_file(manifest, "ir")
-    return OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
-
-
-
-# Custom weights: IR constants keep the ONNX initializer's name among their output names, and their bytes sit
-# at (offset, size) in the .bin. Patched values are appended to a copy of the .bin and the constant re-pointed,
-# so bytes OpenVINO shares between identical constants are never overwritten.
-_IR_DTYPES = {"f32": "<f4", "f16": "<f2"}
-
-
-def _ir_paths(artifact_dir: Path, manifest) -> tuple[Path, Path]:
-    root = Path(artifact_dir)
-    xml = root / role_file(manifest, "ir")
-    return xml, xml.with_suffix(".bin")
-
-
-def _constants(tree) -> dict[str, tuple]:
-    """ONNX name → (data element, element type, shape) of every float constant of the IR."""
-    found = {}
-    for layer in tree.getroot().iter("layer"):
-        data, port = layer.find("data"), layer.find("output/port")
-        if layer.get("type") != "Const" or data is None or port is None or data.get("element_type") not in _IR_DTYPES:
-            continue
-        shape = tuple(int(d) for d in data.get("shape", "").split(",") if d.strip())
-        for name in filter(None, (port.get("names") or "").split(",")):
-            found[name.strip()] = (data, data.get("element_type"), shape)
-    return found
-
-
-def weight_shapes(artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
-    import xml.etree.ElementTree as ET
-
-    return {name: shape for name, (_, _, shape) in _constants(ET.parse(_ir_paths(artifact_dir, manifest)[0])).items()}
-
-
-def read_weights(artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
-    import xml.etree.ElementTree as ET
-
-    xml, bin_path = _ir_paths(artifact_dir, manifest)
-    consts = _constants(ET.parse(xml))
-    blob = np.memmap(bin_path, dtype=np.uint8, mode="r")
-    out = {}
-    for name in names:
-        data, kind, shape = consts[name]
-        start = int(data.get("offset"))
-        raw = blob[start:start + int(data.get("size"))].view(_IR_DTYPES[kind])
-        out[name] = raw.astype(np.float32).reshape(shape)
-    return out
-
-
-def load_with_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OpenVinoSession:
-    """The IR read into memory, the constants named by `weights` (float32, ONNX layout) replaced by new ones of
-    their own element type, then compiled: nothing is written."""
-    from openvino.utils import replace_node
-
-    from enginefarm.errors import IntegrityError
-
-    ov = _ov()
-    core = ov.Core()
-    dev = manifest.parsed_target.device.upper()
-    model = core.read_model(str(_ir_paths(artifact_dir, manifest)[0]))
-    left = dict(weights)
-    for node in model.get_ordered_ops():
-        if node.get_type_name() != "Constant":
-            continue
-        names = node.output(0).get_names()
-        hit = next((n for n in names if n in left), None)
-        if hit is None:
-            continue
-        dtype = np.float16 if node.get_output_element_type(0) == ov.Type.f16 else np.float32
-        fresh = ov.op.Constant(np.ascontiguousarray(left.pop(hit).reshape(tuple(node.get_output_shape(0))), dtype=dtype))
-        fresh.output(0).set_names(names)
-        replace_node(node, fresh)
-    if left:
-        raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: no constant of the IR holds {sorted(left)[:5]}")
-    return OpenVinoSession(core.compile_model(model, dev, inference_config(core, dev, manifest.precision)), "compiled IR with new weights in memory")
-
-
-def patch_weights(artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
-    """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
-    import shutil
-    import xml.etree.ElementTree as ET
-
-    xml, bin_path = _ir_paths(artifact_dir, manifest)
-    tree = ET.parse(xml)
-    consts = _constants(tree)
-    out_xml, out_bin = outdir / xml.name, outdir / bin_path.name
-    shutil.copyfile(bin_path, out_bin)
-    with open(out_bin, "ab") as handle:
-        for name, value in weights.items():
-            data, kind, shape = consts[name]
-            payload = np.ascontiguousarray(value.reshape(shape), dtype=_IR_DTYPES[kind]).tobytes()
-            handle.write(b"\0" * (-handle.tell() % 64))
-            data.set("offset", str(handle.tell()))
-            data.set("size", str(len(payload)))
-            handle.write(payload)
-    tree.write(out_xml, encoding="utf-8", xml_declaration=True)
-    files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
-    if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":
-        files += _maybe_blob(_ov().Core(), out_xml, manifest.precision, outdir)[0]
-    return files
+def _ir(artifact_dir: Path, manifest) -> Path:
+    return Path(artifact_dir) / role_file(manifest, "ir")
 
 
 # An app bundle (`enginefarm bundle`) holds the core library, the IR frontend (artifacts are IR), TBB and the plugin of
@@ -308,6 +127,7 @@ def _ov_bundle(device: str, plugin: str, needs: str, cache: tuple[str, ...] = ()
 class OpenVINO(Backend):
     probes = ("cpu", "intel")
     name = "openvino"
+    sdk_module = "openvino"
     devices = re.compile(r"^(cpu|gpu|npu)$")
     device_hint = "cpu, gpu or npu"
     install = "pip install 'enginefarm[openvino]'"
@@ -321,22 +141,131 @@ class OpenVINO(Backend):
                           ("openvino/libs/cache.json",)),
         "npu": _ov_bundle("NPU", "npu", "the Intel NPU driver from the system"),
     }
-    available = staticmethod(available)
-    versions = staticmethod(versions)
-    constraints = staticmethod(constraints)
-    build = staticmethod(build)
-    load = staticmethod(load)
-    precision_refusal = staticmethod(precision_refusal)
-    precision_here = staticmethod(precision_here)
-    weight_shapes = staticmethod(weight_shapes)
-    read_weights = staticmethod(read_weights)
-    patch_weights = staticmethod(patch_weights)
-    load_with_weights = staticmethod(load_with_weights)
+
+    def available(self, device: str) -> Availability:
+        try:
+            ov = self.sdk()
+            devices = ov.Core().available_devices
+        except BackendUnavailable as exc:
+            return Availability.missing(str(exc))
+        want = device.upper()
+        if not any(d.split(".")[0] == want for d in devices):
+            return Availability.missing(f"no OpenVINO {want} device here (found: {', '.join(devices) or 'none'})")
+        return Availability(True, True)
+
+    def versions(self) -> dict[str, str]:
+        return {"openvino": self.sdk().get_version().split("-")[0]}
+
+    def constraints(self, job: BuildJob) -> dict:
+        # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
+        # OpenVINO on a CPU with the same instruction sets; elsewhere the loader compiles the IR instead.
+        found = {"runtime": {"openvino": ">=" + self.versions()["openvino"]}}
+        if job.target.device == "cpu":
+            found["engine"] = {"openvino": self.versions()["openvino"], "cpu_flags": cpu_description()["flags"]}
+            if job.precision == "bf16":  # elsewhere it would compute in fp32: the fp32 artifact, slower to fetch
+                found["cpu_flags_any"] = list(BF16_CPU_FLAGS)
+        return found
+
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
+        ov = self.sdk()
+        core = ov.Core()
+        model = core.read_model(str(prepared_onnx))
+        bounds = {}
+        for name, shapes in job.profile.items():
+            dims = [ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi) for lo, hi in zip(shapes["min"], shapes["max"])]
+            bounds[name] = ov.PartialShape(dims)
+        model.reshape(bounds)
+        xml = workdir / "model.xml"
+        ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
+        files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
+        del model  # the graph and its weights: the blob trial reads the saved IR
+        if job.target.device != "cpu":
+            return Built(files)
+        blob, notes = _maybe_blob(core, xml, job.precision, workdir)
+        return Built(files + blob, notes)
+
+    def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
+        ov = self.sdk()
+        core = ov.Core()
+        dev = manifest.parsed_target.device.upper()
+        config = inference_config(core, dev, manifest.precision)
+        root = Path(artifact_dir)
+        blob = next((f.path for f in manifest.files if f.role == "engine"), None)
+        if blob and dev == "CPU":
+            why_not = blob_compatible(manifest)
+            if why_not is None:
+                try:
+                    return OpenVinoSession(core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob")
+                except RuntimeError as exc:
+                    log.warning("openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0])
+            else:
+                log.info("openvino: %s; compiling the IR", why_not)
+        xml = role_file(manifest, "ir")
+        return OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
+
+    def precision_refusal(self, precision: str, device: str) -> str | None:
+        if precision == "bf16" and device == "gpu":
+            return "OpenVINO's GPU plugin computes in f32 or f16 only (its documented inference precisions); build fp16 for openvino:gpu"
+        if precision == "bf16" and device == "npu":
+            return "OpenVINO's NPU computes in fp16 or int8, not bf16; build fp16 for openvino:npu"
+        return None
+
+    def precision_here(self, precision: str, device: str) -> str | None:
+        """A bf16 artifact built on a CPU without bf16 would be validated and benchmarked in fp32: not here."""
+        if precision != "bf16" or device != "cpu":
+            return None
+        caps = self.sdk().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        if "BF16" in caps:
+            return None
+        return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
+                "nor benchmarked here; build it on a runner whose CPU has one")
+
+    # Custom weights: read and patched in the IR's files (openvino_ir.py), or replaced in memory at load.
+    def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
+        return openvino_ir.float_shapes(_ir(artifact_dir, manifest))
+
+    def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
+        return openvino_ir.read(_ir(artifact_dir, manifest), names)
+
+    def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+        """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
+        out_xml, out_bin = openvino_ir.write_patched(_ir(artifact_dir, manifest), weights, outdir)
+        files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
+        if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":
+            files += _maybe_blob(self.sdk().Core(), out_xml, manifest.precision, outdir)[0]
+        return files
+
+    def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OpenVinoSession:
+        """The IR read into memory, the constants named by `weights` (float32, ONNX layout) replaced by new ones of
+        their own element type, then compiled: nothing is written."""
+        from openvino.utils import replace_node
+
+        from enginefarm.errors import IntegrityError
+
+        ov = self.sdk()
+        core = ov.Core()
+        dev = manifest.parsed_target.device.upper()
+        model = core.read_model(str(_ir(artifact_dir, manifest)))
+        left = dict(weights)
+        for node in model.get_ordered_ops():
+            if node.get_type_name() != "Constant":
+                continue
+            names = node.output(0).get_names()
+            hit = next((n for n in names if n in left), None)
+            if hit is None:
+                continue
+            dtype = np.float16 if node.get_output_element_type(0) == ov.Type.f16 else np.float32
+            fresh = ov.op.Constant(np.ascontiguousarray(left.pop(hit).reshape(tuple(node.get_output_shape(0))), dtype=dtype))
+            fresh.output(0).set_names(names)
+            replace_node(node, fresh)
+        if left:
+            raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: no constant of the IR holds {sorted(left)[:5]}")
+        return OpenVinoSession(core.compile_model(model, dev, inference_config(core, dev, manifest.precision)), "compiled IR with new weights in memory")
 
     def bundle_probe(self, device_class: str) -> dict:
         """Load the device's plugin through the Core, as compile_model would: OpenVINO resolves the registered plugin
         to its file in the bundle and loads it with its dependencies, or says which library the system lacks."""
-        ov = _ov()
+        ov = self.sdk()
         core, device = ov.Core(), device_class.upper()
         try:
             version = core.get_versions(device)[device]

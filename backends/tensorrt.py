@@ -28,9 +28,10 @@ from .nvidia.backend import NvidiaBackend
 from .nvidia.build import build_engine
 from .nvidia.devices import build_host_arch, matching_gpu
 from .nvidia.plan import open_engine
-from .nvidia.sdk import sdk, sdk_missing
+from .nvidia.sdk import sdk_missing
 from .nvidia.session import TrtSession, cudart
 from .base import Availability, Built, Feature, Rank
+from .build_job import BuildJob
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +41,6 @@ TIMING_PREFIX = "tensorrt-timing"
 # The oldest driver each CUDA major runs on with minor-version compatibility (CUDA release notes), Linux x86-64.
 MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
-
-def _trt():
-    return sdk("tensorrt", "tensorrt")
-
-
-def available(device: str) -> Availability:
-    try:
-        trt = _trt()
-    except BackendUnavailable as exc:
-        return sdk_missing(exc, matching_gpu(device, FAMILY_FLOORS)[1])
-    gpu, why = matching_gpu(device, FAMILY_FLOORS)
-    if gpu is None:
-        return Availability.missing(f"TensorRT {trt.__version__} is installed, but {why}")
-    try:
-        cudart()
-    except BackendUnavailable as exc:
-        return Availability.missing(f"{exc} (needed to run plans)")
-    return Availability(True, True)
-
-
-def versions() -> dict[str, str]:
-    return {"tensorrt": _trt().__version__}
 
 
 def _cuda_major() -> int | None:
@@ -75,38 +54,6 @@ def _cuda_major() -> int | None:
     return None
 
 
-def constraints(job) -> dict:
-    version = versions()["tensorrt"]
-    options = {**OPTIONS, **job.options}
-    # A plan runs only on the TensorRT that built it, unless it is version-compatible: then on any newer one of
-    # the same major version.
-    runtime = f">={version},<{int(version.split('.')[0]) + 1}" if options["version_compatible"] else f"=={version}"
-    found = {
-        "runtime": {"tensorrt": runtime},
-        "os": [platform.system().lower()],
-        "engine": {
-            "arch": job.target.device,
-            "hardware_compatibility": "ampere+" if job.target.device == "ampere+" else "none",
-            "version_compatible": options["version_compatible"],
-            "weights": "stripped, refitted on load" if options["strip_weights"] else "embedded",
-        },
-    }
-    driver = MIN_DRIVER.get(_cuda_major() or 0)
-    if driver and platform.system() == "Linux":
-        found["min_driver"] = driver
-    return found
-
-
-def build(prepared_onnx: Path, job, workdir: Path) -> Built:
-    options = {**OPTIONS, **job.options}
-    timing = _timing_dir(workdir)
-    return build_engine("tensorrt", prepared_onnx, job, workdir, options,
-                        version_compatible=options["version_compatible"],
-                        hardware_compatible=job.target.device == "ampere+",
-                        timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
-                        timing_cache_out=str(timing / "updated.cache"))
-
-
 # The timing cache in the store: caches/tensorrt-timing/<build GPU arch>/trt-<version>/<sha256>. Each build
 # merges the newest objects under its prefix (ITimingCache.combine; `enginefarm gc` prunes older ones) and publishes what it measured as a new
 # content-addressed object, written once: no shared object is ever rewritten, and racing builders only add.
@@ -116,58 +63,91 @@ def _timing_dir(workdir: Path) -> Path:
 
 def _timing_prefix() -> str | None:
     arch = build_host_arch()
-    return None if arch is None else f"{TIMING_PREFIX}/{arch}/trt-{versions()['tensorrt']}"
-
-
-def before_build(store, job, workdir: Path) -> None:
-    prefix = _timing_prefix()
-    if prefix is None:
-        return
-    folder = _timing_dir(workdir) / "fetched"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in newest_cache_objects(store.list_cache_entries(prefix)):  # each is a merged superset of older ones
-        digest = name.rsplit("/", 1)[-1]
-        data = store.get_cache_object(name)
-        if data is None or hashlib.sha256(data).hexdigest() != digest:
-            log.warning("timing cache %s does not match its name; not used", name)
-            continue
-        (folder / f"{digest}.cache").write_bytes(data)
-
-
-def after_build(store, job, workdir: Path) -> None:
-    prefix = _timing_prefix()
-    updated = _timing_dir(workdir) / "updated.cache"
-    if prefix is None or not updated.is_file():
-        return
-    data = updated.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if (_timing_dir(workdir) / "fetched" / f"{digest}.cache").exists():
-        return  # nothing new was measured
-    store.put_cache_object(f"{prefix}/{digest}", data)
-
-
-def open_plan(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
-    trt = _trt()
-    engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
-    return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])
+    return None if arch is None else f"{TIMING_PREFIX}/{arch}/trt-{BACKEND.versions()['tensorrt']}"
 
 
 class TensorRT(NvidiaBackend):
     name = "tensorrt"
+    sdk_module = "tensorrt"
     devices = re.compile(r"^(sm_\d{2,3}|ampere\+)$")
     device_hint = "sm_XX for one GPU architecture (sm_86, sm_89, sm_120) or ampere+ for hardware-compatible plans"
-    install = "pip install 'enginefarm[tensorrt]'"
-    extra = "tensorrt"
     options = OPTIONS
     family_floors = FAMILY_FLOORS
     features = frozenset({Feature.REFIT, Feature.BUILD_CACHE})
-    available = staticmethod(available)
-    versions = staticmethod(versions)
-    constraints = staticmethod(constraints)
-    build = staticmethod(build)
-    open = staticmethod(open_plan)
-    before_build = staticmethod(before_build)
-    after_build = staticmethod(after_build)
+
+    def available(self, device: str) -> Availability:
+        try:
+            trt = self.sdk()
+        except BackendUnavailable as exc:
+            return sdk_missing(exc, matching_gpu(device, FAMILY_FLOORS)[1])
+        gpu, why = matching_gpu(device, FAMILY_FLOORS)
+        if gpu is None:
+            return Availability.missing(f"TensorRT {trt.__version__} is installed, but {why}")
+        try:
+            cudart()
+        except BackendUnavailable as exc:
+            return Availability.missing(f"{exc} (needed to run plans)")
+        return Availability(True, True)
+
+    def constraints(self, job: BuildJob) -> dict:
+        version = self.versions()["tensorrt"]
+        options = {**OPTIONS, **job.options}
+        # A plan runs only on the TensorRT that built it, unless it is version-compatible: then on any newer one of
+        # the same major version.
+        runtime = f">={version},<{int(version.split('.')[0]) + 1}" if options["version_compatible"] else f"=={version}"
+        found = {
+            "runtime": {"tensorrt": runtime},
+            "os": [platform.system().lower()],
+            "engine": {
+                "arch": job.target.device,
+                "hardware_compatibility": "ampere+" if job.target.device == "ampere+" else "none",
+                "version_compatible": options["version_compatible"],
+                "weights": "stripped, refitted on load" if options["strip_weights"] else "embedded",
+            },
+        }
+        driver = MIN_DRIVER.get(_cuda_major() or 0)
+        if driver and platform.system() == "Linux":
+            found["min_driver"] = driver
+        return found
+
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
+        options = {**OPTIONS, **job.options}
+        timing = _timing_dir(workdir)
+        return build_engine("tensorrt", prepared_onnx, job, workdir, options,
+                            version_compatible=options["version_compatible"],
+                            hardware_compatible=job.target.device == "ampere+",
+                            timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
+                            timing_cache_out=str(timing / "updated.cache"))
+
+    def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+        trt = self.sdk()
+        engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
+        return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])
+
+    def before_build(self, store, job: BuildJob, workdir: Path) -> None:
+        prefix = _timing_prefix()
+        if prefix is None:
+            return
+        folder = _timing_dir(workdir) / "fetched"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in newest_cache_objects(store.list_cache_entries(prefix)):  # each is a merged superset of older ones
+            digest = name.rsplit("/", 1)[-1]
+            data = store.get_cache_object(name)
+            if data is None or hashlib.sha256(data).hexdigest() != digest:
+                log.warning("timing cache %s does not match its name; not used", name)
+                continue
+            (folder / f"{digest}.cache").write_bytes(data)
+
+    def after_build(self, store, job: BuildJob, workdir: Path) -> None:
+        prefix = _timing_prefix()
+        updated = _timing_dir(workdir) / "updated.cache"
+        if prefix is None or not updated.is_file():
+            return
+        data = updated.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if (_timing_dir(workdir) / "fetched" / f"{digest}.cache").exists():
+            return  # nothing new was measured
+        store.put_cache_object(f"{prefix}/{digest}", data)
 
     def rank(self, device_class: str) -> Rank:
         return Rank.HARDWARE_COMPATIBLE if device_class.endswith("+") else Rank.EXACT_ARCH

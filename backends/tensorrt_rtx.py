@@ -31,9 +31,10 @@ from .nvidia.backend import NvidiaBackend
 from .nvidia.build import BuildProgress, build_engine
 from .nvidia.devices import matching_gpu
 from .nvidia.plan import open_engine
-from .nvidia.sdk import sdk, sdk_missing
+from .nvidia.sdk import sdk_missing
 from .nvidia.session import TrtSession, cuda_devices, cudart
 from .base import Availability, Built, Feature, Rank
+from .build_job import BuildJob, PlannedJob
 
 log = logging.getLogger(__name__)
 
@@ -48,67 +49,8 @@ NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 INSTALL_NOTE = "real wheels from PyPI, 244 MB installed; it builds engines without a GPU"
 
 
-def _trt():
-    return sdk("tensorrt_rtx", "tensorrt-rtx", INSTALL_NOTE)
-
-
-def available(device: str) -> Availability:
-    try:
-        trt = _trt()
-    except BackendUnavailable as exc:
-        return sdk_missing(exc, note=INSTALL_NOTE)
-    gpu, why = matching_gpu(device, FAMILY_FLOORS)
-    if gpu is None:
-        return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")
-    try:
-        cudart()
-    except BackendUnavailable as exc:
-        return Availability(True, False, f"{exc} (needed to run plans)")
-    return Availability(True, True)
-
-
-def gpu_build_reason(job) -> tuple[str, str] | None:
-    """(why, fix) when this job needs an NVIDIA GPU on the build host; None when any CPU with the SDK builds it."""
-    options = {**OPTIONS, **job.options}
-    wanted = [name for name in GPU_BUILD_OPTIONS if options[name]]
-    if not wanted:
-        return None
-    why = f"{' and '.join(f'{n} = true' for n in wanted)} needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or refittable engine without one)"
-    fix = (f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
-           "or build on a runner with an NVIDIA GPU")
-    return why, fix
-
-
-def can_build_refittable() -> bool:
-    return cuda_devices() > 0
-
-
-def check_job(job) -> str:
-    """Why this job cannot be built on this machine ("" if it can): a GPU-only option and no NVIDIA GPU here."""
-    needs = gpu_build_reason(job)
-    if needs is None:
-        return ""
-    from enginefarm.runner.device_info import nvidia_gpus
-
-    gpus, why = nvidia_gpus()
-    return "" if gpus else f"{needs[0]}, and this machine has none ({why})"
-
 
 TURING = ("sm_75", "turing+")  # the device classes whose engines include SM75
-
-
-def refusal(job) -> tuple[str, str] | None:
-    """(why, fix) when TensorRT-RTX would refuse this job on any host: fp32 GEMMs for Turing (SM75)."""
-    if job.precision != "fp32" or job.target.device not in TURING:
-        return None
-    from enginefarm.builder.onnx_io import float32_gemms
-
-    nodes = float32_gemms(job.source.path)
-    if not nodes:
-        return None
-    shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-    return (f"TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for {shown}",
-            f"build {job.target} in fp16 (precisions = [\"fp16\"]), or target ampere+ for fp32")
 
 
 # The SDK's words for failures whose fix we know.
@@ -117,27 +59,6 @@ FAILURE_HINTS = {
     "MyelinCheckException": "without a GPU TensorRT-RTX cannot build weight-stripped or refittable engines: set strip_weights = false "
                             "and refittable = false, or build on a runner with an NVIDIA GPU",
 }
-
-
-def precision_refusal(precision: str, device: str) -> str | None:
-    # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes: b16".
-    if precision == "bf16" and device in ("sm_75", "turing+"):
-        return "Turing GPUs (SM 7.5) have no bf16 math: TensorRT-RTX refuses to compile bf16 for them; use ampere+ (or fp16)"
-    return None
-
-
-def versions() -> dict[str, str]:
-    return {"tensorrt-rtx": _trt().__version__}
-
-
-def constraints(job) -> dict:
-    # Engines are not compatible across TensorRT-RTX releases.
-    return {
-        "runtime": {"tensorrt-rtx": "==" + versions()["tensorrt-rtx"]},
-        "os": [platform.system().lower()],
-        "engine": {"compute_capabilities": compute_capabilities(_trt(), job.target.device) or ["SM86 and later (SDK default)"],
-                   "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded"},
-    }
 
 
 def compute_capabilities(trt, device: str) -> list[str]:
@@ -156,76 +77,127 @@ def compute_capabilities(trt, device: str) -> list[str]:
     return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=known.get)
 
 
-def build(prepared_onnx: Path, job, workdir: Path, *, progress: BuildProgress | None = None) -> Built:
-    options = {**OPTIONS, **job.options}
-    return build_engine("tensorrt_rtx", prepared_onnx, job, workdir, options, hints=FAILURE_HINTS, progress=progress,
-                        compute_capabilities=compute_capabilities(_trt(), job.target.device))
-
-
 def runtime_cache_path(manifest, gpu: dict) -> Path:
     """Where this device keeps the JIT kernels of one artifact: never shared between GPUs, drivers or SDK versions."""
     from enginefarm.settings import load_settings
 
-    slot = f"rtx-{versions()['tensorrt-rtx']}-{gpu['arch']}-driver-{gpu['driver']}"
+    slot = f"rtx-{BACKEND.versions()['tensorrt-rtx']}-{gpu['arch']}-driver-{gpu['driver']}"
     return load_settings().home / "tensorrt-rtx-runtime-cache" / re.sub(r"[^A-Za-z0-9_.+-]", "_", slot) / f"{manifest.build_key}.bin"
-
-
-
-def validation_session(artifact_dir: Path, manifest, device: str):
-    """The engine itself where its GPU is here; built on a CPU host, it is published unvalidated, saying why."""
-    here = available(device)
-    if not here.can_load:
-        return None, {"why": f"built without the device to run it ({here.reason})"}
-    return open_engine_with_cache(Path(artifact_dir), manifest, None), {}
-
-
-def open_engine_with_cache(artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
-    """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
-    trt = _trt()
-    engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
-    config = engine.create_runtime_config()
-    cache = config.create_runtime_cache()
-    path = runtime_cache_path(manifest, gpu)
-    if path.is_file() and not cache.deserialize(path.read_bytes()):
-        log.warning("%s %s: runtime cache %s was not usable; starting a new one", manifest.ref, manifest.target, path)
-    config.set_runtime_cache(cache)
-    seen: set = set()
-
-    def save_new_kernels(shapes: dict) -> None:
-        signature = tuple(sorted(shapes.items()))
-        if signature not in seen:  # kernels are compiled per new shape; the same shapes add nothing
-            seen.add(signature)
-            write_bytes_atomic(path, bytes(cache.serialize()))
-
-    context = engine.create_execution_context(config)
-    return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels,
-                      device_index=gpu["index"])
 
 
 class TensorRTRTX(NvidiaBackend):
     name = "tensorrt-rtx"
+    sdk_module = "tensorrt_rtx"
+    install_note = INSTALL_NOTE
     devices = re.compile(r"^(sm_\d{2,3}|ampere\+|turing\+|ada\+|blackwell\+)$")
     device_hint = "sm_XX or a family class: turing+, ampere+, ada+, blackwell+"
-    install = "pip install 'enginefarm[tensorrt-rtx]'"
-    extra = "tensorrt-rtx"
     options = OPTIONS
     family_floors = FAMILY_FLOORS
     left_out = frozenset(NOT_RTX)
     # Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the
     # device from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
     features = frozenset({Feature.REFIT, Feature.OWN_VALIDATION, Feature.BUILDS_WITHOUT_DEVICE, Feature.COMPILES_STACKS_ON_DEVICE})
-    available = staticmethod(available)
-    versions = staticmethod(versions)
-    constraints = staticmethod(constraints)
-    build = staticmethod(build)
-    open = staticmethod(open_engine_with_cache)
+
+    def available(self, device: str) -> Availability:
+        try:
+            trt = self.sdk()
+        except BackendUnavailable as exc:
+            return sdk_missing(exc, note=INSTALL_NOTE)
+        gpu, why = matching_gpu(device, FAMILY_FLOORS)
+        if gpu is None:
+            return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")
+        try:
+            cudart()
+        except BackendUnavailable as exc:
+            return Availability(True, False, f"{exc} (needed to run plans)")
+        return Availability(True, True)
+
+    def constraints(self, job: BuildJob) -> dict:
+        # Engines are not compatible across TensorRT-RTX releases.
+        return {
+            "runtime": {"tensorrt-rtx": "==" + self.versions()["tensorrt-rtx"]},
+            "os": [platform.system().lower()],
+            "engine": {"compute_capabilities": compute_capabilities(self.sdk(), job.target.device) or ["SM86 and later (SDK default)"],
+                       "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded"},
+        }
+
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path, *, progress: BuildProgress | None = None) -> Built:
+        options = {**OPTIONS, **job.options}
+        return build_engine("tensorrt_rtx", prepared_onnx, job, workdir, options, hints=FAILURE_HINTS, progress=progress,
+                            compute_capabilities=compute_capabilities(self.sdk(), job.target.device))
+
+    def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
+        """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
+        trt = self.sdk()
+        engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
+        config = engine.create_runtime_config()
+        cache = config.create_runtime_cache()
+        path = runtime_cache_path(manifest, gpu)
+        if path.is_file() and not cache.deserialize(path.read_bytes()):
+            log.warning("%s %s: runtime cache %s was not usable; starting a new one", manifest.ref, manifest.target, path)
+        config.set_runtime_cache(cache)
+        seen: set = set()
+
+        def save_new_kernels(shapes: dict) -> None:
+            signature = tuple(sorted(shapes.items()))
+            if signature not in seen:  # kernels are compiled per new shape; the same shapes add nothing
+                seen.add(signature)
+                write_bytes_atomic(path, bytes(cache.serialize()))
+
+        context = engine.create_execution_context(config)
+        return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels,
+                          device_index=gpu["index"])
     artifact_noun = "engine"
-    validation_session = staticmethod(validation_session)
-    gpu_build_reason = staticmethod(gpu_build_reason)
-    can_build_refittable = staticmethod(can_build_refittable)
-    check_job = staticmethod(check_job)
-    refusal = staticmethod(refusal)
-    precision_refusal = staticmethod(precision_refusal)
+
+    def validation_session(self, artifact_dir: Path, manifest, device: str):
+        """The engine itself where its GPU is here; built on a CPU host, it is published unvalidated, saying why."""
+        here = self.available(device)
+        if not here.can_load:
+            return None, {"why": f"built without the device to run it ({here.reason})"}
+        return self.open(Path(artifact_dir), manifest, None), {}
+
+    def gpu_build_reason(self, job: PlannedJob) -> tuple[str, str] | None:
+        """(why, fix) when this job needs an NVIDIA GPU on the build host; None when any CPU with the SDK builds it."""
+        options = {**OPTIONS, **job.options}
+        wanted = [name for name in GPU_BUILD_OPTIONS if options[name]]
+        if not wanted:
+            return None
+        why = f"{' and '.join(f'{n} = true' for n in wanted)} needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or refittable engine without one)"
+        fix = (f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
+               "or build on a runner with an NVIDIA GPU")
+        return why, fix
+
+    def can_build_refittable(self) -> bool:
+        return cuda_devices() > 0
+
+    def check_job(self, job: PlannedJob) -> str:
+        """Why this job cannot be built on this machine ("" if it can): a GPU-only option and no NVIDIA GPU here."""
+        needs = self.gpu_build_reason(job)
+        if needs is None:
+            return ""
+        from enginefarm.runner.device_info import nvidia_gpus
+
+        gpus, why = nvidia_gpus()
+        return "" if gpus else f"{needs[0]}, and this machine has none ({why})"
+
+    def refusal(self, job: PlannedJob) -> tuple[str, str] | None:
+        """(why, fix) when TensorRT-RTX would refuse this job on any host: fp32 GEMMs for Turing (SM75)."""
+        if job.precision != "fp32" or job.target.device not in TURING:
+            return None
+        from enginefarm.builder.onnx_io import float32_gemms
+
+        nodes = float32_gemms(job.source.path)
+        if not nodes:
+            return None
+        shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        return (f"TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for {shown}",
+                f"build {job.target} in fp16 (precisions = [\"fp16\"]), or target ampere+ for fp32")
+
+    def precision_refusal(self, precision: str, device: str) -> str | None:
+        # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes: b16".
+        if precision == "bf16" and device in ("sm_75", "turing+"):
+            return "Turing GPUs (SM 7.5) have no bf16 math: TensorRT-RTX refuses to compile bf16 for them; use ampere+ (or fp16)"
+        return None
 
     def rank(self, device_class: str) -> Rank:
         return Rank.JIT

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.backends.base import BuiltFile, Feature, role_entry
+from enginefarm.backends.base import BuiltFile, Feature
+from enginefarm.backends.manifest_files import role_entry
 from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map
 from enginefarm.cache.device_cache import DeviceCache
@@ -248,9 +249,9 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
         onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
         if onnx_file is None:
             raise BackendUnavailable(f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)")
-        from enginefarm.backends import onnxruntime
+        from enginefarm.backends import onnx_weights
 
-        found = onnxruntime.read_weights(artifact_dir, replace(manifest, files=(replace(onnx_file, role="model"),)), names)
+        found = onnx_weights.read(Path(artifact_dir) / onnx_file.path, names)
     missing = sorted(set(names) - set(found))
     if missing:
         raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: weights {missing[:5]} named by its map are missing")

@@ -261,14 +261,7 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
 def fake_nvidia(monkeypatch, tmp_path):
     """An RTX 4090 with the fake SDKs installed (tests/fakes, tests/nvidia_fakes.py); the CLI subprocesses see them
     through PYTHONPATH."""
-    monkeypatch.syspath_prepend(str(nvidia_fakes.FAKES))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(nvidia_fakes.FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    monkeypatch.setenv("FAKE_TRT_LOG", str(tmp_path / "fake-nvidia-calls.jsonl"))
-    monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA GeForce RTX 4090:8.9")
-    for name in ("FAKE_TRT_CRASH", "FAKE_TRT_CRASH_IF", "FAKE_TRT_PIDFILE", "FAKE_TRT_INVALID", "FAKE_TRT_NO_VALIDITY", "FAKE_TRT_VERSION", "FAKE_TRT_RTX_VERSION"):
-        monkeypatch.delenv(name, raising=False)
-    nvidia_fakes.forget_fakes()
-    yield nvidia_fakes.FakeNvidia(tmp_path / "fake-nvidia-calls.jsonl", monkeypatch)
+    yield nvidia_fakes.install_fakes(monkeypatch, tmp_path / "fake-nvidia-calls.jsonl")
     nvidia_fakes.forget_fakes()
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from ..base import Backend
 from .devices import gpu_description
 from .plan import require_refittable
+from .sdk import INDEX_NOTE, sdk
 from .session import TrtSession
 
 
@@ -16,6 +18,12 @@ class NvidiaBackend(Backend, abstract=True):
     """What TensorRT and TensorRT-RTX share: NVIDIA GPUs matched by compute capability, farm runners labelled nvidia,
     builds that hold the weights about three times (builder/memory.py)."""
     probes = ("nvidia",)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        if "name" in cls.__dict__:  # each NVIDIA SDK's pip extra is named after its backend
+            cls.extra = cls.name
+            cls.install = f"pip install 'enginefarm[{cls.name}]'"
+        super().__init_subclass__(**kwargs)
 
     vendor_label = "nvidia"
     onnx_precision = "same"  # strongly typed: the prepared ONNX says fp16 or fp32
@@ -33,6 +41,10 @@ class NvidiaBackend(Backend, abstract=True):
         return (f"sm_{digits}", *[name for name, floor in self.family_floors.items() if capability >= floor])
 
     artifact_noun = "plan"  # what errors call the artifact: TensorRT's plan, TensorRT-RTX's engine
+    install_note = INDEX_NOTE  # where the SDK's wheels come from, added to the install hint
+
+    def sdk(self) -> ModuleType:
+        return sdk(self.sdk_module, self.extra, self.install_note)
 
     def bench_device(self, manifest) -> dict:
         return gpu_description(manifest.parsed_target.device, self.family_floors)

@@ -18,6 +18,7 @@ from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BuildError
 
 from ..base import Built, BuiltFile
+from ..build_job import BuildJob
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def build_engine(sdk: str, prepared_onnx: Path, job, workdir: Path, options: dict[str, Any], *, hints: dict[str, str] | None = None,
+def build_engine(sdk: str, prepared_onnx: Path, job: BuildJob, workdir: Path, options: dict[str, Any], *, hints: dict[str, str] | None = None,
                  progress: BuildProgress | None = None, **sdk_fields) -> Built:
     """What both SDKs' builds share: the job's profile and precision, weight stripping and refit, run in the build
     process; `sdk_fields` are the BuildSpec fields only one of them sets."""

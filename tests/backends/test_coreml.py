@@ -208,10 +208,10 @@ def test_loading_off_macos_says_why(tmp_path):
     from enginefarm.backends import coreml
     from enginefarm.errors import BackendUnavailable
 
-    avail = coreml.available("apple")
+    avail = coreml.BACKEND.available("apple")
     assert avail.can_build and not avail.can_load and "only on macOS" in avail.reason
     with pytest.raises(BackendUnavailable, match="only on macOS"):
-        coreml.load(tmp_path, None, "apple")
+        coreml.BACKEND.load(tmp_path, None, "apple")
 
 
 @pytest.mark.parametrize("key,value,reason", [("shape", "range", "unknown key"), ("shapes", "ragged", "unknown value 'ragged'")])

@@ -139,10 +139,10 @@ def test_availability_says_why(fake_rocm, monkeypatch):
 
     set_gpus, _ = fake_rocm
     set_gpus("gfx1100")
-    assert migraphx.available("gfx1100") == migraphx.Availability(True, True)
-    assert migraphx.available("gfx942").reason == "no gfx942 GPU here (found gfx1100): builds are cross-compiled and not run"
+    assert migraphx.BACKEND.available("gfx1100") == migraphx.Availability(True, True)
+    assert migraphx.BACKEND.available("gfx942").reason == "no gfx942 GPU here (found gfx1100): builds are cross-compiled and not run"
     set_gpus("")
-    assert "no AMD GPU to compile on: rocminfo lists no gfx agent" in migraphx.available("gfx1100").reason
+    assert "no AMD GPU to compile on: rocminfo lists no gfx agent" in migraphx.BACKEND.available("gfx1100").reason
 
 
 def test_without_the_sdk_doctor_and_plan_point_to_rocm_not_pip(cli, tiny_recipe):
@@ -152,7 +152,7 @@ def test_without_the_sdk_doctor_and_plan_point_to_rocm_not_pip(cli, tiny_recipe)
     assert "apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)" in text
     from enginefarm.backends import coreml
 
-    here = coreml.available("apple")
+    here = coreml.BACKEND.available("apple")
     if here.can_build and not here.can_load:
         assert "build only: Core ML runs only on macOS" in text
     rows = json.loads(cli("plan", str(tiny_recipe(targets=("migraphx:gfx1100",))), "--format", "json", check=True).stdout)

@@ -149,7 +149,7 @@ def test_the_all_vendors_recipe_plans_every_target(tiny_sd, tmp_path, cli):
     # Core ML converts on any OS where the coreml extra is installed (the test extra brings it); it runs only on a Mac.
     from enginefarm.backends import coreml
 
-    here = coreml.available("apple")
+    here = coreml.BACKEND.available("apple")
     if here.can_load:
         assert status["coreml:apple"] == "to build"
     elif here.can_build:

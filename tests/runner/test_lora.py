@@ -211,7 +211,7 @@ def test_a_patched_artifact_is_cached_and_keyed_by_strength(store, tmp_path, mon
 def refit_backend(tmp_path):
     """A backend with Feature.REFIT (as TensorRT has): ONNX Runtime over the artifact with the weights it is given."""
     from enginefarm.backends import Feature
-    from enginefarm.backends.onnxruntime import OnnxRuntime, OrtSession, patch_weights
+    from enginefarm.backends.onnxruntime import OnnxRuntime, OrtSession
 
     class RefitBackend(OnnxRuntime):
         features = frozenset({Feature.REFIT, Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})  # refit comes first
@@ -223,7 +223,7 @@ def refit_backend(tmp_path):
             self.calls.append(weights)
             out = self.tmp / f"refit-{len(self.calls)}"
             out.mkdir()
-            patch_weights(artifact_dir, manifest, weights, out)
+            self.patch_weights(artifact_dir, manifest, weights, out)
             return OrtSession(out / "model.onnx", device, manifest.precision)
 
         def check_refit(self, manifest):

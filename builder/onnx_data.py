@@ -55,6 +55,38 @@ def load_model(path: Path, only: set[str] | None = None):
     return model
 
 
+class Initializers:
+    """The float initializers of the model at `path`, read one at a time: the graph is loaded without its weights,
+    and an array is read from its external data file (or the inline proto) when asked for, so a caller that drops
+    each array holds one tensor at a time, not the model (SDXL's UNet: 10.3 GB)."""
+
+    FLOATS = (1, 10, 11)  # TensorProto FLOAT, FLOAT16, DOUBLE
+
+    def __init__(self, path: Path) -> None:
+        import onnx
+
+        from .onnx_io import check_external_data
+
+        self.path = Path(path)
+        model = onnx.load(str(self.path), load_external_data=False)
+        check_external_data(model, self.path)
+        self._protos = {init.name: init for init in model.graph.initializer if init.data_type in self.FLOATS}
+        self.shapes = {name: tuple(init.dims) for name, init in self._protos.items()}
+
+    def read(self, name: str) -> np.ndarray:
+        from onnx import helper, numpy_helper
+
+        tensor = self._protos[name]
+        if tensor.data_location != _EXTERNAL:
+            return numpy_helper.to_array(tensor)
+        entry = _entry(tensor)
+        with open((self.path.parent / entry["location"]).resolve(), "rb") as handle:
+            handle.seek(int(entry.get("offset", 0)))
+            raw = handle.read(int(entry["length"])) if "length" in entry else handle.read()
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        return np.frombuffer(raw, dtype=dtype).reshape(self.shapes[name])
+
+
 def data_files(model) -> set[str]:
     return {_entry(t).get("location", "") for t in external_tensors(model)}
 

@@ -151,22 +151,16 @@ def same_as_base(ckpt: SafeTensors, name: str, digests: dict[str, str]) -> bool:
 
 def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightMap:
     """Match every tensor of `checkpoint` to the initializers of the (fp32) ONNX model at `onnx_path`."""
-    import onnx
-    from onnx import numpy_helper
+    from .onnx_data import Initializers
 
-    from .onnx_data import load_model
-
-    model = load_model(onnx_path)
+    # One initializer in memory at a time: holding the model and a float32 copy of its matrices peaked at 2.4x the
+    # SD 1.5 UNet's weights, over the job's need (and would be 25 GB for SDXL's).
+    initializers = Initializers(onnx_path)
     index: dict[tuple, list[str]] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    matrices: dict[str, np.ndarray] = {}  # 1-D and 2-D initializers, searched for fused blocks
-    for init in model.graph.initializer:
-        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-            array = numpy_helper.to_array(init)
-            index.setdefault(_content_key(array), []).append(init.name)
-            shapes[init.name] = tuple(init.dims)
-            if array.ndim in (1, 2):
-                matrices[init.name] = array.astype(np.float32)
+    shapes = initializers.shapes
+    for name in shapes:
+        index.setdefault(_content_key(initializers.read(name)), []).append(name)
+    matrices = _Matrices(initializers)  # 1-D and 2-D initializers, searched for fused blocks
     ckpt = SafeTensors(checkpoint)
     result = WeightMap(checkpoint_sha256)
     candidates: dict[str, list[tuple[str, bool]]] = {}
@@ -224,22 +218,42 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
     return result
 
 
-def _blocks(array: np.ndarray, matrices: dict[str, np.ndarray]) -> list[tuple[str, bool, tuple[int, int, int]]]:
+class _Matrices:
+    """The 1-D and 2-D initializers by shape, read (as float32) only when a block search needs them; the last few
+    stay, since to_q, to_k and to_v come one after another and look in the same fused weights."""
+
+    KEPT = 8
+
+    def __init__(self, initializers) -> None:
+        self._initializers = initializers
+        self.shapes = {name: shape for name, shape in initializers.shapes.items() if len(shape) in (1, 2)}
+        self._recent: dict[str, np.ndarray] = {}
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self._recent:
+            if len(self._recent) >= self.KEPT:
+                self._recent.pop(next(iter(self._recent)))
+            self._recent[name] = self._initializers.read(name).astype(np.float32)
+        return self._recent[name]
+
+
+def _blocks(array: np.ndarray, matrices: _Matrices) -> list[tuple[str, bool, tuple[int, int, int]]]:
     """Where `array` (1-D, or 2-D in torch layout) is one aligned block of a fused initializer, such as the
     [in, 3·out] MatMul weight onnxsim makes of to_q, to_k and to_v, or their concatenated bias."""
     if array.ndim not in (1, 2):
         return []
     layouts = [(array, False)] + ([(array.T, True)] if array.ndim == 2 else [])
     found = []
-    for init, whole in matrices.items():
-        if whole.ndim != array.ndim or whole.size <= array.size:
+    for init, shape in matrices.shapes.items():
+        if len(shape) != array.ndim or np.prod(shape) <= array.size:
             continue
         for part, transpose in layouts:
-            for axis in range(whole.ndim):
-                other = [d for i, d in enumerate(whole.shape) if i != axis]
+            for axis in range(len(shape)):
+                other = [d for i, d in enumerate(shape) if i != axis]
                 size = part.shape[axis]
-                if other != [d for i, d in enumerate(part.shape) if i != axis] or whole.shape[axis] % size:
+                if other != [d for i, d in enumerate(part.shape) if i != axis] or shape[axis] % size:
                     continue
+                whole = matrices.get(init)
                 for start in range(0, whole.shape[axis], size):
                     if np.array_equal(np.take(whole, range(start, start + size), axis=axis), part):
                         found.append((init, transpose, (axis, start, start + size)))

@@ -31,6 +31,8 @@ import numpy as np
 from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
 from enginefarm.errors import WeightsError
 
+from .denoisers import same_family
+
 KOHYA_PARTS = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "text_encoder", "lora_te2_": "text_encoder_2",
                "lora_te3_": "text_encoder_3", "lora_transformer_": "transformer"}  # kohya's Flux LoRAs: te1 CLIP-L, te3 T5
 DOTTED_PARTS = {"unet.": "unet", "text_encoder.": "text_encoder", "text_encoder_2.": "text_encoder_2", "transformer.": "transformer",
@@ -235,39 +237,6 @@ def read(path: Path) -> LoraFile:
             _READ.pop(next(iter(_READ)))
         _READ[key] = found
     return found
-
-
-# The denoiser a LoRA was trained on, by its module names (original or diffusers, dotted or kohya's '_'): the
-# families each kind fits. A LoRA whose names say none of these is not judged here (its names are checked later).
-DENOISERS = {
-    "Flux": (("double_blocks", "single_blocks", "single_transformer_blocks"), ("flux", "flux-schnell", "chroma")),
-    "SD3": (("joint_blocks",), ("sd3", "sd3.5")),
-    "UNet (SD 1.x/2.x/SDXL)": (("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block"), ()),
-}  # the UNet kind fits every family whose denoiser is a UNet
-
-
-def denoiser_of(parsed: "LoraFile") -> tuple[str, str] | None:
-    """(kind, an example module) of the denoiser the file's layers are for, or None when its names do not say."""
-    for layer in parsed.layers:
-        if layer.part in ("unet", "transformer"):
-            dotted = layer.local.replace("_", ".")  # kohya's and dotted names alike
-            for kind, (marks, _) in DENOISERS.items():
-                if any(mark.replace("_", ".") in dotted for mark in marks):
-                    return kind, layer.module
-    return None
-
-
-def same_family(parsed: "LoraFile", family) -> None:
-    """Raises, in one line naming the file and both families, when the file's denoiser layers are another family's."""
-    found = denoiser_of(parsed)
-    if found is None:
-        return
-    kind, example = found
-    families = DENOISERS[kind][1]
-    fits = family.id in families if families else family.denoiser == "unet"
-    if not fits:
-        raise WeightsError(f"{parsed.path}: a {kind} LoRA (e.g. {example}); this model is {family.title} ({family.id})",
-                           hint=f"use a LoRA trained for {family.title}")
 
 
 def split(loras, components, family=None) -> tuple[dict[str, list[tuple[Path, float]]], str]:

@@ -23,6 +23,7 @@ from enginefarm.builder.safetensors_io import SafeTensors, TensorEntry
 from enginefarm.errors import WeightsError
 
 from . import layouts
+from .denoisers import file_fits_component
 from .layouts import CHROMA, CLIP, FLUX, OPENCLIP, SD3, UNET, VAE, Source
 
 log = logging.getLogger(__name__)
@@ -252,12 +253,13 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
     layout = opened.layout
     if layout is None:
         return None
+    names = list(names)
+    file_fits_component(opened.path, layout, names, ref)
     section = layout.components.get(component)
     if section is None or not opened.section_keys(section):
         has = ", ".join(opened.components()) or "nothing"
         raise WeightsError(f"{opened.path} is {layout.title}: it has no part for {ref} (it holds {has})",
                            hint="give each component the file that holds its weights (Pipeline.load routes them)")
-    names = list(names)
     table: dict[str, list[tuple[str, Source]]] = {}
     for name, source in _sources(section, names).items():
         table.setdefault(section.prefix + source.key, []).append((name, source))

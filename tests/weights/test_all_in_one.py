@@ -92,12 +92,14 @@ def test_comfyui_flux_file_parts_are_what_diffusers_reads(tiny, tmp_path):
 
 def _perturbed(pipe, seed: int, modules) -> None:
     """Moves every tensor of `modules` that is not constant (norm scales of ones, zero biases: the export keeps one
-    initializer for equal constants, which a file cannot change one at a time) by 5%, as a fine-tune would."""
+    initializer for equal constants, which a file cannot change one at a time) by 5%, as a fine-tune would. T5's
+    relative attention bias is left alone: the export folds it with the fixed positions into a constant no file can
+    change (a file that changes it is refused, naming the tensor; the T5 in all-in-one files is the stock one)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in modules:
-            for p in module.parameters():
-                if p.numel() > 1 and float(p.std()) > 0:
+            for name, p in module.named_parameters():
+                if p.numel() > 1 and float(p.std()) > 0 and "relative_attention_bias" not in name:
                     p.add_(0.05 * torch.randn(p.shape, generator=generator))
 
 

@@ -2,7 +2,7 @@
 `distilled_guidance_layer` approximator: `layers.0.in_layer`, `norms.0.scale`), bare or under `model.diffusion_model.`,
 and ComfyUI's all-in-one Flux file: the transformer under `model.diffusion_model.`, CLIP-L and T5 in transformers'
 names under `text_encoders.clip_l.transformer.` / `text_encoders.t5xxl.transformer.`, the VAE in the original layout
-under `vae.`.
+under `vae.`; and SD3's file with its encoders.
 
 diffusers' Chroma converter fixes the real widths (3072), so it runs on a real-width file of one block each whose
 tensors are one column wide (as for Flux in test_transformer_files.py). The all-in-one file's text encoders and VAE
@@ -88,6 +88,32 @@ def test_comfyui_flux_file_parts_are_what_diffusers_reads(tiny, tmp_path):
     with pytest.raises(WeightsError) as caught:
         route(FAMILIES["chroma"], [c.name for c in FAMILIES["chroma"].components], path, None)
     assert "\n" not in str(caught.value) and path.name in str(caught.value) and "Flux.1" in str(caught.value) and "chroma" in str(caught.value)
+
+
+def test_sd3_file_with_its_encoders_parts_are_what_diffusers_reads(tiny, tmp_path):
+    """SD3's all-in-one file (Stability's "incl_clips" and ComfyUI's): MMDiT, CLIP-L, CLIP-G and T5 under
+    `text_encoders.*.transformer.`, the VAE under `first_stage_model.`. The transformer, T5 and VAE parts equal
+    StableDiffusion3Pipeline.from_single_file's; the CLIPs equal diffusers' `convert_ldm_clip_checkpoint` with each
+    prefix (at tiny sizes from_single_file tells CLIP-L from CLIP-G by width, 32 for both, and reads CLIP-L twice)."""
+    from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint
+    from safetensors.torch import load_file
+
+    folder = tiny("sd3")
+    path = write_file(tmp_path / "sd3_medium_incl_clips_t5xxlfp16.safetensors", original_tensors(folder, "sd3"), "fp16")
+    assert open_file(path).layout.id == "sd3" and len(open_file(path).components()) == 6
+    theirs = diffusers.StableDiffusion3Pipeline.from_single_file(str(path), config=str(folder), torch_dtype=torch.float32)
+    checkpoint = load_file(str(path))
+    clips = {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer."}
+    modules = {"text_encoder_3": theirs.text_encoder_3, "transformer": theirs.transformer, "vae_decoder": theirs.vae, "vae_encoder": theirs.vae}
+    for component in (*clips, *modules):
+        base = _component_tensors(folder, component)
+        ours = _part(path, component, base)
+        if component in clips:
+            reference = {k: v.float().numpy() for k, v in convert_ldm_clip_checkpoint(dict(checkpoint), clips[component]).items() if k in base}
+        else:
+            reference = {k: v.float().numpy() for k, v in modules[component].state_dict().items() if not v.is_meta and k in base}
+        assert set(ours) == set(base) and set(reference) <= set(ours) and len(reference) >= len(ours) - 1, component
+        assert max(float(np.abs(ours[k] - reference[k]).max()) for k in reference) == 0.0, component
 
 
 def _perturbed(pipe, seed: int, modules) -> None:

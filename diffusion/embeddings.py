@@ -8,7 +8,9 @@ those positions; the engine, its build and its cache are the same for every set 
 Formats (safetensors, as model sites ship them):
 - `emb_params` (A1111's .pt converted) or `string_to_param.*`: one [n, width] tensor; its word is the file's stem;
 - `<token>` (diffusers' learned_embeds): one tensor named after its word;
-- `clip_l` + `clip_g` (SDXL): one tensor per text encoder; its word is the file's stem.
+- `clip_l` + `clip_g` (SDXL, SD3/SD3.5): one tensor per CLIP encoder; its word is the file's stem;
+- Flux.1: one tensor or `clip_l`, for its CLIP-L; T5 sees the word as text, as diffusers' FluxPipeline does.
+Vectors for T5 (`t5`, `t5xxl`: Flux/SD3 trainers may write them) are refused: T5's table has no added rows.
 A tensor of n vectors is n words: `tok`, `tok_1` … `tok_{n-1}`, and `tok` in a prompt becomes all of them, as
 diffusers' `load_textual_inversion` does."""
 
@@ -23,7 +25,8 @@ from enginefarm.errors import ConfigError, WeightsError
 
 MAX_VECTORS = 75  # a prompt has 77 positions, two of them the start and end tokens
 ABSURD = 1e6  # as for custom weights (runner/custom.py): no trained embedding comes near it
-SDXL_KEYS = {"clip_l": "text_encoder", "clip_g": "text_encoder_2"}  # an SDXL pair's tensor → the encoder it is for
+SDXL_KEYS = {"clip_l": "text_encoder", "clip_g": "text_encoder_2"}  # an SDXL/SD3 pair's tensor → the encoder it is for
+T5_KEYS = ("t5", "t5xxl", "t5_xxl")
 _ONE_TENSOR_STEM = ("emb_params", "string_to_param.*", "string_to_param")  # A1111: the word is the file's name
 
 
@@ -39,9 +42,10 @@ class Embedding:
         return [self.word] + [f"{self.word}_{i}" for i in range(1, count)]
 
 
-def read_embedding(item, widths: dict[str, int]) -> Embedding:
-    """`item`: FILE, or (FILE, WORD) to choose the word. `widths`: each of the model's text encoders → its width.
-    Everything wrong is one WeightsError naming the file, before anything is loaded."""
+def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Embedding:
+    """`item`: FILE, or (FILE, WORD) to choose the word. `widths`: each of the model's CLIP text encoders → its
+    width; `t5`: its T5 encoders (they take no embeddings). Everything wrong is one WeightsError naming the file,
+    before anything is loaded."""
     path, word = (item, None) if isinstance(item, (str, Path)) else _pair(item)
     path = Path(path)
     from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
@@ -52,7 +56,14 @@ def read_embedding(item, widths: dict[str, int]) -> Embedding:
     def refuse(problem: str, hint: str = "") -> WeightsError:
         return WeightsError(f"{path}: {problem}", hint=hint or "a textual-inversion embedding for this model's family")
 
-    if set(names) == set(SDXL_KEYS):
+    if any(n in T5_KEYS for n in names) or not widths:
+        held = ", ".join(n for n in names if n in T5_KEYS) or names[0]
+        raise refuse(f"vectors for T5 ({held}): textual inversion reaches the CLIP encoders only" if widths
+                     else f"this model's only text encoder is T5 ({', '.join(t5)}): textual inversion reaches CLIP encoders only",
+                     "use an embedding with clip_l (and clip_g) tensors only" if widths else "load the model without embeddings=")
+    if set(names) == {"clip_l"} and list(widths) == ["text_encoder"]:  # Flux's CLIP-L, named as SDXL's first
+        tensors, word = {"text_encoder": "clip_l"}, word or path.stem
+    elif set(names) == set(SDXL_KEYS):
         wanted = [n for n in SDXL_KEYS if SDXL_KEYS[n] in widths]
         if "text_encoder_2" not in widths or set(widths) - set(SDXL_KEYS.values()):  # clip_l alone is not SD 1.x's vectors
             raise refuse("an SDXL embedding (clip_l + clip_g), for a model with another text encoder",

@@ -11,6 +11,7 @@ from enginefarm.errors import ConfigError
 from enginefarm.families import ADDED_EMBEDS
 
 from .assets import ModelAssets
+from .embeddings import AddedRows, expand
 from .flux import text_mask
 from .prompts import TextConditioning
 
@@ -29,11 +30,26 @@ class JointTextEncoder:
             self.tokenizers[name] = (T5Tokenizer.from_folder(folder, max_length=length) if component.tokenizer == "t5"
                                      else ClipTokenizer.from_folder(folder))
 
+        # textual inversion: the CLIP encoders' added words (their rows past each token table); T5 reads them as text
+        self.added = {name: AddedRows(int(assets.configs.get(name, {}).get("vocab_size") or len(self.tokenizers[name])))
+                      for name in self.present if self.family.component(name).tokenizer != "t5"}
+        self.embeddings: list = []
+
     def add_embeddings(self, embeddings: list) -> None:
-        """Textual inversion is wired for the UNet families' prompts only: refused here before anything runs."""
-        if embeddings:
-            raise ConfigError(f"textual-inversion embeddings are not supported for {self.family.title} yet",
-                              hint="load it without embeddings=")
+        """Textual-inversion words (read for this family's CLIP encoders by `read_embedding`) into those encoders'
+        tokenizers, their vectors to the added rows. Refused whole (nothing added) when a word is already known."""
+        words = [w for e in embeddings for w in e.words]
+        known = [w for w in words if any(self.tokenizers[n].token_to_id(w) is not None for n in self.added)]
+        if known or len(set(words)) < len(words):
+            clash = known or sorted({w for w in words if words.count(w) > 1})
+            raise ConfigError(f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
+                              hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]')
+        for embedding in embeddings:
+            for name, vectors in embedding.vectors.items():
+                if name in self.added:
+                    for token, vector in zip(self.tokenizers[name].add_tokens(embedding.words), vectors):
+                        self.added[name].vectors[token] = vector
+        self.embeddings += embeddings
 
     def _outputs(self, name: str, prompts: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(hidden states, pooled) of one encoder: its 3-dim output and its 2-dim one, by the family table."""
@@ -42,11 +58,13 @@ class JointTextEncoder:
             hidden = np.zeros((len(prompts), self.sizes.value("text_length", component), self.sizes.text_widths[component.text_index]), np.float32)
             pooled = np.zeros((len(prompts), self.sizes.projection_widths[component.text_index]), np.float32) if self.sizes.projection_widths else None
             return hidden, pooled
+        inputs = {t.name for t in component.inputs}
+        if name in self.added:  # a multi-vector word becomes its n words where this tokenizer knows them (diffusers' maybe_convert_prompt)
+            prompts = [expand(p, [e for e in self.embeddings if name in e.vectors]) for p in prompts]
         ids = self.tokenizers[name](prompts)
         feeds = {"input_ids": ids}
-        inputs = {t.name for t in component.inputs}
-        if ADDED_EMBEDS in inputs:  # the CLIP encoders' rows for added words: none added here, so never read
-            feeds[ADDED_EMBEDS] = np.zeros((*ids.shape, self.sizes.value("text_width", component)), np.float32)
+        if ADDED_EMBEDS in inputs and name in self.added:  # the CLIP encoders' rows for added words
+            feeds = self.added[name].feeds(ids, self.sizes.value("text_width", component), True, name)
         if "attention_mask" in inputs:  # Chroma's T5 reads the tokenizer's mask
             feeds["attention_mask"] = self.token_masks[name] = (ids != self.tokenizers[name].pad_id).astype(np.int64)
         outputs = self.sessions[name].run(feeds)

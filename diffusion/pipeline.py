@@ -351,9 +351,9 @@ def _read_embeddings(embeddings, assets: ModelAssets) -> list:
 
     if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
         raise ConfigError(f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]')
-    if embeddings and assets.family.joint_text is not None:
-        raise ConfigError(f"textual-inversion embeddings are not supported for {assets.family.title} yet", hint="load it without embeddings=")
-    return [read_embedding(item, assets.text_widths) for item in embeddings or ()]
+    t5 = tuple(n for n in assets.family.text_encoders if assets.family.component(n).tokenizer == "t5")
+    clips = {n: w for n, w in assets.text_widths.items() if n not in t5}
+    return [read_embedding(item, clips, t5) for item in embeddings or ()]
 
 
 def _fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:

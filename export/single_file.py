@@ -18,6 +18,7 @@ from enginefarm.weights.single_file import component_part, open_file
 # diffusers folder → the components of the layout it gathers, and the weights file name its class loads
 _FOLDERS = {"unet": (("unet",), "diffusion_pytorch_model.safetensors"), "vae": (("vae_decoder", "vae_encoder"), "diffusion_pytorch_model.safetensors"),
             "text_encoder": (("text_encoder",), "model.safetensors"), "text_encoder_2": (("text_encoder_2",), "model.safetensors"),
+            "text_encoder_3": (("text_encoder_3",), "model.safetensors"),  # SD3's T5 in an all-in-one file
             "transformer": (("transformer",), "diffusion_pytorch_model.safetensors")}
 _WEIGHTS = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".ckpt", ".pt")
 

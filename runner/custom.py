@@ -201,7 +201,7 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
 
 def _read(stack: Stack, wmap: WeightMap, manifest: Manifest) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
     custom = read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
-    return custom, [(read_lora(path, wmap, manifest.component), strength) for path, strength in stack.loras]
+    return custom, [(read_lora(path, wmap, manifest.component, ref=manifest.ref), strength) for path, strength in stack.loras]
 
 
 def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],

@@ -20,6 +20,7 @@ from enginefarm.builder.weightmap import WeightMap
 from enginefarm.errors import WeightsError
 from enginefarm.weights import layouts
 from enginefarm.weights import lora as lora_files
+from enginefarm.weights.denoisers import lora_fits_component
 from enginefarm.weights.layouts import Source
 
 DOTTED_PREFIXES = ("base_model.model.", "unet.", "vae.", "text_encoder.", "text_encoder_2.", "transformer.", "diffusion_model.", "model.")
@@ -98,11 +99,12 @@ def _layout_part(component_part: str, modules) -> str:
     return layouts.FLUX if any(m.startswith("single_transformer_blocks.") for m in modules) else layouts.SD3
 
 
-def read_lora(path: Path, wmap: WeightMap, component: str = "", parsed: lora_files.LoraFile | None = None) -> list[LoraLayer]:
-    """The layers of a LoRA file that `component` takes, each placed on a weight of the map. All problems are
-    raised together; a file with nothing for this component is an error too (the pipeline passes a component only
-    the files that hold its part)."""
+def read_lora(path: Path, wmap: WeightMap, component: str = "", parsed: lora_files.LoraFile | None = None, ref: str | None = None) -> list[LoraLayer]:
+    """The layers of a LoRA file that `component` (`ref`: MODEL/COMPONENT) takes, each placed on a weight of the
+    map. All problems are raised together; a file with nothing for this component is an error too (the pipeline
+    passes a component only the files that hold its part), and so is one for another kind of denoiser."""
     parsed = parsed or lora_files.read(path)
+    lora_fits_component(parsed, wmap.names, ref or component or "this component")
     mine = parsed.for_component(component)
     if not mine:
         theirs = ", ".join(f"{part} ({n})" for part, n in sorted(parsed.parts().items()))

@@ -21,8 +21,8 @@ import re
 from .tensor_source import Source
 
 UNET, CLIP, OPENCLIP, VAE = "unet", "clip", "openclip", "vae"
-FLUX, SD3 = "flux", "sd3"  # the transformers' original layouts (transformer_layouts.py)
-PARTS = (UNET, CLIP, OPENCLIP, VAE, FLUX, SD3)
+FLUX, SD3, CHROMA = "flux", "sd3", "chroma"  # the transformers' original layouts (transformer_layouts.py)
+PARTS = (UNET, CLIP, OPENCLIP, VAE, FLUX, SD3, CHROMA)
 
 
 # -- UNet: LDM numbers input_blocks / output_blocks flat; diffusers nests blocks → resnets / attentions.
@@ -158,6 +158,8 @@ def sources(part: str, names) -> dict[str, Source]:
         rule = _openclip
     elif part == FLUX:
         from .transformer_layouts import flux as rule
+    elif part == CHROMA:
+        from .transformer_layouts import chroma as rule
     elif part == SD3:
         from .transformer_layouts import Sd3
 

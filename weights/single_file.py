@@ -23,7 +23,8 @@ from enginefarm.builder.safetensors_io import SafeTensors, TensorEntry
 from enginefarm.errors import WeightsError
 
 from . import layouts
-from .layouts import CLIP, FLUX, OPENCLIP, SD3, UNET, VAE, Source
+from .denoisers import file_fits_component
+from .layouts import CHROMA, CLIP, FLUX, OPENCLIP, SD3, UNET, VAE, Source
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,16 @@ class FileLayout:
 
 
 _FLUX = ("flux", "flux-schnell")  # Chroma's transformer has other modules (its modulation approximator)
+_LDM = "model.diffusion_model."
+# ComfyUI's all-in-one files: the text encoders in transformers' names under `text_encoders.<name>.transformer.`,
+# the VAE in the original layout under `vae.` (SD3's own "incl_clips" files: under `first_stage_model.`)
+_COMFY_CLIP_L, _COMFY_CLIP_G, _COMFY_T5 = ("text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer.",
+                                           "text_encoders.t5xxl.transformer.")
 _ALL = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
 # their VAEs (16 latent channels) ship in the same layouts: Flux.1's `ae.safetensors` is LDM's; shapes tell them apart
 _TRANSFORMER_FAMILIES = ("sd3", "sd3.5", "flux", "flux-schnell", "chroma")
 _SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer.", penultimate=True))
-_VAE_ONLY = lambda part: {"vae_decoder": Section(part, "", _DECODER), "vae_encoder": Section(part, "", _ENCODER)}  # noqa: E731
+_VAE_ONLY = lambda part, prefix="": {"vae_decoder": Section(part, prefix, _DECODER), "vae_encoder": Section(part, prefix, _ENCODER)}  # noqa: E731
 
 LAYOUTS = {layout.id: layout for layout in (
     FileLayout("sd1", "a Stable Diffusion 1.x single-file checkpoint (original layout)", ("sd1", "controlnet-sd1"),
@@ -73,10 +79,15 @@ LAYOUTS = {layout.id: layout for layout in (
     FileLayout("unet", "a UNet-only checkpoint (original layout)", _ALL,
                {"unet": Section(UNET, "model.diffusion_model."), "unet_controlnet": Section(UNET, "model.diffusion_model.")}),
     FileLayout("flux", "a Flux.1 transformer file (Black Forest Labs' layout)", _FLUX, {"transformer": Section(FLUX, "")}),
-    FileLayout("flux-ldm", "a Flux.1 transformer file (Black Forest Labs' layout, model.diffusion_model.)", _FLUX,
-               {"transformer": Section(FLUX, "model.diffusion_model.")}),
-    FileLayout("sd3", "an SD3/SD3.5 transformer file (Stability's MMDiT layout)", ("sd3", "sd3.5"),
-               {"transformer": Section(SD3, "model.diffusion_model.")}),
+    FileLayout("flux-ldm", "a Flux.1 file (Black Forest Labs' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
+               _FLUX, {"transformer": Section(FLUX, _LDM), "text_encoder": Section(CLIP, _COMFY_CLIP_L),
+                       "text_encoder_2": Section(DIFFUSERS, _COMFY_T5), **_VAE_ONLY(VAE, "vae.")}),
+    FileLayout("chroma", "a Chroma transformer file (lodestones' layout)", ("chroma",), {"transformer": Section(CHROMA, "")}),
+    FileLayout("chroma-ldm", "a Chroma file (lodestones' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
+               ("chroma",), {"transformer": Section(CHROMA, _LDM), "text_encoder": Section(DIFFUSERS, _COMFY_T5), **_VAE_ONLY(VAE, "vae.")}),
+    FileLayout("sd3", "an SD3/SD3.5 file (Stability's MMDiT layout, with text_encoders./first_stage_model. if any)", ("sd3", "sd3.5"),
+               {"transformer": Section(SD3, _LDM), "text_encoder": Section(CLIP, _COMFY_CLIP_L), "text_encoder_2": Section(CLIP, _COMFY_CLIP_G),
+                "text_encoder_3": Section(DIFFUSERS, _COMFY_T5), **_VAE_ONLY(VAE, "first_stage_model.")}),
     FileLayout("vae", "a VAE in the original layout", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(VAE)),
     FileLayout("vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(DIFFUSERS)),
 )}
@@ -97,6 +108,8 @@ def detect(names) -> FileLayout | None:
         return LAYOUTS["sd2"]
     if has("cond_stage_model.transformer."):
         return LAYOUTS["sd1"]
+    if has("distilled_guidance_layer.") or has(_LDM + "distilled_guidance_layer."):
+        return LAYOUTS["chroma-ldm" if has(_LDM) else "chroma"]
     if has("model.diffusion_model.joint_blocks."):
         return LAYOUTS["sd3"]
     if has("model.diffusion_model.double_blocks."):
@@ -219,6 +232,8 @@ def _known_unused(section: Section, key: str, names, layers: int) -> bool:
     if section.part == OPENCLIP:
         last = re.match(rf"^transformer\.resblocks\.{layers}\.", key)
         return bool(last) or (key == "text_projection" and "text_projection.weight" not in names)
+    if section.part == CLIP:  # ComfyUI keeps CLIP-L's projection; Flux's text encoder (no projection) never reads it
+        return key == "text_projection.weight" and key not in names
     return False
 
 
@@ -238,12 +253,13 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
     layout = opened.layout
     if layout is None:
         return None
+    names = list(names)
+    file_fits_component(opened.path, layout, names, ref)
     section = layout.components.get(component)
     if section is None or not opened.section_keys(section):
         has = ", ".join(opened.components()) or "nothing"
         raise WeightsError(f"{opened.path} is {layout.title}: it has no part for {ref} (it holds {has})",
                            hint="give each component the file that holds its weights (Pipeline.load routes them)")
-    names = list(names)
     table: dict[str, list[tuple[str, Source]]] = {}
     for name, source in _sources(section, names).items():
         table.setdefault(section.prefix + source.key, []).append((name, source))

@@ -12,7 +12,7 @@ import re
 
 from .tensor_source import Source
 
-FLUX, SD3 = "flux", "sd3"
+FLUX, SD3, CHROMA = "flux", "sd3", "chroma"
 
 _QKV = ("q", "k", "v")
 
@@ -97,6 +97,22 @@ def flux(name: str) -> Source | None:
         return Source(f"{head}.{norm}")
     found = _module(rest, _FLUX_DOUBLE if double else _FLUX_SINGLE)
     return Source(f"{head}.{found[0]}{found[2]}", take=found[1]) if found else None
+
+
+# Chroma: Flux.1's blocks without their modulation (one approximator network computes it from the timestep)
+_CHROMA_APPROXIMATOR = re.compile(r"^distilled_guidance_layer\.(?:layers\.(\d+)\.linear_([12])|norms\.(\d+)\.weight)(.*)$")
+
+
+def chroma(name: str) -> Source | None:
+    approximator = _CHROMA_APPROXIMATOR.match(name)
+    if approximator:
+        layer, linear, norm, rest = approximator.groups()
+        if norm is not None:
+            return Source(f"distilled_guidance_layer.norms.{norm}.scale")
+        return Source(f"distilled_guidance_layer.layers.{layer}.{'in_layer' if linear == '1' else 'out_layer'}{rest}")
+    if name.startswith(("distilled_guidance_layer.in_proj.", "distilled_guidance_layer.out_proj.")):
+        return Source(name)
+    return flux(name)
 
 
 class Sd3:

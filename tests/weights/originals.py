@@ -46,19 +46,22 @@ def to_original(section: Section, tensors: dict[str, np.ndarray]) -> dict[str, n
 
 
 # component → the subfolder of a diffusers pipeline holding its weights
-SUBFOLDERS = {"text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2", "unet": "unet", "vae_decoder": "vae", "vae_encoder": "vae",
-              "transformer": "transformer"}
+SUBFOLDERS = {"text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2", "text_encoder_3": "text_encoder_3", "unet": "unet",
+              "vae_decoder": "vae", "vae_encoder": "vae", "transformer": "transformer"}
 
 
-def original_tensors(folder: Path, layout: str, extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Every part of the tiny pipeline at `folder` in `layout` (an id of LAYOUTS), plus `extra` keys."""
+def original_tensors(folder: Path, layout: str, extra: dict[str, np.ndarray] | None = None, only: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """The parts of the tiny pipeline at `folder` in `layout` (an id of LAYOUTS): every one its folder has, or those
+    of the components in `only`; plus `extra` keys."""
     out: dict[str, np.ndarray] = {}
     for component, section in LAYOUTS[layout].components.items():
-        if component == "unet_controlnet":
+        if component == "unet_controlnet" or (only is not None and component not in only):
+            continue
+        if not (Path(folder) / SUBFOLDERS[component]).is_dir():
             continue
         tensors = diffusers_tensors(folder, SUBFOLDERS[component])
         if section.part == "diffusers":
-            out.update({k: v for k, v in tensors.items() if k.startswith(section.owns)})
+            out.update({section.prefix + k: v for k, v in tensors.items() if k.startswith(section.owns)})
             continue
         tensors = {k: v for k, v in tensors.items() if component not in ("vae_decoder", "vae_encoder") or k.startswith(section.owns)}
         out.update(to_original(section, tensors))

@@ -6,6 +6,8 @@ encoders whose token counts differ (`Sizes.text_lengths`), and a `JointText` say
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals
 
 F32, I64 = "float32", "int64"
@@ -71,8 +73,8 @@ _TRANSFORMER_RANGES = (("hidden_states", -3.0, 3.0), ("timestep", 0, "last_times
 
 
 def _t5(name: str, index: int) -> Component:
-    """T5's encoder: the pipelines read its last hidden state, at the pipeline's token count (a size, fixed in the
-    file). Trained T5 (v1.1, XXL) overflows fp16 in its feed-forward outputs, which random weights cannot show:
+    """T5's encoder: the pipelines read its last hidden state, at the pipeline's token count (`text_length`, dynamic:
+    diffusers' max_sequence_length; the transformer's `context_tokens` follow it). Trained T5 (v1.1, XXL) overflows fp16 in its feed-forward outputs, which random weights cannot show:
     fp32 (or bf16 where a backend computes it) until a keep-list is proven on the real weights."""
     return Component(name, "text_encoder", name, (Tensor("input_ids", I64, ("batch", "text_length")),),
                      (Tensor("last_hidden_state", F32, ("batch", "text_length", "text_width")),), text_index=index, tokenizer="t5",
@@ -201,7 +203,10 @@ SD3_5 = Family(
 # tokens and builds the position ids inside the graph (export/flux.py), so every dynamic dim is batch/height/width.
 # fp16: the sinusoidal timestep (and guidance) embeddings multiply t · 1000 by frequencies kept as fp16 constants,
 # which moves sin/cos by up to a radian; those scopes stay fp32 (Flux dev's tiny transformer: 1.0e-2 → 1.1e-3).
-_FLUX_T5_TOKENS = 512  # dev's max_sequence_length (schnell's model card uses 256, a size the export reads)
+# The default T5 token counts (the profiles' opt; any count in the profile's range can be asked for per call): dev
+# and Chroma 512, diffusers' max_sequence_length default; schnell 256, what it was trained with and its model card
+# uses (BFL's reference sampler too), where diffusers' FluxPipeline defaults to 512 for both.
+_FLUX_T5_TOKENS, _SCHNELL_T5_TOKENS = 512, 256
 _TIME_SCOPES = ("/model/time_text_embed/time_proj/",)
 
 
@@ -251,7 +256,8 @@ FLUX = Family(
 
 FLUX_SCHNELL = Family(
     id="flux-schnell", title="Flux.1 schnell", pipelines=FLUX.pipelines,
-    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
+    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()),
+    sizes=replace(_FLUX_SIZES, text_lengths=(TOKENS, _SCHNELL_T5_TOKENS), context_tokens=_SCHNELL_T5_TOKENS), **_FLUX_COMMON,
     text_encoders=FLUX.text_encoders, prompt_output="last_hidden_state", joint_text=FLUX.joint_text, guidance_scale=0.0, true_cfg=False,
     batch_range=(1, 1, 4), default_steps=4,  # timestep-distilled: its model card samples 4 steps
 )

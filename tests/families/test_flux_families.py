@@ -46,8 +46,9 @@ def test_the_contracts():
     assert profile_dims(schnell, schnell.component("transformer"), schnell.sizes)["context_tokens"] == (16, 256, 512)
     assert profile_dims(chroma, chroma.component("transformer"), chroma.sizes, text_length=(32, 64, 128))["context_tokens"] == (32, 64, 128)
     assert flux.shift_factor({}) == 0.1159 and flux.scaling_factor({}) == 0.3611
-    assert flux.component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/", "/model/time_text_embed/time_proj_1/")
-    assert FAMILIES["flux-schnell"].component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/",)
+    assert flux.component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/", "/model/time_text_embed/time_proj_1/",
+                                                              "input:timestep", "input:guidance")
+    assert FAMILIES["flux-schnell"].component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/", "input:timestep")
 
 
 def test_sizes_come_from_the_configs():

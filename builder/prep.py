@@ -25,7 +25,7 @@ PREP_VERSION = "4"  # 4: folded float constants kept as initializers (_constants
 LAST_USED = ".last_used"  # touched by every job that uses a prep folder; old folders are pruned (workcache.py)
 EXTERNAL_ABOVE = 64 << 20  # a prepared model larger than this keeps its weights in `<name>.data`
 # Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
-FP16_KEEP_VERSION = "2"  # 2: input paths (`input:NAME`)
+FP16_KEEP_VERSION = "1"
 # Bump when the bf16 retyping (builder/bf16.py) changes what it writes: it is part of bf16 build keys.
 BF16_VERSION = "1"
 

@@ -92,9 +92,9 @@ def _clip_with_projection(name: str, index: int) -> Component:
 # 1000) the sin/cos arguments are off by up to 0.25 radians. Kept fp32, the tiny SD3's fp16 image on ONNX Runtime went
 # from 5.8e-3 to 5.0e-3 of diffusers' (OpenVINO compresses weights itself; keep-lists do not apply there). The names
 # are diffusers' module paths, the same in the real models.
-# `input:timestep` (builder/fp16_rules.input_path) keeps what the timestep goes through before the first weights, the
-# embedding's input included; OpenVINO's fp16 builds keep the same nodes (computed in f16 on this CPU otherwise: the
-# tiny SD3 transformer 1.8e-3 off fp32, 4.3e-4 kept).
+# `input:timestep` (builder/fp16_rules.input_path; OpenVINO's fp16 builds only) keeps what the timestep goes through
+# before the first weights, the embedding's input included (computed in f16 on this CPU otherwise: the tiny SD3
+# transformer 1.8e-3 off fp32, 4.3e-4 kept).
 _SD3_TIMESTEP_EMBEDDING = tuple(f"/model/time_text_embed/time_proj/{op}" for op in ("Unsqueeze", "Cast", "Mul", "Sin", "Cos")) + ("input:timestep",)
 
 
@@ -211,8 +211,8 @@ SD3_5 = Family(
 # uses (BFL's reference sampler too), where diffusers' FluxPipeline defaults to 512 for both.
 _FLUX_T5_TOKENS, _SCHNELL_T5_TOKENS = 512, 256
 _TIME_SCOPES = ("/model/time_text_embed/time_proj/",)
-# ... and the timestep's (and guidance's) way there: the export feeds t / 1000, the model multiplies it back, both
-# in fp16 otherwise (OpenVINO at f16: the tiny Chroma transformer 1.3e-2 off fp32, 4.1e-4 with these kept).
+# ... and on OpenVINO the timestep's (and guidance's) way there: the export feeds t / 1000, the model multiplies it
+# back, both in f16 otherwise (the tiny Chroma transformer 1.3e-2 off fp32 at f16, 4.1e-4 with these kept).
 _TIME_PATH = ("input:timestep",)
 
 

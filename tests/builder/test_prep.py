@@ -244,11 +244,13 @@ def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
 
 def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recipe, tmp_path):
     """`input:t`: what a timestep goes through before a layer with weights (Flux: t / 1000, · 1000 in the model, then
-    its sinusoidal embedding), with the Constants only those nodes read; the MatMul after it is converted. The
-    planner takes an input path for an input the model has, and names a wrong one."""
+    its sinusoidal embedding), with the Constants only those nodes read; not the MatMul after it. OpenVINO keeps
+    them (tests/backends/test_openvino.py); the ONNX fp16 conversion leaves input paths alone (ONNX Runtime's CPU
+    kernels compute that arithmetic through fp32 casts already). The planner takes an input path for an input the
+    model has, and names a wrong one."""
     from onnx import TensorProto, helper
 
-    from enginefarm.builder.fp16_rules import fp16_blocked
+    from enginefarm.builder.fp16_rules import fp16_blocked, kept_nodes
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.errors import RecipeError
@@ -263,14 +265,9 @@ def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    _, kept = fp16_blocked(model, ("input:t",))
+    _, kept = kept_nodes(model, ("input:t",))
     assert kept == {"/Div", "/model/Mul", "/model/time_proj/Mul", "/model/time_proj/Sin", "thousand", "freqs"}
-    t = np.array([[751.3]], np.float32)
-    exact = np.sin(np.float64(t) * freqs) @ weight
-    run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]  # noqa: E731
-    converted = prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("input:t",))
-    assert next(n for n in converted.graph.node if n.name == "weight").attribute[0].t.data_type == TensorProto.FLOAT16
-    assert np.abs(run(converted) - exact).max() < 3e-3  # the MatMul's fp16 rounding only (ORT's CPU kernels hide the rest)
+    assert fp16_blocked(model, ("input:t",))[1] == set()
 
     onnx.save(model, str(tmp_path / "t.onnx"))
     text = '[model]\nname = "t"\nversion = "1"\n[components.c]\nsource = "t.onnx"\nprecisions = ["fp16"]\ntargets = ["onnxruntime:cpu"]\nKEEP\n'

@@ -176,13 +176,22 @@ class OpenVINO(Backend):
             bounds[name] = ov.PartialShape(dims)
         model.reshape(bounds)
         xml = workdir / "model.xml"
+        kept: dict = {}
+        staged: tuple = ()
+        if job.precision == "fp16" and job.fp16_keep:  # the recipe's keep-list, as the ONNX fp16 builds keep it
+            from .openvino_precise import keep_fp32, precise_names
+
+            model, count, staged = keep_fp32(ov, core, model, precise_names(prepared_onnx, job.fp16_keep), workdir)
+            kept = {"fp16_kept_fp32": count}
         ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
         files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
         del model  # the graph and its weights: the blob trial reads the saved IR
+        for path in staged:
+            path.unlink(missing_ok=True)
         if job.target.device != "cpu":
-            return Built(files)
+            return Built(files, kept)
         blob, notes = _maybe_blob(core, xml, job.precision, workdir)
-        return Built(files + blob, notes)
+        return Built(files + blob, {**notes, **kept})
 
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
         ov = self.sdk()

@@ -93,7 +93,8 @@ class Job:
                 "toolchain": toolchain,
                 "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
+                # the keep-list shapes fp16 and bf16 ONNX, and OpenVINO's fp16 (backends/openvino_precise.py)
                 **({"fp16_keep_fp32": list(self.fp16_keep)}
-                   if self.fp16_keep and self.onnx_precision() in ("fp16", "bf16") else {}),
+                   if self.fp16_keep and (self.onnx_precision() in ("fp16", "bf16") or self.precision == "fp16") else {}),
             }
         )

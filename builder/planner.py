@@ -129,6 +129,7 @@ def _checkpoint(recipe: Recipe, path: Path, key: str) -> LocalSource:
 def _check_keep(recipe: Recipe, keep: tuple[str, ...], header, key: str) -> None:
     """An op type or node name that is not in the model is a typo: it would keep nothing fp32."""
     present = {n.op_type for n in header.graph.node} | {n.name for n in header.graph.node if n.name}
+    present |= {f"input:{i.name}" for i in header.graph.input}  # an input path (fp16_rules.input_path)
     unknown = [k for k in keep if k not in present and not (k.endswith("/") and any(n.name.startswith(k) for n in header.graph.node))]
     if unknown:
         ops = sorted({n.op_type for n in header.graph.node})

@@ -181,7 +181,8 @@ class Pipeline:
                  control_image: np.ndarray | None = None, controlnet_conditioning_scale: float = 1.0,
                  original_size: tuple[int, int] | None = None, crops_coords_top_left: tuple[int, int] = (0, 0),
                  target_size: tuple[int, int] | None = None, aesthetic_score: float = 6.0, negative_aesthetic_score: float = 2.5,
-                 output_type: str = "np", on_step: StepCallback | None = None, step_noise: list[np.ndarray] | None = None) -> np.ndarray:
+                 output_type: str = "np", on_step: StepCallback | None = None, step_noise: list[np.ndarray] | None = None,
+                 max_sequence_length: int | None = None) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
         steps: default the family's (25; Flux schnell, distilled: 4). latents: the starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as diffusers
@@ -190,7 +191,9 @@ class Pipeline:
         added to it. scheduler: a diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the
         model's own. original_size, crops_coords_top_left, target_size: SDXL's micro-conditioning (default: the
         output size, no crop); aesthetic scores: the refiner's. step_noise: the fresh noise of each ancestral step
-        (default drawn from `seed`), for reproducing another implementation's run."""
+        (default drawn from `seed`), for reproducing another implementation's run. max_sequence_length: the T5 token
+        count of the transformer families (diffusers' argument; default the export's: SD3 and schnell 256, Flux dev
+        and Chroma 512), within what the engines were built for (`enginefarm export --text-length`)."""
         from .schedulers import make_scheduler
 
         if self.closed:
@@ -200,6 +203,9 @@ class Pipeline:
         steps = self.family.default_steps if steps is None else steps
         if steps < 1:
             raise ConfigError(f"steps={steps}", hint="use one step or more")
+        if max_sequence_length is not None and not self.transformer:
+            raise ConfigError(f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads CLIP's 77 tokens",
+                              hint="leave max_sequence_length out")
         timings: dict[str, float] = {}
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
@@ -218,7 +224,8 @@ class Pipeline:
 
         start = time.perf_counter()
         self._stage(self._text_encoders())
-        text = self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
+        text = (self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length) if self.transformer
+                else self.prompts.encode_pair(prompt, negative_prompt, use_guidance))
         timings["text"] = time.perf_counter() - start
 
         shape = (1, self.latent_channels, height // factor, width // factor)

@@ -43,10 +43,12 @@ def _bytes(raw: str) -> int:
 @click.option("--precisions", default="fp32,fp16", show_default=True, metavar="P,…", help="The recipe's precisions.")
 @click.option("--batch", metavar="MIN,OPT,MAX", help="Batch range of the profiles (default: the family's, 1,2,4; VAE 1,1,2).")
 @click.option("--latent", metavar="MIN,OPT,MAX", help="Latent size range of the profiles, image pixels / 8 (default: the family's).")
+@click.option("--text-length", metavar="MIN,OPT,MAX",
+              help="T5 token range of the profiles (SD3, Flux, Chroma; default 16,<family's>,512): OPT is the pipeline's default max_sequence_length.")
 @click.option("--external-data-above", default="2G", show_default=True, metavar="SIZE",
               help="Write weights to <component>.onnx.data above this size (protobuf cannot hold 2 GiB in one file).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it holds something (only once the new export passed its checks).")
-def export_cmd(source, out, name, base, controlnet, targets, precisions, batch, latent, external_data_above, overwrite):
+def export_cmd(source, out, name, base, controlnet, targets, precisions, batch, latent, text_length, external_data_above, overwrite):
     """Export the diffusers pipeline folder SOURCE (model_index.json) to ONNX, one file per component, each checked
     against torch on ONNX Runtime at two shapes, with its checkpoint (safetensors, diffusers names), the assets a
     runtime needs (tokenizers, scheduler, configs) and recipe.toml, which `enginefarm build` builds.
@@ -58,7 +60,7 @@ def export_cmd(source, out, name, base, controlnet, targets, precisions, batch, 
 
     with RichProgress() as progress:
         result = export_model(source, out, name, progress, controlnet=controlnet, targets=_items(targets), precisions=_items(precisions),
-                              batch=_triple("--batch", batch), latent=_triple("--latent", latent),
+                              batch=_triple("--batch", batch), latent=_triple("--latent", latent), text_length=_triple("--text-length", text_length),
                               external_data_above=_bytes(external_data_above), overwrite=overwrite, base=base)
     from rich.table import Table
 

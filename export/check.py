@@ -20,20 +20,24 @@ _ONNX_TYPES = {"float32": 1, "int64": 7}
 
 @dataclass(frozen=True)
 class Shape:
-    """A point to run a component at: batch and latent height/width (pixel dims follow at the VAE's scale)."""
+    """A point to run a component at: batch and latent height/width (pixel dims follow at the VAE's scale), and for
+    the transformer families the T5 token count and the transformer's text tokens that follow from it."""
 
     batch: int
     height: int
     width: int
+    text_length: int = 0
+    context_tokens: int = 0
 
     @property
     def label(self) -> str:
-        return f"batch {self.batch}, latent {self.height}x{self.width}"
+        return f"batch {self.batch}, latent {self.height}x{self.width}" + (f", {self.text_length} T5 tokens" if self.text_length else "")
 
     def resolve(self, tensor: Tensor, scale: int) -> list[int]:
         """`tensor`'s concrete shape here: dynamic dims from this point (`image_*` at `scale`, `height_divN`)."""
         dims = {"batch": self.batch, "height": self.height, "width": self.width,
-                "image_height": self.height * scale, "image_width": self.width * scale}
+                "image_height": self.height * scale, "image_width": self.width * scale,
+                "text_length": self.text_length, "context_tokens": self.context_tokens}
         return [d if isinstance(d, int) else dims.get(d) or dims[d.partition("_div")[0]] // int(d.partition("_div")[2]) for d in tensor.shape]
 
 

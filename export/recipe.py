@@ -48,7 +48,7 @@ def vae_memory_gb(dims: dict[str, tuple[int, int, int]], scale: int) -> float:
 
 
 def recipe_text(source: ExportSource, name: str, components: dict[str, str | None], *, targets=DEFAULT_TARGETS,
-                precisions=DEFAULT_PRECISIONS, batch=None, latent=None, origin: str = "") -> str:
+                precisions=DEFAULT_PRECISIONS, batch=None, latent=None, text_length=None, origin: str = "") -> str:
     """`components`: component → its checkpoint file (or None), in the order to write them."""
     family, sizes = source.family, source.sizes
     lines = [f"# Written by `enginefarm export` from {origin} ({family.id}: {family.title}).",
@@ -67,7 +67,7 @@ def recipe_text(source: ExportSource, name: str, components: dict[str, str | Non
                 lines.append(f"precisions = {_list(kept)}  # {component.precisions_reason or 'the family table says so'}")
         if component.fp16_keep_fp32:
             lines.append(f"fp16_keep_fp32 = {_list(component.fp16_keep_fp32)}")
-        dims = profile_dims(family, component, sizes, batch=batch, latent=latent)
+        dims = profile_dims(family, component, sizes, batch=batch, latent=latent, text_length=text_length)
         lines += ["", f"[components.{component_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in dims.items()]
         if component.kind.startswith("vae"):

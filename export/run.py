@@ -4,6 +4,7 @@ staging folder beside the output and moved into place only when every component 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from enginefarm.cache.progress import ProgressLike, as_progress
 from enginefarm.errors import ConfigError
-from enginefarm.families import Family, input_ranges
+from enginefarm.families import Family, input_ranges, text_length_range
 
 from . import recipe as recipes
 from . import resume
@@ -54,21 +55,28 @@ class ExportResult:
 
 def export_model(source: Path, out: Path, name: str | None = None, progress: ProgressLike = None, *, controlnet: Path | None = None,
                  targets=recipes.DEFAULT_TARGETS, precisions=recipes.DEFAULT_PRECISIONS, batch: tuple[int, int, int] | None = None,
-                 latent: tuple[int, int, int] | None = None, external_data_above: int = EXTERNAL_DATA_ABOVE,
-                 overwrite: bool = False, base: Path | None = None, origin: str | None = None) -> ExportResult:
+                 latent: tuple[int, int, int] | None = None, text_length: tuple[int, int, int] | None = None,
+                 external_data_above: int = EXTERNAL_DATA_ABOVE, overwrite: bool = False, base: Path | None = None,
+                 origin: str | None = None) -> ExportResult:
     """Export the diffusers pipeline (or standalone ControlNet) folder `source` to `out`: `<component>.onnx` (and
     `.onnx.data` for weights above `external_data_above` bytes), `<component>.safetensors`, `assets/`, `recipe.toml`.
     `controlnet`: a ControlNet folder exported with the pipeline as one model of the ControlNet family. `batch`
-    and `latent` (min, opt, max) replace the family's profile ranges. Nothing is written to `out` unless every
+    and `latent` (min, opt, max) replace the family's profile ranges; `text_length` the T5 token range (the transformer
+    families': its opt becomes the pipeline's default count). Nothing is written to `out` unless every
     component matches torch on ONNX Runtime. `source` may be a single-file checkpoint (or VAE file) as model sites ship
     it: `base`, the base model's diffusers folder, gives configs, tokenizers and the names its weights take."""
     started = time.monotonic()
     if Path(source).is_file() or base is not None:
         return _export_single_file(Path(source), base, Path(out), name, progress, controlnet=controlnet, targets=targets, precisions=precisions,
-                                   batch=batch, latent=latent, external_data_above=external_data_above, overwrite=overwrite)
+                                   batch=batch, latent=latent, text_length=text_length, external_data_above=external_data_above,
+                                   overwrite=overwrite)
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
+    if text_length is not None:
+        from .transformer_sizes import with_text_length
+
+        found = dataclasses.replace(found, sizes=with_text_length(found.family, found.sizes, text_length))
     _check_recipe_choices(tuple(targets), tuple(precisions))
-    check_shapes(found, latent)
+    check_shapes(found, latent, text_length)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it")
@@ -78,10 +86,11 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     report.message(f"{found.family.title} ({found.family.id}): {', '.join(found.components)}")
     out.parent.mkdir(parents=True, exist_ok=True)
     key = resume.export_key([f for f in (found.pipeline, found.controlnet) if f is not None],
-                            {"batch": batch, "latent": latent, "external_data_above": external_data_above})
+                            {"batch": batch, "latent": latent, "text_length": text_length, "external_data_above": external_data_above})
     with resume.staging(out, key, report) as partial:
         staging = partial.folder
-        done = _export_components(found, partial, report, batch=batch, latent=latent, external_data_above=external_data_above)
+        done = _export_components(found, partial, report, batch=batch, latent=latent, text_length=text_length,
+                                  external_data_above=external_data_above)
         (staging / resume.RECORD).unlink()
         shutil.rmtree(staging / "assets", ignore_errors=True)
         _copy_assets(found, staging / "assets")
@@ -90,6 +99,7 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
             if component in checkpoints and shared in checkpoints:
                 checkpoints[component] = checkpoints[shared]
         text = recipes.recipe_text(found, name, checkpoints, targets=tuple(targets), precisions=tuple(precisions), batch=batch, latent=latent,
+                                   text_length=text_length,
                                    origin=(origin or str(source)) + (f" with ControlNet {controlnet}" if controlnet else ""))
         (staging / "recipe.toml").write_text(text)
         _check_recipe(staging / "recipe.toml")
@@ -158,16 +168,20 @@ def latent_multiple(found: ExportSource) -> int:
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
 
-def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None) -> tuple[Shape, Shape]:
-    """The export's tracing shape (batch 2, the profile's opt latent, square) and a second one with another batch
-    and a non-square latent a UNet level up and down, so batch, height and width are each shown to be dynamic."""
+def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None, text_length: tuple[int, int, int] | None = None) -> tuple[Shape, Shape]:
+    """The export's tracing shape (batch 2, the profile's opt latent, square, the opt T5 token count) and a second
+    one with another batch, a non-square latent a UNet level up and down and another token count in the profile, so
+    batch, height, width and the text length are each shown to be dynamic."""
     ranges = latent or found.family.latent_range
     step = latent_multiple(found)
     if any(n % step for n in ranges):
         raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
                           hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)")
     opt = ranges[1]
-    return Shape(2, opt, opt), Shape(1, max(step, opt - step), opt + step)
+    low, tokens, high = text_length or text_length_range(found.family, found.sizes)
+    other = max(low, tokens // 2) if tokens > low else high  # the traced count must not be the only one checked
+    text = lambda n: dict(text_length=n, context_tokens=found.sizes.context_for(found.family, n)) if found.family.joint_text else {}  # noqa: E731
+    return Shape(2, opt, opt, **text(tokens)), Shape(1, max(step, opt - step), opt + step, **text(other))
 
 
 def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...]) -> None:
@@ -189,10 +203,11 @@ def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...])
             raise ConfigError(problem[0], hint=problem[1])
 
 
-def _export_components(found: ExportSource, partial: resume.Partial, report, *, batch, latent, external_data_above: int) -> list[ComponentExport]:
+def _export_components(found: ExportSource, partial: resume.Partial, report, *, batch, latent, text_length,
+                       external_data_above: int) -> list[ComponentExport]:
     family, sizes, staging = found.family, found.sizes, partial.folder
     loaded = Loaded(found, found.components)
-    shapes = check_shapes(found, latent)
+    shapes = check_shapes(found, latent, text_length)
     done = []
     for index, component_name in enumerate(found.components):
         report.work("export", index, len(found.components))

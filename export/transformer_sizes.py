@@ -4,8 +4,11 @@ each other so a mismatched folder fails before anything is traced."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from enginefarm.errors import ConfigError
 from enginefarm.families import Family, Sizes
+from enginefarm.families.spec import TEXT_LENGTH_MAX, TEXT_LENGTH_MIN
 
 
 def encoder_width(config: dict) -> int:
@@ -51,3 +54,21 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
                  pooled_width=pooled, vocab_size=vocabs[0] if vocabs else table.vocab_size,
                  num_train_timesteps=int(configs.get("scheduler", {}).get("num_train_timesteps", 1000)),
                  text_lengths=tuple(lengths), vocab_sizes=tuple(vocabs), projection_widths=tuple(projections), context_tokens=context)
+
+
+def with_text_length(family: Family, sizes: Sizes, text_length: tuple[int, int, int] | None) -> Sizes:
+    """`sizes` with the T5 token range's opt as the default count (`--text-length MIN,OPT,MAX`): the count the
+    pipeline reads when a call does not choose one, and the one the export traces at."""
+    if text_length is None:
+        return sizes
+    t5 = [c for c in family.components if c.tokenizer == "t5"]
+    if not t5:
+        raise ConfigError(f"{family.title} has no T5 encoder: its text length is CLIP's fixed 77", hint="leave out --text-length")
+    low, opt, high = text_length
+    if high > TEXT_LENGTH_MAX:
+        raise ConfigError(f"--text-length {low},{opt},{high} goes past {TEXT_LENGTH_MAX} tokens, what T5 was trained at and diffusers allows",
+                          hint=f"e.g. --text-length {TEXT_LENGTH_MIN},{min(opt, TEXT_LENGTH_MAX)},{TEXT_LENGTH_MAX}")
+    lengths = list(sizes.text_lengths)
+    for component in t5:
+        lengths[component.text_index] = opt
+    return replace(sizes, text_lengths=tuple(lengths), context_tokens=sizes.context_for(family, opt))

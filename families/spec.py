@@ -2,8 +2,9 @@
 
 A tensor's shape is written once per family with three kinds of dims:
 - an int: fixed (77 text tokens);
-- a dynamic dim name from DYNAMIC_DIMS (`batch`, latent `height`/`width`, pixel `image_height`/`image_width`,
-  and `height_div2`… for ControlNet residuals at lower resolutions): the ONNX file names it, the recipe ranges it;
+- a dynamic dim name (`batch`, latent `height`/`width`, pixel `image_height`/`image_width`, `height_div2`… for
+  ControlNet residuals at lower resolutions, and the transformer families' T5 token count `text_length` with the
+  transformer's `context_tokens` it decides): the ONNX file names it, the recipe ranges it;
 - a size name (`text_width`, `cross_attention_dim`…): a number the model's configs decide, fixed in the ONNX file.
   `Sizes` holds them; each family's `sizes` are its real models', and the exporter reads the actual ones.
 """
@@ -12,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-TOKENS = 77  # CLIP's context: every prompt is padded or cut to it, so the text length is never dynamic
+TOKENS = 77  # CLIP's context: every prompt is padded or cut to it, so CLIP's text length is never dynamic
+# T5's token count is the pipeline's choice (diffusers' `max_sequence_length`, at most 512 there): dynamic, from
+# TEXT_LENGTH_MIN (below it nearly every prompt would be cut) to TEXT_LENGTH_MAX, the family's default as the opt.
+TEXT_DIMS = ("text_length", "context_tokens")
+TEXT_LENGTH_MIN, TEXT_LENGTH_MAX = 16, 512
 
 LATENT_DIMS = ("height", "width")
 IMAGE_DIMS = ("image_height", "image_width")
@@ -24,7 +29,8 @@ def downscaled(dim: str, factor: int) -> str:
 
 
 def is_dynamic(dim: int | str) -> bool:
-    return isinstance(dim, str) and (dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS) or dim.split("_div")[0] in LATENT_DIMS and "_div" in dim)
+    return isinstance(dim, str) and (dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS, *TEXT_DIMS)
+                                     or dim.split("_div")[0] in LATENT_DIMS and "_div" in dim)
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,9 @@ class Sizes:
     mid_residual: tuple[int, int] = (0, 0)
     vocab_size: int = 49408
     num_train_timesteps: int = 1000
-    # Transformer families: each text encoder's token count (T5's is the pipeline's choice: SD3 256, Flux dev 512;
-    # empty: all CLIP's 77), each encoder's vocabulary, and the tokens of the transformer's text input.
+    # Transformer families: each text encoder's token count (T5's is the pipeline's default choice, the profile's
+    # opt: SD3 256, Flux dev 512; empty: all CLIP's 77), each encoder's vocabulary, and the tokens of the
+    # transformer's text input at those counts (`context_for` gives them at another T5 count).
     text_lengths: tuple[int, ...] = ()
     vocab_sizes: tuple[int, ...] = ()
     projection_widths: tuple[int, ...] = ()  # each encoder's pooled output (SD3: CLIP-L 768, CLIP-G 1280; 0: none)
@@ -71,6 +78,17 @@ class Sizes:
         if name == "latent_moments":  # the VAE encoder's mean and log-variance, stacked on the channel axis
             return 2 * self.latent_channels
         return getattr(self, name)
+
+    def text_length(self, component: "Component") -> int:
+        """The encoder's default token count (T5's: the pipeline's default max_sequence_length)."""
+        return self.text_lengths[component.text_index] if self.text_lengths else TOKENS
+
+    def context_for(self, family: "Family", text_length: int) -> int:
+        """The transformer's text tokens when the T5 encoder(s) appended on the token axis read `text_length` tokens
+        (SD3: CLIP's 77 + T5's; Flux, Chroma: T5's)."""
+        appended = family.joint_text.tokens if family.joint_text else ()
+        defaults = sum(self.text_length(family.component(name)) for name in appended)
+        return self.context_tokens - defaults + text_length * len(appended)
 
 
 def controlnet_residuals(block_out_channels: tuple[int, ...] | list[int], layers_per_block: int | tuple[int, ...] | list[int]
@@ -224,9 +242,11 @@ class Family:
 
 
 def profile_dims(family: Family, component: Component, sizes: Sizes, *, batch: tuple[int, int, int] | None = None,
-                 latent: tuple[int, int, int] | None = None) -> dict[str, tuple[int, int, int]]:
+                 latent: tuple[int, int, int] | None = None, text_length: tuple[int, int, int] | None = None
+                 ) -> dict[str, tuple[int, int, int]]:
     """(min, opt, max) of each dynamic dim of `component`'s inputs: a recipe profile in its shorthand form.
-    `batch` and `latent` override the family's ranges (latent pixels; pixel dims follow at the VAE's scale)."""
+    `batch`, `latent` and `text_length` override the family's ranges (latent pixels; pixel dims follow at the VAE's
+    scale; the transformer's context tokens follow the T5 token count)."""
     if batch is None:
         batch = family.vae_batch_range if component.kind.startswith("vae") else family.batch_range
     latent = latent or family.latent_range
@@ -236,10 +256,20 @@ def profile_dims(family: Family, component: Component, sizes: Sizes, *, batch: t
             ranges[dim] = tuple(batch)
         elif dim in IMAGE_DIMS:
             ranges[dim] = tuple(n * family.vae_scale_factor for n in latent)
+        elif dim in TEXT_DIMS:
+            lengths = text_length or text_length_range(family, sizes)
+            ranges[dim] = lengths if dim == "text_length" else tuple(sizes.context_for(family, n) for n in lengths)
         else:  # height, width, height_div2…
             factor = int(dim.partition("_div")[2] or 1)
             ranges[dim] = tuple(n // factor for n in latent)
     return ranges
+
+
+def text_length_range(family: Family, sizes: Sizes) -> tuple[int, int, int]:
+    """(min, opt, max) T5 token count of the family's profiles: the default count as the opt."""
+    t5 = [c for c in family.components if c.tokenizer == "t5"]
+    default = sizes.text_length(t5[0]) if t5 else TOKENS
+    return min(TEXT_LENGTH_MIN, default), default, max(TEXT_LENGTH_MAX, default)
 
 
 def input_ranges(family: Family, component: Component, sizes: Sizes, scaling_factor: float) -> dict[str, tuple[float, float]]:

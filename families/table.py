@@ -6,6 +6,8 @@ encoders whose token counts differ (`Sizes.text_lengths`), and a `JointText` say
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals
 
 F32, I64 = "float32", "int64"
@@ -71,8 +73,8 @@ _TRANSFORMER_RANGES = (("hidden_states", -3.0, 3.0), ("timestep", 0, "last_times
 
 
 def _t5(name: str, index: int) -> Component:
-    """T5's encoder: the pipelines read its last hidden state, at the pipeline's token count (a size, fixed in the
-    file). Trained T5 (v1.1, XXL) overflows fp16 in its feed-forward outputs, which random weights cannot show:
+    """T5's encoder: the pipelines read its last hidden state, at the pipeline's token count (`text_length`, dynamic:
+    diffusers' max_sequence_length; the transformer's `context_tokens` follow it). Trained T5 (v1.1, XXL) overflows fp16 in its feed-forward outputs, which random weights cannot show:
     fp32 (or bf16 where a backend computes it) until a keep-list is proven on the real weights."""
     return Component(name, "text_encoder", name, (Tensor("input_ids", I64, ("batch", "text_length")),),
                      (Tensor("last_hidden_state", F32, ("batch", "text_length", "text_width")),), text_index=index, tokenizer="t5",
@@ -90,7 +92,10 @@ def _clip_with_projection(name: str, index: int) -> Component:
 # 1000) the sin/cos arguments are off by up to 0.25 radians. Kept fp32, the tiny SD3's fp16 image on ONNX Runtime went
 # from 5.8e-3 to 5.0e-3 of diffusers' (OpenVINO compresses weights itself; keep-lists do not apply there). The names
 # are diffusers' module paths, the same in the real models.
-_SD3_TIMESTEP_EMBEDDING = tuple(f"/model/time_text_embed/time_proj/{op}" for op in ("Unsqueeze", "Cast", "Mul", "Sin", "Cos"))
+# `input:timestep` (builder/fp16_rules.input_path; OpenVINO's fp16 builds only) keeps what the timestep goes through
+# before the first weights, the embedding's input included (computed in f16 on this CPU otherwise: the tiny SD3
+# transformer 1.8e-3 off fp32, 4.3e-4 kept).
+_SD3_TIMESTEP_EMBEDDING = tuple(f"/model/time_text_embed/time_proj/{op}" for op in ("Unsqueeze", "Cast", "Mul", "Sin", "Cos")) + ("input:timestep",)
 
 
 def _sd3_transformer() -> Component:
@@ -201,8 +206,14 @@ SD3_5 = Family(
 # tokens and builds the position ids inside the graph (export/flux.py), so every dynamic dim is batch/height/width.
 # fp16: the sinusoidal timestep (and guidance) embeddings multiply t · 1000 by frequencies kept as fp16 constants,
 # which moves sin/cos by up to a radian; those scopes stay fp32 (Flux dev's tiny transformer: 1.0e-2 → 1.1e-3).
-_FLUX_T5_TOKENS = 512  # dev's max_sequence_length (schnell's model card uses 256, a size the export reads)
+# The default T5 token counts (the profiles' opt; any count in the profile's range can be asked for per call): dev
+# and Chroma 512, diffusers' max_sequence_length default; schnell 256, what it was trained with and its model card
+# uses (BFL's reference sampler too), where diffusers' FluxPipeline defaults to 512 for both.
+_FLUX_T5_TOKENS, _SCHNELL_T5_TOKENS = 512, 256
 _TIME_SCOPES = ("/model/time_text_embed/time_proj/",)
+# ... and on OpenVINO the timestep's (and guidance's) way there: the export feeds t / 1000, the model multiplies it
+# back, both in f16 otherwise (the tiny Chroma transformer 1.3e-2 off fp32 at f16, 4.1e-4 with these kept).
+_TIME_PATH = ("input:timestep",)
 
 
 def _flux_transformer(guidance: bool) -> Component:
@@ -213,7 +224,7 @@ def _flux_transformer(guidance: bool) -> Component:
     if guidance:  # dev's distilled guidance: the scale is an input, embedded like the timestep
         inputs += (Tensor("guidance", F32, ("batch",)),)
         ranges += (("guidance", 1.0, 10.0),)
-    keep = _TIME_SCOPES + (("/model/time_text_embed/time_proj_1/",) if guidance else ())
+    keep = _TIME_SCOPES + (("/model/time_text_embed/time_proj_1/",) if guidance else ()) + _TIME_PATH + (("input:guidance",) if guidance else ())
     return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),), value_ranges=ranges,
                      fp16_keep_fp32=keep)
 
@@ -225,7 +236,7 @@ def _chroma_transformer() -> Component:
               Tensor("attention_mask", F32, ("batch", "context_tokens")))
     return Component("transformer", "transformer", "transformer", inputs, (Tensor("out_sample", F32, LATENT),),
                      value_ranges=_TRANSFORMER_RANGES + (("attention_mask", 0.0, 1.0),),
-                     fp16_keep_fp32=_TIME_SCOPES + ("/model/time_text_embed/guidance_proj/",))
+                     fp16_keep_fp32=_TIME_SCOPES + ("/model/time_text_embed/guidance_proj/",) + _TIME_PATH)
 
 
 def _t5_masked(name: str, index: int) -> Component:
@@ -251,7 +262,8 @@ FLUX = Family(
 
 FLUX_SCHNELL = Family(
     id="flux-schnell", title="Flux.1 schnell", pipelines=FLUX.pipelines,
-    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()), sizes=_FLUX_SIZES, **_FLUX_COMMON,
+    components=(_FLUX_CLIP, _t5("text_encoder_2", 1), _flux_transformer(guidance=False), *_vae()),
+    sizes=replace(_FLUX_SIZES, text_lengths=(TOKENS, _SCHNELL_T5_TOKENS), context_tokens=_SCHNELL_T5_TOKENS), **_FLUX_COMMON,
     text_encoders=FLUX.text_encoders, prompt_output="last_hidden_state", joint_text=FLUX.joint_text, guidance_scale=0.0, true_cfg=False,
     batch_range=(1, 1, 4), default_steps=4,  # timestep-distilled: its model card samples 4 steps
 )

@@ -54,6 +54,7 @@ class DeviceJob:
     precision: str
     profile: dict[str, dict[str, list[int]]]
     options: dict[str, Any] = field(default_factory=dict)
+    fp16_keep: tuple[str, ...] = ()  # the ONNX artifact it starts from is already what the recipe kept
 
 
 def applies(backend, manifest: Manifest) -> bool:

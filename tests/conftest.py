@@ -224,8 +224,8 @@ FAMILY_BUILDS = {"sd1": (), "sd2-v": (), "sdxl": (), "sdxl-refiner": NARROW_BUIL
                  # true CFG) on ONNX Runtime at both precisions
                  "flux": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder"),
                  "chroma": _TXT2IMG("text_encoder", "transformer", "vae_decoder") + ("--target", "onnxruntime:cpu"),
-                 # schnell (no guidance input, no shift): text to image on ONNX Runtime fp32
-                 "flux-schnell": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder") + NARROW_BUILD}
+                 # schnell (no guidance input, no shift): text to image on both backends and precisions
+                 "flux-schnell": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder")}
 # Checks that need one more component of a family already built: built into the same store (the jobs built before
 # are found there and skipped). Flux dev's image to image: its VAE encoder, on ONNX Runtime fp32.
 ADDED_BUILDS = {"flux+vae_encoder": ("flux", _TXT2IMG("vae_encoder") + NARROW_BUILD)}

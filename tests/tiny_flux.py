@@ -5,7 +5,8 @@ The real structure at toy sizes: FluxPipeline with CLIP-L (pooled output) and a 
 tokenizer; ChromaPipeline with T5 alone; the transformers with 16-channel latents in 2x2 patches, position ids and
 rotary embeddings over (2, 2, 4) axes; a 16-channel VAE (8x, no quant convs) with Flux's scaling and shift
 factors; FlowMatchEulerDiscreteScheduler as each model ships it. Toy sizes: CLIP 32 wide, T5 32 wide with 2
-layers, transformers 1 double and 1 single block of 2 heads x 8; T5 reads 64 tokens (the real pipelines: 512)."""
+layers, transformers 1 double and 1 single block of 2 heads x 8. T5 reads the family's token count (dev and
+Chroma 512, schnell 256) or the call's `max_sequence_length`, as the real pipelines do."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 
 FLUX_FAMILIES = ("flux", "flux-schnell", "chroma")
 T5_WIDTH = 32
-T5_TOKENS = 64  # the pipelines' max_sequence_length here
 
 
 def _t5(vocab_size: int):

@@ -69,3 +69,58 @@ def test_damaged_blob_falls_back_to_ir(built):
         pytest.skip("no blob shipped")
     (path / "model.blob").write_bytes(b"not a blob")
     assert backend.load(path, manifest).how == "compiled IR"
+
+
+def _timestep_model(path):
+    """A timestep embedding as the exporters write it: t / 1000 · 1000 (Flux's round trip), times frequencies, sin,
+    then a layer with weights. The frequencies are an initializer of 16 (prep keeps those), as at real size."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    freqs = np.exp(-np.log(10000) * np.arange(16) / 16).astype(np.float32)[None, :]
+    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("Div", ["timestep", "thousand"], ["scaled"], name="/Div"),
+             helper.make_node("Mul", ["scaled", "thousand"], ["t"], name="/model/Mul"),
+             helper.make_node("Unsqueeze", ["t", "axis"], ["column"], name="/model/time_proj/Unsqueeze"),
+             helper.make_node("Mul", ["column", "freqs"], ["argument"], name="/model/time_proj/Mul"),
+             helper.make_node("Sin", ["argument"], ["wave"], name="/model/time_proj/Sin"),
+             helper.make_node("MatMul", ["wave", "weight"], ["embedding"], name="/model/linear/MatMul")]
+    inits = [numpy_helper.from_array(np.array(1000.0, np.float32), "thousand"), numpy_helper.from_array(np.array([1], np.int64), "axis"),
+             numpy_helper.from_array(freqs, "freqs"), numpy_helper.from_array(weight, "weight")]
+    graph = helper.make_graph(nodes, "timestep", [helper.make_tensor_value_info("timestep", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return lambda t: np.sin(np.float64(t) * freqs.astype(np.float64)) @ weight
+
+
+def test_the_fp16_keep_list_computes_in_f32_at_the_f16_hint(tmp_path):
+    """OpenVINO computes an fp16 artifact in f16 where the CPU can; the recipe's keep-list (here the timestep's
+    input path) is marked `precise` in the IR, so those nodes and their constants stay f32: the compiled model runs
+    them in f32, and a timestep of 751.3 embeds as in fp32, where f16 moves sin(t · f) by a tenth of a radian and more."""
+    from enginefarm.backends.openvino_precise import keep_fp32, precise_names
+
+    core = ov.Core()
+    if "FP16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        pytest.skip("this CPU does not compute in f16 (no AVX512-FP16 or AMX-FP16): nothing to keep")
+    exact = _timestep_model(tmp_path / "t.onnx")
+    names = precise_names(tmp_path / "t.onnx", ("input:timestep",))
+    assert {"/Div", "/model/Mul", "/model/time_proj/Mul", "/model/time_proj/Sin", "freqs", "thousand"} <= names
+    assert "/model/linear/MatMul" not in names and "weight" not in names  # the first weights run at the precision asked for
+
+    def compiled(keep: bool):
+        model = core.read_model(str(tmp_path / "t.onnx"))
+        if keep:
+            model, marked, _ = keep_fp32(ov, core, model, names, tmp_path)
+            assert marked >= 5
+        ov.save_model(model, str(tmp_path / f"m{keep}.xml"), compress_to_fp16=True)
+        return core.compile_model(core.read_model(str(tmp_path / f"m{keep}.xml")), "CPU", {"INFERENCE_PRECISION_HINT": "f16"})
+
+    t = np.array([751.3], np.float32)
+    errors, precisions = {}, {}
+    for keep in (False, True):
+        model = compiled(keep)
+        errors[keep] = float(np.abs(model({"timestep": t})[model.outputs[0]] - exact(t[0])).max())
+        runtime = {op.get_friendly_name(): op.get_rt_info()["runtimePrecision"].astype(str) for op in model.get_runtime_model().get_ordered_ops()}
+        precisions[keep] = runtime.get("/model/time_proj/Mul")
+    assert precisions == {False: "f16", True: "f32"}
+    assert errors[True] < 1e-2 and errors[False] > 1e-1, errors  # measured: 2.9e-3 kept, 0.22 not

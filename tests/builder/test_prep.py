@@ -154,8 +154,10 @@ batch = [1, 2, 4]
     assert sorted((str(j.target), j.precision) for j in jobs) == [("onnxruntime:cpu", "fp32"), ("openvino:cpu", "fp16"), ("openvino:cpu", "fp32")]
     keyed = {(str(j.target), j.precision): j.key(j.toolchain()) for j in jobs}
     kept = expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl")
-    # OpenVINO converts from the fp32 ONNX itself: the list changes nothing there, so nothing rebuilds
-    assert {(str(j.target), j.precision): j.key(j.toolchain()) for j in kept} == keyed
+    # OpenVINO converts from the fp32 ONNX itself and keeps the list in its fp16 IR (openvino_precise): that one
+    # rebuilds, the fp32 jobs do not
+    rekeyed = {(str(j.target), j.precision): j.key(j.toolchain()) for j in kept}
+    assert {k for k in keyed if keyed[k] != rekeyed[k]} == {("openvino:cpu", "fp16")}
     text = text.replace('exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]', 'exclude = [{ target = "openvino" }]')
     fp16 = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", ""))), tmp_path / "dl") if j.precision == "fp16"]
     fp16_kept = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl") if j.precision == "fp16"]
@@ -238,6 +240,41 @@ def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
     run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]  # noqa: E731
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("/model/time_proj/",))) - exact).max() < 2e-3
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ())) - exact).max() > 0.1
+
+
+def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recipe, tmp_path):
+    """`input:t`: what a timestep goes through before a layer with weights (Flux: t / 1000, · 1000 in the model, then
+    its sinusoidal embedding), with the Constants only those nodes read; not the MatMul after it. OpenVINO keeps
+    them (tests/backends/test_openvino.py); the ONNX fp16 conversion leaves input paths alone (ONNX Runtime's CPU
+    kernels compute that arithmetic through fp32 casts already). The planner takes an input path for an input the
+    model has, and names a wrong one."""
+    from onnx import TensorProto, helper
+
+    from enginefarm.builder.fp16_rules import fp16_blocked, kept_nodes
+    from enginefarm.builder.planner import expand
+    from enginefarm.builder.recipe import load_recipe
+    from enginefarm.errors import RecipeError
+
+    freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
+    weight = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    constant = lambda name, value: helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(value))  # noqa: E731
+    nodes = [constant("thousand", np.array(1000.0, np.float32)), constant("freqs", freqs), constant("weight", weight),
+             helper.make_node("Div", ["t", "thousand"], ["scaled"], name="/Div"), helper.make_node("Mul", ["scaled", "thousand"], ["back"], name="/model/Mul"),
+             helper.make_node("Mul", ["back", "freqs"], ["args"], name="/model/time_proj/Mul"), helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
+             helper.make_node("MatMul", ["emb", "weight"], ["y"], name="/model/linear/MatMul")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, kept = kept_nodes(model, ("input:t",))
+    assert kept == {"/Div", "/model/Mul", "/model/time_proj/Mul", "/model/time_proj/Sin", "thousand", "freqs"}
+    assert fp16_blocked(model, ("input:t",))[1] == set()
+
+    onnx.save(model, str(tmp_path / "t.onnx"))
+    text = '[model]\nname = "t"\nversion = "1"\n[components.c]\nsource = "t.onnx"\nprecisions = ["fp16"]\ntargets = ["onnxruntime:cpu"]\nKEEP\n'
+    jobs = expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["input:t"]'))), tmp_path / "dl")
+    assert jobs[0].fp16_keep == ("input:t",)
+    with pytest.raises(RecipeError, match="no op or node named 'input:time'"):
+        expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["input:time"]'))), tmp_path / "dl")
 
 
 def test_a_round_trip_cast_that_an_if_branch_reads_is_kept():

@@ -1,15 +1,17 @@
 """enginefarm.diffusion.Pipeline against diffusers' FluxPipeline (dev: guidance embedding, resolution-dependent
 shift, no negative prompt) and ChromaPipeline (T5 alone with its attention mask, true CFG): the tiny models
-exported and built by the real CLI at fp32 and fp16 (T5 stays fp32: its table says so), Flux for ONNX Runtime and
-OpenVINO, Chroma for ONNX Runtime; Flux dev's image to image (FluxImg2ImgPipeline) and schnell's text to image on
-ONNX Runtime fp32. Same weights, prompt, starting latent and schedule; fp32: the final latent within 1e-4 of diffusers' (over
-its range), fp16: the image within 2e-2. diffusers takes and gives Flux latents packed in 2x2 patches; its own
-packing is used to hand them over."""
+exported and built by the real CLI at fp32 and fp16 (T5 stays fp32: its table says so), Flux dev and schnell for ONNX
+Runtime and OpenVINO, Chroma for ONNX Runtime; Flux dev's image to image (FluxImg2ImgPipeline) on ONNX Runtime fp32;
+the T5 token count (max_sequence_length) chosen per call. Same weights, prompt, starting latent and schedule; fp32:
+the final latent within 1e-4 of diffusers' (over its range), fp16: the image within 2e-2. diffusers takes and gives
+Flux latents packed in 2x2 patches; its own packing is used to hand them over."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from enginefarm.errors import ConfigError
 
 from .test_pipeline_matches_diffusers import BACKENDS, NEGATIVE, PROMPT, STEPS, _ours, _relative
 
@@ -18,7 +20,7 @@ diffusers = pytest.importorskip("diffusers")
 
 pytestmark = pytest.mark.slow
 
-TOKENS = 512  # the family table's T5 token count, the pipelines' max_sequence_length
+TOKENS = 512  # Flux dev's default T5 token count (the profile's opt), diffusers' max_sequence_length default
 SIZE = 64  # image pixels: 8x8 latent, 16 tokens (the tiny transformers have no sample_size; the family's native is 1024)
 
 
@@ -32,11 +34,11 @@ def _latents(size: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
 
 
-def _run_theirs(pipe, latents: np.ndarray, size: int, output: str, **kwargs) -> np.ndarray:
+def _run_theirs(pipe, latents: np.ndarray, size: int, output: str, tokens: int = TOKENS, steps: int = STEPS, **kwargs) -> np.ndarray:
     from diffusers import FluxPipeline
 
     packed = FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
-    result = pipe(PROMPT, num_inference_steps=STEPS, latents=packed, height=size, width=size, max_sequence_length=TOKENS,
+    result = pipe(PROMPT, num_inference_steps=steps, latents=packed, height=size, width=size, max_sequence_length=tokens,
                   output_type=output, **kwargs).images
     return FluxPipeline._unpack_latents(result, size, size, 8).numpy() if output == "latent" else result[0]
 
@@ -112,16 +114,43 @@ def test_flux_image_to_image_matches_diffusers(built, monkeypatch):
     assert np.abs(results[0.6] - results[1.0]).max() > 1e-3  # the image is kept at 0.6, not at 1.0: strength reaches the result
 
 
-def test_flux_schnell_text_to_image_matches_diffusers(built):
+@pytest.mark.parametrize("target", BACKENDS)
+def test_flux_schnell_text_to_image_matches_diffusers(built, target):
     """schnell: no guidance input, an unshifted schedule (its scheduler's shift is 1, no dynamic shift), and the
-    family's defaults when the caller gives none: 4 steps, one pass per step. diffusers is run with 4 steps."""
-    ours = _ours(built("flux-schnell"), "onnxruntime:cpu", "fp32")
-    assert ours.family.id == "flux-schnell"
-    assert "guidance" not in {tensor.name for tensor in ours.family.component("transformer").inputs}
+    family's defaults when the caller gives none: 4 steps, one pass per step, 256 T5 tokens (what it was trained
+    with; diffusers defaults to 512 and is given 256). fp32: the latent; fp16: the image."""
     theirs = _theirs(built("flux-schnell")[0])
     assert not theirs.transformer.config.guidance_embeds and not theirs.scheduler.config.use_dynamic_shifting
     latents = _latents(SIZE, seed=2)
-    reference = _run_theirs(theirs, latents, SIZE, "latent", guidance_scale=0.0)
-    got = ours(PROMPT, latents=latents, height=SIZE, width=SIZE, output_type="latent")
-    assert ours.timings["steps"] == 4 == STEPS
-    assert got.shape == reference.shape and _relative(got, reference) < 1e-4
+    for precision in ("fp32", "fp16"):
+        ours = _ours(built("flux-schnell"), target, precision)
+        assert ours.family.id == "flux-schnell" and ours.prompts.default_length == 256
+        assert "guidance" not in {tensor.name for tensor in ours.family.component("transformer").inputs}
+        output = "latent" if precision == "fp32" else "np"
+        reference = _run_theirs(theirs, latents, SIZE, output, tokens=256, guidance_scale=0.0)
+        got = ours(PROMPT, latents=latents, height=SIZE, width=SIZE, output_type=output)
+        assert ours.timings["steps"] == 4 == STEPS
+        if precision == "fp32":
+            assert got.shape == reference.shape and _relative(got, reference) < 1e-4, target
+        else:
+            assert got.shape == reference.shape and np.abs(got - reference).max() < 2e-2, target
+
+
+def test_the_t5_token_count_is_the_callers_choice(built):
+    """max_sequence_length picks T5's token count per call, as diffusers' argument does (the exported T5 and
+    transformer take any count in their profile: 16..512): a short count matches diffusers at that count and changes
+    the result (the prompt's padding is attended); a count outside the engines' profile is a one-line ConfigError
+    before anything runs."""
+    ours = _ours(built("flux"), "onnxruntime:cpu", "fp32")
+    theirs = _theirs(built("flux")[0])
+    latents = _latents(SIZE, seed=4)
+    results = {}
+    for tokens in (24, TOKENS):
+        reference = _run_theirs(theirs, latents, SIZE, "latent", tokens=tokens, steps=2, guidance_scale=3.5)
+        results[tokens] = ours(PROMPT, steps=2, latents=latents, height=SIZE, width=SIZE, max_sequence_length=tokens, output_type="latent")
+        assert _relative(results[tokens], reference) < 1e-4, tokens
+    assert np.abs(results[24] - results[TOKENS]).max() > 1e-3
+    for wrong in (8, 600):
+        with pytest.raises(ConfigError, match="outside what .* built for \\(16..512 T5 tokens\\)") as caught:
+            ours(PROMPT, steps=1, max_sequence_length=wrong)
+        assert "--text-length" in caught.value.hint

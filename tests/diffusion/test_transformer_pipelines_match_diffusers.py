@@ -71,6 +71,23 @@ def test_sd3_without_t5_feeds_zeros_as_diffusers_does(built, tmp_path):
     assert _relative(with_t5, reference.numpy()) > 1e-3  # T5's states do matter: the zeros are what made the match
 
 
+def test_sd3_reads_the_t5_token_count_the_caller_asks_for(built):
+    """max_sequence_length (default 256, SD3's) sets T5's token count, and the transformer's text tokens follow
+    (CLIP's 77 + T5's): a short count matches diffusers at that count and differs from the default's result."""
+    source = built("sd3")[0]
+    ours = _ours(built("sd3"), "onnxruntime:cpu", "fp32")
+    assert ours.prompts.default_length == 256
+    theirs = _theirs(source)
+    latents, size = _latents(ours, seed=5), ours.assets.native_pixels
+    results = {}
+    for tokens in (40, None):
+        reference = theirs(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=2, latents=torch.from_numpy(latents), height=size, width=size,
+                           guidance_scale=6.0, max_sequence_length=tokens or 256, output_type="latent").images
+        results[tokens] = ours(PROMPT, NEGATIVE, steps=2, latents=latents, guidance_scale=6.0, max_sequence_length=tokens, output_type="latent")
+        assert _relative(results[tokens], reference.numpy()) < 1e-4, tokens
+    assert np.abs(results[40] - results[None]).max() > 1e-4
+
+
 def test_sd35_text_and_image_to_image_match_diffusers(built, monkeypatch):
     source = built("sd3.5")[0]
     ours = _ours(built("sd3.5"), "onnxruntime:cpu", "fp32")

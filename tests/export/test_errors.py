@@ -120,3 +120,28 @@ def test_bad_targets_precisions_and_latent_multiples_fail_before_exporting(tmp_p
         err = _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out"), *args))
         assert says in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_text_length_for_a_family_without_t5_or_past_512_is_a_one_line_error(tmp_path):
+    """--text-length ranges the T5 token count: refused for a UNet family (CLIP reads a fixed 77), past T5's 512, or
+    not MIN,OPT,MAX, before anything is exported."""
+    import pytest
+
+    from enginefarm.errors import ConfigError
+    from enginefarm.export.transformer_sizes import with_text_length
+    from enginefarm.families import FAMILIES
+
+    flux = FAMILIES["flux"]
+    assert with_text_length(flux, flux.sizes, (16, 128, 512)).text_lengths == (77, 128)
+    assert with_text_length(flux, flux.sizes, (16, 128, 512)).context_tokens == 128
+    source = tmp_path / "x"
+    for folder in ("unet", "text_encoder", "vae"):
+        (source / folder).mkdir(parents=True)
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]}))
+    for value, says in (("16,77,512", "has no T5 encoder"), ("16,64", "is not MIN,OPT,MAX")):
+        assert says in _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out"), "--text-length", value))
+    with pytest.raises(ConfigError, match="past 512 tokens") as caught:
+        with_text_length(flux, flux.sizes, (16, 256, 1024))
+    assert caught.value.hint
+    assert not (tmp_path / "out").exists()

@@ -16,12 +16,14 @@ from .references import deviation, vae_reference
 
 pytestmark = pytest.mark.slow
 
-SHAPES = ((1, 8, 12), (3, 10, 6))  # batch, latent height, width: the exporter traced at (2, 8, 8) and checked (1, 6, 10)
+# batch, latent height, width, T5 tokens: the exporter traced at (2, 8, 8, 256) and checked (1, 6, 10, 128)
+SHAPES = ((1, 8, 12, 40), (3, 10, 6, 512))
 
 
-def _feeds(session, batch: int, height: int, width: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
+def _feeds(session, batch: int, height: int, width: int, tokens: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    dims = {"batch": batch, "height": height, "width": width, "image_height": 8 * height, "image_width": 8 * width}
+    dims = {"batch": batch, "height": height, "width": width, "image_height": 8 * height, "image_width": 8 * width,
+            "text_length": tokens, "context_tokens": 77 + tokens}
     feeds = {}
     for arg in session.get_inputs():
         shape = [d if isinstance(d, int) else dims[d] for d in arg.shape]
@@ -73,8 +75,8 @@ def test_each_component_matches_diffusers_at_two_shapes(family, tiny, exported):
         assert [(i.name, list(i.shape)) for i in session.get_inputs()] == [(t.name, list(t.shape)) for t in inputs]
         assert [(o.name, list(o.shape)) for o in session.get_outputs()] == [(t.name, list(t.shape)) for t in outputs]
         vocab = sizes.vocab_sizes[component.text_index]
-        for seed, (batch, height, width) in enumerate(SHAPES):
-            feeds = _feeds(session, batch, height, width, vocab, seed)
+        for seed, (batch, height, width, tokens) in enumerate(SHAPES):
+            feeds = _feeds(session, batch, height, width, tokens, vocab, seed)
             got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
             want = _reference(pipeline, name, feeds)
             for output, value in got.items():

@@ -10,7 +10,7 @@ import pytest
 
 from enginefarm.families import FAMILIES
 
-TOKENS = 512  # the family table's T5 token count
+TOKENS = 512  # the family table's default T5 token count (the profile's opt; the dim itself is dynamic)
 
 
 def _dims(value) -> list:
@@ -40,7 +40,7 @@ def _diffusers_transformer(source, family: str, x: np.ndarray, t: float, hidden:
 
 
 @pytest.mark.parametrize("family", ["flux", "chroma"])
-def test_the_transformer_is_dynamic_in_batch_height_and_width(tiny, exported, family):
+def test_the_transformer_is_dynamic_in_batch_height_width_and_text_tokens(tiny, exported, family):
     import onnxruntime as ort
 
     source = tiny(family)
@@ -49,17 +49,20 @@ def test_the_transformer_is_dynamic_in_batch_height_and_width(tiny, exported, fa
     graph = onnx.load(str(export.out / "transformer.onnx")).graph
     dims = {v.name: _dims(v) for v in graph.input}
     assert dims["hidden_states"] == ["batch", 16, "height", "width"] and dims["timestep"] == ["batch"]
-    assert dims["encoder_hidden_states"] == ["batch", TOKENS, 32]
-    assert {"pooled_projections", "guidance"} <= set(dims) if family == "flux" else dims["attention_mask"] == ["batch", TOKENS]
+    assert dims["encoder_hidden_states"] == ["batch", "context_tokens", 32]
+    assert {"pooled_projections", "guidance"} <= set(dims) if family == "flux" else dims["attention_mask"] == ["batch", "context_tokens"]
+    t5 = "text_encoder" if family == "chroma" else "text_encoder_2"
+    assert _dims(onnx.load(str(export.out / f"{t5}.onnx"), load_external_data=False).graph.input[0]) == ["batch", "text_length"]
     assert _dims(graph.output[0]) == ["batch", 16, "height", "width"]
 
     session = ort.InferenceSession(str(export.out / "transformer.onnx"), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(3)
-    for batch, height, width in ((3, 6, 10), (1, 12, 4)):  # neither is an export check shape (2x8x8, 1x6x10 at batch 1)
+    # neither is an export check shape (2x8x8 at 512 tokens, 1x6x10 at 256)
+    for batch, height, width, tokens in ((3, 6, 10, 40), (1, 12, 4, TOKENS)):
         x = rng.standard_normal((batch, 16, height, width), dtype=np.float32)
-        hidden = rng.standard_normal((batch, TOKENS, 32), dtype=np.float32)
+        hidden = rng.standard_normal((batch, tokens, 32), dtype=np.float32)
         if family == "chroma":
-            mask = (np.arange(TOKENS)[None, :] <= np.array([[5], [9], [0]])[:batch]).astype(np.float32)
+            mask = (np.arange(tokens)[None, :] <= np.array([[5], [9], [0]])[:batch]).astype(np.float32)
             extra = {"attention_mask": mask}
         else:
             extra = {"pooled_projections": rng.standard_normal((batch, 32), dtype=np.float32), "guidance": np.full((batch,), 3.5, np.float32)}

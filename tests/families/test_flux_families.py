@@ -27,10 +27,10 @@ def _inputs(family: str) -> list[tuple[str, tuple]]:
 
 def test_the_contracts():
     latent = ("batch", 16, "height", "width")
-    common = [("hidden_states", latent), ("timestep", ("batch",)), ("encoder_hidden_states", ("batch", 512, 4096))]
+    common = [("hidden_states", latent), ("timestep", ("batch",)), ("encoder_hidden_states", ("batch", "context_tokens", 4096))]
     assert _inputs("flux") == common + [("pooled_projections", ("batch", 768)), ("guidance", ("batch",))]
     assert _inputs("flux-schnell") == common + [("pooled_projections", ("batch", 768))]
-    assert _inputs("chroma") == common + [("attention_mask", ("batch", 512))]
+    assert _inputs("chroma") == common + [("attention_mask", ("batch", "context_tokens"))]
     flux, chroma = FAMILIES["flux"], FAMILIES["chroma"]
     assert [(t.name, t.shape) for t in flux.component("text_encoder").io(flux.sizes)[1]] == [("pooler_output", ("batch", 768))]
     assert [t.name for t in chroma.component("text_encoder").inputs] == ["input_ids", "attention_mask"]
@@ -38,9 +38,17 @@ def test_the_contracts():
     # no true CFG for Flux: one latent per image is the profile's optimum; Chroma guides with a negative prompt
     assert profile_dims(flux, flux.component("transformer"), flux.sizes)["batch"] == (1, 1, 4) and not flux.true_cfg
     assert profile_dims(chroma, chroma.component("transformer"), chroma.sizes)["batch"] == (1, 2, 4) and chroma.true_cfg
+    # the T5 token count is dynamic (diffusers' max_sequence_length, up to 512); the default is the profile's opt:
+    # dev and Chroma 512 (diffusers' default), schnell 256 (what it was trained with); the transformer's text follows
+    schnell = FAMILIES["flux-schnell"]
+    assert profile_dims(flux, flux.component("text_encoder_2"), flux.sizes)["text_length"] == (16, 512, 512)
+    assert profile_dims(schnell, schnell.component("text_encoder_2"), schnell.sizes)["text_length"] == (16, 256, 512)
+    assert profile_dims(schnell, schnell.component("transformer"), schnell.sizes)["context_tokens"] == (16, 256, 512)
+    assert profile_dims(chroma, chroma.component("transformer"), chroma.sizes, text_length=(32, 64, 128))["context_tokens"] == (32, 64, 128)
     assert flux.shift_factor({}) == 0.1159 and flux.scaling_factor({}) == 0.3611
-    assert flux.component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/", "/model/time_text_embed/time_proj_1/")
-    assert FAMILIES["flux-schnell"].component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/",)
+    assert flux.component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/", "/model/time_text_embed/time_proj_1/",
+                                                              "input:timestep", "input:guidance")
+    assert FAMILIES["flux-schnell"].component("transformer").fp16_keep_fp32 == ("/model/time_text_embed/time_proj/", "input:timestep")
 
 
 def test_sizes_come_from_the_configs():

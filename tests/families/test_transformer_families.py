@@ -28,16 +28,17 @@ def test_the_sd3_onnx_contract():
     io = {c.name: c.io(sd3.sizes) for c in sd3.components}
     assert [(t.name, t.shape) for t in io["text_encoder"][1]] == [("hidden_states", ("batch", 77, 768)), ("text_embeds", ("batch", 768))]
     assert [(t.name, t.shape) for t in io["text_encoder_2"][1]] == [("hidden_states", ("batch", 77, 1280)), ("text_embeds", ("batch", 1280))]
-    # T5 reads the pipeline's 256 tokens, not CLIP's 77
-    assert [(t.name, t.dtype, t.shape) for t in io["text_encoder_3"][0]] == [("input_ids", "int64", ("batch", 256))]
-    assert [(t.name, t.shape) for t in io["text_encoder_3"][1]] == [("last_hidden_state", ("batch", 256, 4096))]
+    # T5 reads the pipeline's token count (dynamic: max_sequence_length, 256 by default), not CLIP's fixed 77
+    assert [(t.name, t.dtype, t.shape) for t in io["text_encoder_3"][0]] == [("input_ids", "int64", ("batch", "text_length"))]
+    assert [(t.name, t.shape) for t in io["text_encoder_3"][1]] == [("last_hidden_state", ("batch", "text_length", 4096))]
+    assert sd3.sizes.context_for(sd3, 256) == 77 + 256 == sd3.sizes.context_tokens and sd3.sizes.context_for(sd3, 32) == 77 + 32
     assert sd3.component("text_encoder_3").tokenizer == "t5" and sd3.component("text_encoder").tokenizer == "clip"
     assert [(t.name, t.shape) for t in io["transformer"][0]] == [
         ("hidden_states", ("batch", 16, "height", "width")), ("timestep", ("batch",)),
-        ("encoder_hidden_states", ("batch", 77 + 256, 4096)), ("pooled_projections", ("batch", 2048))]
+        ("encoder_hidden_states", ("batch", "context_tokens", 4096)), ("pooled_projections", ("batch", 2048))]
     assert [(t.name, t.shape) for t in io["transformer"][1]] == [("out_sample", ("batch", 16, "height", "width"))]
     assert io["vae_encoder"][1][0].shape == ("batch", 32, "height", "width")
-    assert sd3.component("transformer").dynamic_dims(sd3.sizes) == ("batch", "height", "width")
+    assert sd3.component("transformer").dynamic_dims(sd3.sizes) == ("batch", "height", "width", "context_tokens")
     assert sd3.joint_text.width == ("text_encoder", "text_encoder_2") and sd3.joint_text.tokens == ("text_encoder_3",)
     assert FAMILIES["sd3.5"].components == sd3.components
 
@@ -47,8 +48,10 @@ def test_sd3_factors_ranges_and_precisions():
     assert sd3.scaling_factor(None) == 1.5305 and sd3.shift_factor(None) == 0.0609 and sd3.shift_factor({"shift_factor": 0.1}) == 0.1
     assert FAMILIES["sd1"].shift_factor({"shift_factor": None}) == 0.0
     assert sd3.latent_range == (64, 128, 192)
-    assert profile_dims(sd3, sd3.component("transformer"), sd3.sizes) == {"batch": (1, 2, 4), "height": (64, 128, 192), "width": (64, 128, 192)}
-    assert profile_dims(sd3, sd3.component("text_encoder_3"), sd3.sizes) == {"batch": (1, 2, 4)}
+    # T5's token count is dynamic (max_sequence_length, default 256); the transformer reads CLIP's 77 tokens before it
+    assert profile_dims(sd3, sd3.component("transformer"), sd3.sizes) == {"batch": (1, 2, 4), "height": (64, 128, 192), "width": (64, 128, 192),
+                                                                         "context_tokens": (93, 333, 589)}
+    assert profile_dims(sd3, sd3.component("text_encoder_3"), sd3.sizes) == {"batch": (1, 2, 4), "text_length": (16, 256, 512)}
     # each encoder's ids stay in its own vocabulary (T5's 32128 rows, CLIP's 49408)
     assert input_ranges(sd3, sd3.component("text_encoder_3"), sd3.sizes, 1.5305) == {"input_ids": (0, 32127)}
     assert input_ranges(sd3, sd3.component("text_encoder"), sd3.sizes, 1.5305) == {"input_ids": (0, 49407), "added_embeds": (-0.1, 0.1)}

@@ -1,0 +1,70 @@
+"""The recipe's fp16 keep-list on OpenVINO: the nodes it names are marked `precise` in the IR before its weights are
+compressed to fp16, so OpenVINO keeps them and their constants fp32 and its CPU plugin computes them in f32 even
+at INFERENCE_PRECISION_HINT f16 (checked: the compiled model's runtime precision of each marked node is f32).
+
+Why: an fp16 artifact computes in f16 on a CPU that can (AVX512-FP16 here), and that, not the weights' compression,
+is where the transformers lost most. The tiny Chroma transformer's output was 1.3e-2 of its range off fp32 at f16
+(1.8e-4 with the same fp16 weights computed in f32): OpenVINO keeps sin/cos f32 itself, but their argument t · f, and
+the timestep's scaling before it (t / 1000, then · 1000 in the model), ran in f16. Marked, 4.1e-4.
+
+The mark is the runtime attribute OpenVINO's `disable_fp16_compression` sets (named `precise`, version 0, in the
+IR). Python cannot create it (setting that rt_info key from Python stores a plain string, which every transformation
+ignores: tried), but the IR reader does from the XML, so the build writes the IR, adds the attribute to the layers
+and reads it back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ATTRIBUTE = {"name": "precise", "version": "0"}
+
+
+def precise_names(onnx_path: Path, keep: tuple[str, ...]) -> set[str]:
+    """The OpenVINO layer names of what `keep` names in the ONNX file (fp16_rules.kept_nodes: op types, node names,
+    scopes, input paths): the nodes, and the constants only they read (a Constant node is named by its output, an
+    initializer by its own name)."""
+    import onnx
+
+    from enginefarm.builder.fp16_rules import kept_nodes
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    ops, kept = kept_nodes(model, keep)
+    nodes = list(model.graph.node)
+    kept |= {n.name for n in nodes if n.op_type in ops and n.name}
+    names = set(kept) | {o for n in nodes if n.name in kept and n.op_type == "Constant" for o in n.output}
+    readers: dict[str, set[str]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
+    names |= {i.name for i in model.graph.initializer if readers.get(i.name) and readers[i.name] <= kept}
+    return names
+
+
+def mark_precise(xml: Path, names: set[str]) -> int:
+    """Add the `precise` attribute to each layer of the IR at `xml` whose name is in `names`; how many were marked."""
+    import xml.etree.ElementTree as ET
+
+    tree = ET.parse(xml)
+    marked = 0
+    for layer in tree.getroot().iter("layer"):
+        if layer.get("name") not in names:
+            continue
+        info = layer.find("rt_info")
+        if info is None:
+            info = ET.Element("rt_info")
+            layer.insert(0, info)
+        if not any(a.get("name") == ATTRIBUTE["name"] for a in info.findall("attribute")):
+            ET.SubElement(info, "attribute", ATTRIBUTE)
+            marked += 1
+    tree.write(xml, encoding="utf-8", xml_declaration=True)
+    return marked
+
+
+def keep_fp32(ov, core, model, names: set[str], workdir: Path):
+    """`model` with the layers in `names` marked precise (through an uncompressed IR in `workdir`); the count."""
+    staging = workdir / "unmarked.xml"
+    ov.save_model(model, str(staging), compress_to_fp16=False)
+    marked = mark_precise(staging, names)
+    marked_model = core.read_model(str(staging))
+    return marked_model, marked, (staging, staging.with_suffix(".bin"))

@@ -90,6 +90,9 @@ def version_in_range(version: str, spec: str) -> bool:
     `!=1.2`, `<=3`), with every component counted: a TensorRT plan built by 10.12.0.36 is not usable on 10.12.0.99.
     Vendor versions that are not PEP 440 (OpenVINO's `2026.4.1-22982-…`) are compared by their leading release
     numbers; a specifier that cannot be parsed is not satisfied (the artifact is not ranked usable on a guess)."""
+    floor, plain = _FLOOR.match(spec.strip()), _NUMERIC.match(version.strip())
+    if floor and plain:  # ">=X.Y.Z" against a plain release, what every runtime range is: no packaging import (~20 ms)
+        return _release(plain.group(0)) >= _release(floor.group(1))
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -108,6 +111,16 @@ def version_in_range(version: str, spec: str) -> bool:
 
 
 _RELEASE = re.compile(r"\d+(\.\d+)*")
+_FLOOR = re.compile(r"^>=\s*(\d+(?:\.\d+)*)$")
+_NUMERIC = re.compile(r"^\d+(?:\.\d+)*$")
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """PEP 440 release numbers compared with trailing zeros ignored (1.32 == 1.32.0)."""
+    numbers = [int(part) for part in text.split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
 
 
 class Feature(enum.Enum):

@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from enginefarm.runner.device_info import amd_gpus, cpu_description, nvidia_gpus
+from enginefarm.runner.device_info import amd_gpus, cpu_description, nvidia_gpus, remember_cpu
 from enginefarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,8 @@ def run_probes(names: tuple[str, ...] | None = None, cached: bool = True) -> lis
         if remembered is not None:
             try:
                 results.append(_probe_from(remembered))
+                if name == "cpu" and results[-1].devices:
+                    remember_cpu(results[-1].devices[0].info)
                 continue
             except (KeyError, TypeError, ValueError):  # an entry of another shape: probe again
                 pass

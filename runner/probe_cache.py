@@ -44,6 +44,13 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def _memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return 0
+
+
 def _sdk_packages() -> list[str]:
     """name-version of the installed distributions that probes or availability depend on (their dist-info folders)."""
     found = set()
@@ -75,7 +82,7 @@ def _own_code() -> list[int]:
 
 def machine_key() -> str:
     parts = {"kernel": platform.release(), "machine": platform.machine(), "system": platform.system(), "cpu": _cpu_model(),
-             "cores": os.cpu_count(), "python": [sys.executable, *sys.version_info[:2]], "path": sys.path, "sdks": _sdk_packages(), "devices": _devices(),
+             "cores": os.cpu_count(), "memory": _memory(), "python": [sys.executable, *sys.version_info[:2]], "path": sys.path, "sdks": _sdk_packages(), "devices": _devices(),
              "drivers": {p: _read(p, 512) for p in _DRIVER_FILES if os.path.exists(p)}, "code": _own_code(),
              "env": {k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -16,6 +16,9 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("ENGINEFARM_PROBE_CACHE", "on")
+    from enginefarm.runner import device_info
+
+    monkeypatch.setattr(device_info, "_remembered", None)  # what a remembered probe sets stays within the test
     return tmp_path / "home"
 
 
@@ -32,6 +35,9 @@ def test_probes_are_remembered_until_the_machine_key_changes(home, monkeypatch):
     _plant(home, "remembered cpu")
     again = run_probes(("cpu",))
     assert again[0].devices[0].name == "remembered cpu"
+    from enginefarm.runner.device_info import cpu_description
+
+    assert cpu_description()["name"] == "remembered cpu"  # the CPU's description comes from the cache too (no psutil)
     assert again[0].devices[0].targets == probed[0].devices[0].targets and again[0].devices[0].info == probed[0].devices[0].info
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # part of the key: what GPUs the process sees
     fresh = run_probes(("cpu",))

@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from enginefarm.runner.device_info import amd_gpus, cpu_description, nvidia_gpus, remember_cpu
+from enginefarm.runner.device_info import amd_gpus, measured_cpu_description, nvidia_gpus, remember_cpu
 from enginefarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Probe:
 
 
 def probe_cpu() -> Probe:
-    info = cpu_description()
+    info = measured_cpu_description()  # not a remembered one: this is the probe
     return Probe("cpu", (Device.found("cpu", info["name"], info["class"], info),))
 
 
@@ -129,6 +129,8 @@ def run_probes(names: tuple[str, ...] | None = None, cached: bool = True) -> lis
         try:
             found = probe()
             fresh[name] = _probe_to(found)
+            if name == "cpu" and found.devices:
+                remember_cpu(found.devices[0].info)  # what this process describes the CPU as from now on
         except Exception as exc:  # a probe must never take the app down
             log.debug("probe %s failed", name, exc_info=True)
             found = Probe(name, (), f"probe failed: {type(exc).__name__}: {exc}")

@@ -74,11 +74,11 @@ def remember_cpu(description: dict[str, Any]) -> None:
 
 
 def cpu_description() -> dict[str, Any]:
-    return dict(_remembered) if _remembered is not None else _described()
+    return dict(_remembered) if _remembered is not None else measured_cpu_description()
 
 
 @lru_cache(maxsize=1)
-def _described() -> dict[str, Any]:
+def measured_cpu_description() -> dict[str, Any]:
     import psutil
 
     machine = _machine()

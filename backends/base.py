@@ -83,6 +83,9 @@ class BackendSession(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     # Optional: `close()` releases what the session holds (weights, compiled code, device buffers) at once.
+    # Optional: `bind(fixed)` returns an object with `run(feeds, keep) -> dict` and `close()` that holds `fixed` on the
+    # device and returns `runner.binding.DeviceTensor`s for the outputs named in `keep` (runner/binding.py); without
+    # it, Session.bind runs through numpy (HostBinding). Its results must equal `run`'s bit for bit.
 
 
 def version_in_range(version: str, spec: str) -> bool:

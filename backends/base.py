@@ -85,6 +85,9 @@ class BackendSession(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     # Optional: `close()` releases what the session holds (weights, compiled code, device buffers) at once.
+    # Optional: `bind(fixed)` returns an object with `run(feeds, keep) -> dict` and `close()` that holds `fixed` on the
+    # device and returns `runner.binding.DeviceTensor`s for the outputs named in `keep` (runner/binding.py); without
+    # it, Session.bind runs through numpy (HostBinding). Its results must equal `run`'s bit for bit.
 
 
 def version_in_range(version: str, spec: str) -> bool:
@@ -92,6 +95,9 @@ def version_in_range(version: str, spec: str) -> bool:
     `!=1.2`, `<=3`), with every component counted: a TensorRT plan built by 10.12.0.36 is not usable on 10.12.0.99.
     Vendor versions that are not PEP 440 (OpenVINO's `2026.4.1-22982-…`) are compared by their leading release
     numbers; a specifier that cannot be parsed is not satisfied (the artifact is not ranked usable on a guess)."""
+    floor, plain = _FLOOR.match(spec.strip()), _NUMERIC.match(version.strip())
+    if floor and plain:  # ">=X.Y.Z" against a plain release, what every runtime range is: no packaging import (~20 ms)
+        return _release(plain.group(0)) >= _release(floor.group(1))
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -110,6 +116,16 @@ def version_in_range(version: str, spec: str) -> bool:
 
 
 _RELEASE = re.compile(r"\d+(\.\d+)*")
+_FLOOR = re.compile(r"^>=\s*(\d+(?:\.\d+)*)$")
+_NUMERIC = re.compile(r"^\d+(?:\.\d+)*$")
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """PEP 440 release numbers compared with trailing zeros ignored (1.32 == 1.32.0)."""
+    numbers = [int(part) for part in text.split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
 
 
 class Feature(enum.Enum):

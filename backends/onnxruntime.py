@@ -44,8 +44,59 @@ class OrtSession:
         values = self._session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values))
 
+    def bind(self, fixed: dict[str, np.ndarray]) -> "OrtBinding":
+        return OrtBinding(self._session, fixed, self.output_names)
+
     def close(self) -> None:
         self._session = None
+
+
+class OrtBinding:
+    """An I/O binding: the fixed inputs are OrtValues bound once; outputs are allocated by ORT on the session's device
+    each run, so a kept one stays valid while later runs write new ones."""
+
+    name = "device"
+
+    def __init__(self, session, fixed: dict[str, np.ndarray], output_names: list[str]) -> None:
+        ort = _ort()
+        self._session, self._outputs = session, output_names
+        self._binding = session.io_binding()
+        self._fixed = {name: ort.OrtValue.ortvalue_from_numpy(array.copy()) for name, array in fixed.items()}  # the device's own copy
+        for name, value in self._fixed.items():
+            self._binding.bind_ortvalue_input(name, value)
+
+    def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
+        from enginefarm.runner.binding import DeviceTensor
+
+        binding = self._binding
+        for name, value in feeds.items():
+            if isinstance(value, DeviceTensor) and value.backend == "onnxruntime":
+                binding.bind_ortvalue_input(name, value.value)
+            else:  # numpy (or another backend's tensor, through numpy): ORT reads the array where it lies on the CPU
+                binding.bind_cpu_input(name, np.ascontiguousarray(np.asarray(value)))
+        for name in self._outputs:
+            binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding)
+        values = binding.get_outputs()
+        out = {}
+        for name, value in zip(self._outputs, values):
+            if name in keep:
+                out[name] = DeviceTensor("onnxruntime", value, tuple(value.shape()), _np_dtype(value),
+                                         lambda v: v.numpy())
+            else:
+                out[name] = value.numpy()
+        return out
+
+    def close(self) -> None:
+        self._binding = self._session = self._fixed = None
+
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+              "tensor(double)": np.float64, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8}
+
+
+def _np_dtype(value) -> np.dtype:
+    return np.dtype(_ORT_TYPES.get(value.data_type(), np.float32))
 
 
 # The artifact is its ONNX model (and the external data file beside it for large models).

@@ -81,6 +81,11 @@ class OpenVinoSession:
     def __init__(self, compiled, how: str) -> None:
         self._compiled = compiled
         self._request = compiled.create_infer_request()
+        # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's CPU
+        # plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its input
+        # tensors wrap is freed, while the model lives on: the session's own request then reads or writes freed
+        # memory (wrong values, then a crash). Both live as long as the compiled model.
+        self._spare: list = []
         self.input_names = [p.get_any_name() for p in compiled.inputs]
         self.output_names = [p.get_any_name() for p in compiled.outputs]
         hint = compiled.get_property("INFERENCE_PRECISION_HINT")
@@ -92,8 +97,57 @@ class OpenVinoSession:
         result = self._request.infer(feeds)
         return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs)}
 
+    def bind(self, fixed: dict[str, np.ndarray]) -> "OpenVinoBinding":
+        request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
+        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append)
+
     def close(self) -> None:
         self._request = self._compiled = None  # the request holds the compiled model: both go
+        self._spare.clear()
+
+
+class OpenVinoBinding:
+    """An infer request of its own whose fixed input tensors are set once. Other inputs are set as tensors over the
+    caller's arrays (no copy: the request reads them during infer). The request writes its outputs into tensors it
+    reuses, so a kept output is copied (device to device) into a tensor of its own."""
+
+    name = "device"
+
+    def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back) -> None:
+        ov = _ov()
+        self._request, self._give_back = request, give_back
+        self._held: dict[str, np.ndarray] = held  # arrays the request's tensors read in place, kept while it may use them
+        self._outputs = output_names
+        for name, array in fixed.items():
+            self._request.set_tensor(name, ov.Tensor(array.copy()))  # the device's own copy
+
+    def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
+        from enginefarm.runner.binding import DeviceTensor
+
+        ov, request = _ov(), self._request
+        for name, value in feeds.items():
+            if isinstance(value, DeviceTensor) and value.backend == "openvino":
+                request.set_tensor(name, value.value)
+            else:
+                array = np.ascontiguousarray(np.asarray(value))
+                self._held[name] = array  # the tensor reads it in place: it must outlive the request's use of it
+                request.set_tensor(name, ov.Tensor(array, shared_memory=True))
+        request.infer()
+        out = {}
+        for name in self._outputs:
+            tensor = request.get_tensor(name)
+            if name in keep:
+                own = ov.Tensor(tensor.element_type, tensor.shape)
+                tensor.copy_to(own)
+                out[name] = DeviceTensor("openvino", own, tuple(own.shape), own.data.dtype, lambda t: np.array(t.data))
+            else:
+                out[name] = np.array(tensor.data)
+        return out
+
+    def close(self) -> None:
+        if self._request is not None:
+            self._give_back((self._request, self._held))  # to the session, which drops it with the compiled model
+        self._request = None
 
 
 def blob_compatible(manifest) -> str | None:

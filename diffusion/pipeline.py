@@ -18,6 +18,7 @@ import numpy as np
 from enginefarm.errors import ConfigError, SessionClosed
 
 from .assets import ModelAssets
+from .denoiser import BoundDenoiser
 from . import flux, transformer_step
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
@@ -45,6 +46,7 @@ class Pipeline:
         self.vae_tiling = None  # a tiles.Tiling once enable_vae_tiling() is called
         self.residency = None  # a budget.Residency when loaded with a memory budget
         self.closed = False
+        self.bind_steps = True  # the step loop's fixed inputs bound once (diffusion/denoiser.py); False: Session.run each step
         self._load_timings: dict[str, float] = {}
         self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
 
@@ -252,22 +254,9 @@ class Pipeline:
         start = time.perf_counter()
         self._stage(self._denoisers())
         total = len(sched.timesteps)
-        for done, t in enumerate(sched.timesteps, 1):
-            x_in = np.concatenate([x, x]) if use_guidance else x
-            x_in = sched.scale_model_input(x_in, t).astype(np.float32)
-            if self.transformer:
-                feeds = (flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance) if flux.is_flux_like(self.family)
-                         else transformer_step.feeds(x_in, t, text))
-                predicted = transformer_step.predict(self.sessions, feeds)
-            else:
-                feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
-                predicted = self._denoise(feeds, control, controlnet_conditioning_scale)
-            if use_guidance:
-                uncond, cond = predicted[:1], predicted[1:]
-                predicted = uncond + np.float32(guidance) * (cond - uncond)
-            x = sched.step(predicted, t, x, None if step_noise is None else step_noise[done - 1]).astype(np.float32)
-            if on_step is not None:
-                on_step(done, total)
+        with BoundDenoiser(self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps) as denoiser:
+            x = self._denoise_loop(sched, x, text, extra, control, controlnet_conditioning_scale, guidance, use_guidance, denoiser,
+                                   step_noise, on_step)
         timings["denoise"] = time.perf_counter() - start
         timings["steps"] = total
         self.timings = {**self._load_timings, **timings}
@@ -278,6 +267,27 @@ class Pipeline:
         decoded = self._vae("vae_decoder", "latent_sample", "sample", latent)
         self.timings["decode"] = time.perf_counter() - start
         return to_image(decoded)
+
+    def _denoise_loop(self, sched, x, text, extra, control, controlnet_conditioning_scale, guidance, use_guidance, denoiser,
+                      step_noise, on_step) -> np.ndarray:
+        total = len(sched.timesteps)
+        for done, t in enumerate(sched.timesteps, 1):
+            x_in = np.concatenate([x, x]) if use_guidance else x
+            x_in = sched.scale_model_input(x_in, t).astype(np.float32)
+            if self.transformer:
+                feeds = (flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance) if flux.is_flux_like(self.family)
+                         else transformer_step.feeds(x_in, t, text))
+                predicted = denoiser(feeds)
+            else:
+                feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
+                predicted = denoiser(feeds) if control is None else self._denoise(feeds, control, controlnet_conditioning_scale)
+            if use_guidance:
+                uncond, cond = predicted[:1], predicted[1:]
+                predicted = uncond + np.float32(guidance) * (cond - uncond)
+            x = sched.step(predicted, t, x, None if step_noise is None else step_noise[done - 1]).astype(np.float32)
+            if on_step is not None:
+                on_step(done, total)
+        return x
 
     # -- pieces
 

@@ -39,6 +39,3 @@ def feeds(x: np.ndarray, t: float, text: TextConditioning) -> dict[str, np.ndarr
     return {"hidden_states": x.astype(np.float32), "timestep": np.full((batch,), t, np.float32),
             "encoder_hidden_states": text.hidden, "pooled_projections": text.pooled.astype(np.float32)}
 
-
-def predict(sessions: dict, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    return sessions["transformer"].run(inputs)["out_sample"]

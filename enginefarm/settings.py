@@ -100,6 +100,7 @@ class Settings:
     max_artifact_size: int = DEFAULT_MAX_ARTIFACT_SIZE
     measure: str = "auto"  # time the close candidates on this device at the first load: auto | on | off
     host_lock_dir: Path | None = None  # where builds and benchmarks of this host coordinate (None: the system temp dir)
+    probe_cache: bool = True  # remember device probes in home/device-probes.json (runner/probe_cache.py); off: probe every load
 
 
 def _default_home() -> Path:
@@ -148,4 +149,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_artifact_size=parse_size("ENGINEFARM_MAX_ARTIFACT_SIZE", env.get("ENGINEFARM_MAX_ARTIFACT_SIZE")) or DEFAULT_MAX_ARTIFACT_SIZE,
         measure=parse_choice("ENGINEFARM_MEASURE", env.get("ENGINEFARM_MEASURE"), MEASURE_MODES).lower(),
         host_lock_dir=Path(env["ENGINEFARM_HOST_LOCK_DIR"]).expanduser() if env.get("ENGINEFARM_HOST_LOCK_DIR") else None,
+        probe_cache=parse_bool("ENGINEFARM_PROBE_CACHE", env.get("ENGINEFARM_PROBE_CACHE") or "on"),
     )

@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from enginefarm.runner.device_info import amd_gpus, cpu_description, nvidia_gpus
+from enginefarm.runner.device_info import amd_gpus, measured_cpu_description, nvidia_gpus, remember_cpu
 from enginefarm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Probe:
 
 
 def probe_cpu() -> Probe:
-    info = cpu_description()
+    info = measured_cpu_description()  # not a remembered one: this is the probe
     return Probe("cpu", (Device.found("cpu", info["name"], info["class"], info),))
 
 
@@ -109,17 +109,58 @@ PROBES: dict[str, Callable[[], Probe]] = {
 }
 
 
-def run_probes(names: tuple[str, ...] | None = None) -> list[Probe]:
-    results = []
+def run_probes(names: tuple[str, ...] | None = None, cached: bool = True) -> list[Probe]:
+    """The probes' results, from the machine's probe cache (runner/probe_cache.py) where it has them. A probe that
+    raised is reported, not remembered."""
+    cache = _cache() if cached else None
+    results, fresh = [], {}
     for name, probe in PROBES.items():
         if names is not None and name not in names:
             continue
+        remembered = cache.get(name) if cache is not None else None
+        if remembered is not None:
+            try:
+                results.append(_probe_from(remembered))
+                if name == "cpu" and results[-1].devices:
+                    remember_cpu(results[-1].devices[0].info)
+                continue
+            except (KeyError, TypeError, ValueError):  # an entry of another shape: probe again
+                pass
         try:
-            results.append(probe())
+            found = probe()
+            fresh[name] = _probe_to(found)
+            if name == "cpu" and found.devices:
+                remember_cpu(found.devices[0].info)  # what this process describes the CPU as from now on
         except Exception as exc:  # a probe must never take the app down
             log.debug("probe %s failed", name, exc_info=True)
-            results.append(Probe(name, (), f"probe failed: {type(exc).__name__}: {exc}"))
+            found = Probe(name, (), f"probe failed: {type(exc).__name__}: {exc}")
+        results.append(found)
+    if cache is not None and fresh:
+        cache.put(fresh)
     return results
+
+
+def _cache():
+    from enginefarm.runner.probe_cache import ProbeCache
+    from enginefarm.settings import load_settings
+
+    try:
+        settings = load_settings()
+        return ProbeCache(settings.home) if settings.probe_cache else None
+    except Exception:  # an unusable home or a strange host: probe as if nothing were remembered
+        log.debug("no device probe cache", exc_info=True)
+        return None
+
+
+def _probe_to(probe: Probe) -> dict[str, Any]:
+    return {"name": probe.name, "reason": probe.reason,
+            "devices": [{"kind": d.kind, "name": d.name, "bench_class": d.bench_class, "targets": list(d.targets), "info": d.info}
+                        for d in probe.devices]}
+
+
+def _probe_from(data: dict[str, Any]) -> Probe:
+    devices = tuple(Device(d["kind"], d["name"], d["bench_class"], tuple(d["targets"]), dict(d["info"])) for d in data["devices"])
+    return Probe(str(data["name"]), devices, data["reason"])
 
 
 def detect(device: str = "auto", probes_needed: tuple[str, ...] | None = None) -> list[Device]:

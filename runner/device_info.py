@@ -64,8 +64,21 @@ def isa_level(machine: str, flags: set[str]) -> str:
     return "base"
 
 
-@lru_cache(maxsize=1)
+_remembered: dict[str, Any] | None = None  # this machine's description from the device probe cache (runner/probe_cache.py)
+
+
+def remember_cpu(description: dict[str, Any]) -> None:
+    """Take the CPU's description from the probe cache, whose key covers what it depends on: no psutil import (~50 ms)."""
+    global _remembered
+    _remembered = dict(description)
+
+
 def cpu_description() -> dict[str, Any]:
+    return dict(_remembered) if _remembered is not None else measured_cpu_description()
+
+
+@lru_cache(maxsize=1)
+def measured_cpu_description() -> dict[str, Any]:
     import psutil
 
     machine = _machine()

@@ -49,6 +49,7 @@ class Session:
         self.artifact = manifest
         self._explanation = explanation
         self._inputs = {t["name"]: t for t in manifest.io.get("inputs", [])}
+        self._bindings: list[Binding] = []  # closed with the session: each holds the backend session
 
     @property
     def input_names(self) -> list[str]:
@@ -79,6 +80,8 @@ class Session:
         backend_session, self._session = self._session, None
         if backend_session is None:
             return
+        while self._bindings:
+            self._bindings.pop().close()
         close = getattr(backend_session, "close", None)
         if close is not None:
             close()
@@ -91,9 +94,28 @@ class Session:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _open(self) -> Any:
         if self._session is None:
             raise SessionClosed(f"{self.artifact.ref}: this session is closed", hint="load it again with enginefarm.load(...)")
+        return self._session
+
+    def bind(self, fixed: Mapping[str, np.ndarray] | None = None) -> "Binding":
+        """Calls that share inputs (a denoising loop's text states): `fixed` is checked and placed on the device once,
+        and each `Binding.run` takes the other inputs only. Outputs named in its `keep=` stay on the device as
+        `DeviceTensor`s that a later run takes as inputs. Results are those of `run`, bit for bit; backends that
+        cannot keep tensors on a device run through numpy (`enginefarm.runner.binding`)."""
+        from enginefarm.runner.binding import HostBinding
+
+        backend_session = self._open()
+        checked = self._checked(fixed or {}, partial=True)
+        bind = getattr(backend_session, "bind", None)
+        inner = bind(checked) if bind is not None else HostBinding(backend_session, checked)
+        binding = Binding(self, inner, tuple(checked))
+        self._bindings.append(binding)
+        return binding
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._open()
         checked = self._checked(feeds)
         try:
             return self._session.run(checked)
@@ -127,20 +149,33 @@ class Session:
         return InputError(f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: {first[:300]})",
                           hint=f"shapes validated when it was built: {validated}; the model may need sizes like those")
 
-    def _checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _checked(self, feeds: dict[str, Any], partial: bool = False, bound: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Feeds checked and cast. partial: some inputs may be missing (a binding's fixed ones); bound: inputs a
+        binding already holds, which the feeds must not repeat. A DeviceTensor is checked by its shape only."""
+        from enginefarm.runner.binding import DeviceTensor
+
         ref = self.artifact.ref
         if not isinstance(feeds, Mapping):
             names = ", ".join(self.input_names)
             example = f'{{"{self.input_names[0]}": array}}' if self.input_names else "{name: array}"
             raise InputError(f"{ref}: run() takes a dict of input name → array, got {type(feeds).__name__}",
                              hint=f"session.run({example}); this model's inputs: {names}")
-        missing = [n for n in self.input_names if n not in feeds]
+        missing = [] if partial else [n for n in self.input_names if n not in feeds and n not in bound]
         unknown = [n for n in feeds if n not in self.input_names]
-        if missing or unknown:
-            parts = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
-            raise InputError(f"{ref}: inputs {', '.join(parts)}", hint=f"inputs are: {', '.join(self.input_names)}")
+        again = [n for n in feeds if n in bound]
+        if missing or unknown or again:
+            parts = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []) + (
+                [f"already bound {again}"] if again else [])
+            raise InputError(f"{ref}: inputs {', '.join(parts)}", hint=f"inputs are: {', '.join(self.input_names)}"
+                             + (f"; bound by bind(): {', '.join(bound)}" if bound else ""))
         out = {}
         for name, value in feeds.items():
+            if isinstance(value, DeviceTensor):
+                bounds = self.artifact.profile.get(name)
+                if bounds is not None:
+                    self._check_shape(ref, name, value.shape, bounds)
+                out[name] = value
+                continue
             array = np.asarray(value)
             info = self._inputs.get(name)
             if info is not None:
@@ -176,3 +211,45 @@ class Session:
                 f"{ref}: input {name!r} has shape {list(shape)}, outside the artifact's profile {lo} .. {hi}",
                 hint="use a shape inside the profile, or add a profile that covers it to the recipe",
             )
+
+
+class Binding:
+    """A session's calls with some inputs fixed on the device (`Session.bind`). Close it, or leave its `with` block,
+    to free what it holds; closing the session closes it too."""
+
+    def __init__(self, session: Session, inner: Any, fixed: tuple[str, ...]) -> None:
+        self._owner = session
+        self._inner = inner
+        self.fixed = fixed  # the input names bound once
+        self.kind = getattr(inner, "name", "device")  # "device": inputs and kept outputs stay on the device; "host": numpy
+
+    def run(self, feeds: Mapping[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The outputs for these inputs plus the fixed ones: numpy arrays, and DeviceTensors for the names in `keep`."""
+        owner = self._owner
+        owner._open()
+        if self._inner is None:
+            raise SessionClosed(f"{owner.artifact.ref}: this binding is closed", hint="make another with session.bind(...)")
+        keep = (keep,) if isinstance(keep, str) else tuple(keep)
+        unknown = [name for name in keep if name not in owner.output_names]
+        if unknown:
+            raise InputError(f"{owner.artifact.ref}: keep={unknown} names no output", hint=f"outputs are: {', '.join(owner.output_names)}")
+        checked = owner._checked(feeds, bound=self.fixed)
+        try:
+            return self._inner.run(checked, keep)
+        except EnginefarmError:
+            raise
+        except Exception as exc:
+            raise owner._refused({n: v for n, v in checked.items() if isinstance(v, np.ndarray)}, exc) from exc
+
+    def close(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
+            if self in self._owner._bindings:
+                self._owner._bindings.remove(self)
+
+    def __enter__(self) -> "Binding":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -180,6 +180,9 @@ def test_bf16_artifacts_need_a_cpu_that_computes_bf16():
     ("1.17.0+cu121", ">=1.17", True),
     ("550.54.15", "<535", False),  # a driver minimum, as resolve asks it
     ("1.2.3", "not a range", False),
+    # plain floors take a path without packaging: the same answers
+    ("1.32.0", ">=1.32", True), ("1.32", ">=1.32.0", True), ("1.31.9", ">=1.32.0", False), ("1.32.10", ">= 1.32.9", True),
+    ("2.0", ">=10.0", False), ("1.33.0rc1", ">=1.32.0", True), ("1.32.0rc1", ">=1.32.0", False),
 ])
 def test_runtime_version_ranges(have, spec, usable):
     from enginefarm.backends.base import version_in_range

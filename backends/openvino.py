@@ -114,7 +114,7 @@ class OpenVinoBinding:
     name = "device"
 
     def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back) -> None:
-        ov = _ov()
+        ov = BACKEND.sdk()
         self._request, self._give_back = request, give_back
         self._held: dict[str, np.ndarray] = held  # arrays the request's tensors read in place, kept while it may use them
         self._outputs = output_names
@@ -124,7 +124,7 @@ class OpenVinoBinding:
     def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
         from enginefarm.runner.binding import DeviceTensor
 
-        ov, request = _ov(), self._request
+        ov, request = BACKEND.sdk(), self._request
         for name, value in feeds.items():
             if isinstance(value, DeviceTensor) and value.backend == "openvino":
                 request.set_tensor(name, value.value)

@@ -10,8 +10,8 @@ change what a build needs or how fast an artifact runs, so this folder measures 
 
     python recipes/make_real_pipeline.py sdxl --out /tmp/sdxl   # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
     enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
-    python recipes/make_real_pipeline.py sd15 --out /tmp/sd15
-    enginefarm export /tmp/sd15 --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64
+    python recipes/make_real_pipeline.py sd15 --out /tmp/sd15   # 4.3 GB on disk; 23 s, 5.0 GB peak
+    enginefarm export /tmp/sd15 --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64   # 9 min 53 s, 4.7 GB peak
 
 Needs the `export` extra (torch, diffusers, transformers).
 """

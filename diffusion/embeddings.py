@@ -143,6 +143,17 @@ class AddedRows:
         return {"input_ids": fed, ADDED_EMBEDS: embeds}
 
 
+def refuse_known_words(embeddings: list[Embedding], tokenizers) -> None:
+    """Refuse the whole list (before anything is added) when a word is already one of `tokenizers`' tokens or is
+    given twice: a word is one token, and two vectors for it could not both be meant."""
+    words = [w for e in embeddings for w in e.words]
+    known = [w for w in words if any(t.token_to_id(w) is not None for t in tokenizers)]
+    if known or len(set(words)) < len(words):
+        clash = known or sorted({w for w in words if words.count(w) > 1})
+        raise ConfigError(f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
+                          hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]')
+
+
 def expand(prompt: str, embeddings: list[Embedding]) -> str:
     """A multi-vector word in a prompt becomes its n words (`tok` → `tok tok_1 … tok_{n-1}`), as diffusers'
     `maybe_convert_prompt` does."""

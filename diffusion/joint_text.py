@@ -11,7 +11,7 @@ from enginefarm.errors import ConfigError
 from enginefarm.families import ADDED_EMBEDS
 
 from .assets import ModelAssets
-from .embeddings import AddedRows, expand
+from .embeddings import AddedRows, expand, refuse_known_words
 from .flux import text_mask
 from .prompts import TextConditioning
 
@@ -39,12 +39,7 @@ class JointTextEncoder:
     def add_embeddings(self, embeddings: list) -> None:
         """Textual-inversion words (read for this family's CLIP encoders by `read_embedding`) into those encoders'
         tokenizers, their vectors to the added rows. Refused whole (nothing added) when a word is already known."""
-        words = [w for e in embeddings for w in e.words]
-        known = [w for w in words if any(self.tokenizers[n].token_to_id(w) is not None for n in self.added)]
-        if known or len(set(words)) < len(words):
-            clash = known or sorted({w for w in words if words.count(w) > 1})
-            raise ConfigError(f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
-                              hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]')
+        refuse_known_words(embeddings, [self.tokenizers[n] for n in self.added])
         for embedding in embeddings:
             for name, vectors in embedding.vectors.items():
                 if name in self.added:

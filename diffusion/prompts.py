@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enginefarm.errors import ConfigError
 
 from .assets import ModelAssets
-from .embeddings import AddedRows, Embedding, expand
+from .embeddings import AddedRows, Embedding, expand, refuse_known_words
 
 
 @dataclass(frozen=True)
@@ -39,12 +38,7 @@ class PromptEncoder:
     def add_embeddings(self, embeddings: list[Embedding]) -> None:
         """Textual-inversion words: into every tokenizer, their vectors to each encoder's added rows. Refused whole
         (nothing added) when a word is already known."""
-        words = [w for e in embeddings for w in e.words]
-        known = [w for w in words if any(t.token_to_id(w) is not None for t in self.tokenizers.values())]
-        if known or len(set(words)) < len(words):
-            clash = known or sorted({w for w in words if words.count(w) > 1})
-            raise ConfigError(f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
-                              hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]')
+        refuse_known_words(embeddings, self.tokenizers.values())
         for embedding in embeddings:
             for name, tokenizer in self.tokenizers.items():
                 for token, vector in zip(tokenizer.add_tokens(embedding.words), embedding.vectors[name]):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from enginefarm.families import input_ranges, profile_dims
 

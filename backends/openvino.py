@@ -12,7 +12,6 @@ import numpy as np
 from enginefarm.runner.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
-from . import openvino_ir
 from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
 from .manifest_files import role_file
 from .build_job import BuildJob
@@ -283,15 +282,22 @@ class OpenVINO(Backend):
         return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
                 "nor benchmarked here; build it on a runner whose CPU has one")
 
-    # Custom weights: read and patched in the IR's files (openvino_ir.py), or replaced in memory at load.
+    # Custom weights: read and patched in the IR's files (openvino_ir.py), or replaced in memory at load. Imported
+    # here, not at the top: its XML parser is no part of loading a plain artifact.
     def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:
+        from . import openvino_ir
+
         return openvino_ir.float_shapes(_ir(artifact_dir, manifest))
 
     def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
+        from . import openvino_ir
+
         return openvino_ir.read(_ir(artifact_dir, manifest), names)
 
     def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
         """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
+        from . import openvino_ir
+
         out_xml, out_bin = openvino_ir.write_patched(_ir(artifact_dir, manifest), weights, outdir)
         files = [BuiltFile(out_xml.name, "ir"), BuiltFile(out_bin.name, "weights")]
         if any(f.role == "engine" for f in manifest.files) and manifest.parsed_target.device == "cpu":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from functools import lru_cache
 from typing import Any
 
@@ -42,6 +41,8 @@ def _linux_cpuinfo() -> tuple[str, set[str]]:
 
 
 def _darwin_cpuinfo() -> tuple[str, set[str]]:
+    import subprocess  # here, not at the top: a warm load answers from the probe cache and runs no tool
+
     def sysctl(name: str) -> str:
         try:
             return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
@@ -136,6 +137,8 @@ def amd_gpus() -> tuple[list[dict[str, str]], str | None]:
     tool = shutil.which("rocminfo")
     if tool is None:
         return [], "rocminfo not found (no ROCm install)"
+    import subprocess
+
     try:
         text = subprocess.run([tool], capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError) as exc:

@@ -29,6 +29,9 @@ def test_the_check_itself_would_catch_a_heavy_import():
 
 
 BUILD_TIME = ("enginefarm.builder", "onnx", "onnxsim")  # what an app that only fetches and runs never needs
+# What a warm load + first run of a built-in backend's artifact does without (OpenVINO imports the first two itself).
+WARM_UNNEEDED = {"onnxruntime:cpu": ("importlib.metadata", "subprocess"),
+                 "openvino:cpu": ("enginefarm.backends.openvino_ir", "xml.etree.ElementTree")}
 CLI_ONLY = ("click", "rich", "pygments")  # the `cli` extra: only the `enginefarm` command needs it
 
 
@@ -95,6 +98,8 @@ def test_the_console_script_is_the_entry_that_checks_for_the_extra():
 def test_fetching_loading_and_running_an_artifact_needs_no_builder_module(tiny_recipe, cli, tmp_path, target):
     """What an app does (load, run) with the builder and the CLI out of the picture: a `pip install
     'enginefarm[openvino]'` app, with click and rich not even importable."""
+    import os
+
     store, home = tmp_path / "store", tmp_path / "home"
     cli("build", str(tiny_recipe(targets=(target,))), "--store", str(store), "--no-bench", check=True)
     code = ("import numpy as np, enginefarm\n"
@@ -103,6 +108,14 @@ def test_fetching_loading_and_running_an_artifact_needs_no_builder_module(tiny_r
             "assert all(np.isfinite(v).all() for v in out.values())")
     env = {"ENGINEFARM_STORE": str(store), "ENGINEFARM_HOME": str(home), **_hide(tmp_path / "shims")}
     assert _loaded(code, env) == []
+    # A warm load (the device probes remembered by an earlier one) asks for built-in backends only: no scan of the
+    # installed distributions' entry points, which cost 50-100 ms of the first inference; it runs no tool, and reads
+    # no IR as XML (that is for custom weights only).
+    warm_env = {**os.environ, **env, "ENGINEFARM_PROBE_CACHE": "on"}  # the suite turns the cache off
+    subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, env=warm_env)
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(*[m in sys.modules for m in {WARM_UNNEEDED[target]!r}])"], capture_output=True,
+                         text=True, check=True, env=warm_env)
+    assert out.stdout.split() == ["False"] * len(WARM_UNNEEDED[target]), out.stderr
 
 
 def test_the_public_face_names_its_parameters_and_stays_lazy():

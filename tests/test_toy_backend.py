@@ -71,9 +71,13 @@ def test_bad_registrations_are_clear_errors(monkeypatch):
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "toy")
     with pytest.raises(ConfigError, match="not name=module"):
         registry()
+    with pytest.raises(ConfigError, match="not name=module"):
+        get_backend("onnxruntime")  # a built-in name skips the entry-point scan, not the variable's check
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "openvino=tests.toy_backend")
     with pytest.raises(ConfigError, match="built-in"):
         registry()
+    with pytest.raises(ConfigError, match="built-in"):
+        get_backend("openvino")
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "toy=tests.no_such_module")
     with pytest.raises(BackendUnavailable, match="cannot import tests.no_such_module"):
         get_backend("toy")

@@ -73,6 +73,7 @@ def test_an_installed_entry_point_adds_a_backend_and_never_replaces_a_built_in(i
     assert found["outside"] == "ef_outside_backend:Outside"
     assert found["onnxruntime"] == "enginefarm.backends.onnxruntime"  # the built-in stays, with a warning
     assert "takes the built-in backend name 'onnxruntime'" in caplog.text
+    assert type(get_backend("onnxruntime")).__module__ == "enginefarm.backends.onnxruntime"  # found without the scan
     backend = get_backend("outside")
     assert type(backend).__name__ == "Outside" and get_backend("outside") is backend  # one object, as a module's BACKEND
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "outside=tests.toy_backend")  # the variable wins over the entry point

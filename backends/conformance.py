@@ -51,6 +51,7 @@ class ConformanceJob:
     inputs: tuple = ()
     outputs: tuple = ()
     source: Any = None
+    fp16_keep: tuple[str, ...] = ()
 
 
 def tiny_onnx(path: Path) -> Path:

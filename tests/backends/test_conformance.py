@@ -100,6 +100,6 @@ def test_the_planners_job_and_the_on_device_job_have_the_shape_backends_read():
     def has(cls):
         return {f.name for f in fields(cls)} | {name for name in dir(cls) if not name.startswith("_")}
 
-    assert members(BuildJob) == {"label", "component", "target", "precision", "profile", "options"}
+    assert members(BuildJob) == {"label", "component", "target", "precision", "profile", "options", "fp16_keep"}
     assert members(BuildJob) <= has(Job) and members(BuildJob) <= has(DeviceJob)
     assert members(PlannedJob) == {"inputs", "outputs", "source"} and members(PlannedJob) <= has(Job)

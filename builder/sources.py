@@ -62,8 +62,11 @@ def _remote(source: Source, folder: Path, offline: bool) -> LocalSource:
 
 
 def _file_name(url: str) -> str:
-    name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
-    return name if name.endswith(".onnx") else f"{name or 'model'}.onnx"
+    """The file's own name, never a path: an escaped `%2F..%2F` in the URL stays inside the download folder."""
+    name = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path).replace("\\", "/")).name
+    if name in ("", ".", ".."):
+        name = "model"
+    return name if name.endswith(".onnx") else f"{name}.onnx"
 
 
 def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool) -> None:

@@ -171,3 +171,12 @@ def test_external_sha256_is_for_remote_sources(tmp_path):
                     '[components.m]\nsource = "m.onnx"\nexternal_sha256 = { "a" = "' + "0" * 64 + '" }\n')
     with pytest.raises(RecipeError, match="is for https:// and hf:// sources"):
         load_recipe(path)
+
+
+def test_an_escaped_path_in_the_url_stays_in_the_download_folder(hub, tmp_path):
+    graph = models.linear(tmp_path / "plain" / "model.onnx").read_bytes()
+    hub[0].files["/a/%2F..%2F..%2Fescaped.onnx"] = graph
+    downloads = tmp_path / "deep" / "downloads"
+    [job] = expand(load_recipe(recipe(tmp_path, f"{hub[0].url}/a/%2F..%2F..%2Fescaped.onnx", sha(graph), None)), downloads)
+    assert job.source.path == downloads / sha(graph) / "escaped.onnx"
+    assert not (tmp_path / "escaped.onnx").exists() and not (tmp_path / "deep" / "escaped.onnx").exists()

@@ -22,8 +22,6 @@ log = logging.getLogger(__name__)
 
 FILE = "device-probes.json"
 SDK_PREFIXES = ("onnxruntime", "openvino", "tensorrt", "nvidia_ml_py", "pynvml", "coremltools", "migraphx", "psutil")
-_DRIVER_FILES = ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version", "/sys/module/nvidia/version", "/sys/module/i915/version",
-                 "/sys/module/xe/version", "/sys/module/intel_vpu/version")
 _DEVICE_DIRS = ("/dev", "/dev/dri", "/dev/accel")
 _DEVICE_PREFIXES = ("nvidia", "kfd", "dri", "accel", "card", "render")
 
@@ -37,11 +35,23 @@ def _read(path: str, limit: int = 4096) -> str:
 
 
 def _cpu_model() -> str:
+    return _linux_cpu_model() or platform.processor()
+
+
+def _linux_cpu_model() -> str:
+    """Empty where there is no /proc (macOS, Windows): `_read` gives "" for a file it cannot open."""
     for line in _read("/proc/cpuinfo", 8192).splitlines():
         key, _, value = line.partition(":")
         if key.strip().lower() in ("model name", "hardware", "cpu model"):
             return value.strip()
-    return platform.processor()
+    return ""
+
+
+def _linux_driver_versions() -> dict[str, str]:
+    """The GPU drivers' version files that exist here (none outside Linux)."""
+    files = ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version", "/sys/module/nvidia/version", "/sys/module/i915/version",
+             "/sys/module/xe/version", "/sys/module/intel_vpu/version")
+    return {p: _read(p, 512) for p in files if os.path.exists(p)}
 
 
 def _memory() -> int:
@@ -83,7 +93,7 @@ def _own_code() -> list[int]:
 def machine_key() -> str:
     parts = {"kernel": platform.release(), "machine": platform.machine(), "system": platform.system(), "cpu": _cpu_model(),
              "cores": os.cpu_count(), "memory": _memory(), "python": [sys.executable, *sys.version_info[:2]], "path": sys.path, "sdks": _sdk_packages(), "devices": _devices(),
-             "drivers": {p: _read(p, 512) for p in _DRIVER_FILES if os.path.exists(p)}, "code": _own_code(),
+             "drivers": _linux_driver_versions(), "code": _own_code(),
              "env": {k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

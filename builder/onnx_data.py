@@ -45,11 +45,7 @@ def load_model(path: Path, only: set[str] | None = None):
     for tensor in external_tensors(model):
         if only is not None and tensor.name not in only:
             continue
-        entry = _entry(tensor)
-        location = (path.parent / entry["location"]).resolve()
-        with open(location, "rb") as handle:
-            handle.seek(int(entry.get("offset", 0)))
-            tensor.raw_data = handle.read(int(entry["length"])) if "length" in entry else handle.read()
+        tensor.raw_data = external_bytes(path, tensor)
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
     return model
@@ -79,12 +75,16 @@ class Initializers:
         tensor = self._protos[name]
         if tensor.data_location != _EXTERNAL:
             return numpy_helper.to_array(tensor)
-        entry = _entry(tensor)
-        with open((self.path.parent / entry["location"]).resolve(), "rb") as handle:
-            handle.seek(int(entry.get("offset", 0)))
-            raw = handle.read(int(entry["length"])) if "length" in entry else handle.read()
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        return np.frombuffer(raw, dtype=dtype).reshape(self.shapes[name])
+        return np.frombuffer(external_bytes(self.path, tensor), dtype=dtype).reshape(self.shapes[name])
+
+
+def external_bytes(model_path: Path, tensor) -> bytes:
+    """The bytes of one external tensor of the model at `model_path`, read from its data file."""
+    entry = _entry(tensor)
+    with open((Path(model_path).parent / entry["location"]).resolve(), "rb") as handle:
+        handle.seek(int(entry.get("offset", 0)))
+        return handle.read(int(entry["length"])) if "length" in entry else handle.read()
 
 
 def data_files(model) -> set[str]:

@@ -50,15 +50,15 @@ def _remote(source: Source, folder: Path, offline: bool) -> LocalSource:
     unpinned = []
     for location in locations:
         dest = folder / location
+        _fetch(beside(url, location), dest, pins.get(location), offline, hf)
         if location not in pins:
-            _fetch(beside(url, location), dest, None, offline, hf)
             unpinned.append(f'"{location}" = "{sha256_file(dest)}"')
-            continue
-        _fetch(beside(url, location), dest, pins[location], offline, hf)
     if unpinned:
         raise SourceError(f"{source.url}: its external data is not pinned in the recipe (downloaded: {', '.join(unpinned)})",
                           hint="check those digests against the publisher's, then add external_sha256 = { ... } beside sha256")
-    return LocalSource(model, source_digest(model))
+    # every file was just checked against its pin: the source's digest is made of those, not hashed again (GBs)
+    known = {model.resolve(): source.sha256, **{(folder / location).resolve(): pins[location] for location in locations}}
+    return LocalSource(model, source_digest(model, known))
 
 
 def _file_name(url: str) -> str:
@@ -80,12 +80,19 @@ def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool) ->
         raise SourceError(f"{url} does not match its sha256 in the recipe", hint="the remote file changed: verify it, then update the pin")
 
 
-def source_digest(path: Path) -> str:
-    main = sha256_file(path)
+def source_digest(path: Path, known: dict[Path, str] | None = None) -> str:
+    """The model file's sha256, or with external data one digest over it and each data file's. `known`: resolved
+    path → sha256 of files already verified, which are not read again."""
+    known = known or {}
+
+    def digest(p: Path) -> str:
+        return known.get(p.resolve()) or sha256_file(p)
+
+    main = digest(path)
     data_files = check_external_data(load_header(path), path)
     if not data_files:
         return main
     import hashlib
 
-    extra = {str(p.relative_to(path.resolve().parent)): sha256_file(p) for p in data_files}
+    extra = {str(p.relative_to(path.resolve().parent)): digest(p) for p in data_files}
     return hashlib.sha256(canonical_json({"onnx": main, "external": extra})).hexdigest()

@@ -35,16 +35,9 @@ def _read(path: str, limit: int = 4096) -> str:
 
 
 def _cpu_model() -> str:
-    return _linux_cpu_model() or platform.processor()
+    from .device_info import _linux_cpuinfo  # empty where there is no /proc (macOS, Windows)
 
-
-def _linux_cpu_model() -> str:
-    """Empty where there is no /proc (macOS, Windows): `_read` gives "" for a file it cannot open."""
-    for line in _read("/proc/cpuinfo", 8192).splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("model name", "hardware", "cpu model"):
-            return value.strip()
-    return ""
+    return _linux_cpuinfo()[0] or platform.processor()
 
 
 def _linux_driver_versions() -> dict[str, str]:

@@ -1,0 +1,82 @@
+"""The documentation: the mkdocs site builds with --strict (a broken link, a missing anchor, a snippet that is gone or
+an API reference to a name that no longer exists fails), the README stays a front page whose links land, and its
+Python example runs as written on the demo's tiny decoder."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLE_MARK = "<!-- tests/test_docs.py runs this block"
+
+
+def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_path):
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The API reference came from the docstrings of the mapped layers (runner/ is enginefarm.runner: docs/_hooks).
+    session = (site / "api" / "session" / "index.html").read_text()
+    assert 'id="enginefarm.runner.session.Session.close"' in session and "Release the backend" in session
+    assert 'id="enginefarm.load"' in (site / "api" / "enginefarm" / "index.html").read_text()
+    # ARCHITECTURE.md is embedded, not copied: its first heading is on the page.
+    first_heading = next(line for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines() if line.startswith("# "))
+    assert first_heading[2:].split("(")[0].strip() in (site / "architecture" / "index.html").read_text()
+
+
+def _outside_code(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _anchors(page: Path) -> set[str]:
+    from markdown.extensions.toc import slugify
+
+    text = _outside_code(page.read_text())
+    return {slugify(m.group(1), "-") for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_the_readme_is_a_front_page_whose_links_land():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    for command in ("make demo", "make test"):
+        assert command in text
+    links = re.findall(r"\]\(([^)\s]+)\)", _outside_code(text))
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert len(local) >= 15  # the documentation table and the section links
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.is_file(), f"README links to {link}, which is not there"
+        if anchor:
+            assert anchor in _anchors(target), f"README links to {link}: {path} has no heading #{anchor}"
+
+
+def _example() -> str:
+    text = README.read_text()
+    after = text[text.index(EXAMPLE_MARK):]
+    return re.search(r"```python\n(.*?)```", after, flags=re.S).group(1)
+
+
+def test_the_readmes_example_runs_on_the_demos_tiny_decoder(tmp_path, cli, capsys):
+    """As the README says: make the tiny decoder, build recipes/tiny_sd.toml (here one job of it), run the block."""
+    text = README.read_text()
+    assert "python recipes/make_tiny_sd.py" in text and "enginefarm build recipes/tiny_sd.toml" in text
+    recipe = tmp_path / "tiny_sd.toml"
+    shutil.copy(ROOT / "recipes" / "tiny_sd.toml", recipe)  # its source is models/tiny_sd.onnx, beside it
+    subprocess.run([sys.executable, str(ROOT / "recipes" / "make_tiny_sd.py"), "--out", str(tmp_path / "models" / "tiny_sd.onnx")],
+                   check=True, capture_output=True)
+    built = cli("build", str(recipe), "--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench", check=True)
+    assert "1 built, 0 failed" in built.stdout
+
+    exec(compile(_example(), "README.md", "exec"), {"__name__": "readme_example"})
+    printed = capsys.readouterr().out
+    assert printed.startswith("onnxruntime:cpu fp32 (1, 3, 32, 32)\n"), printed
+    assert "chose onnxruntime:cpu fp32" in printed  # explain(): the one artifact built, and why

@@ -65,7 +65,7 @@ def test_a_model_over_2_gb_builds_everywhere_in_bounded_memory(tmp_path, write_r
     for row in rows:  # what the executor plans with: 2.5x the weights for fp32 jobs, 2x for fp16 ones, 3 GiB above them at least
         bound = memory.need_bytes(weights, precision=row["precision"]) / 2**20
         assert 0 < row["peak_rss_mb"] <= bound, f"{row['label']}: peak {row['peak_rss_mb']} MB > {bound:.0f} MB: {row['stages']}"
-    for row in rows:  # shown with -s: what the README quotes
+    for row in rows:  # shown with -s: what docs/large-models.md quotes
         stages = ", ".join(f"{s['stage']} {s['seconds']:.0f} s {s['peak_rss_mb']:.0f} MB" for s in row["stages"])
         sys.stderr.write(f"{row['label']}: {row['seconds']:.0f} s, peak {row['peak_rss_mb']:.0f} MB ({stages})\n")
 

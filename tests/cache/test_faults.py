@@ -213,7 +213,7 @@ def test_a_trickling_or_stalled_small_read_is_abandoned_with_a_clear_error(what,
 
 
 def test_load_from_a_trickling_store_fails_fast_in_one_line(artifact, proxy, bucket, cli):
-    """Through the CLI, with the default window and deadline and only the rate floor set (the README's knob)."""
+    """Through the CLI, with the default window and deadline and only the rate floor set (docs/environment.md)."""
     proxy.add(path_contains="/index/", trickle_bps=10, times=-1)
     started = time.monotonic()
     proc = cli("fetch", "m/c", "--device", "cpu", "--store", f"{proxy.url}/{bucket}/farm", env={"ENGINEFARM_HTTP_MIN_RATE": "1024"})

@@ -1,4 +1,4 @@
-"""`enginefarm release`, run as the README's "Releases (signed channels)" section tells a new maintainer to."""
+"""`enginefarm release`, run as docs/releases.md ("Releases (signed channels)") tells a new maintainer to."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from enginefarm.cache.stores import open_store
 from tests.releases import artifact
 
 
-def test_the_readme_flow(tmp_path, cli):
+def test_the_documented_release_flow(tmp_path, cli):
     store = tmp_path / "engines"
     opened = open_store(store)
     fp32 = artifact(opened, tmp_path, "fp32")

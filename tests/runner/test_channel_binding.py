@@ -22,7 +22,7 @@ def two_channels(tmp_path, monkeypatch):
     has loaded a from stable."""
     store = open_store(tmp_path / "store")
     keys, a, b, root = released(store, tmp_path)
-    repo.init(store, "beta", keys)  # the same keys folder: the README's suggestion
+    repo.init(store, "beta", keys)  # the same keys folder: what docs/releases.md suggests
     repo.promote(store, "beta", keys, [b.build_key])
     for _ in range(3):
         repo.yank(store, "beta", keys, lambda custom: False)

@@ -21,7 +21,7 @@ def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # The API reference came from the docstrings of the mapped layers (runner/ is enginefarm.runner: docs/_hooks).
     session = (site / "api" / "session" / "index.html").read_text()
@@ -71,9 +71,10 @@ def test_the_readmes_example_runs_on_the_demos_tiny_decoder(tmp_path, cli, capsy
     assert "python recipes/make_tiny_sd.py" in text and "enginefarm build recipes/tiny_sd.toml" in text
     recipe = tmp_path / "tiny_sd.toml"
     shutil.copy(ROOT / "recipes" / "tiny_sd.toml", recipe)  # its source is models/tiny_sd.onnx, beside it
-    make = [sys.executable, str(ROOT / "recipes" / "make_tiny_sd.py"), "--out", str(tmp_path / "models" / "tiny_sd.onnx")]
+    make = [sys.executable, str(ROOT / "recipes" / "make_tiny_sd.py"), "--out", str(tmp_path / "models/tiny_sd.onnx")]
     subprocess.run(make, check=True, capture_output=True)
-    built = cli("build", str(recipe), "--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench", check=True)
+    one_job = ("--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench")
+    built = cli("build", str(recipe), *one_job, check=True)
     assert "1 built, 0 failed" in built.stdout
 
     exec(compile(_example(), "README.md", "exec"), {"__name__": "readme_example"})

@@ -5,7 +5,8 @@ The wheel maps top-level folders into the package (`[tool.setuptools.package-dir
 a package's submodules in the package's own folder, so from the repository it would see `enginefarm/` without its
 layers (an editable install does not help: griffe reads only the top-level entries of setuptools' editable MAPPING).
 This hook copies the Python files into a temporary folder laid out as the wheel lays them out, from the same table
-the wheel is built from, and puts that folder first in the handler's `paths`. Nothing is imported.
+the wheel is built from, and puts that folder first in the handler's `paths`. Nothing is imported. It also points the
+snippets extension at the repository root, so `mkdocs build -f PATH/mkdocs.yml` works from any folder.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def on_config(config):
     _made.append(out)
     python = config.plugins["mkdocstrings"].config.handlers.setdefault("python", {})
     python["paths"] = [str(out), *python.get("paths", [])]
+    # Snippets (ARCHITECTURE.md) are read from the repository root wherever mkdocs is started from.
+    config.mdx_configs.setdefault("pymdownx.snippets", {})["base_path"] = [str(root)]
     return config
 
 

@@ -4,6 +4,7 @@ Python example runs as written on the demo's tiny decoder."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -15,6 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLE_MARK = "<!-- tests/test_docs.py runs this block"
+PAGES = sorted((ROOT / "docs").rglob("*.md")) + [README, ROOT / "ARCHITECTURE.md"]
+LAYERS = "(?:builder|runner|cache|backends|families|export|diffusion|weights)"  # enginefarm.<layer>
+FOLDERS = LAYERS[:-1] + "|enginefarm|tests|bench|recipes|ci|examples|docs)"  # top-level folders
+FILE_TYPES = ("py", "toml", "yml", "c", "txt", "json", "onnx", "md", "safetensors", "npy", "npz", "png", "bin", "xml",
+              "tar")  # `weights.onnx` is a file, not the module enginefarm.weights.onnx
+SOURCE = re.compile(r"(?<![\w./<>-])(" + FOLDERS + r"/[\w./-]*?\.(?:py|toml|yml|c|txt))(?::(\w+))?")
 
 
 def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_path):
@@ -81,3 +88,50 @@ def test_the_readmes_example_runs_on_the_demos_tiny_decoder(tmp_path, cli, capsy
     printed = capsys.readouterr().out
     assert printed.startswith("onnxruntime:cpu fp32 (1, 3, 32, 32)\n"), printed
     assert "chose onnxruntime:cpu fp32" in printed  # explain(): the one artifact built, and why
+
+
+def _defines(path: Path, name: str) -> bool:
+    return re.search(rf"^\s*(?:def|class) {name}\b|^{name}\b\s*[:=]", path.read_text(), flags=re.M) is not None
+
+
+def _resolves(dotted: str) -> bool:
+    """`enginefarm.a.b.C`: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[i:]:
+                obj = getattr(obj, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_the_docs_name_only_files_modules_and_names_that_exist():
+    """Prose mkdocs cannot check: a renamed module or a moved file leaves `cache/old.py` or `enginefarm.x.Y` behind."""
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in SOURCE.finditer(text):  # `runner/binding.py:HostBinding`, `python bench/ttfi.py`: prose and commands
+            path, name = ROOT / m.group(1), m.group(2)
+            if m.group(1).startswith("recipes/models/") or text[max(0, m.start() - 8):m.start()].endswith("error: "):
+                continue  # generated models; paths inside quoted error messages
+            if not path.is_file() or (name and not _defines(path, name)):
+                stale.append(f"{page.name}: {m.group(0)}")
+        for span in re.findall(r"`([^`]+)`", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)):
+            for m in re.finditer(r"(?<![\w./-])(enginefarm(?:\.\w+)+|" + LAYERS + r"(?:\.\w+)+)(?![\w/])", span):
+                dotted = m.group(1)
+                if dotted.rsplit(".", 1)[1] in FILE_TYPES:
+                    continue  # a file name (`weights.onnx`), not a module
+                if not _resolves(dotted if dotted.startswith("enginefarm.") else f"enginefarm.{dotted}"):
+                    stale.append(f"{page.name}: {dotted}")
+            for m in re.finditer(r"(?<![\w./-])(" + FOLDERS + r"/[\w/]+)\.([A-Za-z_]\w*)\b", span):  # `a/b.Name`
+                source = ROOT / (m.group(1) + ".py")
+                if m.group(2) not in FILE_TYPES:
+                    if not source.is_file() or not _defines(source, m.group(2)):
+                        stale.append(f"{page.name}: {m.group(0)}")
+    assert not stale, "the docs name what is not there (renamed or moved?):\n" + "\n".join(stale)

@@ -135,3 +135,24 @@ def test_the_docs_name_only_files_modules_and_names_that_exist():
                     if not source.is_file() or not _defines(source, m.group(2)):
                         stale.append(f"{page.name}: {m.group(0)}")
     assert not stale, "the docs name what is not there (renamed or moved?):\n" + "\n".join(stale)
+
+
+def test_the_readmes_pipeline_example_fits_the_api():
+    """The README's prompt-to-image block needs a real model to run; its calls are bound to the signatures instead."""
+    import ast
+    import inspect
+
+    from enginefarm.diffusion import Pipeline, write_png
+
+    text = README.read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "Pipeline.load" in b)
+    targets = {"Pipeline.load": inspect.signature(Pipeline.load), "write_png": inspect.signature(write_png),
+               "pipe": inspect.signature(Pipeline.__call__)}
+    bound = set()
+    for call in (node for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Call)):
+        name = ast.unparse(call.func)
+        if name in targets:
+            args = ([None] if name == "pipe" else []) + [None] * len(call.args)  # `pipe(...)` binds self too
+            targets[name].bind(*args, **{k.arg: None for k in call.keywords})  # TypeError: an argument it does not take
+            bound.add(name)
+    assert bound == set(targets)

@@ -36,16 +36,17 @@ class OrtSession:
             # file, so overridden Conv weights would be silently dropped: sessions with overrides stop at EXTENDED
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         self._session = ort.InferenceSession(str(path), options, providers=[_PROVIDERS.get(device, "CPUExecutionProvider")])
+        self._run_options = _run_options(ort)
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.compute_precision = precision
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self._session.run(self.output_names, feeds)
+        values = self._session.run(self.output_names, feeds, self._run_options)
         return dict(zip(self.output_names, values))
 
     def bind(self, fixed: dict[str, np.ndarray]) -> "OrtBinding":
-        return OrtBinding(self._session, fixed, self.output_names)
+        return OrtBinding(self._session, fixed, self.output_names, self._run_options)
 
     def close(self) -> None:
         self._session = None
@@ -57,9 +58,9 @@ class OrtBinding:
 
     name = "device"
 
-    def __init__(self, session, fixed: dict[str, np.ndarray], output_names: list[str]) -> None:
+    def __init__(self, session, fixed: dict[str, np.ndarray], output_names: list[str], run_options) -> None:
         ort = _ort()
-        self._session, self._outputs = session, output_names
+        self._session, self._outputs, self._run_options = session, output_names, run_options
         self._binding = session.io_binding()
         self._fixed = {name: ort.OrtValue.ortvalue_from_numpy(array.copy()) for name, array in fixed.items()}  # the device's own copy
         for name, value in self._fixed.items():
@@ -76,7 +77,7 @@ class OrtBinding:
                 binding.bind_cpu_input(name, np.ascontiguousarray(np.asarray(value)))
         for name in self._outputs:
             binding.bind_output(name, "cpu")
-        self._session.run_with_iobinding(binding)
+        self._session.run_with_iobinding(binding, self._run_options)
         values = binding.get_outputs()
         out = {}
         for name, value in zip(self._outputs, values):
@@ -89,6 +90,16 @@ class OrtBinding:
 
     def close(self) -> None:
         self._binding = self._session = self._fixed = None
+
+
+def _run_options(ort):
+    """Each run gives the CPU arena's free chunks back when it ends. Without it the arena keeps the largest run's
+    high-water mark and grows past it on the next: the real-size SD 1.5 UNet (fp16, 512², batch 2) peaked at 6.1 GB
+    on its first run and 8.4 GB from its second on; with shrinkage 6.2 GB on every run. Turning the arena off
+    instead peaked at 6.7 GB."""
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32,

@@ -121,8 +121,9 @@ def _merge_chunked(stored: np.ndarray, a: np.ndarray, b: np.ndarray, dtype) -> n
     Overflow is caught without a pass of its own: the factors bound the product (|a @ b| ≤ |a| @ max|b|), and the
     floating-point flags trap an add or a cast that overflows (a NaN needs an Inf first; the factors are finite)."""
     rows, cols = a.shape[0], b.shape[1]
-    if not np.isfinite(np.abs(a) @ np.abs(b).max(axis=1)).all():
-        return None
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.abs(a) @ np.abs(b).max(axis=1)).all():
+            return None
     src = np.asarray(stored).reshape(rows, cols)
     out = np.empty((rows, cols), dtype or src.dtype)
     step = max(1, SINGLE_THREADED_PRODUCT // (cols * a.shape[1]))

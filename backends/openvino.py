@@ -79,7 +79,7 @@ def _best_of(n: int, fn):
 class OpenVinoSession:
     def __init__(self, compiled, how: str, held: list | None = None) -> None:
         self._compiled = compiled
-        self._held = held or []  # arrays the model's constants share (load_with_weights): they outlive the compiled model
+        self._held = held or []  # arrays the model's constants share (load_with_weights): kept while a request may read them
         self._request = compiled.create_infer_request()
         # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's CPU
         # plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its input
@@ -99,12 +99,12 @@ class OpenVinoSession:
 
     def bind(self, fixed: dict[str, np.ndarray]) -> "OpenVinoBinding":
         request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
-        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append)
+        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append, self._held)
 
     def close(self) -> None:
         self._request = self._compiled = None  # the request holds the compiled model: both go
         self._spare.clear()
-        self._held = []
+        self._held = []  # a binding still open keeps its own reference
 
 
 class OpenVinoBinding:
@@ -114,9 +114,10 @@ class OpenVinoBinding:
 
     name = "device"
 
-    def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back) -> None:
+    def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back, weights=()) -> None:
         ov = BACKEND.sdk()
         self._request, self._give_back = request, give_back
+        self._weights = weights  # the session's shared constants (load_with_weights): the request may outlive the session
         self._held: dict[str, np.ndarray] = held  # arrays the request's tensors read in place, kept while it may use them
         self._outputs = output_names
         for name, array in fixed.items():

@@ -7,9 +7,9 @@ the CPU's cache, A @ B being Σ strength · scale · up @ down laid out as the i
 transposed Linear) with the coefficients folded into the small factor. No float32 copy of the base, no transposed
 copies, no full-size temporaries, and the weights are shared out over the cores (numpy's matmul and ufuncs release
 the GIL). On the real-size SD 1.5 UNet (fp16) this took the merge of a rank-8 LoRA on its attention and
-feed-forward Linears (242 M weights) from 8.0 s of CPU time to 2.4 s (ARCHITECTURE.md). Everything else (LoHa, LoKr, full diffs, DoRA,
-Tucker, a fused QKV block, a custom checkpoint's own tensors) takes the general path: float32, the checkpoint's
-layout, one layer after another.
+feed-forward Linears (242 M weights) from 8.0 s of CPU time to 2.4 s (ARCHITECTURE.md). Everything else
+(LoHa, LoKr, full diffs, DoRA, Tucker, a fused QKV block, a custom checkpoint's own tensors) takes the general
+path: float32, the checkpoint's layout, one layer after another.
 """
 
 from __future__ import annotations
@@ -35,8 +35,17 @@ SINGLE_THREADED_PRODUCT = 1 << 18
 Deltas = dict[str, list[tuple[LoraLayer, float]]]
 
 
-def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],
-                   loras: list[tuple[list[LoraLayer], float]], *, every: bool, stored: bool = False) -> dict[str, np.ndarray]:
+def merged_weights(
+    wmap: WeightMap,
+    backend,
+    artifact_dir: Path,
+    manifest: Manifest,
+    custom: dict[str, np.ndarray],
+    loras: list[tuple[list[LoraLayer], float]],
+    *,
+    every: bool,
+    stored: bool = False,
+) -> dict[str, np.ndarray]:
     """New values by ONNX initializer (ONNX layout): each LoRA layer merged in stack order (W + strength · scale ·
     ΔW; DoRA rescales the sum), W being the custom tensor or the artifact's own. `every`: all weights the map
     covers, unchanged ones too. `stored`: low-rank merges keep the artifact's own dtype (fp16 stays fp16: the
@@ -77,19 +86,30 @@ def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manif
 
 def _overflow(name: str, deltas: Deltas):
     files = ", ".join(sorted({str(layer.source) for layer, _ in deltas[name]}))
-    raise WeightsError(f"{files}: merging into {name} gives Inf or NaN", hint="lower the strength; the LoRA's values are too large for this weight")
+    raise WeightsError(
+        f"{files}: merging into {name} gives Inf or NaN",
+        hint="lower the strength; the LoRA's values are too large for this weight",
+    )
 
 
 def _low_rank(m: Mapped, items) -> bool:
     """Whether every change to this weight is a plain up @ down on the whole initializer."""
-    return bool(items) and m.block is None and all(
-        layer.rows is None and layer.layer.kind == "lora" and "mid" not in layer.layer.t and layer.layer.magnitude is None
-        for layer, _ in items)
+    return (
+        bool(items)
+        and m.block is None
+        and all(
+            layer.rows is None
+            and layer.layer.kind == "lora"
+            and "mid" not in layer.layer.t
+            and layer.layer.magnitude is None
+            for layer, _ in items
+        )
+    )
 
 
 def _factors(m: Mapped, items) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B), float32 and C-ordered, with A @ B = Σ strength · scale · ΔW in the initializer's layout, 2-D: [out, in·k·k],
-    or [in, out] for a transposed Linear. The layers' ranks are stacked, so a stack of LoRAs is one product."""
+    """(A, B), float32 and C-ordered, with A @ B = Σ strength · scale · ΔW in the initializer's layout, 2-D:
+    [out, in·k·k], or [in, out] for a transposed Linear. The layers' ranks are stacked, so a stack of LoRAs is one product."""
     lefts, rights = [], []
     for layer, strength in items:
         t, rank = layer.layer.t, layer.layer.rank
@@ -101,7 +121,9 @@ def _factors(m: Mapped, items) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32)
 
 
-def _low_rank_merges(names: list[str], wmap: WeightMap, base: dict[str, np.ndarray], deltas: Deltas, stored: bool) -> dict[str, np.ndarray]:
+def _low_rank_merges(
+    names: list[str], wmap: WeightMap, base: dict[str, np.ndarray], deltas: Deltas, stored: bool
+) -> dict[str, np.ndarray]:
     def one(name: str) -> tuple[str, np.ndarray]:
         m = wmap.mapped[name]
         merged = _merge_chunked(base[m.initializer], *_factors(m, deltas[name]), None if stored else np.float32)
@@ -150,11 +172,15 @@ def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[st
     else:  # refit-only backends that ship the ONNX beside the engine (weight-stripped engines)
         onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
         if onnx_file is None:
-            raise BackendUnavailable(f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)")
+            raise BackendUnavailable(
+                f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)"
+            )
         from enginefarm.backends import onnx_weights
 
         found = onnx_weights.read(Path(artifact_dir) / onnx_file.path, names)
     missing = sorted(set(names) - set(found))
     if missing:
-        raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: weights {missing[:5]} named by its map are missing")
+        raise IntegrityError(
+            f"{manifest.ref} [{manifest.build_key[:12]}]: weights {missing[:5]} named by its map are missing"
+        )
     return found

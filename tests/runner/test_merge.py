@@ -42,7 +42,9 @@ def test_the_chunked_low_rank_merge_is_the_general_merge(m):
     base = np.random.default_rng(0).normal(0, 1, m.onnx_shape).astype(np.float32)
     a, b = merge._factors(m, items)
     rows = a.shape[0]
-    assert rows > 2 * max(1, merge.SINGLE_THREADED_PRODUCT // (b.shape[1] * a.shape[1]))  # several chunks and a remainder
+    assert rows > 2 * max(
+        1, merge.SINGLE_THREADED_PRODUCT // (b.shape[1] * a.shape[1])
+    )  # several chunks and a remainder
     fast = merge._merge_chunked(base, a, b, None)
     assert fast.dtype == np.float32
     np.testing.assert_allclose(fast.reshape(m.onnx_shape), general(m, base, items), rtol=1e-5, atol=1e-5)
@@ -52,7 +54,9 @@ def test_the_chunked_low_rank_merge_is_the_general_merge(m):
     stored = merge._merge_chunked(half, a, b, None)
     assert stored.dtype == np.float16
     np.testing.assert_array_equal(stored, merge._merge_chunked(half, a, b, np.float32).astype(np.float16))
-    np.testing.assert_allclose(stored.reshape(m.onnx_shape).astype(np.float32), general(m, half, items), rtol=1e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        stored.reshape(m.onnx_shape).astype(np.float32), general(m, half, items), rtol=1e-3, atol=2e-3
+    )
 
 
 def test_overflow_in_the_stored_dtype_is_none():
@@ -61,11 +65,13 @@ def test_overflow_in_the_stored_dtype_is_none():
     base = np.zeros(LINEAR.onnx_shape, np.float16)
     assert merge._merge_chunked(base, a * 1e3, b * 1e3, None) is None  # past 65504 in fp16
     assert np.isfinite(merge._merge_chunked(base, a * 1e3, b * 1e3, np.float32)).all()  # fine in float32
-    assert merge._merge_chunked(base, a * 1e25, b * 1e25, np.float32) is None  # past float32: caught by the factors' bound
+    assert (
+        merge._merge_chunked(base, a * 1e25, b * 1e25, np.float32) is None
+    )  # past float32: caught by the factors' bound
 
 
 def test_dora_tucker_and_fused_blocks_take_the_general_path():
-    (layer, strength), = stack(LINEAR)[:1]
+    ((layer, strength),) = stack(LINEAR)[:1]
     dora = Layer("m", "unet", "m", "lora", {**layer.layer.t, "dora": np.ones(700, np.float32)}, None)
     assert not merge._low_rank(LINEAR, [(LoraLayer("m.weight", dora, Path("d")), 1.0)])
     assert not merge._low_rank(Mapped("qkv", True, (700, 300), (300, 2100), (1, 0, 700)), [(layer, strength)])

@@ -31,8 +31,15 @@ def ours(family, loras):
     from enginefarm.diffusion import Pipeline
 
     _, out, store = family
-    return Pipeline.load(_model_name(out), store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu",
-                         assets=out / "assets", loras=loras)
+    return Pipeline.load(
+        _model_name(out),
+        store=str(store),
+        precision="fp32",
+        target="onnxruntime:cpu",
+        device="cpu",
+        assets=out / "assets",
+        loras=loras,
+    )
 
 
 def peft(rng, prefix, out, inner, scale=0.2):
@@ -43,18 +50,33 @@ def test_sd3_lora_in_diffusers_names_matches_diffusers(built, tmp_path):
     sd3 = built("sd3")
     rng = np.random.default_rng(11)
     width, mlp, clip = 32, 128, sd3_clip_width(sd3[0])
-    t = {**peft(rng, "transformer.transformer_blocks.0.attn.to_q", width, width), **peft(rng, "transformer.transformer_blocks.0.attn.add_k_proj", width, width),
-         **peft(rng, "transformer.transformer_blocks.0.ff.net.0.proj", mlp, width), **peft(rng, "transformer.transformer_blocks.1.attn.to_out.0", width, width),
-         **peft(rng, f"text_encoder.{TE_Q}", clip, clip, scale=1.0)}
+    t = {
+        **peft(rng, "transformer.transformer_blocks.0.attn.to_q", width, width),
+        **peft(rng, "transformer.transformer_blocks.0.attn.add_k_proj", width, width),
+        **peft(rng, "transformer.transformer_blocks.0.ff.net.0.proj", mlp, width),
+        **peft(rng, "transformer.transformer_blocks.1.attn.to_out.0", width, width),
+        **peft(rng, f"text_encoder.{TE_Q}", clip, clip, scale=1.0),
+    }
     path = write_safetensors(tmp_path / "sd3.safetensors", t)
     pipe = ours(sd3, [(path, STRENGTH)])
-    assert "stack" in pipe.sessions["transformer"].artifact.options and "stack" in pipe.sessions["text_encoder"].artifact.options
+    assert (
+        "stack" in pipe.sessions["transformer"].artifact.options
+        and "stack" in pipe.sessions["text_encoder"].artifact.options
+    )
     size = pipe.assets.native_pixels
     latents = np.random.default_rng(0).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
 
     reference = diffusers_with_loras(diffusers.StableDiffusion3Pipeline, sd3[0], (path,), STRENGTH)
-    theirs = reference(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=STEPS, latents=torch.from_numpy(latents), height=size,
-                       width=size, guidance_scale=6.0, output_type="latent").images.numpy()
+    theirs = reference(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        num_inference_steps=STEPS,
+        latents=torch.from_numpy(latents),
+        height=size,
+        width=size,
+        guidance_scale=6.0,
+        output_type="latent",
+    ).images.numpy()
     got = pipe(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, output_type="latent")
     plain = ours(sd3, ())(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, output_type="latent")
     diff = _relative(got, theirs)
@@ -74,9 +96,13 @@ def test_flux_kohya_lora_on_chroma_matches_diffusers(built, tmp_path):
     rng = np.random.default_rng(12)
     width, mlp = 16, 64
     t = {}
-    for module, out, inner in (("double_blocks_0_img_attn_qkv", 3 * width, width), ("double_blocks_0_txt_attn_qkv", 3 * width, width),
-                               ("double_blocks_0_img_attn_proj", width, width), ("double_blocks_0_txt_mlp_0", mlp, width),
-                               ("single_blocks_0_linear2", width, width + mlp)):
+    for module, out, inner in (
+        ("double_blocks_0_img_attn_qkv", 3 * width, width),
+        ("double_blocks_0_txt_attn_qkv", 3 * width, width),
+        ("double_blocks_0_img_attn_proj", width, width),
+        ("double_blocks_0_txt_mlp_0", mlp, width),
+        ("single_blocks_0_linear2", width, width + mlp),
+    ):
         t.update(lora_pair(rng, f"lora_unet_{module}", out, inner, 4, scale=0.2, alpha=2.0))
     path = write_safetensors(tmp_path / "chroma_kohya.safetensors", t)
     pipe = ours(chroma, [(path, STRENGTH)])
@@ -85,9 +111,25 @@ def test_flux_kohya_lora_on_chroma_matches_diffusers(built, tmp_path):
     latents, size = flux_latents(64), 64
 
     def mine(p):
-        return p(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=4.0, height=size, width=size, output_type="latent")
+        return p(
+            PROMPT,
+            NEGATIVE,
+            steps=STEPS,
+            latents=latents,
+            guidance_scale=4.0,
+            height=size,
+            width=size,
+            output_type="latent",
+        )
 
-    theirs = run_flux(diffusers_with_loras(diffusers.ChromaPipeline, chroma[0], (path,), STRENGTH), latents, size, "latent", steps=STEPS, **kwargs)
+    theirs = run_flux(
+        diffusers_with_loras(diffusers.ChromaPipeline, chroma[0], (path,), STRENGTH),
+        latents,
+        size,
+        "latent",
+        steps=STEPS,
+        **kwargs,
+    )
     got, plain = mine(pipe), mine(ours(chroma, ()))
     diff = _relative(got, theirs)
     print(f"chroma kohya (Flux names): {diff:.1e} of the latent's range off diffusers")

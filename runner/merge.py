@@ -109,7 +109,8 @@ def _low_rank(m: Mapped, items) -> bool:
 
 def _factors(m: Mapped, items) -> tuple[np.ndarray, np.ndarray]:
     """(A, B), float32 and C-ordered, with A @ B = Σ strength · scale · ΔW in the initializer's layout, 2-D:
-    [out, in·k·k], or [in, out] for a transposed Linear. The layers' ranks are stacked, so a stack of LoRAs is one product."""
+    [out, in·k·k], or [in, out] for a transposed Linear. The layers' ranks are stacked: a stack of LoRAs is one
+    product."""
     lefts, rights = [], []
     for layer, strength in items:
         t, rank = layer.layer.t, layer.layer.rank

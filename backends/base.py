@@ -298,11 +298,12 @@ class Backend:
         raise NotImplementedError
 
     def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str) -> BackendSession:
-        """Feature.WEIGHTS_AT_LOAD: a session of the artifact with `weights` (float32, ONNX layout) in place of its own."""
+        """Feature.WEIGHTS_AT_LOAD: a session of the artifact with `weights` (ONNX layout; float32 or the
+        weight's own dtype) in place of its own."""
         raise NotImplementedError
 
     def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
-        """Feature.PATCH_WEIGHTS: the artifact's current values of these weights."""
+        """Feature.PATCH_WEIGHTS: the artifact's current values of these weights, in the float dtype it stores them."""
         raise NotImplementedError
 
     def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:

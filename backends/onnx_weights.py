@@ -102,14 +102,14 @@ def as_overrides(model: Path, weights: dict[str, np.ndarray], what: str) -> dict
 
 
 def read(model: Path, names) -> dict[str, np.ndarray]:
-    """The current values of these initializers as float32 (only their external data is read)."""
+    """The current values of these initializers, in their own float dtype (only their external data is read)."""
     from onnx import numpy_helper
 
     from enginefarm.builder.onnx_data import load_model
 
     wanted = set(names)
     loaded = load_model(model, only=wanted)
-    return {i.name: numpy_helper.to_array(i).astype(np.float32) for i in loaded.graph.initializer if i.name in wanted}
+    return {i.name: numpy_helper.to_array(i) for i in loaded.graph.initializer if i.name in wanted}
 
 
 def write_patched(model: Path, weights: dict[str, np.ndarray], outdir: Path, data_file: str | None) -> list[str]:

@@ -77,8 +77,9 @@ def _best_of(n: int, fn):
 
 
 class OpenVinoSession:
-    def __init__(self, compiled, how: str) -> None:
+    def __init__(self, compiled, how: str, held: list | None = None) -> None:
         self._compiled = compiled
+        self._held = held or []  # arrays the model's constants share (load_with_weights): kept while a request may read them
         self._request = compiled.create_infer_request()
         # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's CPU
         # plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its input
@@ -98,11 +99,12 @@ class OpenVinoSession:
 
     def bind(self, fixed: dict[str, np.ndarray]) -> "OpenVinoBinding":
         request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
-        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append)
+        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append, self._held)
 
     def close(self) -> None:
         self._request = self._compiled = None  # the request holds the compiled model: both go
         self._spare.clear()
+        self._held = []  # a binding still open keeps its own reference
 
 
 class OpenVinoBinding:
@@ -112,9 +114,10 @@ class OpenVinoBinding:
 
     name = "device"
 
-    def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back) -> None:
+    def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back, weights=()) -> None:
         ov = BACKEND.sdk()
         self._request, self._give_back = request, give_back
+        self._weights = weights  # the session's shared constants (load_with_weights): the request may outlive the session
         self._held: dict[str, np.ndarray] = held  # arrays the request's tensors read in place, kept while it may use them
         self._outputs = output_names
         for name, array in fixed.items():
@@ -305,8 +308,10 @@ class OpenVINO(Backend):
         return files
 
     def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OpenVinoSession:
-        """The IR read into memory, the constants named by `weights` (float32, ONNX layout) replaced by new ones of
-        their own element type, then compiled: nothing is written."""
+        """The IR read into memory, the constants named by `weights` (ONNX layout, float32 or the constant's own
+        type) replaced by new ones of their own element type, then compiled: nothing is written. A value already in
+        the constant's type is shared with it, not copied (0.06 s instead of 1.1 s for the 462 MB of an SD 1.5 UNet's
+        LoRA-merged weights), and the session holds it as long as the compiled model may read it."""
         from openvino.utils import replace_node
 
         from enginefarm.errors import IntegrityError
@@ -315,7 +320,7 @@ class OpenVINO(Backend):
         core = ov.Core()
         dev = manifest.parsed_target.device.upper()
         model = core.read_model(str(_ir(artifact_dir, manifest)))
-        left = dict(weights)
+        left, held = dict(weights), []
         for node in model.get_ordered_ops():
             if node.get_type_name() != "Constant":
                 continue
@@ -324,12 +329,14 @@ class OpenVINO(Backend):
             if hit is None:
                 continue
             dtype = np.float16 if node.get_output_element_type(0) == ov.Type.f16 else np.float32
-            fresh = ov.op.Constant(np.ascontiguousarray(left.pop(hit).reshape(tuple(node.get_output_shape(0))), dtype=dtype))
+            held.append(np.ascontiguousarray(left.pop(hit).reshape(tuple(node.get_output_shape(0))), dtype=dtype))
+            fresh = ov.op.Constant(held[-1], shared_memory=True)
             fresh.output(0).set_names(names)
             replace_node(node, fresh)
         if left:
             raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: no constant of the IR holds {sorted(left)[:5]}")
-        return OpenVinoSession(core.compile_model(model, dev, inference_config(core, dev, manifest.precision)), "compiled IR with new weights in memory")
+        compiled = core.compile_model(model, dev, inference_config(core, dev, manifest.precision))
+        return OpenVinoSession(compiled, "compiled IR with new weights in memory", held)
 
     def bundle_probe(self, device_class: str) -> dict:
         """Load the device's plugin through the Core, as compile_model would: OpenVINO resolves the registered plugin

@@ -32,14 +32,15 @@ def float_shapes(xml: Path) -> dict[str, tuple[int, ...]]:
 
 
 def read(xml: Path, names) -> dict[str, np.ndarray]:
-    """These constants' values as float32, read from the .bin beside `xml` (memory-mapped)."""
+    """These constants' values as stored (float16 or float32): read-only views of the .bin beside `xml`, memory-mapped,
+    so a LoRA's merge reads each weight once, in chunks (runner/merge.py), instead of a float32 copy of them all."""
     consts = _constants(ET.parse(xml))
     blob = np.memmap(xml.with_suffix(".bin"), dtype=np.uint8, mode="r")
     out = {}
     for name in names:
         data, kind, shape = consts[name]
         start = int(data.get("offset"))
-        out[name] = blob[start:start + int(data.get("size"))].view(IR_DTYPES[kind]).astype(np.float32).reshape(shape)
+        out[name] = blob[start:start + int(data.get("size"))].view(IR_DTYPES[kind]).reshape(shape)
     return out
 
 

@@ -30,6 +30,7 @@ from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, W
 
 from .checkpoint import read_checkpoint
 from .lora import LoraLayer, read_lora
+from .merge import merged_weights
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def _at_load(stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifes
     a merge and a load, and no cache space."""
     report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision} in memory")
     started = time.perf_counter()
-    weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
+    weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False, stored=True)
     session = backend.load_with_weights(artifact_dir, manifest, weights, manifest.parsed_target.device)
     log.info("%d weights applied at load in %.2f s", len(weights), time.perf_counter() - started)
     key = stack_key(manifest.build_key, stack)
@@ -204,60 +205,6 @@ def _read(stack: Stack, wmap: WeightMap, manifest: Manifest) -> tuple[dict[str, 
     return custom, [(read_lora(path, wmap, manifest.component, ref=manifest.ref), strength) for path, strength in stack.loras]
 
 
-def merged_weights(wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom: dict[str, np.ndarray],
-                   loras: list[tuple[list[LoraLayer], float]], *, every: bool) -> dict[str, np.ndarray]:
-    """New values by ONNX initializer (float32, ONNX layout): each LoRA layer merged in stack order (W + strength ·
-    scale · ΔW; DoRA rescales the sum), W being the custom tensor or the artifact's own. `every`: all weights the map
-    covers, unchanged ones too. A merge that overflows is refused before anything is compiled."""
-    deltas: dict[str, list[tuple[LoraLayer, float]]] = {}
-    for layers, strength in loras:
-        for layer in layers if strength != 0 else ():
-            deltas.setdefault(layer.target, []).append((layer, strength))
-    touched = set(custom) | set(deltas)
-    names = sorted(set(wmap.mapped) if every else touched)
-    # Whole initializers are read where the result needs them: the tensor's own base value, or the rest of a fused one.
-    wanted = {wmap.mapped[n].initializer for n in names if n not in custom or wmap.mapped[n].block is not None}
-    base = base_weights(backend, artifact_dir, manifest, sorted(wanted))
-    parts: dict[str, list] = {}
-    for name in names:
-        m = wmap.mapped[name]
-        value = np.array(custom[name] if name in custom else m.from_onnx(base[m.initializer]), dtype=np.float32)
-        for layer, strength in deltas.get(name, ()):
-            value = layer.apply(value, strength)
-        if name in deltas and not np.isfinite(value).all():
-            files = ", ".join(sorted({str(layer.source) for layer, _ in deltas[name]}))
-            raise WeightsError(f"{files}: merging into {name} gives Inf or NaN", hint="lower the strength; the LoRA's values are too large for this weight")
-        parts.setdefault(m.initializer, []).append((m, m.to_onnx(value)))
-    out = {}
-    for init, items in parts.items():
-        if items[0][0].block is None:
-            out[init] = items[0][1]
-            continue
-        whole = np.array(base[init], dtype=np.float32).reshape(items[0][0].onnx_shape)
-        for m, part in items:
-            m.write(whole, part)
-        out[init] = whole
-    return out
-
-
-def base_weights(backend, artifact_dir: Path, manifest: Manifest, names: list[str]) -> dict[str, np.ndarray]:
-    if not names:
-        return {}
-    if backend.has(Feature.PATCH_WEIGHTS):
-        found = backend.read_weights(artifact_dir, manifest, names)
-    else:  # refit-only backends that ship the ONNX beside the engine (weight-stripped engines)
-        onnx_file = next((f for f in manifest.files if f.path.endswith(".onnx")), None)
-        if onnx_file is None:
-            raise BackendUnavailable(f"{manifest.target} artifacts hold no readable base weights", hint="use another target (--target)")
-        from enginefarm.backends import onnx_weights
-
-        found = onnx_weights.read(Path(artifact_dir) / onnx_file.path, names)
-    missing = sorted(set(names) - set(found))
-    if missing:
-        raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: weights {missing[:5]} named by its map are missing")
-    return found
-
-
 def work_folder(cache: DeviceCache, key: str) -> Path:
     """A folder of this process's own: two processes applying the same stack never share one."""
     path = cache.home / "build" / "stacks" / f"{key[:24]}.{secrets.token_hex(4)}"
@@ -270,7 +217,7 @@ def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_
     workdir = work_folder(cache, key)
     try:
         started = time.perf_counter()
-        weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False)
+        weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False, stored=True)
         built = backend.patch_weights(artifact_dir, manifest, weights, workdir)
         map_entry = role_entry(manifest, "map")
         shutil.copyfile(Path(artifact_dir) / map_entry.path, workdir / map_entry.path)

@@ -98,7 +98,7 @@ def _least_contended(run, on_cpu: bool):
     """Time `run`; on a CPU, again after a pause while other processes used more than OTHERS_MAX of the cores meanwhile
     (something outside the host lock ran), within twice the time budget. Returns the least contended attempt:
     (timing, {cpu_share, others_share, load_avg_1m}, attempts made)."""
-    from enginefarm.runner.timing import TIME_BUDGET_S, time_runs
+    from enginefarm.hardware.timing import TIME_BUDGET_S, time_runs
 
     best = None
     deadline = time.perf_counter() + 2 * TIME_BUDGET_S

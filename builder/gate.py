@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from enginefarm.backends import Feature
 from enginefarm.cache.atomic import sha256_file
-from enginefarm.cache.keys import build_key
+from enginefarm.cache.build_keys import build_key
 from enginefarm.errors import BuildError, EnginefarmError
 
 from . import rss

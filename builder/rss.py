@@ -60,7 +60,7 @@ def reset_peak() -> bool:
 
 def give_back() -> None:
     """Return freed memory to the system: glibc keeps freed heap pages resident until asked (malloc_trim)."""
-    from enginefarm.runner.session import give_back_memory
+    from enginefarm.hardware.heap import give_back_memory
 
     give_back_memory()
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 from enginefarm.cache.index import IndexEntry
-from enginefarm.runner.device import Device
+from enginefarm.hardware.devices import Device
 from enginefarm.runner.resolve import resolve
-from enginefarm.runner.timing import tied
+from enginefarm.hardware.timing import tied
 from tests.releases import REF, artifact
 
 CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("onnxruntime:cpu",))

@@ -12,7 +12,7 @@ import pytest
 
 from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.cache.keys import build_key, canonical_json
+from enginefarm.cache.build_keys import build_key, canonical_json
 from enginefarm.cache.manifest import Target
 
 BASE = {

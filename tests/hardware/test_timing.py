@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from enginefarm.runner.timing import noise_ms, spread, tied, time_interleaved, time_runs
+from enginefarm.hardware.timing import noise_ms, spread, tied, time_interleaved, time_runs
 
 
 class Clock:

@@ -11,7 +11,7 @@ import numpy as np
 
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import EnginefarmError, SessionClosed
-from enginefarm.hardware.heap import give_back_memory
+from enginefarm.hardware.rss import give_back_memory
 
 
 def _fits(array: np.ndarray, dtype: np.dtype) -> bool:

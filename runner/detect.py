@@ -62,9 +62,11 @@ def _cache():
         return None
 
 
-# The code that changes what a remembered probe says: the probes, and the backend table that gives the targets.
+# The code that changes what a remembered probe says: the probes, this module, and the backend table that gives the
+# targets (by path: a warm load imports no backend it does not use).
 _HARDWARE = Path(device_info.__file__).resolve().parent
-_CODE = (_HARDWARE / "devices.py", _HARDWARE / "device_info.py", Path(__file__).resolve().parents[1] / "backends" / "__init__.py")
+_CODE = (_HARDWARE / "devices.py", _HARDWARE / "device_info.py", Path(__file__).resolve(),
+         Path(__file__).resolve().parents[1] / "backends" / "__init__.py")
 
 
 def _probe_to(probe: Probe) -> dict[str, Any]:

@@ -152,11 +152,15 @@ def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def upward(found: list[Edge], only: dict[str, tuple[str, ...]] = ONLY, never: dict[str, tuple[str, ...]] = NEVER) -> list[Edge]:
+def upward(found: list[Edge], only: dict[str, tuple[str, ...]] = ONLY,
+           never: dict[str, tuple[str, ...]] = NEVER) -> list[Edge]:
     """The imports that break a layer's rule, at any level."""
     def breaks(e: Edge) -> bool:
-        return (any(_within(e.source, layer) and not any(_within(e.target, ok) for ok in allowed) for layer, allowed in only.items())
-                or any(_within(e.source, layer) and any(_within(e.target, no) for no in denied) for layer, denied in never.items()))
+        outside = any(_within(e.source, layer) and not any(_within(e.target, ok) for ok in allowed)
+                      for layer, allowed in only.items())
+        denied = any(_within(e.source, layer) and any(_within(e.target, no) for no in targets)
+                     for layer, targets in never.items())
+        return outside or denied
     return [e for e in found if breaks(e)]
 
 
@@ -180,7 +184,8 @@ def main() -> None:
     wrong = upward(found)
     for e in wrong:
         print(f"upward: {e.source} -> {e.target}  (line {e.line}, {e.level})")
-    print(f"{len(wrong)} upward import(s) (hardware imports nothing above it; backends and builder nothing of the runner)")
+    print(f"{len(wrong)} upward import(s) (hardware imports nothing above it; backends and builder nothing of the "
+          "runner)")
     sys.exit(1 if result else 0)
 
 

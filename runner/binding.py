@@ -1,7 +1,7 @@
 """Tensors that stay on the device between calls: `Session.bind(fixed)` places the inputs that do not change from one
 call to the next (a prompt's text states in a denoising loop) on the device once, and each `run` of the binding copies
-in only what changed. Outputs named in `keep=` come back as `DeviceTensor` handles (hardware/tensors.py) that a later run (of this binding
-or another session of the same backend) takes as an input without a copy through numpy.
+in only what changed. Outputs named in `keep=` come back as `DeviceTensor` handles (hardware/tensors.py) that a later
+run (of this binding or another session of the same backend) takes as an input without a copy through numpy.
 
     with unet.bind({"encoder_hidden_states": text}) as step:
         for t in timesteps:

@@ -65,7 +65,8 @@ def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runne
     found = graph.edges()
     used = {(e.source, e.target) for e in found}
     # The rules are read over the edges that matter: backends and builder do use the machine, and the runner too.
-    assert {("enginefarm.backends.openvino", "enginefarm.hardware.device_info"), ("enginefarm.builder.bench", "enginefarm.hardware.timing"),
+    assert {("enginefarm.backends.openvino", "enginefarm.hardware.device_info"),
+            ("enginefarm.builder.bench", "enginefarm.hardware.timing"),
             ("enginefarm.runner.detect", "enginefarm.hardware.devices")} <= used
     wrong = [f"{e.source} -> {e.target} (line {e.line}, {e.level})" for e in graph.upward(found)]
     assert wrong == [], f"imports against the layers: {wrong}"

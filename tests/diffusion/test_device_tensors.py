@@ -1,6 +1,7 @@
 """Tensors that stay on the device between calls (`Session.bind`, `enginefarm.runner.binding`,
-`enginefarm.hardware.tensors`): on the tiny SD 1.x built by the real CLI, for ONNX Runtime and OpenVINO, a bound run, a kept output fed back as the next input, and a
-whole pipeline whose step loop binds its text states are bit for bit what `Session.run` gives."""
+`enginefarm.hardware.tensors`): on the tiny SD 1.x built by the real CLI, for ONNX Runtime and OpenVINO, a bound run,
+a kept output fed back as the next input, and a whole pipeline whose step loop binds its text states are bit for bit
+what `Session.run` gives."""
 
 from __future__ import annotations
 

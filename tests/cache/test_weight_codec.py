@@ -278,6 +278,6 @@ def test_frames_at_odd_offsets_decode_through_the_numpy_loop():
 def test_blobs_decode_the_same_without_the_native_loop(dtype, monkeypatch):
     data = weights(2 * weight_codec.FRAME_RAW + 9, dtype)
     blob = weight_codec.compress(data, dtype)
-    monkeypatch.setattr(codec, "_native", None)
+    monkeypatch.setattr(weight_codec, "_native", None)
     assert weight_codec.decompress(blob, len(data)) == data
     assert b"".join(bytes(c) for c in weight_codec.decode_frames(io.BytesIO(blob), len(data))) == data

@@ -24,7 +24,7 @@ from .base import Availability, Backend, BackendSession, BundleSpec, Built, Buil
 from .build_job import BuildJob, PlannedJob
 
 if TYPE_CHECKING:
-    from enginefarm.runner.device import Device
+    from enginefarm.hardware.devices import Device
 
 BACKENDS: dict[str, str] = {
     "onnxruntime": "enginefarm.backends.onnxruntime",

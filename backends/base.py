@@ -25,8 +25,8 @@ from enginefarm.errors import BackendUnavailable
 
 from .build_job import BuildJob, PlannedJob
 
-if TYPE_CHECKING:  # the runner's device type; importing the runner here would make every backend import it
-    from enginefarm.runner.device import Device
+if TYPE_CHECKING:  # the device type (hardware/devices.py), for annotations only
+    from enginefarm.hardware.devices import Device
 
 
 def import_sdk(module: str, install: str) -> ModuleType:
@@ -86,7 +86,7 @@ class BackendSession(Protocol):
 
     # Optional: `close()` releases what the session holds (weights, compiled code, device buffers) at once.
     # Optional: `bind(fixed)` returns an object with `run(feeds, keep) -> dict` and `close()` that holds `fixed` on the
-    # device and returns `runner.binding.DeviceTensor`s for the outputs named in `keep` (runner/binding.py); without
+    # device and returns `hardware.tensors.DeviceTensor`s for the outputs named in `keep` (hardware/tensors.py); without
     # it, Session.bind runs through numpy (HostBinding). Its results must equal `run`'s bit for bit.
 
 
@@ -187,7 +187,7 @@ class Backend:
     example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
     bundles: ClassVar[dict[str, BundleSpec]] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
     sdk_module: ClassVar[str | None] = None  # the vendor SDK's Python module, imported on first use by `sdk()`
-    # The device probes (enginefarm.runner.device.PROBES) that can find a device it runs; None: every probe. A load
+    # The device probes (enginefarm.hardware.devices.PROBES) that can find a device it runs; None: every probe. A load
     # whose candidates are all this backend's runs only these (OpenVINO's GPU probe alone costs half a second).
     probes: ClassVar[tuple[str, ...] | None] = None
 
@@ -278,7 +278,7 @@ class Backend:
 
     def bench_device(self, manifest) -> dict:
         """The device class benchmarks were measured on: resolution ranks artifacts by it."""
-        from enginefarm.runner.device_info import cpu_description
+        from enginefarm.hardware.device_info import cpu_description
 
         device = manifest.parsed_target.device
         return cpu_description() if device == "cpu" else {"class": device}

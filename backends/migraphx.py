@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.runner.device_info import amd_gpus
+from enginefarm.hardware.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
 
 from .base import Availability, Backend, Built, BuiltFile, Feature, Rank

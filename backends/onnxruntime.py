@@ -67,7 +67,7 @@ class OrtBinding:
             self._binding.bind_ortvalue_input(name, value)
 
     def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
-        from enginefarm.runner.binding import DeviceTensor
+        from enginefarm.hardware.tensors import DeviceTensor
 
         binding = self._binding
         for name, value in feeds.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.runner.device_info import cpu_description
+from enginefarm.hardware.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
 
 from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
@@ -124,7 +124,7 @@ class OpenVinoBinding:
             self._request.set_tensor(name, ov.Tensor(array.copy()))  # the device's own copy
 
     def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
-        from enginefarm.runner.binding import DeviceTensor
+        from enginefarm.hardware.tensors import DeviceTensor
 
         ov, request = BACKEND.sdk(), self._request
         for name, value in feeds.items():
@@ -357,7 +357,7 @@ class OpenVINO(Backend):
                 "line": f"the {device} plugin loads ({version.description} {version.build_number}); devices here: {', '.join(core.available_devices) or 'none'}"}
 
     def device_classes(self, device) -> tuple[str, ...]:
-        """The CPU, and the Intel GPUs and NPUs OpenVINO itself lists (runner/device.py: intel-gpu, intel-npu)."""
+        """The CPU, and the Intel GPUs and NPUs OpenVINO itself lists (hardware/devices.py: intel-gpu, intel-npu)."""
         return {"cpu": ("cpu",), "intel-gpu": ("gpu",), "intel-npu": ("npu",)}.get(device.kind, ())
 
     def rank(self, device_class: str) -> Rank:

@@ -175,7 +175,7 @@ class TensorRTRTX(NvidiaBackend):
         needs = self.gpu_build_reason(job)
         if needs is None:
             return ""
-        from enginefarm.runner.device_info import nvidia_gpus
+        from enginefarm.hardware.device_info import nvidia_gpus
 
         gpus, why = nvidia_gpus()
         return "" if gpus else f"{needs[0]}, and this machine has none ({why})"

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from enginefarm.cache import codec
+from enginefarm.cache import weight_codec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,9 +83,9 @@ def methods():
     for level in (3, 9, 19):
         found[f"zstd-{level}"] = (lambda data, dtype, level=level: zstandard.ZstdCompressor(level=level).compress(data),
                                   lambda blob, n: zstandard.ZstdDecompressor().decompress(blob, max_output_size=n))
-    found["efw1 (ours)"] = (lambda data, dtype: codec.compress(data, dtype), lambda blob, n: codec.decompress(blob, n))
-    if codec._native is not None:  # the same blobs through the numpy fallback, for installs without the C loop
-        found["efw1 numpy"] = (lambda data, dtype: codec.compress(data, dtype), _without_native)
+    found["efw1 (ours)"] = (lambda data, dtype: weight_codec.compress(data, dtype), lambda blob, n: weight_codec.decompress(blob, n))
+    if weight_codec._native is not None:  # the same blobs through the numpy fallback, for installs without the C loop
+        found["efw1 numpy"] = (lambda data, dtype: weight_codec.compress(data, dtype), _without_native)
     try:
         import zipnn
 
@@ -112,11 +112,11 @@ ALLOCATOR = {"warm": (str(1 << 40), "every decode reuses already-faulted heap pa
 
 
 def _without_native(blob, n):
-    native, codec._native = codec._native, None
+    native, weight_codec._native = weight_codec._native, None
     try:
-        return codec.decompress(blob, n)
+        return weight_codec.decompress(blob, n)
     finally:
-        codec._native = native
+        weight_codec._native = native
 
 
 def main() -> None:
@@ -136,7 +136,7 @@ def main() -> None:
     results: dict[tuple[str, str], tuple[float, float, float]] = {}
     spread: dict[str, list[float]] = {}
     kinds = methods()
-    print(f"efw1 interleave: {'C loop (cache/_interleave.c)' if codec._native else 'numpy fallback (the C loop is not built)'}")
+    print(f"efw1 interleave: {'C loop (cache/_interleave.c)' if weight_codec._native else 'numpy fallback (the C loop is not built)'}")
     print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
     for name, (data, dtype) in datasets(args.mib).items():
         if args.only not in name:

@@ -141,6 +141,29 @@ def circles(found: list[Edge], level: str = "function") -> list[list[str]]:
     return sorted(out)
 
 
+# Layers that import only downward, every import counted (TYPE_CHECKING ones too). hardware/ is the machine: it may
+# import itself and enginefarm's leaves (errors, settings), nothing else of the package. backends/ and builder/ sit
+# below the runner.
+ONLY = {"enginefarm.hardware": ("enginefarm.hardware", "enginefarm.errors", "enginefarm.settings")}
+NEVER = {"enginefarm.backends": ("enginefarm.runner",), "enginefarm.builder": ("enginefarm.runner",)}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def upward(found: list[Edge], only: dict[str, tuple[str, ...]] = ONLY,
+           never: dict[str, tuple[str, ...]] = NEVER) -> list[Edge]:
+    """The imports that break a layer's rule, at any level."""
+    def breaks(e: Edge) -> bool:
+        outside = any(_within(e.source, layer) and not any(_within(e.target, ok) for ok in allowed)
+                      for layer, allowed in only.items())
+        denied = any(_within(e.source, layer) and any(_within(e.target, no) for no in targets)
+                     for layer, targets in never.items())
+        return outside or denied
+    return [e for e in found if breaks(e)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--level", choices=LEVELS, default="function")
@@ -158,6 +181,11 @@ def main() -> None:
                 if e.source in members and e.target in members and e.level in counted:
                     print(f"    {e.source} -> {e.target}  (line {e.line}, {e.level})")
     print(f"{len(result)} circle(s)")
+    wrong = upward(found)
+    for e in wrong:
+        print(f"upward: {e.source} -> {e.target}  (line {e.line}, {e.level})")
+    print(f"{len(wrong)} upward import(s) (hardware imports nothing above it; backends and builder nothing of the "
+          "runner)")
     sys.exit(1 if result else 0)
 
 

@@ -26,7 +26,7 @@ _CHILD = """
 import hashlib, json, sys, time
 from pathlib import Path
 import numpy as np
-from enginefarm.builder.rss import peak_bytes
+from enginefarm.hardware.rss import peak_bytes
 from enginefarm.diffusion import Pipeline
 model, store, target, precision, budget, steps, size, images = sys.argv[1:9]
 budget = None if budget == "none" else (int(budget) if budget.isdigit() else budget)

@@ -78,7 +78,7 @@ def parameters(cls_name: str, config: dict, component: str) -> int:
 def rows(models: list[str], runners_path: Path) -> list[dict]:
     from enginefarm.builder.memory import gb, need_bytes
     from enginefarm.builder.recipe import Resources
-    from enginefarm.builder.runners import load_runners, route
+    from enginefarm.builder.ci_runners import load_runners, route
 
     runners = load_runners(runners_path)
     out = []

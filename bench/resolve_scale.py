@@ -3,7 +3,7 @@
 For each N (default 10^3, 10^4, 10^5) a local store gets one real, loadable ONNX Runtime artifact of `scale/lin`
 and N-1 index entries that copy its entry under other build keys (same target, precision and benchmark: every
 one tied with every other, the worst case for tie-breaking). The real one is the fastest, so it wins and loads.
-Then, each in a fresh child process (so its peak RSS is its own: VmHWM, see builder/rss.py):
+Then, each in a fresh child process (so its peak RSS is its own: VmHWM, see hardware/rss.py):
 - `load`: `enginefarm.load("scale/lin", device="cpu", store=STORE)`: read the index, resolve, fetch, load;
 - `ls`: `enginefarm ls --store STORE` (the rich table, output to /dev/null).
 A child runs under an address-space limit (--limit-mb, default 1500), so a blow-up ends in MemoryError here
@@ -60,7 +60,7 @@ except MemoryError:
     outcome, explained = "MemoryError", 0
 seconds = time.perf_counter() - start
 usage = resource.getrusage(resource.RUSAGE_SELF)
-from enginefarm.builder import rss  # VmHWM: ru_maxrss would carry the parent's RSS across fork + exec
+from enginefarm.hardware import rss  # VmHWM: ru_maxrss would carry the parent's RSS across fork + exec
 print(json.dumps({"outcome": outcome, "s": seconds, "cpu_s": usage.ru_utime + usage.ru_stime - start_cpu, "peak_mb": rss.peak_bytes() / 2**20,
                   "explained_chars": explained}))
 """

@@ -47,7 +47,7 @@ inputs = {{ latent = {{ low = -3.0, high = 3.0 }} }}
 
 
 def stored_sizes(path: Path, role: str) -> dict[str, int]:
-    from enginefarm.cache.codecs import codec_for, encode_file
+    from enginefarm.cache.blob_codecs import codec_for, encode_file
 
     sizes = {"raw": path.stat().st_size}
     for codec in sorted({codec_for(role, sizes["raw"]), "zstd"}):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from enginefarm.backends.assets import COMPONENT, ROLE, TARGET
 from enginefarm.cache.artifacts import pack_files, publish
-from enginefarm.cache.keys import build_key
+from enginefarm.cache.build_keys import build_key
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import ConfigError

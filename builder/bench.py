@@ -49,7 +49,7 @@ def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[s
 
 def peak_rss_mb() -> float:
     """This process's own peak (not ru_maxrss, which a child started from a large build inherits: see rss.py)."""
-    from . import rss
+    from enginefarm.hardware import rss
 
     return rss.mb(rss.peak_bytes())
 
@@ -62,7 +62,7 @@ def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
     manifest = Manifest.from_json(Path(manifest_path).read_bytes())
     with np.load(feeds_path) as data:
         feeds = {name: data[name] for name in data.files}
-    from . import rss
+    from enginefarm.hardware import rss
 
     backend = get_backend(manifest.parsed_target.backend)
     backend.available(manifest.parsed_target.device)  # imports the SDK: its libraries are not the artifact's memory
@@ -98,7 +98,7 @@ def _least_contended(run, on_cpu: bool):
     """Time `run`; on a CPU, again after a pause while other processes used more than OTHERS_MAX of the cores meanwhile
     (something outside the host lock ran), within twice the time budget. Returns the least contended attempt:
     (timing, {cpu_share, others_share, load_avg_1m}, attempts made)."""
-    from enginefarm.runner.timing import TIME_BUDGET_S, time_runs
+    from enginefarm.hardware.timing import TIME_BUDGET_S, time_runs
 
     best = None
     deadline = time.perf_counter() + 2 * TIME_BUDGET_S

@@ -28,7 +28,7 @@ from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 from enginefarm.backends import Feature, get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .gate import stale, thresholds, validation_report
-from .golden import attach as attach_golden
+from .golden_samples import attach as attach_golden
 from .hostlock import building
 from .job import Job
 from .prep import prepare

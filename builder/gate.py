@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from enginefarm.backends import Feature
 from enginefarm.cache.atomic import sha256_file
-from enginefarm.cache.keys import build_key
+from enginefarm.cache.build_keys import build_key
 from enginefarm.errors import BuildError, EnginefarmError
 
-from . import rss
+from enginefarm.hardware import rss
 from .job import Job
 from .references import reference_outputs_cached
 from .sdk_errors import sdk_text
@@ -91,5 +91,5 @@ def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest,
             why = sdk_text(exc, workroot)
             raise BuildError(f"{job.label}: the built artifact does not load or run: {why}") from exc
         del session
-        rss.give_back()  # the artifact's memory goes back to the system before the benchmark process starts
+        rss.give_back_memory()  # the artifact's memory goes back to the system before the benchmark process starts
     return report

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.backends import get_backend
-from enginefarm.cache.keys import build_key, canonical_json
+from enginefarm.cache.build_keys import build_key, canonical_json
 from enginefarm.cache.manifest import Target
 
 from .onnx_io import TensorInfo

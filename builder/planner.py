@@ -19,7 +19,7 @@ from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .profiles import STATIC_PROFILE, is_static, resolve_profile
 from .recipe import Recipe, Resources, ValidateSpec
-from .runners import Runner, route, runner_labels
+from .ci_runners import Runner, route, runner_labels
 from .sources import LocalSource, materialize
 
 log = logging.getLogger(__name__)

@@ -126,7 +126,7 @@ def _bare_run_error(model: Path, cases) -> str | None:
 
 
 def _main(model: str, feeds_path: str, out: str) -> None:
-    from . import rss
+    from enginefarm.hardware import rss
     from .validate import reference_outputs
 
     with np.load(feeds_path, allow_pickle=False) as data:

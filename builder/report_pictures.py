@@ -50,9 +50,10 @@ class ModelPictures:
 
 def render_pictures(store: Store, out: Path, *, prompt: str, seed: int = 0, steps: int = 8, size: int | None = None,
                     models=None) -> list[ModelPictures]:
-    from enginefarm.runner.device import detect
+    from enginefarm.backends import targets_for
+    from enginefarm.hardware.devices import PROBES, run_probe
 
-    runnable = {t for d in detect("auto") for t in d.targets}
+    runnable = {t for name in PROBES for d in run_probe(name).devices for t in targets_for(d)}
     found = []
     for model in sorted(models or store.list_models()):
         entries = list(read_index(store, model).entries.values())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enginefarm.cache.atomic import sha256_file
-from enginefarm.cache.keys import canonical_json
+from enginefarm.cache.build_keys import canonical_json
 from enginefarm.errors import OfflineError, SourceError
 
 from .downloads import beside, download, hf_to_https

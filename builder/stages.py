@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from . import rss
+from enginefarm.hardware import rss
 
 
 class Probe:

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from enginefarm.cache.keys import build_key
+from enginefarm.cache.build_keys import build_key
 
 from .prep import LAST_USED, prep_versions
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from enginefarm.errors import ConfigError, IntegrityError, StoreError
 
 from .atomic import sha256_file
-from .codecs import codec_for, decode_stream, encode_file
+from .blob_codecs import codec_for, decode_stream, encode_file
 from .faults import checkpoint
 from .index import parse_index, read_index, remove_from_index, select_entries, update_index  # noqa: F401  (the index API, re-exported)
 from .manifest import ArtifactFile, Manifest

@@ -25,7 +25,7 @@ from enginefarm.errors import ConfigError, DiskFullError, IntegrityError, StoreE
 
 from . import resume, workdirs
 from .atomic import aging_mtime, remove_tree, sha256_file
-from .codecs import decode_stream
+from .blob_codecs import decode_stream
 from . import origins, proof
 from .faults import checkpoint
 from .locks import file_lock

@@ -11,7 +11,7 @@ from typing import Any
 from enginefarm.errors import IntegrityError
 
 from . import fields as f
-from .keys import ARTIFACT_FORMAT_VERSION
+from .build_keys import ARTIFACT_FORMAT_VERSION
 
 ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from .atomic import CHUNK
-from .codecs import Resume
+from .blob_codecs import Resume
 from .manifest import ArtifactFile
 from .stores.base import Store
 
@@ -26,7 +26,7 @@ def plan(store: Store, entry: ArtifactFile, dest: Path) -> tuple[Resume | None, 
     if entry.codec == "none":
         done = offset = have
     else:
-        from .codec import read_layout, resume_point
+        from .weight_codec import read_layout, resume_point
 
         with store.open_blob(entry.stored_sha256, entry.stored_size) as head:
             layout = read_layout(head, entry.size)

@@ -40,6 +40,7 @@ RUNTIME_PACKAGES = {
     "enginefarm.cache": "enginefarm/cache",
     "enginefarm.cache.stores": "enginefarm/cache/stores",
     "enginefarm.cache.trust": "enginefarm/cache/trust",
+    "enginefarm.hardware": "enginefarm/hardware",
     "enginefarm.runner": "enginefarm/runner",
 }
 NOT_RUNTIME = ("cli*.py", "bundle*.py")  # the command (click, rich) and the bundler itself

@@ -18,7 +18,7 @@ from enginefarm.settings import load_settings
 def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, creates_store=False):
     from enginefarm.builder.planner import plan
     from enginefarm.builder.recipe import load_recipe
-    from enginefarm.builder.runners import load_runners
+    from enginefarm.builder.ci_runners import load_runners
     from enginefarm.cache.stores import open_store
 
     settings = load_settings()
@@ -46,7 +46,7 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     --format github prints {"matrix": …} for a GitHub Actions build matrix (at most 256 entries, jobs batched
     per runner), the job count, and the jobs no runner can build."""
     from enginefarm.builder.ci_matrix import github_matrix
-    from enginefarm.cache.keys import short
+    from enginefarm.cache.build_keys import short
 
     labels = tuple(filter(None, (label.strip() for label in runner_labels.split(","))))
     planned, _, _ = _plan(recipes, store, targets, precisions, components, runners=runners, runner_labels=labels)

@@ -112,7 +112,7 @@ def doctor_cmd():
 
     from enginefarm.backends import all_backends, availability
     from enginefarm.cache.manifest import Target
-    from enginefarm.runner.device import run_probes
+    from enginefarm.runner.detect import run_probes
 
     settings = load_settings()
     out = console()

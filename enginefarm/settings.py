@@ -100,7 +100,7 @@ class Settings:
     max_artifact_size: int = DEFAULT_MAX_ARTIFACT_SIZE
     measure: str = "auto"  # time the close candidates on this device at the first load: auto | on | off
     host_lock_dir: Path | None = None  # where builds and benchmarks of this host coordinate (None: the system temp dir)
-    probe_cache: bool = True  # remember device probes in home/device-probes.json (runner/probe_cache.py); off: probe every load
+    probe_cache: bool = True  # remember device probes in home/device-probes.json (hardware/probe_cache.py); off: probe every load
 
 
 def _default_home() -> Path:

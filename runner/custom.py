@@ -22,7 +22,7 @@ from enginefarm.backends.manifest_files import role_entry
 from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map
 from enginefarm.cache.device_cache import DeviceCache
-from enginefarm.cache.keys import build_key
+from enginefarm.cache.build_keys import build_key
 from enginefarm.cache.locks import file_lock
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress

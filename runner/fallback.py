@@ -17,7 +17,7 @@ from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import ArtifactNotFoundError, EnginefarmError
 
-from .device import Device
+from enginefarm.hardware.devices import Device
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,13 @@ from enginefarm.cache.stores.base import Store
 from enginefarm.cache.versions import same_version
 from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, StoreError, StoreNotFound,
                                TrustError, WeightsError)
+from enginefarm.hardware.devices import Device
 from enginefarm.settings import Settings, load_settings
 
-from . import golden, measure
+from . import golden_check, measure
 from .identity import check_served
 from .not_found import not_found
-from .device import Device, detect
+from .detect import detect
 from .resolve import Candidate, Resolution, resolve
 from .session import Session
 
@@ -311,8 +312,8 @@ def _session(manifest: Manifest, path: Path, stack: "Stack | None", found: Looku
         loaded = backend.load(path, manifest, manifest.parsed_target.device)
         # Published unvalidated: this device checks it once on its golden samples, and refuses it if it misses.
         device = next((d for d in found.devices if manifest.target in d.targets), found.devices[0])
-        verdict = golden.gate(loaded, manifest, path, found.settings.home, device, report)
-        return Session(loaded, manifest, explanation + (f"\n{golden.describe(verdict)}" if verdict else ""))
+        verdict = golden_check.gate(loaded, manifest, path, found.settings.home, device, report)
+        return Session(loaded, manifest, explanation + (f"\n{golden_check.describe(verdict)}" if verdict else ""))
     from . import recompile
     from .custom import apply, check_stackable
 

@@ -27,13 +27,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from enginefarm.runner.timing import Timing, tied, time_interleaved
+from enginefarm.hardware.timing import Timing, tied, time_interleaved
 from enginefarm.cache.atomic import write_bytes_atomic
-from enginefarm.cache.keys import build_key
+from enginefarm.cache.build_keys import build_key
 from enginefarm.cache.progress import Progress
 from enginefarm.settings import Settings
 
-from .device import Device
+from enginefarm.hardware.devices import Device
 from .resolve import PRECISION_ORDER, Candidate, Resolution, _ms
 
 log = logging.getLogger(__name__)

@@ -7,12 +7,12 @@ from typing import Any
 
 from enginefarm.backends import Rank, availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
-from enginefarm.runner.timing import noise_ms
+from enginefarm.hardware.timing import noise_ms
 from enginefarm.cache.index import IndexEntry, gc_paused
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.versions import newest, same_version, version_key
 
-from .device import Device
+from enginefarm.hardware.devices import Device
 from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.

@@ -11,6 +11,7 @@ import numpy as np
 
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import EnginefarmError, SessionClosed
+from enginefarm.hardware.rss import give_back_memory
 
 
 def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
@@ -18,22 +19,6 @@ def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
         return True
     info = np.iinfo(dtype)
     return bool(array.min() >= info.min and array.max() <= info.max)
-
-
-def give_back_memory() -> None:
-    """Return freed heap to the system now: glibc keeps freed pages resident until asked (malloc_trim), so an app
-    that closes a 3 GB UNet would otherwise still show it in its RSS."""
-    import gc
-    import sys
-
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl): nothing to ask
-            pass
 
 
 class InputError(EnginefarmError, ValueError):
@@ -152,7 +137,7 @@ class Session:
     def _checked(self, feeds: dict[str, Any], partial: bool = False, bound: tuple[str, ...] = ()) -> dict[str, Any]:
         """Feeds checked and cast. partial: some inputs may be missing (a binding's fixed ones); bound: inputs a
         binding already holds, which the feeds must not repeat. A DeviceTensor is checked by its shape only."""
-        from enginefarm.runner.binding import DeviceTensor
+        from enginefarm.hardware.tensors import DeviceTensor
 
         ref = self.artifact.ref
         if not isinstance(feeds, Mapping):

@@ -56,3 +56,43 @@ def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_pa
     assert graph.circles(found, "module") == [["pkg.a", "pkg.b"]]
     assert graph.circles(found, "function") == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub.d"]]
     assert graph.circles(found, "typing") == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub.d"], ["pkg.e", "pkg.sub.f"]]
+
+
+def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runner():
+    """hardware/ (devices, probes, timing, device tensors) sits below backends and builder, which sit below the runner:
+    every import counted, TYPE_CHECKING ones too, as bench/import_graph.py reports them."""
+    graph = _graph()
+    found = graph.edges()
+    used = {(e.source, e.target) for e in found}
+    # The rules are read over the edges that matter: backends and builder do use the machine, and the runner too.
+    assert {("enginefarm.backends.openvino", "enginefarm.hardware.device_info"),
+            ("enginefarm.builder.bench", "enginefarm.hardware.timing"),
+            ("enginefarm.runner.detect", "enginefarm.hardware.devices")} <= used
+    wrong = [f"{e.source} -> {e.target} (line {e.line}, {e.level})" for e in graph.upward(found)]
+    assert wrong == [], f"imports against the layers: {wrong}"
+
+
+def test_hardware_needs_only_the_standard_library_numpy_psutil_and_the_probed_sdks():
+    """What hardware/ imports from outside enginefarm: a leaf that pulls in a heavy library is no leaf."""
+    import ast
+
+    allowed = set(sys.stdlib_module_names) | {"numpy", "psutil", "pynvml", "openvino", "enginefarm"}
+    outside = set()
+    for path in (ROOT / "hardware").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                outside |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                outside.add(node.module.split(".")[0])
+    assert {"numpy", "psutil", "os"} <= outside and outside <= allowed, outside - allowed
+
+
+def test_the_layer_rules_catch_an_upward_import():
+    graph = _graph()
+    Edge = graph.Edge
+    found = [Edge("enginefarm.hardware.devices", "enginefarm.backends", 1, "function"),
+             Edge("enginefarm.hardware.devices", "enginefarm.errors", 2, "module"),
+             Edge("enginefarm.backends.base", "enginefarm.runner.detect", 3, "typing"),
+             Edge("enginefarm.builder.bench", "enginefarm.hardware.timing", 4, "module"),
+             Edge("enginefarm.runner.load", "enginefarm.builder.build", 5, "function")]
+    assert [e.line for e in graph.upward(found)] == [1, 3]

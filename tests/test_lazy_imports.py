@@ -15,7 +15,7 @@ HEAVY = ["openvino", "onnxruntime", "onnx", "boto3", "botocore", "tensorrt", "te
 
 @pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.cache", "enginefarm.cli", "enginefarm.backends",
                                     "enginefarm.cache.trust", "enginefarm.runner.release", "enginefarm.cli_release", "enginefarm.families",
-                                    "enginefarm.export", "enginefarm.cli_export", "enginefarm.weights.single_file", "enginefarm.weights.routing"])
+                                    "enginefarm.hardware.devices", "enginefarm.export", "enginefarm.cli_export", "enginefarm.weights.single_file", "enginefarm.weights.routing"])
 def test_import_loads_no_heavy_module(module):
     code = f"import sys, json, {module}; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -45,7 +45,7 @@ def _loaded(code: str, env: dict | None = None) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.runner.load", "enginefarm.runner.resolve",
-                                    "enginefarm.runner.measure", "enginefarm.runner.golden", "enginefarm.backends.openvino",
+                                    "enginefarm.runner.measure", "enginefarm.runner.golden_check", "enginefarm.backends.openvino",
                                     "enginefarm.backends.onnxruntime", "enginefarm.backends.tensorrt_rtx", "enginefarm.cache.device_cache",
                                     "enginefarm.cache.progress", "enginefarm.runner.release"])
 def test_the_runtime_imports_no_builder_module_no_onnx_and_no_cli_module(module):

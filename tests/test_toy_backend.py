@@ -81,7 +81,7 @@ def test_bad_registrations_are_clear_errors(monkeypatch):
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "toy=tests.no_such_module")
     with pytest.raises(BackendUnavailable, match="cannot import tests.no_such_module"):
         get_backend("toy")
-    from enginefarm.runner.device import detect
+    from enginefarm.runner.detect import detect
 
     assert {"openvino:cpu", "onnxruntime:cpu"} <= set(detect("cpu")[0].targets)  # a broken added backend hides nothing
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "toy=tests.models")  # a module without BACKEND

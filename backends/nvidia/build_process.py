@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enginefarm.builder import rss
+from enginefarm.hardware import rss
 from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
 
 from .build import BuildSpec, die_with_parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from enginefarm.runner.device_info import nvidia_gpus
+from enginefarm.hardware.device_info import nvidia_gpus
 
 
 def gpu_runs(device: str, gpu: dict[str, Any], family_floors: dict[str, tuple[int, int]]) -> bool:
@@ -28,7 +28,7 @@ def matching_gpu(device: str, family_floors: dict[str, tuple[int, int]]) -> tupl
 
 
 def gpu_description(device: str, family_floors: dict[str, tuple[int, int]]) -> dict[str, Any]:
-    """For benchmarks: the class resolution matches against a device's bench_class (runner.device: nvidia-sm_XX)."""
+    """For benchmarks: the class resolution matches against a device's bench_class (hardware.devices: nvidia-sm_XX)."""
     gpu, _ = matching_gpu(device, family_floors)
     if gpu is None:
         return {"class": f"nvidia-{device}"}

@@ -72,7 +72,7 @@ def test_cli_build_stores_an_inspectable_package_per_precision(tiny_recipe, cli,
     specs = {}
     for key in read_index(store, "tiny-sd").entries:
         manifest = read_manifest(store, key)
-        # the package, and golden samples for the first Mac that loads it to check it on (runner/golden.py)
+        # the package, and golden samples for the first Mac that loads it to check it on (runner/golden_check.py)
         assert [(f.path, f.role) for f in manifest.files] == [("model.mlpackage.tar", "model"), ("golden.safetensors", "golden")]
         assert manifest.validation["golden"]["cases"] == ["min", "opt", "max"]
         assert manifest.options == {"shapes": "range", "deployment_target": "macOS13"}

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.hardware("nvidia")
 
 
 def gpu_arch() -> str:
-    from enginefarm.runner.device_info import nvidia_gpus
+    from enginefarm.hardware.device_info import nvidia_gpus
 
     gpus, why = nvidia_gpus()
     if not gpus:

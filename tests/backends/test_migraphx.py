@@ -91,7 +91,7 @@ def test_cross_compile_for_a_gfx_the_host_lacks(fake_rocm, tiny_recipe, cli):
     assert compile_call["env"]["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0" and compile_call["gfx"] == "gfx1100"
     assert calls("run") == []  # nothing here can run a gfx1100 program
     manifest = _manifests(Path(os.environ["ENGINEFARM_STORE"]))[("migraphx:gfx1100", "fp16")]
-    golden = manifest["validation"].pop("golden")  # checked on the first gfx1100 that loads it (runner/golden.py)
+    golden = manifest["validation"].pop("golden")  # checked on the first gfx1100 that loads it (runner/golden_check.py)
     assert {k: v for k, v in manifest["validation"].items() if k != "settings"} == {"passed": None, "executed": False,
                                       "why": "no gfx1100 GPU here (found gfx1030): builds are cross-compiled and not run"}
     assert golden["cases"] == ["min", "opt", "max"] and ("golden.safetensors", "golden") in [(f["path"], f["role"]) for f in manifest["files"]]
@@ -163,7 +163,7 @@ def test_without_the_sdk_doctor_and_plan_point_to_rocm_not_pip(cli, tiny_recipe)
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_migraphx_on_an_amd_gpu_end_to_end(tiny_recipe, cli, precision):
     import enginefarm
-    from enginefarm.runner.device_info import amd_gpus
+    from enginefarm.hardware.device_info import amd_gpus
 
     gfx = amd_gpus()[0][0]["gfx"]
     cli("build", str(tiny_recipe(precisions=(precision,), targets=(f"migraphx:{gfx}",))), check=True)

@@ -33,7 +33,7 @@ def rtx(request):
 
         assert tensorrt_rtx.__file__.endswith("fakes/tensorrt_rtx/__init__.py")
         return tensorrt_rtx
-    from enginefarm.runner.device_info import nvidia_gpus
+    from enginefarm.hardware.device_info import nvidia_gpus
 
     if nvidia_gpus()[0]:
         pytest.skip("these assertions describe TensorRT-RTX on a machine without a GPU; this one has one")

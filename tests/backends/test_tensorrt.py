@@ -332,13 +332,14 @@ def test_options_of_one_backend_leave_other_targets_keys_alone(fake_nvidia, writ
 
 def test_resolution_filters_on_the_constraints_the_backend_emits(fake_nvidia, write_recipe, tiny_sd, tmp_path):
     from enginefarm.cache.index import IndexEntry
-    from enginefarm.runner.device import nvidia_device
+    from enginefarm.hardware.devices import nvidia_device
+    from enginefarm.runner.detect import with_targets
     from enginefarm.runner.resolve import resolve
 
     (job,) = jobs_of(recipe(write_recipe, tiny_sd, options="version_compatible = true"), tmp_path)
     result, _ = build_one(job, tmp_path)
     entries = [(IndexEntry.of(result.manifest), "store")]
-    rtx_4090 = nvidia_device("NVIDIA GeForce RTX 4090", 8, 9, "550.54.14", 24564)
+    rtx_4090 = with_targets(nvidia_device("NVIDIA GeForce RTX 4090", 8, 9, "550.54.14", 24564))
 
     def why(device) -> str:
         (candidate,) = resolve("tiny-sd/decoder", entries, None, [device]).candidates

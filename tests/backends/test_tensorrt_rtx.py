@@ -15,7 +15,7 @@ from enginefarm.builder.build import build
 from enginefarm.builder.ci_matrix import github_matrix
 from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.builder.runners import load_runners
+from enginefarm.builder.ci_runners import load_runners
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import BackendUnavailable, BuildError

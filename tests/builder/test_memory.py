@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from enginefarm.builder import memory, rss
+from enginefarm.builder import memory
+from enginefarm.hardware import rss
 from enginefarm.builder.executor import run_jobs
 from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
@@ -23,7 +24,7 @@ block = bytearray(400 << 20)
 for i in range(0, len(block), 4096):
     block[i] = 1
 del block
-child = "import json, resource; from enginefarm.builder import rss; print(json.dumps([rss.peak_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))"
+child = "import json, resource; from enginefarm.hardware import rss; print(json.dumps([rss.peak_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))"
 print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)
 """
 
@@ -46,7 +47,7 @@ def test_the_peak_resets_per_stage():
         for i in range(0, len(block), 4096):
             block[i] = 1
         del block
-        rss.give_back()
+        rss.give_back_memory()
     with stages.stage("small"):
         pass
     big, small = (r["peak_rss_mb"] for r in stages.records)

@@ -151,17 +151,17 @@ def test_a_samples_zip_bomb_does_not_blow_up_plan(tmp_path, write_recipe):
 
 
 def test_a_huge_frame_table_is_an_integrity_error_not_a_memory_error(tmp_path):
-    from enginefarm.cache import codec
+    from enginefarm.cache import weight_codec
 
     raw = 1 << 40
     forged = tmp_path / "forged"
-    forged.write_bytes(codec._HEADER.pack(codec.MAGIC, 4, 1, 0, raw, 1 << 16, raw >> 16) + b"\0" * 1000)
+    forged.write_bytes(weight_codec._HEADER.pack(weight_codec.MAGIC, 4, 1, 0, raw, 1 << 16, raw >> 16) + b"\0" * 1000)
     with open(forged, "rb") as handle, pytest.raises(IntegrityError, match="truncated|frames"):
-        list(codec.decode_frames(handle, raw))
+        list(weight_codec.decode_frames(handle, raw))
     frames = (1 << 32) - 1  # a 48 GiB frame table: before, read() asked for it at once (an empty MemoryError)
-    forged.write_bytes(codec._HEADER.pack(codec.MAGIC, 4, 1, 0, frames, 1, frames))
+    forged.write_bytes(weight_codec._HEADER.pack(weight_codec.MAGIC, 4, 1, 0, frames, 1, frames))
     with open(forged, "rb") as handle, pytest.raises(IntegrityError, match="forged frame table"):
-        list(codec.decode_frames(handle, frames))
+        list(weight_codec.decode_frames(handle, frames))
 
 
 @pytest.mark.parametrize("name", ["a" * 64 + "\n", "A" * 64])

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from enginefarm.cache import codec
+from enginefarm.cache import weight_codec
 from enginefarm.cache.index import IndexEntry, parse_index
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.trust import binding
@@ -78,7 +78,7 @@ def test_parse_index_of_any_bytes_never_raises(raw):
     assert isinstance(parse_index(raw, "m").entries, dict)
 
 
-BLOB = codec.compress(bytes(range(256)) * 64, "float32", frame_raw=4096)
+BLOB = weight_codec.compress(bytes(range(256)) * 64, "float32", frame_raw=4096)
 
 
 @FUZZ
@@ -89,7 +89,7 @@ def test_a_damaged_efw1_blob_decodes_right_or_is_an_integrity_error(flips, cut):
         data[offset] = value
     data = bytes(data[:cut]) if cut < len(data) else bytes(data)
     try:
-        out = bytes(codec.decompress(data, 256 * 64))
+        out = bytes(weight_codec.decompress(data, 256 * 64))
     except IntegrityError:
         return
     assert len(out) == 256 * 64  # a flip that survives (in padding or an unused field) still decodes to the declared size
@@ -101,7 +101,7 @@ def test_efw1_decoding_of_any_bytes_is_an_integrity_error(raw, expected):
     import io
 
     with pytest.raises(IntegrityError):
-        list(codec.decode_frames(io.BufferedReader(io.BytesIO(codec.MAGIC + raw)), expected or None))
+        list(weight_codec.decode_frames(io.BufferedReader(io.BytesIO(weight_codec.MAGIC + raw)), expected or None))
 
 
 @FUZZ

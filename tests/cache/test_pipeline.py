@@ -98,14 +98,14 @@ def _streamed_decode_peak_mib(tmp_path, mib: int) -> float:
 
     import numpy as np
 
-    from enginefarm.cache import codec
-    from enginefarm.cache.codecs import decode_stream
+    from enginefarm.cache import weight_codec
+    from enginefarm.cache.blob_codecs import decode_stream
 
     raw = tmp_path / f"raw{mib}.bin"
     np.random.default_rng(mib).standard_normal(mib << 19).astype(np.float16).tofile(raw)
     blob = tmp_path / f"blob{mib}.efw1"
     with open(blob, "wb") as out:
-        codec.encode_file(raw, out)
+        weight_codec.encode_file(raw, out)
     size = raw.stat().st_size
     raw.unlink()
     tracemalloc.start()
@@ -118,13 +118,13 @@ def _streamed_decode_peak_mib(tmp_path, mib: int) -> float:
 
 
 def test_a_streamed_decode_holds_a_bounded_number_of_frames_whatever_the_size(tmp_path):
-    from enginefarm.cache import codec
+    from enginefarm.cache import weight_codec
 
-    frame = codec.FRAME_RAW / 2**20
+    frame = weight_codec.FRAME_RAW / 2**20
     # compressed frames: read ahead (threads + 2), one being read, one per decoding thread and one queued for
     # them; decoded frames: threads + 1 waiting in order, one with the writer's caller; two scratch halves per
     # thread; the writer's two queues of two plus one in each of its threads' hands. Well below the 192 MiB.
-    t = codec.THREADS
+    t = weight_codec.THREADS
     bound = ((t + 2 + 1 + t + 1) + (t + 1 + 1) + 2 * t + 6) * frame
     peak = _streamed_decode_peak_mib(tmp_path, 192)
     assert peak < bound, f"decoding 192 MiB peaked at {peak:.0f} MiB (bound {bound:.0f})"

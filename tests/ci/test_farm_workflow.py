@@ -76,7 +76,7 @@ def test_the_workflow_runs_end_to_end_by_hand(tiny_recipe, tmp_path, cli):
 
 @pytest.mark.parametrize("runners_file", [ROOT / "ci" / "runners.toml"])
 def test_example_runners_file_loads(runners_file):
-    from enginefarm.builder.runners import load_runners
+    from enginefarm.builder.ci_runners import load_runners
 
     runners = load_runners(runners_file)
     assert {t for r in runners for t in r.targets} >= {"onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89", "migraphx:gfx1100", "coreml:apple"}

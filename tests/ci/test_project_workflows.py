@@ -53,11 +53,11 @@ def test_the_project_workflow_runs_both_readme_commands_and_the_runtime_on_windo
     run = ROOT / ".ci" / "run"
     text = run.read_text()
     assert text.index("make demo") < text.index("make test")
-    for path in ("tests/cache", "tests/runner"):
+    for path in ("tests/cache", "tests/runner", "tests/hardware"):
         assert (ROOT / path).is_dir() and path in " ".join(step.get("run", "") for step in jobs["runtime"]["steps"])
 
 
-RUNTIME = ["enginefarm", "runner", "cache", "backends"]
+RUNTIME = ["enginefarm", "runner", "cache", "backends", "hardware"]
 
 
 def _guarded(tree: ast.AST) -> dict[ast.AST, bool]:

@@ -1,6 +1,7 @@
-"""Tensors that stay on the device between calls (`Session.bind`, `enginefarm.runner.binding`): on the tiny SD 1.x
-built by the real CLI, for ONNX Runtime and OpenVINO, a bound run, a kept output fed back as the next input, and a
-whole pipeline whose step loop binds its text states are bit for bit what `Session.run` gives."""
+"""Tensors that stay on the device between calls (`Session.bind`, `enginefarm.runner.binding`,
+`enginefarm.hardware.tensors`): on the tiny SD 1.x built by the real CLI, for ONNX Runtime and OpenVINO, a bound run,
+a kept output fed back as the next input, and a whole pipeline whose step loop binds its text states are bit for bit
+what `Session.run` gives."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _unet_feeds(rng: np.random.Generator, hidden_width: int) -> tuple[dict, dict
 @pytest.mark.parametrize("target", BACKENDS)
 def test_bound_runs_and_kept_outputs_are_bit_identical_to_run(built, target):
     import enginefarm
-    from enginefarm.runner.binding import DeviceTensor
+    from enginefarm.hardware.tensors import DeviceTensor
     from enginefarm.runner.session import InputError
 
     _, out, store = built("sd1")

@@ -1,5 +1,5 @@
 """An exported family built for TensorRT-RTX by the real SDK (no GPU needed to build): the tiny SD 1.x UNet at fp16
-for ampere+, published unvalidated with golden samples that the first GPU to load it checks (runner/golden.py)."""
+for ampere+, published unvalidated with golden samples that the first GPU to load it checks (runner/golden_check.py)."""
 
 from __future__ import annotations
 

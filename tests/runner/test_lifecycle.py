@@ -65,7 +65,7 @@ _CYCLES = """
 import json, sys
 import numpy as np
 import enginefarm
-from enginefarm.builder.rss import current_bytes
+from enginefarm.hardware.rss import current_bytes
 target = sys.argv[1]
 x = np.ones((2, 1024), np.float32)
 def cycle():

@@ -10,7 +10,7 @@ import pytest
 
 from enginefarm.cache.progress import as_progress
 from enginefarm.runner import measure
-from enginefarm.runner.device import Device
+from enginefarm.hardware.devices import Device
 from enginefarm.runner.resolve import resolve
 from enginefarm.cache.index import IndexEntry
 from enginefarm.settings import load_settings

@@ -1,4 +1,4 @@
-"""Device probes remembered per machine (`runner/probe_cache.py`): read back while the machine's key holds, probed
+"""Device probes remembered per machine (`hardware/probe_cache.py`): read back while the machine's key holds, probed
 again when any part of the key changes, and a corrupt or unwritable cache is as good as none."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from enginefarm.runner.device import run_probes
-from enginefarm.runner.probe_cache import FILE
+from enginefarm.runner.detect import run_probes
+from enginefarm.hardware.probe_cache import FILE
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("ENGINEFARM_PROBE_CACHE", "on")
-    from enginefarm.runner import device_info
+    from enginefarm.hardware import device_info
 
     monkeypatch.setattr(device_info, "_remembered", None)  # what a remembered probe sets stays within the test
     return tmp_path / "home"
@@ -35,7 +35,7 @@ def test_probes_are_remembered_until_the_machine_key_changes(home, monkeypatch):
     _plant(home, "remembered cpu")
     again = run_probes(("cpu",))
     assert again[0].devices[0].name == "remembered cpu"
-    from enginefarm.runner.device_info import cpu_description
+    from enginefarm.hardware.device_info import cpu_description
 
     assert cpu_description()["name"] == "remembered cpu"  # the CPU's description comes from the cache too (no psutil)
     assert again[0].devices[0].targets == probed[0].devices[0].targets and {**again[0].devices[0].info, "name": "?"} == {**probed[0].devices[0].info, "name": "?"}

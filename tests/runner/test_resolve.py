@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from enginefarm.cache.index import IndexEntry
-from enginefarm.runner.device import Device
+from enginefarm.hardware.devices import Device
 from enginefarm.runner.resolve import resolve
 
 CPU_V4 = Device("cpu", "Xeon", "cpu-x86_64-v4", ("openvino:cpu", "onnxruntime:cpu"))

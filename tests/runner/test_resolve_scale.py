@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 from enginefarm.cache.index import IndexEntry
-from enginefarm.runner.device import Device
+from enginefarm.hardware.devices import Device
 from enginefarm.runner.resolve import resolve
-from enginefarm.runner.timing import tied
+from enginefarm.hardware.timing import tied
 from tests.releases import REF, artifact
 
 CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("onnxruntime:cpu",))
@@ -53,11 +53,11 @@ def test_tie_clusters_are_the_fastest_remaining_and_what_is_tied_with_it():
             assert all(c.is_tied_with(o) == (o is not c and o.rank[4] == c.rank[4]) for o in resolution.candidates)
 
 
-# The child's own peak (VmHWM): ru_maxrss would carry the pytest parent's RSS across fork + exec (builder/rss.py).
+# The child's own peak (VmHWM): ru_maxrss would carry the pytest parent's RSS across fork + exec (hardware/rss.py).
 CHILD = r"""
 import json, sys
 import enginefarm
-from enginefarm.builder import rss
+from enginefarm.hardware import rss
 session = enginefarm.load(sys.argv[1], device="cpu", store=sys.argv[2])
 print(json.dumps({"key": session.artifact.build_key, "explain": len(session.explain()), "peak_mb": rss.peak_bytes() / 2**20}))
 """

@@ -7,8 +7,23 @@ import pytest
 
 from enginefarm.backends.base import Availability
 from enginefarm.cache.index import IndexEntry
-from enginefarm.runner.device import Device, amd_device, apple_device, nvidia_device
+from enginefarm.hardware import devices as found
+from enginefarm.hardware.devices import Device
+from enginefarm.runner.detect import with_targets
 from enginefarm.runner.resolve import resolve
+
+def nvidia_device(*args, **kwargs) -> Device:
+    """A detected device: the machine's description (hardware/devices.py) with its targets, as detection fills them."""
+    return with_targets(found.nvidia_device(*args, **kwargs))
+
+
+def amd_device(*args) -> Device:
+    return with_targets(found.amd_device(*args))
+
+
+def apple_device(*args) -> Device:
+    return with_targets(found.apple_device(*args))
+
 
 CPU = Device("cpu", "Ryzen 7 5800X", "cpu-x86_64-v3", ("openvino:cpu", "onnxruntime:cpu"), {"os": "linux"})
 

@@ -4,7 +4,7 @@ TensorRT-RTX engines built on a CPU, MIGraphX programs cross-compiled for anothe
 off macOS cannot run where they are built. Such an artifact ships one more file, `golden.safetensors` (role
 `golden`, hashed like every file): the validation cases (seeded inputs at the profile's min/opt/max, plus the
 recipe's samples) and the fp32 ONNX Runtime reference outputs for each. `validation.golden` in the manifest names
-the file, the cases and the thresholds the farm would have applied. The device side (runner/golden.py) needs
+the file, the cases and the thresholds the farm would have applied. The device side (runner/golden_check.py) needs
 neither ONNX Runtime nor the source model: it runs the artifact on these inputs and applies builder/validate.py's
 own gate.
 """

@@ -11,7 +11,7 @@ from enginefarm.errors import IntegrityError
 from .atomic import CHUNK
 
 CODECS = ("efw1", "zstd", "none")
-WEIGHT_ROLES = ("weights", "engine", "model")  # files that are mostly tensors: byte-grouped (cache/codec.py)
+WEIGHT_ROLES = ("weights", "engine", "model")  # files that are mostly tensors: byte-grouped (cache/weight_codec.py)
 EFW1_MIN_SIZE = 1 << 20
 
 
@@ -24,7 +24,7 @@ def codec_for(role: str, size: int) -> str:
 
 def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
     if codec == "efw1":
-        from .codec import encode_file as encode_efw1
+        from .weight_codec import encode_file as encode_efw1
 
         encode_efw1(src, dst)
         return
@@ -69,7 +69,7 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
         if codec == "none":
             chunks = iter(lambda: source.read(CHUNK), b"")
         elif codec == "efw1":
-            from .codec import decode_frames
+            from .weight_codec import decode_frames
 
             chunks = decode_frames(source, expected_size, layout=resume.layout if resume else None, start=resume.frame if resume else 0)
         elif codec == "zstd":

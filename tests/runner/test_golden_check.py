@@ -1,5 +1,5 @@
 """Validation on the first device, for artifacts published unvalidated: golden samples written by the farm
-(builder/golden.py), checked once per device by `enginefarm.load` (runner/golden.py).
+(builder/golden_samples.py), checked once per device by `enginefarm.load` (runner/golden_check.py).
 
 Two ways in: ONNX Runtime and OpenVINO artifacts forced through the path (their backend made to say it cannot run
 where it builds, as TensorRT-RTX without a GPU does), and TensorRT-RTX engines from the fake SDK built with no GPU
@@ -19,7 +19,7 @@ import pytest
 import enginefarm
 from enginefarm.backends import Feature, get_backend
 from enginefarm.builder.build import build
-from enginefarm.builder.golden import FILE
+from enginefarm.builder.golden_samples import FILE
 from enginefarm.builder.planner import expand
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.builder.safetensors_io import SafeTensors

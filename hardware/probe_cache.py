@@ -76,25 +76,24 @@ def _devices() -> list[str]:
     return sorted(found)
 
 
-def _own_code() -> list[int]:
+def _own_code(files: tuple[Path, ...]) -> list[int]:
     """enginefarm's probe code changes what a probe reports (an editable install keeps its version): its files' mtimes."""
-    here = Path(__file__).resolve().parent
-    files = (here / "device.py", here / "device_info.py", here.parent / "backends" / "__init__.py")
     return [f.stat().st_mtime_ns if f.exists() else 0 for f in files]
 
 
-def machine_key() -> str:
+def machine_key(code: tuple[Path, ...] = ()) -> str:
+    """`code`: the files whose code shapes what is remembered (the caller's: the probes, and what adds to them)."""
     parts = {"kernel": platform.release(), "machine": platform.machine(), "system": platform.system(), "cpu": _cpu_model(),
              "cores": os.cpu_count(), "memory": _memory(), "python": [sys.executable, *sys.version_info[:2]], "path": sys.path, "sdks": _sdk_packages(), "devices": _devices(),
-             "drivers": _linux_driver_versions(), "code": _own_code(),
+             "drivers": _linux_driver_versions(), "code": _own_code(code),
              "env": {k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class ProbeCache:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, code: tuple[Path, ...] = ()) -> None:
         self.path = Path(home) / FILE
-        self.key = machine_key()
+        self.key = machine_key(code)
         self._entries: dict[str, Any] = self._read()
 
     def _read(self) -> dict[str, Any]:

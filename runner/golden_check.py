@@ -1,4 +1,4 @@
-"""The first-device check of artifacts published unvalidated (see builder/golden.py).
+"""The first-device check of artifacts published unvalidated (see builder/golden_samples.py).
 
 The first time a device loads such an artifact, it runs it on the golden inputs and compares the outputs with the
 stored fp32 references, through builder/validate.py's own gate and the thresholds the manifest records. The
@@ -76,7 +76,7 @@ def describe(verdict: dict[str, Any]) -> str:
 
 def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     # The gate's code is the builder's: imported only for an artifact that needs the check, never by a plain load.
-    from enginefarm.builder.golden import FILE, ROLE, tensor_name
+    from enginefarm.builder.golden_samples import FILE, ROLE, tensor_name
     from enginefarm.builder.safetensors_io import SafeTensors
     from enginefarm.builder.validate import Reference, validate
 

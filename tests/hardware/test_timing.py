@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from enginefarm.runner.timing import noise_ms, spread, tied, time_interleaved, time_runs
+from enginefarm.hardware.timing import noise_ms, spread, tied, time_interleaved, time_runs
 
 
 class Clock:
@@ -93,7 +93,7 @@ def test_a_cpu_benchmark_disturbed_by_other_programs_is_measured_again(monkeypat
     """Other processes busy on the cores while it ran (what the host lock cannot stop): pause, measure again, keep
     the least disturbed attempt and say how contended it was."""
     from enginefarm.builder import bench
-    from enginefarm.runner import timing
+    from enginefarm.hardware import timing
 
     busy = iter([0.0, 50.0, 50.0, 50.2])  # the machine's busy CPU seconds around each attempt: heavy, then quiet
     monkeypatch.setattr(bench, "_busy_seconds", lambda: next(busy))

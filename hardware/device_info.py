@@ -65,7 +65,7 @@ def isa_level(machine: str, flags: set[str]) -> str:
     return "base"
 
 
-_remembered: dict[str, Any] | None = None  # this machine's description from the device probe cache (runner/probe_cache.py)
+_remembered: dict[str, Any] | None = None  # this machine's description from the device probe cache (hardware/probe_cache.py)
 
 
 def remember_cpu(description: dict[str, Any]) -> None:

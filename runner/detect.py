@@ -1,0 +1,93 @@
+"""Device detection for the runtime: the machine's probes (hardware/devices.py), each device with the targets the
+backends say it runs (`with_targets`), remembered per machine (hardware/probe_cache.py)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from enginefarm.errors import ConfigError
+from enginefarm.hardware import device_info
+from enginefarm.hardware.devices import PROBES, Device, Probe, run_probe
+
+log = logging.getLogger(__name__)
+
+
+def with_targets(device: Device) -> Device:
+    """A detected device, with the targets every registered backend says it runs (Backend.device_classes)."""
+    from enginefarm.backends import targets_for
+
+    return replace(device, targets=targets_for(device))
+
+
+def run_probes(names: tuple[str, ...] | None = None, cached: bool = True) -> list[Probe]:
+    """The probes' results, with their devices' targets, from the machine's probe cache where it has them. A probe
+    that raised is reported, not remembered."""
+    cache = _cache() if cached else None
+    results, fresh = [], {}
+    for name in PROBES:
+        if names is not None and name not in names:
+            continue
+        remembered = cache.get(name) if cache is not None else None
+        if remembered is not None:
+            try:
+                results.append(_probe_from(remembered))
+                if name == "cpu" and results[-1].devices:
+                    device_info.remember_cpu(results[-1].devices[0].info)
+                continue
+            except (KeyError, TypeError, ValueError):  # an entry of another shape: probe again
+                pass
+        found = run_probe(name, with_targets)
+        if not found.failed:
+            fresh[name] = _probe_to(found)
+            if name == "cpu" and found.devices:
+                device_info.remember_cpu(found.devices[0].info)  # what this process describes the CPU as from now on
+        results.append(found)
+    if cache is not None and fresh:
+        cache.put(fresh)
+    return results
+
+
+def _cache():
+    from enginefarm.hardware.probe_cache import ProbeCache
+    from enginefarm.settings import load_settings
+
+    try:
+        settings = load_settings()
+        return ProbeCache(settings.home, _CODE) if settings.probe_cache else None
+    except Exception:  # an unusable home or a strange host: probe as if nothing were remembered
+        log.debug("no device probe cache", exc_info=True)
+        return None
+
+
+# The code that changes what a remembered probe says: the probes, this module, and the backend table that gives the
+# targets (by path: a warm load imports no backend it does not use).
+_HARDWARE = Path(device_info.__file__).resolve().parent
+_CODE = (_HARDWARE / "devices.py", _HARDWARE / "device_info.py", Path(__file__).resolve(),
+         Path(__file__).resolve().parents[1] / "backends" / "__init__.py")
+
+
+def _probe_to(probe: Probe) -> dict[str, Any]:
+    return {"name": probe.name, "reason": probe.reason,
+            "devices": [{"kind": d.kind, "name": d.name, "bench_class": d.bench_class, "targets": list(d.targets), "info": d.info}
+                        for d in probe.devices]}
+
+
+def _probe_from(data: dict[str, Any]) -> Probe:
+    devices = tuple(Device(d["kind"], d["name"], d["bench_class"], tuple(d["targets"]), dict(d["info"])) for d in data["devices"])
+    return Probe(str(data["name"]), devices, data["reason"])
+
+
+def detect(device: str = "auto", probes_needed: tuple[str, ...] | None = None) -> list[Device]:
+    """Devices to consider. 'auto': everything found (GPUs first), or what the probes in `probes_needed` find (the
+    others are not run); 'cpu', 'nvidia', 'intel', ...: that kind only."""
+    if device == "auto":
+        probes = run_probes(probes_needed)
+    elif device in PROBES:
+        probes = run_probes((device,))
+    else:
+        raise ConfigError(f"unknown device {device!r}", hint=f"use auto or one of: {', '.join(PROBES)}")
+    found = [d for p in probes for d in p.devices]
+    return sorted(found, key=lambda d: d.kind == "cpu")

@@ -26,11 +26,11 @@ import math
 from pathlib import Path
 
 from enginefarm.backends import Backend, get_backend
+from enginefarm.cache import precision_table
 from enginefarm.errors import BackendUnavailable
 
 FACTOR = Backend.build_memory_factor  # a backend may state its own
 HALF_FACTOR = 2.0
-HALF_PRECISIONS = ("fp16", "bf16")
 BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and activations at the profile's max
 
 
@@ -44,7 +44,7 @@ def source_weight_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in files) + half_precision_bytes(header)
 
 
-_HALF_TYPES = (10, 16)  # onnx.TensorProto FLOAT16, BFLOAT16
+_HALF_TYPES = precision_table.onnx_types(16)  # onnx.TensorProto FLOAT16, BFLOAT16
 
 
 def half_precision_bytes(header) -> int:
@@ -63,7 +63,7 @@ def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "", p
     # engine's copy and its serialization at once (the SD 1.5 UNet fp32 peaks at 2.95x its weights in TensorRT-RTX,
     # fp16 at 1.74x).
     factor = _backend_factor(backend) if backend else FACTOR
-    if precision in HALF_PRECISIONS:
+    if precision_table.reduced(precision):
         factor = min(factor, HALF_FACTOR)
     return max(int(factor * weight_bytes), weight_bytes + BASE, int(host_ram_gb * 1e9))
 

@@ -17,10 +17,6 @@ ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
 
-# The precisions an artifact can be built in (recipes) and asked for (load, run): one list for both.
-PRECISIONS = ("fp32", "fp16", "bf16")
-
-
 @dataclass(frozen=True, order=True)
 class Target:
     """`backend:device`, e.g. `openvino:cpu`, `tensorrt:sm_89`, `tensorrt-rtx:ampere+`."""

@@ -28,13 +28,14 @@ from typing import Any, Callable
 import numpy as np
 
 from enginefarm.runner.timing import Timing, tied, time_interleaved
+from enginefarm.cache import precision_table
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.keys import build_key
 from enginefarm.cache.progress import Progress
 from enginefarm.settings import Settings
 
 from .device import Device
-from .resolve import PRECISION_ORDER, Candidate, Resolution, _ms
+from .resolve import Candidate, Resolution, _ms
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ def pick(records: dict[str, dict[str, Any]], precisions: dict[str, str]) -> str:
     """The fastest, with the same tie rule as resolution: within each other's noise, the more accurate precision."""
     fastest = min(records, key=lambda k: records[k]["p50_ms"])
     tied_keys = [k for k in records if k == fastest or tied(records[fastest], records[k])]
-    return min(tied_keys, key=lambda k: (PRECISION_ORDER.get(precisions.get(k), len(PRECISION_ORDER)), records[k]["p50_ms"]))
+    return min(tied_keys, key=lambda k: (precision_table.tie_order(precisions.get(k)), records[k]["p50_ms"]))
 
 
 def apply(resolution: Resolution, result: dict[str, Any], when: str) -> None:

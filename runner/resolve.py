@@ -8,6 +8,7 @@ from typing import Any
 from enginefarm.backends import Rank, availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
 from enginefarm.runner.timing import noise_ms
+from enginefarm.cache import precision_table
 from enginefarm.cache.index import IndexEntry, gc_paused
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.versions import newest, same_version, version_key
@@ -16,7 +17,6 @@ from .device import Device
 from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
-PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
 TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
             "(fp32, then fp16, then bf16), then to the lower median")
 
@@ -329,7 +329,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
         tier = c.tier = tiers[c.entry.target]
         how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
         bucket = (device_order, 0, tier) if tier <= Rank.JIT else (device_order, 1, 0)  # compiled engines: the most specific kind first
-        precision = PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER))
+        precision = precision_table.tie_order(c.entry.precision)
         c.rank = bucket + (how_measured, 0, tier, precision)  # unmeasured: by kind, then precision
         if how_measured < 2 and c.usable:
             buckets.setdefault(bucket + (how_measured,), []).append(c)
@@ -338,7 +338,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
             tie = Tie(group)
             for c in group:
                 c.tie = tie
-                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, c.tier)
+                c.rank = prefix + (cluster, precision_table.tie_order(c.entry.precision), c.p50_ms, c.tier)
 
 
 def _noise_of(c: Candidate) -> float:

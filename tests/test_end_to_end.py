@@ -58,7 +58,7 @@ def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
     root, _ = farm
     monkeypatch.setenv("ENGINEFARM_STORE", str(root / "store"))
     from enginefarm.runner.timing import tied
-    from enginefarm.runner.resolve import PRECISION_ORDER
+    from enginefarm.cache.precision_table import tie_order
 
     entries = read_index(open_store(root / "store"), "tiny-sd").entries
     fastest = min(entries.values(), key=lambda e: e.benchmarks[0]["p50_ms"])
@@ -70,7 +70,7 @@ def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
         assert "fastest measured" in why or "tied with" in why
     else:  # within each other's noise: the tie goes to the more accurate precision
         assert tied(chosen.benchmarks[0], fastest.benchmarks[0]) and "tied with" in why
-        assert PRECISION_ORDER[chosen.precision] <= PRECISION_ORDER[fastest.precision]
+        assert tie_order(chosen.precision) <= tie_order(fastest.precision)
 
 
 def test_manifest_records_benchmark_and_device(farm):

@@ -76,8 +76,3 @@ def tie_order(name: str | None) -> int:
 
 def reduced(name: str) -> bool:
     return get(name).reduced
-
-
-def onnx_types(bits: int) -> tuple[int, ...]:
-    """The ONNX element types of the table's precisions `bits` wide (16: float16 and bfloat16)."""
-    return tuple(p.onnx_type for p in TABLE.values() if p.bits == bits)

@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from enginefarm.cache.records import Benchmark
+
 SPREAD_TARGET = 0.05  # stop repeating once IQR / median is at most this
 MIN_RUNS = 5
 MAX_RUNS = 200
@@ -105,16 +107,16 @@ def _clear_winner(timings: dict[str, Timing]) -> bool:
     return len(ordered) < 2 or not tied(ordered[0].record(), ordered[1].record())
 
 
-def noise_ms(record: dict[str, Any]) -> float:
-    """Half the interquartile range of a benchmark record, in ms: its median ± this holds the middle half of its runs.
-    Records from before spreads were measured have no known noise (0)."""
-    if isinstance(record.get("iqr_ms"), (int, float)):
-        return float(record["iqr_ms"]) / 2
-    if isinstance(record.get("spread"), (int, float)) and isinstance(record.get("p50_ms"), (int, float)):
-        return float(record["spread"]) * float(record["p50_ms"]) / 2
-    return 0.0
+def benchmark(record: Benchmark | dict[str, Any]) -> Benchmark:
+    """A record as stored (a manifest's benchmark, an on-device timing) as the typed one; raises FieldError."""
+    return record if isinstance(record, Benchmark) else Benchmark.from_dict(record, on_device=True)
 
 
-def tied(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def noise_ms(record: Benchmark | dict[str, Any]) -> float:
+    """Half the interquartile range of a benchmark record, in ms (Benchmark.noise_ms)."""
+    return benchmark(record).noise_ms
+
+
+def tied(a: Benchmark | dict[str, Any], b: Benchmark | dict[str, Any]) -> bool:
     """Whether two benchmark records are within each other's noise: their middle halves (median ± IQR/2) overlap."""
-    return abs(float(a["p50_ms"]) - float(b["p50_ms"])) <= noise_ms(a) + noise_ms(b)
+    return benchmark(a).tied(benchmark(b))

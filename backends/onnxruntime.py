@@ -120,8 +120,8 @@ class OnnxRuntime(Backend):
     device_hint = "cpu"
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
-    lacks = {"bf16": "ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does not even "
-                     "load); build bf16 for openvino:cpu"}
+    lacks = {"bf16": "ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does "
+                     "not even load); build bf16 for openvino:cpu"}
     features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     bundles = {"cpu": _ORT_BUNDLE}
 

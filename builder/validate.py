@@ -48,7 +48,8 @@ SIGNAL_UNITS = 4.0
 class Thresholds:
     min_cosine: float
     max_abs_rel: float
-    epsilon: float = precision_table.get(precision_table.REFERENCE).epsilon  # the rounding unit of what the artifact computes with
+    # The rounding unit of what the artifact computes with.
+    epsilon: float = precision_table.get(precision_table.REFERENCE).epsilon
     noise_floor: float | None = None  # an absolute noise floor from the recipe, instead of the computed one
 
     @classmethod

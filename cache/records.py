@@ -43,7 +43,9 @@ def _written(record, listed: frozenset[str] = frozenset()) -> dict[str, Any]:
     for item in fields(record):
         value = getattr(record, item.name)
         if item.name != "rest" and value is not None:
-            out[item.name] = list(value) if item.name in listed else (dict(value) if isinstance(value, Mapping) else value)
+            if item.name in listed:
+                value = list(value)
+            out[item.name] = dict(value) if isinstance(value, Mapping) else value
     return out
 
 

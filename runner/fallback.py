@@ -53,8 +53,10 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
         )
     order = {d.kind: i for i, d in enumerate(devices)}
     device_rank = {t: order[d.kind] for d in devices for t in d.targets}
-    # Prefer the first device, then the most specific backend, then the table's tie order (fp32 first: safer numerics when unbenchmarked).
-    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target), precision_table.tie_order(j.precision)))
+    # Prefer the first device, then the most specific backend, then the table's tie order (fp32 first: safer numerics
+    # when unbenchmarked).
+    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target),
+                                    precision_table.tie_order(j.precision)))
 
 
 def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None]) -> Manifest:

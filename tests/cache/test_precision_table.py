@@ -29,7 +29,7 @@ MAY_COMPARE = MAY_NAME_PRECISIONS + ("builder/prep.py", "builder/job.py")  # job
 def test_rows_are_consistent():
     rows = list(precision_table.TABLE.values())
     assert precision_table.NAMES[0] == precision_table.REFERENCE
-    assert [p.tie_order for p in rows] == sorted({p.tie_order for p in rows}), "tie orders are distinct and in table order"
+    assert [p.tie_order for p in rows] == sorted({p.tie_order for p in rows}), "distinct, in table order"
     assert len({p.onnx_type for p in rows}) == len(rows)
     assert not precision_table.get(precision_table.REFERENCE).reduced
     for p in rows:  # a coarser precision is judged no stricter than a finer one
@@ -65,8 +65,9 @@ def test_every_backend_computes_precisions_of_the_table_only(name):
 def test_an_unknown_precision_names_the_table(tmp_path):
     models.linear(tmp_path / "models" / "linear.onnx")
     recipe = tmp_path / "recipe.toml"
-    recipe.write_text('[model]\nname = "m"\nversion = "1"\n[defaults]\nprecisions = ["fp8"]\ntargets = ["onnxruntime:cpu"]\n'
-                      '[components.c]\nsource = "models/linear.onnx"\n[components.c.profiles.default]\nbatch = [1, 2, 4]\n')
+    recipe.write_text('[model]\nname = "m"\nversion = "1"\n[defaults]\nprecisions = ["fp8"]\n'
+                      'targets = ["onnxruntime:cpu"]\n[components.c]\nsource = "models/linear.onnx"\n'
+                      '[components.c.profiles.default]\nbatch = [1, 2, 4]\n')
     with pytest.raises(RecipeError) as caught:
         load_recipe(recipe)
     assert "unknown precision 'fp8'" in str(caught.value)

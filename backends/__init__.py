@@ -182,7 +182,7 @@ def builds_on_cpu(job: BuildJob) -> bool:
 
 def precision_refusal(target: Target, precision: str) -> str | None:
     """Why `target`'s device class never computes in `precision` natively (None: it does). A backend module says so
-    with `precision_refusal(precision, device)`; without one, it builds fp32 and fp16 only. Refused jobs are never
+    with `Backend.computes` and, per device class, `precision_refusal(precision, device)`. Refused jobs are never
     built: an artifact labelled bf16 that computes in fp32 would be a lie, and one that does not load a waste."""
     try:
         backend = get_backend(target.backend)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from enginefarm.cache import precision_table
 from enginefarm.errors import BackendUnavailable
 
 from .build_job import BuildJob, PlannedJob
@@ -179,6 +180,12 @@ class Backend:
     install: ClassVar[str]  # how a user installs its SDK, for errors and `doctor`
     extra: ClassVar[str | None] = None  # the pip extra a farm's build runner installs besides `all` (None: in `all`)
     onnx_precision: ClassVar[str] = "fp32"  # which prepared ONNX `build` wants: "fp32", or "same" as the job
+    # The precisions (rows of cache/precision_table.py) some device class of it computes natively; a device class
+    # that lacks one of them says so in `precision_refusal`. Declared here, not in the table, so that an outside
+    # backend needs no edit of the product.
+    computes: ClassVar[frozenset[str]] = frozenset({"fp32", "fp16"})
+    # Why it lacks a precision of the table, for the refusal (default: which it computes).
+    lacks: ClassVar[dict[str, str]] = {}
     options: ClassVar[dict[str, Any]] = {}  # build options a recipe may set, with defaults (a tuple: the allowed values)
     features: ClassVar[frozenset[Feature]] = frozenset()
     build_memory_factor: ClassVar[float] = 2.5  # a build's peak memory over the source's weights (builder/memory.py)
@@ -268,9 +275,10 @@ class Backend:
 
     def precision_refusal(self, precision: str, device: str) -> str | None:
         """Why `device` never computes in `precision` natively (None: it does)."""
-        if precision == "bf16":
-            return f"{self.name} artifacts are built in fp32 or fp16 only (bf16 is built for openvino:cpu and tensorrt-rtx)"
-        return None
+        if precision in self.computes:
+            return None
+        built = " or ".join(sorted(self.computes, key=precision_table.tie_order))
+        return self.lacks.get(precision) or f"{self.name} artifacts are built in {built} only"
 
     def precision_here(self, precision: str, device: str) -> str | None:
         """Why this host cannot build and validate `precision` although the device class runs it."""

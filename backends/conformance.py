@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from enginefarm.cache import precision_table
 from enginefarm.cache.manifest import ArtifactFile, Manifest, Target
 from enginefarm.errors import BackendUnavailable
 
@@ -126,7 +127,7 @@ class BackendConformance:
     def test_declares_its_names(self, subject):
         assert subject.name and subject.device_hint and subject.install
         assert subject.devices.fullmatch(self.device), f"{self.device!r} is not one of {subject.name}'s device classes ({subject.device_hint})"
-        assert subject.onnx_precision in ("fp32", "same")
+        assert subject.onnx_precision in (precision_table.REFERENCE, "same")
         assert all(not isinstance(d, tuple) or d for d in subject.options.values()), "a tuple option lists its allowed values"
 
     def test_features_come_with_their_hooks(self, subject):
@@ -152,7 +153,12 @@ class BackendConformance:
 
     def test_fp32_is_never_refused(self, subject):
         assert subject.precision_refusal("fp32", self.device) is None
-        assert all(isinstance(subject.precision_refusal(p, self.device), (str, type(None))) for p in ("fp16", "bf16"))
+        refusals = [subject.precision_refusal(p, self.device) for p in precision_table.NAMES]
+        assert all(isinstance(why, (str, type(None))) for why in refusals)
+
+    def test_computes_only_precisions_of_the_table(self, subject):
+        assert precision_table.REFERENCE in subject.computes and subject.computes <= set(precision_table.NAMES)
+        assert all(subject.precision_refusal(p, self.device) for p in set(precision_table.NAMES) - subject.computes)
 
     def test_jobs_have_the_shape_backends_read(self, job):
         assert isinstance(job, BuildJob) and isinstance(job, PlannedJob)

@@ -131,6 +131,8 @@ class OnnxRuntime(Backend):
     device_hint = "cpu"
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
+    lacks = {"bf16": "ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does "
+                     "not even load); build bf16 for openvino:cpu"}
     features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     bundles = {"cpu": _ORT_BUNDLE}
 
@@ -164,12 +166,6 @@ class OnnxRuntime(Backend):
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
         model = role_file(manifest, "model")
         return OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
-
-    def precision_refusal(self, precision: str, device: str) -> str | None:
-        if precision == "bf16":
-            return ("ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does not even "
-                    "load); build bf16 for openvino:cpu")
-        return None
 
     # Custom weights: the artifact is ONNX, so its weights are the initializers, by name (onnx_weights.py).
     def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:

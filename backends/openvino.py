@@ -188,6 +188,7 @@ class OpenVINO(Backend):
     device_hint = "cpu, gpu or npu"
     install = "pip install 'enginefarm[openvino]'"
     onnx_precision = "fp32"  # fp16 is done by OpenVINO's own weight compression
+    computes = frozenset({"fp32", "fp16", "bf16"})  # bf16 on CPUs with avx512_bf16 or AMX only (precision_here)
     features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     vendor_label = "intel"
     bundles = {
@@ -273,7 +274,7 @@ class OpenVINO(Backend):
             return "OpenVINO's GPU plugin computes in f32 or f16 only (its documented inference precisions); build fp16 for openvino:gpu"
         if precision == "bf16" and device == "npu":
             return "OpenVINO's NPU computes in fp16 or int8, not bf16; build fp16 for openvino:npu"
-        return None
+        return super().precision_refusal(precision, device)
 
     def precision_here(self, precision: str, device: str) -> str | None:
         """A bf16 artifact built on a CPU without bf16 would be validated and benchmarked in fp32: not here."""

@@ -94,6 +94,7 @@ class TensorRTRTX(NvidiaBackend):
     options = OPTIONS
     family_floors = FAMILY_FLOORS
     left_out = frozenset(NOT_RTX)
+    computes = frozenset({"fp32", "fp16", "bf16"})  # bf16 from Ampere on (precision_refusal)
     # Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the
     # device from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
     features = frozenset({Feature.REFIT, Feature.OWN_VALIDATION, Feature.BUILDS_WITHOUT_DEVICE, Feature.COMPILES_STACKS_ON_DEVICE})
@@ -197,7 +198,7 @@ class TensorRTRTX(NvidiaBackend):
         # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes: b16".
         if precision == "bf16" and device in ("sm_75", "turing+"):
             return "Turing GPUs (SM 7.5) have no bf16 math: TensorRT-RTX refuses to compile bf16 for them; use ampere+ (or fp16)"
-        return None
+        return super().precision_refusal(precision, device)
 
     def rank(self, device_class: str) -> Rank:
         return Rank.JIT

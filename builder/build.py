@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from enginefarm.cache import precision_table
 from enginefarm.cache.artifacts import heal_index, missing_blobs, pack_files, publish, read_index, read_manifest
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.manifest import ArtifactFile, Manifest
@@ -135,7 +136,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
     # Prepared models and reference outputs are reused across jobs, per source and prep toolchain (workcache.py).
     folder = source_folder(workroot, job.source.digest)
     with stages.stage("prep"):
-        prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if job.onnx_precision() in ("fp16", "bf16") else ())
+        prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if precision_table.reduced(job.onnx_precision()) else ())
     step(f"build {job.target}")
     _build_cache(backend, backend.before_build, "fetching the build cache", store, job, outdir)
     with stages.stage("compile") as probe:
@@ -184,7 +185,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
     if job.checkpoint is not None:
         step("weight map")
         with stages.stage("weight map"):
-            fp32 = prepared if job.onnx_precision() == "fp32" else prepare(job.source.path, "fp32", prepared.path.parent)
+            fp32 = prepared if job.onnx_precision() == precision_table.REFERENCE else prepare(job.source.path, precision_table.REFERENCE, prepared.path.parent)
             manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
 
     step("validate")

@@ -47,8 +47,11 @@ def validation_settings(job: Job) -> str:
 
 def stale(job: Job, entry: IndexEntry | None, manifest: Manifest | None) -> bool:
     """Whether the stored verdict was reached under other settings than the recipe's current ones."""
-    verdict = (entry.validation if entry is not None else {}) or (manifest.validation if manifest is not None else {})
-    return verdict.get("settings") != validation_settings(job)
+    if entry is not None and entry.validation:
+        settings = entry.validation.settings
+    else:
+        settings = (manifest.validation if manifest is not None else {}).get("settings")
+    return settings != validation_settings(job)
 
 
 def thresholds(job: Job) -> Thresholds:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.backends import get_backend
+from enginefarm.cache import precision_table
 from enginefarm.cache.build_keys import build_key, canonical_json
 from enginefarm.cache.manifest import Target
 
@@ -60,7 +61,7 @@ class Job:
 
     def onnx_precision(self) -> str:
         backend = get_backend(self.target.backend)
-        return self.precision if backend.onnx_precision == "same" else "fp32"
+        return self.precision if backend.onnx_precision == "same" else precision_table.REFERENCE
 
     def toolchain(self) -> dict[str, str]:
         """Every version that shapes the artifact. Raises BackendUnavailable if the SDK is missing."""
@@ -95,6 +96,6 @@ class Job:
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
                 # the keep-list shapes fp16 and bf16 ONNX, and OpenVINO's fp16 (backends/openvino_precise.py)
                 **({"fp16_keep_fp32": list(self.fp16_keep)}
-                   if self.fp16_keep and (self.onnx_precision() in ("fp16", "bf16") or self.precision == "fp16") else {}),
+                   if self.fp16_keep and (precision_table.reduced(self.onnx_precision()) or self.precision == "fp16") else {}),
             }
         )

@@ -26,35 +26,38 @@ import math
 from pathlib import Path
 
 from enginefarm.backends import Backend, get_backend
+from enginefarm.cache import precision_table
 from enginefarm.errors import BackendUnavailable
 
 FACTOR = Backend.build_memory_factor  # a backend may state its own
 HALF_FACTOR = 2.0
-HALF_PRECISIONS = ("fp16", "bf16")
 BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and activations at the profile's max
 
 
 def source_weight_bytes(path: Path) -> int:
-    """The weights at fp32: the model file plus its external data files, with each fp16/bf16 tensor counted at
-    twice its stored size (a file holds the graph's few MB beside them; a need is never understated)."""
+    """The weights at fp32: the model file plus its external data files, with each tensor of a reduced precision
+    counted at its fp32 size (a file holds the graph's few MB beside them; a need is never understated)."""
     from .onnx_io import check_external_data, load_header
 
     header = load_header(path)
     files = [path, *check_external_data(header, path)]
-    return sum(f.stat().st_size for f in files) + half_precision_bytes(header)
+    return sum(f.stat().st_size for f in files) + widening_bytes(header)
 
 
-_HALF_TYPES = (10, 16)  # onnx.TensorProto FLOAT16, BFLOAT16
+# ONNX element type -> bytes one value grows by at fp32, for the table's reduced precisions (float16, bfloat16: 2).
+_WIDENING = {p.onnx_type: (32 - p.bits) // 8 for p in precision_table.TABLE.values() if p.reduced}
 
 
-def half_precision_bytes(header) -> int:
-    """What the fp16/bf16 tensors of a graph (initializers and constants, inline or external) occupy as stored."""
+def widening_bytes(header) -> int:
+    """What the reduced-precision tensors of a graph (initializers and constants, inline or external) would add at
+    fp32: as much as they occupy as stored for fp16 and bf16."""
     from onnx.external_data_helper import _get_all_tensors
 
     total = 0
     for tensor in _get_all_tensors(header):
-        if tensor.data_type in _HALF_TYPES:
-            total += 2 * math.prod(tensor.dims)
+        grows = _WIDENING.get(tensor.data_type)
+        if grows:
+            total += grows * math.prod(tensor.dims)
     return total
 
 
@@ -63,7 +66,7 @@ def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "", p
     # engine's copy and its serialization at once (the SD 1.5 UNet fp32 peaks at 2.95x its weights in TensorRT-RTX,
     # fp16 at 1.74x).
     factor = _backend_factor(backend) if backend else FACTOR
-    if precision in HALF_PRECISIONS:
+    if precision_table.reduced(precision):
         factor = min(factor, HALF_FACTOR)
     return max(int(factor * weight_bytes), weight_bytes + BASE, int(host_ram_gb * 1e9))
 

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from enginefarm.cache import precision_table
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.locks import file_lock
 from enginefarm.errors import ModelError
@@ -40,7 +41,7 @@ def prep_versions(precision: str) -> dict[str, str]:
     import onnx
 
     versions = {"prep": PREP_VERSION, "onnx": onnx.__version__, "onnxsim": _onnxsim_version() or "absent"}
-    if precision in ("fp16", "bf16"):
+    if precision_table.reduced(precision):  # cast by onnxruntime's float16 converter
         import onnxruntime
 
         versions["fp16_converter"] = f"onnxruntime-{onnxruntime.__version__}+keep{FP16_KEEP_VERSION}"
@@ -84,7 +85,7 @@ def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, .
     prep that fails is remembered (`prepared-<precision>.failed.json`) and fails every later job the same way
     instead of running again. No step holds the whole model as one protobuf message, so any size works."""
     fp32 = _once(workdir, "fp32", lambda out: _prepare_fp32(source, out))
-    if precision == "fp32":
+    if not precision_table.reduced(precision):
         return fp32
     variant = precision if not fp16_keep else f"{precision}-keep-" + hashlib.sha256("\n".join(sorted(fp16_keep)).encode()).hexdigest()[:12]
     half = _once(workdir, variant, lambda out: _prepare_half(fp32.path, out, source, fp16_keep, precision))

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.cache.manifest import PRECISIONS, Target
+from enginefarm.cache import precision_table
+from enginefarm.cache.manifest import Target
 from enginefarm.cache.names import NAME_CHARS, name_problem
 from enginefarm.errors import RecipeError
 
@@ -191,7 +192,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
 
     defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options", "exclude", "fp16_keep_fp32"})
     default_options = _options(r, defaults.get("options", {}), "defaults.options")
-    default_precisions = _precisions(r, defaults.get("precisions", ["fp32"]), "defaults.precisions")
+    default_precisions = _precisions(r, defaults.get("precisions", [precision_table.REFERENCE]), "defaults.precisions")
     default_targets = _targets(r, defaults.get("targets", []), "defaults.targets", validate_target)
     default_exclude = _exclusions(r, defaults.get("exclude", []), "defaults.exclude", validate_target)
     default_keep = r.strings(defaults.get("fp16_keep_fp32", []), "defaults.fp16_keep_fp32")
@@ -232,8 +233,8 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
 def _precisions(r: _Reader, value: Any, key: str) -> tuple[str, ...]:
     items = r.strings(value, key)
     for item in items:
-        if item not in PRECISIONS:
-            raise r.fail(key, f"unknown precision {item!r}", hint=f"use one of: {', '.join(PRECISIONS)}")
+        if item not in precision_table.NAMES:
+            raise r.fail(key, f"unknown precision {item!r}", hint=precision_table.hint())
     return tuple(dict.fromkeys(items))
 
 
@@ -269,8 +270,8 @@ def _exclusions(r: _Reader, value: Any, key: str, validate_target) -> tuple[Excl
         if problem and (parsed.device or problem[0].startswith("unknown backend")):  # a bare backend has no device to check
             raise r.fail(f"{ikey}.target", problem[0], hint=problem[1])
         precision = table.get("precision")
-        if precision is not None and r.string(precision, f"{ikey}.precision") not in PRECISIONS:
-            raise r.fail(f"{ikey}.precision", f"unknown precision {precision!r}", hint=f"use one of: {', '.join(PRECISIONS)}")
+        if precision is not None and r.string(precision, f"{ikey}.precision") not in precision_table.NAMES:
+            raise r.fail(f"{ikey}.precision", f"unknown precision {precision!r}", hint=precision_table.hint())
         found.append(Exclusion(target, precision))
     return tuple(found)
 

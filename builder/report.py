@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from enginefarm.cache.artifacts import read_index, read_manifest
+from enginefarm.cache.records import Benchmark
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import ConfigError
 
@@ -62,16 +63,16 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
             manifest = read_manifest(store, key)
             if manifest is None:
                 continue
-            bench = manifest.benchmarks[0] if manifest.benchmarks else {}
+            bench = Benchmark.from_dict(manifest.benchmarks[0]) if manifest.benchmarks else None
             checks = manifest.validation.get("checks", [])
             row = Row(manifest.model, manifest.component, manifest.precision, manifest.target, "built", key=key,
-                      p50_ms=bench.get("p50_ms"), p90_ms=bench.get("p90_ms"), load_ms=bench.get("load_ms"),
+                      p50_ms=bench and bench.p50_ms, p90_ms=bench and bench.p90_ms, load_ms=bench and bench.load_ms,
                       min_cosine=manifest.validation.get("min_cosine"), min_psnr=manifest.validation.get("min_psnr"),
                       decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})), computes_in=manifest.validation.get("compute_precision", ""),
                       build_s=manifest.provenance.get("build_seconds"), size=sum(f.size for f in manifest.files),
-                      stored_size=sum(f.stored_size for f in manifest.files), device=bench.get("device", {}).get("class", ""),
+                      stored_size=sum(f.stored_size for f in manifest.files), device=bench.device_class if bench else "",
                       peak_rss_mb=manifest.provenance.get("peak_rss_mb"), stages=tuple(manifest.provenance.get("stages", ())),
-                      version=manifest.model_version, spread=bench.get("spread"), runs=bench.get("runs"))
+                      version=manifest.model_version, spread=bench and bench.spread, runs=bench and bench.runs)
             ident = (row.model, row.component, row.precision, row.target)
             if ident not in rows or _newer_or_faster(row, rows[ident]):
                 rows[ident] = row

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from enginefarm.cache import precision_table
 from enginefarm.cache.index import read_index
 from enginefarm.cache.stores.base import Store
 
@@ -62,7 +63,7 @@ def render_pictures(store: Store, out: Path, *, prompt: str, seed: int = 0, step
             continue
         version = max(assets, key=lambda e: e.created or "").model_version
         denoisers = {(e.target, e.precision) for e in entries if e.component == "unet" and e.model_version == version}
-        combos = sorted(denoisers, key=lambda tp: (tp[1] != "fp32", tp[0] != "onnxruntime:cpu", tp))
+        combos = sorted(denoisers, key=lambda tp: (precision_table.tie_order(tp[1]), tp[0] != "onnxruntime:cpu", tp))
         pictures = ModelPictures(model, version, prompt, seed, steps, size or 0)
         for target, precision in combos:
             if target not in runnable:

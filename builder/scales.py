@@ -9,16 +9,12 @@ to the first op that computes. The reference run reports those feeding tensors t
 
 Quantized graphs carry 8-bit activations wherever they quantize: one step of an 8-bit range that spans both signs
 is 2/255 of the magnitude, and two correct implementations may round a value to neighbouring steps. Their epsilon
-is at least 2^-7.
+is at least 2^-7. Each precision's own epsilon is in the precision table (cache/precision_table.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-# Unit roundoff per computing precision (machine epsilon).
-EPSILON = {"fp32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7}
-QUANTIZED_EPSILON = 2.0 ** -7
 
 # Ops whose output is bounded by (or is a rearrangement of) their first input: errors pass through them no larger.
 PASS_THROUGH = {

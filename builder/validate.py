@@ -20,20 +20,15 @@ import numpy as np
 
 from .recipe import ValidateSpec
 from .samples import fit, image_layout, image_like, noise
-from .scales import EPSILON, QUANTIZED_EPSILON, feeding_tensors, is_quantized, session_with_extra_outputs
+from enginefarm.cache import precision_table
+from enginefarm.cache.precision_table import QUANTIZED_EPSILON
+
+from .scales import feeding_tensors, is_quantized, session_with_extra_outputs
 
 # Bump when the gate's rules or defaults change: stored verdicts reached under another version are re-checked.
 GATE_VERSION = "2"
-# Range-relative limits for outputs that carry a signal. fp16 artifacts of the real models measured stay within 0.9% of
-# the range (cosine ≥ 0.99987) wherever the noise floor does not already allow more; the SD VAE decoder within 0.03%.
-# bf16 (OpenVINO CPU, 8 bits of mantissa) within 4.8% of the range (the OCR direction classifier; SD VAE decoder 0.6%,
-# YOLOv8 1.8%), at most 7.3 rounding units (the recognizer's softmax, cosine 0.9932): its min_cosine is the rule's
-# below, 1 - (16 eps)^2 / 2 = 0.992, like any precision with an 8-bit step.
-DEFAULT_THRESHOLDS = {
-    "fp32": {"min_cosine": 0.9999, "max_abs_rel": 1e-3},
-    "fp16": {"min_cosine": 0.999, "max_abs_rel": 0.02},
-    "bf16": {"min_cosine": 0.992, "max_abs_rel": 0.1},
-}
+# Each precision's default limits (min_cosine, max_abs_rel: range-relative, for outputs that carry a signal) and its
+# epsilon are rows of the precision table (cache/precision_table.py), with what they were measured on.
 # A correct artifact's max-abs error, in units of epsilon × carried magnitude. Measured on eight real models (OCR
 # detector and recognizers, a quantized recognizer, two YOLO detectors, a VAD with control flow) on ONNX Runtime and
 # OpenVINO: at most 4.3 (fp16) and 7.4 (8-bit quantized, 40 inputs, OpenVINO and ONNX Runtime fp16 vs ONNX Runtime).
@@ -53,21 +48,22 @@ SIGNAL_UNITS = 4.0
 class Thresholds:
     min_cosine: float
     max_abs_rel: float
-    epsilon: float = EPSILON["fp32"]  # the rounding unit of what the artifact computes with
+    # The rounding unit of what the artifact computes with.
+    epsilon: float = precision_table.get(precision_table.REFERENCE).epsilon
     noise_floor: float | None = None  # an absolute noise floor from the recipe, instead of the computed one
 
     @classmethod
     def for_job(cls, precision: str, spec: ValidateSpec, *, quantized: bool = False) -> "Thresholds":
-        base = DEFAULT_THRESHOLDS[precision]
-        epsilon = max(EPSILON[precision], QUANTIZED_EPSILON if quantized else 0.0)
-        if quantized and EPSILON[precision] >= QUANTIZED_EPSILON:
+        base = precision_table.get(precision)
+        epsilon = max(base.epsilon, QUANTIZED_EPSILON if quantized else 0.0)
+        if quantized and base.epsilon >= QUANTIZED_EPSILON:
             # Rounding as coarse as an 8-bit step adds to the 8-bit steps: bf16 on the quantized recognizer measured
             # 16.8 units of 2^-7 where fp32 showed 3.9.
-            epsilon = EPSILON[precision] + QUANTIZED_EPSILON
-        min_cosine = min(base["min_cosine"], 1 - (COSINE_GROWTH * epsilon) ** 2 / 2)
+            epsilon = base.epsilon + QUANTIZED_EPSILON
+        min_cosine = min(base.min_cosine, 1 - (COSINE_GROWTH * epsilon) ** 2 / 2)
         return cls(
             spec.min_cosine if spec.min_cosine is not None else round(min_cosine, 6),
-            spec.max_abs_rel if spec.max_abs_rel is not None else base["max_abs_rel"],
+            spec.max_abs_rel if spec.max_abs_rel is not None else base.max_abs_rel,
             epsilon,
             spec.noise_floor,
         )

@@ -88,29 +88,3 @@ def profile(value: Any, field: str) -> dict[str, dict[str, list[int]]]:
         if not len(bounds["min"]) == len(bounds["opt"]) == len(bounds["max"]):
             raise FieldError(f"{field}.{name}", "min, opt and max differ in rank")
     return value
-
-
-def constraints(value: Any, field: str) -> dict[str, Any]:
-    """The parts resolution reads: runtime version ranges, minimum driver, OS list and VRAM."""
-    mapping(value, field)
-    if "runtime" in value:
-        text_map(value["runtime"], f"{field}.runtime")
-    if value.get("min_driver") is not None:
-        text(value["min_driver"], f"{field}.min_driver")
-    if value.get("os") is not None:
-        for i, item in enumerate(items(value["os"], f"{field}.os")):
-            text(item, f"{field}.os[{i}]")
-    if value.get("vram_mb") is not None:
-        number(value["vram_mb"], f"{field}.vram_mb")
-    if "engine" in value:
-        mapping(value["engine"], f"{field}.engine")
-    return value
-
-
-def benchmarks(value: Any, field: str) -> tuple[dict[str, Any], ...]:
-    """Each benchmark needs the speed and the device class resolution ranks by."""
-    for i, bench in enumerate(items(value, field)):
-        where = f"{field}[{i}]"
-        number(mapping(bench, where).get("p50_ms"), f"{where}.p50_ms")
-        text(mapping(bench.get("device"), f"{where}.device").get("class"), f"{where}.device.class")
-    return tuple(value)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from . import fields as f
 from .manifest import Target
+from .records import NO_CONSTRAINTS, NO_VERDICT, Benchmark, Constraints, Verdict, benchmarks
 
 if TYPE_CHECKING:
     from .manifest import Manifest
@@ -45,13 +46,23 @@ class IndexEntry:
     target: str
     profile: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     toolchain: dict[str, str] = field(default_factory=dict)
-    constraints: dict[str, Any] = field(default_factory=dict)
-    benchmarks: tuple[dict[str, Any], ...] = ()
+    constraints: Constraints = NO_CONSTRAINTS
+    benchmarks: tuple[Benchmark, ...] = ()
     size: int = 0
     stored_size: int = 0
     created: str | None = None
-    validation: dict[str, Any] = field(default_factory=dict)  # the current verdict (see verdict_summary)
+    validation: Verdict = NO_VERDICT  # the current verdict
     model_version: str = ""  # the recipe's model.version ("" for artifacts indexed before versions were recorded)
+
+    def __post_init__(self) -> None:
+        """Records given in their stored form (a manifest's dicts) become typed ones."""
+        if not isinstance(self.constraints, Constraints):
+            object.__setattr__(self, "constraints", Constraints.from_dict(self.constraints))
+        if not isinstance(self.validation, Verdict):
+            object.__setattr__(self, "validation", Verdict.from_dict(self.validation))
+        if any(not isinstance(b, Benchmark) for b in self.benchmarks):
+            object.__setattr__(self, "benchmarks", tuple(b if isinstance(b, Benchmark) else Benchmark.from_dict(b)
+                                                         for b in self.benchmarks))
 
     @cached_property
     def parsed_target(self) -> Target:
@@ -65,21 +76,22 @@ class IndexEntry:
     def to_dict(self) -> dict[str, Any]:
         """The wire form, as stored in the index and signed in a channel's targets (the model is the index's)."""
         return {"build_key": self.build_key, "component": self.component, "precision": self.precision, "profile_name": self.profile_name,
-                "profile": self.profile, "target": self.target, "toolchain": self.toolchain, "constraints": self.constraints,
-                "benchmarks": list(self.benchmarks), "size": self.size, "stored_size": self.stored_size, "created": self.created,
-                "validation": self.validation, "model_version": self.model_version}
+                "profile": self.profile, "target": self.target, "toolchain": self.toolchain, "constraints": self.constraints.to_dict(),
+                "benchmarks": [b.to_dict() for b in self.benchmarks], "size": self.size, "stored_size": self.stored_size,
+                "created": self.created, "validation": self.validation.to_dict(), "model_version": self.model_version}
 
     @property
     def failed_validation(self) -> bool:
         """A re-check against the recipe's current [validate] failed: stored, but no longer to be served."""
-        return self.validation.get("passed") is False
+        return self.validation.failed
 
     @classmethod
     def of(cls, manifest: "Manifest") -> "IndexEntry":
         return cls(manifest.build_key, manifest.model, manifest.component, manifest.precision, manifest.profile_name, manifest.target,
-                   manifest.profile, manifest.toolchain, manifest.constraints, tuple(manifest.benchmarks),
-                   sum(x.size for x in manifest.files), sum(x.stored_size for x in manifest.files), manifest.provenance.get("created"),
-                   verdict_summary(manifest.validation), manifest.model_version)
+                   manifest.profile, manifest.toolchain, Constraints.from_dict(manifest.constraints),
+                   benchmarks(list(manifest.benchmarks), "benchmarks"), sum(x.size for x in manifest.files),
+                   sum(x.stored_size for x in manifest.files), manifest.provenance.get("created"),
+                   Verdict.from_dict(manifest.validation), manifest.model_version)
 
     @classmethod
     def from_dict(cls, data: Any, model: str) -> "IndexEntry":
@@ -99,31 +111,14 @@ class IndexEntry:
             target=target,
             profile=f.profile(data.get("profile", {}), "profile"),
             toolchain=f.text_map(data.get("toolchain", {}), "toolchain"),
-            constraints=f.constraints(data.get("constraints", {}), "constraints"),
-            benchmarks=f.benchmarks(data.get("benchmarks", []), "benchmarks"),
+            constraints=Constraints.from_dict(data.get("constraints", {})),
+            benchmarks=benchmarks(data.get("benchmarks", []), "benchmarks"),
             size=f.integer(data.get("size", 0), "size"),
             stored_size=f.integer(data.get("stored_size", 0), "stored_size"),
             created=f.optional_text(data.get("created"), "created"),
-            validation=_verdict(data.get("validation", {})),
+            validation=Verdict.from_dict(data.get("validation", {})),
             model_version=f.optional_text(data.get("model_version"), "model_version") or "",
         )
-
-
-VERDICT_FIELDS = {"passed": (bool, type(None)), "executed": (bool,), "settings": (str,), "min_cosine": (int, float, type(None)),
-                  "failure": (str,), "revalidated": (str,), "why": (str,)}
-
-
-def verdict_summary(validation: dict[str, Any]) -> dict[str, Any]:
-    """What resolution needs of a validation record: the verdict, the settings it was reached under, the scores."""
-    return {k: validation[k] for k in VERDICT_FIELDS if k in validation}
-
-
-def _verdict(value: Any) -> dict[str, Any]:
-    verdict = f.mapping(value, "validation")
-    for name, kinds in VERDICT_FIELDS.items():
-        if name in verdict and (not isinstance(verdict[name], kinds) or (bool not in kinds and isinstance(verdict[name], bool))):
-            raise f.FieldError(f"validation.{name}", f"has the wrong type ({type(verdict[name]).__name__})")
-    return verdict_summary(verdict)
 
 
 @dataclass
@@ -218,7 +213,7 @@ def update_index(store: "Store", manifests: Iterable["Manifest"], *, replace_all
     for manifest in manifests:
         entry = IndexEntry.of(manifest)
         if manifest.build_key in verdicts:
-            entry = replace(entry, validation=verdict_summary(verdicts[manifest.build_key]))
+            entry = replace(entry, validation=Verdict.from_dict(verdicts[manifest.build_key]))
         by_model.setdefault(manifest.model, []).append(entry)
     if replace_all:
         for model in store.list_models():
@@ -242,7 +237,7 @@ def _merge_entries(store: "Store", model: str, ours: list[IndexEntry], verdicts:
 
 def _keep_recheck(entry: IndexEntry, present: IndexEntry | None, verdicts: dict[str, dict]) -> IndexEntry:
     """An entry about to be written keeps the verdict of a re-check already in the index, unless it brings its own."""
-    if entry.build_key in verdicts or present is None or not present.validation.get("revalidated"):
+    if entry.build_key in verdicts or present is None or not present.validation.revalidated:
         return entry
     return replace(entry, validation=present.validation)
 

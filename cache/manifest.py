@@ -11,14 +11,11 @@ from typing import Any
 from enginefarm.errors import IntegrityError
 
 from . import fields as f
+from .records import Constraints, benchmarks
 from .build_keys import ARTIFACT_FORMAT_VERSION
 
 ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
-
-
-# The precisions an artifact can be built in (recipes) and asked for (load, run): one list for both.
-PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True, order=True)
@@ -185,10 +182,11 @@ def _checked(data: dict[str, Any]) -> dict[str, Any]:
             where = f"io.{side}[{i}]"
             f.text(f.mapping(tensor, where).get("name"), f"{where}.name")
             _dtype(tensor.get("dtype"), f"{where}.dtype")
-    f.constraints(data.get("constraints", {}), "constraints")
+    Constraints.from_dict(data.get("constraints", {}))  # checked; the manifest keeps the JSON as stored
     for name in ("options", "validation", "provenance"):
         f.mapping(data.get(name, {}), name)
-    values["benchmarks"] = f.benchmarks(data.get("benchmarks", []), "benchmarks")
+    benchmarks(data.get("benchmarks", []), "benchmarks")
+    values["benchmarks"] = tuple(data.get("benchmarks", []))
     f.integer(data.get("format_version"), "format_version")
     return values
 

@@ -26,10 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
+from enginefarm.cache import precision_table
 from enginefarm.errors import ConfigError, EnginefarmError
 
 PROOF_MODEL = "bundle-proof/net"
-MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999, "bf16": 0.99}  # against an fp32 reference, per the artifact's precision
+
+
+def min_cosine(precision: str) -> float:
+    """The validation gate's default for the artifact's precision (the precision table), against an fp32 reference;
+    a precision this version does not know gets the loosest the table has."""
+    row = precision_table.TABLE.get(precision)
+    return row.min_cosine if row is not None else min(p.min_cosine for p in precision_table.TABLE.values())
 PROOF_TIMEOUT_S = 600
 
 # Runs as `python -I -S -B -c CHILD BUNDLE REQUEST.json`. -I: no PYTHONPATH, no user site, not the working directory;
@@ -98,7 +105,7 @@ def prove(bundle_dir: Path, target: str, *, model: str | None = None, store: str
             return _probed(result, parsed, spec, get_backend(parsed.backend), time.perf_counter() - started)
         if model is None:
             store, model, onnx_path = _built_in_artifact(str(parsed), work), PROOF_MODEL, work / "model" / "net.onnx"
-            precision = request["precision"] = "fp32"
+            precision = request["precision"] = precision_table.REFERENCE
         else:
             onnx_path = None
         if store is None:
@@ -123,7 +130,7 @@ def prove(bundle_dir: Path, target: str, *, model: str | None = None, store: str
             f"python -I -S: {'matches' if passed else 'DIFFERS FROM'} {what} ({shown}); {result['from_bundle']} modules from the bundle, "
             "none from site-packages")
     if not passed:
-        raise ProofFailed(line, hint=f"each output needs cosine >= {MIN_COSINE.get(artifact['precision'], 0.99)} (worst {worst:.6f})")
+        raise ProofFailed(line, hint=f"each output needs cosine >= {min_cosine(artifact['precision'])} (worst {worst:.6f})")
     return Proof(True, True, line, result["from_bundle"], seconds, compared)
 
 
@@ -174,9 +181,9 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
         return dict(zip(names, session.run(names, feeds))), f"ONNX Runtime {ort.__version__} on the ONNX"
     from enginefarm.runner.load import load
 
-    if artifact["target"] != "onnxruntime:cpu" or artifact["precision"] != "fp32":
+    if artifact["target"] != "onnxruntime:cpu" or artifact["precision"] != precision_table.REFERENCE:
         try:
-            session = load(model, "fp32", "cpu", store, target="onnxruntime:cpu", version=artifact["model_version"])
+            session = load(model, precision_table.REFERENCE, "cpu", store, target="onnxruntime:cpu", version=artifact["model_version"])
             return session.run(feeds), f"the store's onnxruntime:cpu fp32 artifact ({session.artifact.build_key[:12]}) in this environment"
         except EnginefarmError:
             pass  # no such artifact, or ONNX Runtime is not installed here: compare with the full install instead
@@ -187,7 +194,7 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
 def _compare(got: dict, want: dict, precision: str) -> dict:
     if set(got) != set(want):
         raise ProofFailed(f"the bundle's outputs {sorted(got)} are not the reference's {sorted(want)}")
-    floor = MIN_COSINE.get(precision, 0.99)
+    floor = min_cosine(precision)
     compared = {}
     for name in sorted(got):
         a, b = got[name].astype(np.float64).ravel(), want[name].astype(np.float64).ravel()

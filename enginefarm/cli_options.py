@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from enginefarm.cache.manifest import PRECISIONS
+from enginefarm.cache import precision_table
 
 _PATH = click.Path(path_type=Path)
 
@@ -29,7 +29,7 @@ def target_option(*, repeatable: bool = True):
 
 def precision_option(*, repeatable: bool = True):
     help = "Only this precision." if repeatable else "Only this precision (default: the fastest measured)."
-    return _repeatable("--precision", "precision", help, repeatable, type=click.Choice(PRECISIONS))
+    return _repeatable("--precision", "precision", help, repeatable, type=click.Choice(precision_table.NAMES))
 
 
 def component_option():

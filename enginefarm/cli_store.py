@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,9 @@ from enginefarm.cli_console import RichProgress, console, plain_table
 from enginefarm.cli_options import (component_option, json_option, keep_versions_option, key_option, model_option, open_store_to_read,
                                     precision_option, store_option, target_option)
 from enginefarm.settings import load_settings
+
+if TYPE_CHECKING:
+    from enginefarm.cache.records import Verdict
 
 RICH_ROWS = 1000  # longer listings are printed as plain aligned text
 
@@ -31,9 +35,9 @@ def ls_cmd(store, model, as_json):
         if model and name != model:
             continue
         for entry in read_index(opened, name).entries.values():
-            bench = (entry.benchmarks or ({},))[0]
+            p50_ms = entry.benchmarks[0].p50_ms if entry.benchmarks else None
             rows.append({"model": name, **{k: getattr(entry, k) for k in ("model_version", "component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
-                         "p50_ms": bench.get("p50_ms"), "validation": _verdict_text(entry.validation)})
+                         "p50_ms": p50_ms, "validation": _verdict_text(entry.validation)})
     from enginefarm.cache.versions import version_key
 
     rows.sort(key=lambda r: (r["target"], r["precision"]))  # stable sorts: by component, newest version first, then target
@@ -58,16 +62,16 @@ def ls_cmd(store, model, as_json):
     console().print(table)
 
 
-def _verdict_text(verdict) -> str:
+def _verdict_text(verdict: Verdict) -> str:
     """An index entry's verdict in a few words: passed with its worst cosine, not run here, or failed (not served)."""
-    if not isinstance(verdict, dict) or "passed" not in verdict:
+    if not verdict.stored("passed"):
         return "-"
-    again = " (re-checked)" if verdict.get("revalidated") else ""
-    if verdict["passed"] is None:
+    again = " (re-checked)" if verdict.revalidated else ""
+    if verdict.passed is None:
         return "not run where built"
-    if verdict["passed"]:
-        cosine = verdict.get("min_cosine")
-        return f"passed{again}" + (f", cos {cosine:.6f}" if isinstance(cosine, (int, float)) else "")
+    if verdict.passed:
+        cosine = verdict.min_cosine
+        return f"passed{again}" + (f", cos {cosine:.6f}" if cosine is not None else "")
     return f"FAILED{again}: not served"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+from enginefarm.cache import precision_table
 from enginefarm.families import input_ranges, profile_dims
 
 from .source import ExportSource
@@ -14,7 +15,7 @@ DEFAULT_TARGETS = ("openvino:cpu", "onnxruntime:cpu")
 # A VAE's activations, not its 0.2 GB of weights, decide its build's memory: SDXL's decoder job peaked at 6.9 GB at
 # 1024x1024 (its fp32 reference run), SD 1.5's at 2.4 GB at 512x512: about 1.5 GB plus 6 GB per megapixel decoded.
 VAE_GB_BASE, VAE_GB_PER_MEGAPIXEL = 1.5, 6.0
-DEFAULT_PRECISIONS = ("fp32", "fp16")
+DEFAULT_PRECISIONS = tuple(p.name for p in precision_table.TABLE.values() if p.exported_by_default)
 
 
 def model_name(text: str) -> str:

@@ -187,13 +187,14 @@ def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None, text_
 def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...]) -> None:
     """Targets and precisions as `build` will read them, checked before anything is exported."""
     from enginefarm.backends import validate_target
-    from enginefarm.cache.manifest import PRECISIONS, Target
+    from enginefarm.cache import precision_table
+    from enginefarm.cache.manifest import Target
 
     if not targets or not precisions:
         raise ConfigError("the recipe needs at least one target and one precision", hint="--targets openvino:cpu --precisions fp32")
     for precision in precisions:
-        if precision not in PRECISIONS:
-            raise ConfigError(f"unknown precision {precision!r}", hint=f"use one of: {', '.join(PRECISIONS)}")
+        if precision not in precision_table.NAMES:
+            raise ConfigError(f"unknown precision {precision!r}", hint=precision_table.hint())
     for target in targets:
         try:
             problem = validate_target(Target.parse(target))

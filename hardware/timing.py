@@ -102,19 +102,5 @@ def time_interleaved(runs: dict[str, Callable[[], object]], *, min_rounds: int, 
 
 def _clear_winner(timings: dict[str, Timing]) -> bool:
     ordered = sorted(timings.values(), key=lambda t: t.median_ms)
-    return len(ordered) < 2 or not tied(ordered[0].record(), ordered[1].record())
-
-
-def noise_ms(record: dict[str, Any]) -> float:
-    """Half the interquartile range of a benchmark record, in ms: its median ± this holds the middle half of its runs.
-    Records from before spreads were measured have no known noise (0)."""
-    if isinstance(record.get("iqr_ms"), (int, float)):
-        return float(record["iqr_ms"]) / 2
-    if isinstance(record.get("spread"), (int, float)) and isinstance(record.get("p50_ms"), (int, float)):
-        return float(record["spread"]) * float(record["p50_ms"]) / 2
-    return 0.0
-
-
-def tied(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two benchmark records are within each other's noise: their middle halves (median ± IQR/2) overlap."""
-    return abs(float(a["p50_ms"]) - float(b["p50_ms"])) <= noise_ms(a) + noise_ms(b)
+    # tied as records are (cache/records.py Benchmark.tied): the middle halves, median ± IQR/2, overlap
+    return len(ordered) < 2 or ordered[1].median_ms - ordered[0].median_ms > (ordered[0].iqr_ms + ordered[1].iqr_ms) / 2

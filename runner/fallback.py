@@ -13,6 +13,7 @@ from enginefarm.builder.build import compile_artifact, job_workdir
 from enginefarm.builder.planner import Job, expand, precision_here
 from enginefarm.builder.recipe import Recipe, load_recipe
 from enginefarm.builder.workcache import prune, source_folder
+from enginefarm.cache import precision_table
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import ArtifactNotFoundError, EnginefarmError
@@ -52,8 +53,10 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
         )
     order = {d.kind: i for i, d in enumerate(devices)}
     device_rank = {t: order[d.kind] for d in devices for t in d.targets}
-    # Prefer the first device, then the most specific backend, then fp32 (safer numerics when unbenchmarked).
-    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target), j.precision != "fp32"))
+    # Prefer the first device, then the most specific backend, then the table's tie order (fp32 first: safer numerics
+    # when unbenchmarked).
+    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target),
+                                    precision_table.tie_order(j.precision)))
 
 
 def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None]) -> Manifest:

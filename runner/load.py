@@ -11,7 +11,8 @@ from enginefarm.backends import get_backend
 from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import IndexEntry, gc_paused, read_index
-from enginefarm.cache.manifest import PRECISIONS, Manifest, target_matches
+from enginefarm.cache import precision_table
+from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.names import NAME_CHARS
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
@@ -82,8 +83,8 @@ def lookup(ref: str, precision: str | None, device: str, store: str | None, targ
 
 def _lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings,
             version: str | None) -> Lookup:
-    if precision is not None and precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {precision!r}", hint=f"use {', '.join(PRECISIONS)}, or leave it out for the fastest")
+    if precision is not None and precision not in precision_table.NAMES:
+        raise ConfigError(f"unknown precision {precision!r}", hint=f"{precision_table.hint()}, or leave it out for the fastest")
     model, component = parse_ref(ref)
     selectors = (target,) if target else ()
 

@@ -27,14 +27,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from enginefarm.hardware.timing import Timing, tied, time_interleaved
+from enginefarm.hardware.timing import Timing, time_interleaved
+from enginefarm.cache import precision_table
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.build_keys import build_key
+from enginefarm.cache.fields import FieldError
 from enginefarm.cache.progress import Progress
+from enginefarm.cache.records import benchmark
 from enginefarm.settings import Settings
 
 from enginefarm.hardware.devices import Device
-from .resolve import PRECISION_ORDER, Candidate, Resolution, _ms
+from .resolve import Candidate, Resolution, _ms
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +162,9 @@ def estimate_s(candidates: list[Candidate]) -> float | None:
     total = 0.0
     for c in candidates:
         record = c.bench or next(iter(c.entry.benchmarks), None)
-        if not record or not isinstance(record.get("p50_ms"), (int, float)):
+        if record is None:
             return None
-        runs_ms = float(record.get("load_ms") or 0) + float(record.get("first_inference_ms") or record["p50_ms"]) + (1 + MIN_ROUNDS) * record["p50_ms"]
+        runs_ms = float(record.load_ms or 0) + float(record.first_inference_ms or record.p50_ms) + (1 + MIN_ROUNDS) * record.p50_ms
         download = 0.0 if c.source.startswith("cache") else float(c.entry.stored_size) / ASSUMED_BYTES_PER_S
         total += runs_ms / 1000 + download
     return total
@@ -195,21 +198,22 @@ def _time(resolution: Resolution, found: Contenders, memory: Memory, settings: S
 
         budget = AUTO_BUDGET_S if settings.measure == "auto" else BUDGET_S
         timings = time_interleaved(runs, min_rounds=MIN_ROUNDS, max_rounds=MAX_ROUNDS, budget_s=budget, on_round=on_round, clock=CLOCK)
-    records = {key: {**t.record(), "alone": host["alone"]} for key, t in timings.items()}
+    records = {key: {**t.record(), "alone": host["alone"]} for key, t in timings.items()}  # remembered as stored JSON
     winner = pick(records, {c.entry.build_key: c.entry.precision for c in found.candidates})
     result = {"winner": winner, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ref": resolution.ref,
               "why": found.why, "timings": records}
     memory.put([c.entry.build_key for c in found.candidates], result)  # as decide() looks it up
-    report.message(f"fastest here: {label[winner]} ({_ms(records[winner]['p50_ms'])} ms); remembered for this device")
+    report.message(f"fastest here: {label[winner]} ({_ms(timings[winner].median_ms)} ms); remembered for this device")
     apply(resolution, result, "just now")
     return opened
 
 
 def pick(records: dict[str, dict[str, Any]], precisions: dict[str, str]) -> str:
     """The fastest, with the same tie rule as resolution: within each other's noise, the more accurate precision."""
-    fastest = min(records, key=lambda k: records[k]["p50_ms"])
-    tied_keys = [k for k in records if k == fastest or tied(records[fastest], records[k])]
-    return min(tied_keys, key=lambda k: (PRECISION_ORDER.get(precisions.get(k), len(PRECISION_ORDER)), records[k]["p50_ms"]))
+    timed = {key: benchmark(record) for key, record in records.items()}
+    fastest = min(timed, key=lambda k: timed[k].p50_ms)
+    tied_keys = [k for k in timed if k == fastest or timed[fastest].tied(timed[k])]
+    return min(tied_keys, key=lambda k: (precision_table.tie_order(precisions.get(k)), timed[k].p50_ms))
 
 
 def apply(resolution: Resolution, result: dict[str, Any], when: str) -> None:
@@ -217,11 +221,15 @@ def apply(resolution: Resolution, result: dict[str, Any], when: str) -> None:
     usable = {c.entry.build_key: c for c in resolution.candidates if c.usable}
     if result.get("winner") not in usable:
         return
-    for key, record in timings.items():
-        if key in usable:
-            usable[key].on_device = record
+    try:
+        timed = {key: benchmark(record) for key, record in timings.items() if key in usable}
+    except FieldError as exc:  # a damaged memory file: the farm's numbers decide, as if nothing was timed
+        log.info("ignoring this device's remembered timings: %s", exc)
+        return
+    for key, record in timed.items():
+        usable[key].on_device = record
     resolution.preferred = result["winner"]
-    rounds = max((r.get("runs", 0) for r in timings.values()), default=0)
+    rounds = max((r.runs or 0 for r in timed.values()), default=0)
     resolution.notes.append(f"timed on this device ({when}; {result.get('why', '')}; {rounds} interleaved runs each): this device's "
                             "own numbers decide among those it timed, the farm's rank the rest; ENGINEFARM_MEASURE=off ignores them")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from enginefarm.backends import Rank, availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
-from enginefarm.hardware.timing import noise_ms
+from enginefarm.cache import precision_table
 from enginefarm.cache.index import IndexEntry, gc_paused
+from enginefarm.cache.records import Benchmark, Constraints
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.versions import newest, same_version, version_key
 
@@ -16,7 +16,6 @@ from enginefarm.hardware.devices import Device
 from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
-PRECISION_ORDER = {"fp32": 0, "fp16": 1, "bf16": 2}
 TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
             "(fp32, then fp16, then bf16), then to the lower median")
 
@@ -52,10 +51,10 @@ class Candidate:
     measured_on: str | None = None  # "this device class" | "a similar device (<class>)" | None
     rank: tuple = ()
     source: str = "store"  # store | cache
-    bench: dict[str, Any] | None = None  # the farm's benchmark record behind p50_ms
+    bench: Benchmark | None = None  # the farm's benchmark record behind p50_ms
     tie: Tie | None = None  # the candidates within each other's noise (same bucket), this one included
     tier: Rank | None = None  # rank_of(target), set once by _rank (asked per candidate, it dominated 10^5-entry loads)
-    on_device: dict[str, Any] | None = None  # this device's own timing at a first load (runner.measure)
+    on_device: Benchmark | None = None  # this device's own timing at a first load (runner.measure)
 
     @property
     def tied_with(self) -> list["Candidate"]:
@@ -89,21 +88,21 @@ class Candidate:
     def describe(self) -> str:
         e = self.entry
         if self.p50_ms is not None:
-            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on} by the farm{_noise(self.bench or {})}"
+            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on} by the farm{_noise(self.bench) if self.bench else ''}"
         else:
             speed = "" if self.device is None else ", no benchmark for this device"
         if self.on_device is not None:
-            speed += f"; timed on this device at a first load: {_ms(self.on_device['p50_ms'])} ms{_noise(self.on_device)}"
+            speed += f"; timed on this device at a first load: {_ms(self.on_device.p50_ms)} ms{_noise(self.on_device)}"
         version = f" v{self.version}" if self.version is not None else ""
         return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {self.kind.label}{speed}"
 
 
-def _noise(record: dict[str, Any]) -> str:
+def _noise(record: Benchmark) -> str:
     """' (±1.2%, 12 runs)': the half-IQR around the median and the repetitions, where the record has them."""
-    runs = record.get("runs")
-    if not noise_ms(record) or not record.get("p50_ms"):
+    runs = record.runs
+    if not record.noise_ms or not record.p50_ms:
         return f" ({runs} runs)" if runs else ""
-    return f" (±{100 * noise_ms(record) / record['p50_ms']:.1f}%, {runs} runs)"
+    return f" (±{100 * record.noise_ms / record.p50_ms:.1f}%, {runs} runs)"
 
 
 @dataclass
@@ -155,8 +154,8 @@ class Resolution:
         rivals = [c for c in self.ranked if c is not chosen]
         if chosen.entry.build_key == self.preferred and chosen.on_device is not None:
             timed = [c for c in rivals if c.on_device is not None]
-            against = ", ".join(f"{_ms(c.on_device['p50_ms'])} ms for {c.label}" for c in timed)
-            return f"timed fastest on this device at a first load: {_ms(chosen.on_device['p50_ms'])} ms" + (f" vs {against}" if against else "")
+            against = ", ".join(f"{_ms(c.on_device.p50_ms)} ms for {c.label}" for c in timed)
+            return f"timed fastest on this device at a first load: {_ms(chosen.on_device.p50_ms)} ms" + (f" vs {against}" if against else "")
         if chosen.kind <= Rank.JIT and any(c.kind > chosen.kind for c in rivals):
             return f"the most specific engine kind usable here ({chosen.kind.label})"
         if chosen.p50_ms is not None:
@@ -187,7 +186,7 @@ def _check(entry: IndexEntry, component: str, precision: str | None, devices: li
     if entry.component != component:
         return "other component", None
     if entry.failed_validation:
-        return f"failed validation when re-checked ({entry.validation.get('failure') or 'see enginefarm validate'})", None
+        return f"failed validation when re-checked ({entry.validation.failure or 'see enginefarm validate'})", None
     if precision and entry.precision != precision:
         return f"precision {entry.precision}, asked for {precision}", None
     target = entry.parsed_target
@@ -203,7 +202,7 @@ def _check(entry: IndexEntry, component: str, precision: str | None, devices: li
     if not avail.can_load:
         return f"cannot load here: {avail.reason}", device
     constraints = entry.constraints
-    for package, spec in constraints.get("runtime", {}).items():
+    for package, spec in (constraints.runtime or {}).items():
         if package == target.backend and ("runtime", package) not in cache:
             cache["runtime", package] = _runtime_version(package)
         have = cache["runtime", package] if package == target.backend else None
@@ -215,33 +214,33 @@ def _check(entry: IndexEntry, component: str, precision: str | None, devices: li
     return problem, device
 
 
-def _device_constraint(constraints: dict[str, Any], device: Device) -> str:
+def _device_constraint(constraints: Constraints, device: Device) -> str:
     """Minimum driver, OS and VRAM, where the artifact states them and the device reports them."""
-    driver, wanted = device.info.get("driver"), constraints.get("min_driver")
+    driver, wanted = device.info.get("driver"), constraints.min_driver
     if driver and wanted and version_in_range(str(driver), f"<{wanted}"):
         return f"needs driver {wanted} or newer, this has {driver}"
-    os_list, os_here = constraints.get("os"), device.info.get("os")
+    os_list, os_here = constraints.os, device.info.get("os")
     if os_list and os_here and os_here not in os_list:
         return f"built for {', '.join(os_list)}, this is {os_here}"
-    vram, need = device.info.get("vram_mb"), constraints.get("vram_mb")
+    vram, need = device.info.get("vram_mb"), constraints.vram_mb
     if vram and need and need > vram:
         return f"needs {need} MiB of VRAM, this GPU has {vram}"
-    flags, any_of = device.info.get("flags"), constraints.get("cpu_flags_any")
+    flags, any_of = device.info.get("flags"), constraints.cpu_flags_any
     if device.kind == "cpu" and flags is not None and any_of and not set(any_of) & set(flags):
         return f"computes as built only on a CPU with {' or '.join(any_of)}; this one has neither"
     return ""
 
 
-def _speed(entry: IndexEntry, device: Device) -> tuple[dict[str, Any] | None, str | None]:
+def _speed(entry: IndexEntry, device: Device) -> tuple[Benchmark | None, str | None]:
     """The farm's benchmark record that speaks for this device, and where it was measured."""
-    exact = [b for b in entry.benchmarks if b["device"]["class"] == device.bench_class]
+    exact = [b for b in entry.benchmarks if b.device_class == device.bench_class]
     if exact:
-        return min(exact, key=lambda b: b["p50_ms"]), "this device class"
+        return min(exact, key=lambda b: b.p50_ms), "this device class"
     kind = device.bench_class.split("-")[0]
-    similar = [b for b in entry.benchmarks if b["device"]["class"].startswith(kind)]
+    similar = [b for b in entry.benchmarks if b.device_class.startswith(kind)]
     if similar:
-        best = min(similar, key=lambda b: b["p50_ms"])
-        return best, f"a similar device ({best['device'].get('class')})"
+        best = min(similar, key=lambda b: b.p50_ms)
+        return best, f"a similar device ({best.device_class})"
     return None, None
 
 
@@ -268,7 +267,7 @@ def _resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | N
     cache: dict = {}
     seen: set[str] = set()
     # A verdict from re-validation (in the store's index) overrules the build-time record a cached copy carries.
-    verdicts = {e.build_key: e.validation for e, _ in entries if e.validation.get("revalidated")}
+    verdicts = {e.build_key: e.validation for e, _ in entries if e.validation.revalidated}
     entries = [(replace(e, validation=verdicts[e.build_key]) if e.build_key in verdicts else e, source) for e, source in entries]
     for entry, source in entries:
         if entry.build_key in seen:
@@ -280,7 +279,7 @@ def _resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | N
         candidate = Candidate(entry, device, reason, source=source)
         if device is not None:
             candidate.bench, candidate.measured_on = _speed(entry, device)
-            candidate.p50_ms = candidate.bench["p50_ms"] if candidate.bench else None
+            candidate.p50_ms = candidate.bench.p50_ms if candidate.bench else None
         resolution.candidates.append(candidate)
     _choose_version(resolution)
     _rank(resolution.candidates, devices)
@@ -329,7 +328,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
         tier = c.tier = tiers[c.entry.target]
         how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
         bucket = (device_order, 0, tier) if tier <= Rank.JIT else (device_order, 1, 0)  # compiled engines: the most specific kind first
-        precision = PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER))
+        precision = precision_table.tie_order(c.entry.precision)
         c.rank = bucket + (how_measured, 0, tier, precision)  # unmeasured: by kind, then precision
         if how_measured < 2 and c.usable:
             buckets.setdefault(bucket + (how_measured,), []).append(c)
@@ -338,14 +337,10 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
             tie = Tie(group)
             for c in group:
                 c.tie = tie
-                c.rank = prefix + (cluster, PRECISION_ORDER.get(c.entry.precision, len(PRECISION_ORDER)), c.p50_ms, c.tier)
+                c.rank = prefix + (cluster, precision_table.tie_order(c.entry.precision), c.p50_ms, c.tier)
 
 
 def _noise_of(c: Candidate) -> float:
     """Its half-IQR; a negative or NaN one (a damaged record) counts as none, so a leader is always in its own cluster."""
-    noise = noise_ms(_record(c))
+    noise = c.bench.noise_ms if c.bench is not None else 0.0
     return noise if noise >= 0 else 0.0
-
-
-def _record(c: Candidate) -> dict[str, Any]:
-    return {**(c.bench or {}), "p50_ms": c.p50_ms}

@@ -1,6 +1,6 @@
 """Tie clusters: which candidates' speeds lie within each other's noise (runner/resolve.py ranks by them).
 
-Two numbers are tied when their middle halves (median ± noise) overlap (`hardware.timing.tied`). A cluster is the
+Two numbers are tied when their middle halves (median ± noise) overlap (`cache.records.tied`). A cluster is the
 fastest remaining candidate and everything still remaining that is tied with it; then the next cluster from what is
 left. An index may hold 10^5 entries, so this is O(n log n) and the members of a cluster share one `Tie`."""
 

@@ -57,11 +57,11 @@ def test_every_artifact_runs_at_the_profile_edges(farm, target, precision, monke
 def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
     root, _ = farm
     monkeypatch.setenv("ENGINEFARM_STORE", str(root / "store"))
-    from enginefarm.hardware.timing import tied
-    from enginefarm.runner.resolve import PRECISION_ORDER
+    from enginefarm.cache.records import tied
+    from enginefarm.cache.precision_table import tie_order
 
     entries = read_index(open_store(root / "store"), "tiny-sd").entries
-    fastest = min(entries.values(), key=lambda e: e.benchmarks[0]["p50_ms"])
+    fastest = min(entries.values(), key=lambda e: e.benchmarks[0].p50_ms)
     session = enginefarm.load("tiny-sd/decoder", device="cpu")
     chosen = entries[session.artifact.build_key]
     why = session.explain()
@@ -70,17 +70,17 @@ def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
         assert "fastest measured" in why or "tied with" in why
     else:  # within each other's noise: the tie goes to the more accurate precision
         assert tied(chosen.benchmarks[0], fastest.benchmarks[0]) and "tied with" in why
-        assert PRECISION_ORDER[chosen.precision] <= PRECISION_ORDER[fastest.precision]
+        assert tie_order(chosen.precision) <= tie_order(fastest.precision)
 
 
 def test_manifest_records_benchmark_and_device(farm):
     root, _ = farm
     for entry in read_index(open_store(root / "store"), "tiny-sd").entries.values():
         (bench,) = entry.benchmarks
-        assert bench["device"]["class"].startswith("cpu-")
-        assert bench["load_ms"] > 0 and bench["first_inference_ms"] > 0
-        assert 0 < bench["p50_ms"] <= bench["p90_ms"]
-        assert bench["peak_rss_mb"] > 10
+        assert bench.device_class.startswith("cpu-")
+        assert bench.load_ms > 0 and bench.first_inference_ms > 0
+        assert 0 < bench.p50_ms <= bench.p90_ms
+        assert bench.rest["peak_rss_mb"] > 10
 
 
 def test_inputs_outside_the_profile_get_a_clear_error(farm, monkeypatch):

@@ -61,6 +61,10 @@ def progress_monitor(trt, path: str):
     return Monitor()
 
 
+# Without strong typing (TensorRT before 10.12) the builder flag that allows a reduced precision's kernels.
+_WEAKLY_TYPED_FLAGS = {"fp16": "FP16", "bf16": "BF16"}
+
+
 def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
     """The SDK calls of one build. Returns notes for the manifest; raises SdkError with the SDK's words."""
     builder = trt.Builder(logger)
@@ -81,8 +85,8 @@ def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
             raise SdkError(f"the profile has no shapes for input {name!r}")
         profile.set_shape(name, tuple(shapes["min"]), tuple(shapes["opt"]), tuple(shapes["max"]))
     config.add_optimization_profile(profile)
-    if typed is None and spec.precision in ("fp16", "bf16"):
-        config.set_flag(trt.BuilderFlag.FP16 if spec.precision == "fp16" else trt.BuilderFlag.BF16)
+    if typed is None and spec.precision in _WEAKLY_TYPED_FLAGS:
+        config.set_flag(getattr(trt.BuilderFlag, _WEAKLY_TYPED_FLAGS[spec.precision]))
     if spec.strip_weights:
         config.set_flag(trt.BuilderFlag.STRIP_PLAN)
     if spec.refittable:

@@ -113,7 +113,7 @@ def test_openvino_bf16_builds_validates_and_computes_in_bf16_on_a_cpu_that_has_i
     """On a CPU with AVX512-BF16/AMX (this machine) the artifact computes in bf16 and passes bf16's gate; elsewhere
     the job is unavailable here (validating bf16 in fp32 would be a lie), never built."""
     import enginefarm
-    from enginefarm.builder.validate import DEFAULT_THRESHOLDS
+    from enginefarm.cache.precision_table import TABLE
 
     recipe = tiny_recipe(precisions=("fp32", "bf16"), targets=("openvino:cpu",))
     if not _cpu_has_bf16():
@@ -127,7 +127,7 @@ def test_openvino_bf16_builds_validates_and_computes_in_bf16_on_a_cpu_that_has_i
     assert bf16["validation"]["compute_precision"] == "bf16" and fp32["validation"]["compute_precision"] == "fp32"
     assert bf16["benchmarks"][0]["compute_precision"] == "bf16"
     assert bf16["validation"]["thresholds"]["epsilon"] == 2.0 ** -7
-    assert bf16["validation"]["thresholds"]["max_abs_rel"] == DEFAULT_THRESHOLDS["bf16"]["max_abs_rel"]
+    assert bf16["validation"]["thresholds"]["max_abs_rel"] == TABLE["bf16"].max_abs_rel
     assert bf16["validation"]["passed"] and 0.992 <= bf16["validation"]["min_cosine"] < fp32["validation"]["min_cosine"]
     assert bf16["constraints"]["cpu_flags_any"] == ["avx512_bf16", "amx_bf16"]
     session = enginefarm.load("tiny-sd/decoder", precision="bf16", device="cpu")

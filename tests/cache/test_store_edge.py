@@ -95,7 +95,7 @@ def test_index_entries_round_trip_their_wire_form(tmp_path):
     manifest = artifact(store, tmp_path, "a", p50=1.5)
     entry = read_index(store, "m").entries[manifest.build_key]
     assert entry == IndexEntry.of(manifest) == IndexEntry.from_dict(entry.to_dict(), "m")
-    assert entry.model == "m" and entry.benchmarks[0]["p50_ms"] == 1.5
+    assert entry.model == "m" and entry.benchmarks[0].p50_ms == 1.5
 
 
 def _valid_manifest_dict() -> dict:

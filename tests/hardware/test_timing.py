@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from enginefarm.hardware.timing import noise_ms, spread, tied, time_interleaved, time_runs
+from enginefarm.cache.records import noise_ms, tied
+from enginefarm.hardware.timing import spread, time_interleaved, time_runs
 
 
 class Clock:

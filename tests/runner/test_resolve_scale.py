@@ -13,7 +13,7 @@ import sys
 from enginefarm.cache.index import IndexEntry
 from enginefarm.hardware.devices import Device
 from enginefarm.runner.resolve import resolve
-from enginefarm.hardware.timing import tied
+from enginefarm.cache.records import tied
 from tests.releases import REF, artifact
 
 CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("onnxruntime:cpu",))
@@ -27,11 +27,10 @@ def _entry(i: int, p50: float, iqr: float) -> IndexEntry:
 
 def _naive_clusters(candidates) -> list[set[str]]:
     """The definition, quadratic: the fastest remaining and every remaining candidate tied with it."""
-    record = lambda c: {**c.bench, "p50_ms": c.p50_ms}  # noqa: E731
     remaining, clusters = sorted(candidates, key=lambda c: c.p50_ms), []
     while remaining:
         leader = remaining[0]
-        group = [c for c in remaining if c is leader or tied(record(leader), record(c))]
+        group = [c for c in remaining if c is leader or tied(leader.bench, c.bench)]
         clusters.append({c.entry.build_key for c in group})
         remaining = [c for c in remaining if c not in group]
     return clusters

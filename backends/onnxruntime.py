@@ -10,9 +10,9 @@ import numpy as np
 from enginefarm.errors import BackendUnavailable
 
 from . import onnx_weights
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
-from .manifest_files import role_file
+from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
+from .manifest_files import role_file
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
@@ -42,9 +42,9 @@ class OrtSession:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self.output_names, feeds)
-        return dict(zip(self.output_names, values))
+        return dict(zip(self.output_names, values, strict=True))
 
-    def bind(self, fixed: dict[str, np.ndarray]) -> "OrtBinding":
+    def bind(self, fixed: dict[str, np.ndarray]) -> OrtBinding:
         return OrtBinding(self._session, fixed, self.output_names)
 
     def close(self) -> None:
@@ -79,7 +79,7 @@ class OrtBinding:
         self._session.run_with_iobinding(binding)
         values = binding.get_outputs()
         out = {}
-        for name, value in zip(self._outputs, values):
+        for name, value in zip(self._outputs, values, strict=True):
             if name in keep:
                 out[name] = DeviceTensor("onnxruntime", value, tuple(value.shape()), _np_dtype(value),
                                          lambda v: v.numpy())
@@ -88,7 +88,8 @@ class OrtBinding:
         return out
 
     def close(self) -> None:
-        self._binding = self._session = self._fixed = None
+        self._binding = self._session = None
+        self._fixed = {}
 
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
@@ -138,7 +139,9 @@ class OnnxRuntime(Backend):
         return {"runtime": {"onnxruntime": ">=" + self.versions()["onnxruntime"].split("+")[0]}}
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+        from enginefarm.builder.onnx_data import (
+            link_or_copy,  # the prepared files are never rewritten: a link is a copy for free
+        )
 
         out = workdir / "model.onnx"
         link_or_copy(prepared_onnx, out)

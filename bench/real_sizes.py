@@ -122,9 +122,9 @@ def main() -> int:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(line) + " |" for line in lines))
     else:
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
         for line in [head, *lines]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
     return 0
 
 

@@ -29,7 +29,7 @@ class Target:
     device: str
 
     @classmethod
-    def parse(cls, text: str) -> "Target":
+    def parse(cls, text: str) -> Target:
         return _parse_target(text)
 
     def __str__(self) -> str:
@@ -113,7 +113,7 @@ class Manifest:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
         version = data.get("format_version")
         if version != ARTIFACT_FORMAT_VERSION:
             raise IntegrityError(
@@ -134,7 +134,7 @@ class Manifest:
             raise IntegrityError(f"manifest is malformed: {exc}") from None
 
     @classmethod
-    def from_json(cls, raw: bytes, *, expect_key: str | None = None) -> "Manifest":
+    def from_json(cls, raw: bytes, *, expect_key: str | None = None) -> Manifest:
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:

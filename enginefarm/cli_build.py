@@ -10,8 +10,18 @@ from pathlib import Path
 import click
 
 from enginefarm.cli_console import console as _console
-from enginefarm.cli_options import (component_option, jobs_parallel_option, precision_option, recipe_option, report_option, runners_option,
-                                    open_store_to_read, stacked, store_option, target_option)
+from enginefarm.cli_options import (
+    component_option,
+    jobs_parallel_option,
+    open_store_to_read,
+    precision_option,
+    recipe_option,
+    report_option,
+    runners_option,
+    stacked,
+    store_option,
+    target_option,
+)
 from enginefarm.settings import load_settings
 
 

@@ -7,8 +7,17 @@ import json
 import click
 
 from enginefarm.cli_console import RichProgress, console, plain_table
-from enginefarm.cli_options import (component_option, json_option, keep_versions_option, key_option, model_option, open_store_to_read,
-                                    precision_option, store_option, target_option)
+from enginefarm.cli_options import (
+    component_option,
+    json_option,
+    keep_versions_option,
+    key_option,
+    model_option,
+    open_store_to_read,
+    precision_option,
+    store_option,
+    target_option,
+)
 from enginefarm.settings import load_settings
 
 RICH_ROWS = 1000  # longer listings are printed as plain aligned text

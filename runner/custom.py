@@ -45,7 +45,7 @@ class Stack:
     loras: tuple[tuple[Path, float], ...] = ()
 
     @classmethod
-    def parse(cls, weights, loras) -> "Stack":
+    def parse(cls, weights, loras) -> Stack:
         if isinstance(loras, (str, Path)):  # iterating it would read each character as a LoRA file
             raise ConfigError(f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]')
         items = []

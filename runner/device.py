@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
-from enginefarm.runner.device_info import amd_gpus, measured_cpu_description, nvidia_gpus, remember_cpu
 from enginefarm.errors import ConfigError
+from enginefarm.runner.device_info import amd_gpus, measured_cpu_description, nvidia_gpus, remember_cpu
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class Device:
     info: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def found(cls, kind: str, name: str, bench_class: str, info: dict[str, Any]) -> "Device":
+    def found(cls, kind: str, name: str, bench_class: str, info: dict[str, Any]) -> Device:
         """A detected device, with the targets every registered backend says it runs (Backend.device_classes)."""
         from enginefarm.backends import targets_for
 

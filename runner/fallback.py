@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from enginefarm.backends import job_availability, job_refusal, precision_refusal, rank_of
 from enginefarm.builder.build import compile_artifact, job_workdir

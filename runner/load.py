@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from enginefarm.backends import get_backend
 from enginefarm.cache.artifacts import read_manifest
@@ -17,14 +18,23 @@ from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
 from enginefarm.cache.versions import same_version
-from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, StoreError, StoreNotFound,
-                               TrustError, WeightsError)
+from enginefarm.errors import (
+    ArtifactNotFoundError,
+    ConfigError,
+    DiskFullError,
+    EnginefarmError,
+    IntegrityError,
+    StoreError,
+    StoreNotFound,
+    TrustError,
+    WeightsError,
+)
 from enginefarm.settings import Settings, load_settings
 
 from . import golden, measure
+from .device import Device, detect
 from .identity import check_served
 from .not_found import not_found
-from .device import Device, detect
 from .resolve import Candidate, Resolution, resolve
 from .session import Session
 
@@ -245,8 +255,8 @@ def load(
     precision: str | None = None,
     device: str = "auto",
     store: str | None = None,
-    weights: str | None = None,
-    loras: tuple = (),
+    weights: str | Path | None = None,
+    loras: Sequence = (),
     *,
     recipe: str | Path | None = None,
     target: str | None = None,
@@ -305,7 +315,7 @@ def load(
     return _session(manifest, path, stack, found, explanation, report)
 
 
-def _session(manifest: Manifest, path: Path, stack: "Stack | None", found: Lookup, explanation: str, report: Progress) -> Session:
+def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         loaded = backend.load(path, manifest, manifest.parsed_target.device)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.backends.manifest_files import role_entry
 from enginefarm.backends import Feature, get_backend
+from enginefarm.backends.manifest_files import role_entry
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.keys import build_key

@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # The versions CI tests, pinned: both commands install from them (see `make constraints`).
 CONSTRAINTS := enginefarm/constraints.txt
 
-.PHONY: demo test bench clean constraints
+.PHONY: demo test lint bench clean constraints
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: $(VENV)/.demo-deps
 test: $(VENV)/.test-deps
 	@$(PY) -m pytest -q $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$code
+
+# ruff check, ruff format --check and mypy (configured in pyproject.toml); .ci/run runs it before the tests.
+lint: $(VENV)/.test-deps
+	$(PY) ci/lint.py
 
 # Benchmarks need the SD VAE decoder ONNX: see "Benchmarks" in README.md.
 bench: $(VENV)/.test-deps

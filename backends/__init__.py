@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from enginefarm.cache.manifest import Target
 from enginefarm.errors import BackendUnavailable, ConfigError
 
-from .base import Availability, Backend, BackendSession, BundleSpec, Built, BuiltFile, Feature, Rank
+from .base import Availability, Backend, BackendSession, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob, PlannedJob
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def all_backends() -> list[Backend]:
     return [get_backend(name) for name in registry()]
 
 
-def targets_for(device: "Device") -> tuple[str, ...]:
+def targets_for(device: Device) -> tuple[str, ...]:
     """Every `backend:device-class` target a detected device runs, as each backend matches it. An added backend that
     does not import is left out with a warning: it must not hide the device from the others."""
     found = []

@@ -45,7 +45,7 @@ class Availability:
     reason: str | None = None  # why not, when either is False
 
     @classmethod
-    def missing(cls, reason: str) -> "Availability":
+    def missing(cls, reason: str) -> Availability:
         return cls(False, False, reason)
 
 
@@ -248,7 +248,7 @@ class Backend:
     def load(self, artifact_dir: Path, manifest, device: str) -> BackendSession:
         raise NotImplementedError
 
-    def device_classes(self, device: "Device") -> tuple[str, ...]:
+    def device_classes(self, device: Device) -> tuple[str, ...]:
         """Which of this backend's device classes a detected device runs, most specific first."""
         raise NotImplementedError
 

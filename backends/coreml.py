@@ -25,8 +25,8 @@ from enginefarm.errors import BackendUnavailable, BuildError
 
 from ._coreml_sdk import INSTALL, IO_DTYPES, coremltools, quiet_convert, sdk_problem
 from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
-from .manifest_files import role_file
 from .build_job import BuildJob, PlannedJob
+from .manifest_files import role_file
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _check_spec(summary: dict, manifest) -> list[str]:
         for corner in ("min", "opt", "max"):
             shape = bounds[corner]
             if "ranges" in entry:
-                fits = len(shape) == len(entry["ranges"]) and all(lo <= s <= (hi if hi > 0 else s) for s, (lo, hi) in zip(shape, entry["ranges"]))
+                fits = len(shape) == len(entry["ranges"]) and all(lo <= s <= (hi if hi > 0 else s) for s, (lo, hi) in zip(shape, entry["ranges"], strict=True))
             elif "enumerated" in entry:
                 fits = shape in entry["enumerated"]
             else:
@@ -137,11 +137,11 @@ class TorchStandIn:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        args = tuple(torch.from_numpy(np.ascontiguousarray(feeds[n], dtype=d)) for n, d in zip(self.input_names, self._dtypes))
+        args = tuple(torch.from_numpy(np.ascontiguousarray(feeds[n], dtype=d)) for n, d in zip(self.input_names, self._dtypes, strict=True))
         with torch.no_grad():
             out = self._traced(*args)
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        return {name: value.numpy() for name, value in zip(self.output_names, outs)}
+        return {name: value.numpy() for name, value in zip(self.output_names, outs, strict=True)}
 
 
 class CoreMLSession:

@@ -70,7 +70,7 @@ def downgrade_reduce_axes(model):
 
 def unsupported_ops(model) -> list[str]:
     """Ops of the main graph that onnx2torch has no converter for, as 'Op (opset N)'."""
-    from onnx2torch.node_converters.registry import OperationDescription, _CONVERTER_REGISTRY
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY, OperationDescription
 
     opsets = {o.domain or "": o.version for o in model.opset_import}
     missing = set()
@@ -173,7 +173,7 @@ def input_types(ct, job: PlannedJob, shapes: str) -> list:
             shape = ct.EnumeratedShapes(shapes=[list(s) for s in dict.fromkeys(corners)], default=list(bounds["opt"]))
         else:
             dims = [lo if lo == hi else ct.RangeDim(lower_bound=lo, upper_bound=hi, default=opt)
-                    for lo, opt, hi in zip(bounds["min"], bounds["opt"], bounds["max"])]
+                    for lo, opt, hi in zip(bounds["min"], bounds["opt"], bounds["max"], strict=True)]
             shape = ct.Shape(shape=dims)
         types.append(ct.TensorType(name=tensor.name, shape=shape, dtype=dtype))
     return types

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.hardware.device_info import amd_gpus
 from enginefarm.errors import BackendUnavailable, BuildError
+from enginefarm.hardware.device_info import amd_gpus
 
 from .base import Availability, Backend, Built, BuiltFile, Feature, Rank
-from .manifest_files import role_file
 from .build_job import BuildJob
+from .manifest_files import role_file
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
         program = mgx.parse_onnx(onnx_path, map_input_dims={n: s["min"] for n, s in plan["inputs"].items()})
     else:
         dims = {
-            name: [mgx.shape.dynamic_dimension(lo, hi, {opt}) for lo, opt, hi in zip(s["min"], s["opt"], s["max"])]
+            name: [mgx.shape.dynamic_dimension(lo, hi, {opt}) for lo, opt, hi in zip(s["min"], s["opt"], s["max"], strict=True)]
             for name, s in plan["inputs"].items()
         }
         program = mgx.parse_onnx(onnx_path, map_dyn_input_dims=dims)
@@ -95,7 +95,7 @@ class MigraphxSession:
         # The arguments borrow the arrays' memory: keep them alive until run returns.
         arrays = {name: np.ascontiguousarray(feeds[name]) for name in self.input_names}
         results = self._program.run({name: mgx.argument(array) for name, array in arrays.items()})
-        return {name: np.array(result, copy=True) for name, result in zip(self.output_names, results)}
+        return {name: np.array(result, copy=True) for name, result in zip(self.output_names, results, strict=True)}
 
     def close(self) -> None:
         self._program = None

@@ -40,6 +40,7 @@ def _fields(buf, start: int, end: int):
     while at < end:
         key, at = _varint(buf, at)
         number, wire = key >> 3, key & 7
+        value: int | tuple[int, int] | None
         if wire == 0:
             value, at = _varint(buf, at)
         elif wire == 2:

@@ -10,9 +10,9 @@ import numpy as np
 from enginefarm.errors import BackendUnavailable
 
 from . import onnx_weights
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
-from .manifest_files import role_file
+from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
+from .manifest_files import role_file
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider"}
 
@@ -43,9 +43,9 @@ class OrtSession:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self.output_names, feeds, self._run_options)
-        return dict(zip(self.output_names, values))
+        return dict(zip(self.output_names, values, strict=True))
 
-    def bind(self, fixed: dict[str, np.ndarray]) -> "OrtBinding":
+    def bind(self, fixed: dict[str, np.ndarray]) -> OrtBinding:
         return OrtBinding(self._session, fixed, self.output_names, self._run_options)
 
     def close(self) -> None:
@@ -80,7 +80,7 @@ class OrtBinding:
         self._session.run_with_iobinding(binding, self._run_options)
         values = binding.get_outputs()
         out = {}
-        for name, value in zip(self._outputs, values):
+        for name, value in zip(self._outputs, values, strict=True):
             if name in keep:
                 out[name] = DeviceTensor("onnxruntime", value, tuple(value.shape()), _np_dtype(value),
                                          lambda v: v.numpy())
@@ -89,7 +89,8 @@ class OrtBinding:
         return out
 
     def close(self) -> None:
-        self._binding = self._session = self._fixed = None
+        self._binding = self._session = None
+        self._fixed = {}
 
 
 def _run_options(ort):
@@ -151,7 +152,9 @@ class OnnxRuntime(Backend):
         return {"runtime": {"onnxruntime": ">=" + self.versions()["onnxruntime"].split("+")[0]}}
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+        from enginefarm.builder.onnx_data import (
+            link_or_copy,  # the prepared files are never rewritten: a link is a copy for free
+        )
 
         out = workdir / "model.onnx"
         link_or_copy(prepared_onnx, out)

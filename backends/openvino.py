@@ -6,15 +6,16 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from enginefarm.hardware.device_info import cpu_description
 from enginefarm.errors import BackendUnavailable
+from enginefarm.hardware.device_info import cpu_description
 
-from .base import Availability, Backend, BundleSpec, Built, BuiltFile, Feature, Rank
-from .manifest_files import role_file
+from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
+from .manifest_files import role_file
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,9 @@ class OpenVinoSession:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self._request.infer(feeds)
-        return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs)}
+        return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs, strict=True)}
 
-    def bind(self, fixed: dict[str, np.ndarray]) -> "OpenVinoBinding":
+    def bind(self, fixed: dict[str, np.ndarray]) -> OpenVinoBinding:
         request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
         return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append, self._held)
 
@@ -216,7 +217,7 @@ class OpenVINO(Backend):
     def constraints(self, job: BuildJob) -> dict:
         # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
         # OpenVINO on a CPU with the same instruction sets; elsewhere the loader compiles the IR instead.
-        found = {"runtime": {"openvino": ">=" + self.versions()["openvino"]}}
+        found: dict[str, Any] = {"runtime": {"openvino": ">=" + self.versions()["openvino"]}}
         if job.target.device == "cpu":
             found["engine"] = {"openvino": self.versions()["openvino"], "cpu_flags": cpu_description()["flags"]}
             if job.precision == "bf16":  # elsewhere it would compute in fp32: the fp32 artifact, slower to fetch
@@ -229,7 +230,7 @@ class OpenVINO(Backend):
         model = core.read_model(str(prepared_onnx))
         bounds = {}
         for name, shapes in job.profile.items():
-            dims = [ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi) for lo, hi in zip(shapes["min"], shapes["max"])]
+            dims = [ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi) for lo, hi in zip(shapes["min"], shapes["max"], strict=True)]
             bounds[name] = ov.PartialShape(dims)
         model.reshape(bounds)
         xml = workdir / "model.xml"

@@ -24,14 +24,14 @@ import numpy as np
 from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
+from .base import Availability, Built, Feature, Rank
+from .build_job import BuildJob
 from .nvidia.backend import NvidiaBackend
 from .nvidia.build import build_engine
 from .nvidia.devices import build_host_arch, matching_gpu
 from .nvidia.plan import open_engine
 from .nvidia.sdk import sdk_missing
 from .nvidia.session import TrtSession, cudart
-from .base import Availability, Built, Feature, Rank
-from .build_job import BuildJob
 
 log = logging.getLogger(__name__)
 

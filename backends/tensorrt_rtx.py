@@ -27,14 +27,14 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
+from .base import Availability, Built, Feature, Rank
+from .build_job import BuildJob, PlannedJob
 from .nvidia.backend import NvidiaBackend
 from .nvidia.build import BuildProgress, build_engine
 from .nvidia.devices import matching_gpu
 from .nvidia.plan import open_engine
 from .nvidia.sdk import sdk_missing
 from .nvidia.session import TrtSession, cuda_devices, cudart
-from .base import Availability, Built, Feature, Rank
-from .build_job import BuildJob, PlannedJob
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,12 @@ def compute_capabilities(trt, device: str) -> list[str]:
     if device.startswith("sm_"):
         name = "SM" + device[3:]
         if name not in known:
-            raise BuildError(f"TensorRT-RTX {trt.__version__} cannot target {device}", hint=f"it knows: {', '.join(sorted(known, key=known.get))}")
+            raise BuildError(f"TensorRT-RTX {trt.__version__} cannot target {device}", hint=f"it knows: {', '.join(sorted(known, key=lambda n: known[n]))}")
         return [name]
     if device == "ampere+":
         return []
     major, minor = FAMILY_FLOORS[device]
-    return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=known.get)
+    return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=lambda n: known[n])
 
 
 def runtime_cache_path(manifest, gpu: dict) -> Path:

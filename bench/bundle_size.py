@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from install_size import VENDOR, measure  # noqa: E402
+from install_size import VENDOR, measure
 
 IMPORT = "import time; t = time.perf_counter(); import enginefarm.runner.load; print(time.perf_counter() - t)"
 

@@ -29,6 +29,7 @@ import struct
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,7 @@ def main() -> None:
             continue
         blobs, enc_mbs = {}, {}
         for method, (enc, dec) in kinds.items():
-            enc_s, blobs[method] = timed(lambda: enc(data, dtype), 1 if method == "zstd-19" else 3)
+            enc_s, blobs[method] = timed(partial(enc, data, dtype), 1 if method == "zstd-19" else 3)
             enc_mbs[method] = len(data) / enc_s / 1e6
             if bytes(dec(blobs[method], len(data))) != data:
                 print(f"{name:26}{method:14}  NOT LOSSLESS: decoded bytes differ", flush=True)
@@ -163,7 +164,7 @@ def main() -> None:
             results[(name, method)] = (len(blob) / len(data), enc_mbs[method], dec_mbs)
             print(f"{name:26}{method:14}{len(blob) / len(data):>8.4f}{enc_mbs[method]:>10.0f}{dec_mbs:>10.0f}", flush=True)
         if "ZipNN" in times and "efw1 (ours)" in times:
-            spread[name] = sorted(z / o for o, z in zip(times["efw1 (ours)"], times["ZipNN"]))
+            spread[name] = sorted(z / o for o, z in zip(times["efw1 (ours)"], times["ZipNN"], strict=True))
         print()
     if spread:
         print("efw1 vs ZipNN (targets: ratio within 0.01, decode speed >= ZipNN's):")

@@ -64,7 +64,6 @@ def _unpacked(family: str, reference, pixels: int) -> np.ndarray:
 
 def measure(family: str, root: Path, steps: int) -> list[dict]:
     import diffusers
-    import torch
 
     from enginefarm.diffusion import Pipeline
 

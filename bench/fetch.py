@@ -136,7 +136,7 @@ def run(args, server: MotoServer, tmp: Path) -> None:
         print(f"{name:34}{seconds:>10.2f}{stored / 2**20 / seconds:>10.1f}{statistics.median(cpu[name]) * 1e3 / (stored / 2**20):>19.2f}")
     for scheme, bare, ours in (("s3", "bare GET (boto3)", "enginefarm fetch (s3://)"), ("http", "bare GET (urllib)", "enginefarm fetch (http://)"),
                                ("http, 4 connections", "bare GET (urllib)", "enginefarm fetch (http, 4 conns)")):
-        paired = sorted(b / o for b, o in zip(times[bare], times[ours]))
+        paired = sorted(b / o for b, o in zip(times[bare], times[ours], strict=True))
         print(f"fetch throughput ratio, {scheme} (enginefarm / bare GET): {median[bare] / median[ours]:.2f} (target >= {TARGET}; "
               f"per repetition {paired[0]:.2f}..{paired[-1]:.2f})")
     print(f"for scale, GET + sha256 + write of the stored bytes (no decoding) / bare GET: "
@@ -170,7 +170,7 @@ def link(args, server, bucket, files, manifest, stored, enginefarm_fetch) -> Non
     finally:
         proxy.stop()
     b, e = statistics.median(times["bare"]), statistics.median(times["enginefarm"])
-    paired = sorted(x / y for x, y in zip(times["bare"], times["enginefarm"]))
+    paired = sorted(x / y for x, y in zip(times["bare"], times["enginefarm"], strict=True))
     print(f"\nthrough a {args.link_mibps} MiB/s link: bare GET {stored / 2**20 / b:.0f} MiB/s, enginefarm fetch {stored / 2**20 / e:.0f} MiB/s")
     print(f"fetch throughput ratio over the capped link (enginefarm / bare GET): {b / e:.2f} (target >= {TARGET}; per repetition {paired[0]:.2f}..{paired[-1]:.2f})")
 

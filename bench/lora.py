@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -171,27 +172,27 @@ def main() -> int:
         os.environ["ENGINEFARM_HOME"] = str(work / f"home-{job.target.backend}")
         cache = DeviceCache(Path(os.environ["ENGINEFARM_HOME"]))
         print(f"\n{target}: full build from scratch ...", flush=True)
-        build_s, manifest = timed(lambda: compile_on_device(job, cache, lambda step: None))
+        build_s, manifest = timed(partial(compile_on_device, job, cache, lambda step: None))
         wmap = read_map(cache.path_of(manifest.build_key), manifest)
         print(f"  weight map: {len(wmap.mapped)} tensors placed, {len(wmap.unmatched)} unmatched")
         if loras is None:
             loras = lora_files(work / "model", wmap.mapped)
-        load = lambda **stack: enginefarm.load("lorabench/body", precision="fp32", device="cpu", target=target, **stack)  # noqa: E731
-        base_s, base = timed(lambda: load())
+        load = partial(enginefarm.load, "lorabench/body", precision="fp32", device="cpu", target=target)
+        base_s, base = timed(load)
         base_out = next(iter(base.run(feeds).values()))
         home = Path(os.environ["ENGINEFARM_HOME"])
         base_bytes = sum(f.size for f in manifest.files)
         before = du(home)
-        apply_s, stacked = timed(lambda: load(loras=loras))
+        apply_s, stacked = timed(partial(load, loras=loras))
         growth = du(home) - before
         out = next(iter(stacked.run(feeds).values()))
-        cached_s, again = timed(lambda: load(loras=loras))
+        cached_s, again = timed(partial(load, loras=loras))
         same = np.array_equal(next(iter(again.run(feeds).values())), out)
         cos = float(np.dot(out.ravel(), base_out.ravel()) / (np.linalg.norm(out) * np.linalg.norm(base_out)))
         backend = get_backend(job.target.backend)
         path = "refit" if backend.has(Feature.REFIT) else "at load" if backend.has(Feature.WEIGHTS_AT_LOAD) else "patch + recompile"
         before = du(home)
-        patched_s, patched_out = timed(lambda: patched_load(loras, manifest, cache, backend, job.target.device))
+        patched_s, patched_out = timed(partial(patched_load, loras, manifest, cache, backend, job.target.device))
         patched_growth = du(home) - before
         agree = float(np.abs(next(iter(patched_out.values())) - out).max())
         rows.append((target, path, build_s, apply_s, cached_s, base_s, patched_s, growth / base_bytes, patched_growth / base_bytes, cos, same, agree))

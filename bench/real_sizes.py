@@ -76,9 +76,9 @@ def parameters(cls_name: str, config: dict, component: str) -> int:
 
 
 def rows(models: list[str], runners_path: Path) -> list[dict]:
+    from enginefarm.builder.ci_runners import load_runners, route
     from enginefarm.builder.memory import gb, need_bytes
     from enginefarm.builder.recipe import Resources
-    from enginefarm.builder.ci_runners import load_runners, route
 
     runners = load_runners(runners_path)
     out = []
@@ -122,9 +122,9 @@ def main() -> int:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(line) + " |" for line in lines))
     else:
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
         for line in [head, *lines]:
-            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+            print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
     return 0
 
 

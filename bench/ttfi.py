@@ -30,9 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _common
+import numpy as np
 
 TARGET_RATIO = 1.10
 

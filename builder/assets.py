@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from enginefarm.backends.assets import COMPONENT, ROLE, TARGET
@@ -53,6 +53,6 @@ def publish_assets(store: Store, recipe: Recipe) -> PublishedAssets | None:
             build_key=key, model=recipe.name, model_version=recipe.version, component=COMPONENT, precision="fp32",
             profile_name="default", profile={}, target=TARGET, toolchain={"assets": "1"}, files=tuple(records),
             provenance={"recipe": str(recipe.path), "recipe_digest": recipe.digest, "source": str(folder),
-                        "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+                        "created": datetime.now(UTC).isoformat(timespec="seconds")})
         written = publish(store, manifest, blobs)
     return PublishedAssets(key, len(records), sum(r.size for r in records), written)

@@ -55,9 +55,8 @@ def peak_rss_mb() -> float:
 
 
 def _main(artifact_dir: str, manifest_path: str, feeds_path: str) -> None:
-    from enginefarm.cache.manifest import Manifest
-
     from enginefarm.backends import get_backend
+    from enginefarm.cache.manifest import Manifest
 
     manifest = Manifest.from_json(Path(manifest_path).read_bytes())
     with np.load(feeds_path) as data:
@@ -102,7 +101,9 @@ def _least_contended(run, on_cpu: bool):
 
     best = None
     deadline = time.perf_counter() + 2 * TIME_BUDGET_S
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    attempts = 0
+    for _ in range(MAX_ATTEMPTS):
+        attempts += 1
         load, ours, busy, wall = _load_avg(), _cpu_seconds(), _busy_seconds(), time.perf_counter()
         timing = time_runs(run)
         elapsed = time.perf_counter() - wall
@@ -116,7 +117,7 @@ def _least_contended(run, on_cpu: bool):
         if not on_cpu or (contention["others_share"] or 0.0) <= OTHERS_MAX or time.perf_counter() > deadline:
             break
         time.sleep(PAUSE_S)
-    return (*best, attempt)
+    return (*best, attempts)
 
 
 def _busy_seconds() -> float:

@@ -11,11 +11,13 @@ import shutil
 import subprocess
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from enginefarm.backends import Feature, get_backend, job_refusal
 from enginefarm.cache import precision_table
 from enginefarm.cache.artifacts import heal_index, missing_blobs, pack_files, publish, read_index, read_manifest
 from enginefarm.cache.atomic import sha256_file
@@ -26,7 +28,6 @@ from enginefarm.cache.stores.base import Store
 from enginefarm.cache.workdirs import own
 from enginefarm.errors import BuildError, EnginefarmError, ValidationFailed
 
-from enginefarm.backends import Feature, get_backend, job_refusal
 from .bench import measure_in_subprocess
 from .gate import stale, thresholds, validation_report
 from .golden_samples import attach as attach_golden
@@ -61,7 +62,7 @@ class BuildResult:
 
     @classmethod
     def of(cls, job: Job, key: str | None, status: str, reason: str = "", seconds: float = 0.0, manifest: Manifest | None = None,
-           stages: Stages | None = None) -> "BuildResult":
+           stages: Stages | None = None) -> BuildResult:
         what = {"model": job.model, "component": job.component, "precision": job.precision, "profile": job.profile_name, "target": str(job.target)}
         return cls(job.id, job.label, key, status, reason, seconds, manifest, what, list(stages.records) if stages else [])
 
@@ -175,7 +176,7 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
             "source": job.source_url,
             "source_digest": job.source.digest,
             "git_commit": _git_commit(job.recipe_path.parent),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "prep_notes": prepared.notes,
             "build_seconds": round(build_s, 2),
             "build_notes": build_notes,

@@ -24,7 +24,7 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def _extras(chunk: list["PlannedJob"]) -> str:
+def _extras(chunk: list[PlannedJob]) -> str:
     """`all`, plus the extras of backends whose SDK is not in it."""
     extras = {get_backend(p.job.target.backend).extra for p in chunk}
     return ",".join(["all"] + sorted(e for e in extras if e))

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from multiprocessing.connection import wait
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
-from typing import Callable
 
 from enginefarm.cache.progress import Progress
 from enginefarm.cache.workdirs import reclaim
 
 from .build import BuildResult, build
-from .memory import available_bytes, gb, job_need_bytes
 from .job import Job
+from .memory import available_bytes, gb, job_need_bytes
 from .workcache import prune
 
 # (job id, event, detail): event is "start", "step", "transfer" or "done"; detail is a step name,
@@ -64,7 +65,7 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
     waiting = list(jobs)
     # One pipe per worker, written from its main thread: a worker killed mid-message breaks only its own pipe. (A
     # shared multiprocessing.Queue has one write lock; a worker killed while holding it would block every other.)
-    running: dict[str, tuple[mp.Process, Job, object]] = {}
+    running: dict[str, tuple[SpawnProcess, Job, Connection]] = {}
     results: dict[str, BuildResult] = {}
 
     def finish(job: Job, result: BuildResult) -> None:

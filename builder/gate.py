@@ -15,8 +15,8 @@ from enginefarm.backends import Feature
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.build_keys import build_key
 from enginefarm.errors import BuildError, EnginefarmError
-
 from enginefarm.hardware import rss
+
 from .job import Job
 from .references import reference_outputs_cached
 from .sdk_errors import sdk_text

@@ -38,14 +38,14 @@ def attach(manifest: Manifest, outdir: Path, cases: list[tuple[str, dict[str, np
     """Write the golden file beside the artifact and list it in the manifest. Returns the manifest and the record
     for `validation.golden` (with each output's carried magnitude, which the gate's noise floor needs)."""
     sizes = {case: sum(a.nbytes for a in feeds.values()) + sum(a.nbytes for a in ref.outputs.values())
-             for (case, feeds), ref in zip(cases, references)}
+             for (case, feeds), ref in zip(cases, references, strict=True)}
     kept = [case for case, _ in cases]
-    for case in sorted(kept, key=sizes.get, reverse=True):
+    for case in sorted(kept, key=lambda c: sizes[c], reverse=True):
         if sum(sizes[c] for c in kept) <= MAX_BYTES or len(kept) == 1:
             break
         kept.remove(case)
     tensors: dict[str, np.ndarray] = {}
-    for (case, feeds), ref in zip(cases, references):
+    for (case, feeds), ref in zip(cases, references, strict=True):
         if case in kept:
             tensors.update({tensor_name(case, "in", n): a for n, a in feeds.items()})
             tensors.update({tensor_name(case, "out", n): np.asarray(a) for n, a in ref.outputs.items()})
@@ -57,7 +57,7 @@ def attach(manifest: Manifest, outdir: Path, cases: list[tuple[str, dict[str, np
         "cases": kept,
         "reference": "fp32 ONNX Runtime run of the source model",
         "thresholds": asdict(thresholds),
-        "scales": {case: ref.scales for (case, _), ref in zip(cases, references) if case in kept},
+        "scales": {case: ref.scales for (case, _), ref in zip(cases, references, strict=True) if case in kept},
         **({"left_out": {c: sizes[c] for c, _ in cases if c not in kept}} if len(kept) < len(cases) else {}),
     }
     return replace(manifest, files=manifest.files + (ArtifactFile(FILE, ROLE, size, digest, "none", size, digest),)), record

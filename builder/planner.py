@@ -7,19 +7,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginefarm.backends import (
+    builds_on_cpu,
+    get_backend,
+    gpu_build_reason,
+    job_availability,
+    job_options,
+    job_refusal,
+    precision_refusal,
+)
+from enginefarm.backends.base import Availability
 from enginefarm.cache.manifest import target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 
-from enginefarm.backends import builds_on_cpu, get_backend, gpu_build_reason, job_availability, job_options, job_refusal, precision_refusal
-from enginefarm.backends.base import Availability
+from .ci_runners import Runner, route, runner_labels
 from .gate import stale
 from .job import Job
 from .memory import gb, job_need_bytes, source_weight_bytes
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .profiles import STATIC_PROFILE, is_static, resolve_profile
 from .recipe import Recipe, Resources, ValidateSpec
-from .ci_runners import Runner, route, runner_labels
 from .sources import LocalSource, materialize
 
 log = logging.getLogger(__name__)
@@ -254,6 +262,6 @@ def _check_samples(recipe: Recipe, path: Path, inputs: list[TensorInfo], profile
     for profile_name, profile in profiles.items():
         for name, shape in shapes.items():
             low, high = profile[name]["min"], profile[name]["max"]
-            if len(shape) != len(low) or any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high)):
+            if len(shape) != len(low) or any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high, strict=True)):
                 raise RecipeError(recipe.path, key, f"{name} has shape {shape}, outside profile {profile_name!r} ({low} .. {high})",
                                   hint="give samples that fit every profile of the component")

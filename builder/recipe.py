@@ -328,11 +328,11 @@ def _profiles(r: _Reader, value: Any, key: str) -> dict[str, ProfileSpec]:
         for input_name, spec in r.table(table.get("inputs", {}), f"{pkey}.inputs", None).items():
             ikey = f"{pkey}.inputs.{input_name}"
             shapes = r.table(spec, ikey, {"min", "opt", "max"}, ("min", "opt", "max"))
-            lo = r.ints(shapes["min"], f"{ikey}.min")
-            opt = r.ints(shapes["opt"], f"{ikey}.opt", len(lo))
-            hi = r.ints(shapes["max"], f"{ikey}.max", len(lo))
-            _check_order(r, ikey, lo, opt, hi)
-            inputs[input_name] = InputShapes(lo, opt, hi)
+            low = r.ints(shapes["min"], f"{ikey}.min")
+            usual = r.ints(shapes["opt"], f"{ikey}.opt", len(low))
+            high = r.ints(shapes["max"], f"{ikey}.max", len(low))
+            _check_order(r, ikey, low, usual, high)
+            inputs[input_name] = InputShapes(low, usual, high)
         if not dims and not inputs:
             raise r.fail(pkey, "profile is empty", hint="give dim names (batch = [1, 1, 4]) or inputs.NAME.min/opt/max")
         profiles[name] = ProfileSpec(name, dims, inputs)
@@ -340,7 +340,7 @@ def _profiles(r: _Reader, value: Any, key: str) -> dict[str, ProfileSpec]:
 
 
 def _check_order(r: _Reader, key: str, lo, opt, hi) -> None:
-    for axis, (a, b, c) in enumerate(zip(lo, opt, hi)):
+    for axis, (a, b, c) in enumerate(zip(lo, opt, hi, strict=True)):
         where = f" (axis {axis})" if len(lo) > 1 else ""
         if a > b:
             raise r.fail(key, f"min {a} > opt {b}{where}", hint="a profile needs min <= opt <= max")

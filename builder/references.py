@@ -17,8 +17,8 @@ import json
 import secrets
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -47,17 +47,17 @@ class References(Sequence):
     """The outputs of each case, read from the .npz when asked for (one case in memory at a time)."""
 
     def __init__(self, path: Path, count: int) -> None:
-        self.path, self.count = path, count
+        self.path, self._count = path, count
 
     def __len__(self) -> int:
-        return self.count
+        return self._count
 
     def __getitem__(self, index):
         from .validate import Reference
 
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.count))]
-        if not 0 <= index < self.count:
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not 0 <= index < self._count:
             raise IndexError(index)
         with np.load(self.path, allow_pickle=False) as data:
             names = [str(n) for n in data["names"]]
@@ -127,6 +127,7 @@ def _bare_run_error(model: Path, cases) -> str | None:
 
 def _main(model: str, feeds_path: str, out: str) -> None:
     from enginefarm.hardware import rss
+
     from .validate import reference_outputs
 
     with np.load(feeds_path, allow_pickle=False) as data:

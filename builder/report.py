@@ -11,9 +11,10 @@ import html
 import io
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.records import Benchmark
@@ -119,8 +120,8 @@ def _warn_once(message: str) -> None:
 
 def latency_png(rows: list[Row]) -> bytes | None:
     """Horizontal bars of p50 latency (whiskers to p90) per target and precision, for one component."""
-    measured = [r for r in rows if r.p50_ms is not None]
-    if not measured:
+    timed = sorted(((r.p50_ms, r) for r in rows if r.p50_ms is not None), key=lambda pair: pair[0])
+    if not timed:
         return None
     try:
         import matplotlib
@@ -131,14 +132,14 @@ def latency_png(rows: list[Row]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured.sort(key=lambda r: r.p50_ms)
+    measured = [r for _, r in timed]
     labels = [f"{r.target} {r.precision}" for r in measured]
-    p50 = [r.p50_ms for r in measured]
-    spread = [max(0.0, (r.p90_ms or r.p50_ms) - r.p50_ms) for r in measured]
+    p50 = [p for p, _ in timed]
+    spread = [max(0.0, (r.p90_ms or p) - p) for p, r in timed]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(measured) + 1.2), dpi=110)
     colors = ["#2e7d32" if i == 0 else "#5c6bc0" for i in range(len(measured))]
     ax.barh(labels, p50, xerr=[[0] * len(spread), spread], color=colors, capsize=3)
-    for y, (value, extra) in enumerate(zip(p50, spread)):
+    for y, (value, extra) in enumerate(zip(p50, spread, strict=True)):
         ax.text(value + extra, y, f"  {_fmt(value)} ms", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("latency, ms (bar: p50, whisker: p90)")

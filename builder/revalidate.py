@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from enginefarm.backends import get_backend
 from enginefarm.cache.artifacts import VERDICTS, record_verdict
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.stores.base import Store
 
-from enginefarm.backends import get_backend
 from .gate import validation_report
 from .hostlock import building
 from .job import Job
+
 
 def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workdir: Path, step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fetch the stored artifact, run the gate with the current settings, record the verdict. Returns the report."""
@@ -39,7 +41,7 @@ def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workd
             report = validation_report(job, get_backend(job.target.backend), path, manifest, workroot)
     finally:
         shutil.rmtree(workdir / "fetched", ignore_errors=True)
-    report = {**report, "revalidated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    report = {**report, "revalidated": datetime.now(UTC).isoformat(timespec="seconds")}
     record_verdict(store, replace(manifest, validation=report), f"{VERDICTS}/{manifest.build_key}/{report['settings']}.json",
                    json.dumps(report, sort_keys=True).encode())
     return report

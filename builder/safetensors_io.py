@@ -12,6 +12,7 @@ import os
 import struct
 import sys
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ class SafeTensors:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.entries, self.metadata = _read_header(self.path)
-        self._map: np.memmap | None = None
+        self._map: np.ndarray | None = None  # a memmap of the file (an empty array for an empty file)
 
     @property
     def names(self) -> list[str]:
@@ -128,7 +129,7 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
             raise bad(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not hold {dtype}{shape}")
         entries[name] = TensorEntry(dtype, tuple(shape), 8 + length + offsets[0], 8 + length + offsets[1])
     spans = sorted((e.start, e.end, n) for n, e in entries.items() if e.end > e.start)
-    for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
+    for (_, end_a, a), (start_b, _, b) in pairwise(spans):
         if start_b < end_a:
             raise bad(f"tensors {a!r} and {b!r} overlap")
     # As the reference reader requires: the tensors fill the data section, no bytes hidden between or after them.

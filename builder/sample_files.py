@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import zipfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 MAX_SAMPLE_BYTES = 1 << 30  # validation runs the model on these: far more than any real sample needs
 _HEADER_SLACK = 1 << 16
@@ -18,7 +18,7 @@ class SampleError(ValueError):
     """A sample file that cannot be used; the message says why."""
 
 
-def _header(handle: BinaryIO, where: str) -> tuple[tuple[int, ...], int]:
+def _header(handle: IO[bytes], where: str) -> tuple[tuple[int, ...], int]:
     """(shape, data bytes) from a .npy header."""
     import numpy as np
 

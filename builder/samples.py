@@ -74,6 +74,6 @@ def fit(array: np.ndarray, shape: list[int], dtype: str) -> np.ndarray:
         return array.astype(dtype)
     if array.ndim != len(shape):
         raise ValueError(f"sample of shape {array.shape} has the wrong rank for {shape}")
-    reps = [-(-want // have) for want, have in zip(shape, array.shape)]
+    reps = [-(-want // have) for want, have in zip(shape, array.shape, strict=True)]
     tiled = np.tile(array, reps)
     return tiled[tuple(slice(0, n) for n in shape)].astype(dtype)

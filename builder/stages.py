@@ -8,8 +8,9 @@ memory plus the subprocess's own peak, whichever is higher. The job's peak is th
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from enginefarm.hardware import rss
 

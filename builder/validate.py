@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .recipe import ValidateSpec
-from .samples import fit, image_layout, image_like, noise
 from enginefarm.cache import precision_table
 from enginefarm.cache.precision_table import QUANTIZED_EPSILON
 
+from .recipe import ValidateSpec
+from .samples import fit, image_layout, image_like, noise
 from .scales import feeding_tensors, is_quantized, session_with_extra_outputs
 
 # Bump when the gate's rules or defaults change: stored verdicts reached under another version are re-checked.
@@ -53,7 +53,7 @@ class Thresholds:
     noise_floor: float | None = None  # an absolute noise floor from the recipe, instead of the computed one
 
     @classmethod
-    def for_job(cls, precision: str, spec: ValidateSpec, *, quantized: bool = False) -> "Thresholds":
+    def for_job(cls, precision: str, spec: ValidateSpec, *, quantized: bool = False) -> Thresholds:
         base = precision_table.get(precision)
         epsilon = max(base.epsilon, QUANTIZED_EPSILON if quantized else 0.0)
         if quantized and base.epsilon >= QUANTIZED_EPSILON:
@@ -148,7 +148,7 @@ def reference_outputs(model_path: Path, cases, feeding: dict[str, list[str]] | N
     names = [o.name for o in session.get_outputs()]
     references = []
     for _, feeds in cases:
-        values = dict(zip(names, session.run(names, feeds)))
+        values = dict(zip(names, session.run(names, feeds), strict=True))
         outputs = {name: values[name] for name in feeding}
         scales = {name: max([_magnitude(values[name])] + [_magnitude(values[f]) for f in feeding[name] if f in values])
                   for name in feeding}
@@ -211,7 +211,7 @@ def _argmax_agreement(reference: np.ndarray, actual: np.ndarray) -> dict[str, fl
 
 def validate(session, cases, references: list[Reference], limits: Thresholds) -> dict[str, Any]:
     checks = []
-    for (corner, feeds), reference in zip(cases, references):
+    for (corner, feeds), reference in zip(cases, references, strict=True):
         actual = session.run(feeds)
         for name, ref in reference.outputs.items():
             if name not in actual:

@@ -84,7 +84,7 @@ class WeightMap:
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "WeightMap":
+    def from_json(cls, raw: bytes) -> WeightMap:
         try:
             data = json.loads(raw)
             if data.get("format") != MAP_FORMAT:

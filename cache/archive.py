@@ -101,7 +101,9 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -
         target.mkdir(parents=True, exist_ok=True)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tar.extractfile(member) as source, open(target, "xb") as out:  # "x": never write through what is there
+    source = tar.extractfile(member)
+    assert source is not None  # _check_member let only regular files and folders through
+    with source, open(target, "xb") as out:  # "x": never write through what is there
         shutil.copyfileobj(source, out, CHUNK)
 
 

@@ -7,9 +7,9 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from enginefarm.errors import ConfigError, IntegrityError, StoreError
 

@@ -7,9 +7,10 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 CHUNK = 1 << 20
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from enginefarm.errors import IntegrityError
 
 from .atomic import CHUNK
+
+if TYPE_CHECKING:
+    from .weight_codec import Readable
 
 CODECS = ("efw1", "zstd", "none")
 WEIGHT_ROLES = ("weights", "engine", "model")  # files that are mostly tensors: byte-grouped (cache/weight_codec.py)
@@ -22,7 +26,7 @@ def codec_for(role: str, size: int) -> str:
     return "efw1" if role in WEIGHT_ROLES and size >= EFW1_MIN_SIZE else "zstd"
 
 
-def encode_file(src: Path, dst: BinaryIO, codec: str = "zstd") -> None:
+def encode_file(src: Path, dst: IO[bytes], codec: str = "zstd") -> None:
     if codec == "efw1":
         from .weight_codec import encode_file as encode_efw1
 
@@ -52,7 +56,7 @@ class Resume:
     frame: int = 0
 
 
-def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None,
+def decode_stream(src: Readable, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None,
                   *, resume: Resume | None = None) -> str:
     """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256.
     `on_bytes` receives the running count of decoded bytes.
@@ -61,7 +65,8 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
     from .pipeline import DEPTH, HashingWriter, Prefetcher
 
     # efw1 reads its own frames ahead (codec.decode_frames); the others read through a chunked prefetcher.
-    source = src if codec == "efw1" else Prefetcher(src)
+    prefetcher = None if codec == "efw1" else Prefetcher(src)
+    source = src if prefetcher is None else prefetcher
     # efw1 hands over whole 4 MiB frames: two per queue keep the writer busy (measured: no slower than eight)
     writer = HashingWriter(dst, depth=2 if codec == "efw1" else DEPTH, digest=resume.digest if resume else None)
     written = resume.done if resume else 0
@@ -90,8 +95,8 @@ def decode_stream(src: BinaryIO, dst: BinaryIO, codec: str, expected_size: int, 
         writer.abandon()
         raise
     finally:
-        if source is not src:
-            source.close()
+        if prefetcher is not None:
+            prefetcher.close()
     if written != expected_size:
         raise IntegrityError(f"blob decodes to {written} bytes, manifest says {expected_size} (truncated?)")
     return digest

@@ -17,16 +17,16 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from enginefarm.errors import ConfigError, DiskFullError, IntegrityError, StoreError
 
-from . import resume, workdirs
+from . import origins, proof, resume, workdirs
 from .atomic import aging_mtime, remove_tree, sha256_file
 from .blob_codecs import decode_stream
-from . import origins, proof
 from .faults import checkpoint
 from .locks import file_lock
 from .manifest import Manifest
@@ -360,7 +360,7 @@ class DeviceCache:
         except OSError as exc:
             if exc.errno not in _READ_ONLY_ERRNOS:
                 raise
-            raise self._read_only_error(f"cannot evict {key[:12]}", exc.strerror) from None
+            raise self._read_only_error(f"cannot evict {key[:12]}", exc.strerror or str(exc)) from None
 
     def read_only(self) -> str | None:
         """Why this cache cannot be changed ("read-only file system", "no write permission"); None if it can."""
@@ -390,7 +390,7 @@ class DeviceCache:
     def work_size(self) -> int:
         return sum(workdirs.size_of(p) for p in self._work_items())
 
-    def gc(self, quota: int | None, *, keep: set[str] = frozenset(), max_tmp_age: float = 86400.0) -> list[str]:
+    def gc(self, quota: int | None, *, keep: AbstractSet[str] = frozenset(), max_tmp_age: float = 86400.0) -> list[str]:
         """Reclaim what dead processes left (build folders at once; downloads, which a later fetch would resume,
         once older than `max_tmp_age`), then evict least-recently-used artifacts until everything, leftovers
         included, fits `quota` bytes. Leftovers go before any artifact."""

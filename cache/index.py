@@ -15,10 +15,11 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from . import fields as f
 from .manifest import Target
@@ -86,7 +87,7 @@ class IndexEntry:
         return self.validation.failed
 
     @classmethod
-    def of(cls, manifest: "Manifest") -> "IndexEntry":
+    def of(cls, manifest: Manifest) -> IndexEntry:
         return cls(manifest.build_key, manifest.model, manifest.component, manifest.precision, manifest.profile_name, manifest.target,
                    manifest.profile, manifest.toolchain, Constraints.from_dict(manifest.constraints),
                    benchmarks(list(manifest.benchmarks), "benchmarks"), sum(x.size for x in manifest.files),
@@ -94,7 +95,7 @@ class IndexEntry:
                    Verdict.from_dict(manifest.validation), manifest.model_version)
 
     @classmethod
-    def from_dict(cls, data: Any, model: str) -> "IndexEntry":
+    def from_dict(cls, data: Any, model: str) -> IndexEntry:
         """Raises FieldError naming the first wrong field. Unknown fields are ignored (a newer writer's additions)."""
         data = f.mapping(data, "entry")
         target = f.text(data.get("target"), "target")
@@ -180,12 +181,12 @@ def _parse_index(raw: bytes | None, model: str, where: str) -> Index:
     return index
 
 
-def read_index(store: "Store", model: str) -> Index:
+def read_index(store: Store, model: str) -> Index:
     raw, _ = store.get_index_bytes(model)
     return parse_index(raw, model, f"{store.url}/")
 
 
-def select_entries(store: "Store", models=(), components=(), targets=(), precisions=(), keys=()) -> list[IndexEntry]:
+def select_entries(store: Store, models=(), components=(), targets=(), precisions=(), keys=()) -> list[IndexEntry]:
     """Index entries matching every given filter (empty: any). Shared by `publish` and `release promote`."""
     from .manifest import target_matches
 
@@ -200,7 +201,7 @@ def select_entries(store: "Store", models=(), components=(), targets=(), precisi
     return selected
 
 
-def update_index(store: "Store", manifests: Iterable["Manifest"], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None) -> None:
+def update_index(store: Store, manifests: Iterable[Manifest], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None) -> None:
     """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there.
 
     A re-validation's verdict (an entry's `validation` with `revalidated`) is newer than the build's own record and is
@@ -222,7 +223,7 @@ def update_index(store: "Store", manifests: Iterable["Manifest"], *, replace_all
         _merge_entries(store, model, ours, verdicts, fresh=replace_all)
 
 
-def _merge_entries(store: "Store", model: str, ours: list[IndexEntry], verdicts: dict[str, dict], *, fresh: bool) -> None:
+def _merge_entries(store: Store, model: str, ours: list[IndexEntry], verdicts: dict[str, dict], *, fresh: bool) -> None:
     wanted: list[IndexEntry] = []  # ours as last merged: what the read-back must find
 
     def merge(index: Index) -> bool:
@@ -242,7 +243,7 @@ def _keep_recheck(entry: IndexEntry, present: IndexEntry | None, verdicts: dict[
     return replace(entry, validation=present.validation)
 
 
-def remove_from_index(store: "Store", model: str, keys: Iterable[str]) -> None:
+def remove_from_index(store: Store, model: str, keys: Iterable[str]) -> None:
     """Drop entries from a model's index: compare-and-swap, retried and read back like `update_index`."""
     unwanted = set(keys)
 
@@ -255,7 +256,7 @@ def remove_from_index(store: "Store", model: str, keys: Iterable[str]) -> None:
     _swap_index(store, model, drop, lambda current: not unwanted & set(current))
 
 
-def _swap_index(store: "Store", model: str, edit: Callable[[Index], bool], settled: Callable[[dict[str, IndexEntry]], bool], *,
+def _swap_index(store: Store, model: str, edit: Callable[[Index], bool], settled: Callable[[dict[str, IndexEntry]], bool], *,
                 fresh: bool = False) -> None:
     """The compare-and-swap loop of every index writer: read the index (start from an empty one when `fresh`), let
     `edit` change it (False: nothing to write), write it only if nobody did since the read, and read it back until

@@ -11,8 +11,8 @@ from typing import Any
 from enginefarm.errors import IntegrityError
 
 from . import fields as f
-from .records import Constraints, benchmarks
 from .build_keys import ARTIFACT_FORMAT_VERSION
+from .records import Constraints, benchmarks
 
 ROLES = ("engine", "weights", "ir", "model", "cache", "map", "golden")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
@@ -26,7 +26,7 @@ class Target:
     device: str
 
     @classmethod
-    def parse(cls, text: str) -> "Target":
+    def parse(cls, text: str) -> Target:
         return _parse_target(text)
 
     def __str__(self) -> str:
@@ -110,7 +110,7 @@ class Manifest:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
         version = data.get("format_version")
         if version != ARTIFACT_FORMAT_VERSION:
             raise IntegrityError(
@@ -131,7 +131,7 @@ class Manifest:
             raise IntegrityError(f"manifest is malformed: {exc}") from None
 
     @classmethod
-    def from_json(cls, raw: bytes, *, expect_key: str | None = None) -> "Manifest":
+    def from_json(cls, raw: bytes, *, expect_key: str | None = None) -> Manifest:
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:

@@ -14,7 +14,7 @@ macOS too (Easy Diffusion's users), so a name must work on all three:
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 MAX_NAME = 100
 NAME_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # the one definition: recipes, publish and load refs

@@ -85,7 +85,7 @@ class Prefetcher:
             except queue.Full:
                 continue
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> bytes | memoryview:
         if not self._buffer and not self._done:
             item = self._queue.get()
             if item is _END:
@@ -146,7 +146,7 @@ class HashingWriter:
                 except BaseException as exc:
                     self._error = exc
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes | memoryview) -> None:
         if self._error is not None:
             raise self._error
         self._to_hash.put(chunk)

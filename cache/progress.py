@@ -4,7 +4,7 @@ takes a message); the CLI draws it with rich. Reporting never fails the work: ca
 from __future__ import annotations
 
 import logging
-from typing import Callable, Union
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class _Safe(Progress):
             log.debug("progress callback failed", exc_info=True)
 
 
-ProgressLike = Union[Progress, Callable[[str], None], None]
+ProgressLike = Progress | Callable[[str], None] | None
 
 
 def as_progress(value: ProgressLike) -> Progress:

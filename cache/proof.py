@@ -13,8 +13,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .atomic import write_bytes_atomic
 

@@ -10,9 +10,10 @@ entries with no verdict or no constraints share one empty record."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from . import fields as f
 
@@ -66,7 +67,7 @@ class Benchmark:
                                        "load_ms": _number, "first_inference_ms": _number}
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "benchmark", *, on_device: bool = False) -> "Benchmark":
+    def from_dict(cls, data: Any, where: str = "benchmark", *, on_device: bool = False) -> Benchmark:
         """`on_device`: a timing of this device's own (runner/measure.py), which names no device class."""
         data = f.mapping(data, where)
         p50 = f.number(data.get("p50_ms"), f"{where}.p50_ms")
@@ -96,22 +97,22 @@ class Benchmark:
             return float(self.spread) * float(self.p50_ms) / 2
         return 0.0
 
-    def tied(self, other: "Benchmark") -> bool:
+    def tied(self, other: Benchmark) -> bool:
         """Within each other's noise: their middle halves (median ± IQR/2) overlap."""
         return abs(float(self.p50_ms) - float(other.p50_ms)) <= self.noise_ms + other.noise_ms
 
 
-def benchmark(record: "Benchmark | dict[str, Any]") -> Benchmark:
+def benchmark(record: Benchmark | dict[str, Any]) -> Benchmark:
     """A record as stored (a manifest's benchmark, an on-device timing) as the typed one; raises FieldError."""
     return record if isinstance(record, Benchmark) else Benchmark.from_dict(record, on_device=True)
 
 
-def noise_ms(record: "Benchmark | dict[str, Any]") -> float:
+def noise_ms(record: Benchmark | dict[str, Any]) -> float:
     """Half the interquartile range of a benchmark record, in ms (Benchmark.noise_ms)."""
     return benchmark(record).noise_ms
 
 
-def tied(a: "Benchmark | dict[str, Any]", b: "Benchmark | dict[str, Any]") -> bool:
+def tied(a: Benchmark | dict[str, Any], b: Benchmark | dict[str, Any]) -> bool:
     """Whether two benchmark records are within each other's noise: their middle halves (median ± IQR/2) overlap."""
     return benchmark(a).tied(benchmark(b))
 
@@ -143,7 +144,7 @@ class Verdict:
         "failure": (str,), "revalidated": (str,), "why": (str,)}
 
     @classmethod
-    def from_dict(cls, value: Any, where: str = "validation") -> "Verdict":
+    def from_dict(cls, value: Any, where: str = "validation") -> Verdict:
         """The summary of a validation record (its other fields are the manifest's); a field of the wrong type is a
         FieldError."""
         data = f.mapping(value, where)
@@ -197,7 +198,7 @@ class Constraints:
     _LISTS: ClassVar[frozenset[str]] = frozenset({"os", "cpu_flags_any"})
 
     @classmethod
-    def from_dict(cls, value: Any, where: str = "constraints") -> "Constraints":
+    def from_dict(cls, value: Any, where: str = "constraints") -> Constraints:
         data = f.mapping(value, where)
         if not data:
             return NO_CONSTRAINTS

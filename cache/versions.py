@@ -16,8 +16,8 @@ alphabetically. The empty version (an index entry written before versions were r
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
 _PIECES = re.compile(r"\d+|[^\W\d_]+")
 _WORD, _END, _NUMBER = 0, 1, 2

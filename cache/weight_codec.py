@@ -33,13 +33,22 @@ import struct
 import sys
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import BinaryIO, Iterator
+from types import ModuleType
+from typing import IO, Protocol
 
 import numpy as np
 
 from enginefarm.errors import IntegrityError
+
+
+class Readable(Protocol):
+    """What the decoder reads: a file, a store's resumable or parallel reader, a prefetcher; read() may hand out
+    views of its buffer instead of copies."""
+
+    def read(self, size: int = -1, /) -> bytes | memoryview: ...
 
 MAGIC = b"EFW1"
 _HEADER = struct.Struct("<4sBBHQII")
@@ -65,7 +74,7 @@ def width_of(dtype: str | None) -> int:
 
 
 ROTATE = 1
-_UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}  # byte k of an element is bits 8k..8k+7
+_UINT: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}  # byte k of an element is bits 8k..8k+7
 ROTATED_DTYPES = ("bfloat16", "float32", "float64")  # where moving the sign bit aligns the exponent to a byte
 
 
@@ -123,7 +132,7 @@ def compress(data: bytes, dtype: str | None = None, *, level: int = LEVEL, frame
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         frames = list(pool.map(lambda chunk: _encode_frame(chunk, width, level, rotate), chunks))
     header = _HEADER.pack(MAGIC, width, level, ROTATE if rotate else 0, len(data), frame_raw, len(frames))
-    table = b"".join(_ENTRY.pack(len(frame), len(chunk)) for frame, chunk in zip(frames, chunks))
+    table = b"".join(_ENTRY.pack(len(frame), len(chunk)) for frame, chunk in zip(frames, chunks, strict=True))
     return header + table + b"".join(frames)
 
 
@@ -146,7 +155,7 @@ def decompress(blob: bytes, expected_size: int | None = None, *, threads: int = 
     return target.data
 
 
-def read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
+def read_layout(stream: Readable, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
     """(width, rotated, raw size, [(compressed, raw) per frame]) from the blob's head; reads nothing past its table."""
     return _read_layout(stream, expected_size)
 
@@ -164,7 +173,7 @@ def resume_point(layout: tuple, have: int) -> tuple[int, int, int]:
     return frame, raw, stored
 
 
-def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
+def _read_layout(stream: Readable, expected_size: int | None) -> tuple[int, bool, int, list[tuple[int, int]]]:
     """Header and frame table, validated against the expected size before anything large is allocated."""
     header = _read_exact(stream, _HEADER.size, "header")
     magic, width, _level, flags, raw_size, frame_raw, count = _HEADER.unpack(header)
@@ -187,7 +196,7 @@ def _read_layout(stream: BinaryIO, expected_size: int | None) -> tuple[int, bool
     return width, bool(flags & ROTATE), raw_size, entries
 
 
-def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int = THREADS, ahead: int | None = None,
+def decode_frames(stream: Readable, expected_size: int | None, *, threads: int = THREADS, ahead: int | None = None,
                   layout: tuple | None = None, start: int = 0) -> Iterator[memoryview]:
     """Yield decoded chunks in order while reading `stream` once, front to back. A thread reads whole frames
     ahead (at most `ahead`, by default 2 more than the decoding threads), and they decode on `threads` threads
@@ -212,6 +221,7 @@ def decode_frames(stream: BinaryIO, expected_size: int | None, *, threads: int =
         frames.close()
 
 
+_native: ModuleType | None
 try:  # the same loop in C, one pass (cache/_interleave.c); optional at install. It stores little-endian words.
     from . import _interleave as _native
 except ImportError:  # pragma: no cover - depends on the install
@@ -243,7 +253,7 @@ def _scratch(size: int) -> Iterator[np.ndarray]:
                 _SPARE.append(buffer)
 
 
-def _decode_frame(frame: bytes, raw: int, width: int, rotate: bool = False, out: np.ndarray | None = None):
+def _decode_frame(frame: bytes | memoryview, raw: int, width: int, rotate: bool = False, out: np.ndarray | None = None):
     """Rebuild one chunk of `raw` bytes into `out` (or a new buffer): decode every group, then interleave them."""
     whole = raw - raw % width
     out = np.empty(raw, np.uint8) if out is None else out
@@ -363,7 +373,7 @@ def _unzstd_into(decompressor, payload, target: np.ndarray) -> None:
 _READ_AT_ONCE = MAX_FRAME_RAW * 2
 
 
-def _read_exact(stream: BinaryIO, size: int, what: str):
+def _read_exact(stream: Readable, size: int, what: str):
     # A file object allocates what read() asks for, so a forged size must not be asked for at once.
     first = stream.read(size if isinstance(stream, _BytesReader) or size <= _READ_AT_ONCE else _READ_AT_ONCE)
     if len(first) == size:
@@ -411,7 +421,7 @@ def best_width(sample: bytes, level: int = LEVEL) -> int:
     return best_layout(sample, level)[0]
 
 
-def encode_file(src, dst: BinaryIO, *, level: int = LEVEL, frame_raw: int = FRAME_RAW, threads: int = THREADS) -> int:
+def encode_file(src, dst: IO[bytes], *, level: int = LEVEL, frame_raw: int = FRAME_RAW, threads: int = THREADS) -> int:
     """Stream-encode the file at `src` into the seekable `dst`, in bounded memory. The element width is chosen
     from the file's first 8 MiB. Returns the width used."""
     import os
@@ -427,7 +437,7 @@ def encode_file(src, dst: BinaryIO, *, level: int = LEVEL, frame_raw: int = FRAM
         dst.write(b"\0" * (_ENTRY.size * count))
         entries = []
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            pending = []
+            pending: list[tuple[Future[bytes], int]] = []
 
             def drain(limit: int) -> None:
                 while len(pending) > limit:

@@ -21,7 +21,7 @@ class ModelAssets:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # diffusers subfolder → its config
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "ModelAssets":
+    def from_folder(cls, folder: str | Path) -> ModelAssets:
         folder = Path(folder)
         index_path = folder / "model_index.json"
         if not index_path.is_file():

@@ -9,7 +9,7 @@ are the same with or without a budget: the same artifacts run, only their lifeti
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from enginefarm.errors import ConfigError
 
@@ -71,7 +71,7 @@ class Residency:
         if grown <= 0 or not ran:
             return
         weights = [max(self.held.get(c, 0), 1) for c in ran]
-        for component, weight in zip(ran, weights):
+        for component, weight in zip(ran, weights, strict=True):
             self.ran[component] = max(self.ran.get(component, 0), int(grown * weight / sum(weights)))
 
     def _bytes(self, component: str) -> int:

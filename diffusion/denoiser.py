@@ -4,7 +4,12 @@ the latent and the timestep; the results are bit for bit those of `Session.run`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from enginefarm.runner.session import Binding
 
 STEP_INPUTS = ("sample", "hidden_states", "timestep")  # what changes from one step to the next
 
@@ -14,7 +19,7 @@ class BoundDenoiser:
 
     def __init__(self, session, bind: bool = True) -> None:
         self._session, self._bind = session, bind
-        self._binding = None
+        self._binding: Binding | None = None
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         if not self._bind:
@@ -28,7 +33,7 @@ class BoundDenoiser:
             self._binding.close()
             self._binding = None
 
-    def __enter__(self) -> "BoundDenoiser":
+    def __enter__(self) -> BoundDenoiser:
         return self
 
     def __exit__(self, *exc_info) -> None:

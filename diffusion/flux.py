@@ -51,9 +51,11 @@ def feeds(family, x: np.ndarray, t: float, hidden: np.ndarray, pooled: np.ndarra
     inputs = {"hidden_states": x.astype(np.float32), "timestep": np.full((batch,), t, np.float32), "encoder_hidden_states": hidden}
     names = {tensor.name for tensor in family.component("transformer").inputs}
     if "pooled_projections" in names:
+        assert pooled is not None, "the family's text encoders give a pooled state"
         inputs["pooled_projections"] = pooled.astype(np.float32)
     if "guidance" in names:
         inputs["guidance"] = np.full((batch,), guidance, np.float32)
     if "attention_mask" in names:
+        assert mask is not None, "the family's text encoder reads the tokenizer's mask"
         inputs["attention_mask"] = mask.astype(np.float32)
     return inputs

@@ -50,7 +50,7 @@ def read_png(path: str | Path) -> np.ndarray:
     data = Path(path).read_bytes()
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         raise ConfigError(f"{path}: not a PNG file", hint="give the image as an 8-bit RGB PNG")
-    pos, chunks = 8, {}
+    pos, chunks = 8, dict[bytes, bytes]()
     while pos + 8 <= len(data):
         (length,) = struct.unpack(">I", data[pos:pos + 4])
         kind = data[pos + 4:pos + 8]

@@ -43,7 +43,7 @@ class JointTextEncoder:
         for embedding in embeddings:
             for name, vectors in embedding.vectors.items():
                 if name in self.added:
-                    for token, vector in zip(self.tokenizers[name].add_tokens(embedding.words), vectors):
+                    for token, vector in zip(self.tokenizers[name].add_tokens(embedding.words), vectors, strict=True):
                         self.added[name].vectors[token] = vector
         self.embeddings += embeddings
 
@@ -96,6 +96,7 @@ class JointTextEncoder:
 
     def encode(self, prompts: list[str], max_sequence_length: int | None = None) -> TextConditioning:
         joint = self.family.joint_text
+        assert joint is not None, f"{self.family.id} has a transformer, so it declares its joint text"
         length = self.text_length(max_sequence_length)
         self.token_masks: dict[str, np.ndarray] = {}
         outputs = {name: self._outputs(name, prompts, length) for name in self.family.text_encoders}

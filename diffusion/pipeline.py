@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from enginefarm.errors import ConfigError, SessionClosed
 
+from . import flux, transformer_step
 from .assets import ModelAssets
 from .denoiser import BoundDenoiser
-from . import flux, transformer_step
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
 from .prompts import PromptEncoder, TextConditioning
+
+if TYPE_CHECKING:
+    from .budget import Residency
+    from .tiles import Tiling
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +48,8 @@ class Pipeline:
         self.transformer = self.family.denoiser == "transformer"
         self.prompts = JointTextEncoder(assets, sessions) if self.transformer else PromptEncoder(assets, sessions)
         self.timings: dict[str, float] = {}  # stage → seconds, of the last call (and of loading)
-        self.vae_tiling = None  # a tiles.Tiling once enable_vae_tiling() is called
-        self.residency = None  # a budget.Residency when loaded with a memory budget
+        self.vae_tiling: Tiling | None = None  # once enable_vae_tiling() is called
+        self.residency: Residency | None = None  # when loaded with a memory budget
         self.closed = False
         self.bind_steps = True  # the step loop's fixed inputs bound once (diffusion/denoiser.py); False: Session.run each step
         self._load_timings: dict[str, float] = {}
@@ -54,7 +59,7 @@ class Pipeline:
     def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
              device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
              weights: str | Path | None = None, vae: str | Path | None = None, loras=(), embeddings=(), progress=None,
-             memory_budget: int | str | None = None) -> "Pipeline":
+             memory_budget: int | str | None = None) -> Pipeline:
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
@@ -88,7 +93,8 @@ class Pipeline:
             from enginefarm.weights.routing import route
 
             files = route(family, list(family.component_names), weights, vae)
-        dealt, ignored = ({}, "")
+        dealt: dict[str, list[tuple[Path, float]]] = {}
+        ignored = ""
         if loras:
             from enginefarm.runner.custom import Stack
             from enginefarm.weights.lora import split
@@ -169,7 +175,7 @@ class Pipeline:
         while self.sessions:
             self.sessions.popitem()[1].close()
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -226,8 +232,8 @@ class Pipeline:
 
         start = time.perf_counter()
         self._stage(self._text_encoders())
-        text = (self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length) if self.transformer
-                else self.prompts.encode_pair(prompt, negative_prompt, use_guidance))
+        text = (self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length)
+                if isinstance(self.prompts, JointTextEncoder) else self.prompts.encode_pair(prompt, negative_prompt, use_guidance))
         timings["text"] = time.perf_counter() - start
 
         shape = (1, self.latent_channels, height // factor, width // factor)
@@ -338,6 +344,7 @@ class Pipeline:
             return run(x)
         bounds = session.artifact.profile.get(input_name)
         min_tile = max(bounds["min"][2:]) if bounds else 1
+        assert tiling is not None  # a tile size came from it
         return (tiles.decode if component == "vae_decoder" else tiles.encode)(run, x, tiling, min_tile)
 
     def _added_conditioning(self, height, width, original_size, crops, target_size, aesthetic, negative_aesthetic,
@@ -351,6 +358,7 @@ class Pipeline:
         else:
             ids = [[*original, *crops, *(target_size or (height, width))]] * 2
         time_ids = np.array(ids if use_guidance else ids[1:], np.float32)
+        assert text.pooled is not None, "SDXL's second text encoder gives a pooled state"
         return {"text_embeds": text.pooled.astype(np.float32), "time_ids": time_ids}
 
     def _denoise(self, feeds: dict[str, np.ndarray], control: np.ndarray | None, scale: float) -> np.ndarray:

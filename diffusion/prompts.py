@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 from .assets import ModelAssets
 from .embeddings import AddedRows, Embedding, expand, refuse_known_words
 
@@ -41,7 +40,7 @@ class PromptEncoder:
         refuse_known_words(embeddings, self.tokenizers.values())
         for embedding in embeddings:
             for name, tokenizer in self.tokenizers.items():
-                for token, vector in zip(tokenizer.add_tokens(embedding.words), embedding.vectors[name]):
+                for token, vector in zip(tokenizer.add_tokens(embedding.words), embedding.vectors[name], strict=True):
                     self.added[name].vectors[token] = vector
         self.embeddings += embeddings
 
@@ -67,6 +66,7 @@ class PromptEncoder:
             return self.encode([prompt])
         if negative_prompt is None and self.zeros_for_empty:
             positive = self.encode([prompt])
-            zeros = lambda a: None if a is None else np.concatenate([np.zeros_like(a), a])  # noqa: E731
-            return TextConditioning(zeros(positive.hidden), zeros(positive.pooled))
+            pooled = positive.pooled
+            return TextConditioning(np.concatenate([np.zeros_like(positive.hidden), positive.hidden]),
+                                    None if pooled is None else np.concatenate([np.zeros_like(pooled), pooled]))
         return self.encode([negative_prompt or "", prompt])

@@ -10,8 +10,8 @@ a little more context than diffusers' small tile gave them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class Tiling:
     overlap: float = 0.25
 
     @classmethod
-    def from_vae(cls, vae_config: dict, scale_factor: int, tile_pixels: int | None, overlap: float) -> "Tiling":
+    def from_vae(cls, vae_config: dict, scale_factor: int, tile_pixels: int | None, overlap: float) -> Tiling:
         size = tile_pixels or vae_config.get("sample_size") or 512
         size = int(size[0] if isinstance(size, (list, tuple)) else size)
         if size % scale_factor or size < 2 * scale_factor:

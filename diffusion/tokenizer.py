@@ -160,7 +160,7 @@ class ClipTokenizer(_Tokenizer):
         if (folder / "tokenizer.json").is_file():
             backend = tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
         elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
-            backend = _clip_backend(tk, folder, unk)
+            backend = _clip_backend(tk, folder, unk or "<|endoftext|>")
         else:
             raise SourceError(f"{folder}: no tokenizer.json, nor vocab.json and merges.txt",
                               hint="point at the pipeline's tokenizer folder")

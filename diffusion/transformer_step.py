@@ -36,6 +36,7 @@ def feeds(x: np.ndarray, t: float, text: TextConditioning) -> dict[str, np.ndarr
     """SD3's MMDiT inputs: the latent, the timestep on the scheduler's 0…1000 scale, the joint text states and the
     pooled text."""
     batch = x.shape[0]
+    assert text.pooled is not None, "SD3's text encoders give a pooled state"
     return {"hidden_states": x.astype(np.float32), "timestep": np.full((batch,), t, np.float32),
             "encoder_hidden_states": text.hidden, "pooled_projections": text.pooled.astype(np.float32)}
 

@@ -16,8 +16,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, OfflineError, SessionClosed,
-                     StoreError, TrustError, WeightsError)
+from .errors import (
+    ArtifactNotFoundError,
+    ConfigError,
+    DiskFullError,
+    EnginefarmError,
+    IntegrityError,
+    OfflineError,
+    SessionClosed,
+    StoreError,
+    TrustError,
+    WeightsError,
+)
 
 if TYPE_CHECKING:
     from enginefarm.cache.progress import ProgressLike

@@ -151,7 +151,7 @@ def _distribution_files(name: str, spec: BundleSpec, install_hint: str) -> tuple
         chosen.append(rel)
     files = []
     for rel in chosen:
-        source = Path(dist.locate_file(rel))
+        source = Path(str(dist.locate_file(rel)))
         if source.is_file():
             files.append((source, rel))
         else:

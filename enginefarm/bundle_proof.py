@@ -115,9 +115,9 @@ def prove(bundle_dir: Path, target: str, *, model: str | None = None, store: str
         request["model"] = model
         env["ENGINEFARM_STORE"] = str(store)
         result = _child(bundle_dir, request, env, work)
-        with np.load(request["inputs"]) as data:
+        with np.load(str(request["inputs"])) as data:
             feeds = dict(data)
-        with np.load(request["outputs"]) as data:
+        with np.load(str(request["outputs"])) as data:
             got = dict(data)
         artifact = result["artifact"]
         reference, what = _reference(feeds, onnx_path, model, store, artifact)
@@ -178,7 +178,7 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
                               hint="pip install 'enginefarm[build]'") from None
         session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(names, feeds))), f"ONNX Runtime {ort.__version__} on the ONNX"
+        return dict(zip(names, session.run(names, feeds), strict=True)), f"ONNX Runtime {ort.__version__} on the ONNX"
     from enginefarm.runner.load import load
 
     if artifact["target"] != "onnxruntime:cpu" or artifact["precision"] != precision_table.REFERENCE:
@@ -188,7 +188,7 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
         except EnginefarmError:
             pass  # no such artifact, or ONNX Runtime is not installed here: compare with the full install instead
     session = load(model, artifact["precision"], "cpu", store, target=artifact["target"], version=artifact["model_version"])
-    return session.run(feeds), f"the same artifact through this environment's full install"
+    return session.run(feeds), "the same artifact through this environment's full install"
 
 
 def _compare(got: dict, want: dict, precision: str) -> dict:

@@ -10,15 +10,25 @@ from pathlib import Path
 import click
 
 from enginefarm.cli_console import console as _console
-from enginefarm.cli_options import (component_option, jobs_parallel_option, precision_option, recipe_option, report_option, runners_option,
-                                    open_store_to_read, stacked, store_option, target_option)
+from enginefarm.cli_options import (
+    component_option,
+    jobs_parallel_option,
+    open_store_to_read,
+    precision_option,
+    recipe_option,
+    report_option,
+    runners_option,
+    stacked,
+    store_option,
+    target_option,
+)
 from enginefarm.settings import load_settings
 
 
 def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, creates_store=False):
+    from enginefarm.builder.ci_runners import load_runners
     from enginefarm.builder.planner import plan
     from enginefarm.builder.recipe import load_recipe
-    from enginefarm.builder.ci_runners import load_runners
     from enginefarm.cache.stores import open_store
 
     settings = load_settings()

@@ -4,6 +4,10 @@ callback. rich is imported only when something is drawn."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 def console(stderr: bool = False):
@@ -17,7 +21,7 @@ def console(stderr: bool = False):
 def plain_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     """A table as aligned plain text, in time linear in its cells (for listings too long for rich to lay out)."""
     widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
-    line = lambda cells: "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([title, line(columns), line(tuple("-" * w for w in widths)), *map(line, rows)])
 
 
@@ -26,8 +30,17 @@ class RichProgress:
     other work (an engine compiled on the device) as bars with steps and elapsed time."""
 
     def __init__(self) -> None:
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
         from rich.text import Text
 
         from enginefarm.cache.progress import Progress as Callback
@@ -47,7 +60,7 @@ class RichProgress:
         self.bars = Progress(TextColumn("{task.description}"), BarColumn(), Either(DownloadColumn(), MofNCompleteColumn()),
                              Either(TransferSpeedColumn(), None), Either(TimeRemainingColumn(), TimeElapsedColumn()),
                              console=self.console, transient=False)
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
         outer = self
 
         def update(name: str, done: int, total: int, unit: str) -> None:

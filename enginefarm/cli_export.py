@@ -30,7 +30,7 @@ def _items(raw: str) -> tuple[str, ...]:
 def _bytes(raw: str) -> int:
     from enginefarm.settings import parse_size
 
-    return 0 if raw.strip() == "0" else parse_size("--external-data-above", raw)
+    return 0 if raw.strip() == "0" else parse_size("--external-data-above", raw) or 0
 
 
 @click.command("export")

@@ -4,11 +4,21 @@ enginefarm.cache.trust.repo, print. Private keys stay in their files; nothing he
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 
 import click
 
-from enginefarm.cli_options import channel_option, json_option, key_option, keys_option, precision_option, stacked, store_option, target_option
+from enginefarm.cli_options import (
+    channel_option,
+    json_option,
+    key_option,
+    keys_option,
+    precision_option,
+    stacked,
+    store_option,
+    target_option,
+)
 from enginefarm.errors import ArtifactNotFoundError, ConfigError
 from enginefarm.settings import load_settings, parse_duration
 
@@ -26,12 +36,12 @@ ROOT_WARNING_DAYS = 60  # a root is renewed offline, with keys kept away from CI
 
 def _warn_if_root_expires_soon(opened, channel: str) -> None:
     """One line on stderr when the channel's root expires within ROOT_WARNING_DAYS (or has expired)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from enginefarm.cache.trust import repo
 
     expires = repo.root_expiry(opened, channel)
-    left = expires - datetime.now(timezone.utc)
+    left = expires - datetime.now(UTC)
     if left.days >= ROOT_WARNING_DAYS:
         return
     when = f"expired on {expires:%Y-%m-%d}" if left.total_seconds() <= 0 else f"expires on {expires:%Y-%m-%d %H:%M} UTC (in {left.days} days)"

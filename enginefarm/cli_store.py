@@ -8,8 +8,17 @@ from typing import TYPE_CHECKING
 import click
 
 from enginefarm.cli_console import RichProgress, console, plain_table
-from enginefarm.cli_options import (component_option, json_option, keep_versions_option, key_option, model_option, open_store_to_read,
-                                    precision_option, store_option, target_option)
+from enginefarm.cli_options import (
+    component_option,
+    json_option,
+    keep_versions_option,
+    key_option,
+    model_option,
+    open_store_to_read,
+    precision_option,
+    store_option,
+    target_option,
+)
 from enginefarm.settings import load_settings
 
 if TYPE_CHECKING:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def _home_folder(raw: str) -> Path:
     return home
 
 
-def load_settings(env: dict[str, str] | None = None) -> Settings:
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     home = env.get("ENGINEFARM_HOME") or str(_default_home())
     store = env.get("ENGINEFARM_STORE") or _default_store()

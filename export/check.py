@@ -50,7 +50,7 @@ def check_contract(path: Path, name: str, inputs: tuple[Tensor, ...], outputs: t
         if [t.name for t in declared] != [v.name for v in found]:
             problems.append(f"{kind}s are {[v.name for v in found]}, the family table says {[t.name for t in declared]}")
             continue
-        for tensor, value in zip(declared, found):
+        for tensor, value in zip(declared, found, strict=True):
             ttype = value.type.tensor_type
             dims = [d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else "?" for d in ttype.shape.dim]
             if ttype.elem_type != _ONNX_TYPES[tensor.dtype]:
@@ -87,10 +87,10 @@ def compare_with_torch(path: Path, name: str, expected_outputs: list[list], case
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     worst: dict[str, float] = {}
-    for (shape, example), expected in zip(cases, expected_outputs):
-        got = session.run(None, {n: t.numpy() for n, t in zip(names, example)})
+    for (shape, example), expected in zip(cases, expected_outputs, strict=True):
+        got = session.run(None, {n: t.numpy() for n, t in zip(names, example, strict=True)})
         deviation = 0.0
-        for tensor, want, have in zip(outputs, expected, got):
+        for tensor, want, have in zip(outputs, expected, got, strict=True):
             declared = shape.resolve(tensor, scale)
             if not (list(want.shape) == list(have.shape) == declared):
                 raise ExportError(f"{name}: output {tensor.name} is {list(have.shape)} on ONNX Runtime, {list(want.shape)} on torch, "

@@ -27,7 +27,7 @@ class Loaded:
     def __init__(self, source: ExportSource, components: tuple[str, ...]) -> None:
         self.source = source
         self.models: dict[str, object] = {}
-        self.users = {}
+        self.users: dict[str, int] = {}
         for name in components:
             folder = source.family.component(name).folder
             self.users[folder] = self.users.get(folder, 0) + 1
@@ -113,7 +113,7 @@ def wrap(component: Component, model, family_time_ids: int):
             self.names = [t.name for t in component.inputs]
 
         def forward(self, *args):
-            return self.model(**dict(zip(self.names, args)), return_dict=False)[0]
+            return self.model(**dict(zip(self.names, args, strict=True)), return_dict=False)[0]
 
     class Denoiser(torch.nn.Module):
         """The UNet (plain, or taking ControlNet residuals) and the ControlNet itself. SDXL's added conditioning

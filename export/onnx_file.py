@@ -17,7 +17,7 @@ EXTERNAL_DATA_ABOVE = 2_000_000_000
 
 
 def dynamic_axes(tensors: tuple[Tensor, ...]) -> dict[str, dict[int, str]]:
-    return {t.name: {axis: dim for axis, dim in enumerate(t.shape) if is_dynamic(dim)} for t in tensors}
+    return {t.name: {axis: str(dim) for axis, dim in enumerate(t.shape) if is_dynamic(dim)} for t in tensors}
 
 
 def export_onnx(module, example: tuple, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...], path: Path,

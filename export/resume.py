@@ -8,9 +8,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.locks import file_lock

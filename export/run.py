@@ -180,7 +180,11 @@ def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None, text_
     opt = ranges[1]
     low, tokens, high = text_length or text_length_range(found.family, found.sizes)
     other = max(low, tokens // 2) if tokens > low else high  # the traced count must not be the only one checked
-    text = lambda n: dict(text_length=n, context_tokens=found.sizes.context_for(found.family, n)) if found.family.joint_text else {}  # noqa: E731
+    def text(n: int) -> dict[str, int]:
+        if not found.family.joint_text:
+            return {}
+        return dict(text_length=n, context_tokens=found.sizes.context_for(found.family, n))
+
     return Shape(2, opt, opt, **text(tokens)), Shape(1, max(step, opt - step), opt + step, **text(other))
 
 

@@ -64,6 +64,7 @@ def stage(checkpoint: Path, base: Path, into: Path) -> Path:
             half = {"vae_decoder": ("decoder.", "post_quant_conv."), "vae_encoder": ("encoder.", "quant_conv.")}.get(component)
             own = {n: s for n, s in names.items() if half is None or n.startswith(half)}
             view = component_part(checkpoint, component, f"{base.name}/{entry.name}", own, own)
+            assert view is not None, component  # listed in `parts`: the checkpoint holds it
             values.update({n: view.array(n) for n in view.names})
         write_safetensors(into / entry.name / gathers[1], {n: np.asarray(v, np.float32) for n, v in values.items()})
     return into

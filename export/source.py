@@ -36,8 +36,10 @@ class ExportSource:
 
     def folder(self, name: str) -> Path:
         """The folder a diffusers component (unet, vae, controlnet…) loads from."""
-        if name == "controlnet":
+        if name == "controlnet" and self.controlnet is not None:
             return self.controlnet
+        if self.pipeline is None:
+            raise ConfigError(f"a standalone ControlNet folder has no {name}", hint="give the pipeline folder as well")
         return self.pipeline / name
 
 
@@ -134,7 +136,8 @@ def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
         if pooled != added:
             raise ConfigError(f"the UNet expects text_embeds of width {added} with {family.time_ids} time ids, "
                               f"the last text encoder's projection is {pooled}")
-    residuals, mid = (), (0, 0)
+    residuals: tuple[tuple[int, int], ...] = ()
+    mid = (0, 0)
     if family.is_controlnet:
         residuals, mid = controlnet_residuals(denoiser["block_out_channels"], denoiser["layers_per_block"])
         if "controlnet" in configs and "unet" in configs:

@@ -18,6 +18,7 @@ def encoder_width(config: dict) -> int:
 
 def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
     transformer, joint, table = configs["transformer"], family.joint_text, family.sizes
+    assert joint is not None, f"{family.id} has a transformer, so it declares its joint text"
     cross = int(transformer["joint_attention_dim"])
     widths, vocabs, projections = [], [], []
     for index, name in enumerate(family.text_encoders):
@@ -32,11 +33,11 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
         # CLIPTextModelWithProjection's text_embeds are projection_dim wide; CLIPTextModel's pooler_output (Flux) is its width
         pooler = any(t.name == "pooler_output" for t in family.component(name).outputs)
         projections.append((widths[-1] if pooler else int(config.get("projection_dim") or widths[-1])) if name in joint.pooled else 0)
-    side_by_side = sum(w for n, w in zip(family.text_encoders, widths) if n in joint.width)
+    side_by_side = sum(w for n, w in zip(family.text_encoders, widths, strict=True) if n in joint.width)
     if side_by_side > cross:
         raise ConfigError(f"the text encoders {', '.join(joint.width)} are {side_by_side} wide together, more than the transformer's "
                           f"joint_attention_dim {cross}", hint="the text encoders do not belong to this transformer")
-    for name, width in zip(family.text_encoders, widths):
+    for name, width in zip(family.text_encoders, widths, strict=True):
         if name in joint.tokens and width != cross:
             raise ConfigError(f"{name} is {width} wide, the transformer's joint_attention_dim is {cross}",
                               hint="the text encoders do not belong to this transformer")
@@ -46,7 +47,7 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
         raise ConfigError(f"the text encoders' pooled projections add up to {pooled}, the transformer's pooled_projection_dim is {expected}",
                           hint="the text encoders do not belong to this transformer")
     lengths = table.text_lengths or tuple(77 for _ in family.text_encoders)
-    by_name = dict(zip(family.text_encoders, lengths))
+    by_name = dict(zip(family.text_encoders, lengths, strict=True))
     context = max((by_name[n] for n in joint.width), default=0) + sum(by_name[n] for n in joint.tokens)
     vae = configs.get("vae", {})
     return Sizes(text_widths=tuple(widths), cross_attention_dim=cross,

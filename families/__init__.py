@@ -7,8 +7,23 @@ helpers: importing this imports no torch and no numpy."""
 from __future__ import annotations
 
 from .detect import detect_family, family, with_controlnet
-from .spec import (IMAGE_DIMS, LATENT_DIMS, TEXT_DIMS, TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals, downscaled,
-                   input_ranges, is_dynamic, profile_dims, text_length_range)
+from .spec import (
+                   IMAGE_DIMS,
+                   LATENT_DIMS,
+                   TEXT_DIMS,
+                   TOKENS,
+                   Component,
+                   Family,
+                   JointText,
+                   Sizes,
+                   Tensor,
+                   controlnet_residuals,
+                   downscaled,
+                   input_ranges,
+                   is_dynamic,
+                   profile_dims,
+                   text_length_range,
+)
 from .table import ADDED_EMBEDS, FAMILIES
 
 __all__ = ["ADDED_EMBEDS", "FAMILIES", "IMAGE_DIMS", "LATENT_DIMS", "TOKENS", "Component", "Family", "JointText", "Sizes", "Tensor", "controlnet_residuals",

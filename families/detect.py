@@ -25,7 +25,7 @@ def with_controlnet(base: Family) -> Family:
         return base
     if base.controlnet is None:
         raise ConfigError(f"there is no ControlNet family for {base.id} ({base.title})",
-                          hint=f"ControlNet is supported for: {', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet)}")
+                          hint=f"ControlNet is supported for: {', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet and f.controlnet)}")
     return FAMILIES[base.controlnet]
 
 

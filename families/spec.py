@@ -11,7 +11,9 @@ A tensor's shape is written once per family with three kinds of dims:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 TOKENS = 77  # CLIP's context: every prompt is padded or cut to it, so CLIP's text length is never dynamic
 # T5's token count is the pipeline's choice (diffusers' `max_sequence_length`, at most 512 there): dynamic, from
@@ -63,12 +65,14 @@ class Sizes:
     context_tokens: int = TOKENS
 
     @classmethod
-    def from_json(cls, data: dict) -> "Sizes":
+    def from_json(cls, data: dict) -> Sizes:
         """From `dataclasses.asdict` written as JSON (an export's assets/family.json): lists back to tuples."""
-        tupled = lambda v: tuple(tupled(x) for x in v) if isinstance(v, list) else v  # noqa: E731
+        def tupled(v: Any) -> Any:
+            return tuple(tupled(x) for x in v) if isinstance(v, list) else v
+
         return cls(**{k: tupled(v) for k, v in data.items()})
 
-    def value(self, name: str, component: "Component") -> int:
+    def value(self, name: str, component: Component) -> int:
         if name == "text_width":
             return self.text_widths[component.text_index]
         if name == "text_length":
@@ -79,11 +83,11 @@ class Sizes:
             return 2 * self.latent_channels
         return getattr(self, name)
 
-    def text_length(self, component: "Component") -> int:
+    def text_length(self, component: Component) -> int:
         """The encoder's default token count (T5's: the pipeline's default max_sequence_length)."""
         return self.text_lengths[component.text_index] if self.text_lengths else TOKENS
 
-    def context_for(self, family: "Family", text_length: int) -> int:
+    def context_for(self, family: Family, text_length: int) -> int:
         """The transformer's text tokens when the T5 encoder(s) appended on the token axis read `text_length` tokens
         (SD3: CLIP's 77 + T5's; Flux, Chroma: T5's)."""
         appended = family.joint_text.tokens if family.joint_text else ()
@@ -97,7 +101,7 @@ def controlnet_residuals(block_out_channels: tuple[int, ...] | list[int], layers
     output, then each down block's resnets and (all but the last) its downsampler; the mid block at the bottom."""
     layers = [layers_per_block] * len(block_out_channels) if isinstance(layers_per_block, int) else list(layers_per_block)
     down, factor = [(block_out_channels[0], 1)], 1
-    for index, (channels, count) in enumerate(zip(block_out_channels, layers)):
+    for index, (channels, count) in enumerate(zip(block_out_channels, layers, strict=True)):
         down += [(channels, factor)] * count
         if index < len(block_out_channels) - 1:
             factor *= 2
@@ -129,7 +133,9 @@ class Component:
 
     def io(self, sizes: Sizes) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
         """The inputs and outputs with every size filled in from `sizes` (dynamic dims stay names)."""
-        resolve = lambda t: replace(t, shape=tuple(d if isinstance(d, int) or is_dynamic(d) else self._size(sizes, d) for d in t.shape))  # noqa: E731
+        def resolve(t: Tensor) -> Tensor:
+            return replace(t, shape=tuple(d if isinstance(d, int) or is_dynamic(d) else self._size(sizes, d) for d in t.shape))
+
         inputs, outputs = tuple(map(resolve, self.inputs)), tuple(map(resolve, self.outputs))
         if self.residuals == "inputs":
             inputs += residual_tensors(sizes, "down_block_additional_residual_{}", "mid_block_additional_residual")
@@ -253,16 +259,21 @@ def profile_dims(family: Family, component: Component, sizes: Sizes, *, batch: t
     ranges: dict[str, tuple[int, int, int]] = {}
     for dim in component.dynamic_dims(sizes):
         if dim == "batch":
-            ranges[dim] = tuple(batch)
+            ranges[dim] = _triple(batch)
         elif dim in IMAGE_DIMS:
-            ranges[dim] = tuple(n * family.vae_scale_factor for n in latent)
+            ranges[dim] = _triple(n * family.vae_scale_factor for n in latent)
         elif dim in TEXT_DIMS:
             lengths = text_length or text_length_range(family, sizes)
-            ranges[dim] = lengths if dim == "text_length" else tuple(sizes.context_for(family, n) for n in lengths)
+            ranges[dim] = lengths if dim == "text_length" else _triple(sizes.context_for(family, n) for n in lengths)
         else:  # height, width, height_div2…
             factor = int(dim.partition("_div")[2] or 1)
-            ranges[dim] = tuple(n // factor for n in latent)
+            ranges[dim] = _triple(n // factor for n in latent)
     return ranges
+
+
+def _triple(values: Iterable[int]) -> tuple[int, int, int]:
+    low, opt, high = values
+    return low, opt, high
 
 
 def text_length_range(family: Family, sizes: Sizes) -> tuple[int, int, int]:
@@ -280,6 +291,11 @@ def input_ranges(family: Family, component: Component, sizes: Sizes, scaling_fac
     vocab = sizes.vocab_sizes[component.text_index] if sizes.vocab_sizes and component.kind == "text_encoder" else sizes.vocab_size
     symbols = {"last_token": vocab - 1, "last_timestep": sizes.num_train_timesteps - 1, "native_pixels": family.native_pixels,
                "unscaled_latent": round(3 ** 0.5 / scaling_factor, 2)}
-    value = lambda v: -symbols[v[1:]] if isinstance(v, str) and v.startswith("-") else symbols[v] if isinstance(v, str) else v  # noqa: E731
+    def value(v: object) -> float:
+        if isinstance(v, str):
+            return -symbols[v[1:]] if v.startswith("-") else symbols[v]
+        assert isinstance(v, int | float), v  # value_ranges hold numbers or symbol names
+        return v
+
     names = {t.name for t in component.io(sizes)[0]}
     return {name: (value(low), value(high)) for name, low, high in component.value_ranges if name in names}

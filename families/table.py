@@ -7,6 +7,7 @@ encoders whose token counts differ (`Sizes.text_lengths`), and a `JointText` say
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals
 
@@ -36,15 +37,15 @@ def _clip(name: str = "text_encoder") -> Component:
 def _clip_penultimate(name: str, index: int, pooled: bool) -> Component:
     """SDXL: the pipeline reads the penultimate layer's hidden states (no final layer norm), and the second
     encoder's pooled projection."""
-    outputs = (Tensor("hidden_states", F32, ("batch", TOKENS, "text_width")),)
+    outputs: tuple[Tensor, ...] = (Tensor("hidden_states", F32, ("batch", TOKENS, "text_width")),)
     if pooled:
         outputs += (Tensor("text_embeds", F32, ("batch", "pooled_width")),)
     return _text_encoder(name, index, outputs)
 
 
 def _denoiser_inputs(time_ids: int) -> tuple[Tensor, ...]:
-    inputs = (Tensor("sample", F32, LATENT), Tensor("timestep", F32, ("batch",)),
-              Tensor("encoder_hidden_states", F32, ("batch", TOKENS, "cross_attention_dim")))
+    inputs: tuple[Tensor, ...] = (Tensor("sample", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+                                  Tensor("encoder_hidden_states", F32, ("batch", TOKENS, "cross_attention_dim")))
     if time_ids:
         inputs += (Tensor("text_embeds", F32, ("batch", "pooled_width")), Tensor("time_ids", F32, ("batch", time_ids)))
     return inputs
@@ -110,7 +111,7 @@ def _sd3_transformer() -> Component:
 def _vae(fp32_only: bool = False) -> tuple[Component, Component]:
     """The decoder takes latents already divided by the scaling factor; the encoder gives the latent
     distribution's parameters (mean and log-variance), so the pipeline takes the mean or samples with its own noise."""
-    limit = dict(precisions=("fp32",), precisions_reason="this VAE overflows fp16; a fp16-fix VAE can add fp16") if fp32_only else {}
+    limit: dict[str, Any] = dict(precisions=("fp32",), precisions_reason="this VAE overflows fp16; a fp16-fix VAE can add fp16") if fp32_only else {}
     decoder = Component("vae_decoder", "vae_decoder", "vae", (Tensor("latent_sample", F32, LATENT),), (Tensor("sample", F32, IMAGE),),
                         value_ranges=(("latent_sample", "-unscaled_latent", "unscaled_latent"),), **limit)
     encoder = Component("vae_encoder", "vae_encoder", "vae", (Tensor("sample", F32, IMAGE),),
@@ -217,10 +218,10 @@ _TIME_PATH = ("input:timestep",)
 
 
 def _flux_transformer(guidance: bool) -> Component:
-    inputs = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
-              Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
-              Tensor("pooled_projections", F32, ("batch", "pooled_width")))
-    ranges = _TRANSFORMER_RANGES
+    inputs: tuple[Tensor, ...] = (Tensor("hidden_states", F32, LATENT), Tensor("timestep", F32, ("batch",)),
+                                  Tensor("encoder_hidden_states", F32, ("batch", "context_tokens", "cross_attention_dim")),
+                                  Tensor("pooled_projections", F32, ("batch", "pooled_width")))
+    ranges: tuple[tuple[str, object, object], ...] = _TRANSFORMER_RANGES
     if guidance:  # dev's distilled guidance: the scale is an input, embedded like the timestep
         inputs += (Tensor("guidance", F32, ("batch",)),)
         ranges += (("guidance", 1.0, 10.0),)
@@ -250,7 +251,7 @@ def _t5_masked(name: str, index: int) -> Component:
 _FLUX_CLIP = _text_encoder("text_encoder", 0, (Tensor("pooler_output", F32, ("batch", "text_width")),))
 _FLUX_SIZES = Sizes(text_widths=(768, 4096), cross_attention_dim=4096, latent_channels=16, pooled_width=768, text_lengths=(TOKENS, _FLUX_T5_TOKENS),
                     vocab_sizes=(49408, 32128), projection_widths=(768, 0), context_tokens=_FLUX_T5_TOKENS)
-_FLUX_COMMON = dict(native_pixels=1024, pixel_range=(512, 1536), vae_scaling_factor=0.3611, vae_shift_factor=0.1159,
+_FLUX_COMMON: dict[str, Any] = dict(native_pixels=1024, pixel_range=(512, 1536), vae_scaling_factor=0.3611, vae_shift_factor=0.1159,
                     default_scheduler="FlowMatchEulerDiscreteScheduler", prediction_type="flow")
 
 FLUX = Family(

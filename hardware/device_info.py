@@ -25,7 +25,7 @@ def _machine() -> str:
 
 
 def _linux_cpuinfo() -> tuple[str, set[str]]:
-    name, flags = "", set()
+    name, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:

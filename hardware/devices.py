@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from .device_info import amd_gpus, measured_cpu_description, nvidia_gpus
 

@@ -56,7 +56,7 @@ def _memory() -> int:
 
 def _sdk_packages() -> list[str]:
     """name-version of the installed distributions that probes or availability depend on (their dist-info folders)."""
-    found = set()
+    found: set[str] = set()
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")

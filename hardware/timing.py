@@ -8,8 +8,9 @@ measurements' own noise never decides which artifact a device gets.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ def time_runs(run: Callable[[], object], *, min_runs: int = MIN_RUNS, max_runs: 
 
 
 def time_interleaved(runs: dict[str, Callable[[], object]], *, min_rounds: int, max_rounds: int, budget_s: float,
-                     target: float = SPREAD_TARGET, on_round: Callable[[int, dict[str, "Timing"]], None] | None = None,
+                     target: float = SPREAD_TARGET, on_round: Callable[[int, dict[str, Timing]], None] | None = None,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
     """Time several sessions round-robin, so machine noise hits them alike. Stops after `min_rounds` once the
     fastest is clear of the others (not tied) or every spread is at most `target`; else at `max_rounds` or

@@ -104,9 +104,9 @@ def build_decoder(torch, diffusers):
 
 
 def export(out: Path, checkpoint: Path | None = None) -> None:
-    import torch
     import diffusers
     import onnx
+    import torch
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     model, vae = build_decoder(torch, diffusers)
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub
     try:
-        import torch  # noqa: F401
         import diffusers  # noqa: F401
+        import torch  # noqa: F401
     except ImportError as exc:
         print(f"error: {exc.name or exc} is not installed; hint: pip install torch==2.13.0 diffusers", file=sys.stderr)
         return 2

@@ -36,4 +36,4 @@ class HostBinding:
         return {name: host_tensor(value) if name in keep else value for name, value in out.items()}
 
     def close(self) -> None:
-        self._session = self._fixed = None
+        self._session, self._fixed = None, {}

@@ -21,8 +21,8 @@ from enginefarm.backends.base import BuiltFile, Feature
 from enginefarm.backends.manifest_files import role_entry
 from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.builder.weightmap import WeightMap, read_map
-from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.build_keys import build_key
+from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.locks import file_lock
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress
@@ -46,7 +46,7 @@ class Stack:
     loras: tuple[tuple[Path, float], ...] = ()
 
     @classmethod
-    def parse(cls, weights, loras) -> "Stack":
+    def parse(cls, weights, loras) -> Stack:
         if isinstance(loras, (str, Path)):  # iterating it would read each character as a LoRA file
             raise ConfigError(f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]')
         items = []

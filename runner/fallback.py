@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from enginefarm.backends import job_availability, job_refusal, precision_refusal, rank_of
 from enginefarm.builder.build import compile_artifact, job_workdir
@@ -17,7 +17,6 @@ from enginefarm.cache import precision_table
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import ArtifactNotFoundError, EnginefarmError
-
 from enginefarm.hardware.devices import Device
 
 log = logging.getLogger(__name__)

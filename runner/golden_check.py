@@ -13,7 +13,7 @@ import json
 import logging
 import re
 from dataclasses import fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +58,7 @@ def gate(session, manifest: Manifest, artifact_dir: Path, home: Path, device, re
     if verdict is None:
         report.message(f"first use of {manifest.ref} {manifest.target} [{manifest.build_key[:12]}] on this device: checking it against its golden samples")
         verdict = {**check(session, manifest, artifact_dir), "device": device_slot(device),
-                   "checked": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                   "checked": datetime.now(UTC).isoformat(timespec="seconds")}
         write_bytes_atomic(path, json.dumps(verdict, indent=1, sort_keys=True).encode())
     if not verdict["passed"]:
         raise ValidationFailed(
@@ -98,7 +98,7 @@ def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     return validate(session, cases, references, thresholds(golden["thresholds"]))
 
 
-def thresholds(recorded: dict[str, Any]) -> "Thresholds":
+def thresholds(recorded: dict[str, Any]) -> Thresholds:
     from enginefarm.builder.validate import Thresholds
 
     """The recipe's thresholds as the farm recorded them; fields this version does not know are ignored."""

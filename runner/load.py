@@ -3,30 +3,40 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from enginefarm.backends import get_backend
+from enginefarm.cache import precision_table
 from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import IndexEntry, gc_paused, read_index
-from enginefarm.cache import precision_table
 from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.names import NAME_CHARS
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import Store
 from enginefarm.cache.versions import same_version
-from enginefarm.errors import (ArtifactNotFoundError, ConfigError, DiskFullError, EnginefarmError, IntegrityError, StoreError, StoreNotFound,
-                               TrustError, WeightsError)
+from enginefarm.errors import (
+    ArtifactNotFoundError,
+    ConfigError,
+    DiskFullError,
+    EnginefarmError,
+    IntegrityError,
+    StoreError,
+    StoreNotFound,
+    TrustError,
+    WeightsError,
+)
 from enginefarm.hardware.devices import Device
 from enginefarm.settings import Settings, load_settings
 
 from . import golden_check, measure
+from .detect import detect
 from .identity import check_served
 from .not_found import not_found
-from .detect import detect
 from .resolve import Candidate, Resolution, resolve
 from .session import Session
 
@@ -247,8 +257,8 @@ def load(
     precision: str | None = None,
     device: str = "auto",
     store: str | None = None,
-    weights: str | None = None,
-    loras: tuple = (),
+    weights: str | Path | None = None,
+    loras: Sequence = (),
     *,
     recipe: str | Path | None = None,
     target: str | None = None,
@@ -307,7 +317,7 @@ def load(
     return _session(manifest, path, stack, found, explanation, report)
 
 
-def _session(manifest: Manifest, path: Path, stack: "Stack | None", found: Lookup, explanation: str, report: Progress) -> Session:
+def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         loaded = backend.load(path, manifest, manifest.parsed_target.device)

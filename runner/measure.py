@@ -20,23 +20,24 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from enginefarm.hardware.timing import Timing, time_interleaved
 from enginefarm.cache import precision_table
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.build_keys import build_key
 from enginefarm.cache.fields import FieldError
 from enginefarm.cache.progress import Progress
 from enginefarm.cache.records import benchmark
+from enginefarm.hardware.devices import Device
+from enginefarm.hardware.timing import Timing, time_interleaved
 from enginefarm.settings import Settings
 
-from enginefarm.hardware.devices import Device
 from .resolve import Candidate, Resolution, _ms
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ def _time(resolution: Resolution, found: Contenders, memory: Memory, settings: S
         timings = time_interleaved(runs, min_rounds=MIN_ROUNDS, max_rounds=MAX_ROUNDS, budget_s=budget, on_round=on_round, clock=CLOCK)
     records = {key: {**t.record(), "alone": host["alone"]} for key, t in timings.items()}  # remembered as stored JSON
     winner = pick(records, {c.entry.build_key: c.entry.precision for c in found.candidates})
-    result = {"winner": winner, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ref": resolution.ref,
+    result = {"winner": winner, "when": datetime.now(UTC).isoformat(timespec="seconds"), "ref": resolution.ref,
               "why": found.why, "timings": records}
     memory.put([c.entry.build_key for c in found.candidates], result)  # as decide() looks it up
     report.message(f"fastest here: {label[winner]} ({_ms(timings[winner].median_ms)} ms); remembered for this device")
@@ -254,4 +255,4 @@ def _feeds(opened: dict[str, tuple[Any, Any]]) -> dict[str, dict[str, np.ndarray
 
 
 def _within(shape: list[int], bounds: dict[str, list[int]]) -> bool:
-    return len(shape) == len(bounds["min"]) and all(lo <= d <= hi for d, lo, hi in zip(shape, bounds["min"], bounds["max"]))
+    return len(shape) == len(bounds["min"]) and all(lo <= d <= hi for d, lo, hi in zip(shape, bounds["min"], bounds["max"], strict=True))

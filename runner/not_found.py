@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .load import Lookup
 
 
-def not_found(ref: str, found: "Lookup", failures: list[str]) -> Exception:
+def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
     """The one error that says why nothing loads, with the hint that fits it."""
     full = [e for e in found.refusals if isinstance(e, DiskFullError)]
     if full:
@@ -54,7 +54,7 @@ def not_found(ref: str, found: "Lookup", failures: list[str]) -> Exception:
     return ArtifactNotFoundError(f"no artifact of {ref} fits this device: {why}", hint=hint)
 
 
-def _yanked(ref: str, found: "Lookup") -> Exception | None:
+def _yanked(ref: str, found: Lookup) -> Exception | None:
     """"Yanked", where what was withdrawn is what the caller asked for (component, --target, precision): not when a
     filter left out what is released, nor naming yanked artifacts the filters would have left out anyway."""
     model, _, component = ref.partition("/")

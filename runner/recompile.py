@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.backends.manifest_files import role_entry
 from enginefarm.backends import Feature, get_backend
+from enginefarm.backends.manifest_files import role_entry
 from enginefarm.cache.artifacts import read_index, read_manifest
-from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.build_keys import build_key
+from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.locks import file_lock
 from enginefarm.cache.manifest import Manifest, Target
 from enginefarm.cache.progress import Progress

@@ -8,11 +8,11 @@ from enginefarm.backends import Rank, availability, get_backend, rank_of
 from enginefarm.backends.base import version_in_range
 from enginefarm.cache import precision_table
 from enginefarm.cache.index import IndexEntry, gc_paused
-from enginefarm.cache.records import Benchmark, Constraints
 from enginefarm.cache.manifest import Target
+from enginefarm.cache.records import Benchmark, Constraints
 from enginefarm.cache.versions import newest, same_version, version_key
-
 from enginefarm.hardware.devices import Device
+
 from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
@@ -22,7 +22,7 @@ TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a t
 LISTED = 25  # rivals an explanation names one by one; the rest are counted (an index may hold 10^5 entries)
 
 
-def _more(rest: list["Candidate"]) -> str:
+def _more(rest: list[Candidate]) -> str:
     """'1200 more: 1000 usable, ranked lower; 200 not usable (150 no device here runs …, 50 …)'."""
     reasons: dict[str, int] = {}
     for c in rest:
@@ -57,11 +57,11 @@ class Candidate:
     on_device: Benchmark | None = None  # this device's own timing at a first load (runner.measure)
 
     @property
-    def tied_with(self) -> list["Candidate"]:
+    def tied_with(self) -> list[Candidate]:
         """Rivals within each other's noise (same bucket)."""
         return [] if self.tie is None else [c for c in self.tie.members if c is not self]
 
-    def is_tied_with(self, other: "Candidate") -> bool:
+    def is_tied_with(self, other: Candidate) -> bool:
         return other is not self and self.tie is not None and other.tie is self.tie
 
     @property

@@ -73,7 +73,7 @@ class Session:
         del backend_session, close
         give_back_memory()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -84,7 +84,7 @@ class Session:
             raise SessionClosed(f"{self.artifact.ref}: this session is closed", hint="load it again with enginefarm.load(...)")
         return self._session
 
-    def bind(self, fixed: Mapping[str, np.ndarray] | None = None) -> "Binding":
+    def bind(self, fixed: Mapping[str, np.ndarray] | None = None) -> Binding:
         """Calls that share inputs (a denoising loop's text states): `fixed` is checked and placed on the device once,
         and each `Binding.run` takes the other inputs only. Outputs named in its `keep=` stay on the device as
         `DeviceTensor`s that a later run takes as inputs. Results are those of `run`, bit for bit; backends that
@@ -109,7 +109,7 @@ class Session:
         except Exception as exc:  # the SDK refused inputs that passed our checks: say which rule they broke
             raise self._refused(checked, exc) from exc
 
-    def _refused(self, feeds: dict[str, np.ndarray], exc: Exception) -> "InputError":
+    def _refused(self, feeds: dict[str, np.ndarray], exc: Exception) -> InputError:
         """Inputs inside the profile can still break a model's own rules, a stride above all (a detector that halves
         its input five times wants multiples of 32). The profile's min/opt/max, which validation ran, show the rule."""
         ref, shapes = self.artifact.ref, {name: list(array.shape) for name, array in feeds.items()}
@@ -121,7 +121,7 @@ class Session:
             bounds = self.artifact.profile.get(name)
             if bounds is None:
                 continue
-            for axis, (size, lo, opt, hi) in enumerate(zip(shape, bounds["min"], bounds["opt"], bounds["max"])):
+            for axis, (size, lo, opt, hi) in enumerate(zip(shape, bounds["min"], bounds["opt"], bounds["max"], strict=True)):
                 step = math.gcd(lo, math.gcd(opt, hi))
                 if lo != hi and step > 1 and size % step:
                     below, above = size - size % step, size - size % step + step
@@ -134,7 +134,7 @@ class Session:
         return InputError(f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: {first[:300]})",
                           hint=f"shapes validated when it was built: {validated}; the model may need sizes like those")
 
-    def _checked(self, feeds: dict[str, Any], partial: bool = False, bound: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _checked(self, feeds: Mapping[str, Any], partial: bool = False, bound: tuple[str, ...] = ()) -> dict[str, Any]:
         """Feeds checked and cast. partial: some inputs may be missing (a binding's fixed ones); bound: inputs a
         binding already holds, which the feeds must not repeat. A DeviceTensor is checked by its shape only."""
         from enginefarm.hardware.tensors import DeviceTensor
@@ -191,7 +191,7 @@ class Session:
     @staticmethod
     def _check_shape(ref: str, name: str, shape: tuple[int, ...], bounds: dict[str, list[int]]) -> None:
         lo, hi = bounds["min"], bounds["max"]
-        if len(shape) != len(lo) or any(s < a or s > b for s, a, b in zip(shape, lo, hi)):
+        if len(shape) != len(lo) or any(s < a or s > b for s, a, b in zip(shape, lo, hi, strict=True)):
             raise InputError(
                 f"{ref}: input {name!r} has shape {list(shape)}, outside the artifact's profile {lo} .. {hi}",
                 hint="use a shape inside the profile, or add a profile that covers it to the recipe",
@@ -233,7 +233,7 @@ class Binding:
             if self in self._owner._bindings:
                 self._owner._bindings.remove(self)
 
-    def __enter__(self) -> "Binding":
+    def __enter__(self) -> Binding:
         return self
 
     def __exit__(self, *exc_info) -> None:

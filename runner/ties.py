@@ -6,8 +6,9 @@ left. An index may hold 10^5 entries, so this is O(n log n) and the members of a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -30,7 +31,7 @@ def clusters(items: Sequence[T], median: Callable[[T], float], noise: Callable[[
     medians = [median(item) for item in items]
     noises = [noise(item) for item in items]
     by_median = sorted(range(len(items)), key=lambda i: medians[i])
-    lower = [m - n for m, n in zip(medians, noises)]
+    lower = [m - n for m, n in zip(medians, noises, strict=True)]
     by_lower = sorted(range(len(items)), key=lambda i: lower[i])
     taken = [False] * len(items)
     found: list[list[T]] = []

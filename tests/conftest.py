@@ -3,16 +3,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests import models, nvidia_fakes
-from tests.tiny_pipelines import make_tiny_controlnet, make_tiny_pipeline
 from tests.servers import FaultProxy, MotoServer
+from tests.tiny_pipelines import make_tiny_controlnet, make_tiny_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ def byte_symbols() -> list[str]:
 def _byte_map() -> dict[int, str]:
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     order = printable + [b for b in range(256) if b not in printable]
-    return dict(zip(order, byte_symbols()))
+    return dict(zip(order, byte_symbols(), strict=True))
 
 
 def learn_merges(corpus: str = CORPUS, count: int = 160) -> list[tuple[str, str]]:
@@ -62,7 +63,7 @@ def learn_merges(corpus: str = CORPUS, count: int = 160) -> list[tuple[str, str]
     for _ in range(count):
         pairs = Counter()
         for symbols, n in words.items():
-            for pair in zip(symbols, symbols[1:]):
+            for pair in pairwise(symbols):
                 pairs[pair] += n
         if not pairs:
             break

@@ -4,7 +4,7 @@ way someone holding some keys (or replaying old files) would. Described in one p
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from enginefarm.cache.artifacts import pack_files, publish
@@ -72,7 +72,7 @@ class Attacker:
 
 
 def past() -> datetime:
-    return (datetime.now(timezone.utc) - timedelta(days=1)).replace(microsecond=0)
+    return (datetime.now(UTC) - timedelta(days=1)).replace(microsecond=0)
 
 
 def snapshot_files(folder: Path) -> dict[str, bytes]:

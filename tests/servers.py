@@ -14,9 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 
 def free_port() -> int:
@@ -38,7 +38,7 @@ class MotoServer:
                     break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start (is moto[server] installed?)")
+                    raise RuntimeError("moto server did not start (is moto[server] installed?)") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:

@@ -57,8 +57,8 @@ def test_every_artifact_runs_at_the_profile_edges(farm, target, precision, monke
 def test_load_picks_the_fastest_measured_and_explains(farm, monkeypatch):
     root, _ = farm
     monkeypatch.setenv("ENGINEFARM_STORE", str(root / "store"))
-    from enginefarm.cache.records import tied
     from enginefarm.cache.precision_table import tie_order
+    from enginefarm.cache.records import tied
 
     entries = read_index(open_store(root / "store"), "tiny-sd").entries
     fastest = min(entries.values(), key=lambda e: e.benchmarks[0].p50_ms)

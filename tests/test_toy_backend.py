@@ -95,17 +95,17 @@ def test_the_contract_is_checked_when_a_backend_is_defined():
     from enginefarm.backends import Backend, Feature
 
     with pytest.raises(TypeError, match="declares refit but lacks check_refit, refit"):
-        class NoRefit(Backend):  # noqa: F841
+        class NoRefit(Backend):
             name, devices, device_hint, install = "x", re.compile("cpu"), "cpu", "-"
             features = frozenset({Feature.REFIT})
 
     with pytest.raises(TypeError, match="has patch_weights but does not declare patch weights"):
-        class Undeclared(Backend):  # noqa: F841
+        class Undeclared(Backend):
             name, devices, device_hint, install = "x", re.compile("cpu"), "cpu", "-"
 
             def patch_weights(self, artifact_dir, manifest, weights, outdir):
                 return []
 
     with pytest.raises(TypeError, match="does not set install"):
-        class Nameless(Backend):  # noqa: F841
+        class Nameless(Backend):
             name, devices, device_hint = "x", re.compile("cpu"), "cpu"

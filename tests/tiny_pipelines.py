@@ -115,8 +115,13 @@ def _controlnet(torch, unet, seed: int):
 def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
     """Write the tiny pipeline of `family` (one of FAMILIES) to `folder` and return it."""
     import torch
-    from diffusers import (StableDiffusionControlNetPipeline, StableDiffusionPipeline, StableDiffusionXLControlNetPipeline,
-                           StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline)
+    from diffusers import (
+        StableDiffusionControlNetPipeline,
+        StableDiffusionPipeline,
+        StableDiffusionXLControlNetPipeline,
+        StableDiffusionXLImg2ImgPipeline,
+        StableDiffusionXLPipeline,
+    )
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
     if family not in FAMILIES:

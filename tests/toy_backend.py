@@ -24,7 +24,7 @@ class ToySession:
         self.compute_precision = precision
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self._session.run(self.output_names, feeds)))
+        return dict(zip(self.output_names, self._session.run(self.output_names, feeds), strict=True))
 
 
 class Toy(Backend):

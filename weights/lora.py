@@ -19,7 +19,7 @@ from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
 from enginefarm.errors import WeightsError
 
 from .denoisers import same_family
-from .lora_layer import SUFFIXES, Layer, kind_of, missing_roles  # noqa: F401  (Layer: runner/lora.py reads it as lora.Layer)
+from .lora_layer import SUFFIXES, Layer, kind_of, missing_roles
 
 KOHYA_PARTS = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "text_encoder", "lora_te2_": "text_encoder_2",
                "lora_te3_": "text_encoder_3", "lora_transformer_": "transformer"}  # kohya's Flux LoRAs: te1 CLIP-L, te3 T5
@@ -120,7 +120,7 @@ def _read(path: Path) -> LoraFile:
     layers = []
     for module, roles in sorted(groups.items()):
         layer, problem = _layer(st, module, roles)
-        if problem:
+        if layer is None:
             problems.append(f"{module}: {problem}")
         else:
             layers.append(layer)

@@ -90,7 +90,7 @@ class Layer:
         """scale · ΔW, float32, in the weight's shape."""
         t = self.t
         if self.kind == "lora":
-            rank = self.rank
+            rank = t["down"].shape[0]
             up, down = t["up"].reshape(t["up"].shape[0], rank), t["down"].reshape(rank, -1)
             if "mid" in t:  # up [out, r] · mid [r, r, k, k] · down [r, in]
                 product = np.einsum("ijkl,jr,pi->prkl", t["mid"], down, up)

@@ -64,7 +64,9 @@ _ALL = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "contro
 # their VAEs (16 latent channels) ship in the same layouts: Flux.1's `ae.safetensors` is LDM's; shapes tell them apart
 _TRANSFORMER_FAMILIES = ("sd3", "sd3.5", "flux", "flux-schnell", "chroma")
 _SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer.", penultimate=True))
-_VAE_ONLY = lambda part, prefix="": {"vae_decoder": Section(part, prefix, _DECODER), "vae_encoder": Section(part, prefix, _ENCODER)}  # noqa: E731
+def _VAE_ONLY(part, prefix=""):  # noqa: N802 (a layout table entry, named like the constants beside it)
+    return {"vae_decoder": Section(part, prefix, _DECODER), "vae_encoder": Section(part, prefix, _ENCODER)}
+
 
 LAYOUTS = {layout.id: layout for layout in (
     FileLayout("sd1", "a Stable Diffusion 1.x single-file checkpoint (original layout)", ("sd1", "controlnet-sd1"),
@@ -167,7 +169,7 @@ def open_file(path: str | Path) -> OpenedFile:
         strays = opened.strays()
         if strays:
             shown = ", ".join(strays[:6]) + (f" and {len(strays) - 6} more" if len(strays) > 6 else "")
-            log.warning("%s (%s): %d tensor(s) no component takes, ignored: %s", path, opened.layout.title, len(strays), shown)
+            log.warning("%s (%s): %d tensor(s) no component takes, ignored: %s", path, opened.layout.title if opened.layout else "no known layout", len(strays), shown)
         if len(_OPENED) >= 16:
             _OPENED.pop(next(iter(_OPENED)))
         _OPENED[key] = opened

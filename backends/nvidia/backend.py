@@ -49,14 +49,14 @@ class NvidiaBackend(Backend, abstract=True):
     def bench_device(self, manifest) -> dict:
         return gpu_description(manifest.parsed_target.device, self.family_floors)
 
-    def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> "TrtSession":
+    def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
         """The artifact's engine, refitted with `weights` when given."""
         raise NotImplementedError
 
-    def load(self, artifact_dir: Path, manifest, device: str = "") -> "TrtSession":
+    def load(self, artifact_dir: Path, manifest, device: str = "") -> TrtSession:
         return self.open(Path(artifact_dir), manifest, None)
 
-    def refit(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> "TrtSession":
+    def refit(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "") -> TrtSession:
         """Load like `load`, then replace the named weights (ONNX initializer names, float32 in ONNX layout; cast to the
         engine's dtype). Every call starts from the artifact's own weights, so nothing of an earlier refit remains."""
         self.check_refit(manifest)

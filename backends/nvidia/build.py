@@ -10,9 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BuildError
@@ -150,7 +151,9 @@ def stripped_files(prepared_onnx: Path, workdir: Path, strip_weights: bool) -> l
     """The plan, plus the ONNX its weights are refitted from when it is weight-stripped."""
     files = [BuiltFile("model.plan", "engine")]
     if strip_weights:
-        from enginefarm.builder.onnx_data import link_or_copy  # the prepared files are never rewritten: a link is a copy for free
+        from enginefarm.builder.onnx_data import (
+            link_or_copy,  # the prepared files are never rewritten: a link is a copy for free
+        )
 
         link_or_copy(prepared_onnx, workdir / "weights.onnx")
         files.append(BuiltFile("weights.onnx", "weights"))

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enginefarm.hardware import rss
 from enginefarm.cache.atomic import atomic_writer, write_bytes_atomic
+from enginefarm.hardware import rss
 
 from .build import BuildSpec, die_with_parent
 from .sdk import KEPT_ERRORS, SdkError, capturing_logger

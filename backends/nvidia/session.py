@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from enginefarm.errors import BackendUnavailable
+from enginefarm.errors import BackendUnavailable, SessionClosed
 
 
 def cudart():
@@ -84,10 +84,12 @@ class TrtSession:
         self.compute_precision = precision
         self.how = how
         self._after_run = after_run  # called with the input shapes after each run (RTX saves its runtime cache)
-        self._cuda = _Cuda(device_index)
+        self._cuda: _Cuda | None = _Cuda(device_index)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         context, cuda = self._context, self._cuda
+        if cuda is None:
+            raise SessionClosed("this TensorRT session is closed")
         held = []
         for name in self.input_names:
             array = np.ascontiguousarray(feeds[name], dtype=self._dtypes[name])
@@ -108,7 +110,7 @@ class TrtSession:
             cuda.download(array, cuda.buffers[name][0])
         cuda.sync()
         if self._after_run is not None:
-            self._after_run({n: a.shape for n, a in zip(self.input_names, held)})
+            self._after_run({n: a.shape for n, a in zip(self.input_names, held, strict=True)})
         return outputs
 
     def close(self) -> None:

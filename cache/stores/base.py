@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Protocol
 
 from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
@@ -44,7 +45,7 @@ class Store(ABC):
         return None
 
     @abstractmethod
-    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         """A readable stream of the stored bytes from `offset` (to resume a download), never past `size` when
         given. Raises ArtifactNotFoundError; a remote stream may raise BlobChanged, meaning: read it again from the start.
         `size` is the whole blob's claimed size: where the store says it holds another (stat, the response's
@@ -65,6 +66,7 @@ class Store(ABC):
 
     def delete_partial(self, name: str) -> None:
         """Remove one leftover named by `list_partials`."""
+        return None  # a store whose list_partials is always empty has nothing to remove
 
     # Manifests -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -129,6 +131,7 @@ class Store(ABC):
 
     def delete_cache_object(self, name: str) -> None:
         """Only `enginefarm gc` deletes: a cache object costs a slower build when missing, never an artifact."""
+        return None  # a store that keeps no cache objects (list_cache_entries empty) has nothing to delete
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -162,6 +165,19 @@ def channel_relpath(channel: str, name: str) -> str:
     return f"channels/{channel}/{name}"
 
 
+class BlobReader(Protocol):
+    """What `open_blob` returns: a file, or a remote store's resumable or parallel reader, whose read() may hand out
+    views of its buffer instead of copies."""
+
+    def read(self, size: int = -1, /) -> bytes | memoryview: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
 class CappedReader:
     """Reads at most `limit` bytes from a stream; more data than that is an error, never written anywhere."""
 
@@ -182,7 +198,7 @@ class CappedReader:
     def close(self) -> None:
         self.stream.close()
 
-    def __enter__(self) -> "CappedReader":
+    def __enter__(self) -> CappedReader:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,12 +8,13 @@ import io
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, NoReturn
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
-from .base import Store, blob_relpath, channel_relpath
+from .base import BlobReader, Store, blob_relpath, channel_relpath
 from .local import check_digest, check_model
 from .ranged import BlobChanged, Limits, Opened, ResumableReader, declared_total
 from .small import Unreachable, read_whole, small_limits
@@ -75,7 +76,7 @@ class HttpStore(Store):
             raise ArtifactNotFoundError(f"{self._url(rel)} not found (404)")
         return io.BytesIO(got[0])
 
-    def _refuse(self, what: str):
+    def _refuse(self, what: str) -> NoReturn:
         raise StoreError(f"{self.url} is a read-only HTTP store: cannot {what}", hint="publish to the bucket behind it (s3://…) instead")
 
     # Blobs -----------------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class HttpStore(Store):
     def list_blobs(self) -> Iterator[tuple[str, float]]:
         self._refuse("list blobs")
 
-    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         rel = blob_relpath(check_digest(digest))
         if offset:
             return self._reader(rel, None if size is None else size - offset, f"blob {digest[:12]}", offset, object_size=size)

@@ -6,8 +6,9 @@ import io
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from enginefarm.errors import ArtifactNotFoundError, IntegrityError, StoreError
 
@@ -15,7 +16,7 @@ from ..atomic import aging_mtime, atomic_writer, sha256_bytes, temp_sibling, wri
 from ..faults import checkpoint
 from ..locks import file_lock
 from ..space import full_disk_as_error
-from .base import CappedReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
+from .base import BlobReader, CappedReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -116,7 +117,7 @@ class LocalStore(Store):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         try:
             handle = open_regular(self._blob(digest))
         except FileNotFoundError:

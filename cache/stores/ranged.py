@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from enginefarm.errors import IntegrityError, StoreError
 
@@ -85,7 +86,7 @@ class ResumableReader:
     def _open(self) -> None:
         want = self._base + self._pos
         opened = self._opener(want, self._etag)
-        problem: StoreError | None = None
+        problem: StoreError | IntegrityError | None = None
         if want > 0 and not opened.partial:
             problem = BlobChanged(f"{self._what}: the server ignored the Range request (or the object changed); restarting from zero")
         elif opened.etag and self._etag and opened.etag != self._etag:
@@ -128,6 +129,7 @@ class ResumableReader:
             try:
                 if self._current is None:
                     self._open()
+                assert self._current is not None  # _open() opened it or raised
                 # read1 returns what one socket read brings, so the pace checks run even on a trickle
                 # (a plain read(1 MiB) would block until the whole MiB arrived).
                 reader = getattr(self._current, "read1", None) or self._current.read
@@ -168,7 +170,7 @@ class ResumableReader:
     def close(self) -> None:
         self._drop()
 
-    def __enter__(self) -> "ResumableReader":
+    def __enter__(self) -> ResumableReader:
         return self
 
     def __exit__(self, *exc) -> None:

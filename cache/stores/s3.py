@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import sha256_file
-from .base import Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
+from .base import BlobReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
 from .local import check_digest, check_model
 from .ranged import Limits, Opened, ResumableReader, declared_total
 
@@ -253,7 +254,7 @@ class S3Store(Store):
             if sha256_file(Path(tmp.name)) != digest:
                 raise StoreError(f"{self.url}: read-back of {rel} does not match its digest", hint="the store altered the object; check the bucket")
 
-    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BinaryIO:
+    def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         rel = blob_relpath(check_digest(digest))
         _, botocore = _boto()
         import urllib3

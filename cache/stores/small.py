@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from enginefarm.errors import StoreError
 
@@ -26,8 +27,12 @@ class Unreachable(StoreError):
     """A connection failed, reset or timed out before a response: worth another try."""
 
 
+class Headers(Protocol):
+    def get(self, name: str, /) -> str | None: ...
+
+
 class Response(Protocol):
-    headers: object
+    headers: Headers
 
     def read(self, size: int = -1) -> bytes: ...
 
@@ -46,6 +51,7 @@ def read_whole(request: Callable[[float], Response], *, limit: int, limits: Limi
     below the floor, a body over `limit`, or the deadline passing raise a StoreError naming the object."""
     started = time.monotonic()
     tries: list[str] = []
+    caught: tuple[type[BaseException], ...] = (Unreachable, *transient)
     for attempt in range(ATTEMPTS):
         left = limits.deadline_s - (time.monotonic() - started)
         if left <= 0:
@@ -60,7 +66,7 @@ def read_whole(request: Callable[[float], Response], *, limit: int, limits: Limi
                 response.close()
         except TimeoutError:
             tries.append(f"no data for {wait:.0f} s (the server stalls)")
-        except (Unreachable, *transient) as exc:
+        except caught as exc:
             tries.append(f"{type(exc).__name__}: {exc}" if not isinstance(exc, StoreError) else str(exc))
         else:
             if not length.isdigit() or len(data) == int(length):

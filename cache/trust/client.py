@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from enginefarm.errors import ArtifactNotFoundError, ConfigError, OfflineError, StoreError, TrustError
 
@@ -26,6 +27,9 @@ from ..locks import file_lock
 from ..manifest import Manifest
 from ..stores.base import Store
 from . import binding, require_tuf, target_path
+
+if TYPE_CHECKING:
+    from tuf.api.metadata import TargetFile
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +119,13 @@ def refusal(exc: Exception, what: str) -> TrustError:
         (tuf_errors.LengthOrHashMismatchError, "hash", "a file does not match its signed length and hashes"),
         (tuf_errors.DownloadLengthMismatchError, "too-long", "a file is longer than its signed or allowed length"),
     ]
-    for kind, reason, text in reasons:
-        if isinstance(exc, kind):
-            break
+    known = next(((reason, text) for kind, reason, text in reasons if isinstance(exc, kind)), None)
+    if known is not None:
+        reason, text = known
+    elif isinstance(exc, tuf_errors.DownloadHTTPError) and exc.status_code in (403, 404):
+        reason, text = "missing", "release metadata is missing"
     else:
-        if isinstance(exc, tuf_errors.DownloadHTTPError) and exc.status_code in (403, 404):
-            reason, text = "missing", "release metadata is missing"
-        else:
-            reason, text = "invalid", "release metadata is invalid"
+        reason, text = "invalid", "release metadata is invalid"
     if reason == "expired" and "root" in str(exc):  # python-tuf: "Final root.json is expired", "New root is expired"
         reason, text = "root-expired", "the channel's root has expired; nothing loads from it until its maintainers renew it"
     hint = {"expired": "the channel's maintainers must run `enginefarm release refresh`; if this device is offline, go online once",
@@ -217,10 +220,10 @@ class ChannelClient:
     # Yanked artifacts ---------------------------------------------------------------------------------------
     def _released(self) -> dict[str, dict]:
         """build key → custom fields of the targets this device trusts now (before a refresh: the previous release)."""
-        from tuf.api.metadata import Metadata
+        from tuf.api.metadata import Metadata, Targets
 
         try:
-            targets = Metadata.from_bytes((self.dir / "targets.json").read_bytes()).signed.targets
+            targets = Metadata[Targets].from_bytes((self.dir / "targets.json").read_bytes()).signed.targets
         except Exception:  # none yet, or unreadable: nothing to compare with
             return {}
         return {str(t.custom.get("build_key")): dict(t.custom) for t in targets.values() if isinstance(t.custom, dict)}
@@ -245,11 +248,11 @@ class ChannelClient:
         return [v for v in yanked.values() if isinstance(v, dict) and v.get("model") == model]
 
     # What the channel holds --------------------------------------------------------------------------------
-    def targets(self) -> dict[str, object]:
+    def targets(self) -> dict[str, TargetFile]:
         """path → TargetFile of the verified targets metadata."""
-        from tuf.api.metadata import Metadata
+        from tuf.api.metadata import Metadata, Targets
 
-        signed = Metadata.from_bytes((self.dir / "targets.json").read_bytes()).signed.targets
+        signed = Metadata[Targets].from_bytes((self.dir / "targets.json").read_bytes()).signed.targets
         return {path: info for path, info in signed.items() if self.updater.get_targetinfo(path) == info}
 
     def entries(self, model: str) -> list[IndexEntry]:

@@ -5,10 +5,11 @@ timestamp, so a reader sees the old release or the new one, never a mix: the tim
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError, TrustError
 
@@ -172,7 +173,7 @@ class Channel:
 
 
 def _in(seconds: int) -> datetime:
-    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).replace(microsecond=0)
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).replace(microsecond=0)
 
 
 # The release commands -------------------------------------------------------------------------------------
@@ -199,9 +200,9 @@ def init(store: Store, channel: str, keys_dir: Path, thresholds: dict[str, int] 
             root.add_key(signer.public_key, role)
         root.roles[role].threshold = thresholds[role]
     state = State(Metadata(root), Metadata(Targets()), Metadata(Snapshot()), Metadata(Timestamp(snapshot_meta=MetaFile(1))))
-    signers = load_signers(keys_dir)
-    ch._sign(state.root, "root", [root], signers)
-    ch.commit(state, "root", signers, bump=False)
+    loaded = load_signers(keys_dir)
+    ch._sign(state.root, "root", [root], loaded)
+    ch.commit(state, "root", loaded, bump=False)
     return state
 
 

@@ -88,7 +88,7 @@ class SchedulerConfig:
                 values[key] = value
             # else: a JSON null where we need a value keeps the class default
         try:
-            values = {k: _coerce(k, v, known[k].type) for k, v in values.items()}
+            values = {k: _coerce(k, v, str(known[k].type)) for k, v in values.items()}  # str: postponed annotations
         except (TypeError, ValueError) as e:
             raise ConfigError(f"scheduler config: {e}", hint="check the model's scheduler/scheduler_config.json") from None
         return cls(**values, extra=extra)

@@ -8,8 +8,7 @@ import numpy as np
 
 from .base import F32, Scheduler
 from .config import require
-from .noise_schedule import (exponential_sigmas, karras_sigmas, sigma_to_t, threshold, train_alphas_cumprod,
-                             train_sigmas)
+from .noise_schedule import exponential_sigmas, karras_sigmas, sigma_to_t, threshold, train_alphas_cumprod, train_sigmas
 
 
 class DPMSolverMultistepScheduler(Scheduler):

@@ -8,8 +8,7 @@ from enginefarm.errors import ConfigError
 
 from .base import F32, Scheduler
 from .config import require
-from .noise_schedule import (exponential_sigmas, karras_sigmas, leading, sigma_to_t, train_alphas_cumprod,
-                             train_sigmas)
+from .noise_schedule import exponential_sigmas, karras_sigmas, leading, sigma_to_t, train_alphas_cumprod, train_sigmas
 
 
 class SigmaScheduler(Scheduler):

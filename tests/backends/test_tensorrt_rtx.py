@@ -13,9 +13,9 @@ import pytest
 from enginefarm.backends import availability, get_backend, tensorrt_rtx
 from enginefarm.builder.build import build
 from enginefarm.builder.ci_matrix import github_matrix
+from enginefarm.builder.ci_runners import load_runners
 from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.builder.ci_runners import load_runners
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import BackendUnavailable, BuildError

@@ -33,7 +33,7 @@ def test_jobs_another_builder_published_meanwhile_are_counted(tiny_recipe, cli, 
     first = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "build", recipe, "--no-bench"], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        worker = _stopped_worker(first)  # its first job's blobs are going in; its manifest is not written yet
+        _stopped_worker(first)  # its first job's blobs are going in; its manifest is not written yet
         second = cli("build", recipe, "--no-bench", check=True)
         assert "2 built" in second.stdout, second.stdout
     finally:

@@ -94,7 +94,7 @@ def test_the_reference_run_reads_external_data_from_the_models_own_folder(tmp_pa
 
 
 def test_a_source_that_onnx_runtime_cannot_run_is_blamed_quoting_the_sdk(tmp_path, cli):
-    source = matmul_tanh_chain(tmp_path / "models" / "chain.onnx", layers=2, width=64, reshape_to=[7, 3])
+    matmul_tanh_chain(tmp_path / "models" / "chain.onnx", layers=2, width=64, reshape_to=[7, 3])
     recipe = tmp_path / "chain.toml"
     recipe.write_text(RECIPE.format(source="models/chain.onnx").replace('"openvino:cpu", ', ""))
     proc = cli("build", str(recipe), "-j", "1", "--no-bench")

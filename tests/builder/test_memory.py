@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from enginefarm.builder import memory
-from enginefarm.hardware import rss
 from enginefarm.builder.executor import run_jobs
 from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
+from enginefarm.hardware import rss
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-process peaks (VmHWM, clear_refs) are Linux's")
 

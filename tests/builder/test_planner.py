@@ -7,9 +7,9 @@ from pathlib import Path
 
 from enginefarm.builder import memory
 from enginefarm.builder.ci_matrix import GITHUB_MATRIX_CAP, github_matrix
+from enginefarm.builder.ci_runners import runner_labels
 from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.builder.ci_runners import runner_labels
 from enginefarm.cache.manifest import Target
 from enginefarm.cache.stores import open_store
 from tests.conftest import profile_tables

@@ -237,7 +237,9 @@ def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
     assert kept == {"/model/time_proj/Constant", "/model/time_proj/Mul", "/model/time_proj/Sin"}
     t = np.array([[873.4]], np.float32)
     exact = 2 * np.sin(t * freqs)
-    run = lambda m: ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]  # noqa: E731
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]
+
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("/model/time_proj/",))) - exact).max() < 2e-3
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ())) - exact).max() > 0.1
 
@@ -257,7 +259,9 @@ def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recip
 
     freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
     weight = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
-    constant = lambda name, value: helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(value))  # noqa: E731
+    def constant(name, value):
+        return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(value))
+
     nodes = [constant("thousand", np.array(1000.0, np.float32)), constant("freqs", freqs), constant("weight", weight),
              helper.make_node("Div", ["t", "thousand"], ["scaled"], name="/Div"), helper.make_node("Mul", ["scaled", "thousand"], ["back"], name="/model/Mul"),
              helper.make_node("Mul", ["back", "freqs"], ["args"], name="/model/time_proj/Mul"), helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
@@ -305,7 +309,7 @@ def test_a_round_trip_cast_that_an_if_branch_reads_is_kept():
     before = [run(model, c) for c in (True, False)]
     assert elide_round_trips(model.graph) == 1
     onnx.checker.check_model(model, full_check=True)
-    for c, want in zip((True, False), before):
+    for c, want in zip((True, False), before, strict=True):
         np.testing.assert_array_equal(run(model, c), want)
     assert [n.op_type for n in model.graph.node] == ["Cast", "Cast", "If", "Neg"]
 

@@ -79,7 +79,7 @@ def saturated(model, feeds: dict, workdir: Path) -> str:
         probe.graph.output.append(helper.make_empty_tensor_value_info(name))
     onnx.save(probe, str(workdir / "probe.onnx"))
     session = ort.InferenceSession(str(workdir / "probe.onnx"), providers=["CPUExecutionProvider"])
-    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     name = max(names, key=lambda n: float(np.abs(values[n].astype(np.float32)).max()))
     peak = float(np.percentile(np.abs(values[name].astype(np.float32)), 90))
     dtype = 1 if values[name].dtype == np.float32 else 10
@@ -104,7 +104,7 @@ class _Ort:
 
     def run(self, feeds):
         names = [o.name for o in self._session.get_outputs()]
-        return dict(zip(names, self._session.run(names, feeds)))
+        return dict(zip(names, self._session.run(names, feeds), strict=True))
 
 
 GATE_PROFILES = {
@@ -197,8 +197,8 @@ def test_real_models_build_on_the_first_try_and_match_onnx_runtime(name, tmp_pat
     import onnxruntime as ort
 
     import enginefarm
-    from enginefarm.builder.validate import Thresholds, reference_outputs
     from enginefarm.builder.recipe import ValidateSpec
+    from enginefarm.builder.validate import Thresholds, reference_outputs
 
     source = real_model(name)
     sample = _realistic(name)
@@ -229,7 +229,7 @@ samples = "sample.npz"
     assert len(results) == 4
 
     plain = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
-    expected = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, sample)))
+    expected = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, sample), strict=True))
     (reference,) = reference_outputs(source, [("sample", sample)])
     scores = {}
     for target in ("openvino:cpu", "onnxruntime:cpu"):

@@ -219,4 +219,4 @@ def test_image_inputs_get_images_and_everything_stays_in_the_declared_range():
     assert np.median(np.abs(np.diff(image, axis=-1))) < 0.1 * np.median(np.abs(np.diff(cases[3][1]["image"], axis=-1)))
     assert -1 <= latent.min() and latent.max() <= 1 and np.mean(np.abs(np.diff(latent, axis=-1))) > 0.4  # 4 channels: noise
     again = sample_cases(inputs, profile, spec)
-    assert all(np.array_equal(a[1][k], b[1][k]) for a, b in zip(cases, again) for k in a[1])  # seeded
+    assert all(np.array_equal(a[1][k], b[1][k]) for a, b in zip(cases, again, strict=True) for k in a[1])  # seeded

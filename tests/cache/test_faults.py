@@ -129,7 +129,10 @@ def test_object_replaced_between_ranges_is_never_spliced(artifact, proxy, bucket
 def test_replaced_object_fails_verification_and_caches_nothing(artifact, proxy, bucket, s3_env, tmp_path):
     store, manifest, data = artifact
     key = f"farm/blobs/sha256/{manifest.files[0].stored_sha256[:2]}/{manifest.files[0].stored_sha256}"
-    replace = lambda: boto3.client("s3", endpoint_url=s3_env.url, region_name="us-east-1").put_object(Bucket=bucket, Key=key, Body=os.urandom(100))  # noqa: E731
+    def replace():
+        client = boto3.client("s3", endpoint_url=s3_env.url, region_name="us-east-1")
+        client.put_object(Bucket=bucket, Key=key, Body=os.urandom(100))
+
     proxy.add(path_contains="/blobs/", reset_after=30_000, after=replace)
     with pytest.raises(IntegrityError):
         fetch(via_proxy(proxy, bucket), manifest, tmp_path)

@@ -151,7 +151,7 @@ def test_a_malformed_manifest_is_never_cached_and_a_fixed_store_loads(tmp_path, 
 def test_an_artifact_that_verifies_but_does_not_load_is_not_kept(tmp_path, caplog):
     """A store that served a model its backend cannot read (hashes consistent): after the store is fixed, the next
     load fetches again instead of failing on the cached copy forever."""
-    from enginefarm.cache.artifacts import pack_files, publish
+    from enginefarm.cache.artifacts import pack_files
 
     store = open_store(tmp_path / "store")
     good = artifact(store, tmp_path, "a")

@@ -122,10 +122,9 @@ def test_gc_keep_versions_is_a_dry_run_until_delete(two_versions, cli):
 
 
 def test_gc_keep_versions_removes_old_manifests_and_only_their_blobs(two_versions, cli):
+    import enginefarm
     from enginefarm.cache.artifacts import read_manifest
     from enginefarm.cache.stores import open_store
-
-    import enginefarm
 
     store = open_store(two_versions)
     entries = _index(two_versions)

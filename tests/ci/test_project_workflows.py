@@ -94,3 +94,37 @@ def test_the_runtime_makes_no_linux_only_call_outside_a_guarded_fallback():
                 if linux_only and not guarded[node]:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, f"Linux-only calls outside a guarded fallback: {found}"
+
+
+def test_ci_lints_before_it_tests_and_lint_runs_all_three_checks():
+    """`make lint` cannot drop out of CI unnoticed: .ci/run (set -e) runs it before `make test`, and it runs ruff check,
+    ruff format --check and mypy, each failing the run."""
+    text = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in text
+    assert text.index("make lint") < text.index("make test")
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\nlint: " in makefile and "ci/lint.py" in makefile.split("\nlint: ", 1)[1].split("\n\n", 1)[0]
+    lint = (ROOT / "ci" / "lint.py").read_text()
+    for check in ('"ruff", "check"', '"ruff", "format", "--check"', '"mypy"'):
+        assert check in lint
+
+
+def test_mypy_sees_every_package_under_its_installed_name(tmp_path, monkeypatch):
+    """ci/lint.py links build/mypy/enginefarm/… from [tool.setuptools.package-dir]: every package pyproject ships is
+    there as enginefarm.X, so mypy checks what users import."""
+    import importlib.util
+    import tomllib
+
+    spec = importlib.util.spec_from_file_location("lint", ROOT / "ci" / "lint.py")
+    lint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lint)
+    monkeypatch.setattr(lint, "TREE", tmp_path / "mypy")
+    tree = lint.link_tree()
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    for package in packages:
+        init = tree.joinpath(*package.split("."), "__init__.py")
+        assert init.is_file(), package
+    assert (tree / "enginefarm" / "cache" / "codec.py").resolve() == ROOT / "cache" / "codec.py"
+    assert lint.real_paths(f"{tree / 'enginefarm' / 'cache' / 'codec.py'}:3: error: x") == "cache/codec.py:3: error: x"
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy["mypy_path"] == "build/mypy" and mypy["packages"] == ["enginefarm"]

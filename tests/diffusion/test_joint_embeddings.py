@@ -57,7 +57,7 @@ def _grown_sd3(source: Path, word: str, vectors: dict[str, np.ndarray]):
         encoder.resize_token_embeddings(len(tokenizer))
         with torch.no_grad():
             table = encoder.get_input_embeddings().weight
-            for token, row in zip(tokenizer.convert_tokens_to_ids(words), vectors[key]):
+            for token, row in zip(tokenizer.convert_tokens_to_ids(words), vectors[key], strict=True):
                 table[token] = torch.from_numpy(row)
     return pipe, " ".join(words)
 

@@ -10,7 +10,19 @@ import pytest
 
 from enginefarm.diffusion import dynamic_shift_mu
 from enginefarm.errors import ConfigError
-from tests.diffusion.sampling import CONFIGS, FLUX, LCM, SD3, SD15, SD21V, SDXL, Case, deviation, run_diffusers, run_ours
+from tests.diffusion.sampling import (
+    CONFIGS,
+    FLUX,
+    LCM,
+    SD3,
+    SD15,
+    SD21V,
+    SDXL,
+    Case,
+    deviation,
+    run_diffusers,
+    run_ours,
+)
 
 pytest.importorskip("diffusers")
 # diffusers' own numpy-2 deprecation noise, not ours

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from enginefarm.families import FAMILIES, Sizes
@@ -38,7 +37,7 @@ def _check_against_diffusers(export, pipeline, controlnet=None) -> dict[str, flo
         assert [list(o.shape) for o in session.get_outputs()] == [list(t.shape) for t in outputs]
         for seed, (batch, height, width) in enumerate(SHAPES):
             feeds = feeds_for(session, batch, height, width, seed)
-            got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+            got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
             want = torch_reference(pipeline, name, feeds, controlnet)
             for output, value in got.items():
                 assert value.shape == want[output].shape, (name, output)
@@ -71,7 +70,7 @@ def test_checkpoints_are_the_diffusers_state_dicts(family, tiny, exported):
     for name in export.family_json["components"]:
         if name == "unet_controlnet":  # shares the UNet's checkpoint (the recipe points both at unet.safetensors)
             assert not (export.out / f"{name}.safetensors").exists()
-            assert f'checkpoint = "unet.safetensors"' in (export.out / "recipe.toml").read_text().split(f"[components.{name}]")[1].split("[")[0]
+            assert 'checkpoint = "unet.safetensors"' in (export.out / "recipe.toml").read_text().split(f"[components.{name}]")[1].split("[")[0]
             continue
         if name.startswith("text_encoder"):
             import transformers

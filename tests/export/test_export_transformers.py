@@ -77,7 +77,7 @@ def test_each_component_matches_diffusers_at_two_shapes(family, tiny, exported):
         vocab = sizes.vocab_sizes[component.text_index]
         for seed, (batch, height, width, tokens) in enumerate(SHAPES):
             feeds = _feeds(session, batch, height, width, tokens, vocab, seed)
-            got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+            got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
             want = _reference(pipeline, name, feeds)
             for output, value in got.items():
                 assert value.shape == want[output].shape and value.shape[0] == batch, (name, output)

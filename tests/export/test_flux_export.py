@@ -95,7 +95,9 @@ def test_fp16_keeps_the_timestep_and_guidance_embeddings_fp32(tiny, exported):
     feeds = {"hidden_states": rng.standard_normal((1, 16, 8, 8), dtype=np.float32), "timestep": np.array([873.4], np.float32),
              "encoder_hidden_states": rng.standard_normal((1, TOKENS, 32), dtype=np.float32),
              "pooled_projections": rng.standard_normal((1, 32), dtype=np.float32), "guidance": np.array([3.5], np.float32)}
-    run = lambda model: ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]  # noqa: E731
+    def run(model):
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
     fp32 = run(onnx.load(str(path)))
     keep = FAMILIES["flux"].component("transformer").fp16_keep_fp32
     notes: list[str] = []

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tests.nvidia_fakes import require_real_rtx
 from tests.conftest import run_cli
+from tests.nvidia_fakes import require_real_rtx
 
 
 @pytest.mark.slow

@@ -516,7 +516,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
 
         def set_input_shape(self, name, shape):
             lo, _, hi = self.engine.header["profile"][name]
-            ok = len(shape) == len(lo) and all(a <= s <= b for a, s, b in zip(lo, shape, hi))
+            ok = len(shape) == len(lo) and all(a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True))
             if ok:
                 self.shapes[name] = tuple(shape)
             return ok
@@ -531,7 +531,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 init.CopyFrom(numpy_helper.from_array(self.engine.weights[init.name].astype(numpy_helper.to_array(init).dtype), init.name))
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             names = [o.name for o in session.get_outputs()]
-            return dict(zip(names, session.run(names, feeds)))
+            return dict(zip(names, session.run(names, feeds), strict=True))
 
         def get_tensor_shape(self, name):
             feeds = {n: np.zeros(self.shapes[n], nptype(self.engine.types[n])) for n, mode in self.engine.io if mode == TensorIOMode.INPUT}

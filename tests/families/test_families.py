@@ -9,7 +9,15 @@ import sys
 import pytest
 
 from enginefarm.errors import ConfigError
-from enginefarm.families import FAMILIES, controlnet_residuals, detect_family, family, input_ranges, profile_dims, with_controlnet
+from enginefarm.families import (
+    FAMILIES,
+    controlnet_residuals,
+    detect_family,
+    family,
+    input_ranges,
+    profile_dims,
+    with_controlnet,
+)
 
 CN_SD1 = {"_class_name": "ControlNetModel", "cross_attention_dim": 768, "addition_embed_type": None}
 CN_SDXL = {"_class_name": "ControlNetModel", "cross_attention_dim": 2048, "addition_embed_type": "text_time"}

@@ -41,7 +41,7 @@ def chain_store(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("lifecycle")
     _chain(root / "models" / "chain.onnx")
-    (root / "recipe.toml").write_text(f"""
+    (root / "recipe.toml").write_text("""
 [model]
 name = "chain"
 version = "1"

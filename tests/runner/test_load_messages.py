@@ -94,7 +94,9 @@ def test_yank_messages_name_what_was_yanked_and_what_a_filter_left_out(tmp_path,
     fp16 = artifact(opened, tmp_path, "d", precision="fp16")
     repo.promote(opened, "stable", keys, [fp16.build_key])
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "device"))
-    channel = lambda **kw: enginefarm.load(REF, device="cpu", store=opened.url, channel="stable", trusted_root=root, **kw)  # noqa: E731
+    def channel(**kw):
+        return enginefarm.load(REF, device="cpu", store=opened.url, channel="stable", trusted_root=root, **kw)
+
     assert channel(precision="fp16").artifact.build_key == fp16.build_key  # this device saw it released
     repo.yank(opened, "stable", keys, lambda custom: custom["build_key"] == a.build_key)
 

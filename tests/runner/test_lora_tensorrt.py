@@ -99,7 +99,7 @@ def test_no_residue_between_stacks(store, tmp_path, monkeypatch):
     for i, stack in enumerate((a, b, (), a)):
         monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / f"fresh-{i}"))
         fresh.append(run(loras=stack))
-    for got, want in zip(in_order, fresh):
+    for got, want in zip(in_order, fresh, strict=True):
         assert np.array_equal(got, want)
     assert np.allclose(in_order[1], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 0.7)])), atol=1e-4)
     assert np.allclose(in_order[2], reference(tmp_path, BASE), atol=1e-4)

@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from enginefarm.cache.progress import as_progress
-from enginefarm.runner import measure
-from enginefarm.hardware.devices import Device
-from enginefarm.runner.resolve import resolve
 from enginefarm.cache.index import IndexEntry
+from enginefarm.cache.progress import as_progress
+from enginefarm.hardware.devices import Device
+from enginefarm.runner import measure
+from enginefarm.runner.resolve import resolve
 from enginefarm.settings import load_settings
 
 CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("openvino:cpu", "onnxruntime:cpu"), {"flags": ["avx2"], "logical_cores": 2})

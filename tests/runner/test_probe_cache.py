@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from enginefarm.runner.detect import run_probes
 from enginefarm.hardware.probe_cache import FILE
+from enginefarm.runner.detect import run_probes
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 from enginefarm.cache.index import IndexEntry
+from enginefarm.cache.records import tied
 from enginefarm.hardware.devices import Device
 from enginefarm.runner.resolve import resolve
-from enginefarm.cache.records import tied
 from tests.releases import REF, artifact
 
 CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("onnxruntime:cpu",))

@@ -12,6 +12,7 @@ from enginefarm.hardware.devices import Device
 from enginefarm.runner.detect import with_targets
 from enginefarm.runner.resolve import resolve
 
+
 def nvidia_device(*args, **kwargs) -> Device:
     """A detected device: the machine's description (hardware/devices.py) with its targets, as detection fills them."""
     return with_targets(found.nvidia_device(*args, **kwargs))

@@ -5,6 +5,7 @@ own `from_single_file` reading them back is what checks the layouts."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ def to_original(section: Section, tensors: dict[str, np.ndarray]) -> dict[str, n
         if source.take is not None:  # q, k, v (and Flux's MLP) into one tensor, in the order of their units
             ordered = sorted(items, key=lambda item: item[0].take[0])
             units = [s.take for s, _ in ordered]
-            assert units[0][0] == 0 and units[-1][1] == units[-1][2] and all(a[1] == b[0] for a, b in zip(units, units[1:])), key
+            assert units[0][0] == 0 and units[-1][1] == units[-1][2] and all(a[1] == b[0] for a, b in pairwise(units)), key
             value = np.concatenate([v for _, v in ordered])
         if source.swap:  # diffusers' (scale, shift) back to the original's (shift, scale)
             value = np.concatenate([value[value.shape[0] // 2:], value[:value.shape[0] // 2]])

@@ -10,7 +10,8 @@ import pytest
 
 from enginefarm.errors import ConfigError, WeightsError
 from tests.models import write_safetensors
-from tests.weights.lora_reference import diffusers_with_loras, lora_pair as _lora_pair
+from tests.weights.lora_reference import diffusers_with_loras
+from tests.weights.lora_reference import lora_pair as _lora_pair
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -49,8 +50,9 @@ def sd1(built):
 
 
 def ours(sd1, target, loras):
-    from enginefarm.diffusion import Pipeline
     import tomllib
+
+    from enginefarm.diffusion import Pipeline
 
     _, out, store = sd1
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
@@ -224,8 +226,9 @@ def test_bad_values_and_strengths_are_one_line_before_anything_is_cached(sd1, tm
 def test_kohya_names_in_the_original_layout_are_the_same_lora(sd1, tmp_path):
     """`lora_unet_input_blocks_3_1_proj_in` (LDM's names, via weights.layouts) places each layer where
     `lora_unet_down_blocks_1_attentions_0_proj_in` does: the UNet's outputs are identical."""
-    import enginefarm
     import tomllib
+
+    import enginefarm
 
     rng = np.random.default_rng(5)
     original = {Q: "input_blocks.3.1.transformer_blocks.0.attn1.to_q", CONV3: "output_blocks.0.0.in_layers.2", PROJ_IN: "middle_block.1.proj_in"}

@@ -53,9 +53,13 @@ def _added() -> dict[str, str]:
         name, _, module = item.partition("=")
         name, module = name.strip(), module.strip()
         if not name or not module:
-            raise ConfigError(f"{PLUGINS_ENV}: {item!r} is not name=module", hint=f"e.g. {PLUGINS_ENV}=mybackend=my_package.backend")
+            raise ConfigError(
+                f"{PLUGINS_ENV}: {item!r} is not name=module", hint=f"e.g. {PLUGINS_ENV}=mybackend=my_package.backend"
+            )
         if name in BACKENDS:
-            raise ConfigError(f"{PLUGINS_ENV}: {name!r} is a built-in backend", hint="give the added backend another name")
+            raise ConfigError(
+                f"{PLUGINS_ENV}: {name!r} is a built-in backend", hint="give the added backend another name"
+            )
         added[name] = module
     return added
 
@@ -70,8 +74,13 @@ def _entry_points(path: tuple[str, ...]) -> dict[str, str]:
     found: dict[str, str] = {}
     for point in entry_points(group=ENTRY_POINT_GROUP):
         if point.name in BACKENDS:
-            log.warning("entry point %s = %s (group %s) takes the built-in backend name %r; left out", point.name, point.value,
-                        ENTRY_POINT_GROUP, point.name)
+            log.warning(
+                "entry point %s = %s (group %s) takes the built-in backend name %r; left out",
+                point.name,
+                point.value,
+                ENTRY_POINT_GROUP,
+                point.name,
+            )
             continue
         found[point.name] = point.value
     return found
@@ -84,8 +93,10 @@ def _load(name: str, where: str) -> object:
     try:
         module = importlib.import_module(module_name.strip())
     except ImportError as exc:  # only an added backend can miss: the built-in modules import no SDK at module level
-        raise BackendUnavailable(f"backend {name!r}: cannot import {module_name} ({exc})",
-                                 hint=f"check {PLUGINS_ENV} or the {ENTRY_POINT_GROUP} entry point that names it") from None
+        raise BackendUnavailable(
+            f"backend {name!r}: cannot import {module_name} ({exc})",
+            hint=f"check {PLUGINS_ENV} or the {ENTRY_POINT_GROUP} entry point that names it",
+        ) from None
     found = getattr(module, attribute.strip() or "BACKEND", None)
     if isinstance(found, type) and issubclass(found, Backend):
         return _INSTANCES.setdefault(found, found())  # one object per class, as a module's BACKEND is
@@ -110,8 +121,10 @@ def get_backend(name: str) -> Backend:
     backend = _load(name, where)
     if not isinstance(backend, Backend) or backend.name != name:
         what = "is not a Backend" if ":" in where else "has no BACKEND object"
-        raise BackendUnavailable(f"backend {name!r}: {where} {what} named {name!r}",
-                                 hint="a backend module sets BACKEND = MyBackend(), an instance of enginefarm.backends.Backend")
+        raise BackendUnavailable(
+            f"backend {name!r}: {where} {what} named {name!r}",
+            hint="a backend module sets BACKEND = MyBackend(), an instance of enginefarm.backends.Backend",
+        )
     return backend
 
 
@@ -206,10 +219,36 @@ def validate_target(target: Target) -> tuple[str, str] | None:
         return f"unknown backend {target.backend!r} in {target}", f"known backends: {', '.join(known)}"
     backend = get_backend(target.backend)
     if not backend.devices.fullmatch(target.device):
-        return f"{target.backend} has no device class {target.device!r}", f"{target.backend} devices: {backend.device_hint}"
+        return (
+            f"{target.backend} has no device class {target.device!r}",
+            f"{target.backend} devices: {backend.device_hint}",
+        )
     return None
 
 
-__all__ = ["BACKENDS", "Availability", "Backend", "BackendSession", "BuildJob", "BundleSpec", "Built", "BuiltFile", "Feature", "Rank", "all_backends", "availability",
-           "builds_on_cpu", "get_backend", "gpu_build_reason", "job_availability", "job_options", "job_refusal", "PlannedJob", "precision_refusal",
-           "rank_of", "registry", "targets_for", "validate_target"]
+__all__ = [
+    "BACKENDS",
+    "Availability",
+    "Backend",
+    "BackendSession",
+    "BuildJob",
+    "BundleSpec",
+    "Built",
+    "BuiltFile",
+    "Feature",
+    "Rank",
+    "all_backends",
+    "availability",
+    "builds_on_cpu",
+    "get_backend",
+    "gpu_build_reason",
+    "job_availability",
+    "job_options",
+    "job_refusal",
+    "PlannedJob",
+    "precision_refusal",
+    "rank_of",
+    "registry",
+    "targets_for",
+    "validate_target",
+]

@@ -53,11 +53,16 @@ class Assets(Backend):
         return {}
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        raise BuildError("assets are published from a recipe's [model] assets folder, not built from ONNX",
-                         hint="remove the assets:any target from the recipe; set [model] assets = \"FOLDER\" instead")
+        raise BuildError(
+            "assets are published from a recipe's [model] assets folder, not built from ONNX",
+            hint='remove the assets:any target from the recipe; set [model] assets = "FOLDER" instead',
+        )
 
     def refusal(self, job: PlannedJob) -> tuple[str, str] | None:
-        return ("assets are not built from ONNX", "set [model] assets = \"FOLDER\" in the recipe instead of an assets:any target")
+        return (
+            "assets are not built from ONNX",
+            'set [model] assets = "FOLDER" in the recipe instead of an assets:any target',
+        )
 
     def load(self, artifact_dir: Path, manifest, device: str) -> AssetsFolder:
         return AssetsFolder(Path(artifact_dir))

@@ -137,7 +137,9 @@ class Feature(enum.Enum):
     WEIGHTS_AT_LOAD = "weights at load"  # open the artifact with new weights given in memory: nothing written or cached
     OWN_VALIDATION = "own validation"  # the artifact may not run on the build host: a stand-in or golden samples
     BUILD_CACHE = "build cache"  # fetch / publish a shared build cache (TensorRT timing caches) around a build
-    BUILDS_WITHOUT_DEVICE = "builds without its device"  # a GPU target a CPU farm builds, unless an option needs the GPU
+    BUILDS_WITHOUT_DEVICE = (
+        "builds without its device"  # a GPU target a CPU farm builds, unless an option needs the GPU
+    )
     COMPILES_STACKS_ON_DEVICE = "compiles stacks on the device"  # a LoRA stack on a non-refittable engine is rebuilt
 
 
@@ -164,7 +166,13 @@ class Rank(enum.IntEnum):
 
     @property
     def label(self) -> str:
-        return {0: "exact-arch engine", 1: "hardware-compatible engine", 2: "JIT-able engine", 3: "portable IR", 4: "ONNX (ORT)"}[self.value]
+        return {
+            0: "exact-arch engine",
+            1: "hardware-compatible engine",
+            2: "JIT-able engine",
+            3: "portable IR",
+            4: "ONNX (ORT)",
+        }[self.value]
 
 
 REQUIRED = ("name", "devices", "device_hint", "install")
@@ -186,13 +194,17 @@ class Backend:
     computes: ClassVar[frozenset[str]] = frozenset({"fp32", "fp16"})
     # Why it lacks a precision of the table, for the refusal (default: which it computes).
     lacks: ClassVar[dict[str, str]] = {}
-    options: ClassVar[dict[str, Any]] = {}  # build options a recipe may set, with defaults (a tuple: the allowed values)
+    options: ClassVar[
+        dict[str, Any]
+    ] = {}  # build options a recipe may set, with defaults (a tuple: the allowed values)
     features: ClassVar[frozenset[Feature]] = frozenset()
     build_memory_factor: ClassVar[float] = 2.5  # a build's peak memory over the source's weights (builder/memory.py)
     vendor_label: ClassVar[str] = ""  # the farm runner label of its GPU vendor ("nvidia")
     hosted_runners: ClassVar[dict[str, list[str]]] = {}  # device class -> labels of a hosted runner that builds it
     example_device: ClassVar[str] = "cpu"  # the device class `doctor` asks about when it reports this backend
-    bundles: ClassVar[dict[str, BundleSpec]] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
+    bundles: ClassVar[
+        dict[str, BundleSpec]
+    ] = {}  # device class -> what an app bundle of the runtime holds (none: not bundlable)
     sdk_module: ClassVar[str | None] = None  # the vendor SDK's Python module, imported on first use by `sdk()`
     # The device probes (enginefarm.hardware.devices.PROBES) that can find a device it runs; None: every probe. A load
     # whose candidates are all this backend's runs only these (OpenVINO's GPU probe alone costs half a second).
@@ -209,7 +221,9 @@ class Backend:
         for feature, hooks in FEATURE_HOOKS.items():
             written = [hook for hook in hooks if getattr(cls, hook) is not getattr(Backend, hook)]
             if feature in cls.features and len(written) < len(hooks):
-                raise TypeError(f"backend {cls.name} declares {feature.value} but lacks {', '.join(sorted(set(hooks) - set(written)))}")
+                raise TypeError(
+                    f"backend {cls.name} declares {feature.value} but lacks {', '.join(sorted(set(hooks) - set(written)))}"
+                )
             if feature not in cls.features and written:
                 raise TypeError(f"backend {cls.name} has {', '.join(written)} but does not declare {feature.value}")
 
@@ -301,11 +315,15 @@ class Backend:
         """Feature.REFIT: raises (ConfigError with a hint) when this artifact cannot be refitted."""
         raise NotImplementedError
 
-    def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+    def patch_weights(
+        self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path
+    ) -> list[BuiltFile]:
         """Feature.PATCH_WEIGHTS: write the artifact with `weights` replaced into `outdir`."""
         raise NotImplementedError
 
-    def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str) -> BackendSession:
+    def load_with_weights(
+        self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str
+    ) -> BackendSession:
         """Feature.WEIGHTS_AT_LOAD: a session of the artifact with `weights` (ONNX layout; float32 or the
         weight's own dtype) in place of its own."""
         raise NotImplementedError

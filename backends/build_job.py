@@ -36,7 +36,9 @@ class BuildJob(Protocol):
     def options(self) -> Mapping[str, Any]: ...  # the backend's build options, defaults filled in
 
     @property
-    def fp16_keep(self) -> Sequence[str]: ...  # op types, node names or `input:NAME` paths the recipe keeps fp32 at fp16
+    def fp16_keep(
+        self,
+    ) -> Sequence[str]: ...  # op types, node names or `input:NAME` paths the recipe keeps fp32 at fp16
 
 
 @runtime_checkable

@@ -61,9 +61,12 @@ def tiny_onnx(path: Path) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])], "conformance",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b")])
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        "conformance",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     return path
 
@@ -76,8 +79,20 @@ def manifest_of(folder: Path, files: list[BuiltFile], job: ConformanceJob, const
         digest = hashlib.sha256(data).hexdigest()
         entries.append(ArtifactFile(f.path, f.role, len(data), digest, "none", len(data), digest))
     key = hashlib.sha256(json.dumps([str(job.target), sorted(e.sha256 for e in entries)]).encode()).hexdigest()
-    return Manifest(key, "conformance", "1", job.component, job.precision, "default", job.profile, str(job.target), {}, tuple(entries),
-                    constraints=constraints, options=dict(job.options))
+    return Manifest(
+        key,
+        "conformance",
+        "1",
+        job.component,
+        job.precision,
+        "default",
+        job.profile,
+        str(job.target),
+        {},
+        tuple(entries),
+        constraints=constraints,
+        options=dict(job.options),
+    )
 
 
 class BackendConformance:
@@ -126,9 +141,13 @@ class BackendConformance:
 
     def test_declares_its_names(self, subject):
         assert subject.name and subject.device_hint and subject.install
-        assert subject.devices.fullmatch(self.device), f"{self.device!r} is not one of {subject.name}'s device classes ({subject.device_hint})"
+        assert subject.devices.fullmatch(self.device), (
+            f"{self.device!r} is not one of {subject.name}'s device classes ({subject.device_hint})"
+        )
         assert subject.onnx_precision in (precision_table.REFERENCE, "same")
-        assert all(not isinstance(d, tuple) or d for d in subject.options.values()), "a tuple option lists its allowed values"
+        assert all(not isinstance(d, tuple) or d for d in subject.options.values()), (
+            "a tuple option lists its allowed values"
+        )
 
     def test_features_come_with_their_hooks(self, subject):
         for feature, hooks in FEATURE_HOOKS.items():
@@ -202,7 +221,9 @@ class BackendConformance:
         patched = manifest_of(tmp_path, files, job, manifest.constraints)
         np.testing.assert_array_equal(subject.read_weights(tmp_path, patched, ["w"])["w"], self.new_weights()["w"])
         self.loadable(subject, here)
-        np.testing.assert_allclose(self.run(subject.load(tmp_path, patched, self.device)), X @ self.new_weights()["w"] + B, atol=1e-4)
+        np.testing.assert_allclose(
+            self.run(subject.load(tmp_path, patched, self.device)), X @ self.new_weights()["w"] + B, atol=1e-4
+        )
 
     def test_refit(self, subject, here, built):
         if not subject.has(Feature.REFIT):

@@ -59,8 +59,10 @@ def normalize_package(package: Path) -> None:
             spec = Model_pb2.Model()
             spec.ParseFromString(spec_path.read_bytes())
             spec_path.write_bytes(spec.SerializeToString(deterministic=True))
-    renames = {old: str(uuid.uuid5(uuid.NAMESPACE_URL, "enginefarm:" + entry["path"])).upper()
-               for old, entry in manifest.get("itemInfoEntries", {}).items()}
+    renames = {
+        old: str(uuid.uuid5(uuid.NAMESPACE_URL, "enginefarm:" + entry["path"])).upper()
+        for old, entry in manifest.get("itemInfoEntries", {}).items()
+    }
     manifest["itemInfoEntries"] = {renames[old]: entry for old, entry in manifest["itemInfoEntries"].items()}
     if "rootModelIdentifier" in manifest:
         manifest["rootModelIdentifier"] = renames[manifest["rootModelIdentifier"]]
@@ -75,8 +77,11 @@ def spec_summary(package: Path) -> dict:
     inputs = []
     for feature in spec.description.input:
         array = feature.type.multiArrayType
-        entry = {"name": feature.name, "dtype": ct.proto.FeatureTypes_pb2.ArrayFeatureType.ArrayDataType.Name(array.dataType),
-                 "shape": list(array.shape)}
+        entry = {
+            "name": feature.name,
+            "dtype": ct.proto.FeatureTypes_pb2.ArrayFeatureType.ArrayDataType.Name(array.dataType),
+            "shape": list(array.shape),
+        }
         if array.HasField("shapeRange"):
             entry["ranges"] = [[r.lowerBound, r.upperBound] for r in array.shapeRange.sizeRanges]
         if array.HasField("enumeratedShapes"):
@@ -90,10 +95,17 @@ def spec_summary(package: Path) -> dict:
                 ops[op.type] = ops.get(op.type, 0) + 1
                 for out in op.outputs:
                     if out.type.HasField("tensorType"):
-                        op_dtypes.setdefault(op.type, set()).add(ct.proto.MIL_pb2.DataType.Name(out.type.tensorType.dataType))
-    return {"inputs": inputs, "outputs": [f.name for f in spec.description.output], "ops": ops,
-            "op_dtypes": {op: sorted(found) for op, found in op_dtypes.items()},
-            "dtypes": sorted(set().union(*op_dtypes.values())), "spec_version": spec.specificationVersion}
+                        op_dtypes.setdefault(op.type, set()).add(
+                            ct.proto.MIL_pb2.DataType.Name(out.type.tensorType.dataType)
+                        )
+    return {
+        "inputs": inputs,
+        "outputs": [f.name for f in spec.description.output],
+        "ops": ops,
+        "op_dtypes": {op: sorted(found) for op, found in op_dtypes.items()},
+        "dtypes": sorted(set().union(*op_dtypes.values())),
+        "spec_version": spec.specificationVersion,
+    }
 
 
 def _check_spec(summary: dict, manifest) -> list[str]:
@@ -111,7 +123,9 @@ def _check_spec(summary: dict, manifest) -> list[str]:
         for corner in ("min", "opt", "max"):
             shape = bounds[corner]
             if "ranges" in entry:
-                fits = len(shape) == len(entry["ranges"]) and all(lo <= s <= (hi if hi > 0 else s) for s, (lo, hi) in zip(shape, entry["ranges"], strict=True))
+                fits = len(shape) == len(entry["ranges"]) and all(
+                    lo <= s <= (hi if hi > 0 else s) for s, (lo, hi) in zip(shape, entry["ranges"], strict=True)
+                )
             elif "enumerated" in entry:
                 fits = shape in entry["enumerated"]
             else:
@@ -122,6 +136,7 @@ def _check_spec(summary: dict, manifest) -> list[str]:
 
 
 # Validation and load --------------------------------------------------------------------------------------
+
 
 class TorchStandIn:
     """The traced torch module that was converted: what can run where Core ML cannot."""
@@ -137,7 +152,10 @@ class TorchStandIn:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        args = tuple(torch.from_numpy(np.ascontiguousarray(feeds[n], dtype=d)) for n, d in zip(self.input_names, self._dtypes, strict=True))
+        args = tuple(
+            torch.from_numpy(np.ascontiguousarray(feeds[n], dtype=d))
+            for n, d in zip(self.input_names, self._dtypes, strict=True)
+        )
         with torch.no_grad():
             out = self._traced(*args)
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -160,8 +178,15 @@ class CoreMLSession:
         self._cleanup()  # the extracted package goes with the model
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = self._model.predict({name: np.asarray(feeds[name], dtype=self._dtypes[name]) for name in self.input_names})
-        return {name: np.asarray(out[name], dtype=np.float32) if np.asarray(out[name]).dtype == np.float16 else np.asarray(out[name]) for name in self.output_names}
+        out = self._model.predict(
+            {name: np.asarray(feeds[name], dtype=self._dtypes[name]) for name in self.input_names}
+        )
+        return {
+            name: np.asarray(out[name], dtype=np.float32)
+            if np.asarray(out[name]).dtype == np.float16
+            else np.asarray(out[name])
+            for name in self.output_names
+        }
 
 
 def _archive(manifest) -> str:
@@ -187,7 +212,11 @@ class CoreML(Backend):
         if problem:
             return Availability.missing(f"{problem} ({INSTALL})")
         if platform.system() != "Darwin":
-            return Availability(True, False, f"Core ML runs only on macOS (this is {platform.system()}): packages are converted here, not run")
+            return Availability(
+                True,
+                False,
+                f"Core ML runs only on macOS (this is {platform.system()}): packages are converted here, not run",
+            )
         return Availability(True, True)
 
     def versions(self) -> dict[str, str]:
@@ -227,7 +256,9 @@ class CoreML(Backend):
 
         here = self.available(device)
         if not here.can_load:
-            raise BackendUnavailable(here.reason, hint=INSTALL if not here.can_build else "load Core ML packages on a Mac")
+            raise BackendUnavailable(
+                here.reason, hint=INSTALL if not here.can_build else "load Core ML packages on a Mac"
+            )
         ct = coremltools()
         # A fresh copy per session, extracted from the archive the device cache has just hashed.
         folder = Path(tempfile.mkdtemp(prefix=".coreml-", dir=artifact_dir))
@@ -256,7 +287,12 @@ class CoreML(Backend):
         with quiet_convert():
             traced = torch.jit.load(str(Path(artifact_dir).parent / TRACED))
         inputs = manifest.io.get("inputs", [])
-        session = TorchStandIn(traced, [t["name"] for t in inputs], [t["dtype"] for t in inputs], [t["name"] for t in manifest.io.get("outputs", [])])
+        session = TorchStandIn(
+            traced,
+            [t["name"] for t in inputs],
+            [t["dtype"] for t in inputs],
+            [t["name"] for t in manifest.io.get("outputs", [])],
+        )
         note = {
             "executed": False,
             "ran_instead": "the traced torch module that coremltools converted (fp32, CPU); the package's spec was checked",

@@ -18,8 +18,17 @@ from .build_job import PlannedJob
 log = logging.getLogger(__name__)
 
 # Reduce ops whose axes moved from an attribute to an input in opset 18; onnx2torch knows only the older form.
-REDUCE_AXES_18 = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-                  "ReduceLogSumExp", "ReduceSumSquare"}
+REDUCE_AXES_18 = {
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+}
 
 
 def _since(op_type: str, opset: int, domain: str = "") -> int | None:
@@ -60,7 +69,9 @@ def downgrade_reduce_axes(model):
             axes = node.input[1]
             del node.input[1:]
             if axes:
-                node.attribute.append(helper.make_attribute("axes", [int(a) for a in np.asarray(constants[axes]).ravel()]))
+                node.attribute.append(
+                    helper.make_attribute("axes", [int(a) for a in np.asarray(constants[axes]).ravel()])
+                )
     for entry in fixed.opset_import:
         if entry.domain in ("", "ai.onnx"):
             entry.version = 17
@@ -91,12 +102,16 @@ def to_traceable_torch(onnx_path: Path):
     model = downgrade_reduce_axes(onnx.load(str(onnx_path)))
     missing = unsupported_ops(model)
     if missing:
-        raise BuildError(f"onnx2torch cannot convert {', '.join(missing)} for Core ML",
-                         hint="re-export the model at another opset, or leave coreml out of this component's targets")
+        raise BuildError(
+            f"onnx2torch cannot convert {', '.join(missing)} for Core ML",
+            hint="re-export the model at another opset, or leave coreml out of this component's targets",
+        )
     try:
         module = convert(model).eval()
     except Exception as exc:  # onnx2torch raises plain exceptions for unsupported attributes and exports
-        raise BuildError(f"onnx2torch failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+        raise BuildError(
+            f"onnx2torch failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        ) from exc
     return _dynamic_reshapes(module)
 
 
@@ -119,7 +134,10 @@ def _dynamic_reshapes(module):
             owner, _, name = shape.target.rpartition(".")
             value = getattr(module.get_submodule(owner) if owner else module, name)
             with graph.inserting_before(node):
-                dims = [graph.call_method("size", (data, i)) if int(v) == 0 else int(v) for i, v in enumerate(value.tolist())]
+                dims = [
+                    graph.call_method("size", (data, i)) if int(v) == 0 else int(v)
+                    for i, v in enumerate(value.tolist())
+                ]
         elif shape.op == "call_module" and isinstance(module.get_submodule(shape.target), OnnxShape):
             source = module.get_submodule(shape.target)
             if getattr(source, "_start", None) in (None, 0) and getattr(source, "_end", None) is None:
@@ -172,8 +190,10 @@ def input_types(ct, job: PlannedJob, shapes: str) -> list:
             corners = [tuple(bounds[c]) for c in ("min", "opt", "max")]
             shape = ct.EnumeratedShapes(shapes=[list(s) for s in dict.fromkeys(corners)], default=list(bounds["opt"]))
         else:
-            dims = [lo if lo == hi else ct.RangeDim(lower_bound=lo, upper_bound=hi, default=opt)
-                    for lo, opt, hi in zip(bounds["min"], bounds["opt"], bounds["max"], strict=True)]
+            dims = [
+                lo if lo == hi else ct.RangeDim(lower_bound=lo, upper_bound=hi, default=opt)
+                for lo, opt, hi in zip(bounds["min"], bounds["opt"], bounds["max"], strict=True)
+            ]
             shape = ct.Shape(shape=dims)
         types.append(ct.TensorType(name=tensor.name, shape=shape, dtype=dtype))
     return types
@@ -191,16 +211,29 @@ def convert_to_mlprogram(traced, job: PlannedJob) -> tuple[object, str]:
     outputs = [ct.TensorType(name=t.name) for t in job.outputs]
 
     def convert(shapes: str):
-        return ct.convert(traced, inputs=input_types(ct, job, shapes), outputs=outputs, convert_to="mlprogram",
-                          compute_precision=precision, minimum_deployment_target=target)
+        return ct.convert(
+            traced,
+            inputs=input_types(ct, job, shapes),
+            outputs=outputs,
+            convert_to="mlprogram",
+            compute_precision=precision,
+            minimum_deployment_target=target,
+        )
 
     try:
         return convert(wanted), wanted
     except Exception as exc:
         if wanted != "range":
-            raise BuildError(f"coremltools could not convert: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
-        log.warning("coreml: flexible ranges failed (%s); trying the profile's enumerated shapes", str(exc).splitlines()[0][:200] if str(exc) else exc)
+            raise BuildError(
+                f"coremltools could not convert: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            ) from exc
+        log.warning(
+            "coreml: flexible ranges failed (%s); trying the profile's enumerated shapes",
+            str(exc).splitlines()[0][:200] if str(exc) else exc,
+        )
         try:
             return convert("enumerated"), "enumerated (ranges failed)"
         except Exception as again:
-            raise BuildError(f"coremltools could not convert: {type(again).__name__}: {str(again).splitlines()[0][:300] if str(again) else ''}") from again
+            raise BuildError(
+                f"coremltools could not convert: {type(again).__name__}: {str(again).splitlines()[0][:300] if str(again) else ''}"
+            ) from again

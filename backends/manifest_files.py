@@ -18,6 +18,9 @@ def role_entry(manifest, role: str):
         if entry.role == role:
             return entry
     roles = ", ".join(sorted({f.role for f in manifest.files})) or "none"
-    raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest lists no {role} file, which {manifest.target} needs "
-                         f"(it lists: {roles})", key=manifest.build_key,
-                         hint="the store's manifest is incomplete or from another tool: rebuild it with `enginefarm build`")
+    raise IntegrityError(
+        f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest lists no {role} file, which {manifest.target} needs "
+        f"(it lists: {roles})",
+        key=manifest.build_key,
+        hint="the store's manifest is incomplete or from another tool: rebuild it with `enginefarm build`",
+    )

@@ -61,7 +61,9 @@ def build_env(gfx: str, base: dict[str, str] | None = None) -> tuple[dict[str, s
 def parse_plan(job: BuildJob) -> dict:
     """What the build subprocess does: fixed dims when every input is static, else min/max/opt per dimension."""
     static = all(shapes["min"] == shapes["max"] for shapes in job.profile.values())
-    inputs = {name: {"min": shapes["min"], "opt": shapes["opt"], "max": shapes["max"]} for name, shapes in job.profile.items()}
+    inputs = {
+        name: {"min": shapes["min"], "opt": shapes["opt"], "max": shapes["max"]} for name, shapes in job.profile.items()
+    }
     return {"static": static, "inputs": inputs, "fp16": job.precision == "fp16"}
 
 
@@ -73,7 +75,10 @@ def _compile(onnx_path: str, plan_path: str, out_path: str) -> None:
         program = mgx.parse_onnx(onnx_path, map_input_dims={n: s["min"] for n, s in plan["inputs"].items()})
     else:
         dims = {
-            name: [mgx.shape.dynamic_dimension(lo, hi, {opt}) for lo, opt, hi in zip(s["min"], s["opt"], s["max"], strict=True)]
+            name: [
+                mgx.shape.dynamic_dimension(lo, hi, {opt})
+                for lo, opt, hi in zip(s["min"], s["opt"], s["max"], strict=True)
+            ]
             for name, s in plan["inputs"].items()
         }
         program = mgx.parse_onnx(onnx_path, map_dyn_input_dims=dims)
@@ -123,7 +128,9 @@ class MIGraphX(Backend):
             return Availability.missing(f"MIGraphX is installed but there is no AMD GPU to compile on: {why}")
         if not any(g["gfx"] == device for g in gpus):
             here = ", ".join(sorted({g["gfx"] for g in gpus}))
-            return Availability(True, False, f"no {device} GPU here (found {here}): builds are cross-compiled and not run")
+            return Availability(
+                True, False, f"no {device} GPU here (found {here}): builds are cross-compiled and not run"
+            )
         return Availability(True, True)
 
     def constraints(self, job: BuildJob) -> dict:
@@ -135,8 +142,18 @@ class MIGraphX(Backend):
         plan_path.write_text(json.dumps(parse_plan(job)))
         env, how = build_env(job.target.device)
         proc = subprocess.run(
-            [sys.executable, "-m", "enginefarm.backends.migraphx", str(prepared_onnx), str(plan_path), str(workdir / PROGRAM)],
-            capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT_S,
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.backends.migraphx",
+                str(prepared_onnx),
+                str(plan_path),
+                str(workdir / PROGRAM),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=BUILD_TIMEOUT_S,
         )
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]

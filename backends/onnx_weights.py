@@ -57,7 +57,7 @@ def _tensor_kind(buf, start: int, end: int) -> tuple[str, int, tuple[int, ...]]:
     name, dtype, dims = "", 0, []
     for number, wire, value in _fields(buf, start, end):
         if number == _NAME:
-            name = bytes(buf[value[0]:value[1]]).decode()
+            name = bytes(buf[value[0] : value[1]]).decode()
         elif number == _DATA_TYPE:
             dtype = value
         elif number == _DIMS and wire == 0:
@@ -99,7 +99,10 @@ def as_overrides(model: Path, weights: dict[str, np.ndarray], what: str) -> dict
     unknown = sorted(name for name in weights if kinds.get(name, (0,))[0] not in FLOAT_TYPES)
     if unknown:
         raise IntegrityError(f"{what}: no float initializer of {model.name} is named {unknown[:5]}")
-    return {name: np.ascontiguousarray(value.reshape(kinds[name][1]), dtype=FLOAT_TYPES[kinds[name][0]]) for name, value in weights.items()}
+    return {
+        name: np.ascontiguousarray(value.reshape(kinds[name][1]), dtype=FLOAT_TYPES[kinds[name][0]])
+        for name, value in weights.items()
+    }
 
 
 def read(model: Path, names) -> dict[str, np.ndarray]:
@@ -125,7 +128,9 @@ def write_patched(model: Path, weights: dict[str, np.ndarray], outdir: Path, dat
     for init in loaded.graph.initializer:
         if init.name in weights:
             current = numpy_helper.to_array(init)
-            init.CopyFrom(numpy_helper.from_array(weights[init.name].astype(current.dtype).reshape(current.shape), init.name))
+            init.CopyFrom(
+                numpy_helper.from_array(weights[init.name].astype(current.dtype).reshape(current.shape), init.name)
+            )
     if data_file:
         onnx.save(loaded, str(outdir / model.name), save_as_external_data=True, location=data_file)
         return [model.name, data_file]

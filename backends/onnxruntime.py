@@ -35,7 +35,9 @@ class OrtSession:
             # ORT 1.32's layout passes (level ALL: NCHWc for fp32, NHWC for fp16) re-read Conv weights from the model
             # file, so overridden Conv weights would be silently dropped: sessions with overrides stop at EXTENDED
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        self._session = ort.InferenceSession(str(path), options, providers=[_PROVIDERS.get(device, "CPUExecutionProvider")])
+        self._session = ort.InferenceSession(
+            str(path), options, providers=[_PROVIDERS.get(device, "CPUExecutionProvider")]
+        )
         self._run_options = _run_options(ort)
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
@@ -62,7 +64,9 @@ class OrtBinding:
         ort = _ort()
         self._session, self._outputs, self._run_options = session, output_names, run_options
         self._binding = session.io_binding()
-        self._fixed = {name: ort.OrtValue.ortvalue_from_numpy(array.copy()) for name, array in fixed.items()}  # the device's own copy
+        self._fixed = {
+            name: ort.OrtValue.ortvalue_from_numpy(array.copy()) for name, array in fixed.items()
+        }  # the device's own copy
         for name, value in self._fixed.items():
             self._binding.bind_ortvalue_input(name, value)
 
@@ -82,8 +86,9 @@ class OrtBinding:
         out = {}
         for name, value in zip(self._outputs, values, strict=True):
             if name in keep:
-                out[name] = DeviceTensor("onnxruntime", value, tuple(value.shape()), _np_dtype(value),
-                                         lambda v: v.numpy())
+                out[name] = DeviceTensor(
+                    "onnxruntime", value, tuple(value.shape()), _np_dtype(value), lambda v: v.numpy()
+                )
             else:
                 out[name] = value.numpy()
         return out
@@ -103,8 +108,16 @@ def _run_options(ort):
     return options
 
 
-_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
-              "tensor(double)": np.float64, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8}
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(double)": np.float64,
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+}
 
 
 def _np_dtype(value) -> np.dtype:
@@ -119,9 +132,19 @@ def _model_path(artifact_dir: Path, manifest) -> Path:
 # An app bundle (`enginefarm bundle`) holds the Python package with its pybind module, which is self-contained: the C
 # API library beside it (libonnxruntime.so, 35 MB) serves C/C++ callers only. Left out: tools/, transformers/,
 # quantization/, datasets/ and backend/ (the ONNX backend API, which imports onnx), type stubs.
-_ORT_BUNDLE = BundleSpec(("onnxruntime",), drop=("onnxruntime/tools/*", "onnxruntime/transformers/*", "onnxruntime/quantization/*",
-                                                 "onnxruntime/datasets/*", "onnxruntime/backend/*", "onnxruntime/capi/*onnxruntime.so*",
-                                                 "onnxruntime/capi/*onnxruntime.*.dylib", "*.pyi"))
+_ORT_BUNDLE = BundleSpec(
+    ("onnxruntime",),
+    drop=(
+        "onnxruntime/tools/*",
+        "onnxruntime/transformers/*",
+        "onnxruntime/quantization/*",
+        "onnxruntime/datasets/*",
+        "onnxruntime/backend/*",
+        "onnxruntime/capi/*onnxruntime.so*",
+        "onnxruntime/capi/*onnxruntime.*.dylib",
+        "*.pyi",
+    ),
+)
 
 
 class OnnxRuntime(Backend):
@@ -132,8 +155,10 @@ class OnnxRuntime(Backend):
     device_hint = "cpu"
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
-    lacks = {"bf16": "ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does "
-                     "not even load); build bf16 for openvino:cpu"}
+    lacks = {
+        "bf16": "ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does "
+        "not even load); build bf16 for openvino:cpu"
+    }
     features = frozenset({Feature.PATCH_WEIGHTS, Feature.WEIGHTS_AT_LOAD})
     bundles = {"cpu": _ORT_BUNDLE}
 
@@ -177,14 +202,18 @@ class OnnxRuntime(Backend):
     def read_weights(self, artifact_dir: Path, manifest, names) -> dict[str, np.ndarray]:
         return onnx_weights.read(_model_path(artifact_dir, manifest), names)
 
-    def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+    def patch_weights(
+        self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path
+    ) -> list[BuiltFile]:
         """A copy of the artifact with `weights` (float32, ONNX layout) cast into the initializers' own dtypes; large
         models keep their weights in one external file of the same name as before."""
         data = next((Path(f.path).name for f in manifest.files if f.role == "weights"), None)
         written = onnx_weights.write_patched(_model_path(artifact_dir, manifest), weights, outdir, data)
         return [BuiltFile(name, "weights" if name == data else "model") for name in written]
 
-    def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OrtSession:
+    def load_with_weights(
+        self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu"
+    ) -> OrtSession:
         """The artifact's session with `weights` (float32, ONNX layout, cast to the initializers' dtypes) given to ONNX
         Runtime as initializer overrides at session creation: nothing is written, and `onnx` is not imported."""
         model = _model_path(artifact_dir, manifest)

@@ -28,7 +28,6 @@ BLOB_TRIAL_MAX_BYTES = 128 << 20
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
-
 # The CPU instructions OpenVINO's CPU plugin computes bf16 with (it lists BF16 among its capabilities then).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -52,7 +51,10 @@ def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> tuple[list[Bu
     weights = xml.with_suffix(".bin").stat().st_size
     if weights > BLOB_TRIAL_MAX_BYTES:
         log.info("openvino: %.1f GiB of weights: no compiled-blob trial, IR only", weights / 2**30)
-        return [], {"blob_shipped": False, "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} GiB)"}
+        return [], {
+            "blob_shipped": False,
+            "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} GiB)",
+        }
     config = inference_config(core, "CPU", precision)
     compile_ms, compiled = _best_of(2, lambda: core.compile_model(core.read_model(str(xml)), "CPU", config))
     blob = workdir / "model.blob"
@@ -60,8 +62,17 @@ def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> tuple[list[Bu
     blob.write_bytes(exported.getvalue() if hasattr(exported, "getvalue") else exported)
     import_ms, _ = _best_of(2, lambda: core.import_model(blob.read_bytes(), "CPU", config))
     used = import_ms < BLOB_MIN_GAIN * compile_ms
-    notes = {"openvino_compile_ms": round(compile_ms, 1), "openvino_import_ms": round(import_ms, 1), "blob_shipped": used}
-    log.info("openvino: compile IR %.0f ms, import blob %.0f ms → %s", compile_ms, import_ms, "ship blob" if used else "IR only")
+    notes = {
+        "openvino_compile_ms": round(compile_ms, 1),
+        "openvino_import_ms": round(import_ms, 1),
+        "blob_shipped": used,
+    }
+    log.info(
+        "openvino: compile IR %.0f ms, import blob %.0f ms → %s",
+        compile_ms,
+        import_ms,
+        "ship blob" if used else "IR only",
+    )
     if not used:
         blob.unlink()
         return [], notes
@@ -80,7 +91,9 @@ def _best_of(n: int, fn):
 class OpenVinoSession:
     def __init__(self, compiled, how: str, held: list | None = None) -> None:
         self._compiled = compiled
-        self._held = held or []  # arrays the model's constants share (load_with_weights): kept while a request may read them
+        self._held = (
+            held or []
+        )  # arrays the model's constants share (load_with_weights): kept while a request may read them
         self._request = compiled.create_infer_request()
         # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's CPU
         # plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its input
@@ -96,7 +109,9 @@ class OpenVinoSession:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self._request.infer(feeds)
-        return {name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs, strict=True)}
+        return {
+            name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs, strict=True)
+        }
 
     def bind(self, fixed: dict[str, np.ndarray]) -> OpenVinoBinding:
         request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
@@ -115,11 +130,17 @@ class OpenVinoBinding:
 
     name = "device"
 
-    def __init__(self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back, weights=()) -> None:
+    def __init__(
+        self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back, weights=()
+    ) -> None:
         ov = BACKEND.sdk()
         self._request, self._give_back = request, give_back
-        self._weights = weights  # the session's shared constants (load_with_weights): the request may outlive the session
-        self._held: dict[str, np.ndarray] = held  # arrays the request's tensors read in place, kept while it may use them
+        self._weights = (
+            weights  # the session's shared constants (load_with_weights): the request may outlive the session
+        )
+        self._held: dict[str, np.ndarray] = (
+            held  # arrays the request's tensors read in place, kept while it may use them
+        )
         self._outputs = output_names
         for name, array in fixed.items():
             self._request.set_tensor(name, ov.Tensor(array.copy()))  # the device's own copy
@@ -172,13 +193,33 @@ def _ir(artifact_dir: Path, manifest) -> Path:
 # an artifact is IR already), the other devices' plugins, AUTO/HETERO/BATCH (load() names the device), the C API,
 # headers, cmake files, type stubs, the torch.compile backend and tools/ (the ovc converter: it alone imports
 # openvino-telemetry and packaging). Globs are written for the wheels' file names on Linux, macOS and Windows.
-_OV_DROP = ("openvino/libs/*", "openvino/frontend/*/*", "openvino/tools/*", "openvino/include/*", "openvino/cmake/*", "openvino/torch/*",
-            "*.pyi")
-_OV_CORE = ("openvino/libs/*openvino.*", "openvino/libs/*openvino_ir_frontend*", "openvino/libs/*tbb*.so*",
-            "openvino/libs/*tbb*.dll", "openvino/libs/*tbb*.dylib", "openvino/libs/*hwloc*")
+_OV_DROP = (
+    "openvino/libs/*",
+    "openvino/frontend/*/*",
+    "openvino/tools/*",
+    "openvino/include/*",
+    "openvino/cmake/*",
+    "openvino/torch/*",
+    "*.pyi",
+)
+_OV_CORE = (
+    "openvino/libs/*openvino.*",
+    "openvino/libs/*openvino_ir_frontend*",
+    "openvino/libs/*tbb*.so*",
+    "openvino/libs/*tbb*.dll",
+    "openvino/libs/*tbb*.dylib",
+    "openvino/libs/*hwloc*",
+)
+
+
 def _ov_bundle(device: str, plugin: str, needs: str, cache: tuple[str, ...] = ()) -> BundleSpec:
-    return BundleSpec(("openvino",), drop=_OV_DROP, keep=(*_OV_CORE, f"openvino/libs/*openvino_intel_{plugin}_plugin*", *cache),
-                      runs_here=device == "CPU", notes=needs)
+    return BundleSpec(
+        ("openvino",),
+        drop=_OV_DROP,
+        keep=(*_OV_CORE, f"openvino/libs/*openvino_intel_{plugin}_plugin*", *cache),
+        runs_here=device == "CPU",
+        notes=needs,
+    )
 
 
 class OpenVINO(Backend):
@@ -195,8 +236,12 @@ class OpenVINO(Backend):
     bundles = {
         "cpu": _ov_bundle("CPU", "cpu", ""),
         # cache.json: the GPU plugin's kernel tuning cache.
-        "gpu": _ov_bundle("GPU", "gpu", "an Intel GPU driver with its OpenCL runtime (libOpenCL.so.1 / OpenCL.dll) from the system",
-                          ("openvino/libs/cache.json",)),
+        "gpu": _ov_bundle(
+            "GPU",
+            "gpu",
+            "an Intel GPU driver with its OpenCL runtime (libOpenCL.so.1 / OpenCL.dll) from the system",
+            ("openvino/libs/cache.json",),
+        ),
         "npu": _ov_bundle("NPU", "npu", "the Intel NPU driver from the system"),
     }
 
@@ -230,7 +275,10 @@ class OpenVINO(Backend):
         model = core.read_model(str(prepared_onnx))
         bounds = {}
         for name, shapes in job.profile.items():
-            dims = [ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi) for lo, hi in zip(shapes["min"], shapes["max"], strict=True)]
+            dims = [
+                ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi)
+                for lo, hi in zip(shapes["min"], shapes["max"], strict=True)
+            ]
             bounds[name] = ov.PartialShape(dims)
         model.reshape(bounds)
         xml = workdir / "model.xml"
@@ -262,9 +310,13 @@ class OpenVINO(Backend):
             why_not = blob_compatible(manifest)
             if why_not is None:
                 try:
-                    return OpenVinoSession(core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob")
+                    return OpenVinoSession(
+                        core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob"
+                    )
                 except RuntimeError as exc:
-                    log.warning("openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0])
+                    log.warning(
+                        "openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0]
+                    )
             else:
                 log.info("openvino: %s; compiling the IR", why_not)
         xml = role_file(manifest, "ir")
@@ -284,8 +336,10 @@ class OpenVINO(Backend):
         caps = self.sdk().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         if "BF16" in caps:
             return None
-        return (f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
-                "nor benchmarked here; build it on a runner whose CPU has one")
+        return (
+            f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
+            "nor benchmarked here; build it on a runner whose CPU has one"
+        )
 
     # Custom weights: read and patched in the IR's files (openvino_ir.py), or replaced in memory at load. Imported
     # here, not at the top: its XML parser is no part of loading a plain artifact.
@@ -299,7 +353,9 @@ class OpenVINO(Backend):
 
         return openvino_ir.read(_ir(artifact_dir, manifest), names)
 
-    def patch_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path) -> list[BuiltFile]:
+    def patch_weights(
+        self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], outdir: Path
+    ) -> list[BuiltFile]:
         """A copy of the IR with `weights` (float32, ONNX layout) in its constants, recompiled like a fresh build."""
         from . import openvino_ir
 
@@ -309,7 +365,9 @@ class OpenVINO(Backend):
             files += _maybe_blob(self.sdk().Core(), out_xml, manifest.precision, outdir)[0]
         return files
 
-    def load_with_weights(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu") -> OpenVinoSession:
+    def load_with_weights(
+        self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray], device: str = "cpu"
+    ) -> OpenVinoSession:
         """The IR read into memory, the constants named by `weights` (ONNX layout, float32 or the constant's own
         type) replaced by new ones of their own element type, then compiled: nothing is written. A value already in
         the constant's type is shared with it, not copied (0.06 s instead of 1.1 s for the 462 MB of an SD 1.5 UNet's
@@ -336,7 +394,9 @@ class OpenVINO(Backend):
             fresh.output(0).set_names(names)
             replace_node(node, fresh)
         if left:
-            raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: no constant of the IR holds {sorted(left)[:5]}")
+            raise IntegrityError(
+                f"{manifest.ref} [{manifest.build_key[:12]}]: no constant of the IR holds {sorted(left)[:5]}"
+            )
         compiled = core.compile_model(model, dev, inference_config(core, dev, manifest.precision))
         return OpenVinoSession(compiled, "compiled IR with new weights in memory", held)
 
@@ -347,16 +407,26 @@ class OpenVINO(Backend):
         core, device = ov.Core(), device_class.upper()
         try:
             version = core.get_versions(device)[device]
-        except RuntimeError as exc:  # 'Cannot load library "<plugin>": libOpenCL.so.1: cannot open shared object file: …'
+        except (
+            RuntimeError
+        ) as exc:  # 'Cannot load library "<plugin>": libOpenCL.so.1: cannot open shared object file: …'
             found = re.search(r'Cannot load library "([^"]+)": ([^:\s]+):', str(exc))
             if found is None:
                 raise
             plugin, missing = found.groups()
-            return {"loads": False, "plugin": plugin, "missing": missing,
-                    "line": f"the {device} plugin is registered and found in the bundle ({Path(plugin).name}); it needs {missing} from the system "
-                            f"to load, which this machine lacks"}
-        return {"loads": True, "plugin": version.description, "missing": None,
-                "line": f"the {device} plugin loads ({version.description} {version.build_number}); devices here: {', '.join(core.available_devices) or 'none'}"}
+            return {
+                "loads": False,
+                "plugin": plugin,
+                "missing": missing,
+                "line": f"the {device} plugin is registered and found in the bundle ({Path(plugin).name}); it needs {missing} from the system "
+                f"to load, which this machine lacks",
+            }
+        return {
+            "loads": True,
+            "plugin": version.description,
+            "missing": None,
+            "line": f"the {device} plugin loads ({version.description} {version.build_number}); devices here: {', '.join(core.available_devices) or 'none'}",
+        }
 
     def device_classes(self, device) -> tuple[str, ...]:
         """The CPU, and the Intel GPUs and NPUs OpenVINO itself lists (hardware/devices.py: intel-gpu, intel-npu)."""

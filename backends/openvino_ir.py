@@ -40,7 +40,7 @@ def read(xml: Path, names) -> dict[str, np.ndarray]:
     for name in names:
         data, kind, shape = consts[name]
         start = int(data.get("offset"))
-        out[name] = blob[start:start + int(data.get("size"))].view(IR_DTYPES[kind]).reshape(shape)
+        out[name] = blob[start : start + int(data.get("size"))].view(IR_DTYPES[kind]).reshape(shape)
     return out
 
 

@@ -42,7 +42,6 @@ TIMING_PREFIX = "tensorrt-timing"
 MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 
-
 def _cuda_major() -> int | None:
     """The CUDA major TensorRT was installed for, from its wheel's name (tensorrt-cu12-libs, ...)."""
     from importlib import metadata
@@ -113,16 +112,26 @@ class TensorRT(NvidiaBackend):
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
         options = {**OPTIONS, **job.options}
         timing = _timing_dir(workdir)
-        return build_engine("tensorrt", prepared_onnx, job, workdir, options,
-                            version_compatible=options["version_compatible"],
-                            hardware_compatible=job.target.device == "ampere+",
-                            timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
-                            timing_cache_out=str(timing / "updated.cache"))
+        return build_engine(
+            "tensorrt",
+            prepared_onnx,
+            job,
+            workdir,
+            options,
+            version_compatible=options["version_compatible"],
+            hardware_compatible=job.target.device == "ampere+",
+            timing_caches=[str(p) for p in sorted((timing / "fetched").glob("*.cache"))],
+            timing_cache_out=str(timing / "updated.cache"),
+        )
 
     def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
         trt = self.sdk()
-        engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights)
-        return TrtSession(trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"])
+        engine, gpu, how = open_engine(
+            trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights
+        )
+        return TrtSession(
+            trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"]
+        )
 
     def before_build(self, store, job: BuildJob, workdir: Path) -> None:
         prefix = _timing_prefix()

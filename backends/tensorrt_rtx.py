@@ -49,7 +49,6 @@ NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
 INSTALL_NOTE = "real wheels from PyPI, 244 MB installed; it builds engines without a GPU"
 
 
-
 TURING = ("sm_75", "turing+")  # the device classes whose engines include SM75
 
 
@@ -57,7 +56,7 @@ TURING = ("sm_75", "turing+")  # the device classes whose engines include SM75
 FAILURE_HINTS = {
     "FP32 GEMM is not supported": "Turing (SM75) runs GEMMs in fp16 only: build this target in fp16, or target ampere+ for fp32",
     "MyelinCheckException": "without a GPU TensorRT-RTX cannot build weight-stripped or refittable engines: set strip_weights = false "
-                            "and refittable = false, or build on a runner with an NVIDIA GPU",
+    "and refittable = false, or build on a runner with an NVIDIA GPU",
 }
 
 
@@ -69,12 +68,17 @@ def compute_capabilities(trt, device: str) -> list[str]:
     if device.startswith("sm_"):
         name = "SM" + device[3:]
         if name not in known:
-            raise BuildError(f"TensorRT-RTX {trt.__version__} cannot target {device}", hint=f"it knows: {', '.join(sorted(known, key=lambda n: known[n]))}")
+            raise BuildError(
+                f"TensorRT-RTX {trt.__version__} cannot target {device}",
+                hint=f"it knows: {', '.join(sorted(known, key=lambda n: known[n]))}",
+            )
         return [name]
     if device == "ampere+":
         return []
     major, minor = FAMILY_FLOORS[device]
-    return sorted((n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=lambda n: known[n])
+    return sorted(
+        (n for n, cc in known.items() if cc >= major * 10 + minor and cc not in NOT_RTX), key=lambda n: known[n]
+    )
 
 
 def runtime_cache_path(manifest, gpu: dict) -> Path:
@@ -82,7 +86,12 @@ def runtime_cache_path(manifest, gpu: dict) -> Path:
     from enginefarm.settings import load_settings
 
     slot = f"rtx-{BACKEND.versions()['tensorrt-rtx']}-{gpu['arch']}-driver-{gpu['driver']}"
-    return load_settings().home / "tensorrt-rtx-runtime-cache" / re.sub(r"[^A-Za-z0-9_.+-]", "_", slot) / f"{manifest.build_key}.bin"
+    return (
+        load_settings().home
+        / "tensorrt-rtx-runtime-cache"
+        / re.sub(r"[^A-Za-z0-9_.+-]", "_", slot)
+        / f"{manifest.build_key}.bin"
+    )
 
 
 class TensorRTRTX(NvidiaBackend):
@@ -97,7 +106,9 @@ class TensorRTRTX(NvidiaBackend):
     computes = frozenset({"fp32", "fp16", "bf16"})  # bf16 from Ampere on (precision_refusal)
     # Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the
     # device from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
-    features = frozenset({Feature.REFIT, Feature.OWN_VALIDATION, Feature.BUILDS_WITHOUT_DEVICE, Feature.COMPILES_STACKS_ON_DEVICE})
+    features = frozenset(
+        {Feature.REFIT, Feature.OWN_VALIDATION, Feature.BUILDS_WITHOUT_DEVICE, Feature.COMPILES_STACKS_ON_DEVICE}
+    )
 
     def available(self, device: str) -> Availability:
         try:
@@ -106,7 +117,9 @@ class TensorRTRTX(NvidiaBackend):
             return sdk_missing(exc, note=INSTALL_NOTE)
         gpu, why = matching_gpu(device, FAMILY_FLOORS)
         if gpu is None:
-            return Availability(True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}")
+            return Availability(
+                True, False, f"builds here without a GPU (TensorRT-RTX {trt.__version__}), cannot run here: {why}"
+            )
         try:
             cudart()
         except BackendUnavailable as exc:
@@ -118,24 +131,41 @@ class TensorRTRTX(NvidiaBackend):
         return {
             "runtime": {"tensorrt-rtx": "==" + self.versions()["tensorrt-rtx"]},
             "os": [platform.system().lower()],
-            "engine": {"compute_capabilities": compute_capabilities(self.sdk(), job.target.device) or ["SM86 and later (SDK default)"],
-                       "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded"},
+            "engine": {
+                "compute_capabilities": compute_capabilities(self.sdk(), job.target.device)
+                or ["SM86 and later (SDK default)"],
+                "weights": "stripped, refitted on load" if {**OPTIONS, **job.options}["strip_weights"] else "embedded",
+            },
         }
 
-    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path, *, progress: BuildProgress | None = None) -> Built:
+    def build(
+        self, prepared_onnx: Path, job: BuildJob, workdir: Path, *, progress: BuildProgress | None = None
+    ) -> Built:
         options = {**OPTIONS, **job.options}
-        return build_engine("tensorrt_rtx", prepared_onnx, job, workdir, options, hints=FAILURE_HINTS, progress=progress,
-                            compute_capabilities=compute_capabilities(self.sdk(), job.target.device))
+        return build_engine(
+            "tensorrt_rtx",
+            prepared_onnx,
+            job,
+            workdir,
+            options,
+            hints=FAILURE_HINTS,
+            progress=progress,
+            compute_capabilities=compute_capabilities(self.sdk(), job.target.device),
+        )
 
     def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
         """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
         trt = self.sdk()
-        engine, gpu, how = open_engine(trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights)
+        engine, gpu, how = open_engine(
+            trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights
+        )
         config = engine.create_runtime_config()
         cache = config.create_runtime_cache()
         path = runtime_cache_path(manifest, gpu)
         if path.is_file() and not cache.deserialize(path.read_bytes()):
-            log.warning("%s %s: runtime cache %s was not usable; starting a new one", manifest.ref, manifest.target, path)
+            log.warning(
+                "%s %s: runtime cache %s was not usable; starting a new one", manifest.ref, manifest.target, path
+            )
         config.set_runtime_cache(cache)
         seen: set = set()
 
@@ -146,8 +176,16 @@ class TensorRTRTX(NvidiaBackend):
                 write_bytes_atomic(path, bytes(cache.serialize()))
 
         context = engine.create_execution_context(config)
-        return TrtSession(trt, engine, context, manifest.precision, how=f"{how}, runtime cache {path.name}", after_run=save_new_kernels,
-                          device_index=gpu["index"])
+        return TrtSession(
+            trt,
+            engine,
+            context,
+            manifest.precision,
+            how=f"{how}, runtime cache {path.name}",
+            after_run=save_new_kernels,
+            device_index=gpu["index"],
+        )
+
     artifact_noun = "engine"
 
     def validation_session(self, artifact_dir: Path, manifest, device: str):
@@ -164,8 +202,10 @@ class TensorRTRTX(NvidiaBackend):
         if not wanted:
             return None
         why = f"{' and '.join(f'{n} = true' for n in wanted)} needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or refittable engine without one)"
-        fix = (f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
-               "or build on a runner with an NVIDIA GPU")
+        fix = (
+            f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
+            "or build on a runner with an NVIDIA GPU"
+        )
         return why, fix
 
     def can_build_refittable(self) -> bool:
@@ -191,8 +231,10 @@ class TensorRTRTX(NvidiaBackend):
         if not nodes:
             return None
         shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-        return (f"TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for {shown}",
-                f"build {job.target} in fp16 (precisions = [\"fp16\"]), or target ampere+ for fp32")
+        return (
+            f"TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for {shown}",
+            f'build {job.target} in fp16 (precisions = ["fp16"]), or target ampere+ for fp32',
+        )
 
     def precision_refusal(self, precision: str, device: str) -> str | None:
         # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes: b16".

@@ -19,8 +19,15 @@ MAKE_VAE = "pip install torch==2.13.0 diffusers && python recipes/make_sd_vae_de
 
 def parser(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--store", type=Path, default=ROOT / ".enginefarm" / "bench-store", help="store dir (built into if it lacks artifacts)")
-    p.add_argument("--home", type=Path, default=ROOT / ".enginefarm" / "bench-home", help="device cache dir (ENGINEFARM_HOME)")
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=ROOT / ".enginefarm" / "bench-store",
+        help="store dir (built into if it lacks artifacts)",
+    )
+    p.add_argument(
+        "--home", type=Path, default=ROOT / ".enginefarm" / "bench-home", help="device cache dir (ENGINEFARM_HOME)"
+    )
     p.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "sd_vae_decoder.toml")
     p.add_argument("--ref", default="sd15/vae_decoder", help="MODEL/COMPONENT")
     p.add_argument("--no-build", action="store_true", help="measure what the store has; build nothing")
@@ -67,7 +74,9 @@ def ensure_built(args: argparse.Namespace, *select: str) -> None:
     todo = [p for p in planned if p["status"] == "to build"]
     if not todo or args.no_build:
         return
-    print(f"building {len(todo)} artifact(s) of {args.ref} into {args.store} (takes minutes on a small CPU):", flush=True)
+    print(
+        f"building {len(todo)} artifact(s) of {args.ref} into {args.store} (takes minutes on a small CPU):", flush=True
+    )
     started = time.perf_counter()
     cli("build", *common, check=False)  # a failed job is reported by the CLI; measure what did build
     print(f"build step took {time.perf_counter() - started:.0f} s\n", flush=True)
@@ -76,4 +85,7 @@ def ensure_built(args: argparse.Namespace, *select: str) -> None:
 def opt_feeds(manifest, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded normal inputs at the profile's opt shape, in each input's dtype."""
     rng = np.random.default_rng(seed)
-    return {t["name"]: rng.standard_normal(manifest.profile[t["name"]]["opt"]).astype(t["dtype"]) for t in manifest.io["inputs"]}
+    return {
+        t["name"]: rng.standard_normal(manifest.profile[t["name"]]["opt"]).astype(t["dtype"])
+        for t in manifest.io["inputs"]
+    }

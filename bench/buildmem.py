@@ -77,6 +77,7 @@ def measure(job, store_url: str, workroot: Path, bench: bool) -> dict:
 
     marks: list[tuple[str, float]] = []
     with TreeSampler() as sampler:
+
         def on_event(_job_id, kind, detail):
             if kind == "step":
                 stage = _stage(str(detail))
@@ -95,9 +96,16 @@ def measure(job, store_url: str, workroot: Path, bench: bool) -> dict:
         row["seconds"] += until - at
         row["peak_rss_mb"] = max(row["peak_rss_mb"], sampler.peaks.get(stage, 0) / 2**20)
     report = result.to_dict()
-    return {"job": job.label, "status": result.status, "reason": result.reason, "seconds": ended - started,
-            "tree_peak_rss_mb": max(sampler.peaks.values(), default=0) / 2**20, "outside": outside,
-            "own": report.get("stages"), "peak_rss_mb": report.get("peak_rss_mb")}
+    return {
+        "job": job.label,
+        "status": result.status,
+        "reason": result.reason,
+        "seconds": ended - started,
+        "tree_peak_rss_mb": max(sampler.peaks.values(), default=0) / 2**20,
+        "outside": outside,
+        "own": report.get("stages"),
+        "peak_rss_mb": report.get("peak_rss_mb"),
+    }
 
 
 def main() -> None:
@@ -118,8 +126,14 @@ def main() -> None:
     from enginefarm.cache.stores import open_store
 
     store = open_store(str(args.store.resolve()))
-    planned = plan([load_recipe(args.recipe)], args.home.resolve() / "sources", store=store, targets=tuple(args.target),
-                   precisions=tuple(args.precision), components=tuple(args.component))
+    planned = plan(
+        [load_recipe(args.recipe)],
+        args.home.resolve() / "sources",
+        store=store,
+        targets=tuple(args.target),
+        precisions=tuple(args.precision),
+        components=tuple(args.component),
+    )
     rows = []
     for entry in planned:
         if entry.built or not entry.availability.can_build:
@@ -128,14 +142,19 @@ def main() -> None:
         print(f"building {entry.job.label} ...", flush=True)
         row = measure(entry.job, store.url, args.home.resolve() / "build", not args.no_bench)
         rows.append(row)
-        print(f"  {row['status']} in {row['seconds']:.0f} s, process tree peak {row['tree_peak_rss_mb']:.0f} MB"
-              + (f"; job's own peak {row['peak_rss_mb']:.0f} MB" if row.get("peak_rss_mb") else "")
-              + (f": {row['reason']}" if row["reason"] else ""), flush=True)
+        print(
+            f"  {row['status']} in {row['seconds']:.0f} s, process tree peak {row['tree_peak_rss_mb']:.0f} MB"
+            + (f"; job's own peak {row['peak_rss_mb']:.0f} MB" if row.get("peak_rss_mb") else "")
+            + (f": {row['reason']}" if row["reason"] else ""),
+            flush=True,
+        )
         own = {s["stage"]: s for s in row["own"] or []}
         for stage, seen in row["outside"].items():
             mine = own.get(stage)
             extra = f"   own: {mine['seconds']:7.1f} s {mine['peak_rss_mb']:8.0f} MB" if mine else ""
-            print(f"    {stage:<10} {seen['seconds']:7.1f} s  tree peak {seen['peak_rss_mb']:8.0f} MB{extra}", flush=True)
+            print(
+                f"    {stage:<10} {seen['seconds']:7.1f} s  tree peak {seen['peak_rss_mb']:8.0f} MB{extra}", flush=True
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     sys.exit(1 if any(r["status"] == "failed" for r in rows) else 0)

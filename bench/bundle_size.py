@@ -31,8 +31,14 @@ def import_seconds(python: str, runs: int, bundle: Path | None = None) -> float:
     checkout, whose enginefarm/ folder would otherwise shadow the installed package."""
     code = IMPORT if bundle is None else f"import sys; sys.path.insert(0, {str(bundle)!r}); {IMPORT}"
     flags = ["-I", "-S"] if bundle is not None else []
-    times = [float(subprocess.run([python, *flags, "-c", code], capture_output=True, text=True, check=True, cwd=tempfile.gettempdir()).stdout)
-             for _ in range(runs + 1)]
+    times = [
+        float(
+            subprocess.run(
+                [python, *flags, "-c", code], capture_output=True, text=True, check=True, cwd=tempfile.gettempdir()
+            ).stdout
+        )
+        for _ in range(runs + 1)
+    ]
     return statistics.median(times[1:])
 
 
@@ -68,11 +74,22 @@ def main() -> None:
                 core_python = str(folder / "core" / "bin" / "python")
             vendor = sum(v for k, v in sizes.items() if k.startswith(VENDOR))
             named = sizes.get("enginefarm", 0) + sizes.get("numpy", 0) + sizes.get("zstandard", 0) + vendor
-            rest = sorted(((k, v) for k, v in sizes.items() if k not in ("enginefarm", "numpy", "zstandard") and not k.startswith(VENDOR)), key=lambda kv: -kv[1])
-            print(f"| `enginefarm{f'[{extra}]' if extra else ''}` | {mb(sum(sizes.values()))} | {mb(sizes.get('enginefarm', 0))} | {mb(sizes.get('numpy', 0))} | "
-                  f"{mb(sizes.get('zstandard', 0))} | {mb(vendor)} | {mb(sum(sizes.values()) - named)} ({', '.join(f'{k} {mb(v)}' for k, v in rest[:5])}) |")
+            rest = sorted(
+                (
+                    (k, v)
+                    for k, v in sizes.items()
+                    if k not in ("enginefarm", "numpy", "zstandard") and not k.startswith(VENDOR)
+                ),
+                key=lambda kv: -kv[1],
+            )
+            print(
+                f"| `enginefarm{f'[{extra}]' if extra else ''}` | {mb(sum(sizes.values()))} | {mb(sizes.get('enginefarm', 0))} | {mb(sizes.get('numpy', 0))} | "
+                f"{mb(sizes.get('zstandard', 0))} | {mb(vendor)} | {mb(sum(sizes.values()) - named)} ({', '.join(f'{k} {mb(v)}' for k, v in rest[:5])}) |"
+            )
         print()
-        print("| bundle | total MB | enginefarm | numpy | zstandard | vendor runtime | other | + byte code if compiled | proof |")
+        print(
+            "| bundle | total MB | enginefarm | numpy | zstandard | vendor runtime | other | + byte code if compiled | proof |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         bundles = {}
         for target in args.targets.split(","):
@@ -80,16 +97,22 @@ def main() -> None:
             bundles[target] = bundle.folder
             proof = prove(bundle.folder, target)
             by = bundle.size_by_part()
-            print(f"| {target} | {mb(bundle.size)} | {mb(by['enginefarm'])} | {mb(by['numpy'])} | {mb(by['zstandard'])} | {mb(by['vendor runtime'])} | "
-                  f"{mb(by['other'])} | {mb(byte_code_size(bundle.folder))} | {'ran, matches ONNX Runtime' if proof.ran else 'files load; not run (no device)'} |")
+            print(
+                f"| {target} | {mb(bundle.size)} | {mb(by['enginefarm'])} | {mb(by['numpy'])} | {mb(by['zstandard'])} | {mb(by['vendor runtime'])} | "
+                f"{mb(by['other'])} | {mb(byte_code_size(bundle.folder))} | {'ran, matches ONNX Runtime' if proof.ran else 'files load; not run (no device)'} |"
+            )
         print()
         from importlib.metadata import version
 
         print(f"bundles written from this environment: numpy {version('numpy')}, zstandard {version('zstandard')}")
         if core_python:
-            print(f"import enginefarm.runner.load, core venv: median {import_seconds(core_python, args.runs):.3f} s of {args.runs} fresh processes")
+            print(
+                f"import enginefarm.runner.load, core venv: median {import_seconds(core_python, args.runs):.3f} s of {args.runs} fresh processes"
+            )
         for target, where in bundles.items():
-            print(f"import enginefarm.runner.load, {target} bundle (python -I -S; byte code written by a first, uncounted run): median {import_seconds(sys.executable, args.runs, where):.3f} s of {args.runs}")
+            print(
+                f"import enginefarm.runner.load, {target} bundle (python -I -S; byte code written by a first, uncounted run): median {import_seconds(sys.executable, args.runs, where):.3f} s of {args.runs}"
+            )
 
 
 if __name__ == "__main__":

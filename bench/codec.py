@@ -63,7 +63,11 @@ def datasets(mib: int) -> dict[str, tuple[bytes, str]]:
         (header_len,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8 : 8 + header_len])
         body = raw[8 + header_len :]
-        parts = [np.frombuffer(body[v["data_offsets"][0] : v["data_offsets"][1]], np.float32) for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"]
+        parts = [
+            np.frombuffer(body[v["data_offsets"][0] : v["data_offsets"][1]], np.float32)
+            for k, v in header.items()
+            if k != "__metadata__" and v["dtype"] == "F32"
+        ]
         fp32 = np.concatenate(parts)[: cap // 4]
         found["MiniLM-L6 trained fp32"] = (fp32.tobytes(), "float32")
         found["MiniLM-L6 trained fp16"] = (fp32.astype(np.float16).tobytes(), "float16")
@@ -82,9 +86,14 @@ def timed(fn, repeats: int = 3):
 def methods():
     found = {}
     for level in (3, 9, 19):
-        found[f"zstd-{level}"] = (lambda data, dtype, level=level: zstandard.ZstdCompressor(level=level).compress(data),
-                                  lambda blob, n: zstandard.ZstdDecompressor().decompress(blob, max_output_size=n))
-    found["efw1 (ours)"] = (lambda data, dtype: weight_codec.compress(data, dtype), lambda blob, n: weight_codec.decompress(blob, n))
+        found[f"zstd-{level}"] = (
+            lambda data, dtype, level=level: zstandard.ZstdCompressor(level=level).compress(data),
+            lambda blob, n: zstandard.ZstdDecompressor().decompress(blob, max_output_size=n),
+        )
+    found["efw1 (ours)"] = (
+        lambda data, dtype: weight_codec.compress(data, dtype),
+        lambda blob, n: weight_codec.decompress(blob, n),
+    )
     if weight_codec._native is not None:  # the same blobs through the numpy fallback, for installs without the C loop
         found["efw1 numpy"] = (lambda data, dtype: weight_codec.compress(data, dtype), _without_native)
     try:
@@ -98,7 +107,9 @@ def methods():
             # it gets a copy; the copy (~1/10 of its encode time) is counted in its encode speed.
             return zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype).compress(bytearray(data))
 
-        def zip_decompress(blob, n):  # a fresh instance, configured like the encoder (reused ones were seen to mis-decode fp32)
+        def zip_decompress(
+            blob, n
+        ):  # a fresh instance, configured like the encoder (reused ones were seen to mis-decode fp32)
             return zipnn.ZipNN(input_format="byte", bytearray_dtype=last[0]).decompress(blob)
 
         found["ZipNN"] = (zip_compress, zip_decompress)
@@ -108,8 +119,10 @@ def methods():
 
 
 # glibc reads the threshold at start-up only, hence the child processes
-ALLOCATOR = {"warm": (str(1 << 40), "every decode reuses already-faulted heap pages (the codec's own work)"),
-             "fresh": (str(1 << 16), "every decode's output is a new mapping (what a one-shot decode costs)")}
+ALLOCATOR = {
+    "warm": (str(1 << 40), "every decode reuses already-faulted heap pages (the codec's own work)"),
+    "fresh": (str(1 << 16), "every decode's output is a new mapping (what a one-shot decode costs)"),
+}
 
 
 def _without_native(blob, n):
@@ -125,7 +138,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7, help="decode repetitions, interleaved across methods")
     parser.add_argument("--only", default="", help="only data sets whose name contains this")
-    parser.add_argument("--memory", choices=("both", *ALLOCATOR), default="both", help="the allocator state decodes run in (see above)")
+    parser.add_argument(
+        "--memory", choices=("both", *ALLOCATOR), default="both", help="the allocator state decodes run in (see above)"
+    )
     args = parser.parse_args()
     if args.memory == "both" and sys.platform == "linux":
         for memory in ALLOCATOR:
@@ -137,7 +152,9 @@ def main() -> None:
     results: dict[tuple[str, str], tuple[float, float, float]] = {}
     spread: dict[str, list[float]] = {}
     kinds = methods()
-    print(f"efw1 interleave: {'C loop (cache/_interleave.c)' if weight_codec._native else 'numpy fallback (the C loop is not built)'}")
+    print(
+        f"efw1 interleave: {'C loop (cache/_interleave.c)' if weight_codec._native else 'numpy fallback (the C loop is not built)'}"
+    )
     print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
     for name, (data, dtype) in datasets(args.mib).items():
         if args.only not in name:
@@ -162,7 +179,9 @@ def main() -> None:
         for method, blob in blobs.items():
             dec_mbs = len(data) / statistics.median(times[method]) / 1e6
             results[(name, method)] = (len(blob) / len(data), enc_mbs[method], dec_mbs)
-            print(f"{name:26}{method:14}{len(blob) / len(data):>8.4f}{enc_mbs[method]:>10.0f}{dec_mbs:>10.0f}", flush=True)
+            print(
+                f"{name:26}{method:14}{len(blob) / len(data):>8.4f}{enc_mbs[method]:>10.0f}{dec_mbs:>10.0f}", flush=True
+            )
         if "ZipNN" in times and "efw1 (ours)" in times:
             spread[name] = sorted(z / o for o, z in zip(times["efw1 (ours)"], times["ZipNN"], strict=True))
         print()
@@ -173,8 +192,10 @@ def main() -> None:
                 print(f"  {name:26} ZipNN did not round-trip: no comparison")
                 continue
             ours, theirs, paired = results[(name, "efw1 (ours)")], results[(name, "ZipNN")], spread[name]
-            print(f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed ratio "
-                  f"{ours[2] / theirs[2]:.2f} (per repetition {paired[0]:.2f}..{paired[-1]:.2f})")
+            print(
+                f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed ratio "
+                f"{ours[2] / theirs[2]:.2f} (per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
+            )
 
 
 if __name__ == "__main__":

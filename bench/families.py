@@ -72,7 +72,9 @@ def measure(family: str, root: Path, steps: int) -> list[dict]:
     _cli("export", str(source), "--out", str(root / "export"), "--latent", "8,8,16", "--batch", "1,2,2")
     export_s = time.perf_counter() - started
     export_mb = sum(p.stat().st_size for p in (root / "export").glob("*.onnx*")) / 1e6
-    built = _cli("build", str(root / "export" / "recipe.toml"), "--store", str(root / "store"), "--no-bench", "-j", "2").stdout
+    built = _cli(
+        "build", str(root / "export" / "recipe.toml"), "--store", str(root / "store"), "--no-bench", "-j", "2"
+    ).stdout
     jobs = sum(line.lstrip().startswith("built") for line in built.splitlines())
     name = tomllib.loads((root / "export" / "recipe.toml").read_text())["model"]["name"]
     theirs = diffusers.DiffusionPipeline.from_pretrained(source)
@@ -85,15 +87,36 @@ def measure(family: str, root: Path, steps: int) -> list[dict]:
             side = pixels // ours.vae_scale_factor
             latents = np.random.default_rng(0).standard_normal((1, ours.latent_channels, side, side)).astype(np.float32)
             kind = "latent" if precision == "fp32" else "np"
-            got = ours(PROMPT, steps=steps, latents=latents, output_type=kind, height=pixels, width=pixels, guidance_scale=6.0)
+            got = ours(
+                PROMPT, steps=steps, latents=latents, output_type=kind, height=pixels, width=pixels, guidance_scale=6.0
+            )
             ms_step = ours.timings["denoise"] / ours.timings["steps"] * 1000
-            reference = theirs(PROMPT, num_inference_steps=steps, latents=_theirs_latents(family, latents), output_type=kind,
-                               height=pixels, width=pixels, guidance_scale=6.0).images
+            reference = theirs(
+                PROMPT,
+                num_inference_steps=steps,
+                latents=_theirs_latents(family, latents),
+                output_type=kind,
+                height=pixels,
+                width=pixels,
+                guidance_scale=6.0,
+            ).images
             reference = _unpacked(family, reference, pixels) if precision == "fp32" else reference[0]
-            error = np.abs(got - reference).max() / ((reference.max() - reference.min()) if precision == "fp32" else 1.0)
-            rows.append({"family": family, "export s": f"{export_s:.1f}", "ONNX MB": f"{export_mb:.1f}", "jobs": jobs, "target": target,
-                         "precision": precision, "vs diffusers": f"{error:.1e} ({'latent' if precision == 'fp32' else 'image'})",
-                         "ms/step": f"{ms_step:.0f}", "size": f"{pixels}²"})
+            error = np.abs(got - reference).max() / (
+                (reference.max() - reference.min()) if precision == "fp32" else 1.0
+            )
+            rows.append(
+                {
+                    "family": family,
+                    "export s": f"{export_s:.1f}",
+                    "ONNX MB": f"{export_mb:.1f}",
+                    "jobs": jobs,
+                    "target": target,
+                    "precision": precision,
+                    "vs diffusers": f"{error:.1e} ({'latent' if precision == 'fp32' else 'image'})",
+                    "ms/step": f"{ms_step:.0f}",
+                    "size": f"{pixels}²",
+                }
+            )
     return rows
 
 

@@ -46,9 +46,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mib", type=int, default=128, help="size of the synthetic weights")
-    parser.add_argument("--link-mibps", type=int, default=100, help="also measure through a proxy capped at this rate (0: skip)")
+    parser.add_argument(
+        "--link-mibps", type=int, default=100, help="also measure through a proxy capped at this rate (0: skip)"
+    )
     args = parser.parse_args()
-    for name, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         os.environ[name] = value
     server = MotoServer()
     os.environ["AWS_ENDPOINT_URL"] = server.url
@@ -72,25 +78,42 @@ def run(args, server: MotoServer, tmp: Path) -> None:
     bucket = make_bucket(server.url)
     folder = artifact_source(tmp, args.mib)
     files, blobs = pack_files(folder, [("model.bin", "weights")], tmp / "blobs")
-    manifest = Manifest(build_key="b" * 64, model="bench", model_version="1", component="c", precision="fp16", profile_name="p",
-                        profile={}, target="onnxruntime:cpu", toolchain={}, files=tuple(files))
+    manifest = Manifest(
+        build_key="b" * 64,
+        model="bench",
+        model_version="1",
+        component="c",
+        precision="fp16",
+        profile_name="p",
+        profile={},
+        target="onnxruntime:cpu",
+        toolchain={},
+        files=tuple(files),
+    )
     s3 = open_store(f"s3://{bucket}/farm")
     publish(s3, manifest, blobs)
     stored = sum(f.stored_size for f in files)
     raw = sum(f.size for f in files)
     http = open_store(f"{server.url}/{bucket}/farm")
     client = boto3.client("s3")
-    print(f"object: {stored / 2**20:.1f} MiB stored ({files[0].codec}), {raw / 2**20:.1f} MiB raw; moto on {server.url}; {args.repeats} repeats\n", flush=True)
+    print(
+        f"object: {stored / 2**20:.1f} MiB stored ({files[0].codec}), {raw / 2**20:.1f} MiB raw; moto on {server.url}; {args.repeats} repeats\n",
+        flush=True,
+    )
 
     def bare_s3() -> None:
         for f in files:
-            body = client.get_object(Bucket=bucket, Key=f"farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}")["Body"]
+            body = client.get_object(Bucket=bucket, Key=f"farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}")[
+                "Body"
+            ]
             while body.read(1 << 20):
                 pass
 
     def bare_http() -> None:
         for f in files:
-            with urllib.request.urlopen(f"{server.url}/{bucket}/farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}") as response:
+            with urllib.request.urlopen(
+                f"{server.url}/{bucket}/farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}"
+            ) as response:
                 while response.read(1 << 20):
                     pass
 
@@ -98,8 +121,12 @@ def run(args, server: MotoServer, tmp: Path) -> None:
         """What any verified download costs at least: GET, sha256 and write the stored bytes, on one thread."""
         for f in files:
             digest = hashlib.sha256()
-            with urllib.request.urlopen(f"{server.url}/{bucket}/farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}") as response, \
-                    open(tmp / "verified.bin", "wb") as out:
+            with (
+                urllib.request.urlopen(
+                    f"{server.url}/{bucket}/farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}"
+                ) as response,
+                open(tmp / "verified.bin", "wb") as out,
+            ):
                 while chunk := response.read(1 << 20):
                     digest.update(chunk)
                     out.write(chunk)
@@ -110,15 +137,20 @@ def run(args, server: MotoServer, tmp: Path) -> None:
             home = tmp / "home"
             shutil.rmtree(home, ignore_errors=True)
             DeviceCache(home).fetch(store, manifest)
+
         return go
 
     from enginefarm.cache.stores.http import HttpStore
 
     parallel = HttpStore(http.url, workers=4)
-    kinds = {"bare GET (boto3)": bare_s3, "enginefarm fetch (s3://)": enginefarm_fetch(s3),
-             "bare GET (urllib)": bare_http, "enginefarm fetch (http://)": enginefarm_fetch(http),
-             "GET + sha256 + write (urllib)": verified_http,
-             "enginefarm fetch (http, 4 conns)": enginefarm_fetch(parallel)}
+    kinds = {
+        "bare GET (boto3)": bare_s3,
+        "enginefarm fetch (s3://)": enginefarm_fetch(s3),
+        "bare GET (urllib)": bare_http,
+        "enginefarm fetch (http://)": enginefarm_fetch(http),
+        "GET + sha256 + write (urllib)": verified_http,
+        "enginefarm fetch (http, 4 conns)": enginefarm_fetch(parallel),
+    }
     times: dict[str, list[float]] = {k: [] for k in kinds}
     cpu: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(args.repeats):
@@ -133,14 +165,23 @@ def run(args, server: MotoServer, tmp: Path) -> None:
     print(f"{'':34}{'median s':>10}{'MiB/s':>10}{'client CPU ms/MiB':>19}")
     median = {k: statistics.median(v) for k, v in times.items()}
     for name, seconds in median.items():
-        print(f"{name:34}{seconds:>10.2f}{stored / 2**20 / seconds:>10.1f}{statistics.median(cpu[name]) * 1e3 / (stored / 2**20):>19.2f}")
-    for scheme, bare, ours in (("s3", "bare GET (boto3)", "enginefarm fetch (s3://)"), ("http", "bare GET (urllib)", "enginefarm fetch (http://)"),
-                               ("http, 4 connections", "bare GET (urllib)", "enginefarm fetch (http, 4 conns)")):
+        print(
+            f"{name:34}{seconds:>10.2f}{stored / 2**20 / seconds:>10.1f}{statistics.median(cpu[name]) * 1e3 / (stored / 2**20):>19.2f}"
+        )
+    for scheme, bare, ours in (
+        ("s3", "bare GET (boto3)", "enginefarm fetch (s3://)"),
+        ("http", "bare GET (urllib)", "enginefarm fetch (http://)"),
+        ("http, 4 connections", "bare GET (urllib)", "enginefarm fetch (http, 4 conns)"),
+    ):
         paired = sorted(b / o for b, o in zip(times[bare], times[ours], strict=True))
-        print(f"fetch throughput ratio, {scheme} (enginefarm / bare GET): {median[bare] / median[ours]:.2f} (target >= {TARGET}; "
-              f"per repetition {paired[0]:.2f}..{paired[-1]:.2f})")
-    print(f"for scale, GET + sha256 + write of the stored bytes (no decoding) / bare GET: "
-          f"{median['bare GET (urllib)'] / median['GET + sha256 + write (urllib)']:.2f}")
+        print(
+            f"fetch throughput ratio, {scheme} (enginefarm / bare GET): {median[bare] / median[ours]:.2f} (target >= {TARGET}; "
+            f"per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
+        )
+    print(
+        f"for scale, GET + sha256 + write of the stored bytes (no decoding) / bare GET: "
+        f"{median['bare GET (urllib)'] / median['GET + sha256 + write (urllib)']:.2f}"
+    )
     if args.link_mibps:
         link(args, server, bucket, files, manifest, stored, enginefarm_fetch)
 
@@ -155,7 +196,9 @@ def link(args, server, bucket, files, manifest, stored, enginefarm_fetch) -> Non
 
     def bare() -> None:
         for f in files:
-            with urllib.request.urlopen(f"{proxy.url}/{bucket}/farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}") as response:
+            with urllib.request.urlopen(
+                f"{proxy.url}/{bucket}/farm/blobs/sha256/{f.stored_sha256[:2]}/{f.stored_sha256}"
+            ) as response:
                 while response.read(1 << 20):
                     pass
 
@@ -171,8 +214,12 @@ def link(args, server, bucket, files, manifest, stored, enginefarm_fetch) -> Non
         proxy.stop()
     b, e = statistics.median(times["bare"]), statistics.median(times["enginefarm"])
     paired = sorted(x / y for x, y in zip(times["bare"], times["enginefarm"], strict=True))
-    print(f"\nthrough a {args.link_mibps} MiB/s link: bare GET {stored / 2**20 / b:.0f} MiB/s, enginefarm fetch {stored / 2**20 / e:.0f} MiB/s")
-    print(f"fetch throughput ratio over the capped link (enginefarm / bare GET): {b / e:.2f} (target >= {TARGET}; per repetition {paired[0]:.2f}..{paired[-1]:.2f})")
+    print(
+        f"\nthrough a {args.link_mibps} MiB/s link: bare GET {stored / 2**20 / b:.0f} MiB/s, enginefarm fetch {stored / 2**20 / e:.0f} MiB/s"
+    )
+    print(
+        f"fetch throughput ratio over the capped link (enginefarm / bare GET): {b / e:.2f} (target >= {TARGET}; per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
+    )
 
 
 if __name__ == "__main__":

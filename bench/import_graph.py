@@ -58,11 +58,13 @@ class Edge:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.Module):
     """(node, level) for every import statement, the level saying where it is written."""
+
     def walk(node: ast.AST, level: str):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
@@ -74,6 +76,7 @@ def _imports(tree: ast.Module):
                 yield from walk(ast.Module(body=child.orelse, type_ignores=[]), level)
             else:
                 yield from walk(child, level)
+
     yield from walk(tree, "module")
 
 
@@ -152,15 +155,22 @@ def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def upward(found: list[Edge], only: dict[str, tuple[str, ...]] = ONLY,
-           never: dict[str, tuple[str, ...]] = NEVER) -> list[Edge]:
+def upward(
+    found: list[Edge], only: dict[str, tuple[str, ...]] = ONLY, never: dict[str, tuple[str, ...]] = NEVER
+) -> list[Edge]:
     """The imports that break a layer's rule, at any level."""
+
     def breaks(e: Edge) -> bool:
-        outside = any(_within(e.source, layer) and not any(_within(e.target, ok) for ok in allowed)
-                      for layer, allowed in only.items())
-        denied = any(_within(e.source, layer) and any(_within(e.target, no) for no in targets)
-                     for layer, targets in never.items())
+        outside = any(
+            _within(e.source, layer) and not any(_within(e.target, ok) for ok in allowed)
+            for layer, allowed in only.items()
+        )
+        denied = any(
+            _within(e.source, layer) and any(_within(e.target, no) for no in targets)
+            for layer, targets in never.items()
+        )
         return outside or denied
+
     return [e for e in found if breaks(e)]
 
 
@@ -171,8 +181,10 @@ def main() -> None:
     args = p.parse_args()
     found = edges()
     counted = LEVELS[: LEVELS.index(args.level) + 1]
-    print(f"{len(modules())} modules, {len({(e.source, e.target) for e in found if e.level in counted})} import edges "
-          f"(counting {', '.join(counted)}-level imports)")
+    print(
+        f"{len(modules())} modules, {len({(e.source, e.target) for e in found if e.level in counted})} import edges "
+        f"(counting {', '.join(counted)}-level imports)"
+    )
     result = circles(found, args.level)
     for members in result:
         print(f"circle of {len(members)}: {' <-> '.join(members)}")
@@ -184,8 +196,9 @@ def main() -> None:
     wrong = upward(found)
     for e in wrong:
         print(f"upward: {e.source} -> {e.target}  (line {e.line}, {e.level})")
-    print(f"{len(wrong)} upward import(s) (hardware imports nothing above it; backends and builder nothing of the "
-          "runner)")
+    print(
+        f"{len(wrong)} upward import(s) (hardware imports nothing above it; backends and builder nothing of the runner)"
+    )
     sys.exit(1 if result else 0)
 
 

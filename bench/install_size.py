@@ -68,8 +68,10 @@ def main() -> None:
             vendor = sum(v for k, v in sizes.items() if k.startswith(VENDOR))
             own = total - vendor - sizes.get("numpy", 0)
             top = ", ".join(f"{k} {mb(v):.1f}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:8])
-            print(f"core{'+' + extra if extra else ''}: {mb(total):.0f} MB (vendor runtime {mb(vendor):.0f}, numpy {mb(sizes.get('numpy', 0)):.0f}, "
-                  f"enginefarm's own share {mb(own):.1f}); onnx installed: {'onnx' in sizes}, onnxsim: {'onnxsim' in sizes}")
+            print(
+                f"core{'+' + extra if extra else ''}: {mb(total):.0f} MB (vendor runtime {mb(vendor):.0f}, numpy {mb(sizes.get('numpy', 0)):.0f}, "
+                f"enginefarm's own share {mb(own):.1f}); onnx installed: {'onnx' in sizes}, onnxsim: {'onnxsim' in sizes}"
+            )
             print(f"    largest: {top}")
 
 

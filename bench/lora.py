@@ -63,26 +63,49 @@ def generated_model(folder: Path) -> tuple[Path, Path, str, list[int]]:
     from enginefarm.builder.safetensors_io import write_safetensors
 
     rng = np.random.default_rng(0)
-    shapes = {"conv1.weight": (512, 512, 3, 3), "conv2.weight": (512, 512, 3, 3), "proj.weight": (1024, 512, 1, 1),
-              "ff.up.weight": (4096, 1024), "ff.down.weight": (1024, 4096), "ff.up2.weight": (4096, 1024)}
+    shapes = {
+        "conv1.weight": (512, 512, 3, 3),
+        "conv2.weight": (512, 512, 3, 3),
+        "proj.weight": (1024, 512, 1, 1),
+        "ff.up.weight": (4096, 1024),
+        "ff.down.weight": (1024, 4096),
+        "ff.up2.weight": (4096, 1024),
+    }
     ckpt = {k: (rng.normal(0, 1, s) / np.sqrt(np.prod(s[1:]))).astype(np.float32) for k, s in shapes.items()}
-    inits = {"conv1.weight": ckpt["conv1.weight"], "conv2.weight": ckpt["conv2.weight"], "onnx::Conv_5": ckpt["proj.weight"],
-             "onnx::MatMul_9": ckpt["ff.up.weight"].T, "onnx::MatMul_10": ckpt["ff.down.weight"].T,
-             "onnx::MatMul_11": ckpt["ff.up2.weight"].T, "shape": np.array([1, 1024, 256], np.int64)}
+    inits = {
+        "conv1.weight": ckpt["conv1.weight"],
+        "conv2.weight": ckpt["conv2.weight"],
+        "onnx::Conv_5": ckpt["proj.weight"],
+        "onnx::MatMul_9": ckpt["ff.up.weight"].T,
+        "onnx::MatMul_10": ckpt["ff.down.weight"].T,
+        "onnx::MatMul_11": ckpt["ff.up2.weight"].T,
+        "shape": np.array([1, 1024, 256], np.int64),
+    }
     nodes = [
-        helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c2"], ["r2"]),
-        helper.make_node("Conv", ["r2", "onnx::Conv_5"], ["c3"]), helper.make_node("Reshape", ["c3", "shape"], ["flat"]),
+        helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "onnx::Conv_5"], ["c3"]),
+        helper.make_node("Reshape", ["c3", "shape"], ["flat"]),
         helper.make_node("Transpose", ["flat"], ["t"], perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["t", "onnx::MatMul_9"], ["u"]), helper.make_node("Tanh", ["u"], ["ut"]),
-        helper.make_node("MatMul", ["ut", "onnx::MatMul_10"], ["d"]), helper.make_node("MatMul", ["d", "onnx::MatMul_11"], ["y"]),
+        helper.make_node("MatMul", ["t", "onnx::MatMul_9"], ["u"]),
+        helper.make_node("Tanh", ["u"], ["ut"]),
+        helper.make_node("MatMul", ["ut", "onnx::MatMul_10"], ["d"]),
+        helper.make_node("MatMul", ["d", "onnx::MatMul_11"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "lorabench", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 4096])],
-                              [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in inits.items()])
+    graph = helper.make_graph(
+        nodes,
+        "lorabench",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 4096])],
+        [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in inits.items()],
+    )
     import onnx
 
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(folder / "model.onnx"))
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(folder / "model.onnx")
+    )
     write_safetensors(folder / "model.safetensors", ckpt)
     return folder / "model.onnx", folder / "model.safetensors", "x", [1, 512, 16, 16]
 
@@ -103,7 +126,13 @@ def lora_files(folder: Path, mapped: dict) -> list[tuple[Path, float]]:
             up = (rng.normal(0, 0.05, up_shape)).astype(np.float32)
             if kohya:
                 key = "lora_unet_" + module.replace(".", "_")
-                tensors.update({f"{key}.lora_down.weight": down, f"{key}.lora_up.weight": up, f"{key}.alpha": np.array(4.0, np.float32)})
+                tensors.update(
+                    {
+                        f"{key}.lora_down.weight": down,
+                        f"{key}.lora_up.weight": up,
+                        f"{key}.alpha": np.array(4.0, np.float32),
+                    }
+                )
             else:
                 tensors.update({f"{module}.lora_A.weight": down, f"{module}.lora_B.weight": up})
     write_safetensors(folder / "a.safetensors", a)
@@ -121,7 +150,9 @@ def patched_load(loras, manifest, cache, backend, device):
     from enginefarm.cache.progress import Progress
     from enginefarm.runner.custom import Stack, patched_artifact
 
-    patched, path, _ = patched_artifact(Stack.parse(None, loras), manifest, cache.path_of(manifest.build_key), backend, cache, Progress())
+    patched, path, _ = patched_artifact(
+        Stack.parse(None, loras), manifest, cache.path_of(manifest.build_key), backend, cache, Progress()
+    )
     session = backend.load(path, patched, device)
     return session.run(FEEDS)
 
@@ -137,7 +168,11 @@ def timed(fn):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["vae", "generated"], default="vae" if VAE_CKPT.is_file() and VAE_ONNX.is_file() else "generated")
+    parser.add_argument(
+        "--model",
+        choices=["vae", "generated"],
+        default="vae" if VAE_CKPT.is_file() and VAE_ONNX.is_file() else "generated",
+    )
     parser.add_argument("--targets", default="onnxruntime:cpu,openvino:cpu")
     parser.add_argument("--work", type=Path, default=ROOT / ".enginefarm" / "bench-lora")
     args = parser.parse_args()
@@ -162,7 +197,11 @@ def main() -> int:
         source, checkpoint, input_name, shape = generated_model(work / "model")
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     recipe = work / "recipe.toml"
-    recipe.write_text(RECIPE.format(source=source, checkpoint=checkpoint, targets=str(targets).replace("'", '"'), input=input_name, shape=shape))
+    recipe.write_text(
+        RECIPE.format(
+            source=source, checkpoint=checkpoint, targets=str(targets).replace("'", '"'), input=input_name, shape=shape
+        )
+    )
     print(f"model: {args.model} ({source.name}, {source.stat().st_size / 1e6:.0f} MB), input {input_name} {shape}")
     feeds = FEEDS
     feeds[input_name] = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
@@ -190,21 +229,49 @@ def main() -> int:
         same = np.array_equal(next(iter(again.run(feeds).values())), out)
         cos = float(np.dot(out.ravel(), base_out.ravel()) / (np.linalg.norm(out) * np.linalg.norm(base_out)))
         backend = get_backend(job.target.backend)
-        path = "refit" if backend.has(Feature.REFIT) else "at load" if backend.has(Feature.WEIGHTS_AT_LOAD) else "patch + recompile"
+        path = (
+            "refit"
+            if backend.has(Feature.REFIT)
+            else "at load"
+            if backend.has(Feature.WEIGHTS_AT_LOAD)
+            else "patch + recompile"
+        )
         before = du(home)
         patched_s, patched_out = timed(partial(patched_load, loras, manifest, cache, backend, job.target.device))
         patched_growth = du(home) - before
         agree = float(np.abs(next(iter(patched_out.values())) - out).max())
-        rows.append((target, path, build_s, apply_s, cached_s, base_s, patched_s, growth / base_bytes, patched_growth / base_bytes, cos, same, agree))
-        print(f"  build {build_s:.1f} s, apply {apply_s:.2f} s ({path}), again {cached_s:.2f} s, base load {base_s:.2f} s, "
-              f"patched copy {patched_s:.2f} s", flush=True)
+        rows.append(
+            (
+                target,
+                path,
+                build_s,
+                apply_s,
+                cached_s,
+                base_s,
+                patched_s,
+                growth / base_bytes,
+                patched_growth / base_bytes,
+                cos,
+                same,
+                agree,
+            )
+        )
+        print(
+            f"  build {build_s:.1f} s, apply {apply_s:.2f} s ({path}), again {cached_s:.2f} s, base load {base_s:.2f} s, "
+            f"patched copy {patched_s:.2f} s",
+            flush=True,
+        )
 
-    print(f"\n{'target':18} {'path':8} {'build':>7} {'base load':>10} {'apply':>7} {'÷ base':>7} {'again':>7} {'growth':>7} "
-          f"{'patched':>8} {'÷ base':>7} {'growth':>7}  output")
+    print(
+        f"\n{'target':18} {'path':8} {'build':>7} {'base load':>10} {'apply':>7} {'÷ base':>7} {'again':>7} {'growth':>7} "
+        f"{'patched':>8} {'÷ base':>7} {'growth':>7}  output"
+    )
     for target, path, build_s, apply_s, cached_s, base_s, patched_s, growth, patched_growth, cos, same, agree in rows:
-        print(f"{target:18} {path:8} {build_s:6.1f}s {base_s:9.2f}s {apply_s:6.2f}s {apply_s / base_s:7.2f} {cached_s:6.2f}s {growth:7.1%} "
-              f"{patched_s:7.2f}s {patched_s / base_s:7.2f} {patched_growth:7.1%}  cosine to base {cos:.4f}, again identical: {same}, "
-              f"max |at load − patched| {agree:.1e}")
+        print(
+            f"{target:18} {path:8} {build_s:6.1f}s {base_s:9.2f}s {apply_s:6.2f}s {apply_s / base_s:7.2f} {cached_s:6.2f}s {growth:7.1%} "
+            f"{patched_s:7.2f}s {patched_s / base_s:7.2f} {patched_growth:7.1%}  cosine to base {cos:.4f}, again identical: {same}, "
+            f"max |at load − patched| {agree:.1e}"
+        )
     if not any(r[1] == "refit" for r in rows):
         print("refit: no backend on this machine has refit (TensorRT does); its path is the same load() call")
     return 0

@@ -26,7 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LINEARS = (".to_q.weight", ".to_k.weight", ".to_v.weight", ".to_out.0.weight", ".ff.net.0.proj.weight", ".ff.net.2.weight")
+LINEARS = (
+    ".to_q.weight",
+    ".to_k.weight",
+    ".to_v.weight",
+    ".to_out.0.weight",
+    ".ff.net.0.proj.weight",
+    ".ff.net.2.weight",
+)
 
 _CHILD = """
 import json, sys, time
@@ -48,13 +55,21 @@ def make_lora(checkpoint: Path, out: Path, seed: int) -> Path:
 
     with safe_open(str(checkpoint), "np") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.endswith(LINEARS)}
-    layers = {name[: -len(".weight")]: (*lora_pair(shape, 8, seed + i), 4.0) for i, (name, shape) in enumerate(sorted(shapes.items()))}
+    layers = {
+        name[: -len(".weight")]: (*lora_pair(shape, 8, seed + i), 4.0)
+        for i, (name, shape) in enumerate(sorted(shapes.items()))
+    }
     return lora_file(out, layers, "kohya")
 
 
 def run(args, lora: str) -> dict:
     env = dict(os.environ, ENGINEFARM_HOME=str(args.home), ENGINEFARM_STORE=str(args.store))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, args.ref, args.target, args.precision, lora], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, args.ref, args.target, args.precision, lora],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         sys.exit(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -69,7 +84,9 @@ def main() -> None:
     p.add_argument("--store", type=Path, required=True)
     p.add_argument("--home", type=Path, required=True)
     p.add_argument("--ref", default="sd15/unet")
-    p.add_argument("--checkpoint", type=Path, required=True, help="the component's checkpoint: the LoRAs' layer names and shapes")
+    p.add_argument(
+        "--checkpoint", type=Path, required=True, help="the component's checkpoint: the LoRAs' layer names and shapes"
+    )
     p.add_argument("--target", default="openvino:cpu")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--repeats", type=int, default=3)
@@ -86,10 +103,14 @@ def main() -> None:
         again.append(run(args, str(lora))["first_s"])
     base = statistics.median(stock)
     size = os.path.getsize(work / "lora-0.safetensors")
-    print(f"{args.ref} {args.target} {args.precision}: LoRA of {size / 2**20:.0f} MB (rank 8, kohya), medians of {args.repeats}, warm cache")
+    print(
+        f"{args.ref} {args.target} {args.precision}: LoRA of {size / 2**20:.0f} MB (rank 8, kohya), medians of {args.repeats}, warm cache"
+    )
     print(f"  stock load + first run   {base:7.2f} s")
     print(f"  new LoRA                 {statistics.median(new):7.2f} s   {statistics.median(new) / base:.2f}x stock")
-    print(f"  the same LoRA again      {statistics.median(again):7.2f} s   {statistics.median(again) / base:.2f}x stock")
+    print(
+        f"  the same LoRA again      {statistics.median(again):7.2f} s   {statistics.median(again) / base:.2f}x stock"
+    )
     print(f"  cache growth per combination: {', '.join(f'{g / 2**20:.1f} MB' for g in growth)}")
 
 

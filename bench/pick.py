@@ -33,8 +33,10 @@ from pathlib import Path
 import _common
 
 TARGET_RATIO = 1.05
-MODELS = {"vae": (_common.ROOT / "recipes" / "sd_vae_decoder.toml", "sd15/vae_decoder"),
-          "tiny": (_common.ROOT / "recipes" / "tiny_sd.toml", "tiny-sd/decoder")}
+MODELS = {
+    "vae": (_common.ROOT / "recipes" / "sd_vae_decoder.toml", "sd15/vae_decoder"),
+    "tiny": (_common.ROOT / "recipes" / "tiny_sd.toml", "tiny-sd/decoder"),
+}
 
 
 def main() -> None:
@@ -72,7 +74,10 @@ def measure(args: argparse.Namespace) -> None:
         sys.exit(f"error: no artifact of {args.ref} loads here")
     feeds = _common.opt_feeds(next(iter(sessions.values())).artifact)
     shape = {k: list(v.shape) for k, v in feeds.items()}
-    print(f"\n{args.ref}: {len(sessions)} artifacts, input {shape}, 1 warm-up + {args.runs} interleaved runs each", flush=True)
+    print(
+        f"\n{args.ref}: {len(sessions)} artifacts, input {shape}, 1 warm-up + {args.runs} interleaved runs each",
+        flush=True,
+    )
     for s in sessions.values():
         s.run(feeds)
     times: dict[str, list[float]] = {key: [] for key in sessions}
@@ -85,26 +90,35 @@ def measure(args: argparse.Namespace) -> None:
     spread = {key: _iqr(ts) / median[key] for key, ts in times.items()}
     fastest = min(median.values())
 
-    print(f"\n{'':2}{'artifact':<14}{'target':<17}{'prec':<6}{'computes':<10}{'farm p50 (spread, runs)':>26}{'here ms':>10}{'spread':>8}"
-          f"{'x fastest':>11}{'min cos':>11}{'max|d|/range':>14}")
+    print(
+        f"\n{'':2}{'artifact':<14}{'target':<17}{'prec':<6}{'computes':<10}{'farm p50 (spread, runs)':>26}{'here ms':>10}{'spread':>8}"
+        f"{'x fastest':>11}{'min cos':>11}{'max|d|/range':>14}"
+    )
     for key in sorted(median, key=median.get):
         a = sessions[key].artifact
         bench = a.benchmarks[0] if a.benchmarks else {}
         farm = f"{bench['p50_ms']:.1f} (±{50 * bench.get('spread', 0):.1f}%, {bench.get('runs')})" if bench else "-"
         v = a.validation
-        print(f"  {key[:12]:<14}{a.target:<17}{a.precision:<6}{sessions[key].compute_precision:<10}{farm:>26}{median[key]:>10.1f}"
-              f"{100 * spread[key]:>7.1f}%{median[key] / fastest:>11.2f}{v.get('min_cosine', float('nan')):>11.6f}{v.get('max_abs_rel_seen') or 0:>14.2e}")
+        print(
+            f"  {key[:12]:<14}{a.target:<17}{a.precision:<6}{sessions[key].compute_precision:<10}{farm:>26}{median[key]:>10.1f}"
+            f"{100 * spread[key]:>7.1f}%{median[key] / fastest:>11.2f}{v.get('min_cosine', float('nan')):>11.6f}{v.get('max_abs_rel_seen') or 0:>14.2e}"
+        )
     _bf16_vs_fp32(sessions, median)
     del sessions
 
     elsewhere = _farm_elsewhere(args.store, args.home / "store-farm-elsewhere")
     for store, where in ((args.store, "farm of this CPU class"), (elsewhere, "farm of another CPU class")):
-        for mode, label in (("off", "farm numbers only (ENGINEFARM_MEASURE=off)"), ("on", "with on-device timing (ENGINEFARM_MEASURE=on)")):
+        for mode, label in (
+            ("off", "farm numbers only (ENGINEFARM_MEASURE=off)"),
+            ("on", "with on-device timing (ENGINEFARM_MEASURE=on)"),
+        ):
             _pick(args, store, where, mode, label, median, fastest)
     print(f"\n{args.ref} measured in {time.perf_counter() - started:.0f} s")
 
 
-def _pick(args: argparse.Namespace, store: Path, where: str, mode: str, label: str, median: dict[str, float], fastest: float) -> None:
+def _pick(
+    args: argparse.Namespace, store: Path, where: str, mode: str, label: str, median: dict[str, float], fastest: float
+) -> None:
     import enginefarm
 
     _phase(args, f"pick-{mode}", mode)
@@ -113,7 +127,9 @@ def _pick(args: argparse.Namespace, store: Path, where: str, mode: str, label: s
     took = time.perf_counter() - t0
     key = picked.artifact.build_key
     ratio = f"{median[key] / fastest:.2f}" if key in median else "n/a (not measured side by side)"
-    print(f"\npick ({where}), {label}: {picked.artifact.target} {picked.artifact.precision} [{key[:12]}]; load took {took:.1f} s")
+    print(
+        f"\npick ({where}), {label}: {picked.artifact.target} {picked.artifact.precision} [{key[:12]}]; load took {took:.1f} s"
+    )
     print("  " + "\n  ".join(picked.explain().splitlines()[1:3]))
     print(f"  pick ratio (picked / fastest here): {ratio} (target <= {TARGET_RATIO:.2f})")
 
@@ -149,9 +165,11 @@ def _bf16_vs_fp32(sessions: dict, median: dict[str, float]) -> None:
         if (target, "bf16") in by and (target, "fp32") in by:
             b, f = by[(target, "bf16")], by[(target, "fp32")]
             vb, vf = sessions[b].artifact.validation, sessions[f].artifact.validation
-            print(f"\n{target}: bf16 / fp32 latency here {median[b] / median[f]:.2f} ({median[b]:.1f} vs {median[f]:.1f} ms); validation min cosine "
-                  f"{vb.get('min_cosine')} vs {vf.get('min_cosine')}, max |diff| / range {vb.get('max_abs_rel_seen'):.2e} vs {vf.get('max_abs_rel_seen'):.2e}, "
-                  f"min PSNR {vb.get('min_psnr')} vs {vf.get('min_psnr')} dB")
+            print(
+                f"\n{target}: bf16 / fp32 latency here {median[b] / median[f]:.2f} ({median[b]:.1f} vs {median[f]:.1f} ms); validation min cosine "
+                f"{vb.get('min_cosine')} vs {vf.get('min_cosine')}, max |diff| / range {vb.get('max_abs_rel_seen'):.2e} vs {vf.get('max_abs_rel_seen'):.2e}, "
+                f"min PSNR {vb.get('min_psnr')} vs {vf.get('min_psnr')} dB"
+            )
 
 
 if __name__ == "__main__":

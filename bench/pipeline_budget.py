@@ -50,8 +50,25 @@ print(json.dumps({"load_s": loaded, "image_s": seconds, "digests": digests, "hel
 
 def measure(args: argparse.Namespace, budget: str) -> dict:
     env = dict(os.environ, ENGINEFARM_HOME=str(args.home))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, args.model, str(args.store), args.target, args.precision, budget,
-                           str(args.steps), str(args.size), str(args.images)], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            args.model,
+            str(args.store),
+            args.target,
+            args.precision,
+            budget,
+            str(args.steps),
+            str(args.size),
+            str(args.images),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         sys.exit(f"budget {budget}: failed\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -61,7 +78,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--home", type=Path, required=True, help="ENGINEFARM_HOME: the device cache (warm it with one run first)")
+    p.add_argument(
+        "--home", type=Path, required=True, help="ENGINEFARM_HOME: the device cache (warm it with one run first)"
+    )
     p.add_argument("--target", default="openvino:cpu")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--budgets", default="none,1", help="comma-separated: none, bytes, a size such as 3G, or auto")
@@ -71,7 +90,9 @@ def main() -> None:
     args = p.parse_args()
     runs = {budget: measure(args, budget) for budget in args.budgets.split(",")}
 
-    print(f"{args.model} on {args.target} {args.precision}, {args.images} images of {args.size}² px, {args.steps} steps each")
+    print(
+        f"{args.model} on {args.target} {args.precision}, {args.images} images of {args.size}² px, {args.steps} steps each"
+    )
     print(f"{'budget':>8} {'peak MB':>9} {'load s':>7} {'s/image':>14} {'loads':>6}  same images")
     base = runs.get("none")
     for budget, run in runs.items():
@@ -80,12 +101,17 @@ def main() -> None:
         print(f"{budget:>8} {run['peak_mb']:>9.0f} {run['load_s']:>7.1f} {per_image:>14} {run['loads']:>6}  {same}")
     held = next((r["held_mb"] for r in runs.values() if r["held_mb"]), {})
     if held:
-        print("resident per component, MB (measured as each loaded and ran): " + ", ".join(f"{c} {m:.0f}" for c, m in held.items()))
+        print(
+            "resident per component, MB (measured as each loaded and ran): "
+            + ", ".join(f"{c} {m:.0f}" for c, m in held.items())
+        )
         largest = max(held.values())
         for budget, run in runs.items():
             if run["held_mb"]:
-                print(f"budget {budget}: peak / largest component = {run['peak_mb'] / largest:.2f}"
-                      + (f"; peak / unbudgeted peak = {run['peak_mb'] / base['peak_mb']:.2f}" if base else ""))
+                print(
+                    f"budget {budget}: peak / largest component = {run['peak_mb'] / largest:.2f}"
+                    + (f"; peak / unbudgeted peak = {run['peak_mb'] / base['peak_mb']:.2f}" if base else "")
+                )
                 if base:
                     extra = sum(run["image_s"]) / len(run["image_s"]) - sum(base["image_s"]) / len(base["image_s"])
                     print(f"budget {budget}: reloading costs {extra:+.1f} s per image")

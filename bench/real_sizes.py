@@ -17,43 +17,123 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, projection_dim=768)
-_CLIP_G = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20, projection_dim=1280)
-_T5_XXL = dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=32128, feed_forward_proj="gated-gelu")
-_VAE_LEVELS = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, down_block_types=("DownEncoderBlock2D",) * 4,
-                   up_block_types=("UpDecoderBlock2D",) * 4)
+_CLIP_L = dict(
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, projection_dim=768
+)
+_CLIP_G = dict(
+    hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20, projection_dim=1280
+)
+_T5_XXL = dict(
+    d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=32128, feed_forward_proj="gated-gelu"
+)
+_VAE_LEVELS = dict(
+    block_out_channels=(128, 256, 512, 512),
+    layers_per_block=2,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+)
 _VAE4 = dict(_VAE_LEVELS, latent_channels=4)
 _VAE16 = dict(_VAE_LEVELS, latent_channels=16)
-_SD3_BASE = dict(patch_size=2, in_channels=16, out_channels=16, attention_head_dim=64, joint_attention_dim=4096,
-                 pooled_projection_dim=2048, sample_size=128)
-_FLUX = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
-             joint_attention_dim=4096, pooled_projection_dim=768)
-_SDXL_UNET = dict(sample_size=128, cross_attention_dim=2048, block_out_channels=(320, 640, 1280), layers_per_block=2,
-                  down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-                  up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(5, 10, 20),
-                  transformer_layers_per_block=(1, 2, 10), use_linear_projection=True, addition_embed_type="text_time",
-                  addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816)
+_SD3_BASE = dict(
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    attention_head_dim=64,
+    joint_attention_dim=4096,
+    pooled_projection_dim=2048,
+    sample_size=128,
+)
+_FLUX = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=19,
+    num_single_layers=38,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+)
+_SDXL_UNET = dict(
+    sample_size=128,
+    cross_attention_dim=2048,
+    block_out_channels=(320, 640, 1280),
+    layers_per_block=2,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=(5, 10, 20),
+    transformer_layers_per_block=(1, 2, 10),
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816,
+)
 
 # model → component → (class, config). The VAE's encoder and decoder are counted separately (separate artifacts).
 MODELS: dict[str, dict[str, tuple[str, dict]]] = {
-    "sd15": {"text_encoder": ("CLIPTextModel", _CLIP_L), "unet": ("UNet2DConditionModel", dict(cross_attention_dim=768, attention_head_dim=8)),
-             "vae_decoder": ("AutoencoderKL", _VAE4)},
-    "sdxl": {"text_encoder": ("CLIPTextModel", _CLIP_L), "text_encoder_2": ("CLIPTextModelWithProjection", _CLIP_G),
-             "unet": ("UNet2DConditionModel", _SDXL_UNET), "vae_decoder": ("AutoencoderKL", _VAE4)},
-    "sd3-medium": {"text_encoder_3": ("T5EncoderModel", _T5_XXL),
-                   "transformer": ("SD3Transformer2DModel", dict(_SD3_BASE, num_layers=24, num_attention_heads=24, caption_projection_dim=1536,
-                                                                 pos_embed_max_size=192)),
-                   "vae_decoder": ("AutoencoderKL", _VAE16)},
-    "sd3.5-medium": {"transformer": ("SD3Transformer2DModel", dict(_SD3_BASE, num_layers=24, num_attention_heads=24, caption_projection_dim=1536,
-                                                                   pos_embed_max_size=384, qk_norm="rms_norm",
-                                                                   dual_attention_layers=tuple(range(13))))},
-    "sd3.5-large": {"transformer": ("SD3Transformer2DModel", dict(_SD3_BASE, num_layers=38, num_attention_heads=38, caption_projection_dim=2432,
-                                                                  pos_embed_max_size=192, qk_norm="rms_norm"))},
-    "flux-dev": {"text_encoder": ("CLIPTextModel", _CLIP_L), "text_encoder_2": ("T5EncoderModel", _T5_XXL),
-                 "transformer": ("FluxTransformer2DModel", dict(_FLUX, guidance_embeds=True)), "vae_decoder": ("AutoencoderKL", _VAE16)},
+    "sd15": {
+        "text_encoder": ("CLIPTextModel", _CLIP_L),
+        "unet": ("UNet2DConditionModel", dict(cross_attention_dim=768, attention_head_dim=8)),
+        "vae_decoder": ("AutoencoderKL", _VAE4),
+    },
+    "sdxl": {
+        "text_encoder": ("CLIPTextModel", _CLIP_L),
+        "text_encoder_2": ("CLIPTextModelWithProjection", _CLIP_G),
+        "unet": ("UNet2DConditionModel", _SDXL_UNET),
+        "vae_decoder": ("AutoencoderKL", _VAE4),
+    },
+    "sd3-medium": {
+        "text_encoder_3": ("T5EncoderModel", _T5_XXL),
+        "transformer": (
+            "SD3Transformer2DModel",
+            dict(_SD3_BASE, num_layers=24, num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=192),
+        ),
+        "vae_decoder": ("AutoencoderKL", _VAE16),
+    },
+    "sd3.5-medium": {
+        "transformer": (
+            "SD3Transformer2DModel",
+            dict(
+                _SD3_BASE,
+                num_layers=24,
+                num_attention_heads=24,
+                caption_projection_dim=1536,
+                pos_embed_max_size=384,
+                qk_norm="rms_norm",
+                dual_attention_layers=tuple(range(13)),
+            ),
+        )
+    },
+    "sd3.5-large": {
+        "transformer": (
+            "SD3Transformer2DModel",
+            dict(
+                _SD3_BASE,
+                num_layers=38,
+                num_attention_heads=38,
+                caption_projection_dim=2432,
+                pos_embed_max_size=192,
+                qk_norm="rms_norm",
+            ),
+        )
+    },
+    "flux-dev": {
+        "text_encoder": ("CLIPTextModel", _CLIP_L),
+        "text_encoder_2": ("T5EncoderModel", _T5_XXL),
+        "transformer": ("FluxTransformer2DModel", dict(_FLUX, guidance_embeds=True)),
+        "vae_decoder": ("AutoencoderKL", _VAE16),
+    },
     "flux-schnell": {"transformer": ("FluxTransformer2DModel", dict(_FLUX, guidance_embeds=False))},
-    "chroma": {"transformer": ("ChromaTransformer2DModel", dict({k: v for k, v in _FLUX.items() if k != "pooled_projection_dim"}, approximator_num_channels=64, approximator_hidden_dim=5120,
-                                                                approximator_layers=5))},
+    "chroma": {
+        "transformer": (
+            "ChromaTransformer2DModel",
+            dict(
+                {k: v for k, v in _FLUX.items() if k != "pooled_projection_dim"},
+                approximator_num_channels=64,
+                approximator_hidden_dim=5120,
+                approximator_layers=5,
+            ),
+        )
+    },
 }
 TARGETS = ("onnxruntime:cpu", "openvino:cpu", "tensorrt-rtx:sm_86")
 
@@ -86,7 +166,13 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
         for component, (cls_name, config) in MODELS[model].items():
             count = parameters(cls_name, config, component)
             fp32 = count * 4  # every job's need counts weights at fp32 (see builder/memory.py)
-            row = {"model": model, "component": component, "params_b": count / 1e9, "fp32_gb": fp32 / 1e9, "fp16_gb": fp32 / 2e9}
+            row = {
+                "model": model,
+                "component": component,
+                "params_b": count / 1e9,
+                "fp32_gb": fp32 / 1e9,
+                "fp16_gb": fp32 / 2e9,
+            }
             for target in TARGETS:
                 backend = target.split(":")[0]
                 needs = [gb(need_bytes(fp32, backend=backend, precision=p)) for p in ("fp32", "fp16")]
@@ -115,9 +201,25 @@ def main() -> int:
         print(f"error: unknown model {unknown[0]!r}; known: {', '.join(MODELS)}", file=sys.stderr)
         return 2
     table = rows(models, args.runners)
-    head = ["model", "component", "params (B)", "fp32 GB", "fp16 GB", *(f"{t}: fp32 / fp16 job need GB → runner" for t in TARGETS)]
-    lines = [[r["model"], r["component"], f"{r['params_b']:.3f}", f"{r['fp32_gb']:.1f}", f"{r['fp16_gb']:.1f}",
-              *(_needs(*r[t]) for t in TARGETS)] for r in table]
+    head = [
+        "model",
+        "component",
+        "params (B)",
+        "fp32 GB",
+        "fp16 GB",
+        *(f"{t}: fp32 / fp16 job need GB → runner" for t in TARGETS),
+    ]
+    lines = [
+        [
+            r["model"],
+            r["component"],
+            f"{r['params_b']:.3f}",
+            f"{r['fp32_gb']:.1f}",
+            f"{r['fp16_gb']:.1f}",
+            *(_needs(*r[t]) for t in TARGETS),
+        ]
+        for r in table
+    ]
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         print("\n".join("| " + " | ".join(line) + " |" for line in lines))

@@ -79,17 +79,30 @@ def make_store(folder: Path, count: int) -> tuple[Path, str]:
     src = folder / "src"
     src.mkdir(parents=True)
     weight = np.random.default_rng(1).normal(0, 0.3, (8, 8)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
-                              [numpy_helper.from_array(weight, "w")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [numpy_helper.from_array(weight, "w")],
+    )
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), src / "model.onnx")
     store = open_store(str(folder / "store"))
     files, blobs = pack_files(src, [("model.onnx", "model")], folder / "blobs")
     bench = {"device": {"class": "cpu-any"}, "p50_ms": 1.0, "iqr_ms": 0.4, "runs": 20, "spread": 0.4}
-    real = Manifest(build_key=hashlib.sha256(b"real").hexdigest(), model="scale", model_version="1", component="lin", precision="fp32",
-                    profile_name="default", profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}}, target="onnxruntime:cpu",
-                    toolchain={"onnxruntime": "1", "prep": "1"}, files=tuple(files), benchmarks=(bench,))
+    real = Manifest(
+        build_key=hashlib.sha256(b"real").hexdigest(),
+        model="scale",
+        model_version="1",
+        component="lin",
+        precision="fp32",
+        profile_name="default",
+        profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}},
+        target="onnxruntime:cpu",
+        toolchain={"onnxruntime": "1", "prep": "1"},
+        files=tuple(files),
+        benchmarks=(bench,),
+    )
     publish(store, real, blobs)
     raw, _ = store.get_index_bytes("scale")
     index = parse_index(raw, "scale")
@@ -98,7 +111,11 @@ def make_store(folder: Path, count: int) -> tuple[Path, str]:
     data["entries"][real.build_key] = entry
     for i in range(1, count):
         key = hashlib.sha256(f"copy {i}".encode()).hexdigest()
-        data["entries"][key] = {**entry, "build_key": key, "benchmarks": [{**bench, "p50_ms": 1.0 + 0.1 * (i % 3 + 1) / 3}]}
+        data["entries"][key] = {
+            **entry,
+            "build_key": key,
+            "benchmarks": [{**bench, "p50_ms": 1.0 + 0.1 * (i % 3 + 1) / 3}],
+        }
     # compact, so 10^5 entries stay under the 64 MiB cap on index reads
     (folder / "store" / "index" / "scale.json").write_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
     return folder / "store", real.build_key
@@ -109,22 +126,38 @@ def run_child(kind: str, store: Path, key: str, home: Path, limit_mb: int, tree:
         resource.setrlimit(resource.RLIMIT_AS, (limit_mb * 2**20, limit_mb * 2**20))
 
     # On-device timing off: it times at most 3 candidates whatever N is; this measures what grows with N.
-    env = {**os.environ, "ENGINEFARM_HOME": str(home), "ENGINEFARM_OFFLINE": "", "PYTHONWARNINGS": "ignore", "ENGINEFARM_MEASURE": "off"}
+    env = {
+        **os.environ,
+        "ENGINEFARM_HOME": str(home),
+        "ENGINEFARM_OFFLINE": "",
+        "PYTHONWARNINGS": "ignore",
+        "ENGINEFARM_MEASURE": "off",
+    }
     env.pop("ENGINEFARM_OFFLINE")
     if tree is not None:
         env.update(BENCH_TREE=str(tree.resolve()), BENCH_ROOT=str(ROOT))
     started = time.perf_counter()
     # The working directory is on the child's sys.path, so the top-level package `enginefarm` comes from it.
-    proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(store), key], cwd=tree or ROOT, env=env, text=True, capture_output=True,
-                          preexec_fn=limit)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, kind, str(store), key],
+        cwd=tree or ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        preexec_fn=limit,
+    )
     wall = time.perf_counter() - started
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     try:
         result = json.loads(last[0])
     except ValueError:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-        result = {"outcome": "MemoryError" if "MemoryError" in proc.stderr else f"failed: {tail[0][:120]}", "s": None, "cpu_s": None,
-                  "peak_mb": None}
+        result = {
+            "outcome": "MemoryError" if "MemoryError" in proc.stderr else f"failed: {tail[0][:120]}",
+            "s": None,
+            "cpu_s": None,
+            "peak_mb": None,
+        }
     result["wall_s"] = round(wall, 2)
     return result
 
@@ -135,11 +168,15 @@ def show(now: dict, before: dict | None) -> None:
     print(head + ("  | before: outcome     wall s    cpu s  peak MB | cpu ratio  peak ratio" if before else ""))
     for n, row in now.items():
         for kind, r in row.items():
-            line = f"{n:>8} {kind:5} {r['outcome']:12} {_num(r['s']):>8} {_num(r.get('cpu_s')):>8} {_num(r['peak_mb']):>8}"
+            line = (
+                f"{n:>8} {kind:5} {r['outcome']:12} {_num(r['s']):>8} {_num(r.get('cpu_s')):>8} {_num(r['peak_mb']):>8}"
+            )
             if before and n in before and kind in before[n]:
                 b = before[n][kind]
-                line += (f"  |         {b['outcome']:12}{_num(b['s']):>8} {_num(b.get('cpu_s')):>8} {_num(b['peak_mb']):>8} |"
-                         f" {_ratio(b.get('cpu_s'), r.get('cpu_s')):>9} {_ratio(b['peak_mb'], r['peak_mb']):>11}")
+                line += (
+                    f"  |         {b['outcome']:12}{_num(b['s']):>8} {_num(b.get('cpu_s')):>8} {_num(b['peak_mb']):>8} |"
+                    f" {_ratio(b.get('cpu_s'), r.get('cpu_s')):>9} {_ratio(b['peak_mb'], r['peak_mb']):>11}"
+                )
             print(line)
 
 
@@ -156,8 +193,12 @@ def main() -> None:
     p.add_argument("--sizes", default="1000,10000,100000", help="entry counts, comma-separated")
     p.add_argument("--kinds", default="load,ls", help="what to time: load, ls")
     p.add_argument("--limit-mb", type=int, default=1500, help="address-space limit of each child")
-    p.add_argument("--tree", type=Path, help="run the children on this checkout's code (e.g. `git archive` of the "
-                   "commit before a change, with cache/_interleave*.so copied in), through the editable install's mapping")
+    p.add_argument(
+        "--tree",
+        type=Path,
+        help="run the children on this checkout's code (e.g. `git archive` of the "
+        "commit before a change, with cache/_interleave*.so copied in), through the editable install's mapping",
+    )
     p.add_argument("--save", type=Path, help="write the numbers here (JSON)")
     p.add_argument("--compare", type=Path, help="an earlier --save file to compare with")
     args = p.parse_args()
@@ -167,8 +208,10 @@ def main() -> None:
             store, key = make_store(Path(tmp) / str(n), n)
             size_mb = (store / "index" / "scale.json").stat().st_size / 2**20
             print(f"N={n}: index {size_mb:.1f} MiB", flush=True)
-            results[str(n)] = {kind: run_child(kind, store, key, Path(tmp) / f"home-{n}-{kind}", args.limit_mb, args.tree)
-                               for kind in args.kinds.split(",")}
+            results[str(n)] = {
+                kind: run_child(kind, store, key, Path(tmp) / f"home-{n}-{kind}", args.limit_mb, args.tree)
+                for kind in args.kinds.split(",")
+            }
     before = json.loads(args.compare.read_text()) if args.compare else None
     show(results, before)
     if args.save:

@@ -65,13 +65,27 @@ def classes(work: Path, precision: str, wanted: list[str]) -> None:
     from enginefarm.errors import EnginefarmError
 
     recipe = work / "classes.toml"
-    recipe.write_text(RECIPE.format(source=VAE_ONNX, checkpoint="", precision=precision, targets=str([f"tensorrt-rtx:{c}" for c in wanted]).replace("'", '"')))
+    recipe.write_text(
+        RECIPE.format(
+            source=VAE_ONNX,
+            checkpoint="",
+            precision=precision,
+            targets=str([f"tensorrt-rtx:{c}" for c in wanted]).replace("'", '"'),
+        )
+    )
     jobs = expand(load_recipe(recipe), work / "downloads")
-    print(f"SD 1.5 VAE decoder {precision}, {VAE_ONNX.stat().st_size / 1e6:.0f} MB ONNX; profile latent 1x4x32x32 .. 1x4x64x64")
+    print(
+        f"SD 1.5 VAE decoder {precision}, {VAE_ONNX.stat().st_size / 1e6:.0f} MB ONNX; profile latent 1x4x32x32 .. 1x4x64x64"
+    )
     started = time.perf_counter()
     prepare(VAE_ONNX, precision, work / "prep-timing")
-    print(f"prep (check, onnxsim{', fp16' if precision == 'fp16' else ''}), once for every class: {time.perf_counter() - started:.1f} s\n", flush=True)
-    print(f"{'class':12} {'capabilities':38} {'build':>7} {'engine':>10} {'efw1':>10} {'zstd-3':>10} {'efw1/raw':>9} {'golden':>8}")
+    print(
+        f"prep (check, onnxsim{', fp16' if precision == 'fp16' else ''}), once for every class: {time.perf_counter() - started:.1f} s\n",
+        flush=True,
+    )
+    print(
+        f"{'class':12} {'capabilities':38} {'build':>7} {'engine':>10} {'efw1':>10} {'zstd-3':>10} {'efw1/raw':>9} {'golden':>8}"
+    )
     for job in jobs:
         try:
             manifest, outdir = compile_artifact(job, work / "build", bench=False)
@@ -83,8 +97,11 @@ def classes(work: Path, precision: str, wanted: list[str]) -> None:
         sizes = stored_sizes(outdir / engine.path, "engine")
         golden_stored = stored_sizes(outdir / golden.path, "golden")["zstd"] if golden else 0
         caps = ",".join(manifest.constraints["engine"]["compute_capabilities"])
-        print(f"{job.target.device:12} {caps[:38]:38} {manifest.provenance['build_seconds']:6.1f}s {sizes['raw'] / 1e6:8.1f}MB {sizes.get('efw1', 0) / 1e6:8.1f}MB "
-              f"{sizes['zstd'] / 1e6:8.1f}MB {sizes.get('efw1', sizes['zstd']) / sizes['raw']:9.3f} {golden_stored / 1e6:6.2f}MB", flush=True)
+        print(
+            f"{job.target.device:12} {caps[:38]:38} {manifest.provenance['build_seconds']:6.1f}s {sizes['raw'] / 1e6:8.1f}MB {sizes.get('efw1', 0) / 1e6:8.1f}MB "
+            f"{sizes['zstd'] / 1e6:8.1f}MB {sizes.get('efw1', sizes['zstd']) / sizes['raw']:9.3f} {golden_stored / 1e6:6.2f}MB",
+            flush=True,
+        )
         shutil.rmtree(work / "build" / "jobs", ignore_errors=True)
 
 
@@ -106,11 +123,20 @@ def stack(work: Path, precision: str) -> None:
     from enginefarm.runner.custom import Stack
 
     recipe = work / "stack.toml"
-    recipe.write_text(RECIPE.format(source=VAE_ONNX, checkpoint=f'checkpoint = "{VAE_CKPT}"', precision=precision,
-                                    targets='["tensorrt-rtx:ampere+", "onnxruntime:cpu"]'))
+    recipe.write_text(
+        RECIPE.format(
+            source=VAE_ONNX,
+            checkpoint=f'checkpoint = "{VAE_CKPT}"',
+            precision=precision,
+            targets='["tensorrt-rtx:ampere+", "onnxruntime:cpu"]',
+        )
+    )
     store = LocalStore(work / "store")
     keys = {}
-    print(f"\nthe farm: tensorrt-rtx:ampere+ and onnxruntime:cpu, {precision}, with the weight map (checkpoint) ...", flush=True)
+    print(
+        f"\nthe farm: tensorrt-rtx:ampere+ and onnxruntime:cpu, {precision}, with the weight map (checkpoint) ...",
+        flush=True,
+    )
     for job in expand(load_recipe(recipe), work / "downloads"):
         result = build(job, store, work / "farm", bench=False)
         if result.status != "built":
@@ -137,9 +163,16 @@ def stack(work: Path, precision: str) -> None:
         except BackendUnavailable as exc:  # loading needs a GPU: the build half is done
             reason = str(exc).split(": ", 1)[-1][:80]
         elapsed = time.perf_counter() - started
-        compiled = [e.manifest for e in cache.entries() if e.manifest.target == "tensorrt-rtx:ampere+" and "stack" in e.manifest.options]
+        compiled = [
+            e.manifest
+            for e in cache.entries()
+            if e.manifest.target == "tensorrt-rtx:ampere+" and "stack" in e.manifest.options
+        ]
         engine_s = compiled[0].provenance.get("stack_seconds", 0) if compiled else 0
-        print(f"  stack {attempt}: {elapsed:.1f} s to 'engine built and cached' (engine compile {engine_s:.1f} s); then: {reason}", flush=True)
+        print(
+            f"  stack {attempt}: {elapsed:.1f} s to 'engine built and cached' (engine compile {engine_s:.1f} s); then: {reason}",
+            flush=True,
+        )
 
 
 def main() -> int:

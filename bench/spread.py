@@ -42,10 +42,26 @@ def main() -> None:
         store, home = work / f"store-{n}", work / f"home-{n}"
         store.mkdir(parents=True)
         env = {**os.environ, "ENGINEFARM_HOME": str(home), "ENGINEFARM_STORE": str(store)}
-        select = [x for t in args.target for x in ("--target", t)] + [x for q in args.precision for x in ("--precision", q)]
+        select = [x for t in args.target for x in ("--target", t)] + [
+            x for q in args.precision for x in ("--precision", q)
+        ]
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "enginefarm.cli", "build", str(args.recipe.resolve()), "-j", str(args.parallel), *select],
-                              cwd=ROOT, env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.cli",
+                "build",
+                str(args.recipe.resolve()),
+                "-j",
+                str(args.parallel),
+                *select,
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         print(f"build {n + 1}/{args.repeat}: exit {proc.returncode}, {time.perf_counter() - started:.0f} s", flush=True)
         if proc.returncode != 0:
             print(proc.stdout[-2000:], proc.stderr[-2000:])
@@ -56,18 +72,28 @@ def main() -> None:
                 labels[key] = f"{manifest['target']} {manifest['precision']}"
                 p50s.setdefault(key, []).append(bench["p50_ms"])
                 records.setdefault(key, []).append(bench)
-    print(f"\n{'artifact':<26}{'p50 ms per build':<34}{'max/min':>8}{'(max-min)/median':>18}  claimed spread (runs, share of the cores used)")
+    print(
+        f"\n{'artifact':<26}{'p50 ms per build':<34}{'max/min':>8}{'(max-min)/median':>18}  claimed spread (runs, share of the cores used)"
+    )
     worst = []
     for key in sorted(p50s, key=lambda k: labels[k]):
         values = p50s[key]
         ratio = max(values) / min(values)
         rel = (max(values) - min(values)) / statistics.median(values)
         worst.append(rel)
-        claimed = ", ".join((f"{100 * r['spread']:.1f}% ({r.get('runs')}" if "spread" in r else f"- ({r.get('runs')}")
-                            + (f", cpu {r['cpu_share']:.2f}" if "cpu_share" in r else "") + ")" for r in records[key])
-        print(f"{labels[key]:<26}{', '.join(f'{v:.1f}' for v in values):<34}{ratio:>8.2f}{100 * rel:>17.1f}%  {claimed}")
+        claimed = ", ".join(
+            (f"{100 * r['spread']:.1f}% ({r.get('runs')}" if "spread" in r else f"- ({r.get('runs')}")
+            + (f", cpu {r['cpu_share']:.2f}" if "cpu_share" in r else "")
+            + ")"
+            for r in records[key]
+        )
+        print(
+            f"{labels[key]:<26}{', '.join(f'{v:.1f}' for v in values):<34}{ratio:>8.2f}{100 * rel:>17.1f}%  {claimed}"
+        )
     if worst:
-        print(f"\nacross {len(worst)} artifacts: median (max-min)/median {100 * statistics.median(worst):.1f}%, worst {100 * max(worst):.1f}%")
+        print(
+            f"\nacross {len(worst)} artifacts: median (max-min)/median {100 * statistics.median(worst):.1f}%, worst {100 * max(worst):.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -46,14 +46,24 @@ def write_model(path: Path) -> None:
     import onnx.helper as h
 
     f = onnx.TensorProto.FLOAT
-    nodes = [h.make_node("ReduceMean", ["encoder_hidden_states"], ["m_text"], keepdims=0),
-             h.make_node("ReduceMean", ["timestep"], ["m_t"], keepdims=0),
-             h.make_node("Mul", ["m_text", "m_t"], ["m"]),
-             h.make_node("Mul", ["m", "tiny"], ["scaled"]),
-             h.make_node("Add", ["sample", "scaled"], ["out_sample"])]
-    graph = h.make_graph(nodes, "unet_io", [h.make_tensor_value_info("sample", f, [2, 4, 64, 64]), h.make_tensor_value_info("timestep", f, [2]),
-                                           h.make_tensor_value_info("encoder_hidden_states", f, [2, 77, 768])],
-                         [h.make_tensor_value_info("out_sample", f, [2, 4, 64, 64])], [h.make_tensor("tiny", f, [], [1e-6])])
+    nodes = [
+        h.make_node("ReduceMean", ["encoder_hidden_states"], ["m_text"], keepdims=0),
+        h.make_node("ReduceMean", ["timestep"], ["m_t"], keepdims=0),
+        h.make_node("Mul", ["m_text", "m_t"], ["m"]),
+        h.make_node("Mul", ["m", "tiny"], ["scaled"]),
+        h.make_node("Add", ["sample", "scaled"], ["out_sample"]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "unet_io",
+        [
+            h.make_tensor_value_info("sample", f, [2, 4, 64, 64]),
+            h.make_tensor_value_info("timestep", f, [2]),
+            h.make_tensor_value_info("encoder_hidden_states", f, [2, 77, 768]),
+        ],
+        [h.make_tensor_value_info("out_sample", f, [2, 4, 64, 64])],
+        [h.make_tensor("tiny", f, [], [1e-6])],
+    )
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10), str(path))
 
 
@@ -78,8 +88,22 @@ def main() -> None:
         write_model(root / "unet_io.onnx")
         (root / "recipe.toml").write_text(RECIPE)
         env = {**os.environ, "ENGINEFARM_HOME": str(root / "home"), "ENGINEFARM_STORE": str(root / "store")}
-        subprocess.run([sys.executable, "-m", "enginefarm.cli", "build", str(root / "recipe.toml"), "--store", str(root / "store"), "--no-bench"],
-                       cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.cli",
+                "build",
+                str(root / "recipe.toml"),
+                "--store",
+                str(root / "store"),
+                "--no-bench",
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         os.environ.update(ENGINEFARM_HOME=env["ENGINEFARM_HOME"], ENGINEFARM_STORE=env["ENGINEFARM_STORE"])
         import enginefarm
 
@@ -90,12 +114,16 @@ def main() -> None:
         print(f"{'backend':<18}{'run ms/step':>13}{'bound ms/step':>15}{'saved ms/step':>15}{'ratio':>8}")
         for target in TARGETS:
             with enginefarm.load("stepio/unet", precision="fp32", device="cpu", target=target) as unet:
+
                 def plain(n: int) -> None:
                     x = x0
                     for _ in range(n):
-                        x = unet.run({"sample": x, "timestep": t, "encoder_hidden_states": text})["out_sample"] * np.float32(0.5)
+                        x = unet.run({"sample": x, "timestep": t, "encoder_hidden_states": text})[
+                            "out_sample"
+                        ] * np.float32(0.5)
 
                 with unet.bind({"encoder_hidden_states": text}) as binding:
+
                     def bound(n: int) -> None:
                         x = x0
                         for _ in range(n):

@@ -44,8 +44,12 @@ def child(kind: str, ref: str, precision: str, model: str, feeds_path: str, out_
         import openvino as ov
 
         core = ov.Core()
-        hint = "f16" if precision == "fp16" and "FP16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES") else "f32"
-        compiled = core.compile_model(core.read_model(model), "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"})
+        hint = (
+            "f16" if precision == "fp16" and "FP16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES") else "f32"
+        )
+        compiled = core.compile_model(
+            core.read_model(model), "CPU", {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY"}
+        )
         request = compiled.create_infer_request()
         t1 = time.perf_counter()
         sample = np.array(request.infer(feeds)[compiled.outputs[0]])
@@ -57,7 +61,16 @@ def child(kind: str, ref: str, precision: str, model: str, feeds_path: str, out_
         sample = next(iter(session.run(feeds).values()))
     t2 = time.perf_counter()
     np.save(out_path, sample)
-    print(json.dumps({"ready_ms": (t1 - t0) * 1000, "first_ms": (t2 - t1) * 1000, "ttfi_ms": (t2 - t0) * 1000, "rss_mb": _peak_mb()}))
+    print(
+        json.dumps(
+            {
+                "ready_ms": (t1 - t0) * 1000,
+                "first_ms": (t2 - t1) * 1000,
+                "ttfi_ms": (t2 - t0) * 1000,
+                "rss_mb": _peak_mb(),
+            }
+        )
+    )
 
 
 def _peak_mb() -> float:
@@ -74,8 +87,22 @@ def _peak_mb() -> float:
 
 
 def spawn(kind: str, args, model: Path, feeds: Path, out: Path, home: Path) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind.split()[0], "--ref", args.ref, "--precision", args.precision, "--model", str(model),
-           "--feeds", str(feeds), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind.split()[0],
+        "--ref",
+        args.ref,
+        "--precision",
+        args.precision,
+        "--model",
+        str(model),
+        "--feeds",
+        str(feeds),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ENGINEFARM_HOME": str(home)})
     if proc.returncode != 0:
         sys.exit(f"error: {kind} child exited {proc.returncode}:\n{proc.stderr.strip()[-2000:]}")
@@ -86,9 +113,15 @@ def main() -> None:
     p = _common.parser(__doc__)
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each kind (default 3)")
     p.add_argument("--precision", choices=["fp32", "fp16"], default="fp32")
-    p.add_argument("--cold", action="store_true", help="also time enginefarm with an empty local cache (fetch included)")
-    p.add_argument("--bare-reads", choices=["artifact", "source"], default="artifact",
-                   help="what bare OpenVINO reads: the artifact's IR in the cache (the same files; default) or the original ONNX")
+    p.add_argument(
+        "--cold", action="store_true", help="also time enginefarm with an empty local cache (fetch included)"
+    )
+    p.add_argument(
+        "--bare-reads",
+        choices=["artifact", "source"],
+        default="artifact",
+        help="what bare OpenVINO reads: the artifact's IR in the cache (the same files; default) or the original ONNX",
+    )
     for hidden in ("--child", "--model", "--feeds", "--out"):  # the child's own options
         p.add_argument(hidden, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -101,16 +134,21 @@ def main() -> None:
 
     from enginefarm.runner.load import fetch
 
-    manifest, folder, _ = fetch(args.ref, precision=args.precision, device="cpu", store=str(args.store), target="openvino:cpu")  # warms the cache
+    manifest, folder, _ = fetch(
+        args.ref, precision=args.precision, device="cpu", store=str(args.store), target="openvino:cpu"
+    )  # warms the cache
     blob = any(f.role == "engine" for f in manifest.files)
     model = onnx if args.bare_reads == "source" else folder / next(f.path for f in manifest.files if f.role == "ir")
     tmp = Path(tempfile.mkdtemp(prefix="ttfi-"))
     feeds = tmp / "feeds.npz"
     np.savez(feeds, **_common.opt_feeds(manifest))
     size = sum(f.size for f in manifest.files)
-    print(f"{args.ref} {args.precision} openvino:cpu [{manifest.build_key[:12]}] ({'ships a compiled blob' if blob else 'IR only'}, "
-          f"{size / 2**20:.0f} MiB), inputs {[list(v.shape) for v in np.load(feeds).values()]}; bare reads {model}; "
-          f"{args.repeats} repeats + 1 untimed warm-up per kind", flush=True)
+    print(
+        f"{args.ref} {args.precision} openvino:cpu [{manifest.build_key[:12]}] ({'ships a compiled blob' if blob else 'IR only'}, "
+        f"{size / 2**20:.0f} MiB), inputs {[list(v.shape) for v in np.load(feeds).values()]}; bare reads {model}; "
+        f"{args.repeats} repeats + 1 untimed warm-up per kind",
+        flush=True,
+    )
 
     kinds = ["bare", "enginefarm warm"] + (["enginefarm cold"] if args.cold else [])
     results: dict[str, list[dict]] = {kind: [] for kind in kinds}
@@ -121,22 +159,34 @@ def main() -> None:
                 home = tmp / "cold-home"
                 shutil.rmtree(home, ignore_errors=True)
             got = spawn(kind, args, model, feeds, tmp / f"{kind.split()[0]}.npy", home)
-            print(f"  {'warm-up' if r == 0 else f'repeat {r}':<8} {kind:<16} ttfi {got['ttfi_ms']:8.0f} ms  peak RSS {got['rss_mb']:6.0f} MB", flush=True)
+            print(
+                f"  {'warm-up' if r == 0 else f'repeat {r}':<8} {kind:<16} ttfi {got['ttfi_ms']:8.0f} ms  peak RSS {got['rss_mb']:6.0f} MB",
+                flush=True,
+            )
             if r:
                 results[kind].append(got)
     diff = float(np.max(np.abs(np.load(tmp / "bare.npy") - np.load(tmp / "enginefarm.npy"))))
     shutil.rmtree(tmp, ignore_errors=True)
 
-    med = {kind: {f: statistics.median(x[f] for x in rows) for f in ("ready_ms", "first_ms", "ttfi_ms", "rss_mb")} for kind, rows in results.items()}
+    med = {
+        kind: {f: statistics.median(x[f] for x in rows) for f in ("ready_ms", "first_ms", "ttfi_ms", "rss_mb")}
+        for kind, rows in results.items()
+    }
     print(f"\n{'medians':<18}{'load ms':>10}{'1st run ms':>12}{'TTFI ms':>10}{'peak RSS MB':>13}")
     for kind in kinds:
         m = med[kind]
         print(f"{kind:<18}{m['ready_ms']:>10.0f}{m['first_ms']:>12.0f}{m['ttfi_ms']:>10.0f}{m['rss_mb']:>13.0f}")
-    print("(load = import + read/compile or enginefarm.load; TTFI = load + first inference; import time counted in both)")
+    print(
+        "(load = import + read/compile or enginefarm.load; TTFI = load + first inference; import time counted in both)"
+    )
     print(f"outputs agree: max |bare - enginefarm| = {diff:.2e}")
-    print(f"\nwarm TTFI ratio (enginefarm / bare): {med['enginefarm warm']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f} (target <= {TARGET_RATIO:.2f})")
+    print(
+        f"\nwarm TTFI ratio (enginefarm / bare): {med['enginefarm warm']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f} (target <= {TARGET_RATIO:.2f})"
+    )
     if args.cold:
-        print(f"cold TTFI ratio (enginefarm with an empty cache, fetch included / bare): {med['enginefarm cold']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f}")
+        print(
+            f"cold TTFI ratio (enginefarm with an empty cache, fetch included / bare): {med['enginefarm cold']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f}"
+        )
     print(f"peak RSS ratio (enginefarm warm / bare): {med['enginefarm warm']['rss_mb'] / med['bare']['rss_mb']:.2f}")
     print(f"measured in {time.perf_counter() - started:.0f} s")
 

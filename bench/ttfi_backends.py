@@ -52,12 +52,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ttfi-") as tmp:
         root = Path(tmp)
         _chain(root / "models" / "chain.onnx")
-        (root / "recipe.toml").write_text('[model]\nname = "chain"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\n'
-                                          'targets = ["onnxruntime:cpu", "openvino:cpu"]\n\n[components.net]\nsource = "models/chain.onnx"\n\n'
-                                          '[components.net.profiles.default]\nbatch = [1, 1, 4]\n')
+        (root / "recipe.toml").write_text(
+            '[model]\nname = "chain"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\n'
+            'targets = ["onnxruntime:cpu", "openvino:cpu"]\n\n[components.net]\nsource = "models/chain.onnx"\n\n'
+            "[components.net.profiles.default]\nbatch = [1, 1, 4]\n"
+        )
         env = {**os.environ, "ENGINEFARM_HOME": str(root / "home"), "ENGINEFARM_STORE": str(root / "store")}
-        subprocess.run([sys.executable, "-m", "enginefarm.cli", "build", str(root / "recipe.toml"), "--store", str(root / "store"), "--no-bench"],
-                       cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.cli",
+                "build",
+                str(root / "recipe.toml"),
+                "--store",
+                str(root / "store"),
+                "--no-bench",
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         files: dict[str, Path | str] = {"onnxruntime:cpu": "", "openvino:cpu": ""}
 
         def once(kind: str, target: str, bytecode: bool) -> float:
@@ -65,13 +81,22 @@ def main() -> None:
             child_env.pop("PYTHONDONTWRITEBYTECODE", None)
             if not bytecode:
                 child_env["PYTHONDONTWRITEBYTECODE"] = "1"
-            out = subprocess.run([sys.executable, "-c", CHILD, kind, target, str(files[target])], env=child_env, cwd=tmp,
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, kind, target, str(files[target])],
+                env=child_env,
+                cwd=tmp,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             return float(out.strip().splitlines()[-1])
 
         for target in files:  # fetches the artifacts into the local cache, where bare reads the same files
             once("enginefarm", target, True)
-        files = {"onnxruntime:cpu": next((root / "home").rglob("model.onnx")), "openvino:cpu": next((root / "home").rglob("model.xml"))}
+        files = {
+            "onnxruntime:cpu": next((root / "home").rglob("model.onnx")),
+            "openvino:cpu": next((root / "home").rglob("model.xml")),
+        }
         print(f"{'bytecode':<10}{'target':<18}{'bare ms':>9}{'enginefarm ms':>15}{'ratio':>7}")
         for bytecode in (True, False):
             for target in files:
@@ -82,7 +107,10 @@ def main() -> None:
                     for kind in times:  # alternating, so a busy moment hits both
                         times[kind].append(once(kind, target, bytecode))
                 bare, ours = statistics.median(times["bare"]), statistics.median(times["enginefarm"])
-                print(f"{'written' if bytecode else 'off':<10}{target:<18}{bare:>9.0f}{ours:>15.0f}{ours / bare:>7.2f}", flush=True)
+                print(
+                    f"{'written' if bytecode else 'off':<10}{target:<18}{bare:>9.0f}{ours:>15.0f}{ours / bare:>7.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,10 @@ def main() -> int:
     p.add_argument("--model", type=Path, default=ROOT / "recipes" / "models" / "sd_vae_decoder.onnx")
     args = p.parse_args()
     if not args.model.is_file():
-        print(f"error: {args.model} not found; make it with: python recipes/make_sd_vae_decoder.py --out {args.model}", file=sys.stderr)
+        print(
+            f"error: {args.model} not found; make it with: python recipes/make_sd_vae_decoder.py --out {args.model}",
+            file=sys.stderr,
+        )
         return 2
     print("| image | whole: s / peak MB | 512-px tiles: s / peak MB | peak ratio tiles/whole |\n|---|---|---|---|")
     for size in (int(s) for s in args.sizes.split(",")):

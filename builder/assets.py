@@ -47,12 +47,31 @@ def publish_assets(store: Store, recipe: Recipe) -> PublishedAssets | None:
     with tempfile.TemporaryDirectory(prefix="enginefarm-assets-") as tmp:
         records, blobs = pack_files(folder, [(rel, ROLE) for rel in files], Path(tmp), codec="zstd")
         # pack_files hashed each file already: the key is made from those digests, not from reading the files again
-        key = build_key({"kind": COMPONENT, "model": recipe.name, "model_version": recipe.version,
-                         "files": [[r.path, r.sha256] for r in records]})
+        key = build_key(
+            {
+                "kind": COMPONENT,
+                "model": recipe.name,
+                "model_version": recipe.version,
+                "files": [[r.path, r.sha256] for r in records],
+            }
+        )
         manifest = Manifest(
-            build_key=key, model=recipe.name, model_version=recipe.version, component=COMPONENT, precision="fp32",
-            profile_name="default", profile={}, target=TARGET, toolchain={"assets": "1"}, files=tuple(records),
-            provenance={"recipe": str(recipe.path), "recipe_digest": recipe.digest, "source": str(folder),
-                        "created": datetime.now(UTC).isoformat(timespec="seconds")})
+            build_key=key,
+            model=recipe.name,
+            model_version=recipe.version,
+            component=COMPONENT,
+            precision="fp32",
+            profile_name="default",
+            profile={},
+            target=TARGET,
+            toolchain={"assets": "1"},
+            files=tuple(records),
+            provenance={
+                "recipe": str(recipe.path),
+                "recipe_digest": recipe.digest,
+                "source": str(folder),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+        )
         written = publish(store, manifest, blobs)
     return PublishedAssets(key, len(records), sum(r.size for r in records), written)

@@ -28,7 +28,9 @@ PAUSE_S = 2.0
 MIN_WINDOW_S = 1.0
 
 
-def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path) -> dict[str, Any]:
+def measure_in_subprocess(
+    artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path
+) -> dict[str, Any]:
     from .hostlock import alone
 
     feeds_path = workdir / "bench-feeds.npz"
@@ -36,14 +38,28 @@ def measure_in_subprocess(artifact_dir: Path, manifest_path: Path, feeds: dict[s
     try:
         with alone() as host:
             proc = subprocess.run(
-                [sys.executable, "-m", "enginefarm.builder.bench", str(artifact_dir), str(manifest_path), str(feeds_path)],
-                capture_output=True, text=True, timeout=3600,
+                [
+                    sys.executable,
+                    "-m",
+                    "enginefarm.builder.bench",
+                    str(artifact_dir),
+                    str(manifest_path),
+                    str(feeds_path),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
             )
     except subprocess.TimeoutExpired:
-        raise BuildError("the benchmark process ran for more than an hour", hint="build with --no-bench to publish without a benchmark") from None
+        raise BuildError(
+            "the benchmark process ran for more than an hour",
+            hint="build with --no-bench to publish without a benchmark",
+        ) from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
-        raise BuildError(f"the benchmark process failed: {tail[0]}", hint="build with --no-bench to publish without a benchmark")
+        raise BuildError(
+            f"the benchmark process failed: {tail[0]}", hint="build with --no-bench to publish without a benchmark"
+        )
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), **host}
 
 
@@ -111,7 +127,10 @@ def _least_contended(run, on_cpu: bool):
         used = _cpu_seconds() - ours
         contention = {"cpu_share": None, "others_share": None, "load_avg_1m": load}
         if elapsed >= MIN_WINDOW_S:  # CPU time is counted in kernel ticks: a short window says nothing
-            contention.update(cpu_share=round(used / capacity, 3), others_share=round(max(0.0, _busy_seconds() - busy - used) / capacity, 3))
+            contention.update(
+                cpu_share=round(used / capacity, 3),
+                others_share=round(max(0.0, _busy_seconds() - busy - used) / capacity, 3),
+            )
         if best is None or (contention["others_share"] or 0.0) < (best[1]["others_share"] or 0.0):
             best = (timing, contention)
         if not on_cpu or (contention["others_share"] or 0.0) <= OTHERS_MAX or time.perf_counter() > deadline:
@@ -125,7 +144,13 @@ def _busy_seconds() -> float:
     import psutil
 
     times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return (
+        sum(times)
+        - times.idle
+        - getattr(times, "iowait", 0.0)
+        - getattr(times, "guest", 0.0)
+        - getattr(times, "guest_nice", 0.0)
+    )
 
 
 def _cpu_seconds() -> float:

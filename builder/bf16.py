@@ -82,5 +82,8 @@ def float_initializers(model) -> dict[str, np.ndarray]:
     External ones are converted from their files as the model is written (`onnx_data.write_model(to_bf16=)`)."""
     from onnx import numpy_helper
 
-    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer
-            if init.data_type == _FLOAT and init.data_location != _EXTERNAL}
+    return {
+        init.name: numpy_helper.to_array(init)
+        for init in model.graph.initializer
+        if init.data_type == _FLOAT and init.data_location != _EXTERNAL
+    }

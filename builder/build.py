@@ -61,19 +61,44 @@ class BuildResult:
     detail: str = ""  # the SDK's own traceback behind a failure, for `-v` and the report
 
     @classmethod
-    def of(cls, job: Job, key: str | None, status: str, reason: str = "", seconds: float = 0.0, manifest: Manifest | None = None,
-           stages: Stages | None = None) -> BuildResult:
-        what = {"model": job.model, "component": job.component, "precision": job.precision, "profile": job.profile_name, "target": str(job.target)}
-        return cls(job.id, job.label, key, status, reason, seconds, manifest, what, list(stages.records) if stages else [])
+    def of(
+        cls,
+        job: Job,
+        key: str | None,
+        status: str,
+        reason: str = "",
+        seconds: float = 0.0,
+        manifest: Manifest | None = None,
+        stages: Stages | None = None,
+    ) -> BuildResult:
+        what = {
+            "model": job.model,
+            "component": job.component,
+            "precision": job.precision,
+            "profile": job.profile_name,
+            "target": str(job.target),
+        }
+        return cls(
+            job.id, job.label, key, status, reason, seconds, manifest, what, list(stages.records) if stages else []
+        )
 
     @property
     def peak_rss_mb(self) -> float | None:
         return max((s["peak_rss_mb"] for s in self.stages), default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job_id, "label": self.label, "key": self.key, "status": self.status, "reason": self.reason,
-                "seconds": round(self.seconds, 2), **self.what, "peak_rss_mb": self.peak_rss_mb, "stages": self.stages,
-                **({"detail": self.detail} if self.detail else {})}
+        return {
+            "job": self.job_id,
+            "label": self.label,
+            "key": self.key,
+            "status": self.status,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 2),
+            **self.what,
+            "peak_rss_mb": self.peak_rss_mb,
+            "stages": self.stages,
+            **({"detail": self.detail} if self.detail else {}),
+        }
 
 
 def repair(store: Store, stored: Manifest, rebuilt: Manifest, blobs: dict[str, Path], lost: list[str]) -> str:
@@ -82,14 +107,26 @@ def repair(store: Store, stored: Manifest, rebuilt: Manifest, blobs: dict[str, P
     them: the broken manifest, which nothing can load, is replaced by the rebuilt one. Returns the build's note."""
     if all(digest in blobs for digest in lost):
         return f"repaired: {len(lost)} missing blob(s) uploaded again"
-    log.warning("%s [%s]: the rebuild's bytes differ from the stored manifest's, whose blobs are lost; replacing that manifest",
-                stored.ref, stored.build_key[:12])
+    log.warning(
+        "%s [%s]: the rebuild's bytes differ from the stored manifest's, whose blobs are lost; replacing that manifest",
+        stored.ref,
+        stored.build_key[:12],
+    )
     store.delete_manifest(stored.build_key)
-    return f"repaired: rebuilt ({len(lost)} blob(s) of the stored manifest were missing, and the rebuild's bytes differ)"
+    return (
+        f"repaired: rebuilt ({len(lost)} blob(s) of the stored manifest were missing, and the rebuild's bytes differ)"
+    )
 
 
-def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step | None = None, store: Store | None = None,
-                     stages: Stages | None = None) -> tuple[Manifest, Path]:
+def compile_artifact(
+    job: Job,
+    workroot: Path,
+    *,
+    bench: bool = True,
+    step: Step | None = None,
+    store: Store | None = None,
+    stages: Stages | None = None,
+) -> tuple[Manifest, Path]:
     """Build, validate and (optionally) benchmark one job. Returns an unpacked manifest and the artifact folder.
 
     `store`, when given, lends backends that keep shared build caches (TensorRT's timing cache) their
@@ -126,18 +163,34 @@ def compile_artifact(job: Job, workroot: Path, *, bench: bool = True, step: Step
                 raise BuildError(f"{job.label}: {exc}", hint=exc.hint) from None
             probe.subprocess(int(measured.get("peak_rss_mb", 0) * 2**20))
         manifest = replace(manifest, benchmarks=(measured,))
-    manifest = replace(manifest, provenance={**manifest.provenance, "stages": stages.records, "peak_rss_mb": stages.peak_rss_mb})
+    manifest = replace(
+        manifest, provenance={**manifest.provenance, "stages": stages.records, "peak_rss_mb": stages.peak_rss_mb}
+    )
     return manifest, outdir
 
 
-def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str, outdir: Path, workroot: Path, step: Step,
-                         store: Store | None, stages: Stages) -> Manifest:
+def _built_and_validated(
+    job: Job,
+    backend,
+    toolchain: dict[str, str],
+    key: str,
+    outdir: Path,
+    workroot: Path,
+    step: Step,
+    store: Store | None,
+    stages: Stages,
+) -> Manifest:
     """Prep, build and validate (the part that shares the host with other builds; benchmarks wait for it)."""
     step("prep")
     # Prepared models and reference outputs are reused across jobs, per source and prep toolchain (workcache.py).
     folder = source_folder(workroot, job.source.digest)
     with stages.stage("prep"):
-        prepared = prepare(job.source.path, job.onnx_precision(), folder, job.fp16_keep if precision_table.reduced(job.onnx_precision()) else ())
+        prepared = prepare(
+            job.source.path,
+            job.onnx_precision(),
+            folder,
+            job.fp16_keep if precision_table.reduced(job.onnx_precision()) else (),
+        )
     step(f"build {job.target}")
     _build_cache(backend, backend.before_build, "fetching the build cache", store, job, outdir)
     with stages.stage("compile") as probe:
@@ -150,7 +203,9 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
             raise BuildError(f"{job.label}: {job.target.backend} failed: {sdk_text(exc, workroot)}") from exc
         build_s = time.perf_counter() - started
         build_notes = built.notes
-        probe.subprocess(int(build_notes.get("build_process_peak_rss_mb", 0) * 2**20))  # backends that build in a subprocess
+        probe.subprocess(
+            int(build_notes.get("build_process_peak_rss_mb", 0) * 2**20)
+        )  # backends that build in a subprocess
     _build_cache(backend, backend.after_build, "publishing the build cache", store, job, outdir)
     for item in built.files:
         if not (outdir / item.path).is_file():
@@ -186,8 +241,14 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
     if job.checkpoint is not None:
         step("weight map")
         with stages.stage("weight map"):
-            fp32 = prepared if job.onnx_precision() == precision_table.REFERENCE else prepare(job.source.path, precision_table.REFERENCE, prepared.path.parent)
-            manifest = attach_weight_map(manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path)
+            fp32 = (
+                prepared
+                if job.onnx_precision() == precision_table.REFERENCE
+                else prepare(job.source.path, precision_table.REFERENCE, prepared.path.parent)
+            )
+            manifest = attach_weight_map(
+                manifest, outdir, backend, job.checkpoint.path, job.checkpoint.digest, fp32.path
+            )
 
     step("validate")
     report = validation_report(job, backend, outdir, manifest, workroot, stages)
@@ -199,7 +260,9 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
             manifest, report["golden"] = attach_golden(manifest, outdir, cases, list(references), thresholds(job))
     manifest = replace(manifest, validation=report)
     if report["passed"] is False:
-        raise ValidationFailed(f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None)
+        raise ValidationFailed(
+            f"{job.label}: validation failed: {report['failure']}", key=key, report=report, hint=report["hint"] or None
+        )
     return manifest
 
 
@@ -207,8 +270,16 @@ def _built_and_validated(job: Job, backend, toolchain: dict[str, str], key: str,
 MEANWHILE = "published by another builder meanwhile"
 
 
-def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: Step | None = None, progress: ProgressLike = None,
-          validate_only: bool = False) -> BuildResult:
+def build(
+    job: Job,
+    store: Store,
+    workroot: Path,
+    *,
+    bench: bool = True,
+    step: Step | None = None,
+    progress: ProgressLike = None,
+    validate_only: bool = False,
+) -> BuildResult:
     """Build one job into `store` unless its key is already there; a stored artifact judged under other [validate]
     settings is re-validated instead. `validate_only`: re-validate what is stored, build nothing.
     `progress` receives the upload's bytes."""
@@ -226,7 +297,9 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
         key = job.build_key
         stored = read_manifest(store, key)
         if stored is None and validate_only:
-            return BuildResult.of(job, key, "missing", "not in the store: build it first", time.perf_counter() - started)
+            return BuildResult.of(
+                job, key, "missing", "not in the store: build it first", time.perf_counter() - started
+            )
         lost = missing_blobs(store, stored) if stored is not None and not validate_only else []
         if stored is not None and not lost:
             heal_index(store, key)  # a publish killed after its manifest left the index without it
@@ -245,7 +318,9 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
             written = publish(store, manifest, blobs, progress=progress)
         if not written and not lost:  # another builder's manifest won the race: its artifact is the one stored
             return BuildResult.of(job, key, "exists", MEANWHILE, seconds=time.perf_counter() - started, stages=stages)
-        return BuildResult.of(job, key, "built", note, seconds=time.perf_counter() - started, manifest=manifest, stages=stages)
+        return BuildResult.of(
+            job, key, "built", note, seconds=time.perf_counter() - started, manifest=manifest, stages=stages
+        )
     except EnginefarmError as exc:  # ValidationFailed included: a failed artifact is reported, never published
         reason = f"{exc} (hint: {exc.hint})" if exc.hint and exc.hint not in str(exc) else str(exc)  # the fix, too
         result = BuildResult.of(job, key, "failed", reason, time.perf_counter() - started, stages=stages)
@@ -255,9 +330,23 @@ def build(job: Job, store: Store, workroot: Path, *, bench: bool = True, step: S
     except Exception as exc:  # a full disk, no memory, or a bug: still the job's reason, never a dead worker
         if is_full(exc):
             full = disk_full(Path(getattr(exc, "filename", None) or workroot).parent, None)
-            return BuildResult.of(job, key, "failed", f"{job.label}: {now[0]}: {full} (hint: {full.hint})", time.perf_counter() - started, stages=stages)
+            return BuildResult.of(
+                job,
+                key,
+                "failed",
+                f"{job.label}: {now[0]}: {full} (hint: {full.hint})",
+                time.perf_counter() - started,
+                stages=stages,
+            )
         log.debug("%s: %s failed", job.label, now[0], exc_info=True)
-        result = BuildResult.of(job, key, "failed", f"{job.label}: {now[0]} failed: {_first_line(exc)}", time.perf_counter() - started, stages=stages)
+        result = BuildResult.of(
+            job,
+            key,
+            "failed",
+            f"{job.label}: {now[0]} failed: {_first_line(exc)}",
+            time.perf_counter() - started,
+            stages=stages,
+        )
         result.detail = traceback.format_exc()
         return result
     finally:
@@ -271,14 +360,24 @@ def job_workdir(workroot: Path, key: str) -> Path:
     return own(workroot / "jobs", key[:24])
 
 
-def _revalidated(job: Job, key: str, store: Store, stored: Manifest, workroot: Path, step: Step | None, started: float) -> BuildResult:
+def _revalidated(
+    job: Job, key: str, store: Store, stored: Manifest, workroot: Path, step: Step | None, started: float
+) -> BuildResult:
     """The engine is stored but was judged under other [validate] settings: judge it again, rebuild nothing."""
     report = revalidate(job, store, stored, workroot, own(workroot / "jobs", f"{key[:24]}-revalidate"), step)
     seconds = time.perf_counter() - started
     if report["passed"] is False:
-        return BuildResult.of(job, key, "failed", f"{job.label}: failed re-validation (stored, no longer served): {report['failure']}"
-                              + (f" (hint: {report['hint']})" if report.get("hint") else ""), seconds)
-    return BuildResult.of(job, key, "revalidated", "" if report["passed"] else report.get("why", "not run here"), seconds)
+        return BuildResult.of(
+            job,
+            key,
+            "failed",
+            f"{job.label}: failed re-validation (stored, no longer served): {report['failure']}"
+            + (f" (hint: {report['hint']})" if report.get("hint") else ""),
+            seconds,
+        )
+    return BuildResult.of(
+        job, key, "revalidated", "" if report["passed"] else report.get("why", "not run here"), seconds
+    )
 
 
 def _build_cache(backend, hook, what: str, store: Store | None, job: Job, outdir: Path) -> None:

@@ -45,13 +45,21 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
         for start in range(0, len(jobs), batch):
             chunk = jobs[start : start + batch]
             targets = sorted({str(p.job.target) for p in chunk})
-            include.append({
-                "name": f"{', '.join(targets)} ({start // batch + 1}/{-(-len(jobs) // batch)})",
-                "runs-on": list(labels),
-                "jobs": " ".join(p.job.id for p in chunk),
-                "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
-                "extras": _extras(chunk),
-                "memory_gb": max(gb(job_need_bytes(p.job)) for p in chunk),  # the largest job's need: one at a time fits
-            })
-    skipped = [{"id": p.job.id, "label": p.job.label, "why": p.refused or p.unroutable} for p in planned if p.unroutable or p.refused]
+            include.append(
+                {
+                    "name": f"{', '.join(targets)} ({start // batch + 1}/{-(-len(jobs) // batch)})",
+                    "runs-on": list(labels),
+                    "jobs": " ".join(p.job.id for p in chunk),
+                    "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
+                    "extras": _extras(chunk),
+                    "memory_gb": max(
+                        gb(job_need_bytes(p.job)) for p in chunk
+                    ),  # the largest job's need: one at a time fits
+                }
+            )
+    skipped = [
+        {"id": p.job.id, "label": p.job.label, "why": p.refused or p.unroutable}
+        for p in planned
+        if p.unroutable or p.refused
+    ]
     return {"jobs": len(todo), "entries": len(include), "matrix": {"include": include}, "skipped": skipped}

@@ -48,23 +48,42 @@ def load_runners(path: str | Path) -> list[Runner]:
         key = f"runner[{index}]"
         extra = set(raw) - {"name", "labels", "targets", "ram_gb", "vram_gb"}
         if extra:
-            raise RecipeError(path, f"{key}.{sorted(extra)[0]}", "unknown key", hint="allowed: name, labels, targets, ram_gb, vram_gb")
+            raise RecipeError(
+                path, f"{key}.{sorted(extra)[0]}", "unknown key", hint="allowed: name, labels, targets, ram_gb, vram_gb"
+            )
         for field in ("labels", "targets"):
             value = raw.get(field)
             if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
                 raise RecipeError(path, f"{key}.{field}", "must be a non-empty list of strings")
         for field in ("ram_gb", "vram_gb"):
-            if not isinstance(raw.get(field, 0), (int, float)) or isinstance(raw.get(field, 0), bool) or raw.get(field, 0) < 0:
+            if (
+                not isinstance(raw.get(field, 0), (int, float))
+                or isinstance(raw.get(field, 0), bool)
+                or raw.get(field, 0) < 0
+            ):
                 raise RecipeError(path, f"{key}.{field}", "must be a number >= 0")
-        runners.append(Runner(str(raw.get("name", "/".join(raw["labels"]))), tuple(raw["labels"]), tuple(raw["targets"]),
-                              float(raw.get("ram_gb", 0)), float(raw.get("vram_gb", 0))))
+        runners.append(
+            Runner(
+                str(raw.get("name", "/".join(raw["labels"]))),
+                tuple(raw["labels"]),
+                tuple(raw["targets"]),
+                float(raw.get("ram_gb", 0)),
+                float(raw.get("vram_gb", 0)),
+            )
+        )
     if not runners:
         raise RecipeError(path, "runner", "no runners", hint="add at least one [[runner]] table")
     return runners
 
 
-def route(target: str, needs: Resources, runners: list[Runner], *, on_cpu: bool | None = None,
-          gpu_needed: tuple[str, str] | None = None) -> tuple[Runner | None, str]:
+def route(
+    target: str,
+    needs: Resources,
+    runners: list[Runner],
+    *,
+    on_cpu: bool | None = None,
+    gpu_needed: tuple[str, str] | None = None,
+) -> tuple[Runner | None, str]:
     """The smallest runner that builds `target` with enough memory, or None and why not.
 
     `on_cpu`: the build uses no GPU (default: CPU targets), so the component's GPU memory does not count.
@@ -77,7 +96,9 @@ def route(target: str, needs: Resources, runners: list[Runner], *, on_cpu: bool 
         if not able:
             why, fix = gpu_needed
             return None, f"refused: {why}, and no runner with a GPU builds {target}; {fix}"
-    if on_cpu if on_cpu is not None else target.endswith(":cpu"):  # a CPU build uses no GPU memory, whatever the component needs on GPUs
+    if (
+        on_cpu if on_cpu is not None else target.endswith(":cpu")
+    ):  # a CPU build uses no GPU memory, whatever the component needs on GPUs
         needs = Resources(needs.host_ram_gb, 0.0)
     fits = [r for r in able if r.ram_gb >= needs.host_ram_gb and r.vram_gb >= needs.gpu_vram_gb]
     if not fits:
@@ -88,7 +109,9 @@ def route(target: str, needs: Resources, runners: list[Runner], *, on_cpu: bool 
             wanted.append(f"{math.ceil(needs.host_ram_gb * 10) / 10:g} GB RAM (largest {target} runner: {most_ram:g})")
         if needs.gpu_vram_gb > most_vram:
             wanted.append(f"{needs.gpu_vram_gb:g} GB VRAM (largest {target} runner: {most_vram:g})")
-        return None, "no runner has enough memory: needs " + " and ".join(wanted or ["more memory than any single runner"])
+        return None, "no runner has enough memory: needs " + " and ".join(
+            wanted or ["more memory than any single runner"]
+        )
     return min(fits, key=lambda r: (r.vram_gb, r.ram_gb)), ""
 
 

@@ -25,7 +25,7 @@ TIMEOUT = 60  # seconds without a byte before a download is given up
 
 def hf_to_https(url: str) -> str:
     """hf://org/repo/path/in/repo@rev → the Hub's resolve URL."""
-    rest = url[len("hf://"):]
+    rest = url[len("hf://") :]
     rest, _, rev = rest.partition("@")
     parts = rest.split("/")
     if len(parts) < 3 or not all(parts):
@@ -70,16 +70,24 @@ def download(url: str, dest: Path, *, hf: bool) -> None:
     except urllib.error.HTTPError as exc:
         raise _http_error(url, exc.code, hf, token is not None) from None
     except (urllib.error.URLError, OSError) as exc:
-        raise SourceError(f"cannot download {url}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network") from None
+        raise SourceError(
+            f"cannot download {url}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network"
+        ) from None
 
 
 def _http_error(url: str, code: int, hf: bool, had_token: bool) -> SourceError:
     if hf and code in (401, 403):
         if had_token:
-            return SourceError(f"cannot download {url}: HTTP {code}, the token has no access to this repository",
-                               hint="accept the model's license on its Hub page with the token's account, or use another token")
-        return SourceError(f"cannot download {url}: HTTP {code}, a gated or private repository",
-                           hint="accept its license on the Hub, then set HF_TOKEN (or run `huggingface-cli login`)")
+            return SourceError(
+                f"cannot download {url}: HTTP {code}, the token has no access to this repository",
+                hint="accept the model's license on its Hub page with the token's account, or use another token",
+            )
+        return SourceError(
+            f"cannot download {url}: HTTP {code}, a gated or private repository",
+            hint="accept its license on the Hub, then set HF_TOKEN (or run `huggingface-cli login`)",
+        )
     if code == 404:
-        return SourceError(f"cannot download {url}: HTTP 404, not found", hint="check the organization, repository, path and @revision")
+        return SourceError(
+            f"cannot download {url}: HTTP 404, not found", hint="check the organization, repository, path and @revision"
+        )
     return SourceError(f"cannot download {url}: HTTP {code}", hint="check the URL and your network")

@@ -46,14 +46,30 @@ def _child(job: Job, store_url: str, workroot: str, bench: bool, validate_only: 
     from enginefarm.cache.stores import open_store
 
     pipe.send((job.id, "start", job.label))
-    result = build(job, open_store(store_url), Path(workroot), bench=bench, step=lambda msg: pipe.send((job.id, "step", msg)),
-                   progress=_Uploads(job.id, pipe), validate_only=validate_only)
+    result = build(
+        job,
+        open_store(store_url),
+        Path(workroot),
+        bench=bench,
+        step=lambda msg: pipe.send((job.id, "step", msg)),
+        progress=_Uploads(job.id, pipe),
+        validate_only=validate_only,
+    )
     result.manifest = None  # keep what crosses the process boundary small
     pipe.send((job.id, "result", result))
 
 
-def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int = 1, bench: bool = True, on_event: Event | None = None,
-             memory: int | None = None, validate_only: bool = False) -> list[BuildResult]:
+def run_jobs(
+    jobs: list[Job],
+    store_url: str,
+    workroot: Path,
+    *,
+    parallel: int = 1,
+    bench: bool = True,
+    on_event: Event | None = None,
+    memory: int | None = None,
+    validate_only: bool = False,
+) -> list[BuildResult]:
     """`memory`: bytes the jobs may use together (default: what the machine has available when the run starts).
     `validate_only`: re-validate the stored artifacts against the jobs' current [validate]; build nothing."""
     on_event = on_event or (lambda *_: None)
@@ -82,7 +98,9 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
                     break
                 waiting.remove(job)
                 reader, writer = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(job, store_url, str(workroot), bench, validate_only, writer), daemon=True)
+                process = context.Process(
+                    target=_child, args=(job, store_url, str(workroot), bench, validate_only, writer), daemon=True
+                )
                 process.start()
                 writer.close()  # the worker holds the only writer: its exit is the reader's end of file
                 running[job.id] = (process, job, reader)
@@ -94,7 +112,9 @@ def run_jobs(jobs: list[Job], store_url: str, workroot: Path, *, parallel: int =
                     continue  # more to come
                 process.join(timeout=30)
                 if job_id not in results:  # it died without a word: a crash or a kill
-                    finish(job, BuildResult.of(job, None, "failed", f"build process died (exit code {process.exitcode})"))
+                    finish(
+                        job, BuildResult.of(job, None, "failed", f"build process died (exit code {process.exitcode})")
+                    )
                 reader.close()
                 running.pop(job_id)
     except BaseException:
@@ -112,7 +132,11 @@ def _say_waiting(waiting, in_use: int, budget: int, needs, told: set[str], on_ev
     for job in waiting:
         if job.id not in told:
             told.add(job.id)
-            on_event(job.id, "step", f"waiting for memory (needs {gb(needs[job.id]):g} GB; {gb(in_use):g} of {gb(budget):g} GB taken)")
+            on_event(
+                job.id,
+                "step",
+                f"waiting for memory (needs {gb(needs[job.id]):g} GB; {gb(in_use):g} of {gb(budget):g} GB taken)",
+            )
 
 
 def _read(reader, job_id: str, finish, on_event, job: Job) -> bool:

@@ -25,8 +25,25 @@ INPUT_PATH = "input:"
 # What an input path goes through: elementwise arithmetic, casts and reshapes (a timestep's scaling, its sinusoidal
 # embedding, the copies per batch row). It stops at anything else: the first layer with weights (MatMul, Gemm) runs
 # at the precision asked for.
-_PATH_OPS = {"Add", "Sub", "Mul", "Div", "Neg", "Exp", "Sin", "Cos", "Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten",
-             "Expand", "Tile", "Slice", "Identity"}
+_PATH_OPS = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Neg",
+    "Exp",
+    "Sin",
+    "Cos",
+    "Cast",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Flatten",
+    "Expand",
+    "Tile",
+    "Slice",
+    "Identity",
+}
 
 
 def input_path(nodes, inputs: tuple[str, ...]) -> set[str]:
@@ -55,7 +72,11 @@ def kept_nodes(model, keep: tuple[str, ...]) -> tuple[set[str], set[str]]:
     scopes = tuple(k for k in keep if k.endswith("/"))
     paths = tuple(k.removeprefix(INPUT_PATH) for k in keep if k.startswith(INPUT_PATH))
     ops = {k for k in keep if k not in names and not k.endswith("/") and not k.startswith(INPUT_PATH)}
-    kept = {k for k in keep if k in names} | {n for n in names if scopes and n.startswith(scopes)} | input_path(nodes, paths)
+    kept = (
+        {k for k in keep if k in names}
+        | {n for n in names if scopes and n.startswith(scopes)}
+        | input_path(nodes, paths)
+    )
     return ops, kept | _constants_of(nodes, kept)
 
 
@@ -93,8 +114,14 @@ def _constants_of(nodes, kept: set[str]) -> set[str]:
     for node in nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    return {n.name for n in nodes if n.op_type == "Constant" and n.name and readers.get(n.output[0])
-            and all(r.name in kept for r in readers[n.output[0]])}
+    return {
+        n.name
+        for n in nodes
+        if n.op_type == "Constant"
+        and n.name
+        and readers.get(n.output[0])
+        and all(r.name in kept for r in readers[n.output[0]])
+    }
 
 
 def _cast_to(node) -> int | None:
@@ -103,8 +130,11 @@ def _cast_to(node) -> int | None:
 
 def _integer_tensors(model) -> set[str]:
     """Tensors known to hold integers: typed so in the graph, integer initializers, or produced by integer ops."""
-    found = {v.name for v in list(model.graph.value_info) + list(model.graph.input)
-             if v.type.tensor_type.elem_type and v.type.tensor_type.elem_type not in _FLOATS}
+    found = {
+        v.name
+        for v in list(model.graph.value_info) + list(model.graph.input)
+        if v.type.tensor_type.elem_type and v.type.tensor_type.elem_type not in _FLOATS
+    }
     found |= {i.name for i in model.graph.initializer if i.data_type not in _FLOATS}
     for node in model.graph.node:  # in topological order, so producers come first
         if node.op_type in ("ConvInteger", "MatMulInteger"):
@@ -112,7 +142,11 @@ def _integer_tensors(model) -> set[str]:
         elif node.op_type == "Cast":
             if _cast_to(node) not in _FLOATS:
                 found.update(node.output)
-        elif node.op_type in ("Add", "Sub", "Reshape", "Squeeze", "Unsqueeze", "Transpose") and node.input and node.input[0] in found:
+        elif (
+            node.op_type in ("Add", "Sub", "Reshape", "Squeeze", "Unsqueeze", "Transpose")
+            and node.input
+            and node.input[0] in found
+        ):
             found.update(node.output)
     return found
 

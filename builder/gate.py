@@ -34,15 +34,19 @@ def validation_settings(job: Job) -> str:
     thresholds it applies, the seeded inputs and the recipe's sample files (by content)."""
     spec = job.validate
     quantized, _ = model_traits(job.source.path)
-    inputs = {name: {"low": s.low, "high": s.high, "file": sha256_file(s.file) if s.file else None}
-              for name, s in spec.inputs.items()}
-    return build_key({
-        "gate": GATE_VERSION,
-        "thresholds": Thresholds.for_job(job.precision, spec, quantized=quantized).to_dict(),
-        "inputs": inputs,
-        "samples": sha256_file(spec.samples) if spec.samples else None,
-        "seed": spec.seed,
-    })
+    inputs = {
+        name: {"low": s.low, "high": s.high, "file": sha256_file(s.file) if s.file else None}
+        for name, s in spec.inputs.items()
+    }
+    return build_key(
+        {
+            "gate": GATE_VERSION,
+            "thresholds": Thresholds.for_job(job.precision, spec, quantized=quantized).to_dict(),
+            "inputs": inputs,
+            "samples": sha256_file(spec.samples) if spec.samples else None,
+            "seed": spec.seed,
+        }
+    )
 
 
 def stale(job: Job, entry: IndexEntry | None, manifest: Manifest | None) -> bool:
@@ -59,8 +63,9 @@ def thresholds(job: Job) -> Thresholds:
     return Thresholds.for_job(job.precision, job.validate, quantized=model_traits(job.source.path)[0])
 
 
-def validation_report(job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path,
-                      stages: Stages | None = None) -> dict[str, Any]:
+def validation_report(
+    job: Job, backend, artifact_dir: Path, manifest: Manifest, workroot: Path, stages: Stages | None = None
+) -> dict[str, Any]:
     """Run the gate on an artifact folder with the job's current [validate] settings; `settings` names them.
 
     The fp32 references are computed (or read back from the source's work folder) before the artifact loads, so

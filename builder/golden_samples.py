@@ -33,12 +33,19 @@ def tensor_name(case: str, side: str, name: str) -> str:
     return f"{case}/{side}/{name}"
 
 
-def attach(manifest: Manifest, outdir: Path, cases: list[tuple[str, dict[str, np.ndarray]]],
-           references: list[Reference], thresholds: Thresholds) -> tuple[Manifest, dict[str, Any]]:
+def attach(
+    manifest: Manifest,
+    outdir: Path,
+    cases: list[tuple[str, dict[str, np.ndarray]]],
+    references: list[Reference],
+    thresholds: Thresholds,
+) -> tuple[Manifest, dict[str, Any]]:
     """Write the golden file beside the artifact and list it in the manifest. Returns the manifest and the record
     for `validation.golden` (with each output's carried magnitude, which the gate's noise floor needs)."""
-    sizes = {case: sum(a.nbytes for a in feeds.values()) + sum(a.nbytes for a in ref.outputs.values())
-             for (case, feeds), ref in zip(cases, references, strict=True)}
+    sizes = {
+        case: sum(a.nbytes for a in feeds.values()) + sum(a.nbytes for a in ref.outputs.values())
+        for (case, feeds), ref in zip(cases, references, strict=True)
+    }
     kept = [case for case, _ in cases]
     for case in sorted(kept, key=lambda c: sizes[c], reverse=True):
         if sum(sizes[c] for c in kept) <= MAX_BYTES or len(kept) == 1:
@@ -60,4 +67,6 @@ def attach(manifest: Manifest, outdir: Path, cases: list[tuple[str, dict[str, np
         "scales": {case: ref.scales for (case, _), ref in zip(cases, references, strict=True) if case in kept},
         **({"left_out": {c: sizes[c] for c, _ in cases if c not in kept}} if len(kept) < len(cases) else {}),
     }
-    return replace(manifest, files=manifest.files + (ArtifactFile(FILE, ROLE, size, digest, "none", size, digest),)), record
+    return replace(
+        manifest, files=manifest.files + (ArtifactFile(FILE, ROLE, size, digest, "none", size, digest),)
+    ), record

@@ -95,7 +95,10 @@ class Job:
                 "options": self.options,
                 **({"checkpoint": self.checkpoint.digest} if self.checkpoint else {}),
                 # the keep-list shapes fp16 and bf16 ONNX, and OpenVINO's fp16 (backends/openvino_precise.py)
-                **({"fp16_keep_fp32": list(self.fp16_keep)}
-                   if self.fp16_keep and (precision_table.reduced(self.onnx_precision()) or self.precision == "fp16") else {}),
+                **(
+                    {"fp16_keep_fp32": list(self.fp16_keep)}
+                    if self.fp16_keep and (precision_table.reduced(self.onnx_precision()) or self.precision == "fp16")
+                    else {}
+                ),
             }
         )

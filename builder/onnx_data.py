@@ -99,7 +99,9 @@ def rename_data_file(model, location: str) -> None:
                 entry.value = location
 
 
-def write_model(model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = frozenset(), to_bf16: frozenset[str] = frozenset()) -> None:
+def write_model(
+    model, base_dir: Path, out: Path, *, to_fp16: frozenset[str] = frozenset(), to_bf16: frozenset[str] = frozenset()
+) -> None:
     """Save `model` at `out`, its external tensors (read from `base_dir`) in `out.name + ".data"`.
 
     `to_fp16` names external tensors that were float32 in the files and are float16 in `model` (the fp16
@@ -183,7 +185,9 @@ def converter_reads_no_weights():
     from onnxruntime.transformers import float16
 
     real = float16.make_value_info_from_tensor
-    float16.make_value_info_from_tensor = lambda tensor: helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+    float16.make_value_info_from_tensor = lambda tensor: helper.make_tensor_value_info(
+        tensor.name, tensor.data_type, list(tensor.dims)
+    )
     try:
         yield
     finally:

@@ -10,7 +10,20 @@ from pathlib import Path
 from enginefarm.errors import ModelError
 
 # ONNX TensorProto elem_type → numpy dtype name.
-_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,9 @@ def load_header(path: Path, *, external: bool = True):
     except FileNotFoundError:
         raise ModelError(f"{path}: file not found") from None
     except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning or plain Exception depending on damage
-        raise ModelError(f"{path}: not a valid ONNX file ({type(exc).__name__})", hint="re-export or re-download the model") from None
+        raise ModelError(
+            f"{path}: not a valid ONNX file ({type(exc).__name__})", hint="re-export or re-download the model"
+        ) from None
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not a valid ONNX file (empty graph)", hint="re-export or re-download the model")
     if external:
@@ -57,8 +72,10 @@ def check_external_locations(locations: list[str], path: Path) -> None:
     for location in locations:
         parts = Path(location).parts
         if not location or Path(location).is_absolute() or ".." in parts or "\\" in location or ":" in location:
-            raise ModelError(f"{path}: external data location {location!r} is outside the model's folder",
-                             hint="keep external data files next to the .onnx file")
+            raise ModelError(
+                f"{path}: external data location {location!r} is outside the model's folder",
+                hint="keep external data files next to the .onnx file",
+            )
 
 
 def check_external_data(model, path: Path) -> list[Path]:
@@ -126,8 +143,13 @@ def float32_gemms(path: Path) -> list[str]:
 @lru_cache(maxsize=8)
 def _float32_gemms(path: str, size: int, mtime_ns: int) -> tuple[str, ...]:
     model = load_header(Path(path))
-    nodes = [node for graph in _graphs(model.graph) for node in graph.node
-             if node.domain in ("", "ai.onnx") and (node.op_type in _GEMM_OPS or (node.op_type == "Einsum" and len(node.input) >= 2))]
+    nodes = [
+        node
+        for graph in _graphs(model.graph)
+        for node in graph.node
+        if node.domain in ("", "ai.onnx")
+        and (node.op_type in _GEMM_OPS or (node.op_type == "Einsum" and len(node.input) >= 2))
+    ]
     if not nodes:
         return ()
     types = _elem_types(model)
@@ -142,7 +164,11 @@ def _float32_gemms(path: str, size: int, mtime_ns: int) -> tuple[str, ...]:
             types = _elem_types(onnx.shape_inference.infer_shapes(model))
         except Exception:  # an exotic graph: judge by what the graph says, counting the unknown as float32
             pass
-    return tuple(node.name or f"{node.op_type}({node.output[0]})" for node in nodes if types.get(node.input[0], _FLOAT32) == _FLOAT32)
+    return tuple(
+        node.name or f"{node.op_type}({node.output[0]})"
+        for node in nodes
+        if types.get(node.input[0], _FLOAT32) == _FLOAT32
+    )
 
 
 def _graphs(graph):

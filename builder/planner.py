@@ -99,7 +99,10 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
         checkpoint = _checkpoint(recipe, comp.checkpoint, f"{key}.checkpoint") if comp.checkpoint else None
         _check_validate_inputs(recipe, comp.validate, inputs, f"{key}.validate.inputs")
         if comp.profiles:
-            profiles = {name: resolve_profile(spec, inputs, recipe.path, f"{key}.profiles.{name}") for name, spec in comp.profiles.items()}
+            profiles = {
+                name: resolve_profile(spec, inputs, recipe.path, f"{key}.profiles.{name}")
+                for name, spec in comp.profiles.items()
+            }
         elif is_static(inputs):
             profiles = {STATIC_PROFILE: resolve_profile(None, inputs, recipe.path, f"{key}.profiles")}
         else:
@@ -115,9 +118,28 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
                     if any(rule.covers(target, precision) for rule in comp.exclude):
                         continue
                     jobs.append(
-                        Job(recipe.path, recipe.digest, recipe.name, recipe.version, comp.name, precision, profile_name, profile,
-                            target, comp.source.url, source, tuple(inputs), tuple(outputs), opset_of(header), comp.validate, comp.resources,
-                            job_options(target, comp.options), checkpoint, comp.fp16_keep_fp32, weights)
+                        Job(
+                            recipe.path,
+                            recipe.digest,
+                            recipe.name,
+                            recipe.version,
+                            comp.name,
+                            precision,
+                            profile_name,
+                            profile,
+                            target,
+                            comp.source.url,
+                            source,
+                            tuple(inputs),
+                            tuple(outputs),
+                            opset_of(header),
+                            comp.validate,
+                            comp.resources,
+                            job_options(target, comp.options),
+                            checkpoint,
+                            comp.fp16_keep_fp32,
+                            weights,
+                        )
                     )
     return jobs
 
@@ -138,18 +160,31 @@ def _check_keep(recipe: Recipe, keep: tuple[str, ...], header, key: str) -> None
     """An op type or node name that is not in the model is a typo: it would keep nothing fp32."""
     present = {n.op_type for n in header.graph.node} | {n.name for n in header.graph.node if n.name}
     present |= {f"input:{i.name}" for i in header.graph.input}  # an input path (fp16_rules.input_path)
-    unknown = [k for k in keep if k not in present and not (k.endswith("/") and any(n.name.startswith(k) for n in header.graph.node))]
+    unknown = [
+        k
+        for k in keep
+        if k not in present and not (k.endswith("/") and any(n.name.startswith(k) for n in header.graph.node))
+    ]
     if unknown:
         ops = sorted({n.op_type for n in header.graph.node})
-        raise RecipeError(recipe.path, key, f"the model has no op or node named {', '.join(map(repr, unknown))}",
-                          hint=f"op types in the model: {', '.join(ops[:30])}{', …' if len(ops) > 30 else ''}")
+        raise RecipeError(
+            recipe.path,
+            key,
+            f"the model has no op or node named {', '.join(map(repr, unknown))}",
+            hint=f"op types in the model: {', '.join(ops[:30])}{', …' if len(ops) > 30 else ''}",
+        )
 
 
 def _check_validate_inputs(recipe: Recipe, spec: ValidateSpec, inputs: list[TensorInfo], key: str) -> None:
     names = {t.name for t in inputs}
     for name in spec.inputs:
         if name not in names:
-            raise RecipeError(recipe.path, f"{key}.{name}", f"the model has no input {name!r}", hint=f"model inputs: {', '.join(sorted(names))}")
+            raise RecipeError(
+                recipe.path,
+                f"{key}.{name}",
+                f"the model has no input {name!r}",
+                hint=f"model inputs: {', '.join(sorted(names))}",
+            )
 
 
 def plan(
@@ -175,12 +210,29 @@ def plan(
         and (not job_ids or job.id in job_ids)
     ]
     if not selected:
-        asked = ", ".join(f"{n}={'/'.join(v)}" for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids)) if v)
-        offers = {"targets": {str(j.target) for j in jobs}, "precisions": {j.precision for j in jobs}, "components": {j.component for j in jobs}}
-        wanted = [name for name, given in (("targets", targets), ("precisions", precisions), ("components", components)) if given] or ["targets"]
+        asked = ", ".join(
+            f"{n}={'/'.join(v)}"
+            for n, v in (("target", targets), ("precision", precisions), ("component", components), ("job", job_ids))
+            if v
+        )
+        offers = {
+            "targets": {str(j.target) for j in jobs},
+            "precisions": {j.precision for j in jobs},
+            "components": {j.component for j in jobs},
+        }
+        wanted = [
+            name
+            for name, given in (("targets", targets), ("precisions", precisions), ("components", components))
+            if given
+        ] or ["targets"]
         hint = "; ".join(f"the recipes offer {name}: {', '.join(sorted(offers[name]))}" for name in wanted)
         if job_ids:
-            hint = "; ".join(filter(None, [hint if targets or precisions or components else "", "`enginefarm plan RECIPE` lists the job ids"]))
+            hint = "; ".join(
+                filter(
+                    None,
+                    [hint if targets or precisions or components else "", "`enginefarm plan RECIPE` lists the job ids"],
+                )
+            )
         raise EnginefarmError(f"no jobs match {asked or 'the recipes'}", hint=hint)
     planned: list[PlannedJob] = []
     indexes: dict[str, dict] = {}
@@ -208,8 +260,13 @@ def plan(
         if entry.key and store is not None:
             entry.built, entry.stale_validation, entry.missing_blobs = _stored_state(store, job, entry.key, indexes)
         if runners is not None:
-            runner, why = route(str(job.target), Resources(job_need_bytes(job) / 1e9, job.resources.gpu_vram_gb), runners,
-                                on_cpu=builds_on_cpu(job), gpu_needed=gpu_build_reason(job))
+            runner, why = route(
+                str(job.target),
+                Resources(job_need_bytes(job) / 1e9, job.resources.gpu_vram_gb),
+                runners,
+                on_cpu=builds_on_cpu(job),
+                gpu_needed=gpu_build_reason(job),
+            )
             entry.runs_on, entry.unroutable = (list(runner.labels), "") if runner else ([], why)
         else:
             entry.runs_on = runner_labels(job.target, builds_on_cpu(job))
@@ -254,14 +311,24 @@ def _check_samples(recipe: Recipe, path: Path, inputs: list[TensorInfo], profile
     try:
         shapes = {name: list(shape) for name, shape in npz_shapes(path).items()}
     except SampleError as exc:
-        raise RecipeError(recipe.path, key, f"cannot read {path.name}: {exc}", hint="save it with numpy.savez(path, NAME=array, ...)") from None
+        raise RecipeError(
+            recipe.path, key, f"cannot read {path.name}: {exc}", hint="save it with numpy.savez(path, NAME=array, ...)"
+        ) from None
     names = [t.name for t in inputs]
     if sorted(shapes) != sorted(names):
-        raise RecipeError(recipe.path, key, f"{path.name} holds {sorted(shapes)}, the model's inputs are {sorted(names)}",
-                          hint="one array per model input, named as the input")
+        raise RecipeError(
+            recipe.path,
+            key,
+            f"{path.name} holds {sorted(shapes)}, the model's inputs are {sorted(names)}",
+            hint="one array per model input, named as the input",
+        )
     for profile_name, profile in profiles.items():
         for name, shape in shapes.items():
             low, high = profile[name]["min"], profile[name]["max"]
             if len(shape) != len(low) or any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high, strict=True)):
-                raise RecipeError(recipe.path, key, f"{name} has shape {shape}, outside profile {profile_name!r} ({low} .. {high})",
-                                  hint="give samples that fit every profile of the component")
+                raise RecipeError(
+                    recipe.path,
+                    key,
+                    f"{name} has shape {shape}, outside profile {profile_name!r} ({low} .. {high})",
+                    hint="give samples that fit every profile of the component",
+                )

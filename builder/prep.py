@@ -87,7 +87,11 @@ def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, .
     fp32 = _once(workdir, "fp32", lambda out: _prepare_fp32(source, out))
     if not precision_table.reduced(precision):
         return fp32
-    variant = precision if not fp16_keep else f"{precision}-keep-" + hashlib.sha256("\n".join(sorted(fp16_keep)).encode()).hexdigest()[:12]
+    variant = (
+        precision
+        if not fp16_keep
+        else f"{precision}-keep-" + hashlib.sha256("\n".join(sorted(fp16_keep)).encode()).hexdigest()[:12]
+    )
     half = _once(workdir, variant, lambda out: _prepare_half(fp32.path, out, source, fp16_keep, precision))
     return Prepared(half.path, fp32.notes + half.notes)
 
@@ -165,8 +169,13 @@ def _constants_to_initializers(path: Path) -> int:
     keep, promoted = [], []
     for node in model.graph.node:
         value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
-        if (node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None and value.data_type in floats
-                and math.prod(value.dims) >= PROMOTE_FROM):
+        if (
+            node.op_type == "Constant"
+            and node.domain in ("", "ai.onnx")
+            and value is not None
+            and value.data_type in floats
+            and math.prod(value.dims) >= PROMOTE_FROM
+        ):
             tensor = onnx.TensorProto()
             tensor.CopyFrom(value)
             tensor.name = node.output[0]
@@ -189,7 +198,14 @@ def _externalize(path: Path) -> None:
     model = onnx.load(str(path))
     moved = path.parent / "external" / path.name
     moved.parent.mkdir()
-    onnx.save(model, str(moved), save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.name}.data", size_threshold=1024)
+    onnx.save(
+        model,
+        str(moved),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+        size_threshold=1024,
+    )
     del model
     os.replace(moved.with_name(f"{path.name}.data"), path.with_name(f"{path.name}.data"))
     os.replace(moved, path)
@@ -260,10 +276,14 @@ def _simplify(source: Path, out: Path, nodes_before: int, notes: list[str]) -> P
         if "output_path" not in str(exc):
             notes.append(f"not simplified: onnxsim failed (TypeError: {_first_line(exc, 200)})")
             return None
-        notes.append("not simplified: this onnxsim cannot write a model by path (onnxsim with simplify(output_path=...) can)")
+        notes.append(
+            "not simplified: this onnxsim cannot write a model by path (onnxsim with simplify(output_path=...) can)"
+        )
         return None
     except Exception as exc:  # onnxsim fails on some exotic graphs; the unsimplified model is still correct
-        notes.append(f"not simplified: onnxsim failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+        notes.append(
+            f"not simplified: onnxsim failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        )
         return None
     if not ok or not out.is_file():
         notes.append("not simplified: onnxsim could not verify the result")
@@ -312,14 +332,18 @@ def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):
 
     ops, nodes = fp16_blocked(model, keep)
     # keep_io_types: callers feed and read float32; the casts live inside the graph.
-    converted = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False, op_block_list=sorted(ops),
-                                         node_block_list=sorted(nodes))
+    converted = convert_float_to_float16(
+        model, keep_io_types=True, disable_shape_infer=False, op_block_list=sorted(ops), node_block_list=sorted(nodes)
+    )
     elide_round_trips(converted.graph)
     removed = _drop_duplicate_nodes(converted.graph)
     _sort_topologically(converted.graph)
     kept = sum(1 for n in converted.graph.node if n.op_type in ops or n.name in nodes)
-    notes.append("converted to fp16 (float32 inputs and outputs)" + (f"; {kept} nodes kept fp32 ({_summary(converted, ops, nodes)})" if kept else "")
-                 + (f"; merged {removed} duplicate casts" if removed else ""))
+    notes.append(
+        "converted to fp16 (float32 inputs and outputs)"
+        + (f"; {kept} nodes kept fp32 ({_summary(converted, ops, nodes)})" if kept else "")
+        + (f"; merged {removed} duplicate casts" if removed else "")
+    )
     return converted
 
 
@@ -330,7 +354,9 @@ def _to_bf16(model, notes: list[str], keep: tuple[str, ...] = ()):
     originals = float_initializers(model)
     converted = _to_fp16(model, notes, keep)
     rounded = retype(converted, originals)
-    notes[-1] = notes[-1].replace("converted to fp16", "converted to bf16", 1) + f"; {rounded} weights rounded from fp32"
+    notes[-1] = (
+        notes[-1].replace("converted to fp16", "converted to bf16", 1) + f"; {rounded} weights rounded from fp32"
+    )
     return converted
 
 
@@ -360,7 +386,9 @@ def _sort_topologically(graph) -> None:
             else:
                 rest.append(node)
         if not progressed:
-            raise ModelError("fp16 conversion produced a graph with a cycle", hint="report this model; build fp32 meanwhile")
+            raise ModelError(
+                "fp16 conversion produced a graph with a cycle", hint="report this model; build fp32 meanwhile"
+            )
         pending = rest
     del graph.node[:]
     graph.node.extend(ordered)
@@ -376,7 +404,10 @@ def _drop_duplicate_nodes(graph) -> int:
         body = node.SerializeToString(deterministic=True)
         for output in node.output:
             if output in seen and seen[output] != body:
-                raise ModelError(f"fp16 conversion produced two different nodes writing {output!r}", hint="report this model; build fp32 meanwhile")
+                raise ModelError(
+                    f"fp16 conversion produced two different nodes writing {output!r}",
+                    hint="report this model; build fp32 meanwhile",
+                )
         if node.output and all(seen.get(o) == body for o in node.output):
             continue
         seen.update({o: body for o in node.output})

@@ -24,10 +24,19 @@ def resolve_profile(spec: ProfileSpec | None, inputs: list[TensorInfo], recipe: 
     if spec is not None:
         for name in spec.inputs:
             if name not in names:
-                raise RecipeError(recipe, f"{key}.inputs.{name}", f"the model has no input {name!r}", hint=f"model inputs: {', '.join(sorted(names))}")
+                raise RecipeError(
+                    recipe,
+                    f"{key}.inputs.{name}",
+                    f"the model has no input {name!r}",
+                    hint=f"model inputs: {', '.join(sorted(names))}",
+                )
         for dim in spec.dims:
             if dim not in dim_names:
-                hint = f"named dims: {', '.join(dim_names)}" if dim_names else "this model has no named dims; use inputs.NAME.min/opt/max"
+                hint = (
+                    f"named dims: {', '.join(dim_names)}"
+                    if dim_names
+                    else "this model has no named dims; use inputs.NAME.min/opt/max"
+                )
                 raise RecipeError(recipe, f"{key}.{dim}", f"no model input has a dim named {dim!r}", hint=hint)
 
     resolved: Resolved = {}
@@ -42,10 +51,15 @@ def resolve_profile(spec: ProfileSpec | None, inputs: list[TensorInfo], recipe: 
             elif spec is not None and isinstance(dim, str) and dim in spec.dims:
                 triple = spec.dims[dim]
             else:
-                hint = (f"add {dim} = [min, opt, max] to the profile" if isinstance(dim, str) else "")
+                hint = f"add {dim} = [min, opt, max] to the profile" if isinstance(dim, str) else ""
                 hint = hint or f"give the whole shape in [{key}.inputs.{tensor.name}] with min/opt/max"
                 where = key if spec is not None else key.rsplit(".", 1)[0]
-                raise RecipeError(recipe, where, f"input {tensor.name!r} axis {axis} is dynamic, {_describe(dim)}, and has no range", hint=hint)
+                raise RecipeError(
+                    recipe,
+                    where,
+                    f"input {tensor.name!r} axis {axis} is dynamic, {_describe(dim)}, and has no range",
+                    hint=hint,
+                )
             lo.append(triple[0])
             opt.append(triple[1])
             hi.append(triple[2])
@@ -56,10 +70,14 @@ def resolve_profile(spec: ProfileSpec | None, inputs: list[TensorInfo], recipe: 
 def _explicit(spec: ProfileSpec, tensor: TensorInfo, recipe: Path, key: str) -> dict[str, list[int]]:
     shapes = spec.inputs[tensor.name]
     if len(shapes.min) != len(tensor.dims):
-        raise RecipeError(recipe, key, f"has rank {len(shapes.min)} but input {tensor.name!r} has rank {len(tensor.dims)}")
+        raise RecipeError(
+            recipe, key, f"has rank {len(shapes.min)} but input {tensor.name!r} has rank {len(tensor.dims)}"
+        )
     for axis, dim in enumerate(tensor.dims):
         if isinstance(dim, int) and not (shapes.min[axis] == shapes.opt[axis] == shapes.max[axis] == dim):
-            raise RecipeError(recipe, key, f"axis {axis} of {tensor.name!r} is fixed at {dim}, the profile says otherwise")
+            raise RecipeError(
+                recipe, key, f"axis {axis} of {tensor.name!r} is fixed at {dim}, the profile says otherwise"
+            )
     return {"min": list(shapes.min), "opt": list(shapes.opt), "max": list(shapes.max)}
 
 

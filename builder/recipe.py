@@ -56,7 +56,9 @@ class Source:
     url: str  # as written
     sha256: str | None
     local: Path | None  # for file sources: the resolved path
-    external_sha256: tuple[tuple[str, str], ...] = ()  # remote sources: (external data file, its sha256), pinned like the .onnx
+    external_sha256: tuple[
+        tuple[str, str], ...
+    ] = ()  # remote sources: (external data file, its sha256), pinned like the .onnx
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,12 @@ def load_recipe(path: str | Path) -> Recipe:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(path, "", f"not valid TOML: {exc}") from None
     except RecursionError:
-        raise RecipeError(path, "", "not a usable recipe: arrays or tables nested too deeply", hint="a recipe needs at most a few levels") from None
+        raise RecipeError(
+            path,
+            "",
+            "not a usable recipe: arrays or tables nested too deeply",
+            hint="a recipe needs at most a few levels",
+        ) from None
     return parse_recipe(data, path, hashlib.sha256(raw).hexdigest())
 
 
@@ -190,7 +197,9 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
     description = r.string(model["description"], "model.description") if "description" in model else ""
     assets = _assets_folder(r, model["assets"], "model.assets") if "assets" in model else None
 
-    defaults = r.table(data.get("defaults", {}), "defaults", {"precisions", "targets", "options", "exclude", "fp16_keep_fp32"})
+    defaults = r.table(
+        data.get("defaults", {}), "defaults", {"precisions", "targets", "options", "exclude", "fp16_keep_fp32"}
+    )
     default_options = _options(r, defaults.get("options", {}), "defaults.options")
     default_precisions = _precisions(r, defaults.get("precisions", [precision_table.REFERENCE]), "defaults.precisions")
     default_targets = _targets(r, defaults.get("targets", []), "defaults.targets", validate_target)
@@ -207,10 +216,31 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             raise r.fail(key, "component names may use only letters, digits, '_', '.', '-'")
         if problem := name_problem(comp_name):
             raise r.fail(key, problem, hint="choose a name every store and file system can hold")
-        comp = r.table(comp_raw, key, {"source", "sha256", "external_sha256", "checkpoint", "precisions", "targets", "profiles", "validate", "resources",
-                                       "options", "exclude", "fp16_keep_fp32"}, ("source",))
-        precisions = _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
-        targets = _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
+        comp = r.table(
+            comp_raw,
+            key,
+            {
+                "source",
+                "sha256",
+                "external_sha256",
+                "checkpoint",
+                "precisions",
+                "targets",
+                "profiles",
+                "validate",
+                "resources",
+                "options",
+                "exclude",
+                "fp16_keep_fp32",
+            },
+            ("source",),
+        )
+        precisions = (
+            _precisions(r, comp["precisions"], f"{key}.precisions") if "precisions" in comp else default_precisions
+        )
+        targets = (
+            _targets(r, comp["targets"], f"{key}.targets", validate_target) if "targets" in comp else default_targets
+        )
         if not precisions or not targets:
             missing = "precisions" if not precisions else "targets"
             raise r.fail(f"{key}.{missing}", "the build matrix is empty", hint=f"set {missing} here or in [defaults]")
@@ -225,7 +255,9 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             checkpoint=_checkpoint(r, comp["checkpoint"], f"{key}.checkpoint") if "checkpoint" in comp else None,
             options=_merge_options(default_options, _options(r, comp.get("options", {}), f"{key}.options")),
             exclude=default_exclude + _exclusions(r, comp.get("exclude", []), f"{key}.exclude", validate_target),
-            fp16_keep_fp32=tuple(dict.fromkeys(default_keep + r.strings(comp.get("fp16_keep_fp32", []), f"{key}.fp16_keep_fp32"))),
+            fp16_keep_fp32=tuple(
+                dict.fromkeys(default_keep + r.strings(comp.get("fp16_keep_fp32", []), f"{key}.fp16_keep_fp32"))
+            ),
         )
     return Recipe(path, digest, name, version, description, components, assets)
 
@@ -256,7 +288,9 @@ def _targets(r: _Reader, value: Any, key: str, validate_target) -> tuple[Target,
 def _exclusions(r: _Reader, value: Any, key: str, validate_target) -> tuple[Exclusion, ...]:
     """`exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }, { target = "openvino" }]`"""
     if not isinstance(value, list):
-        raise r.fail(key, "must be a list of tables", hint='exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]')
+        raise r.fail(
+            key, "must be a list of tables", hint='exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]'
+        )
     found = []
     for index, item in enumerate(value):
         ikey = f"{key}[{index}]"
@@ -267,7 +301,9 @@ def _exclusions(r: _Reader, value: Any, key: str, validate_target) -> tuple[Excl
         except ValueError as exc:
             raise r.fail(f"{ikey}.target", str(exc), hint="a target (openvino:cpu) or a backend (openvino)") from None
         problem = validate_target(parsed)
-        if problem and (parsed.device or problem[0].startswith("unknown backend")):  # a bare backend has no device to check
+        if problem and (
+            parsed.device or problem[0].startswith("unknown backend")
+        ):  # a bare backend has no device to check
             raise r.fail(f"{ikey}.target", problem[0], hint=problem[1])
         precision = table.get("precision")
         if precision is not None and r.string(precision, f"{ikey}.precision") not in precision_table.NAMES:
@@ -286,13 +322,23 @@ def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
     scheme = url.partition("://")[0].lower() if "://" in url else "file"
     if scheme in ("https", "http", "hf"):
         if sha is None:
-            raise r.fail(f"{key}.sha256", f"is required for a {scheme}:// source", hint="run `sha256sum` on the file and paste the digest")
+            raise r.fail(
+                f"{key}.sha256",
+                f"is required for a {scheme}:// source",
+                hint="run `sha256sum` on the file and paste the digest",
+            )
         return Source(url, sha, None, _external_pins(r, comp.get("external_sha256", {}), f"{key}.external_sha256"))
     if "external_sha256" in comp:
-        raise r.fail(f"{key}.external_sha256", "is for https:// and hf:// sources", hint="a local model's external data is read beside it")
+        raise r.fail(
+            f"{key}.external_sha256",
+            "is for https:// and hf:// sources",
+            hint="a local model's external data is read beside it",
+        )
     if scheme != "file":
-        raise r.fail(f"{key}.source", f"unsupported source scheme {scheme}://", hint="use a path, file://, https:// or hf://")
-    rel = url[len("file://"):] if url.startswith("file://") else url
+        raise r.fail(
+            f"{key}.source", f"unsupported source scheme {scheme}://", hint="use a path, file://, https:// or hf://"
+        )
+    rel = url[len("file://") :] if url.startswith("file://") else url
     local = Path(rel).expanduser()
     if not local.is_absolute():
         local = (r.path.parent / local).resolve()
@@ -382,7 +428,7 @@ def _resources(r: _Reader, value: Any, key: str) -> Resources:
 def _assets_folder(r: _Reader, value: Any, key: str) -> Path:
     text = r.string(value, key)
     if "://" in text:
-        raise r.fail(key, "must be a local folder", hint="a path relative to the recipe file, e.g. \"assets\"")
+        raise r.fail(key, "must be a local folder", hint='a path relative to the recipe file, e.g. "assets"')
     path = (r.path.parent / Path(text).expanduser()).resolve()
     if not path.is_dir():
         raise r.fail(key, f"folder not found: {path}", hint="paths are relative to the recipe file")
@@ -395,7 +441,7 @@ def _checkpoint(r: _Reader, value: Any, key: str) -> Path:
     text = r.string(value, key)
     if "://" in text and not text.startswith("file://"):
         raise r.fail(key, "must be a local file", hint="a path relative to the recipe, or file://")
-    path = Path(text[len("file://"):] if text.startswith("file://") else text).expanduser()
+    path = Path(text[len("file://") :] if text.startswith("file://") else text).expanduser()
     if not path.is_absolute():
         path = (r.path.parent / path).resolve()
     if not path.is_file():  # before the suffix, so a mistyped path is not reported as the wrong format
@@ -425,7 +471,9 @@ def _check_option(r: _Reader, key: str, given: Any, declared: Any) -> None:
         if r.string(given, key) not in declared:
             raise r.fail(key, f"unknown value {given!r}", hint=f"use one of: {', '.join(declared)}")
     elif type(given) is not type(declared):
-        raise r.fail(key, f"must be a {type(declared).__name__}, got {given!r}", hint=f"default: {str(declared).lower()}")
+        raise r.fail(
+            key, f"must be a {type(declared).__name__}, got {given!r}", hint=f"default: {str(declared).lower()}"
+        )
 
 
 def _merge_options(defaults: dict[str, dict[str, Any]], own: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

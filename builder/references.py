@@ -62,8 +62,10 @@ class References(Sequence):
         with np.load(self.path, allow_pickle=False) as data:
             names = [str(n) for n in data["names"]]
             scales = data[f"c{index}_scales"]
-            return Reference({name: data[f"c{index}_o{j}"] for j, name in enumerate(names)},
-                             {name: float(scales[j]) for j, name in enumerate(names)})
+            return Reference(
+                {name: data[f"c{index}_o{j}"] for j, name in enumerate(names)},
+                {name: float(scales[j]) for j, name in enumerate(names)},
+            )
 
 
 def reference_outputs_cached(model: Path, cases: Cases, folder: Path, probe: Probe | None = None) -> References:
@@ -80,11 +82,18 @@ def reference_outputs_cached(model: Path, cases: Cases, folder: Path, probe: Pro
 
 def _compute_in_subprocess(model: Path, cases: Cases, out: Path) -> int:
     feeds_path = out.with_name(f".cases-{secrets.token_hex(4)}.npz")
-    np.savez(feeds_path, **{f"c{i}_{name}": array for i, (_, feeds) in enumerate(cases) for name, array in feeds.items()},
-             names=np.array(sorted({name for _, feeds in cases for name in feeds})), count=np.array(len(cases)))
+    np.savez(
+        feeds_path,
+        **{f"c{i}_{name}": array for i, (_, feeds) in enumerate(cases) for name, array in feeds.items()},
+        names=np.array(sorted({name for _, feeds in cases for name in feeds})),
+        count=np.array(len(cases)),
+    )
     try:
-        proc = subprocess.run([sys.executable, "-m", "enginefarm.builder.references", str(model), str(feeds_path), str(out)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "enginefarm.builder.references", str(model), str(feeds_path), str(out)],
+            capture_output=True,
+            text=True,
+        )
     finally:
         feeds_path.unlink(missing_ok=True)
     if proc.returncode != 0:
@@ -99,13 +108,19 @@ def _reference_failure(proc: subprocess.CompletedProcess) -> BuildError:
         report = json.loads(lines[-1])
     except (IndexError, ValueError):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}, no output"]
-        return BuildError(f"the fp32 reference run (ONNX Runtime, original model) failed: {tail[0][:300]}",
-                          hint="the reference process died; check free memory and the model's size")
+        return BuildError(
+            f"the fp32 reference run (ONNX Runtime, original model) failed: {tail[0][:300]}",
+            hint="the reference process died; check free memory and the model's size",
+        )
     if report.get("bare_error"):
-        return BuildError(f"the source model does not run on ONNX Runtime's CPU provider: {report['bare_error'][:300]}",
-                          hint="check the model with onnxruntime.InferenceSession(path) and re-export it")
-    return BuildError(f"the fp32 reference run failed although ONNX Runtime runs the bare source model: {report['error'][:300]}",
-                      hint="this is a bug in enginefarm's reference run, not in the model: please report it with this message")
+        return BuildError(
+            f"the source model does not run on ONNX Runtime's CPU provider: {report['bare_error'][:300]}",
+            hint="check the model with onnxruntime.InferenceSession(path) and re-export it",
+        )
+    return BuildError(
+        f"the fp32 reference run failed although ONNX Runtime runs the bare source model: {report['error'][:300]}",
+        hint="this is a bug in enginefarm's reference run, not in the model: please report it with this message",
+    )
 
 
 def _one_line(exc: BaseException) -> str:
@@ -132,7 +147,10 @@ def _main(model: str, feeds_path: str, out: str) -> None:
 
     with np.load(feeds_path, allow_pickle=False) as data:
         names = [str(n) for n in data["names"]]
-        cases = [(str(i), {n: data[f"c{i}_{n}"] for n in names if f"c{i}_{n}" in data.files}) for i in range(int(data["count"]))]
+        cases = [
+            (str(i), {n: data[f"c{i}_{n}"] for n in names if f"c{i}_{n}" in data.files})
+            for i in range(int(data["count"]))
+        ]
     try:
         references = reference_outputs(Path(model), cases)
     except Exception as exc:  # reported to the parent as data: it decides whose fault it is
@@ -140,7 +158,12 @@ def _main(model: str, feeds_path: str, out: str) -> None:
         sys.exit(1)
     order = list(references[0].outputs) if references else []
     arrays = {f"c{i}_o{j}": ref.outputs[name] for i, ref in enumerate(references) for j, name in enumerate(order)}
-    arrays.update({f"c{i}_scales": np.array([ref.scales.get(name, 0.0) for name in order], np.float64) for i, ref in enumerate(references)})
+    arrays.update(
+        {
+            f"c{i}_scales": np.array([ref.scales.get(name, 0.0) for name in order], np.float64)
+            for i, ref in enumerate(references)
+        }
+    )
     with atomic_writer(Path(out)) as handle:
         np.savez(handle, names=np.array(order), **arrays)
     print(json.dumps({"peak_rss_bytes": rss.peak_bytes()}))

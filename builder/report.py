@@ -55,25 +55,46 @@ class Row:
         return f"{self.model}/{self.component}" + (f" v{self.version}" if self.version else "")
 
 
-def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[str, str]] = (), models: Iterable[str] | None = None) -> list[Row]:
+def collect(
+    store: Store,
+    reports: Iterable[Path] = (),
+    expected: Iterable[dict[str, str]] = (),
+    models: Iterable[str] | None = None,
+) -> list[Row]:
     """Rows for every stored artifact, every failed job in `reports` (JSON from `enginefarm build --report`),
     and every `expected` job (model, component, precision, target) that is neither."""
     rows: dict[tuple[str, str, str, str], Row] = {}
-    for model in (models if models is not None else store.list_models()):
+    for model in models if models is not None else store.list_models():
         for key in read_index(store, model).entries:
             manifest = read_manifest(store, key)
             if manifest is None:
                 continue
             bench = Benchmark.from_dict(manifest.benchmarks[0]) if manifest.benchmarks else None
             checks = manifest.validation.get("checks", [])
-            row = Row(manifest.model, manifest.component, manifest.precision, manifest.target, "built", key=key,
-                      p50_ms=bench and bench.p50_ms, p90_ms=bench and bench.p90_ms, load_ms=bench and bench.load_ms,
-                      min_cosine=manifest.validation.get("min_cosine"), min_psnr=manifest.validation.get("min_psnr"),
-                      decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})), computes_in=manifest.validation.get("compute_precision", ""),
-                      build_s=manifest.provenance.get("build_seconds"), size=sum(f.size for f in manifest.files),
-                      stored_size=sum(f.stored_size for f in manifest.files), device=bench.device_class if bench else "",
-                      peak_rss_mb=manifest.provenance.get("peak_rss_mb"), stages=tuple(manifest.provenance.get("stages", ())),
-                      version=manifest.model_version, spread=bench and bench.spread, runs=bench and bench.runs)
+            row = Row(
+                manifest.model,
+                manifest.component,
+                manifest.precision,
+                manifest.target,
+                "built",
+                key=key,
+                p50_ms=bench and bench.p50_ms,
+                p90_ms=bench and bench.p90_ms,
+                load_ms=bench and bench.load_ms,
+                min_cosine=manifest.validation.get("min_cosine"),
+                min_psnr=manifest.validation.get("min_psnr"),
+                decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})),
+                computes_in=manifest.validation.get("compute_precision", ""),
+                build_s=manifest.provenance.get("build_seconds"),
+                size=sum(f.size for f in manifest.files),
+                stored_size=sum(f.stored_size for f in manifest.files),
+                device=bench.device_class if bench else "",
+                peak_rss_mb=manifest.provenance.get("peak_rss_mb"),
+                stages=tuple(manifest.provenance.get("stages", ())),
+                version=manifest.model_version,
+                spread=bench and bench.spread,
+                runs=bench and bench.runs,
+            )
             ident = (row.model, row.component, row.precision, row.target)
             if ident not in rows or _newer_or_faster(row, rows[ident]):
                 rows[ident] = row
@@ -81,19 +102,36 @@ def collect(store: Store, reports: Iterable[Path] = (), expected: Iterable[dict[
         try:
             results = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read build report {path}: {exc}", hint="pass the JSON files `enginefarm build --report` wrote") from None
+            raise ConfigError(
+                f"cannot read build report {path}: {exc}", hint="pass the JSON files `enginefarm build --report` wrote"
+            ) from None
         for result in results:
             if "model" not in result:
                 continue
             ident = (result["model"], result["component"], result["precision"], result["target"])
             built = rows.get(ident)
-            if result.get("status") == "built" and built is not None and built.key == result.get("key") and result.get("stages"):
-                built.stages, built.peak_rss_mb = tuple(result["stages"]), result.get("peak_rss_mb")  # the report adds publish
+            if (
+                result.get("status") == "built"
+                and built is not None
+                and built.key == result.get("key")
+                and result.get("stages")
+            ):
+                built.stages, built.peak_rss_mb = (
+                    tuple(result["stages"]),
+                    result.get("peak_rss_mb"),
+                )  # the report adds publish
             if result.get("status") != "failed":
                 continue
             if ident not in rows:
-                rows[ident] = Row(*ident, status="failed", reason=result.get("reason", ""), key=result.get("key") or "", build_s=result.get("seconds"),
-                                  peak_rss_mb=result.get("peak_rss_mb"), stages=tuple(result.get("stages") or ()))
+                rows[ident] = Row(
+                    *ident,
+                    status="failed",
+                    reason=result.get("reason", ""),
+                    key=result.get("key") or "",
+                    build_s=result.get("seconds"),
+                    peak_rss_mb=result.get("peak_rss_mb"),
+                    stages=tuple(result.get("stages") or ()),
+                )
     for job in expected:
         ident = (job["model"], job["component"], job["precision"], job["target"])
         rows.setdefault(ident, Row(*ident, status="missing", reason=job.get("why", "not built yet")))
@@ -126,7 +164,9 @@ def latency_png(rows: list[Row]) -> bytes | None:
     try:
         import matplotlib
     except ImportError:
-        _warn_once("latency charts need matplotlib: pip install 'enginefarm[report]' (the report is written without them)")
+        _warn_once(
+            "latency charts need matplotlib: pip install 'enginefarm[report]' (the report is written without them)"
+        )
         return None
 
     matplotlib.use("Agg")
@@ -191,11 +231,22 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     cell = {(r.model, r.component, r.precision, r.target): r for r in rows}
     built = [r for r in rows if r.status == "built"]
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1><p class='counts'><span class='built'>built: {counts['built']}</span><span class='failed'>failed: {counts['failed']}</span>"
-             f"<span class='missing'>missing: {counts['missing']}</span></p>", "<h2>Status</h2><table><tr><th>component</th><th>precision</th>"]
-    md = [f"# {title}", "", f"built **{counts['built']}**, failed **{counts['failed']}**, missing **{counts['missing']}**", "", "## Status", "",
-          "| component | precision | " + " | ".join(targets) + " |", "|---|---|" + "---|" * len(targets)]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p class='counts'><span class='built'>built: {counts['built']}</span><span class='failed'>failed: {counts['failed']}</span>"
+        f"<span class='missing'>missing: {counts['missing']}</span></p>",
+        "<h2>Status</h2><table><tr><th>component</th><th>precision</th>",
+    ]
+    md = [
+        f"# {title}",
+        "",
+        f"built **{counts['built']}**, failed **{counts['failed']}**, missing **{counts['missing']}**",
+        "",
+        "## Status",
+        "",
+        "| component | precision | " + " | ".join(targets) + " |",
+        "|---|---|" + "---|" * len(targets),
+    ]
     parts += [f"<th>{html.escape(t)}</th>" for t in targets] + ["</tr>"]
     for model, component, precision in refs:
         parts.append(f"<tr><td>{html.escape(model)}/{html.escape(component)}</td><td>{precision}</td>")
@@ -211,7 +262,9 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
                 md_cells.append(f"✅{version} {_fmt(r.p50_ms, unit=' ms')}")
             else:
                 mark = "❌" if r.status == "failed" else "⬜"
-                parts.append(f"<td class='{r.status}'><b>{r.status}</b><div class='small'>{html.escape(r.reason[:300])}</div></td>")
+                parts.append(
+                    f"<td class='{r.status}'><b>{r.status}</b><div class='small'>{html.escape(r.reason[:300])}</div></td>"
+                )
                 md_cells.append(f"{mark} {r.status}: {r.reason[:120].replace('|', '/')}")
         parts.append("</tr>")
         md.append(f"| {model}/{component} | {precision} | " + " | ".join(md_cells) + " |")
@@ -222,30 +275,55 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
         md += picture_md
 
     parts.append("<h2>Latency</h2>")
-    md += ["", "## Latency and validation", "", "| artifact | target | precision | computes in | p50 ms | spread (runs) | p90 ms | load ms | min cosine | min PSNR dB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    md += [
+        "",
+        "## Latency and validation",
+        "",
+        "| artifact | target | precision | computes in | p50 ms | spread (runs) | p90 ms | load ms | min cosine | min PSNR dB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, component in sorted({(r.model, r.component) for r in built}):
         png = latency_png([r for r in built if (r.model, r.component) == (model, component)])
         if png:
             (out / f"latency-{model}-{component}.png").write_bytes(png)
-            parts.append(f"<img alt='latency of {html.escape(model)}/{html.escape(component)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-    parts.append("<h2>Validation and benchmarks</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>computes in</th>"
-                 "<th>p50 ms</th><th>spread (runs)</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR dB</th><th>decided by</th><th>measured on</th></tr>")
+            parts.append(
+                f"<img alt='latency of {html.escape(model)}/{html.escape(component)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+            )
+    parts.append(
+        "<h2>Validation and benchmarks</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>computes in</th>"
+        "<th>p50 ms</th><th>spread (runs)</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR dB</th><th>decided by</th><th>measured on</th></tr>"
+    )
     for r in built:
-        parts.append(f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td><td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
-                     f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_spread(r)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
-                     f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>")
-        md.append(f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_spread(r)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |")
-    parts.append("</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
-                 "<th>size MiB</th><th>stored MiB</th><th>stored / size</th><th>peak RSS MB</th><th>per stage: time / peak RSS</th></tr>")
-    md += ["", "## Build times and sizes", "", "| artifact | target | precision | build s | size MiB | stored MiB | stored / size | peak RSS MB | per stage |",
-           "|---|---|---|---|---|---|---|---|---|"]
+        parts.append(
+            f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td><td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
+            f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_spread(r)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
+            f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>"
+        )
+        md.append(
+            f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_spread(r)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |"
+        )
+    parts.append(
+        "</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
+        "<th>size MiB</th><th>stored MiB</th><th>stored / size</th><th>peak RSS MB</th><th>per stage: time / peak RSS</th></tr>"
+    )
+    md += [
+        "",
+        "## Build times and sizes",
+        "",
+        "| artifact | target | precision | build s | size MiB | stored MiB | stored / size | peak RSS MB | per stage |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in built:
         ratio = f"{r.stored_size / r.size:.3f}" if r.size else "–"
-        parts.append(f"<tr><td>{html.escape(r.ref)}</td><td>{r.target}</td><td>{r.precision}</td><td class='num'>{_fmt(r.build_s, '.1f')}</td>"
-                     f"<td class='num'>{_mb(r.size)}</td><td class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td>"
-                     f"<td class='num'>{_fmt(r.peak_rss_mb, '.0f')}</td><td class='small'>{html.escape(_stages(r))}</td></tr>")
-        md.append(f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | {_mb(r.stored_size)} | {ratio} | "
-                  f"{_fmt(r.peak_rss_mb, '.0f')} | {_stages(r)} |")
+        parts.append(
+            f"<tr><td>{html.escape(r.ref)}</td><td>{r.target}</td><td>{r.precision}</td><td class='num'>{_fmt(r.build_s, '.1f')}</td>"
+            f"<td class='num'>{_mb(r.size)}</td><td class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td>"
+            f"<td class='num'>{_fmt(r.peak_rss_mb, '.0f')}</td><td class='small'>{html.escape(_stages(r))}</td></tr>"
+        )
+        md.append(
+            f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | {_mb(r.stored_size)} | {ratio} | "
+            f"{_fmt(r.peak_rss_mb, '.0f')} | {_stages(r)} |"
+        )
     parts.append("</table></body></html>")
     (out / "report.html").write_text("".join(parts), encoding="utf-8")
     (out / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
@@ -254,16 +332,39 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
 
 def _pictures_section(pictures) -> tuple[list[str], list[str]]:
     """Per model, one figure per backend × precision: the image, its difference from the reference (×10), numbers."""
-    parts, md = ["<h2>Pictures</h2>"], ["", "## Pictures", "", "| model | target | precision | max abs | mean abs | PSNR dB | ms/step |", "|---|---|---|---|---|---|---|"]
+    parts, md = (
+        ["<h2>Pictures</h2>"],
+        [
+            "",
+            "## Pictures",
+            "",
+            "| model | target | precision | max abs | mean abs | PSNR dB | ms/step |",
+            "|---|---|---|---|---|---|---|",
+        ],
+    )
     for p in pictures:
-        parts.append(f"<h3>{html.escape(p.model)} v{html.escape(p.version)}</h3><p class='small'>“{html.escape(p.prompt)}”, seed {p.seed}, "
-                     f"{p.steps} steps, {p.size}×{p.size}; differences against {html.escape(p.reference or 'nothing rendered')}, shown ×10</p><div class='pictures'>")
+        parts.append(
+            f"<h3>{html.escape(p.model)} v{html.escape(p.version)}</h3><p class='small'>“{html.escape(p.prompt)}”, seed {p.seed}, "
+            f"{p.steps} steps, {p.size}×{p.size}; differences against {html.escape(p.reference or 'nothing rendered')}, shown ×10</p><div class='pictures'>"
+        )
         for r in p.renders:
-            numbers = "reference" if r.diff is None else f"max abs {r.max_abs:.4f} · mean {r.mean_abs:.5f} · PSNR {_fmt(r.psnr_db, '.1f')} dB"
-            diff = "" if r.diff is None else f"<img alt='difference of {html.escape(r.target)} {r.precision}' src='{_data_uri(r.diff)}'>"
-            parts.append(f"<figure><img alt='{html.escape(p.model)} on {html.escape(r.target)} {r.precision}' src='{_data_uri(r.image)}'>{diff}"
-                         f"<figcaption><b>{html.escape(r.target)} {r.precision}</b><br>{numbers}<br>{r.ms_per_step:.0f} ms/step</figcaption></figure>")
-            md.append(f"| {p.model} | {r.target} | {r.precision} | {r.max_abs:.4f} | {r.mean_abs:.5f} | {_fmt(r.psnr_db, '.1f')} | {r.ms_per_step:.0f} |")
+            numbers = (
+                "reference"
+                if r.diff is None
+                else f"max abs {r.max_abs:.4f} · mean {r.mean_abs:.5f} · PSNR {_fmt(r.psnr_db, '.1f')} dB"
+            )
+            diff = (
+                ""
+                if r.diff is None
+                else f"<img alt='difference of {html.escape(r.target)} {r.precision}' src='{_data_uri(r.diff)}'>"
+            )
+            parts.append(
+                f"<figure><img alt='{html.escape(p.model)} on {html.escape(r.target)} {r.precision}' src='{_data_uri(r.image)}'>{diff}"
+                f"<figcaption><b>{html.escape(r.target)} {r.precision}</b><br>{numbers}<br>{r.ms_per_step:.0f} ms/step</figcaption></figure>"
+            )
+            md.append(
+                f"| {p.model} | {r.target} | {r.precision} | {r.max_abs:.4f} | {r.mean_abs:.5f} | {_fmt(r.psnr_db, '.1f')} | {r.ms_per_step:.0f} |"
+            )
         parts.append("</div>")
         parts += [f"<p class='small'>not rendered: {html.escape(why)}</p>" for why in p.skipped]
     return parts, md

@@ -49,8 +49,9 @@ class ModelPictures:
     reference_image: np.ndarray | None = field(default=None, repr=False)
 
 
-def render_pictures(store: Store, out: Path, *, prompt: str, seed: int = 0, steps: int = 8, size: int | None = None,
-                    models=None) -> list[ModelPictures]:
+def render_pictures(
+    store: Store, out: Path, *, prompt: str, seed: int = 0, steps: int = 8, size: int | None = None, models=None
+) -> list[ModelPictures]:
     from enginefarm.backends import targets_for
     from enginefarm.hardware.devices import PROBES, run_probe
 
@@ -81,12 +82,23 @@ def render_pictures(store: Store, out: Path, *, prompt: str, seed: int = 0, step
 def _render(store: Store, out: Path, pictures: ModelPictures, target: str, precision: str) -> None:
     from enginefarm.diffusion import Pipeline, write_png
 
-    pipe = Pipeline.load(pictures.model, store=store.url, precision=precision, target=target, device="cpu", version=pictures.version)
+    pipe = Pipeline.load(
+        pictures.model, store=store.url, precision=precision, target=target, device="cpu", version=pictures.version
+    )
     pictures.size = pictures.size or pipe.assets.native_pixels
     side = pictures.size // pipe.vae_scale_factor
-    latents = np.random.default_rng(pictures.seed).standard_normal((1, pipe.latent_channels, side, side)).astype(np.float32)
+    latents = (
+        np.random.default_rng(pictures.seed).standard_normal((1, pipe.latent_channels, side, side)).astype(np.float32)
+    )
     started = time.perf_counter()
-    image = pipe(pictures.prompt, steps=pictures.steps, seed=pictures.seed, latents=latents, width=pictures.size, height=pictures.size)
+    image = pipe(
+        pictures.prompt,
+        steps=pictures.steps,
+        seed=pictures.seed,
+        latents=latents,
+        width=pictures.size,
+        height=pictures.size,
+    )
     ms_per_step = pipe.timings["denoise"] / max(pipe.timings["steps"], 1) * 1000
     log.info("rendered %s %s %s in %.1f s", pictures.model, target, precision, time.perf_counter() - started)
     stem = f"picture-{pictures.model}-{target.replace(':', '-')}-{precision}"
@@ -96,7 +108,9 @@ def _render(store: Store, out: Path, pictures: ModelPictures, target: str, preci
         pictures.renders.append(Render(target, precision, path, None, 0.0, 0.0, 999.0, ms_per_step))
         return
     error = np.abs(image - pictures.reference_image)
-    rms = float(np.sqrt(np.mean(error ** 2)))
+    rms = float(np.sqrt(np.mean(error**2)))
     psnr = 999.0 if rms == 0 else float(20 * np.log10(1.0 / rms))
     diff = write_png(out / f"{stem}-diff.png", np.clip(error * DIFF_GAIN, 0, 1))
-    pictures.renders.append(Render(target, precision, path, diff, float(error.max()), float(error.mean()), psnr, ms_per_step))
+    pictures.renders.append(
+        Render(target, precision, path, diff, float(error.max()), float(error.mean()), psnr, ms_per_step)
+    )

@@ -28,7 +28,9 @@ from .hostlock import building
 from .job import Job
 
 
-def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workdir: Path, step: Callable[[str], None] | None = None) -> dict[str, Any]:
+def revalidate(
+    job: Job, store: Store, manifest: Manifest, workroot: Path, workdir: Path, step: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Fetch the stored artifact, run the gate with the current settings, record the verdict. Returns the report."""
     step = step or (lambda _msg: None)
     cache = DeviceCache(workdir / "fetched")  # a private cache: re-checking a farm's store does not fill the user's
@@ -42,6 +44,10 @@ def revalidate(job: Job, store: Store, manifest: Manifest, workroot: Path, workd
     finally:
         shutil.rmtree(workdir / "fetched", ignore_errors=True)
     report = {**report, "revalidated": datetime.now(UTC).isoformat(timespec="seconds")}
-    record_verdict(store, replace(manifest, validation=report), f"{VERDICTS}/{manifest.build_key}/{report['settings']}.json",
-                   json.dumps(report, sort_keys=True).encode())
+    record_verdict(
+        store,
+        replace(manifest, validation=report),
+        f"{VERDICTS}/{manifest.build_key}/{report['settings']}.json",
+        json.dumps(report, sort_keys=True).encode(),
+    )
     return report

@@ -20,8 +20,18 @@ import numpy as np
 from enginefarm.errors import WeightsError
 
 MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's own cap
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-           "I8": "i1", "U8": "u1", "BOOL": "?"}
+_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
 FLOATS = ("F64", "F32", "F16", "BF16")
 
 
@@ -51,8 +61,10 @@ class SafeTensors:
     def raw(self, name: str) -> np.ndarray:
         entry = self.entries[name]
         if self._map is None:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else np.zeros(0, np.uint8)
-        data = self._map[entry.start:entry.end].view(_DTYPES[entry.dtype])
+            self._map = (
+                np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else np.zeros(0, np.uint8)
+            )
+        data = self._map[entry.start : entry.end].view(_DTYPES[entry.dtype])
         return data.reshape(entry.shape)
 
     def array(self, name: str) -> np.ndarray:
@@ -70,14 +82,19 @@ class SafeTensors:
 
 def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     def bad(reason: str) -> WeightsError:
-        return WeightsError(f"{path}: not a valid safetensors file: {reason}", hint="re-download or re-save the file as .safetensors")
+        return WeightsError(
+            f"{path}: not a valid safetensors file: {reason}", hint="re-download or re-save the file as .safetensors"
+        )
 
     from enginefarm.cache.stores.local import open_regular
 
     def special(path: Path) -> WeightsError:
         if path.is_dir():
             return WeightsError(f"{path}: is a directory, not a .safetensors file")
-        return WeightsError(f"{path}: not a regular file; refusing to read it", hint="give the path of a .safetensors file, not a pipe or device")
+        return WeightsError(
+            f"{path}: not a regular file; refusing to read it",
+            hint="give the path of a .safetensors file, not a pipe or device",
+        )
 
     try:
         with open_regular(path, special) as handle:  # a FIFO would block the read for good, a device never end
@@ -93,6 +110,7 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
         raise WeightsError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise WeightsError(f"{path}: is a directory, not a .safetensors file") from None
+
     def unique(pairs):  # json keeps the last of repeated names: a header could show one tensor and read another
         names = [k for k, _ in pairs]
         if len(set(names)) != len(names):
@@ -110,7 +128,9 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     metadata = header.pop("__metadata__", {}) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
         raise bad("__metadata__ must map strings to strings")
     data_size = size - 8 - length
     entries: dict[str, TensorEntry] = {}
@@ -120,10 +140,16 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if dtype not in _DTYPES:
             raise bad(f"tensor {name!r} has unsupported dtype {dtype!r} (supported: {', '.join(_DTYPES)})")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise bad(f"tensor {name!r} has a malformed shape {shape!r}")
-        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1] <= data_size):
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_size
+        ):
             raise bad(f"tensor {name!r} has data offsets {offsets!r} outside the {data_size}-byte data section")
         if (offsets[1] - offsets[0]) != math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize:
             raise bad(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not hold {dtype}{shape}")

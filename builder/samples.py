@@ -14,7 +14,7 @@ IMAGE_CHANNELS = (1, 3)
 
 
 def image_layout(shape: list[int] | tuple[int, ...], dtype: str) -> str | None:
-    """"nchw" or "nhwc" when the input reads as a batch of 1- or 3-channel images, else None."""
+    """ "nchw" or "nhwc" when the input reads as a batch of 1- or 3-channel images, else None."""
     if len(shape) != 4 or not dtype.startswith(("float", "bfloat")):
         return None
     if shape[1] in IMAGE_CHANNELS and min(shape[2], shape[3]) >= 8:
@@ -26,7 +26,9 @@ def image_layout(shape: list[int] | tuple[int, ...], dtype: str) -> str | None:
 
 def image_like(shape: list[int], layout: str, low: float, high: float, rng: np.random.Generator) -> np.ndarray:
     """A batch of synthetic images in [low, high], laid out as `layout` ("nchw" or "nhwc")."""
-    batch, channels, height, width = (shape[0], shape[1], shape[2], shape[3]) if layout == "nchw" else (shape[0], shape[3], shape[1], shape[2])
+    batch, channels, height, width = (
+        (shape[0], shape[1], shape[2], shape[3]) if layout == "nchw" else (shape[0], shape[3], shape[1], shape[2])
+    )
     images = np.stack([_one_image(channels, height, width, rng) for _ in range(batch)])  # N, C, H, W in [0, 1]
     if layout == "nhwc":
         images = images.transpose(0, 2, 3, 1)
@@ -45,15 +47,22 @@ def _one_image(channels: int, height: int, width: int, rng: np.random.Generator)
     image = np.repeat(light[None], channels, axis=0) * tint[:, None, None]
     for _ in range(int(rng.integers(2, 6))):  # flat objects with sharp edges
         top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
-        tall, wide = int(rng.integers(height // 8 + 1, height // 2 + 2)), int(rng.integers(width // 8 + 1, width // 2 + 2))
-        image[:, top:top + tall, left:left + wide] = rng.uniform(0.0, 1.0, size=(channels, 1, 1))
+        tall, wide = (
+            int(rng.integers(height // 8 + 1, height // 2 + 2)),
+            int(rng.integers(width // 8 + 1, width // 2 + 2)),
+        )
+        image[:, top : top + tall, left : left + wide] = rng.uniform(0.0, 1.0, size=(channels, 1, 1))
     stroke = max(1, min(height, width) // 40)
     for _ in range(int(rng.integers(3, 9))):  # thin dark strokes: lines of text, outlines
         top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
         if rng.random() < 0.7:
-            image[:, top:top + stroke, left:left + int(rng.integers(width // 6 + 1, width // 2 + 2))] = rng.uniform(0.0, 0.15)
+            image[:, top : top + stroke, left : left + int(rng.integers(width // 6 + 1, width // 2 + 2))] = rng.uniform(
+                0.0, 0.15
+            )
         else:
-            image[:, top:top + int(rng.integers(height // 6 + 1, height // 2 + 2)), left:left + stroke] = rng.uniform(0.0, 0.15)
+            image[:, top : top + int(rng.integers(height // 6 + 1, height // 2 + 2)), left : left + stroke] = (
+                rng.uniform(0.0, 0.15)
+            )
     image += rng.normal(0.0, 0.02, size=image.shape)  # sensor grain
     return np.clip(image, 0.0, 1.0)
 

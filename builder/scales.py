@@ -18,12 +18,48 @@ from pathlib import Path
 
 # Ops whose output is bounded by (or is a rearrangement of) their first input: errors pass through them no larger.
 PASS_THROUGH = {
-    "Sigmoid", "Softmax", "LogSoftmax", "Tanh", "HardSigmoid", "HardSwish", "Clip", "Relu", "LeakyRelu", "Cast",
-    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather", "Concat", "Split",
-    "Dropout", "Pad", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Max", "Min",
+    "Sigmoid",
+    "Softmax",
+    "LogSoftmax",
+    "Tanh",
+    "HardSigmoid",
+    "HardSwish",
+    "Clip",
+    "Relu",
+    "LeakyRelu",
+    "Cast",
+    "Identity",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Slice",
+    "Gather",
+    "Concat",
+    "Split",
+    "Dropout",
+    "Pad",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Expand",
+    "Tile",
+    "Max",
+    "Min",
 }
-QUANTIZE_OPS = {"DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear", "ConvInteger", "MatMulInteger",
-                "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+QUANTIZE_OPS = {
+    "DynamicQuantizeLinear",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "ConvInteger",
+    "MatMulInteger",
+    "QLinearConv",
+    "QLinearMatMul",
+    "QLinearAdd",
+    "QLinearMul",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+}
 _MAX_WALK = 64
 
 
@@ -35,7 +71,9 @@ def feeding_tensors(model) -> dict[str, list[str]]:
     """For each graph output, the tensors that feed it through pass-through ops only (empty when it is computed
     directly). Concat and Max/Min fan out to every input; the rest follow their first input."""
     producer = {out: node for node in model.graph.node for out in node.output if out}
-    constants = {i.name for i in model.graph.initializer} | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    constants = {i.name for i in model.graph.initializer} | {
+        n.output[0] for n in model.graph.node if n.op_type == "Constant"
+    }
     found: dict[str, list[str]] = {}
     for output in model.graph.output:
         feeding: list[str] = []
@@ -78,7 +116,11 @@ def _outer_names(node) -> list[str]:
     """The node's inputs and every name its subgraphs read without producing it: the values it is fed."""
     names = [i for i in node.input if i]
     for graph in _subgraphs(node):
-        local = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+        local = (
+            {i.name for i in graph.input}
+            | {i.name for i in graph.initializer}
+            | {o for n in graph.node for o in n.output}
+        )
         for inner in graph.node:
             names += [i for i in inner.input if i and i not in local]
             names += [n for n in _outer_names(inner) if n not in local]

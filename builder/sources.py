@@ -31,7 +31,10 @@ def materialize(source: Source, downloads: Path, *, offline: bool = False) -> Lo
         if not path.is_file():
             raise SourceError(f"source {path} not found")
         if source.sha256 and sha256_file(path) != source.sha256:
-            raise SourceError(f"source {path} does not match its sha256 in the recipe", hint="the file changed: re-check it, then update sha256")
+            raise SourceError(
+                f"source {path} does not match its sha256 in the recipe",
+                hint="the file changed: re-check it, then update sha256",
+            )
         return LocalSource(path, source_digest(path))
     assert source.sha256, "remote sources are required to carry sha256 by the recipe parser"
     return _remote(source, downloads / source.sha256, offline)
@@ -54,10 +57,15 @@ def _remote(source: Source, folder: Path, offline: bool) -> LocalSource:
         if location not in pins:
             unpinned.append(f'"{location}" = "{sha256_file(dest)}"')
     if unpinned:
-        raise SourceError(f"{source.url}: its external data is not pinned in the recipe (downloaded: {', '.join(unpinned)})",
-                          hint="check those digests against the publisher's, then add external_sha256 = { ... } beside sha256")
+        raise SourceError(
+            f"{source.url}: its external data is not pinned in the recipe (downloaded: {', '.join(unpinned)})",
+            hint="check those digests against the publisher's, then add external_sha256 = { ... } beside sha256",
+        )
     # every file was just checked against its pin: the source's digest is made of those, not hashed again (GBs)
-    known = {model.resolve(): source.sha256, **{(folder / location).resolve(): pins[location] for location in locations}}
+    known = {
+        model.resolve(): source.sha256,
+        **{(folder / location).resolve(): pins[location] for location in locations},
+    }
     return LocalSource(model, source_digest(model, known))
 
 
@@ -73,11 +81,17 @@ def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool) ->
     if dest.is_file() and (sha256 is None or sha256_file(dest) == sha256):
         return
     if offline:
-        raise OfflineError(f"{url} is not downloaded and ENGINEFARM_OFFLINE is set", hint="unset ENGINEFARM_OFFLINE once to download it")
+        raise OfflineError(
+            f"{url} is not downloaded and ENGINEFARM_OFFLINE is set",
+            hint="unset ENGINEFARM_OFFLINE once to download it",
+        )
     download(url, dest, hf=hf)
     if sha256 is not None and sha256_file(dest) != sha256:
         dest.unlink(missing_ok=True)
-        raise SourceError(f"{url} does not match its sha256 in the recipe", hint="the remote file changed: verify it, then update the pin")
+        raise SourceError(
+            f"{url} does not match its sha256 in the recipe",
+            hint="the remote file changed: verify it, then update the pin",
+        )
 
 
 def source_digest(path: Path, known: dict[Path, str] | None = None) -> str:

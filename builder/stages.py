@@ -40,7 +40,9 @@ class Stages:
         try:
             yield probe
         finally:
-            self._add(name, time.perf_counter() - started, max(rss.peak_bytes(), probe.beside), probe.subprocess_peak, reset)
+            self._add(
+                name, time.perf_counter() - started, max(rss.peak_bytes(), probe.beside), probe.subprocess_peak, reset
+            )
 
     def _add(self, name: str, seconds: float, peak: int, subprocess_peak: int, reset: bool) -> None:
         record = next((r for r in self.records if r["stage"] == name), None)

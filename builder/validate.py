@@ -39,7 +39,7 @@ NOISE_GROWTH = 16.0
 COSINE_GROWTH = 16.0
 # fp32 kernels differ from the reference by summation order; cancellation makes that ~30 fp32 epsilons of the carried
 # magnitude on the real models measured (3.3e-6): the floor below which no fp32 artifact is judged.
-ACCUMULATION_EPSILON = 2.0 ** -16
+ACCUMULATION_EPSILON = 2.0**-16
 # Below this many rounding units of spread, an output's direction is noise (cosine is not judged).
 SIGNAL_UNITS = 4.0
 
@@ -79,8 +79,12 @@ class Thresholds:
         return NOISE_GROWTH * self.unit(scale)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"min_cosine": self.min_cosine, "max_abs_rel": self.max_abs_rel, "epsilon": self.epsilon,
-                "noise_floor": self.noise_floor if self.noise_floor is not None else "computed"}
+        return {
+            "min_cosine": self.min_cosine,
+            "max_abs_rel": self.max_abs_rel,
+            "epsilon": self.epsilon,
+            "noise_floor": self.noise_floor if self.noise_floor is not None else "computed",
+        }
 
 
 @dataclass
@@ -91,7 +95,9 @@ class Reference:
     scales: dict[str, float] = field(default_factory=dict)
 
 
-def sample_cases(inputs, profile: dict[str, dict[str, list[int]]], spec: ValidateSpec) -> list[tuple[str, dict[str, np.ndarray]]]:
+def sample_cases(
+    inputs, profile: dict[str, dict[str, list[int]]], spec: ValidateSpec
+) -> list[tuple[str, dict[str, np.ndarray]]]:
     """Seeded inputs at the profile's min, opt and max shapes: image-like for image inputs, noise for the rest.
     Models with image inputs also get a noise case at opt (other activations), and every model the recipe's samples."""
     cases = []
@@ -105,11 +111,15 @@ def sample_cases(inputs, profile: dict[str, dict[str, list[int]]], spec: Validat
         cases.append(("opt-noise", feeds))
     if spec.samples is not None:
         with np.load(spec.samples, allow_pickle=False) as data:
-            cases.append(("samples", {t.name: np.asarray(data[t.name]).astype(t.dtype) for t in inputs if t.name in data}))
+            cases.append(
+                ("samples", {t.name: np.asarray(data[t.name]).astype(t.dtype) for t in inputs if t.name in data})
+            )
     return cases
 
 
-def _feeds(inputs, profile, spec: ValidateSpec, corner: str, rng: np.random.Generator, *, images: bool) -> tuple[dict[str, np.ndarray], bool]:
+def _feeds(
+    inputs, profile, spec: ValidateSpec, corner: str, rng: np.random.Generator, *, images: bool
+) -> tuple[dict[str, np.ndarray], bool]:
     feeds, used_image = {}, False
     for tensor in inputs:
         shape = profile[tensor.name][corner]
@@ -150,8 +160,10 @@ def reference_outputs(model_path: Path, cases, feeding: dict[str, list[str]] | N
     for _, feeds in cases:
         values = dict(zip(names, session.run(names, feeds), strict=True))
         outputs = {name: values[name] for name in feeding}
-        scales = {name: max([_magnitude(values[name])] + [_magnitude(values[f]) for f in feeding[name] if f in values])
-                  for name in feeding}
+        scales = {
+            name: max([_magnitude(values[name])] + [_magnitude(values[f]) for f in feeding[name] if f in values])
+            for name in feeding
+        }
         references.append(Reference(outputs, scales))
     return references
 
@@ -164,12 +176,18 @@ def _magnitude(value) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def compare(reference: np.ndarray, actual: np.ndarray, limits: Thresholds, scale: float | None = None) -> dict[str, Any]:
+def compare(
+    reference: np.ndarray, actual: np.ndarray, limits: Thresholds, scale: float | None = None
+) -> dict[str, Any]:
     """Judge one output. `scale`: the magnitude it carries (default: its own largest value)."""
     ref = np.asarray(reference, dtype=np.float64).ravel()
     got = np.asarray(actual, dtype=np.float64).ravel()
     if ref.shape != got.shape:
-        return {"passed": False, "decided_by": "shape", "reason": f"shape {np.shape(actual)} != reference {np.shape(reference)}"}
+        return {
+            "passed": False,
+            "decided_by": "shape",
+            "reason": f"shape {np.shape(actual)} != reference {np.shape(reference)}",
+        }
     if not np.all(np.isfinite(got)):
         return {"passed": False, "decided_by": "finite", "reason": "output has NaN or inf"}
     if ref.size == 0:
@@ -179,25 +197,45 @@ def compare(reference: np.ndarray, actual: np.ndarray, limits: Thresholds, scale
     value_range = float(ref.max() - ref.min())
     error = np.abs(ref - got)
     max_abs = float(error.max())
-    rms_error = float(np.sqrt(np.mean(error ** 2)))
+    rms_error = float(np.sqrt(np.mean(error**2)))
     tolerance = max(limits.max_abs_rel * value_range, floor)
     norms = float(np.linalg.norm(ref) * np.linalg.norm(got))
     cosine = float(np.dot(ref, got) / norms) if norms > 0 else (1.0 if max_abs == 0 else 0.0)
     peak = max(value_range, floor)
     psnr = 999.0 if rms_error == 0 else min(999.0, 20 * np.log10(peak / rms_error))
-    result = {"cosine": round(cosine, 9), "max_abs": max_abs, "rms_error": rms_error, "range": value_range, "scale": scale,
-              "noise_floor": floor, "tolerance": tolerance, "psnr": round(float(psnr), 2)}
+    result = {
+        "cosine": round(cosine, 9),
+        "max_abs": max_abs,
+        "rms_error": rms_error,
+        "range": value_range,
+        "scale": scale,
+        "noise_floor": floor,
+        "tolerance": tolerance,
+        "psnr": round(float(psnr), 2),
+    }
     result.update(_argmax_agreement(reference, actual))
     # A reference that varies by no more than a few rounding units of its magnitude carries no direction to judge:
     # its cosine is noise, and max-abs alone decides.
     within_noise = value_range <= SIGNAL_UNITS * limits.unit(scale)
     if cosine < limits.min_cosine and not within_noise:
-        return {**result, "passed": False, "decided_by": "cosine", "reason": f"cosine {cosine:.8f} < {limits.min_cosine}"}
+        return {
+            **result,
+            "passed": False,
+            "decided_by": "cosine",
+            "reason": f"cosine {cosine:.8f} < {limits.min_cosine}",
+        }
     if max_abs > tolerance:
-        limit = (f"noise floor {floor:.3g}" if floor >= limits.max_abs_rel * value_range
-                 else f"{limits.max_abs_rel:g} × range {value_range:.3g}")
+        limit = (
+            f"noise floor {floor:.3g}"
+            if floor >= limits.max_abs_rel * value_range
+            else f"{limits.max_abs_rel:g} × range {value_range:.3g}"
+        )
         return {**result, "passed": False, "decided_by": "max_abs", "reason": f"max_abs {max_abs:.3g} > {limit}"}
-    decided = "max_abs (cosine ignored: the reference varies less than its rounding noise)" if within_noise else "cosine and max_abs"
+    decided = (
+        "max_abs (cosine ignored: the reference varies less than its rounding noise)"
+        if within_noise
+        else "cosine and max_abs"
+    )
     return {**result, "passed": True, "decided_by": decided, "reason": ""}
 
 
@@ -215,10 +253,24 @@ def validate(session, cases, references: list[Reference], limits: Thresholds) ->
         actual = session.run(feeds)
         for name, ref in reference.outputs.items():
             if name not in actual:
-                checks.append({"case": corner, "output": name, "passed": False, "decided_by": "missing", "reason": f"artifact has no output {name!r}"})
+                checks.append(
+                    {
+                        "case": corner,
+                        "output": name,
+                        "passed": False,
+                        "decided_by": "missing",
+                        "reason": f"artifact has no output {name!r}",
+                    }
+                )
                 continue
-            checks.append({"case": corner, "output": name, "shape": list(np.shape(ref)),
-                           **compare(ref, actual[name], limits, reference.scales.get(name))})
+            checks.append(
+                {
+                    "case": corner,
+                    "output": name,
+                    "shape": list(np.shape(ref)),
+                    **compare(ref, actual[name], limits, reference.scales.get(name)),
+                }
+            )
         del actual
     failed = [c for c in checks if not c["passed"]]
     scored = [c for c in checks if "cosine" in c]
@@ -246,19 +298,26 @@ def _hint(failed: list[dict[str, Any]], limits: Thresholds) -> str:
         knobs.append(f"min_cosine = {_round_down(min(cosines))} (now {limits.min_cosine}; seen {min(cosines):.8f})")
     ratios = [c["max_abs"] / c["range"] for c in scored if c["decided_by"] == "max_abs" and c["range"] > 0]
     if ratios:
-        knobs.append(f"max_abs_rel = {_round_up(max(ratios))} (now {limits.max_abs_rel:g}; seen {max(ratios):.3g} of the range)")
-    samples = "if the inputs are unlike your data, give real ones: validate.samples = \"samples.npz\" (one array per input)"
+        knobs.append(
+            f"max_abs_rel = {_round_up(max(ratios))} (now {limits.max_abs_rel:g}; seen {max(ratios):.3g} of the range)"
+        )
+    samples = (
+        'if the inputs are unlike your data, give real ones: validate.samples = "samples.npz" (one array per input)'
+    )
     if not knobs:
         overflow = any(c["decided_by"] == "finite" for c in failed)
-        return ("the artifact computes NaN or inf: a value overflows its precision; keep the op that overflows fp32 with "
-                "fp16_keep_fp32 = [\"OpType\"] in the component, or build fp32" if overflow
-                else "the artifact does not produce the reference's outputs (names or shapes differ)")
+        return (
+            "the artifact computes NaN or inf: a value overflows its precision; keep the op that overflows fp32 with "
+            'fp16_keep_fp32 = ["OpType"] in the component, or build fp32'
+            if overflow
+            else "the artifact does not produce the reference's outputs (names or shapes differ)"
+        )
     return f"if that difference is acceptable, set {' or '.join(knobs)} in [components.NAME.validate]; {samples}"
 
 
 def _round_down(value: float) -> str:
     for digits in range(2, 10):
-        candidate = np.floor(value * 10 ** digits) / 10 ** digits
+        candidate = np.floor(value * 10**digits) / 10**digits
         if value - candidate < (1 - value) / 2:
             return f"{candidate:.{digits}f}"
     return f"{value:.9f}"

@@ -77,8 +77,16 @@ class WeightMap:
         body = {
             "format": MAP_FORMAT,
             "checkpoint_sha256": self.checkpoint_sha256,
-            "mapped": {k: {"initializer": m.initializer, "transpose": m.transpose, "shape": list(m.shape), "onnx_shape": list(m.onnx_shape),
-                           "block": list(m.block) if m.block else None} for k, m in sorted(self.mapped.items())},
+            "mapped": {
+                k: {
+                    "initializer": m.initializer,
+                    "transpose": m.transpose,
+                    "shape": list(m.shape),
+                    "onnx_shape": list(m.onnx_shape),
+                    "block": list(m.block) if m.block else None,
+                }
+                for k, m in sorted(self.mapped.items())
+            },
             "unmatched": {k: {"why": v, "digests": self.digests.get(k, {})} for k, v in sorted(self.unmatched.items())},
         }
         return json.dumps(body, indent=1, sort_keys=True).encode()
@@ -89,13 +97,23 @@ class WeightMap:
             data = json.loads(raw)
             if data.get("format") != MAP_FORMAT:
                 raise ValueError(f"format {data.get('format')!r}")
-            mapped = {str(k): Mapped(str(v["initializer"]), bool(v["transpose"]), tuple(int(d) for d in v["shape"]), tuple(int(d) for d in v["onnx_shape"]),
-                                     tuple(int(d) for d in v["block"]) if v["block"] else None) for k, v in data["mapped"].items()}
+            mapped = {
+                str(k): Mapped(
+                    str(v["initializer"]),
+                    bool(v["transpose"]),
+                    tuple(int(d) for d in v["shape"]),
+                    tuple(int(d) for d in v["onnx_shape"]),
+                    tuple(int(d) for d in v["block"]) if v["block"] else None,
+                )
+                for k, v in data["mapped"].items()
+            }
             unmatched = {str(k): str(v["why"]) for k, v in data["unmatched"].items()}
             digests = {str(k): {str(a): str(b) for a, b in v["digests"].items()} for k, v in data["unmatched"].items()}
             return cls(str(data["checkpoint_sha256"]), mapped, unmatched, digests)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IntegrityError(f"weight map is malformed ({exc})", hint="rebuild the artifact with this enginefarm") from None
+            raise IntegrityError(
+                f"weight map is malformed ({exc})", hint="rebuild the artifact with this enginefarm"
+            ) from None
 
     @property
     def names(self) -> set[str]:
@@ -178,11 +196,17 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
         else:
             blocks = _blocks(array, matrices)
             if len(blocks) == 1:
-                result.mapped[name] = Mapped(blocks[0][0], blocks[0][1], entry.shape, shapes[blocks[0][0]], blocks[0][2])
+                result.mapped[name] = Mapped(
+                    blocks[0][0], blocks[0][1], entry.shape, shapes[blocks[0][0]], blocks[0][2]
+                )
             elif blocks:
-                result.unmatched[name] = f"ambiguous: a block of {', '.join(sorted({b[0] for b in blocks}))} in {len(blocks)} places"
+                result.unmatched[name] = (
+                    f"ambiguous: a block of {', '.join(sorted({b[0] for b in blocks}))} in {len(blocks)} places"
+                )
             else:
-                result.unmatched[name] = "no initializer holds these values (folded into another constant, or unused by the graph)"
+                result.unmatched[name] = (
+                    "no initializer holds these values (folded into another constant, or unused by the graph)"
+                )
     _drop_shared_blocks(result)
 
     # Ties are broken by name only where the initializer kept the checkpoint's own name, as is or under a dotted
@@ -200,7 +224,9 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
             for init in {i for i, _ in candidates[name]}:
                 claims.setdefault(init, []).append(name)
             if found and not candidates[name]:
-                result.unmatched[name] = f"its values are held only by {', '.join(sorted({i for i, _ in found}))}, which kept another tensor's name"
+                result.unmatched[name] = (
+                    f"its values are held only by {', '.join(sorted({i for i, _ in found}))}, which kept another tensor's name"
+                )
     for name, found in candidates.items():
         if name in result.mapped or not found:
             continue
@@ -270,31 +296,43 @@ def _drop_shared_blocks(result: WeightMap) -> None:
         if len(names) > 1:
             for name in names:
                 del result.mapped[name]
-                result.unmatched[name] = f"ambiguous: the same block of {init} as {', '.join(n for n in names if n != name)}"
+                result.unmatched[name] = (
+                    f"ambiguous: the same block of {init} as {', '.join(n for n in names if n != name)}"
+                )
 
 
-def attach(manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoint_sha256: str, prepared_fp32: Path) -> Manifest:
+def attach(
+    manifest: Manifest, outdir: Path, backend, checkpoint: Path, checkpoint_sha256: str, prepared_fp32: Path
+) -> Manifest:
     """Derive the map, drop what the backend's artifact does not hold, write it beside the artifact and list it
     in the manifest (role "map"), so it is hashed like every other file."""
     from enginefarm.cache.atomic import sha256_file
 
     found = derive(checkpoint, checkpoint_sha256, prepared_fp32)
     if not found.mapped:  # a wrong file (a LoRA, another model's weights): an empty map would only fail at load
-        raise BuildError(f"checkpoint {checkpoint.name}: none of its {len(found.unmatched)} tensor(s) holds a weight of this model",
-                         hint="`checkpoint =` must be this component's own base weights (the state dict it was exported from)")
+        raise BuildError(
+            f"checkpoint {checkpoint.name}: none of its {len(found.unmatched)} tensor(s) holds a weight of this model",
+            hint="`checkpoint =` must be this component's own base weights (the state dict it was exported from)",
+        )
     if backend.has(Feature.PATCH_WEIGHTS):
         present = backend.weight_shapes(outdir, manifest)
         ckpt = SafeTensors(checkpoint)
         for name, m in list(found.mapped.items()):
             if present.get(m.initializer) != m.onnx_shape:
                 del found.mapped[name]
-                found.unmatched[name] = f"{m.initializer} is not a patchable weight of the {manifest.parsed_target.backend} artifact"
+                found.unmatched[name] = (
+                    f"{m.initializer} is not a patchable weight of the {manifest.parsed_target.backend} artifact"
+                )
                 found.digests[name] = base_digests(ckpt, name)
     path = outdir / MAP_FILE
     path.write_bytes(found.to_json())
     size, digest = path.stat().st_size, sha256_file(path)
     notes = {**manifest.provenance, "weight_map": {"mapped": len(found.mapped), "unmatched": sorted(found.unmatched)}}
-    return replace(manifest, files=manifest.files + (ArtifactFile(MAP_FILE, "map", size, digest, "none", size, digest),), provenance=notes)
+    return replace(
+        manifest,
+        files=manifest.files + (ArtifactFile(MAP_FILE, "map", size, digest, "none", size, digest),),
+        provenance=notes,
+    )
 
 
 def read_map(artifact_dir: Path, manifest: Manifest) -> WeightMap | None:

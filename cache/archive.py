@@ -86,7 +86,9 @@ def extract(archive: Path, dest_parent: Path, root: str) -> Path:
                 try:
                     _write_member(tar, member, staging.joinpath(*rel.parts))
                 except (FileExistsError, NotADirectoryError):
-                    raise UnsafeArchiveError(f"{archive.name}: entry {member.name!r} clashes with an earlier entry; refusing to extract") from None
+                    raise UnsafeArchiveError(
+                        f"{archive.name}: entry {member.name!r} clashes with an earlier entry; refusing to extract"
+                    ) from None
             final = dest_parent / root
             if final.exists():
                 shutil.rmtree(final)
@@ -110,9 +112,13 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -
 def _check_member(member: tarfile.TarInfo, root: str, archive: Path) -> None:
     name = member.name
     if member.issym() or member.islnk():
-        raise UnsafeArchiveError(f"{archive.name}: entry {name!r} is a link (to {member.linkname!r}); refusing to extract")
+        raise UnsafeArchiveError(
+            f"{archive.name}: entry {name!r} is a link (to {member.linkname!r}); refusing to extract"
+        )
     if not (member.isfile() or member.isdir()):
-        raise UnsafeArchiveError(f"{archive.name}: entry {name!r} is a device, fifo or other special file; refusing to extract")
+        raise UnsafeArchiveError(
+            f"{archive.name}: entry {name!r} is a device, fifo or other special file; refusing to extract"
+        )
     _check_name(name.rstrip("/"), root, archive)
 
 
@@ -121,6 +127,8 @@ def _check_name(name: str, root: str, archive: Path) -> None:
     if not name or name.startswith("/") or "\\" in name or path.is_absolute() or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchiveError(f"{archive.name}: entry {name!r} is an absolute path; refusing to extract")
     if any(part in ("..", ".", "") for part in name.split("/")):
-        raise UnsafeArchiveError(f"{archive.name}: entry {name!r} is not a plain relative path ('..' or '.'); refusing to extract")
+        raise UnsafeArchiveError(
+            f"{archive.name}: entry {name!r} is not a plain relative path ('..' or '.'); refusing to extract"
+        )
     if path.parts[0] != root:
         raise UnsafeArchiveError(f"{archive.name}: entry {name!r} is outside {root}/; refusing to extract")

@@ -27,7 +27,9 @@ from .workdirs import fresh, reclaim
 log = logging.getLogger(__name__)
 
 
-def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, codec: str | None = None) -> tuple[list[ArtifactFile], dict[str, Path]]:
+def pack_files(
+    root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, codec: str | None = None
+) -> tuple[list[ArtifactFile], dict[str, Path]]:
     """Encode each (relative path, role) under `root` into `blob_dir`. Returns the file records and digest → blob path.
     `codec` None picks per file: efw1 for weight files, zstd for the rest."""
     files: list[ArtifactFile] = []
@@ -41,7 +43,9 @@ def pack_files(root: Path, entries: Iterable[tuple[str, str]], blob_dir: Path, c
         blob = Path(out.name)
         stored_sha = sha256_file(blob)
         blobs[stored_sha] = blob
-        files.append(ArtifactFile(rel, role, src.stat().st_size, sha256_file(src), chosen, blob.stat().st_size, stored_sha))
+        files.append(
+            ArtifactFile(rel, role, src.stat().st_size, sha256_file(src), chosen, blob.stat().st_size, stored_sha)
+        )
     return files, blobs
 
 
@@ -56,7 +60,9 @@ def publish(store: Store, manifest: Manifest, blobs: dict[str, Path], progress: 
     check_model_name(store, manifest.model)
     report = as_progress(progress)
     sizes = {digest: path.stat().st_size for digest, path in blobs.items()}
-    on_bytes = _byte_counter(report, f"upload {manifest.ref} {manifest.target} {manifest.precision}", sum(sizes.values()))
+    on_bytes = _byte_counter(
+        report, f"upload {manifest.ref} {manifest.target} {manifest.precision}", sum(sizes.values())
+    )
     for digest, path in blobs.items():
         if not store.put_blob(digest, path, progress=on_bytes):
             on_bytes(sizes[digest])  # already there: nothing to send, but the bar should still fill
@@ -76,8 +82,11 @@ def check_model_name(store: Store, model: str) -> None:
     problem = name_problem(model)
     twin = None if problem else case_twin(model, store.list_models())
     if problem or twin:
-        raise ConfigError(f"cannot publish to {store.url}: model name {problem or f'{model!r} differs only in case from {twin}, one file on Windows and macOS'}",
-                          hint="rename the model (model.name in its recipe)", model=model)
+        raise ConfigError(
+            f"cannot publish to {store.url}: model name {problem or f'{model!r} differs only in case from {twin}, one file on Windows and macOS'}",
+            hint="rename the model (model.name in its recipe)",
+            model=model,
+        )
 
 
 def missing_blobs(store: Store, manifest: Manifest) -> list[str]:
@@ -92,7 +101,11 @@ def restore_blobs(store: Store, manifest: Manifest, blobs: dict[str, Path]) -> l
     missing = missing_blobs(store, manifest)
     for digest in missing:
         if digest in blobs:
-            log.warning("blob %s of %s vanished while publishing (a concurrent gc?); uploading it again", digest[:12], manifest.ref)
+            log.warning(
+                "blob %s of %s vanished while publishing (a concurrent gc?); uploading it again",
+                digest[:12],
+                manifest.ref,
+            )
             store.put_blob(digest, blobs[digest])
     return [d for d in missing if d not in blobs]
 
@@ -183,7 +196,9 @@ def latest_verdicts(store: Store) -> dict[str, dict]:
     return found
 
 
-def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None, workroot: Path | None = None) -> dict[str, str]:
+def copy_artifacts(
+    source: Store, dest: Store, keys: Iterable[str], progress: ProgressLike = None, workroot: Path | None = None
+) -> dict[str, str]:
     """Copy artifacts between stores: blobs the destination lacks, then the manifest, then the index.
 
     Blobs are streamed through a temp file and hashed on the way, so a damaged source blob is never published.
@@ -220,8 +235,11 @@ def copy_artifacts(source: Store, dest: Store, keys: Iterable[str], progress: Pr
                     with full_disk_as_error(tmp, entry.stored_size):
                         digest = decode_stream(src, out, "none", entry.stored_size)  # copies, hashes, enforces the size
                 if digest != entry.stored_sha256:
-                    raise IntegrityError(f"blob {entry.stored_sha256[:12]} in {source.url}: the stored bytes do not match their digest "
-                                         "(tampered or corrupt store)", hint="nothing was published for this artifact")
+                    raise IntegrityError(
+                        f"blob {entry.stored_sha256[:12]} in {source.url}: the stored bytes do not match their digest "
+                        "(tampered or corrupt store)",
+                        hint="nothing was published for this artifact",
+                    )
                 checkpoint("copy:blob-temp")
                 dest.put_blob(entry.stored_sha256, path, progress=on_bytes)
                 path.unlink()
@@ -251,8 +269,12 @@ class GcPlan:
     referenced: int
     unreferenced: list[tuple[str, float]]  # (digest, mtime) of blobs no manifest uses
     to_delete: list[str]  # those older than the grace period
-    stale_caches: list[str] = field(default_factory=list)  # build-cache objects past the newest few of their slot, older than the grace
-    partials: list[str] = field(default_factory=list)  # what killed writers left (temp files, incomplete uploads), older than the grace
+    stale_caches: list[str] = field(
+        default_factory=list
+    )  # build-cache objects past the newest few of their slot, older than the grace
+    partials: list[str] = field(
+        default_factory=list
+    )  # what killed writers left (temp files, incomplete uploads), older than the grace
 
 
 def all_manifests(store: Store, purpose: str) -> list[Manifest]:
@@ -263,7 +285,10 @@ def all_manifests(store: Store, purpose: str) -> list[Manifest]:
         try:
             manifest = read_manifest(store, key)
         except IntegrityError as exc:
-            raise StoreError(f"manifest {key[:12]} is unreadable ({exc}); refusing to {purpose}", hint="fix or remove that manifest first") from None
+            raise StoreError(
+                f"manifest {key[:12]} is unreadable ({exc}); refusing to {purpose}",
+                hint="fix or remove that manifest first",
+            ) from None
         if manifest is not None:
             found.append(manifest)
     return found
@@ -278,7 +303,13 @@ def plan_gc(store: Store, grace_s: float, now: float | None = None) -> GcPlan:
     referenced = {f.stored_sha256 for manifest in all_manifests(store, "collect garbage") for f in manifest.files}
     orphans = [(digest, mtime) for digest, mtime in blobs if digest not in referenced]
     partials = [name for name, mtime in store.list_partials() if now - mtime > grace_s]
-    return GcPlan(len(referenced), orphans, [d for d, mtime in orphans if now - mtime > grace_s], _stale_caches(store, grace_s, now), partials)
+    return GcPlan(
+        len(referenced),
+        orphans,
+        [d for d, mtime in orphans if now - mtime > grace_s],
+        _stale_caches(store, grace_s, now),
+        partials,
+    )
 
 
 def collect_garbage(store: Store, grace_s: float, *, delete: bool) -> GcPlan:

@@ -56,8 +56,15 @@ class Resume:
     frame: int = 0
 
 
-def decode_stream(src: Readable, dst: BinaryIO, codec: str, expected_size: int, on_bytes: Callable[[int], None] | None = None,
-                  *, resume: Resume | None = None) -> str:
+def decode_stream(
+    src: Readable,
+    dst: BinaryIO,
+    codec: str,
+    expected_size: int,
+    on_bytes: Callable[[int], None] | None = None,
+    *,
+    resume: Resume | None = None,
+) -> str:
     """Decode `src` into `dst`, refusing to write more than `expected_size` bytes. Returns the sha256.
     `on_bytes` receives the running count of decoded bytes.
 
@@ -76,7 +83,9 @@ def decode_stream(src: Readable, dst: BinaryIO, codec: str, expected_size: int, 
         elif codec == "efw1":
             from .weight_codec import decode_frames
 
-            chunks = decode_frames(source, expected_size, layout=resume.layout if resume else None, start=resume.frame if resume else 0)
+            chunks = decode_frames(
+                source, expected_size, layout=resume.layout if resume else None, start=resume.frame if resume else 0
+            )
         elif codec == "zstd":
             if resume:
                 raise ValueError("zstd streams cannot resume mid-way")
@@ -105,7 +114,9 @@ def decode_stream(src: Readable, dst: BinaryIO, codec: str, expected_size: int, 
 def _zstd_chunks(source):
     import zstandard
 
-    reader = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(source, read_size=CHUNK, read_across_frames=True)
+    reader = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(
+        source, read_size=CHUNK, read_across_frames=True
+    )
     try:
         while chunk := reader.read(CHUNK):
             yield chunk

@@ -55,6 +55,7 @@ class CachedArtifact:
 @dataclass(frozen=True)
 class Checked:
     """A cached artifact as `verify_all` found it: `manifest` is None where it was missing or malformed."""
+
     key: str
     manifest: Manifest | None
     problems: tuple[str, ...] = ()
@@ -70,8 +71,12 @@ class Checked:
 
 
 def _mismatch(entry, store: Store, key: str, detail: str) -> IntegrityError:
-    return IntegrityError(f"{entry.path} of {key[:12]} from {store.url}: the stored bytes do not match their manifest "
-                          f"(tampered or corrupt store): {detail}", hint="the artifact was not cached; report it to whoever publishes this store", key=key)
+    return IntegrityError(
+        f"{entry.path} of {key[:12]} from {store.url}: the stored bytes do not match their manifest "
+        f"(tampered or corrupt store): {detail}",
+        hint="the artifact was not cached; report it to whoever publishes this store",
+        key=key,
+    )
 
 
 def _last_used(path: Path) -> float | None:
@@ -155,7 +160,11 @@ class DeviceCache:
         those whose manifest is missing or malformed. Yields each artifact once checked, those without a manifest first.
         A read-only cache is checked all the same; its damaged artifacts are reported and `kept`."""
         read_only = self.read_only() is not None
-        before = {p.name for p in self.artifacts.iterdir() if not p.name.startswith(".")} if self.artifacts.is_dir() else set()
+        before = (
+            {p.name for p in self.artifacts.iterdir() if not p.name.startswith(".")}
+            if self.artifacts.is_dir()
+            else set()
+        )
         entries = list(self.entries())  # reading each manifest checks it; a malformed one is evicted
         for key in sorted(before - {e.manifest.build_key for e in entries}):
             if not read_only:
@@ -211,8 +220,12 @@ class DeviceCache:
         if cached is None:
             return None
         if cached != manifest:
-            log.warning("cached artifact %s is not the one %s serves under that build key (from %s); replacing it",
-                        key[:12], origin, ", ".join(sorted(self.origins(key))) or "an unrecorded store")
+            log.warning(
+                "cached artifact %s is not the one %s serves under that build key (from %s); replacing it",
+                key[:12],
+                origin,
+                ", ".join(sorted(self.origins(key))) or "an unrecorded store",
+            )
             self.evict(key)
             return None
         path = self.verified_dir(key)
@@ -228,7 +241,9 @@ class DeviceCache:
             pass
 
     # Writing ---------------------------------------------------------------------------------------------
-    def fetch(self, store: Store, manifest: Manifest, progress: ProgressLike = None, *, limit: int | None = None) -> Path:
+    def fetch(
+        self, store: Store, manifest: Manifest, progress: ProgressLike = None, *, limit: int | None = None
+    ) -> Path:
         """Download, decode and verify every file of `manifest` from `store`, then move the artifact into place.
 
         `limit` caps what an unsigned manifest may claim (ENGINEFARM_MAX_ARTIFACT_SIZE): decoding never writes past
@@ -239,9 +254,12 @@ class DeviceCache:
         report = as_progress(progress)
         total = sum(f.size for f in manifest.files)
         if limit is not None and total > limit:
-            raise IntegrityError(f"{manifest.ref} [{key[:12]}] claims {mb(total)} MB, more than the {mb(limit)} MB "
-                                 "ENGINEFARM_MAX_ARTIFACT_SIZE allows; nothing was fetched", key=key,
-                                 hint="raise ENGINEFARM_MAX_ARTIFACT_SIZE if you trust this store (or load through a signed release channel)")
+            raise IntegrityError(
+                f"{manifest.ref} [{key[:12]}] claims {mb(total)} MB, more than the {mb(limit)} MB "
+                "ENGINEFARM_MAX_ARTIFACT_SIZE allows; nothing was fetched",
+                key=key,
+                hint="raise ENGINEFARM_MAX_ARTIFACT_SIZE if you trust this store (or load through a signed release channel)",
+            )
         with file_lock(self.locks / f"{key}.lock"):
             existing = self.cached_as(manifest, store.url)
             if existing is not None:
@@ -256,7 +274,9 @@ class DeviceCache:
                     for entry in manifest.files:
                         dest = staging / entry.path
                         if not resume.is_complete(dest, entry):
-                            self._fetch_file(store, entry, dest, lambda n, base=done: report.transfer(name, base + n, total), key)
+                            self._fetch_file(
+                                store, entry, dest, lambda n, base=done: report.transfer(name, base + n, total), key
+                            )
                             checkpoint("fetch:file")
                         done += entry.size
                     checkpoint("fetch:commit")
@@ -273,7 +293,11 @@ class DeviceCache:
     def _adopt(self, key: str) -> Path:
         """This artifact's download that a dead process (or an earlier failed fetch of ours) left, now ours;
         else a new staging folder. Other leftovers of the same artifact are removed."""
-        found = [p for p in self.tmp.glob(f"{key}.*.incomplete") if workdirs.owner_alive(p) is False or workdirs.mine(p)] if self.tmp.is_dir() else []
+        found = (
+            [p for p in self.tmp.glob(f"{key}.*.incomplete") if workdirs.owner_alive(p) is False or workdirs.mine(p)]
+            if self.tmp.is_dir()
+            else []
+        )
         found.sort(key=workdirs.size_of, reverse=True)
         for extra in found[1:]:
             workdirs.remove(extra)
@@ -292,17 +316,26 @@ class DeviceCache:
         resumed, offset = resume.plan(store, entry, dest)
         for attempt in range(RESTARTS + 2):
             try:
-                with store.open_blob(entry.stored_sha256, entry.stored_size, **({"offset": offset} if offset else {})) as src, \
-                        open(dest, "r+b" if resumed else "wb") as out:
+                with (
+                    store.open_blob(
+                        entry.stored_sha256, entry.stored_size, **({"offset": offset} if offset else {})
+                    ) as src,
+                    open(dest, "r+b" if resumed else "wb") as out,
+                ):
                     if resumed:
                         out.seek(resumed.done)
-                    digest = decode_stream(src, out, entry.codec, entry.size, on_bytes, **({"resume": resumed} if resumed else {}))
+                    digest = decode_stream(
+                        src, out, entry.codec, entry.size, on_bytes, **({"resume": resumed} if resumed else {})
+                    )
             except IntegrityError as exc:  # truncated, too long, a bomb, not valid for its codec
                 raise _mismatch(entry, store, key, str(exc)) from None
             except BlobChanged as exc:
                 if attempt >= RESTARTS:
-                    raise IntegrityError(f"file {entry.path} from {store.url} keeps changing or does not match its manifest ({exc})",
-                                         hint="the artifact was not cached; the store's copy may be damaged", key=key) from None
+                    raise IntegrityError(
+                        f"file {entry.path} from {store.url} keeps changing or does not match its manifest ({exc})",
+                        hint="the artifact was not cached; the store's copy may be damaged",
+                        key=key,
+                    ) from None
                 log.info("%s; fetching %s again from the start", exc, entry.path)
                 resumed, offset = None, 0
                 continue
@@ -310,7 +343,9 @@ class DeviceCache:
                 return
             if resumed is None:
                 break
-            log.info("%s does not verify after resuming; fetching it again from the start", entry.path)  # the kept prefix was bad
+            log.info(
+                "%s does not verify after resuming; fetching it again from the start", entry.path
+            )  # the kept prefix was bad
             resumed, offset = None, 0
         raise _mismatch(entry, store, key, "sha256 differs")
 
@@ -366,12 +401,19 @@ class DeviceCache:
         """Why this cache cannot be changed ("read-only file system", "no write permission"); None if it can."""
         for folder in (self.home, self.artifacts, self.tmp, self.home / "build" / "jobs"):
             if folder.is_dir() and not os.access(folder, os.W_OK):
-                return "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else f"no write permission on {folder}"
+                return (
+                    "read-only file system"
+                    if os.statvfs(folder).f_flag & os.ST_RDONLY
+                    else f"no write permission on {folder}"
+                )
         return None
 
     def _read_only_error(self, what: str, why: str) -> ConfigError:
-        return ConfigError(f"{what}: the cache at {self.home} is read-only ({why})", variable="ENGINEFARM_HOME",
-                           hint="run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder")
+        return ConfigError(
+            f"{what}: the cache at {self.home} is read-only ({why})",
+            variable="ENGINEFARM_HOME",
+            hint="run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder",
+        )
 
     def check_writable(self, what: str) -> None:
         """Raise a one-line ConfigError saying `what` cannot be done if the cache is read-only."""
@@ -422,4 +464,3 @@ class DeviceCache:
             total -= entry.size
             removed.append(entry.manifest.build_key)
         return removed
-

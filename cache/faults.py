@@ -16,14 +16,14 @@ import signal
 
 VARIABLE = "ENGINEFARM_FAULT_AT"
 STAGES = (
-    "publish:blob",        # after each blob is stored
-    "publish:manifest",    # after the manifest is written, before the index
-    "publish:index",       # after the index is updated
-    "store:blob-temp",     # a local store's blob is written to its temp name, not yet linked into place
-    "copy:blob-temp",      # `publish --from --to`: a blob copied into the local temp folder, not yet uploaded
-    "fetch:chunk",         # a fetch wrote one more decoded chunk into the cache's tmp/
-    "fetch:file",          # a fetch finished one file of the artifact
-    "fetch:commit",        # every file is verified; the artifact is about to be moved into place
+    "publish:blob",  # after each blob is stored
+    "publish:manifest",  # after the manifest is written, before the index
+    "publish:index",  # after the index is updated
+    "store:blob-temp",  # a local store's blob is written to its temp name, not yet linked into place
+    "copy:blob-temp",  # `publish --from --to`: a blob copied into the local temp folder, not yet uploaded
+    "fetch:chunk",  # a fetch wrote one more decoded chunk into the cache's tmp/
+    "fetch:file",  # a fetch finished one file of the artifact
+    "fetch:commit",  # every file is verified; the artifact is about to be moved into place
 )
 _hits: dict[str, int] = {}
 

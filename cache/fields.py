@@ -36,13 +36,23 @@ def optional_text(value: Any, field: str) -> str | None:
 
 def integer(value: Any, field: str, low: int = 0) -> int:
     if type(value) is not int or value < low:
-        raise FieldError(field, f"must be an integer >= {low}, got {value!r}" if type(value) is int else f"must be an integer, got {_kind(value)}")
+        raise FieldError(
+            field,
+            f"must be an integer >= {low}, got {value!r}"
+            if type(value) is int
+            else f"must be an integer, got {_kind(value)}",
+        )
     return value
 
 
 def number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise FieldError(field, f"must be a finite number, got {value!r}" if isinstance(value, float) else f"must be a number, got {_kind(value)}")
+        raise FieldError(
+            field,
+            f"must be a finite number, got {value!r}"
+            if isinstance(value, float)
+            else f"must be a number, got {_kind(value)}",
+        )
     return value
 
 
@@ -80,7 +90,12 @@ def dims(value: Any, field: str) -> list[int]:
 def profile(value: Any, field: str) -> dict[str, dict[str, list[int]]]:
     """input name → {min, opt, max}: the bounds a session checks inputs against."""
     for name, bounds in mapping(value, field).items():
-        if type(bounds) is dict and _all_dims(bounds.get("min")) and _all_dims(bounds.get("opt")) and _all_dims(bounds.get("max")):
+        if (
+            type(bounds) is dict
+            and _all_dims(bounds.get("min"))
+            and _all_dims(bounds.get("opt"))
+            and _all_dims(bounds.get("max"))
+        ):
             pass  # well formed: only the ranks are left to compare
         else:
             for corner in ("min", "opt", "max"):

@@ -62,8 +62,11 @@ class IndexEntry:
         if not isinstance(self.validation, Verdict):
             object.__setattr__(self, "validation", Verdict.from_dict(self.validation))
         if any(not isinstance(b, Benchmark) for b in self.benchmarks):
-            object.__setattr__(self, "benchmarks", tuple(b if isinstance(b, Benchmark) else Benchmark.from_dict(b)
-                                                         for b in self.benchmarks))
+            object.__setattr__(
+                self,
+                "benchmarks",
+                tuple(b if isinstance(b, Benchmark) else Benchmark.from_dict(b) for b in self.benchmarks),
+            )
 
     @cached_property
     def parsed_target(self) -> Target:
@@ -76,10 +79,22 @@ class IndexEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form, as stored in the index and signed in a channel's targets (the model is the index's)."""
-        return {"build_key": self.build_key, "component": self.component, "precision": self.precision, "profile_name": self.profile_name,
-                "profile": self.profile, "target": self.target, "toolchain": self.toolchain, "constraints": self.constraints.to_dict(),
-                "benchmarks": [b.to_dict() for b in self.benchmarks], "size": self.size, "stored_size": self.stored_size,
-                "created": self.created, "validation": self.validation.to_dict(), "model_version": self.model_version}
+        return {
+            "build_key": self.build_key,
+            "component": self.component,
+            "precision": self.precision,
+            "profile_name": self.profile_name,
+            "profile": self.profile,
+            "target": self.target,
+            "toolchain": self.toolchain,
+            "constraints": self.constraints.to_dict(),
+            "benchmarks": [b.to_dict() for b in self.benchmarks],
+            "size": self.size,
+            "stored_size": self.stored_size,
+            "created": self.created,
+            "validation": self.validation.to_dict(),
+            "model_version": self.model_version,
+        }
 
     @property
     def failed_validation(self) -> bool:
@@ -88,11 +103,23 @@ class IndexEntry:
 
     @classmethod
     def of(cls, manifest: Manifest) -> IndexEntry:
-        return cls(manifest.build_key, manifest.model, manifest.component, manifest.precision, manifest.profile_name, manifest.target,
-                   manifest.profile, manifest.toolchain, Constraints.from_dict(manifest.constraints),
-                   benchmarks(list(manifest.benchmarks), "benchmarks"), sum(x.size for x in manifest.files),
-                   sum(x.stored_size for x in manifest.files), manifest.provenance.get("created"),
-                   Verdict.from_dict(manifest.validation), manifest.model_version)
+        return cls(
+            manifest.build_key,
+            manifest.model,
+            manifest.component,
+            manifest.precision,
+            manifest.profile_name,
+            manifest.target,
+            manifest.profile,
+            manifest.toolchain,
+            Constraints.from_dict(manifest.constraints),
+            benchmarks(list(manifest.benchmarks), "benchmarks"),
+            sum(x.size for x in manifest.files),
+            sum(x.stored_size for x in manifest.files),
+            manifest.provenance.get("created"),
+            Verdict.from_dict(manifest.validation),
+            manifest.model_version,
+        )
 
     @classmethod
     def from_dict(cls, data: Any, model: str) -> IndexEntry:
@@ -130,7 +157,11 @@ class Index:
     unreadable: str = ""  # why the whole index was unreadable ("is not JSON", …); empty if it was read
 
     def to_json(self) -> bytes:
-        data = {"format": INDEX_FORMAT, "model": self.model, "entries": {k: e.to_dict() for k, e in sorted(self.entries.items())}}
+        data = {
+            "format": INDEX_FORMAT,
+            "model": self.model,
+            "entries": {k: e.to_dict() for k, e in sorted(self.entries.items())},
+        }
         return json.dumps(data, indent=1, sort_keys=True).encode()
 
 
@@ -165,7 +196,9 @@ def _parse_index(raw: bytes | None, model: str, where: str) -> Index:
         index.unreadable = "is not JSON"
         return index
     if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT or not isinstance(data.get("entries"), dict):
-        log.warning("%s has an unknown shape; treating it as empty (run `enginefarm index --store URL` to rebuild it)", name)
+        log.warning(
+            "%s has an unknown shape; treating it as empty (run `enginefarm index --store URL` to rebuild it)", name
+        )
         index.unreadable = "is JSON of an unknown shape (not an enginefarm index of this format)"
         return index
     for key, value in data["entries"].items():
@@ -193,15 +226,19 @@ def select_entries(store: Store, models=(), components=(), targets=(), precision
     selected = []
     for name in models or tuple(store.list_models()):
         for entry in read_index(store, name).entries.values():
-            if ((not components or entry.component in components)
-                    and target_matches(entry.target, targets)
-                    and (not precisions or entry.precision in precisions)
-                    and (not keys or any(entry.build_key.startswith(k) for k in keys))):
+            if (
+                (not components or entry.component in components)
+                and target_matches(entry.target, targets)
+                and (not precisions or entry.precision in precisions)
+                and (not keys or any(entry.build_key.startswith(k) for k in keys))
+            ):
                 selected.append(entry)
     return selected
 
 
-def update_index(store: Store, manifests: Iterable[Manifest], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None) -> None:
+def update_index(
+    store: Store, manifests: Iterable[Manifest], *, replace_all: bool = False, verdicts: dict[str, dict] | None = None
+) -> None:
     """Compare-and-swap the per-model index, merging with whatever a concurrent writer put there.
 
     A re-validation's verdict (an entry's `validation` with `revalidated`) is newer than the build's own record and is
@@ -256,8 +293,14 @@ def remove_from_index(store: Store, model: str, keys: Iterable[str]) -> None:
     _swap_index(store, model, drop, lambda current: not unwanted & set(current))
 
 
-def _swap_index(store: Store, model: str, edit: Callable[[Index], bool], settled: Callable[[dict[str, IndexEntry]], bool], *,
-                fresh: bool = False) -> None:
+def _swap_index(
+    store: Store,
+    model: str,
+    edit: Callable[[Index], bool],
+    settled: Callable[[dict[str, IndexEntry]], bool],
+    *,
+    fresh: bool = False,
+) -> None:
     """The compare-and-swap loop of every index writer: read the index (start from an empty one when `fresh`), let
     `edit` change it (False: nothing to write), write it only if nobody did since the read, and read it back until
     `settled` holds — some servers' conditional writes are not atomic (two writers can both 'win')."""

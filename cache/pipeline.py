@@ -117,8 +117,10 @@ class HashingWriter:
         self._to_hash: queue.Queue = queue.Queue(maxsize=depth)
         self._to_write: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
-        self._threads = [threading.Thread(target=self._hash, name="enginefarm-hash", daemon=True),
-                         threading.Thread(target=self._write, name="enginefarm-write", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._hash, name="enginefarm-hash", daemon=True),
+            threading.Thread(target=self._write, name="enginefarm-write", daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
 

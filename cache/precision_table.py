@@ -37,22 +37,41 @@ class Precision:
 
 
 # Ordered by tie order: the first is the reference every artifact is validated against.
-TABLE: dict[str, Precision] = {p.name: p for p in (
-    Precision("fp32", 2.0 ** -23, min_cosine=0.9999, max_abs_rel=1e-3, tie_order=0, onnx_type=1, bits=32,
-              exported_by_default=True),
-    # fp16 artifacts of the real models measured stay within 0.9% of the range (cosine >= 0.99987); SD's VAE decoder
-    # within 0.03%.
-    Precision("fp16", 2.0 ** -10, min_cosine=0.999, max_abs_rel=0.02, tie_order=1, onnx_type=10, bits=16,
-              exported_by_default=True),
-    # bf16 (OpenVINO CPU, 8 bits of mantissa) within 4.8% of the range (the OCR direction classifier; SD VAE decoder
-    # 0.6%, YOLOv8 1.8%), at most 7.3 rounding units; min_cosine is the gate's rule, 1 - (16 eps)^2 / 2 = 0.992.
-    Precision("bf16", 2.0 ** -7, min_cosine=0.992, max_abs_rel=0.1, tie_order=2, onnx_type=16, bits=16),
-)}
+TABLE: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision(
+            "fp32",
+            2.0**-23,
+            min_cosine=0.9999,
+            max_abs_rel=1e-3,
+            tie_order=0,
+            onnx_type=1,
+            bits=32,
+            exported_by_default=True,
+        ),
+        # fp16 artifacts of the real models measured stay within 0.9% of the range (cosine >= 0.99987); SD's VAE decoder
+        # within 0.03%.
+        Precision(
+            "fp16",
+            2.0**-10,
+            min_cosine=0.999,
+            max_abs_rel=0.02,
+            tie_order=1,
+            onnx_type=10,
+            bits=16,
+            exported_by_default=True,
+        ),
+        # bf16 (OpenVINO CPU, 8 bits of mantissa) within 4.8% of the range (the OCR direction classifier; SD VAE decoder
+        # 0.6%, YOLOv8 1.8%), at most 7.3 rounding units; min_cosine is the gate's rule, 1 - (16 eps)^2 / 2 = 0.992.
+        Precision("bf16", 2.0**-7, min_cosine=0.992, max_abs_rel=0.1, tie_order=2, onnx_type=16, bits=16),
+    )
+}
 NAMES: tuple[str, ...] = tuple(TABLE)
 REFERENCE = "fp32"  # what sources are exported in, what the gate's reference runs in, what every backend computes
 # One step of an 8-bit range that spans both signs (2/255 of the magnitude): the epsilon of a quantized graph's
 # activations, whatever precision the artifact computes its floats in.
-QUANTIZED_EPSILON = 2.0 ** -7
+QUANTIZED_EPSILON = 2.0**-7
 
 
 def get(name: str) -> Precision:

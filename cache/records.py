@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 from . import fields as f
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
 def _empty():
     return field(default_factory=lambda: EMPTY)  # one shared empty mapping: records are frozen
-
 
 
 def _number(value: Any) -> bool:
@@ -63,8 +64,14 @@ class Benchmark:
     load_ms: float | None = None
     first_inference_ms: float | None = None
     rest: Mapping[str, Any] = _empty()
-    _READ: ClassVar[dict[str, Any]] = {"p90_ms": _number, "iqr_ms": _number, "spread": _number, "runs": _number,
-                                       "load_ms": _number, "first_inference_ms": _number}
+    _READ: ClassVar[dict[str, Any]] = {
+        "p90_ms": _number,
+        "iqr_ms": _number,
+        "spread": _number,
+        "runs": _number,
+        "load_ms": _number,
+        "first_inference_ms": _number,
+    }
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "benchmark", *, on_device: bool = False) -> Benchmark:
@@ -140,8 +147,14 @@ class Verdict:
     rest: Mapping[str, Any] = _empty()
     # The summary an index entry keeps of a validation report, each with the types it may take.
     KINDS: ClassVar[dict[str, tuple[type, ...]]] = {
-        "passed": (bool, type(None)), "executed": (bool,), "settings": (str,), "min_cosine": (int, float, type(None)),
-        "failure": (str,), "revalidated": (str,), "why": (str,)}
+        "passed": (bool, type(None)),
+        "executed": (bool,),
+        "settings": (str,),
+        "min_cosine": (int, float, type(None)),
+        "failure": (str,),
+        "revalidated": (str,),
+        "why": (str,),
+    }
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "validation") -> Verdict:
@@ -213,8 +226,17 @@ class Constraints:
             f.number(data["vram_mb"], f"{where}.vram_mb")
         if "engine" in data:
             f.mapping(data["engine"], f"{where}.engine")
-        read, rest = _split(data, {"runtime": _text_map, "min_driver": _kinds(str), "os": _texts, "vram_mb": _number,
-                                   "cpu_flags_any": _texts, "engine": _kinds(dict)})
+        read, rest = _split(
+            data,
+            {
+                "runtime": _text_map,
+                "min_driver": _kinds(str),
+                "os": _texts,
+                "vram_mb": _number,
+                "cpu_flags_any": _texts,
+                "engine": _kinds(dict),
+            },
+        )
         for name in cls._LISTS & set(read):
             read[name] = tuple(read[name])
         return cls(**read, rest=rest)

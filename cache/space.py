@@ -32,8 +32,13 @@ def disk_full(path: Path, need: int | None, free: int | None = None) -> DiskFull
     """`need` None: the write that failed had no known size (a build's work files)."""
     free = free_bytes(path) if free is None else free
     what = f"need {mb(need)} MB at {path}" if need else f"no space left at {path}"
-    return DiskFullError(f"disk full: {what} ({mb(free)} MB free)", path=str(path), need=need, free=free,
-                         hint=f"free some space on the disk that holds {path}, or point ENGINEFARM_HOME (the cache) or the store elsewhere")
+    return DiskFullError(
+        f"disk full: {what} ({mb(free)} MB free)",
+        path=str(path),
+        need=need,
+        free=free,
+        hint=f"free some space on the disk that holds {path}, or point ENGINEFARM_HOME (the cache) or the store elsewhere",
+    )
 
 
 def ensure_room(path: Path, need: int, reserve: int = RESERVE) -> None:

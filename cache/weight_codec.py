@@ -50,6 +50,7 @@ class Readable(Protocol):
 
     def read(self, size: int = -1, /) -> bytes | memoryview: ...
 
+
 MAGIC = b"EFW1"
 _HEADER = struct.Struct("<4sBBHQII")
 _ENTRY = struct.Struct("<QI")
@@ -74,7 +75,11 @@ def width_of(dtype: str | None) -> int:
 
 
 ROTATE = 1
-_UINT: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}  # byte k of an element is bits 8k..8k+7
+_UINT: dict[int, np.dtype] = {
+    2: np.dtype("<u2"),
+    4: np.dtype("<u4"),
+    8: np.dtype("<u8"),
+}  # byte k of an element is bits 8k..8k+7
 ROTATED_DTYPES = ("bfloat16", "float32", "float64")  # where moving the sign bit aligns the exponent to a byte
 
 
@@ -90,7 +95,9 @@ def _compressor(level: int, grouped: bool = False):
         # A byte group of weights (exponents, say) has few long repeats but a skewed byte histogram: a tiny hash
         # table and long minimum matches leave it to zstd's Huffman stage. Measured on fp32 exponents of normal
         # weights: 0.327 of raw at ~700 MB/s, against 0.406 at level 3 and 0.325 at level 19 (1 MB/s).
-        params = zstandard.ZstdCompressionParameters.from_level(level, hash_log=8, min_match=7, write_content_size=True, write_checksum=True)
+        params = zstandard.ZstdCompressionParameters.from_level(
+            level, hash_log=8, min_match=7, write_content_size=True, write_checksum=True
+        )
         return zstandard.ZstdCompressor(compression_params=params)
     return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
 
@@ -111,7 +118,11 @@ def _encode_frame(chunk, width: int, level: int, rotate: bool = False) -> bytes:
     if rotate and whole:
         elements = _rotate_left(elements, width)
     groups = elements.reshape(-1, width).T if width > 1 else None
-    parts = [np.ascontiguousarray(groups[k]).data for k in range(width)] if groups is not None else [memoryview(chunk)[:whole]]
+    parts = (
+        [np.ascontiguousarray(groups[k]).data for k in range(width)]
+        if groups is not None
+        else [memoryview(chunk)[:whole]]
+    )
     parts.append(memoryview(chunk)[whole:])
     out = []
     compressor = _compressor(GROUPED_LEVEL if width > 1 else level, grouped=width > 1)
@@ -123,7 +134,15 @@ def _encode_frame(chunk, width: int, level: int, rotate: bool = False) -> bytes:
     return b"".join(out)
 
 
-def compress(data: bytes, dtype: str | None = None, *, level: int = LEVEL, frame_raw: int = FRAME_RAW, threads: int = THREADS, rotate: bool | None = None) -> bytes:
+def compress(
+    data: bytes,
+    dtype: str | None = None,
+    *,
+    level: int = LEVEL,
+    frame_raw: int = FRAME_RAW,
+    threads: int = THREADS,
+    rotate: bool | None = None,
+) -> bytes:
     """Encode `data` (the raw bytes of `dtype` elements, or anything with dtype None)."""
     width = width_of(dtype)
     rotate = (dtype in ROTATED_DTYPES) if rotate is None else (rotate and width > 1)
@@ -188,16 +207,27 @@ def _read_layout(stream: Readable, expected_size: int | None) -> tuple[int, bool
     if not 0 < frame_raw <= MAX_FRAME_RAW or count != -(-raw_size // frame_raw):
         raise IntegrityError(f"efw1 blob declares {count} frames of {frame_raw} bytes for {raw_size} bytes")
     if count > MAX_FRAMES:
-        raise IntegrityError(f"efw1 blob declares {count} frames (at most {MAX_FRAMES} are accepted): a forged frame table")
+        raise IntegrityError(
+            f"efw1 blob declares {count} frames (at most {MAX_FRAMES} are accepted): a forged frame table"
+        )
     table = _read_exact(stream, _ENTRY.size * count, "frame table")
     entries = [_ENTRY.unpack_from(table, i * _ENTRY.size) for i in range(count)]
-    if sum(raw for _, raw in entries) != raw_size or any(raw > frame_raw or compressed > MAX_FRAME_RAW * 2 for compressed, raw in entries):
+    if sum(raw for _, raw in entries) != raw_size or any(
+        raw > frame_raw or compressed > MAX_FRAME_RAW * 2 for compressed, raw in entries
+    ):
         raise IntegrityError("efw1 frame table is inconsistent with the declared size")
     return width, bool(flags & ROTATE), raw_size, entries
 
 
-def decode_frames(stream: Readable, expected_size: int | None, *, threads: int = THREADS, ahead: int | None = None,
-                  layout: tuple | None = None, start: int = 0) -> Iterator[memoryview]:
+def decode_frames(
+    stream: Readable,
+    expected_size: int | None,
+    *,
+    threads: int = THREADS,
+    ahead: int | None = None,
+    layout: tuple | None = None,
+    start: int = 0,
+) -> Iterator[memoryview]:
     """Yield decoded chunks in order while reading `stream` once, front to back. A thread reads whole frames
     ahead (at most `ahead`, by default 2 more than the decoding threads), and they decode on `threads` threads
     while later ones are still arriving. To resume, pass the blob's `layout` (`read_layout`) and a `stream`
@@ -312,8 +342,13 @@ def _interleave(groups: list[np.ndarray], out: np.ndarray, width: int, rotate: b
     step = INTERLEAVE_BLOCK
     if len(groups[0]) > step:  # block by block, so each block's passes run in the core's cache
         for start in range(0, len(groups[0]), step):
-            _interleave([group[start : start + step] for group in groups], out[start * width : (start + step) * width], width, rotate,
-                        scratch[start * width : (start + step) * width])
+            _interleave(
+                [group[start : start + step] for group in groups],
+                out[start * width : (start + step) * width],
+                width,
+                rotate,
+                scratch[start * width : (start + step) * width],
+            )
         return
     elements = out.view(_UINT[width])
     if width == 2:
@@ -365,7 +400,9 @@ def _unzstd_into(decompressor, payload, target: np.ndarray) -> None:
         while got < want and (n := reader.readinto(target[got:])):
             got += n
         if got != want or reader.read(1):  # read(1) also makes zstd check the frame's checksum
-            raise IntegrityError(f"efw1 group decodes to {'fewer' if got < want else 'more'} bytes than the {want} expected")
+            raise IntegrityError(
+                f"efw1 group decodes to {'fewer' if got < want else 'more'} bytes than the {want} expected"
+            )
     except zstandard.ZstdError as exc:
         raise IntegrityError(f"efw1 frame is corrupt: {exc}") from None
 

@@ -39,7 +39,17 @@ def main() -> int:
 
     latent = np.random.default_rng(0).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
     table = Table(title="tiny-sd/decoder: every artifact, loaded from an empty cache")
-    for column in ("artifact", "backend", "precision", "computes in", "min cosine", "min PSNR dB", "p50 ms (build)", "first inference ms", "output"):
+    for column in (
+        "artifact",
+        "backend",
+        "precision",
+        "computes in",
+        "min cosine",
+        "min PSNR dB",
+        "p50 ms (build)",
+        "first inference ms",
+        "output",
+    ):
         table.add_column(column)
     for target, precisions in (("openvino:cpu", ("fp32", "fp16", "bf16")), ("onnxruntime:cpu", ("fp32", "fp16"))):
         for precision in precisions:
@@ -52,8 +62,17 @@ def main() -> int:
             out = session.run({"latent": latent})["sample"]
             ttfi = (time.perf_counter() - start) * 1000
             m = session.artifact
-            table.add_row(m.build_key[:12], target, precision, session.compute_precision, f"{m.validation['min_cosine']:.8f}", f"{m.validation['min_psnr']:.1f}",
-                          f"{m.benchmarks[0]['p50_ms']:.3f}", f"{ttfi:.0f}", f"{list(out.shape)} std {out.std():.3f}")
+            table.add_row(
+                m.build_key[:12],
+                target,
+                precision,
+                session.compute_precision,
+                f"{m.validation['min_cosine']:.8f}",
+                f"{m.validation['min_psnr']:.1f}",
+                f"{m.benchmarks[0]['p50_ms']:.3f}",
+                f"{ttfi:.0f}",
+                f"{list(out.shape)} std {out.std():.3f}",
+            )
     console = Console(width=160)
     console.print(table)
     session = enginefarm.load("tiny-sd/decoder", device="cpu")
@@ -68,14 +87,52 @@ def family_demo(cli: list[str], console) -> int:
     if str(ROOT) not in sys.path:  # the tiny pipelines import their siblings as `tests.…`
         sys.path.insert(0, str(ROOT))
     import tests.tiny_pipelines as tiny
+
     base = WORK / "tiny-sd1"
     console.print("\n[bold]A model family, from a diffusers folder to an image[/]")
     source = tiny.make_tiny_pipeline("sd1", base / "diffusers")
-    steps = [("export", [*cli, "export", str(source), "--out", str(base / "export"), "--name", "tiny-sd1", "--latent", "8,8,16",
-                         "--batch", "1,2,2", "--targets", "openvino:cpu", "--precisions", "fp32"]),
-             ("build", [*cli, "build", str(base / "export" / "recipe.toml"), "-j", "2", "--no-bench"]),
-             ("generate", [*cli, "generate", "tiny-sd1", "a lighthouse at dawn", "--assets", str(base / "export" / "assets"),
-                           "--steps", "8", "--seed", "7", "--scheduler", "euler", "--out", str(WORK / "tiny-sd1.png")])]
+    steps = [
+        (
+            "export",
+            [
+                *cli,
+                "export",
+                str(source),
+                "--out",
+                str(base / "export"),
+                "--name",
+                "tiny-sd1",
+                "--latent",
+                "8,8,16",
+                "--batch",
+                "1,2,2",
+                "--targets",
+                "openvino:cpu",
+                "--precisions",
+                "fp32",
+            ],
+        ),
+        ("build", [*cli, "build", str(base / "export" / "recipe.toml"), "-j", "2", "--no-bench"]),
+        (
+            "generate",
+            [
+                *cli,
+                "generate",
+                "tiny-sd1",
+                "a lighthouse at dawn",
+                "--assets",
+                str(base / "export" / "assets"),
+                "--steps",
+                "8",
+                "--seed",
+                "7",
+                "--scheduler",
+                "euler",
+                "--out",
+                str(WORK / "tiny-sd1.png"),
+            ],
+        ),
+    ]
     for what, command in steps:
         start = time.perf_counter()
         if subprocess.run(command).returncode != 0:
@@ -95,10 +152,14 @@ def family_demo(cli: list[str], console) -> int:
     theirs = diffusers.StableDiffusionPipeline.from_pretrained(source)
     theirs.scheduler = diffusers.EulerDiscreteScheduler.from_config(theirs.scheduler.config)
     theirs.set_progress_bar_config(disable=True)
-    reference = theirs("a lighthouse at dawn", num_inference_steps=8, latents=torch.from_numpy(latents), output_type="np").images[0]
+    reference = theirs(
+        "a lighthouse at dawn", num_inference_steps=8, latents=torch.from_numpy(latents), output_type="np"
+    ).images[0]
     written = read_png(WORK / "tiny-sd1.png")
-    console.print(f"wrote {WORK / 'tiny-sd1.png'} {written.shape[1]}×{written.shape[0]}; enginefarm (OpenVINO fp32) vs diffusers on the same "
-                  f"weights and noise: max abs difference {np.abs(image - reference).max():.2e} (image in [0, 1])")
+    console.print(
+        f"wrote {WORK / 'tiny-sd1.png'} {written.shape[1]}×{written.shape[0]}; enginefarm (OpenVINO fp32) vs diffusers on the same "
+        f"weights and noise: max abs difference {np.abs(image - reference).max():.2e} (image in [0, 1])"
+    )
     return 0
 
 

@@ -87,8 +87,11 @@ def check_mypy(output: str, update: bool) -> bool:
         print(f"new: {line}")
     for line in sorted(gone.elements()):
         print(f"fixed (remove it from {BASELINE.relative_to(ROOT)}): {line}")
-    print(f"mypy: {sum(found.values())} errors, all {sum(known.values())} in the baseline" if not new and not gone
-          else f"mypy: {sum(new.values())} new, {sum(gone.values())} fixed but still in the baseline")
+    print(
+        f"mypy: {sum(found.values())} errors, all {sum(known.values())} in the baseline"
+        if not new and not gone
+        else f"mypy: {sum(new.values())} new, {sum(gone.values())} fixed but still in the baseline"
+    )
     return not new and not gone
 
 

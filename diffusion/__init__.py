@@ -11,5 +11,16 @@ from .pipeline import Pipeline
 from .schedulers import ALIASES, SCHEDULERS, Scheduler, SchedulerConfig, dynamic_shift_mu, make_scheduler
 from .tokenizer import ClipTokenizer, T5Tokenizer
 
-__all__ = ["ALIASES", "SCHEDULERS", "ClipTokenizer", "Pipeline", "Scheduler", "SchedulerConfig", "T5Tokenizer", "dynamic_shift_mu",
-           "make_scheduler", "read_png", "write_png"]
+__all__ = [
+    "ALIASES",
+    "SCHEDULERS",
+    "ClipTokenizer",
+    "Pipeline",
+    "Scheduler",
+    "SchedulerConfig",
+    "T5Tokenizer",
+    "dynamic_shift_mu",
+    "make_scheduler",
+    "read_png",
+    "write_png",
+]

@@ -25,11 +25,16 @@ class ModelAssets:
         folder = Path(folder)
         index_path = folder / "model_index.json"
         if not index_path.is_file():
-            raise ConfigError(f"{folder}: no model_index.json: not a model's assets folder",
-                              hint="pass the assets/ folder `enginefarm export` wrote, or load the model from a store that has its assets")
+            raise ConfigError(
+                f"{folder}: no model_index.json: not a model's assets folder",
+                hint="pass the assets/ folder `enginefarm export` wrote, or load the model from a store that has its assets",
+            )
         model_index = _read_json(index_path)
-        configs = {p.parent.name: _read_json(p) for p in sorted(folder.glob("*/*config.json"))
-                   if p.name in ("config.json", "scheduler_config.json")}
+        configs = {
+            p.parent.name: _read_json(p)
+            for p in sorted(folder.glob("*/*config.json"))
+            if p.name in ("config.json", "scheduler_config.json")
+        }
         described = folder / "family.json"
         found = family(_read_json(described)["family"]) if described.is_file() else detect_family(model_index, configs)
         return cls(folder, found, model_index, configs)
@@ -56,7 +61,9 @@ class ModelAssets:
         """Latent pixels per transformer token side (1 for UNets; Flux and Chroma: 2, their 2x2 packing)."""
         from .flux import PATCH, is_flux_like
 
-        return int(self.configs.get("transformer", {}).get("patch_size") or 1) * (PATCH if is_flux_like(self.family) else 1)
+        return int(self.configs.get("transformer", {}).get("patch_size") or 1) * (
+            PATCH if is_flux_like(self.family) else 1
+        )
 
     @property
     def scheduler_config(self) -> dict[str, Any]:
@@ -85,14 +92,20 @@ class ModelAssets:
     def text_widths(self) -> dict[str, int]:
         """Each text encoder → its width (hidden_size: its token embeddings' too), from its config."""
         encoders = self.family.text_encoders
-        return {n: int(self.configs.get(n, {}).get("hidden_size") or self.family.sizes.text_widths[i]) for i, n in enumerate(encoders)}
+        return {
+            n: int(self.configs.get(n, {}).get("hidden_size") or self.family.sizes.text_widths[i])
+            for i, n in enumerate(encoders)
+        }
 
     def tokenizer_folder(self, text_encoder: str) -> Path:
         """text_encoder → tokenizer, text_encoder_2 → tokenizer_2, text_encoder_3 → tokenizer_3 (diffusers' pairing)."""
         name = "tokenizer" + text_encoder.removeprefix("text_encoder")
         folder = self.folder / name
         if not folder.is_dir():
-            raise ConfigError(f"{self.folder}: the tokenizer folder {name}/ is missing", hint="re-export the model with `enginefarm export`")
+            raise ConfigError(
+                f"{self.folder}: the tokenizer folder {name}/ is missing",
+                hint="re-export the model with `enginefarm export`",
+            )
         return folder
 
 
@@ -100,7 +113,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: unreadable ({type(exc).__name__})", hint="re-export the model with `enginefarm export`") from None
+        raise ConfigError(
+            f"{path}: unreadable ({type(exc).__name__})", hint="re-export the model with `enginefarm export`"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: not a JSON object", hint="re-export the model with `enginefarm export`")
     return data

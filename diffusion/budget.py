@@ -34,7 +34,9 @@ def parse_budget(budget: int | str | None) -> int | None:
 class Residency:
     """The loaded sessions of one pipeline under `budget` bytes, loading with `load(component)`."""
 
-    def __init__(self, budget: int, load: Callable[[str], object], sessions: dict, estimate: Callable[[str], int]) -> None:
+    def __init__(
+        self, budget: int, load: Callable[[str], object], sessions: dict, estimate: Callable[[str], int]
+    ) -> None:
         self.budget = budget
         self._load = load
         self._estimate = estimate
@@ -43,7 +45,9 @@ class Residency:
         self.held: dict[str, int] = {}  # component → bytes it held once loaded here
         self.ran: dict[str, int] = {}  # component → bytes more it held once it had run here (its stage's growth)
         self.loads = 0  # loads done, the first ones included: the cost of the budget is (loads - components) reloads
-        self._stage: tuple[tuple[str, ...], int] | None = None  # the last stage's components, and the RSS they started at
+        self._stage: tuple[tuple[str, ...], int] | None = (
+            None  # the last stage's components, and the RSS they started at
+        )
 
     def need(self, components: tuple[str, ...] | list[str]) -> None:
         """Make every component of a stage loaded, releasing others first when they would not fit beside them."""

@@ -58,27 +58,40 @@ def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Em
 
     if any(n in T5_KEYS for n in names) or not widths:
         held = ", ".join(n for n in names if n in T5_KEYS) or names[0]
-        raise refuse(f"vectors for T5 ({held}): textual inversion reaches the CLIP encoders only" if widths
-                     else f"this model's only text encoder is T5 ({', '.join(t5)}): textual inversion reaches CLIP encoders only",
-                     "use an embedding with clip_l (and clip_g) tensors only" if widths else "load the model without embeddings=")
+        raise refuse(
+            f"vectors for T5 ({held}): textual inversion reaches the CLIP encoders only"
+            if widths
+            else f"this model's only text encoder is T5 ({', '.join(t5)}): textual inversion reaches CLIP encoders only",
+            "use an embedding with clip_l (and clip_g) tensors only"
+            if widths
+            else "load the model without embeddings=",
+        )
     if set(names) == {"clip_l"} and list(widths) == ["text_encoder"]:  # Flux's CLIP-L, named as SDXL's first
         tensors, word = {"text_encoder": "clip_l"}, word or path.stem
     elif set(names) == set(SDXL_KEYS):
         wanted = [n for n in SDXL_KEYS if SDXL_KEYS[n] in widths]
-        if "text_encoder_2" not in widths or set(widths) - set(SDXL_KEYS.values()):  # clip_l alone is not SD 1.x's vectors
-            raise refuse("an SDXL embedding (clip_l + clip_g), for a model with another text encoder",
-                         "use an embedding made for this model's family (SD 1.x/2.x: one tensor)")
+        if "text_encoder_2" not in widths or set(widths) - set(
+            SDXL_KEYS.values()
+        ):  # clip_l alone is not SD 1.x's vectors
+            raise refuse(
+                "an SDXL embedding (clip_l + clip_g), for a model with another text encoder",
+                "use an embedding made for this model's family (SD 1.x/2.x: one tensor)",
+            )
         tensors = {SDXL_KEYS[n]: n for n in wanted}
         word = word or path.stem
     elif len(names) == 1:
         if len(widths) != 1:
-            raise refuse(f"one tensor ({names[0]!r}): an SD 1.x/2.x embedding; this model has {len(widths)} text encoders",
-                         "SDXL embeddings hold clip_l and clip_g")
+            raise refuse(
+                f"one tensor ({names[0]!r}): an SD 1.x/2.x embedding; this model has {len(widths)} text encoders",
+                "SDXL embeddings hold clip_l and clip_g",
+            )
         tensors = {next(iter(widths)): names[0]}
         word = word or (path.stem if names[0] in _ONE_TENSOR_STEM else names[0])
     else:
-        raise refuse(f"not a textual-inversion embedding (tensors {sorted(names)[:4]})",
-                     "an embedding holds one tensor (emb_params, or its word) or SDXL's clip_l and clip_g")
+        raise refuse(
+            f"not a textual-inversion embedding (tensors {sorted(names)[:4]})",
+            "an embedding holds one tensor (emb_params, or its word) or SDXL's clip_l and clip_g",
+        )
     vectors = {}
     for encoder, name in tensors.items():
         entry = st.entries[name]
@@ -87,17 +100,26 @@ def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Em
         value = st.array(name)
         value = value[None] if value.ndim == 1 else value
         if value.ndim != 2 or not 1 <= len(value) <= MAX_VECTORS:
-            raise refuse(f"{name} has shape {list(entry.shape)}; an embedding is [vectors, width] with 1 to {MAX_VECTORS} vectors")
+            raise refuse(
+                f"{name} has shape {list(entry.shape)}; an embedding is [vectors, width] with 1 to {MAX_VECTORS} vectors"
+            )
         if value.shape[1] != widths[encoder]:
-            raise refuse(f"{name} is {value.shape[1]} wide, this model's {encoder} is {widths[encoder]} wide: an embedding for another model",
-                         "SD 1.x embeddings are 768 wide, SD 2.x 1024, SDXL 768 (clip_l) + 1280 (clip_g)")
+            raise refuse(
+                f"{name} is {value.shape[1]} wide, this model's {encoder} is {widths[encoder]} wide: an embedding for another model",
+                "SD 1.x embeddings are 768 wide, SD 2.x 1024, SDXL 768 (clip_l) + 1280 (clip_g)",
+            )
         if not np.isfinite(value).all() or np.abs(value).max() > ABSURD:
-            raise refuse(f"{name} holds non-finite or absurd values (NaN, Inf, or past ±{ABSURD:g})", "re-download the file")
+            raise refuse(
+                f"{name} holds non-finite or absurd values (NaN, Inf, or past ±{ABSURD:g})", "re-download the file"
+            )
         vectors[encoder] = np.ascontiguousarray(value, dtype=np.float32)
     if len({len(v) for v in vectors.values()}) > 1:
         raise refuse(f"its tensors hold different numbers of vectors ({ {k: len(v) for k, v in vectors.items()} })")
     if not isinstance(word, str) or not word.strip() or any(c.isspace() for c in word):
-        raise ConfigError(f"embedding {path}: word {word!r} must be one word without spaces", hint=f'embeddings=[("{path}", "<my-word>")]')
+        raise ConfigError(
+            f"embedding {path}: word {word!r} must be one word without spaces",
+            hint=f'embeddings=[("{path}", "<my-word>")]',
+        )
     return Embedding(path, word, vectors)
 
 
@@ -105,7 +127,10 @@ def _pair(item) -> tuple[str | Path, str]:
     try:
         path, word = item
     except (TypeError, ValueError):
-        raise ConfigError(f"embedding {item!r} is neither a path nor (path, word)", hint='embeddings=["a.safetensors", ("b.safetensors", "<b>")]') from None
+        raise ConfigError(
+            f"embedding {item!r} is neither a path nor (path, word)",
+            hint='embeddings=["a.safetensors", ("b.safetensors", "<b>")]',
+        ) from None
     return path, word
 
 
@@ -126,12 +151,16 @@ class AddedRows:
         added = np.isin(ids, list(self.vectors)) if self.vectors else np.zeros(ids.shape, bool)
         outside = ((ids < 0) | (ids >= self.rows)) & ~added
         if outside.any():
-            raise ConfigError(f"{what}: token ids {sorted(set(ids[outside].tolist()))[:5]} are outside its vocabulary of {self.rows}",
-                              hint="the tokenizer does not belong to this text encoder: re-export the model, or load the embedding that adds them")
+            raise ConfigError(
+                f"{what}: token ids {sorted(set(ids[outside].tolist()))[:5]} are outside its vocabulary of {self.rows}",
+                hint="the tokenizer does not belong to this text encoder: re-export the model, or load the embedding that adds them",
+            )
         if not takes_added:
             if added.any():
-                raise ConfigError(f"{what} was exported before text encoders took added_embeds: it cannot take textual-inversion words",
-                                  hint="re-export the model with this enginefarm (`enginefarm export`) and build it")
+                raise ConfigError(
+                    f"{what} was exported before text encoders took added_embeds: it cannot take textual-inversion words",
+                    hint="re-export the model with this enginefarm (`enginefarm export`) and build it",
+                )
             return {"input_ids": ids}
         order = sorted(self.vectors)
         fed = ids.copy()
@@ -150,8 +179,10 @@ def refuse_known_words(embeddings: list[Embedding], tokenizers) -> None:
     known = [w for w in words if any(t.token_to_id(w) is not None for t in tokenizers)]
     if known or len(set(words)) < len(words):
         clash = known or sorted({w for w in words if words.count(w) > 1})
-        raise ConfigError(f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
-                          hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]')
+        raise ConfigError(
+            f"textual-inversion word(s) {clash[:3]} already in the tokenizer or given twice",
+            hint='choose another word: embeddings=[("file.safetensors", "<my-word>")]',
+        )
 
 
 def expand(prompt: str, embeddings: list[Embedding]) -> str:

@@ -42,13 +42,24 @@ def text_mask(token_mask: np.ndarray) -> np.ndarray:
     return (np.arange(token_mask.shape[1])[None, :] <= lengths).astype(np.float32)
 
 
-def feeds(family, x: np.ndarray, t: float, hidden: np.ndarray, pooled: np.ndarray | None, mask: np.ndarray | None,
-          guidance: float) -> dict[str, np.ndarray]:
+def feeds(
+    family,
+    x: np.ndarray,
+    t: float,
+    hidden: np.ndarray,
+    pooled: np.ndarray | None,
+    mask: np.ndarray | None,
+    guidance: float,
+) -> dict[str, np.ndarray]:
     """The transformer's inputs at one step: the latent, the scheduler's timestep (0…1000; the graph divides it as
     the pipelines do), the T5 states, and by family the pooled CLIP state and the guidance scale (Flux) or the text
     mask (Chroma)."""
     batch = x.shape[0]
-    inputs = {"hidden_states": x.astype(np.float32), "timestep": np.full((batch,), t, np.float32), "encoder_hidden_states": hidden}
+    inputs = {
+        "hidden_states": x.astype(np.float32),
+        "timestep": np.full((batch,), t, np.float32),
+        "encoder_hidden_states": hidden,
+    }
     names = {tensor.name for tensor in family.component("transformer").inputs}
     if "pooled_projections" in names:
         assert pooled is not None, "the family's text encoders give a pooled state"

@@ -18,10 +18,14 @@ def to_nchw(image: np.ndarray, height: int, width: int, what: str) -> np.ndarray
     if array.ndim == 3 and array.shape[-1] == 3:
         array = array.transpose(2, 0, 1)[None]
     if array.ndim != 4 or array.shape[:2] != (1, 3):
-        raise ConfigError(f"{what} has shape {list(np.shape(image))}", hint="give an RGB image as float [height, width, 3] in [0, 1]")
+        raise ConfigError(
+            f"{what} has shape {list(np.shape(image))}", hint="give an RGB image as float [height, width, 3] in [0, 1]"
+        )
     if array.shape[2:] != (height, width):
-        raise ConfigError(f"{what} is {array.shape[3]}×{array.shape[2]}, the image is {width}×{height}",
-                          hint="resize it to the output size, or pass width= and height= to match it")
+        raise ConfigError(
+            f"{what} is {array.shape[3]}×{array.shape[2]}, the image is {width}×{height}",
+            hint="resize it to the output size, or pass width= and height= to match it",
+        )
     return np.ascontiguousarray(array)
 
 
@@ -39,7 +43,9 @@ def write_png(path: str | Path, image: np.ndarray) -> Path:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
+    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(
+        b"IDAT", zlib.compress(rows.tobytes(), 6)
+    )
     path = Path(path)
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + body + chunk(b"IEND", b""))
     return path
@@ -52,14 +58,16 @@ def read_png(path: str | Path) -> np.ndarray:
         raise ConfigError(f"{path}: not a PNG file", hint="give the image as an 8-bit RGB PNG")
     pos, chunks = 8, dict[bytes, bytes]()
     while pos + 8 <= len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind = data[pos + 4:pos + 8]
-        chunks[kind] = chunks.get(kind, b"") + data[pos + 8:pos + 8 + length]
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        chunks[kind] = chunks.get(kind, b"") + data[pos + 8 : pos + 8 + length]
         pos += 12 + length
     width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"][:13])
     if depth != 8 or color not in (2, 6) or interlace:
-        raise ConfigError(f"{path}: a PNG of bit depth {depth}, color type {color}{', interlaced' if interlace else ''}",
-                          hint="give the image as an 8-bit RGB PNG without interlacing")
+        raise ConfigError(
+            f"{path}: a PNG of bit depth {depth}, color type {color}{', interlaced' if interlace else ''}",
+            hint="give the image as an 8-bit RGB PNG without interlacing",
+        )
     channels = 3 if color == 2 else 4
     raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(height, 1 + width * channels)
     out = np.zeros((height, width * channels), np.int32)

@@ -26,14 +26,22 @@ class JointTextEncoder:
         for name in self.present:
             component = self.family.component(name)
             folder = assets.tokenizer_folder(name)
-            self.tokenizers[name] = (T5Tokenizer.from_folder(folder, max_length=self.sizes.text_length(component)) if component.tokenizer == "t5"
-                                     else ClipTokenizer.from_folder(folder))
+            self.tokenizers[name] = (
+                T5Tokenizer.from_folder(folder, max_length=self.sizes.text_length(component))
+                if component.tokenizer == "t5"
+                else ClipTokenizer.from_folder(folder)
+            )
         # the T5 token count a call reads when it does not choose one: the export's default (the profiles' opt)
-        self.default_length = next((self.sizes.text_length(c) for c in self.family.components if c.tokenizer == "t5"), None)
+        self.default_length = next(
+            (self.sizes.text_length(c) for c in self.family.components if c.tokenizer == "t5"), None
+        )
 
         # textual inversion: the CLIP encoders' added words (their rows past each token table); T5 reads them as text
-        self.added = {name: AddedRows(int(assets.configs.get(name, {}).get("vocab_size") or len(self.tokenizers[name])))
-                      for name in self.present if self.family.component(name).tokenizer != "t5"}
+        self.added = {
+            name: AddedRows(int(assets.configs.get(name, {}).get("vocab_size") or len(self.tokenizers[name])))
+            for name in self.present
+            if self.family.component(name).tokenizer != "t5"
+        }
         self.embeddings: list = []
 
     def add_embeddings(self, embeddings: list) -> None:
@@ -52,11 +60,15 @@ class JointTextEncoder:
         text tokens less what the CLIP encoders put there; None when no loaded session says (nothing to check)."""
         bounds = []
         offset = self.sizes.context_for(self.family, 0)
-        for name, input_name, axis_offset in [*((n, "input_ids", 0) for n in self.present if self.family.component(n).tokenizer == "t5"),
-                                              ("transformer", "encoder_hidden_states", offset)]:
+        for name, input_name, axis_offset in [
+            *((n, "input_ids", 0) for n in self.present if self.family.component(n).tokenizer == "t5"),
+            ("transformer", "encoder_hidden_states", offset),
+        ]:
             profile = getattr(getattr(self.sessions.get(name), "artifact", None), "profile", None) or {}
             if input_name in profile:
-                bounds.append((profile[input_name]["min"][1] - axis_offset, profile[input_name]["max"][1] - axis_offset))
+                bounds.append(
+                    (profile[input_name]["min"][1] - axis_offset, profile[input_name]["max"][1] - axis_offset)
+                )
         return (max(b[0] for b in bounds), min(b[1] for b in bounds)) if bounds else None
 
     def text_length(self, asked: int | None) -> int:
@@ -67,8 +79,10 @@ class JointTextEncoder:
             raise ConfigError(f"max_sequence_length={asked!r}", hint="a positive number of T5 tokens, e.g. 256 or 512")
         bounds = self.length_bounds()
         if bounds is not None and not bounds[0] <= length <= bounds[1]:
-            raise ConfigError(f"max_sequence_length={length} is outside what {self.family.title}'s engines were built for ({bounds[0]}..{bounds[1]} T5 tokens)",
-                              hint=f"use {bounds[0]}..{bounds[1]}, or export with --text-length MIN,OPT,MAX and rebuild")
+            raise ConfigError(
+                f"max_sequence_length={length} is outside what {self.family.title}'s engines were built for ({bounds[0]}..{bounds[1]} T5 tokens)",
+                hint=f"use {bounds[0]}..{bounds[1]}, or export with --text-length MIN,OPT,MAX and rebuild",
+            )
         return length
 
     def _outputs(self, name: str, prompts: list[str], length: int) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -78,19 +92,31 @@ class JointTextEncoder:
         tokens = length if component.tokenizer == "t5" else self.sizes.text_length(component)
         if name not in self.present:
             hidden = np.zeros((len(prompts), tokens, self.sizes.text_widths[component.text_index]), np.float32)
-            pooled = np.zeros((len(prompts), self.sizes.projection_widths[component.text_index]), np.float32) if self.sizes.projection_widths else None
+            pooled = (
+                np.zeros((len(prompts), self.sizes.projection_widths[component.text_index]), np.float32)
+                if self.sizes.projection_widths
+                else None
+            )
             return hidden, pooled
         inputs = {t.name for t in component.inputs}
-        if name in self.added:  # a multi-vector word becomes its n words where this tokenizer knows them (diffusers' maybe_convert_prompt)
+        if (
+            name in self.added
+        ):  # a multi-vector word becomes its n words where this tokenizer knows them (diffusers' maybe_convert_prompt)
             prompts = [expand(p, [e for e in self.embeddings if name in e.vectors]) for p in prompts]
-        ids = self.tokenizers[name](prompts, max_length=tokens) if component.tokenizer == "t5" else self.tokenizers[name](prompts)
+        ids = (
+            self.tokenizers[name](prompts, max_length=tokens)
+            if component.tokenizer == "t5"
+            else self.tokenizers[name](prompts)
+        )
         feeds = {"input_ids": ids}
         if ADDED_EMBEDS in inputs and name in self.added:  # the CLIP encoders' rows for added words
             feeds = self.added[name].feeds(ids, self.sizes.value("text_width", component), True, name)
         if "attention_mask" in inputs:  # Chroma's T5 reads the tokenizer's mask
             feeds["attention_mask"] = self.token_masks[name] = (ids != self.tokenizers[name].pad_id).astype(np.int64)
         outputs = self.sessions[name].run(feeds)
-        hidden = next((outputs[t.name] for t in component.outputs if len(t.shape) == 3), None)  # Flux's CLIP gives only its pooled state
+        hidden = next(
+            (outputs[t.name] for t in component.outputs if len(t.shape) == 3), None
+        )  # Flux's CLIP gives only its pooled state
         pooled = next((outputs[t.name] for t in component.outputs if len(t.shape) == 2), None)
         return hidden, pooled
 
@@ -106,12 +132,16 @@ class JointTextEncoder:
             pad = self.sizes.cross_attention_dim - side_by_side.shape[-1]
             parts.append(np.pad(side_by_side, ((0, 0), (0, 0), (0, pad))))
         parts += [outputs[n][0] for n in joint.tokens]
-        pooled = np.concatenate([outputs[n][1] for n in joint.pooled], axis=-1).astype(np.float32) if joint.pooled else None
+        pooled = (
+            np.concatenate([outputs[n][1] for n in joint.pooled], axis=-1).astype(np.float32) if joint.pooled else None
+        )
         # Chroma: the transformer attends the prompt's tokens and the first padding one (flux.text_mask)
         mask = text_mask(next(iter(self.token_masks.values()))) if self.token_masks else None
         return TextConditioning(np.concatenate(parts, axis=1).astype(np.float32), pooled, mask)
 
-    def encode_pair(self, prompt: str, negative_prompt: str | None, guidance: bool, max_sequence_length: int | None = None) -> TextConditioning:
+    def encode_pair(
+        self, prompt: str, negative_prompt: str | None, guidance: bool, max_sequence_length: int | None = None
+    ) -> TextConditioning:
         """[negative, positive] under classifier-free guidance (a None negative is the empty prompt, encoded), else
         the positive alone; T5 reads `max_sequence_length` tokens (default: the export's)."""
         return self.encode([negative_prompt or "", prompt] if guidance else [prompt], max_sequence_length)

@@ -37,8 +37,14 @@ StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 class Pipeline:
     """A model's components as loaded sessions, with its assets (tokenizers, scheduler config, configs)."""
 
-    def __init__(self, name: str, assets: ModelAssets, sessions: dict, controlnet: str | None = None,
-                 load_component: Callable[[str], object] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        assets: ModelAssets,
+        sessions: dict,
+        controlnet: str | None = None,
+        load_component: Callable[[str], object] | None = None,
+    ) -> None:
         self.name = name
         self._load_component = load_component  # for what only some calls need (the VAE encoder: image to image)
         self.assets = assets
@@ -51,15 +57,31 @@ class Pipeline:
         self.vae_tiling: Tiling | None = None  # once enable_vae_tiling() is called
         self.residency: Residency | None = None  # when loaded with a memory budget
         self.closed = False
-        self.bind_steps = True  # the step loop's fixed inputs bound once (diffusion/denoiser.py); False: Session.run each step
+        self.bind_steps = (
+            True  # the step loop's fixed inputs bound once (diffusion/denoiser.py); False: Session.run each step
+        )
         self._load_timings: dict[str, float] = {}
         self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
 
     @classmethod
-    def load(cls, name: str, *, store: str | None = None, precision: str | None = None, target: str | None = None,
-             device: str = "auto", controlnet: bool = False, assets: str | Path | None = None, version: str | None = None,
-             weights: str | Path | None = None, vae: str | Path | None = None, loras=(), embeddings=(), progress=None,
-             memory_budget: int | str | None = None) -> Pipeline:
+    def load(
+        cls,
+        name: str,
+        *,
+        store: str | None = None,
+        precision: str | None = None,
+        target: str | None = None,
+        device: str = "auto",
+        controlnet: bool = False,
+        assets: str | Path | None = None,
+        version: str | None = None,
+        weights: str | Path | None = None,
+        vae: str | Path | None = None,
+        loras=(),
+        embeddings=(),
+        progress=None,
+        memory_budget: int | str | None = None,
+    ) -> Pipeline:
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
@@ -105,26 +127,47 @@ class Pipeline:
 
         def chosen_precision(component: str) -> str | None:
             spec = family.component(component)
-            return precision if precision is None or spec.precisions is None or precision in spec.precisions else spec.precisions[0]
+            return (
+                precision
+                if precision is None or spec.precisions is None or precision in spec.precisions
+                else spec.precisions[0]
+            )
 
         def _estimate(component: str) -> int:
             from enginefarm.runner.load import fetch
 
-            manifest, _, _ = fetch(f"{name}/{component}", precision=chosen_precision(component), device=device, store=store, target=target,
-                                   version=version)
+            manifest, _, _ = fetch(
+                f"{name}/{component}",
+                precision=chosen_precision(component),
+                device=device,
+                store=store,
+                target=target,
+                version=version,
+            )
             return artifact_bytes(manifest)
 
         def load_component(component: str):
             chosen = chosen_precision(component)
             start = time.perf_counter()
-            session = load_session(f"{name}/{component}", precision=chosen, device=device, store=store, target=target, progress=progress,
-                                  version=version, weights=files.get(component), loras=dealt.get(component, ()))
+            session = load_session(
+                f"{name}/{component}",
+                precision=chosen,
+                device=device,
+                store=store,
+                target=target,
+                progress=progress,
+                version=version,
+                weights=files.get(component),
+                loras=dealt.get(component, ()),
+            )
             timings[f"load {component}"] = time.perf_counter() - start
             return session
 
         wanted = _components(found, controlnet)
         sessions = {component: load_component(component) for component in wanted} if budget is None else {}
-        pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component)
+        pipe = cls(
+            name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component
+        )
         pipe.prompts.add_embeddings(read)
         pipe.timings = pipe._load_timings = timings
         pipe.notes = [ignored] if ignored else []
@@ -146,7 +189,9 @@ class Pipeline:
         sizes past the decoder's profile decode too."""
         from .tiles import Tiling
 
-        self.vae_tiling = Tiling.from_vae(self.assets.configs.get("vae", {}), self.vae_scale_factor, tile_pixels, overlap)
+        self.vae_tiling = Tiling.from_vae(
+            self.assets.configs.get("vae", {}), self.vae_scale_factor, tile_pixels, overlap
+        )
 
     def disable_vae_tiling(self) -> None:
         self.vae_tiling = None
@@ -183,14 +228,32 @@ class Pipeline:
 
     # -- one image
 
-    def __call__(self, prompt: str, negative_prompt: str | None = None, *, steps: int | None = None, guidance_scale: float | None = None,
-                 width: int | None = None, height: int | None = None, seed: int = 0, latents: np.ndarray | None = None,
-                 scheduler: str | None = None, image: np.ndarray | None = None, strength: float = 0.8,
-                 control_image: np.ndarray | None = None, controlnet_conditioning_scale: float = 1.0,
-                 original_size: tuple[int, int] | None = None, crops_coords_top_left: tuple[int, int] = (0, 0),
-                 target_size: tuple[int, int] | None = None, aesthetic_score: float = 6.0, negative_aesthetic_score: float = 2.5,
-                 output_type: str = "np", on_step: StepCallback | None = None, step_noise: list[np.ndarray] | None = None,
-                 max_sequence_length: int | None = None) -> np.ndarray:
+    def __call__(
+        self,
+        prompt: str,
+        negative_prompt: str | None = None,
+        *,
+        steps: int | None = None,
+        guidance_scale: float | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        seed: int = 0,
+        latents: np.ndarray | None = None,
+        scheduler: str | None = None,
+        image: np.ndarray | None = None,
+        strength: float = 0.8,
+        control_image: np.ndarray | None = None,
+        controlnet_conditioning_scale: float = 1.0,
+        original_size: tuple[int, int] | None = None,
+        crops_coords_top_left: tuple[int, int] = (0, 0),
+        target_size: tuple[int, int] | None = None,
+        aesthetic_score: float = 6.0,
+        negative_aesthetic_score: float = 2.5,
+        output_type: str = "np",
+        on_step: StepCallback | None = None,
+        step_noise: list[np.ndarray] | None = None,
+        max_sequence_length: int | None = None,
+    ) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
         steps: default the family's (25; Flux schnell, distilled: 4). latents: the starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as diffusers
@@ -212,15 +275,19 @@ class Pipeline:
         if steps < 1:
             raise ConfigError(f"steps={steps}", hint="use one step or more")
         if max_sequence_length is not None and not self.transformer:
-            raise ConfigError(f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads CLIP's 77 tokens",
-                              hint="leave max_sequence_length out")
+            raise ConfigError(
+                f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads CLIP's 77 tokens",
+                hint="leave max_sequence_length out",
+            )
         timings: dict[str, float] = {}
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         multiple = factor * self.assets.patch_size  # a transformer's latent is cut into patches
         if height % multiple or width % multiple:
-            raise ConfigError(f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}")
+            raise ConfigError(
+                f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}"
+            )
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         rng = np.random.default_rng(seed)
         sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=np.random.default_rng([seed, 1]))
@@ -232,8 +299,11 @@ class Pipeline:
 
         start = time.perf_counter()
         self._stage(self._text_encoders())
-        text = (self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length)
-                if isinstance(self.prompts, JointTextEncoder) else self.prompts.encode_pair(prompt, negative_prompt, use_guidance))
+        text = (
+            self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length)
+            if isinstance(self.prompts, JointTextEncoder)
+            else self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
+        )
         timings["text"] = time.perf_counter() - start
 
         shape = (1, self.latent_channels, height // factor, width // factor)
@@ -242,7 +312,9 @@ class Pipeline:
             if flux.is_flux_like(self.family):
                 flux.set_timesteps(sched, steps, strength if image is not None else 1.0, shape)
             else:
-                transformer_step.set_timesteps(sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size)
+                transformer_step.set_timesteps(
+                    sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size
+                )
         else:
             sched.set_timesteps(steps, strength if image is not None else 1.0)
         if image is not None:  # set_timesteps refused a strength that leaves no step
@@ -252,41 +324,87 @@ class Pipeline:
         else:
             x = (noise * np.float32(sched.init_noise_sigma)).astype(np.float32)
 
-        extra = self._added_conditioning(height, width, original_size, crops_coords_top_left, target_size, aesthetic_score,
-                                         negative_aesthetic_score, text, use_guidance)
+        extra = self._added_conditioning(
+            height,
+            width,
+            original_size,
+            crops_coords_top_left,
+            target_size,
+            aesthetic_score,
+            negative_aesthetic_score,
+            text,
+            use_guidance,
+        )
         if control is not None and use_guidance:
             control = np.concatenate([control, control])
 
         start = time.perf_counter()
         self._stage(self._denoisers())
         total = len(sched.timesteps)
-        with BoundDenoiser(self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps) as denoiser:
-            x = self._denoise_loop(sched, x, text, extra, control, controlnet_conditioning_scale, guidance, use_guidance, denoiser,
-                                   step_noise, on_step)
+        with BoundDenoiser(
+            self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps
+        ) as denoiser:
+            x = self._denoise_loop(
+                sched,
+                x,
+                text,
+                extra,
+                control,
+                controlnet_conditioning_scale,
+                guidance,
+                use_guidance,
+                denoiser,
+                step_noise,
+                on_step,
+            )
         timings["denoise"] = time.perf_counter() - start
         timings["steps"] = total
         self.timings = {**self._load_timings, **timings}
         if output_type == "latent":
             return x
         start = time.perf_counter()
-        latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(np.float32)
+        latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(
+            np.float32
+        )
         decoded = self._vae("vae_decoder", "latent_sample", "sample", latent)
         self.timings["decode"] = time.perf_counter() - start
         return to_image(decoded)
 
-    def _denoise_loop(self, sched, x, text, extra, control, controlnet_conditioning_scale, guidance, use_guidance, denoiser,
-                      step_noise, on_step) -> np.ndarray:
+    def _denoise_loop(
+        self,
+        sched,
+        x,
+        text,
+        extra,
+        control,
+        controlnet_conditioning_scale,
+        guidance,
+        use_guidance,
+        denoiser,
+        step_noise,
+        on_step,
+    ) -> np.ndarray:
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
             x_in = np.concatenate([x, x]) if use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
             if self.transformer:
-                feeds = (flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance) if flux.is_flux_like(self.family)
-                         else transformer_step.feeds(x_in, t, text))
+                feeds = (
+                    flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance)
+                    if flux.is_flux_like(self.family)
+                    else transformer_step.feeds(x_in, t, text)
+                )
                 predicted = denoiser(feeds)
             else:
-                feeds = {"sample": x_in, "timestep": np.full((x_in.shape[0],), t, np.float32), "encoder_hidden_states": text.hidden, **extra}
-                predicted = denoiser(feeds) if control is None else self._denoise(feeds, control, controlnet_conditioning_scale)
+                feeds = {
+                    "sample": x_in,
+                    "timestep": np.full((x_in.shape[0],), t, np.float32),
+                    "encoder_hidden_states": text.hidden,
+                    **extra,
+                }
+                predicted = (
+                    denoiser(feeds) if control is None else self._denoise(feeds, control, controlnet_conditioning_scale)
+                )
             if use_guidance:
                 uncond, cond = predicted[:1], predicted[1:]
                 predicted = uncond + np.float32(guidance) * (cond - uncond)
@@ -312,24 +430,33 @@ class Pipeline:
             return rng.standard_normal(shape).astype(np.float32)
         latents = np.asarray(latents, dtype=np.float32)
         if latents.shape != shape:
-            raise ConfigError(f"latents have shape {list(latents.shape)}, this image needs {list(shape)}",
-                              hint="latents are [1, channels, height / f, width / f] for an image of height × width")
+            raise ConfigError(
+                f"latents have shape {list(latents.shape)}, this image needs {list(shape)}",
+                hint="latents are [1, channels, height / f, width / f] for an image of height × width",
+            )
         return latents
 
     def _control(self, control_image: np.ndarray | None, height: int, width: int) -> np.ndarray | None:
         if self.controlnet is None:
             if control_image is not None:
-                raise ConfigError("control_image= needs the ControlNet", hint=f"Pipeline.load({self.name!r}, controlnet=True)")
+                raise ConfigError(
+                    "control_image= needs the ControlNet", hint=f"Pipeline.load({self.name!r}, controlnet=True)"
+                )
             return None
         if control_image is None:
-            raise ConfigError("this pipeline was loaded with a ControlNet: give control_image=", hint="or load it without controlnet=True")
+            raise ConfigError(
+                "this pipeline was loaded with a ControlNet: give control_image=",
+                hint="or load it without controlnet=True",
+            )
         return to_nchw(control_image, height, width, "control_image")
 
     def _encode_image(self, image: np.ndarray, height: int, width: int) -> np.ndarray:
         pixels = to_nchw(image, height, width, "image") * 2 - 1
         moments = self._vae("vae_encoder", "sample", "latent_parameters", pixels.astype(np.float32))
         mean = moments[:, : moments.shape[1] // 2]
-        return ((mean - np.float32(self.assets.vae_shift_factor)) * np.float32(self.assets.vae_scaling_factor)).astype(np.float32)
+        return ((mean - np.float32(self.assets.vae_shift_factor)) * np.float32(self.assets.vae_scaling_factor)).astype(
+            np.float32
+        )
 
     def _vae(self, component: str, input_name: str, output_name: str, x: np.ndarray) -> np.ndarray:
         """One VAE run, in tiles when tiling is on and `x` is larger than a tile."""
@@ -347,8 +474,18 @@ class Pipeline:
         assert tiling is not None  # a tile size came from it
         return (tiles.decode if component == "vae_decoder" else tiles.encode)(run, x, tiling, min_tile)
 
-    def _added_conditioning(self, height, width, original_size, crops, target_size, aesthetic, negative_aesthetic,
-                            text: TextConditioning, use_guidance: bool) -> dict[str, np.ndarray]:
+    def _added_conditioning(
+        self,
+        height,
+        width,
+        original_size,
+        crops,
+        target_size,
+        aesthetic,
+        negative_aesthetic,
+        text: TextConditioning,
+        use_guidance: bool,
+    ) -> dict[str, np.ndarray]:
         """SDXL's pooled text and micro-conditioning time ids ([negative, positive] under guidance)."""
         if not self.family.time_ids:
             return {}
@@ -366,7 +503,9 @@ class Pipeline:
             return self.sessions["unet"].run(feeds)["out_sample"]
         residuals = self.sessions["controlnet"].run({**feeds, "controlnet_cond": control})
         for name, value in residuals.items():
-            key = name.replace("down_block_res_sample_", "down_block_additional_residual_").replace("mid_block_res_sample", "mid_block_additional_residual")
+            key = name.replace("down_block_res_sample_", "down_block_additional_residual_").replace(
+                "mid_block_res_sample", "mid_block_additional_residual"
+            )
             feeds[key] = (value * np.float32(scale)).astype(np.float32)
         return self.sessions["unet_controlnet"].run(feeds)["out_sample"]
 
@@ -375,7 +514,9 @@ def _read_embeddings(embeddings, assets: ModelAssets) -> list:
     from .embeddings import read_embedding
 
     if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
-        raise ConfigError(f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]')
+        raise ConfigError(
+            f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]'
+        )
     t5 = tuple(n for n in assets.family.text_encoders if assets.family.component(n).tokenizer == "t5")
     clips = {n: w for n, w in assets.text_widths.items() if n not in t5}
     return [read_embedding(item, clips, t5) for item in embeddings or ()]
@@ -388,8 +529,10 @@ def _fetch_assets(name: str, store: str | None, device: str, version: str | None
     try:
         _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
     except ArtifactNotFoundError as exc:
-        raise ConfigError(f"{name} has no assets in the store ({exc})",
-                          hint="build its recipe with `[model] assets = \"assets\"` (what `enginefarm export` writes), or pass assets=FOLDER") from None
+        raise ConfigError(
+            f"{name} has no assets in the store ({exc})",
+            hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass assets=FOLDER',
+        ) from None
     return folder
 
 
@@ -398,11 +541,16 @@ def _components(assets: ModelAssets, controlnet: bool) -> list[str]:
     names = [name for name in family.text_encoders if name in assets.components]  # SD3 may ship without T5
     if family.denoiser == "transformer":
         if controlnet:
-            raise ConfigError(f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True")
+            raise ConfigError(
+                f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True"
+            )
         return names + ["transformer", "vae_decoder"]
     if controlnet:
         if not family.is_controlnet:
-            raise ConfigError(f"{family.title} has no ControlNet in this model", hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)")
+            raise ConfigError(
+                f"{family.title} has no ControlNet in this model",
+                hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)",
+            )
         names += ["controlnet", "unet_controlnet"]
     else:
         names.append("unet")

@@ -26,12 +26,16 @@ class PromptEncoder:
 
         self.family = assets.family
         self.sessions = sessions
-        self.tokenizers = {name: ClipTokenizer.from_folder(assets.tokenizer_folder(name)) for name in self.family.text_encoders}
+        self.tokenizers = {
+            name: ClipTokenizer.from_folder(assets.tokenizer_folder(name)) for name in self.family.text_encoders
+        }
         self.zeros_for_empty = assets.force_zeros_for_empty_prompt
         configs = {name: assets.configs.get(name, {}) for name in self.family.text_encoders}
         # each encoder's token table, from its config: ids below it are its vocabulary
         self.widths = assets.text_widths
-        self.added = {name: AddedRows(int(c.get("vocab_size") or len(self.tokenizers[name]))) for name, c in configs.items()}
+        self.added = {
+            name: AddedRows(int(c.get("vocab_size") or len(self.tokenizers[name]))) for name, c in configs.items()
+        }
         self.embeddings: list[Embedding] = []
 
     def add_embeddings(self, embeddings: list[Embedding]) -> None:
@@ -51,7 +55,9 @@ class PromptEncoder:
         prompts = [expand(p, self.embeddings) for p in prompts]
         for name in self.family.text_encoders:
             session = self.sessions[name]
-            feeds = self.added[name].feeds(self.tokenizers[name](prompts), self.widths[name], ADDED_EMBEDS in session.input_names, name)
+            feeds = self.added[name].feeds(
+                self.tokenizers[name](prompts), self.widths[name], ADDED_EMBEDS in session.input_names, name
+            )
             outputs = session.run(feeds)
             hidden.append(outputs[self.family.prompt_output])
             if self.family.pooled_output and name == self.family.text_encoders[-1]:
@@ -67,6 +73,8 @@ class PromptEncoder:
         if negative_prompt is None and self.zeros_for_empty:
             positive = self.encode([prompt])
             pooled = positive.pooled
-            return TextConditioning(np.concatenate([np.zeros_like(positive.hidden), positive.hidden]),
-                                    None if pooled is None else np.concatenate([np.zeros_like(pooled), pooled]))
+            return TextConditioning(
+                np.concatenate([np.zeros_like(positive.hidden), positive.hidden]),
+                None if pooled is None else np.concatenate([np.zeros_like(pooled), pooled]),
+            )
         return self.encode([negative_prompt or "", prompt])

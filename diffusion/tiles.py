@@ -33,10 +33,14 @@ class Tiling:
         size = tile_pixels or vae_config.get("sample_size") or 512
         size = int(size[0] if isinstance(size, (list, tuple)) else size)
         if size % scale_factor or size < 2 * scale_factor:
-            raise ConfigError(f"VAE tiles of {size} pixels: not a multiple of {scale_factor} of at least {2 * scale_factor}",
-                              hint="tile_pixels=512 suits most VAEs (their training size)")
+            raise ConfigError(
+                f"VAE tiles of {size} pixels: not a multiple of {scale_factor} of at least {2 * scale_factor}",
+                hint="tile_pixels=512 suits most VAEs (their training size)",
+            )
         if not 0 <= overlap < 1:
-            raise ConfigError(f"tile overlap {overlap}: not a fraction in [0, 1)", hint="overlap=0.25 is diffusers' default")
+            raise ConfigError(
+                f"tile overlap {overlap}: not a fraction in [0, 1)", hint="overlap=0.25 is diffusers' default"
+            )
         return cls(size, size // scale_factor, overlap)
 
 
@@ -61,7 +65,9 @@ def _tiled(run: Run, x: np.ndarray, tile: int, out_tile: int, overlap: float, mi
     keep = out_tile - blend
     scale = out_tile / tile
     height, width = x.shape[2:]
-    rows = [[_one(run, x, i, j, tile, min_tile, scale) for j in range(0, width, stride)] for i in range(0, height, stride)]
+    rows = [
+        [_one(run, x, i, j, tile, min_tile, scale) for j in range(0, width, stride)] for i in range(0, height, stride)
+    ]
     for i, row in enumerate(rows):
         for j, current in enumerate(row):
             if i > 0:

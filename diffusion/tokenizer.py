@@ -32,8 +32,9 @@ def _tokenizers():
     try:
         import tokenizers
     except ImportError:
-        raise ConfigError("the tokenizers package is not installed",
-                          hint="pip install 'enginefarm[diffusion]'") from None
+        raise ConfigError(
+            "the tokenizers package is not installed", hint="pip install 'enginefarm[diffusion]'"
+        ) from None
     return tokenizers
 
 
@@ -77,15 +78,22 @@ class _FolderConfig:
             token = _added_token(tk, spec, special=bool(spec.get("special")))
             (tokenizer.add_special_tokens if spec.get("special") else tokenizer.add_tokens)([token])
             if tokenizer.token_to_id(spec["content"]) != idx:
-                raise SourceError(f"tokenizer_config.json puts {spec['content']!r} at id {idx}, "
-                                  f"the vocabulary at {tokenizer.token_to_id(spec['content'])}",
-                                  hint="the tokenizer folder is inconsistent; re-export the model")
+                raise SourceError(
+                    f"tokenizer_config.json puts {spec['content']!r} at id {idx}, "
+                    f"the vocabulary at {tokenizer.token_to_id(spec['content'])}",
+                    hint="the tokenizer folder is inconsistent; re-export the model",
+                )
 
 
 def _added_token(tk, spec: dict, *, special: bool):
-    return tk.AddedToken(spec["content"], single_word=bool(spec.get("single_word", False)),
-                         lstrip=bool(spec.get("lstrip", False)), rstrip=bool(spec.get("rstrip", False)),
-                         normalized=bool(spec.get("normalized", False)), special=special)
+    return tk.AddedToken(
+        spec["content"],
+        single_word=bool(spec.get("single_word", False)),
+        lstrip=bool(spec.get("lstrip", False)),
+        rstrip=bool(spec.get("rstrip", False)),
+        normalized=bool(spec.get("normalized", False)),
+        special=special,
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -132,7 +140,7 @@ class _Tokenizer:
         out = np.full((len(texts), length), self.pad_id, dtype=np.int64)
         for row, encoding in enumerate(self.backend.encode_batch(list(texts), add_special_tokens=False)):
             ids = head + encoding.ids[:room] + [self.eos_id]
-            out[row, :len(ids)] = ids
+            out[row, : len(ids)] = ids
         return out
 
     def add_tokens(self, tokens: Sequence[str]) -> list[int]:
@@ -162,27 +170,42 @@ class ClipTokenizer(_Tokenizer):
         elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
             backend = _clip_backend(tk, folder, unk or "<|endoftext|>")
         else:
-            raise SourceError(f"{folder}: no tokenizer.json, nor vocab.json and merges.txt",
-                              hint="point at the pipeline's tokenizer folder")
+            raise SourceError(
+                f"{folder}: no tokenizer.json, nor vocab.json and merges.txt",
+                hint="point at the pipeline's tokenizer folder",
+            )
         cfg.register(backend)
         ids = {name: backend.token_to_id(tok) for name, tok in (("bos", bos), ("eos", eos), ("pad", pad))}
         missing = [name for name, i in ids.items() if i is None]
         if missing:
-            raise SourceError(f"{folder}: the {', '.join(missing)} token is not in the vocabulary",
-                              hint="the tokenizer folder is inconsistent; re-export the model")
-        return cls(backend, max_length=cfg.max_length(CLIP_MAX_LENGTH), bos_id=ids["bos"], eos_id=ids["eos"],
-                   pad_id=ids["pad"])
+            raise SourceError(
+                f"{folder}: the {', '.join(missing)} token is not in the vocabulary",
+                hint="the tokenizer folder is inconsistent; re-export the model",
+            )
+        return cls(
+            backend, max_length=cfg.max_length(CLIP_MAX_LENGTH), bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"]
+        )
 
 
 def _clip_backend(tk, folder: Path, unk: str):
-    model = tk.models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"), unk_token=unk,
-                                    continuing_subword_prefix="", end_of_word_suffix="</w>", fuse_unk=False)
+    model = tk.models.BPE.from_file(
+        str(folder / "vocab.json"),
+        str(folder / "merges.txt"),
+        unk_token=unk,
+        continuing_subword_prefix="",
+        end_of_word_suffix="</w>",
+        fuse_unk=False,
+    )
     backend = tk.Tokenizer(model)
-    backend.normalizer = tk.normalizers.Sequence([
-        tk.normalizers.NFC(), tk.normalizers.Replace(tk.Regex(r"\s+"), " "), tk.normalizers.Lowercase()])
-    backend.pre_tokenizer = tk.pre_tokenizers.Sequence([
-        tk.pre_tokenizers.Split(tk.Regex(_CLIP_WORDS), behavior="removed", invert=True),
-        tk.pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    backend.normalizer = tk.normalizers.Sequence(
+        [tk.normalizers.NFC(), tk.normalizers.Replace(tk.Regex(r"\s+"), " "), tk.normalizers.Lowercase()]
+    )
+    backend.pre_tokenizer = tk.pre_tokenizers.Sequence(
+        [
+            tk.pre_tokenizers.Split(tk.Regex(_CLIP_WORDS), behavior="removed", invert=True),
+            tk.pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     backend.decoder = tk.decoders.ByteLevel()
     return backend
 
@@ -196,14 +219,21 @@ class T5Tokenizer(_Tokenizer):
         tk = _tokenizers()
         folder = Path(folder)
         if not (folder / "tokenizer.json").is_file():
-            hint = ("only tokenizer.json is read (spiece.model would need sentencepiece); re-save the tokenizer with "
-                    "transformers' save_pretrained")
+            hint = (
+                "only tokenizer.json is read (spiece.model would need sentencepiece); re-save the tokenizer with "
+                "transformers' save_pretrained"
+            )
             raise SourceError(f"{folder}: no tokenizer.json", hint=hint)
         cfg = _FolderConfig(folder)
         backend = tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
         cfg.register(backend)
-        eos, pad = backend.token_to_id(cfg.token("eos_token", "</s>")), backend.token_to_id(cfg.token("pad_token", "<pad>"))
+        eos, pad = (
+            backend.token_to_id(cfg.token("eos_token", "</s>")),
+            backend.token_to_id(cfg.token("pad_token", "<pad>")),
+        )
         if eos is None or pad is None:
-            raise SourceError(f"{folder}: the end or pad token is not in the vocabulary",
-                              hint="the tokenizer folder is inconsistent; re-export the model")
+            raise SourceError(
+                f"{folder}: the end or pad token is not in the vocabulary",
+                hint="the tokenizer folder is inconsistent; re-export the model",
+            )
         return cls(backend, max_length=max_length or cfg.max_length(512), bos_id=None, eos_id=eos, pad_id=pad)

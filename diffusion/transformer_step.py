@@ -16,8 +16,10 @@ FLOW_SCHEDULERS = ("FlowMatchEulerDiscreteScheduler",)
 def check_scheduler(sched) -> None:
     """A flow-matching model predicts a velocity: only a flow-matching scheduler can step with it."""
     if type(sched).__name__ not in FLOW_SCHEDULERS:
-        raise ConfigError(f"{type(sched).__name__} cannot sample a flow-matching model",
-                          hint="leave scheduler= out (the model's FlowMatchEulerDiscreteScheduler), or use \"flow_euler\"")
+        raise ConfigError(
+            f"{type(sched).__name__} cannot sample a flow-matching model",
+            hint='leave scheduler= out (the model\'s FlowMatchEulerDiscreteScheduler), or use "flow_euler"',
+        )
 
 
 def set_timesteps(sched, steps: int, strength: float, latent_shape: tuple[int, ...], patch_size: int) -> None:
@@ -37,6 +39,9 @@ def feeds(x: np.ndarray, t: float, text: TextConditioning) -> dict[str, np.ndarr
     pooled text."""
     batch = x.shape[0]
     assert text.pooled is not None, "SD3's text encoders give a pooled state"
-    return {"hidden_states": x.astype(np.float32), "timestep": np.full((batch,), t, np.float32),
-            "encoder_hidden_states": text.hidden, "pooled_projections": text.pooled.astype(np.float32)}
-
+    return {
+        "hidden_states": x.astype(np.float32),
+        "timestep": np.full((batch,), t, np.float32),
+        "encoder_hidden_states": text.hidden,
+        "pooled_projections": text.pooled.astype(np.float32),
+    }

@@ -38,10 +38,22 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def load(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, weights: str | Path | None = None,
-         loras=(), *, recipe: str | Path | None = None, target: str | None = None, progress: ProgressLike = None,
-         settings: Settings | None = None, channel: str | None = None, trusted_root: str | Path | None = None,
-         version: str | None = None) -> Session:
+def load(
+    ref: str,
+    precision: str | None = None,
+    device: str = "auto",
+    store: str | None = None,
+    weights: str | Path | None = None,
+    loras=(),
+    *,
+    recipe: str | Path | None = None,
+    target: str | None = None,
+    progress: ProgressLike = None,
+    settings: Settings | None = None,
+    channel: str | None = None,
+    trusted_root: str | Path | None = None,
+    version: str | None = None,
+) -> Session:
     """The best artifact of `ref` ("model/component") for this device, verified and loaded; close it (or use it in a
     `with` block) to give its memory back.
 
@@ -56,8 +68,21 @@ def load(ref: str, precision: str | None = None, device: str = "auto", store: st
     """
     from enginefarm.runner.load import load as _load
 
-    return _load(ref, precision, device, store, weights, loras, recipe=recipe, target=target, progress=progress, settings=settings,
-                 channel=channel, trusted_root=trusted_root, version=version)
+    return _load(
+        ref,
+        precision,
+        device,
+        store,
+        weights,
+        loras,
+        recipe=recipe,
+        target=target,
+        progress=progress,
+        settings=settings,
+        channel=channel,
+        trusted_root=trusted_root,
+        version=version,
+    )
 
 
 def __getattr__(name: str):
@@ -73,5 +98,19 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'enginefarm' has no attribute {name!r}")
 
 
-__all__ = ["ArtifactNotFoundError", "ConfigError", "DiskFullError", "EnginefarmError", "IntegrityError", "OfflineError", "Pipeline",
-           "Session", "SessionClosed", "StoreError", "TrustError", "WeightsError", "__version__", "load"]
+__all__ = [
+    "ArtifactNotFoundError",
+    "ConfigError",
+    "DiskFullError",
+    "EnginefarmError",
+    "IntegrityError",
+    "OfflineError",
+    "Pipeline",
+    "Session",
+    "SessionClosed",
+    "StoreError",
+    "TrustError",
+    "WeightsError",
+    "__version__",
+    "load",
+]

@@ -49,9 +49,26 @@ NOT_RUNTIME = ("cli*.py", "bundle*.py")  # the command (click, rich) and the bun
 SUPPORT: dict[str, BundleSpec] = {
     # Tests, f2py, the typing stubs, headers, static libraries, Cython declarations and the PyInstaller hooks are for
     # developing against numpy; `import numpy` and the array code never load them.
-    "numpy": BundleSpec(("numpy",), drop=("*/tests/*", "numpy/f2py/*", "numpy/typing/*", "numpy/_typing/*.pyi", "numpy/_pyinstaller/*",
-                                          "numpy/distutils/*", "numpy/_core/include/*", "numpy/_core/lib/*", "*.pyi", "*.pxd", "*.h", "*.a",
-                                          "numpy/_core/_*_tests.*.so", "numpy/_core/_*_tests.*.pyd", "numpy/py.typed")),
+    "numpy": BundleSpec(
+        ("numpy",),
+        drop=(
+            "*/tests/*",
+            "numpy/f2py/*",
+            "numpy/typing/*",
+            "numpy/_typing/*.pyi",
+            "numpy/_pyinstaller/*",
+            "numpy/distutils/*",
+            "numpy/_core/include/*",
+            "numpy/_core/lib/*",
+            "*.pyi",
+            "*.pxd",
+            "*.h",
+            "*.a",
+            "numpy/_core/_*_tests.*.so",
+            "numpy/_core/_*_tests.*.pyd",
+            "numpy/py.typed",
+        ),
+    ),
     # Two 12 MB backends ship; zstandard imports the C one whenever it loads (the cffi one is the fallback).
     "zstandard": BundleSpec(("zstandard",), drop=("zstandard/_cffi.*", "zstandard/backend_cffi.py", "*.pyi")),
     "platformdirs": BundleSpec(("platformdirs",), drop=("*.pyi",)),
@@ -59,7 +76,13 @@ SUPPORT: dict[str, BundleSpec] = {
     "packaging": BundleSpec(("packaging",), drop=("*.pyi",)),
 }
 # Kept from each distribution's .dist-info: its metadata (importlib.metadata.version works) and its licences.
-DIST_INFO_KEEP = ("*.dist-info/METADATA", "*.dist-info/LICENSE*", "*.dist-info/licenses/*", "*.dist-info/COPYING*", "*.dist-info/NOTICE*")
+DIST_INFO_KEEP = (
+    "*.dist-info/METADATA",
+    "*.dist-info/LICENSE*",
+    "*.dist-info/licenses/*",
+    "*.dist-info/COPYING*",
+    "*.dist-info/NOTICE*",
+)
 PARTS = ("enginefarm", "numpy", "zstandard", "vendor runtime", "other")
 
 
@@ -96,10 +119,27 @@ class Bundle:
         return sizes
 
     def as_json(self) -> dict:
-        return {"format": FORMAT, "target": self.target, "python": platform.python_version(), "abi": sys.implementation.cache_tag,
-                "platform": sysconfig.get_platform(), "size": self.size, "size_by_part": self.size_by_part(), "notes": self.notes,
-                "parts": [{"part": p.part, "name": p.name, "version": p.version, "size": p.size, "rules": p.rules,
-                           "files": [{"path": path, "size": size} for path, size in p.files]} for p in self.parts]}
+        return {
+            "format": FORMAT,
+            "target": self.target,
+            "python": platform.python_version(),
+            "abi": sys.implementation.cache_tag,
+            "platform": sysconfig.get_platform(),
+            "size": self.size,
+            "size_by_part": self.size_by_part(),
+            "notes": self.notes,
+            "parts": [
+                {
+                    "part": p.part,
+                    "name": p.name,
+                    "version": p.version,
+                    "size": p.size,
+                    "rules": p.rules,
+                    "files": [{"path": path, "size": size} for path, size in p.files],
+                }
+                for p in self.parts
+            ],
+        }
 
 
 def bundlable_targets() -> list[str]:
@@ -123,7 +163,9 @@ def bundle_spec(target: str) -> tuple[Target, BundleSpec]:
         raise ConfigError(f"unknown backend {parsed.backend!r} in --target {target}", hint=hint)
     spec = get_backend(parsed.backend).bundles.get(parsed.device)
     if spec is None:
-        raise ConfigError(f"{target} cannot be bundled: enginefarm knows no trimmed runtime for that device class", hint=hint)
+        raise ConfigError(
+            f"{target} cannot be bundled: enginefarm knows no trimmed runtime for that device class", hint=hint
+        )
     return parsed, spec
 
 
@@ -136,7 +178,9 @@ def _distribution_files(name: str, spec: BundleSpec, install_hint: str) -> tuple
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
-        raise BackendUnavailable(f"{name} is not installed here, so there is nothing to bundle", hint=install_hint) from None
+        raise BackendUnavailable(
+            f"{name} is not installed here, so there is nothing to bundle", hint=install_hint
+        ) from None
     chosen = []
     for entry in dist.files or ():
         rel = entry.as_posix()
@@ -157,7 +201,9 @@ def _distribution_files(name: str, spec: BundleSpec, install_hint: str) -> tuple
         else:
             log.warning("bundle: %s lists %s, which is not installed; left out", name, rel)
     if not any(".dist-info/" not in rel for _, rel in files):
-        raise BackendUnavailable(f"{name} {dist.version} is installed without its files, so there is nothing to bundle", hint=install_hint)
+        raise BackendUnavailable(
+            f"{name} {dist.version} is installed without its files, so there is nothing to bundle", hint=install_hint
+        )
     return dist.version, files
 
 
@@ -185,15 +231,28 @@ def collect(target: str) -> tuple[Target, BundleSpec, list[tuple[Part, list[tupl
     backend = get_backend(parsed.backend)
     import enginefarm
 
-    planned = [(Part("enginefarm", "enginefarm", enginefarm.__version__, rules={"packages": list(RUNTIME_PACKAGES), "drop": list(NOT_RUNTIME)}),
-                _runtime_files())]
+    planned = [
+        (
+            Part(
+                "enginefarm",
+                "enginefarm",
+                enginefarm.__version__,
+                rules={"packages": list(RUNTIME_PACKAGES), "drop": list(NOT_RUNTIME)},
+            ),
+            _runtime_files(),
+        )
+    ]
     for name, support in SUPPORT.items():
         version, files = _distribution_files(name, support, "pip install enginefarm")
         part = name if name in ("numpy", "zstandard") else "other"
-        planned.append((Part(part, name, version, rules={"drop": list(support.drop), "keep": list(support.keep)}), files))
+        planned.append(
+            (Part(part, name, version, rules={"drop": list(support.drop), "keep": list(support.keep)}), files)
+        )
     for name in spec.distributions:
         version, files = _distribution_files(name, spec, backend.install)
-        planned.append((Part("vendor runtime", name, version, rules={"drop": list(spec.drop), "keep": list(spec.keep)}), files))
+        planned.append(
+            (Part("vendor runtime", name, version, rules={"drop": list(spec.drop), "keep": list(spec.keep)}), files)
+        )
     return parsed, spec, planned
 
 
@@ -202,7 +261,10 @@ def write_bundle(target: str, out: Path) -> Bundle:
     the new one is written beside it and renamed into place, so `out` is never half a bundle)."""
     out = Path(out).absolute()
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "bundle.json").is_file())):
-        raise ConfigError(f"--out {out} exists and is not a bundle", hint="give a new or empty folder (an earlier bundle there is replaced)")
+        raise ConfigError(
+            f"--out {out} exists and is not a bundle",
+            hint="give a new or empty folder (an earlier bundle there is replaced)",
+        )
     parsed, spec, planned = collect(target)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"

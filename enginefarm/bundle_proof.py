@@ -37,6 +37,8 @@ def min_cosine(precision: str) -> float:
     a precision this version does not know gets the loosest the table has."""
     row = precision_table.TABLE.get(precision)
     return row.min_cosine if row is not None else min(p.min_cosine for p in precision_table.TABLE.values())
+
+
 PROOF_TIMEOUT_S = 600
 
 # Runs as `python -I -S -B -c CHILD BUNDLE REQUEST.json`. -I: no PYTHONPATH, no user site, not the working directory;
@@ -88,7 +90,9 @@ class ProofFailed(EnginefarmError):
     """The bundle did not load or compute what the full install does."""
 
 
-def prove(bundle_dir: Path, target: str, *, model: str | None = None, store: str | None = None, precision: str | None = None) -> Proof:
+def prove(
+    bundle_dir: Path, target: str, *, model: str | None = None, store: str | None = None, precision: str | None = None
+) -> Proof:
     from enginefarm.backends import get_backend
     from enginefarm.bundle import bundle_spec
 
@@ -97,8 +101,15 @@ def prove(bundle_dir: Path, target: str, *, model: str | None = None, store: str
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="enginefarm-bundle-proof-") as tmp:
         work = Path(tmp)
-        request = {"backend": parsed.backend, "device": parsed.device, "target": str(parsed), "probe": not spec.runs_here,
-                   "precision": precision, "inputs": str(work / "inputs.npz"), "outputs": str(work / "outputs.npz")}
+        request = {
+            "backend": parsed.backend,
+            "device": parsed.device,
+            "target": str(parsed),
+            "probe": not spec.runs_here,
+            "precision": precision,
+            "inputs": str(work / "inputs.npz"),
+            "outputs": str(work / "outputs.npz"),
+        }
         env = {"ENGINEFARM_HOME": str(work / "home"), "ENGINEFARM_MEASURE": "off"}
         if not spec.runs_here:
             result = _child(bundle_dir, request, env, work)
@@ -126,29 +137,44 @@ def prove(bundle_dir: Path, target: str, *, model: str | None = None, store: str
     worst = min(c["cosine"] for c in compared.values())
     passed = all(c["ok"] for c in compared.values())
     shown = ", ".join(f"{name}: cosine {c['cosine']:.6f}, max abs {c['max_abs']:.2g}" for name, c in compared.items())
-    line = (f"ran {model} ({artifact['target']} {artifact['precision']}, computes in {artifact['runs_in']}) from the bundle in a fresh "
-            f"python -I -S: {'matches' if passed else 'DIFFERS FROM'} {what} ({shown}); {result['from_bundle']} modules from the bundle, "
-            "none from site-packages")
+    line = (
+        f"ran {model} ({artifact['target']} {artifact['precision']}, computes in {artifact['runs_in']}) from the bundle in a fresh "
+        f"python -I -S: {'matches' if passed else 'DIFFERS FROM'} {what} ({shown}); {result['from_bundle']} modules from the bundle, "
+        "none from site-packages"
+    )
     if not passed:
-        raise ProofFailed(line, hint=f"each output needs cosine >= {min_cosine(artifact['precision'])} (worst {worst:.6f})")
+        raise ProofFailed(
+            line, hint=f"each output needs cosine >= {min_cosine(artifact['precision'])} (worst {worst:.6f})"
+        )
     return Proof(True, True, line, result["from_bundle"], seconds, compared)
 
 
 def _child(bundle_dir: Path, request: dict, env: dict, work: Path) -> dict:
     request_file = work / "request.json"
     request_file.write_text(json.dumps(request))
-    proc = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", CHILD, str(bundle_dir), str(request_file)], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=work, timeout=PROOF_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", CHILD, str(bundle_dir), str(request_file)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=work,
+        timeout=PROOF_TIMEOUT_S,
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ProofFailed(f"the bundle did not {'load' if request['probe'] else 'load and run ' + request['model']} in a fresh isolated "
-                          f"python: {tail}", hint=f"run it yourself: {sys.executable} -I -S -c \"import sys; sys.path.insert(0, '{bundle_dir}'); "
-                                                  "import enginefarm\"")
+        raise ProofFailed(
+            f"the bundle did not {'load' if request['probe'] else 'load and run ' + request['model']} in a fresh isolated "
+            f"python: {tail}",
+            hint=f"run it yourself: {sys.executable} -I -S -c \"import sys; sys.path.insert(0, '{bundle_dir}'); "
+            'import enginefarm"',
+        )
     result = json.loads(lines[-1])
     if any("site-packages" in entry for entry in result["sys_path"]) or result["outside"]:
-        raise ProofFailed(f"the proof imported modules from outside the bundle and the standard library: {', '.join(result['outside'][:5])}",
-                          hint="a bug in enginefarm's bundle: please report it")
+        raise ProofFailed(
+            f"the proof imported modules from outside the bundle and the standard library: {', '.join(result['outside'][:5])}",
+            hint="a bug in enginefarm's bundle: please report it",
+        )
     return result
 
 
@@ -159,10 +185,16 @@ def _probed(result: dict, parsed, spec, backend, seconds: float) -> Proof:
     probe = result["probe"]
     missing = probe.get("missing")
     if missing:
-        shipped = {Path(rel).name for name in spec.distributions for _, rel in _distribution_files(name, spec.__class__(spec.distributions), backend.install)[1]}
+        shipped = {
+            Path(rel).name
+            for name in spec.distributions
+            for _, rel in _distribution_files(name, spec.__class__(spec.distributions), backend.install)[1]
+        }
         if missing in shipped:
-            raise ProofFailed(f"{parsed}: the bundle lacks {missing}, which {', '.join(spec.distributions)} ships and the device needs",
-                              hint="a bug in the backend's bundle rules (BundleSpec.keep): please report it")
+            raise ProofFailed(
+                f"{parsed}: the bundle lacks {missing}, which {', '.join(spec.distributions)} ships and the device needs",
+                hint="a bug in the backend's bundle rules (BundleSpec.keep): please report it",
+            )
     line = f"{probe['line']}; running an artifact on a {parsed.device.upper()} was not proven here (no such device)"
     return Proof(False, True, line, result["from_bundle"], seconds)
 
@@ -174,8 +206,10 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
         try:
             import onnxruntime as ort
         except ModuleNotFoundError:
-            raise ConfigError("proving a bundle with the built-in model compares with ONNX Runtime, which is not installed here",
-                              hint="pip install 'enginefarm[build]'") from None
+            raise ConfigError(
+                "proving a bundle with the built-in model compares with ONNX Runtime, which is not installed here",
+                hint="pip install 'enginefarm[build]'",
+            ) from None
         session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(names, feeds), strict=True)), f"ONNX Runtime {ort.__version__} on the ONNX"
@@ -183,11 +217,22 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
 
     if artifact["target"] != "onnxruntime:cpu" or artifact["precision"] != precision_table.REFERENCE:
         try:
-            session = load(model, precision_table.REFERENCE, "cpu", store, target="onnxruntime:cpu", version=artifact["model_version"])
-            return session.run(feeds), f"the store's onnxruntime:cpu fp32 artifact ({session.artifact.build_key[:12]}) in this environment"
+            session = load(
+                model,
+                precision_table.REFERENCE,
+                "cpu",
+                store,
+                target="onnxruntime:cpu",
+                version=artifact["model_version"],
+            )
+            return session.run(
+                feeds
+            ), f"the store's onnxruntime:cpu fp32 artifact ({session.artifact.build_key[:12]}) in this environment"
         except EnginefarmError:
             pass  # no such artifact, or ONNX Runtime is not installed here: compare with the full install instead
-    session = load(model, artifact["precision"], "cpu", store, target=artifact["target"], version=artifact["model_version"])
+    session = load(
+        model, artifact["precision"], "cpu", store, target=artifact["target"], version=artifact["model_version"]
+    )
     return session.run(feeds), "the same artifact through this environment's full install"
 
 
@@ -203,7 +248,11 @@ def _compare(got: dict, want: dict, precision: str) -> dict:
             continue
         norm = float(np.linalg.norm(a) * np.linalg.norm(b))
         cosine = float(a @ b / norm) if norm else float(np.array_equal(a, b))
-        compared[name] = {"cosine": cosine, "max_abs": float(np.max(np.abs(a - b))) if a.size else 0.0, "ok": cosine >= floor}
+        compared[name] = {
+            "cosine": cosine,
+            "max_abs": float(np.max(np.abs(a - b))) if a.size else 0.0,
+            "ok": cosine >= floor,
+        }
     return compared
 
 
@@ -216,11 +265,19 @@ def _proof_onnx(path: Path) -> Path:
     rng = np.random.default_rng(7)
     w1, b1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, rng.standard_normal(8).astype(np.float32) * 0.1
     w2, b2 = rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2, rng.standard_normal(4).astype(np.float32) * 0.1
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Sigmoid", ["c2"], ["y"])]
-    graph = helper.make_graph(nodes, "bundle_proof", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
-                              [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bundle_proof",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
+        [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,8 +310,10 @@ def _built_in_artifact(target: str, work: Path) -> str:
         from enginefarm.builder.planner import expand
         from enginefarm.builder.recipe import load_recipe
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"proving a bundle with the built-in model builds it here, which needs {exc.name} (the build extra)",
-                          hint="pip install 'enginefarm[build]', or prove with an artifact you built: --store URL --model MODEL/COMPONENT") from None
+        raise ConfigError(
+            f"proving a bundle with the built-in model builds it here, which needs {exc.name} (the build extra)",
+            hint="pip install 'enginefarm[build]', or prove with an artifact you built: --store URL --model MODEL/COMPONENT",
+        ) from None
     from enginefarm.cache.stores import open_store
 
     _proof_onnx(work / "model" / "net.onnx")
@@ -266,6 +325,8 @@ def _built_in_artifact(target: str, work: Path) -> str:
     (job,) = [j for j in expand(load_recipe(recipe_path), work / "downloads", offline=True) if str(j.target) == target]
     result = build(job, store, work / "build", bench=False)
     if result.status != "built":
-        raise ProofFailed(f"could not build the built-in proof model for {target} here: {result.reason}",
-                          hint="prove with an artifact you built: --store URL --model MODEL/COMPONENT")
+        raise ProofFailed(
+            f"could not build the built-in proof model for {target} here: {result.reason}",
+            hint="prove with an artifact you built: --store URL --model MODEL/COMPONENT",
+        )
     return str(store_dir)

@@ -47,7 +47,10 @@ class _Group(click.Group):
 
             if not is_full(exc):
                 raise
-            full = disk_full(Path(exc.filename).parent if exc.filename and Path(str(exc.filename)).is_absolute() else Path.cwd(), None)
+            full = disk_full(
+                Path(exc.filename).parent if exc.filename and Path(str(exc.filename)).is_absolute() else Path.cwd(),
+                None,
+            )
             click.echo(f"error: {full}", err=True)
             click.echo(f"hint: {full.hint}", err=True)
             sys.exit(1)
@@ -78,8 +81,16 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-for command in (*cli_build.COMMANDS, *cli_store.COMMANDS, *cli_run.COMMANDS, *cli_bundle.COMMANDS, *cli_export.COMMANDS,
-                *cli_generate.COMMANDS, cache_group, release_group):
+for command in (
+    *cli_build.COMMANDS,
+    *cli_store.COMMANDS,
+    *cli_run.COMMANDS,
+    *cli_bundle.COMMANDS,
+    *cli_export.COMMANDS,
+    *cli_generate.COMMANDS,
+    cache_group,
+    release_group,
+):
     main.add_command(command)
 
 if __name__ == "__main__":

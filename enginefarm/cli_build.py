@@ -25,7 +25,9 @@ from enginefarm.cli_options import (
 from enginefarm.settings import load_settings
 
 
-def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, creates_store=False):
+def _plan(
+    recipes, store, targets, precisions, components, jobs=(), runners=None, runner_labels=(), *, creates_store=False
+):
     from enginefarm.builder.ci_runners import load_runners
     from enginefarm.builder.planner import plan
     from enginefarm.builder.recipe import load_recipe
@@ -35,9 +37,18 @@ def _plan(recipes, store, targets, precisions, components, jobs=(), runners=None
     loaded = [load_recipe(p) for p in recipes]
     # `build` creates its store; the other commands read one, and a store that is not there yet reads as empty.
     opened = open_store(store or settings.store) if creates_store else open_store_to_read(store, settings)
-    planned = plan(loaded, settings.home / "sources", store=opened, targets=targets, precisions=precisions,
-                   components=components, job_ids=jobs, offline=settings.offline,
-                   runners=load_runners(runners) if runners else None, runner_labels_filter=runner_labels)
+    planned = plan(
+        loaded,
+        settings.home / "sources",
+        store=opened,
+        targets=targets,
+        precisions=precisions,
+        components=components,
+        job_ids=jobs,
+        offline=settings.offline,
+        runners=load_runners(runners) if runners else None,
+        runner_labels_filter=runner_labels,
+    )
     return planned, opened, settings
 
 
@@ -73,19 +84,42 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     for column in ("job", "key", "model/component", "precision", "profile", "target", "memory", "runs on", "status"):
         table.add_column(column)
     for p in planned:
-        style = "green" if p.built else "red" if p.unroutable or p.refused else "yellow" if p.availability.can_build else "dim"
-        table.add_row(p.job.id, short(p.key), f"{p.job.model}/{p.job.component}", p.job.precision, p.job.profile_name, str(p.job.target),
-                      f"{p.to_dict()['memory_gb']:g} GB", escape(",".join(p.runs_on)), f"[{style}]{escape(p.status)}[/]")
+        style = (
+            "green"
+            if p.built
+            else "red"
+            if p.unroutable or p.refused
+            else "yellow"
+            if p.availability.can_build
+            else "dim"
+        )
+        table.add_row(
+            p.job.id,
+            short(p.key),
+            f"{p.job.model}/{p.job.component}",
+            p.job.precision,
+            p.job.profile_name,
+            str(p.job.target),
+            f"{p.to_dict()['memory_gb']:g} GB",
+            escape(",".join(p.runs_on)),
+            f"[{style}]{escape(p.status)}[/]",
+        )
     _console().print(table)
 
 
 @click.command("build")
 @_select
-@click.option("--job", "jobs", multiple=True, metavar="ID", help="Only the planned job with this id (see `plan`). Repeatable.")
+@click.option(
+    "--job", "jobs", multiple=True, metavar="ID", help="Only the planned job with this id (see `plan`). Repeatable."
+)
 @jobs_parallel_option()
 @click.option("--no-bench", is_flag=True, help="Skip the benchmark (resolution then cannot rank by speed).")
 @report_option()
-@click.option("--memory", metavar="SIZE", help="Memory the jobs may use together, e.g. 16G (default: what is available when the build starts).")
+@click.option(
+    "--memory",
+    metavar="SIZE",
+    help="Memory the jobs may use together, e.g. 16G (default: what is available when the build starts).",
+)
 def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, no_bench, report, memory):
     """Build, validate, benchmark and publish every job of RECIPES that is not in the store yet.
 
@@ -103,16 +137,27 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
 
         _publish_assets(console, recipes, open_store(store or load_settings().store))
         return
-    planned, opened, settings = _plan(recipes, store, targets, precisions, tuple(c for c in components if c != "assets"), jobs,
-                                      creates_store=True)
-    todo = [p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)]
+    planned, opened, settings = _plan(
+        recipes, store, targets, precisions, tuple(c for c in components if c != "assets"), jobs, creates_store=True
+    )
+    todo = [
+        p.job for p in planned if p.availability.can_build and not p.refused and (not p.built or p.stale_validation)
+    ]
     for p in planned:
         if p.built and not p.stale_validation:
             console.print(f"[green]exists[/]   {p.job.label}")
         elif p.refused or not p.availability.can_build:
             console.print(f"[dim]skipped[/]  {p.job.label}: {escape(p.status)}")
-    results = _run_jobs(console, todo, opened, settings, f"building {len(todo)} job(s) into {opened.url}", parallel, bench=not no_bench,
-                        memory=budget)
+    results = _run_jobs(
+        console,
+        todo,
+        opened,
+        settings,
+        f"building {len(todo)} job(s) into {opened.url}",
+        parallel,
+        bench=not no_bench,
+        memory=budget,
+    )
     if not components or "assets" in components:
         _publish_assets(console, recipes, opened)
     revalidated = sum(r.status == "revalidated" for r in results)
@@ -120,11 +165,16 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
     unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)
     repaired = sum(r.status == "built" and r.reason.startswith("repaired") for r in results)
     meanwhile = sum(r.status == "exists" for r in results)  # planned as missing, stored by the time its worker looked
-    console.print(f"{sum(r.status == 'built' for r in results)} built" + (f" ({repaired} repaired: blobs were missing)" if repaired else "")
-                  + f", {sum(r.status == 'failed' for r in results)} failed, "
-                  f"{sum(p.built for p in planned)} already stored" + (f" ({revalidated} re-validated)" if revalidated else "")
-                  + (f", {meanwhile} published by another builder meanwhile" if meanwhile else "")
-                  + f", {unavailable} unavailable here" + (f", {refused} refused (see `enginefarm plan`)" if refused else ""))
+    console.print(
+        f"{sum(r.status == 'built' for r in results)} built"
+        + (f" ({repaired} repaired: blobs were missing)" if repaired else "")
+        + f", {sum(r.status == 'failed' for r in results)} failed, "
+        f"{sum(p.built for p in planned)} already stored"
+        + (f" ({revalidated} re-validated)" if revalidated else "")
+        + (f", {meanwhile} published by another builder meanwhile" if meanwhile else "")
+        + f", {unavailable} unavailable here"
+        + (f", {refused} refused (see `enginefarm plan`)" if refused else "")
+    )
     _finish(results, report)
 
 
@@ -138,7 +188,9 @@ def _publish_assets(console, recipes, opened) -> None:
         done = publish_assets(opened, recipe)
         if done is not None:
             state = "[green]published[/]" if done.written else "[green]exists[/]   "
-            console.print(f"{state} {recipe.name}/assets v{recipe.version}: {done.files} files, {done.size / 1e6:.2f} MB \\[{done.key[:12]}]")
+            console.print(
+                f"{state} {recipe.name}/assets v{recipe.version}: {done.files} files, {done.size / 1e6:.2f} MB \\[{done.key[:12]}]"
+            )
 
 
 @click.command("validate")
@@ -155,15 +207,35 @@ def validate_cmd(recipes, store, targets, precisions, components, parallel, repo
     for p in planned:
         if not p.built:
             console.print(f"[dim]skipped[/]  {p.job.label}: {'not in the store' if p.key else p.status}")
-    results = _run_jobs(console, todo, opened, settings, f"re-validating {len(todo)} artifact(s) in {opened.url}", parallel,
-                        bench=False, validate_only=True)
-    console.print(f"{sum(r.status == 'revalidated' for r in results)} passed, {sum(r.status == 'failed' for r in results)} failed, "
-                  f"{len(planned) - len(todo)} not stored")
+    results = _run_jobs(
+        console,
+        todo,
+        opened,
+        settings,
+        f"re-validating {len(todo)} artifact(s) in {opened.url}",
+        parallel,
+        bench=False,
+        validate_only=True,
+    )
+    console.print(
+        f"{sum(r.status == 'revalidated' for r in results)} passed, {sum(r.status == 'failed' for r in results)} failed, "
+        f"{len(planned) - len(todo)} not stored"
+    )
     _finish(results, report)
 
 
-def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, bench: bool, validate_only: bool = False,
-              memory: int | None = None) -> list:
+def _run_jobs(
+    console,
+    todo,
+    opened,
+    settings,
+    title: str,
+    parallel: int,
+    *,
+    bench: bool,
+    validate_only: bool = False,
+    memory: int | None = None,
+) -> list:
     """Run jobs in worker processes with a live line each; returns their results."""
     from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -172,7 +244,9 @@ def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, ben
 
     if not todo:
         return []
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as bar:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False
+    ) as bar:
         overall = bar.add_task(title, total=len(todo))
         rows = {job.id: bar.add_task(f"[dim]queued[/]   {job.label}", total=None) for job in todo}
         labels = {job.id: job.label for job in todo}
@@ -185,17 +259,41 @@ def _run_jobs(console, todo, opened, settings, title: str, parallel: int, *, ben
                 bar.update(task, description=f"[cyan]{detail:<9}[/] {labels[job_id]}")
             elif kind == "transfer":
                 _name, done, total = detail
-                bar.update(task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}")
+                bar.update(
+                    task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}"
+                )
             elif kind == "done":
-                color = {"built": "green", "exists": "green", "revalidated": "green", "missing": "yellow", "failed": "red"}[detail.status]
+                color = {
+                    "built": "green",
+                    "exists": "green",
+                    "revalidated": "green",
+                    "missing": "yellow",
+                    "failed": "red",
+                }[detail.status]
                 reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
                 peak = f", peak {detail.peak_rss_mb / 1024:.1f} GB" if detail.peak_rss_mb else ""
-                extra = f" ({detail.seconds:.1f}s{peak})" if detail.status in ("built", "revalidated") else f": {escape(reason)}" if reason else ""
-                bar.update(task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
+                extra = (
+                    f" ({detail.seconds:.1f}s{peak})"
+                    if detail.status in ("built", "revalidated")
+                    else f": {escape(reason)}"
+                    if reason
+                    else ""
+                )
+                bar.update(
+                    task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1
+                )
                 bar.advance(overall)
 
-        return run_jobs(todo, opened.url, settings.home / "build", parallel=parallel, bench=bench, on_event=on_event,
-                        memory=memory, validate_only=validate_only)
+        return run_jobs(
+            todo,
+            opened.url,
+            settings.home / "build",
+            parallel=parallel,
+            bench=bench,
+            on_event=on_event,
+            memory=memory,
+            validate_only=validate_only,
+        )
 
 
 def _finish(results: list, report: Path | None) -> None:
@@ -217,16 +315,33 @@ def _finish(results: list, report: Path | None) -> None:
 
 @click.command("report")
 @store_option()
-@click.option("--reports", "reports", multiple=True, type=click.Path(exists=True, path_type=Path), help="Build result JSON files (from `build --report`) or folders of them. Repeatable.")
+@click.option(
+    "--reports",
+    "reports",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Build result JSON files (from `build --report`) or folders of them. Repeatable.",
+)
 @recipe_option("Recipes whose jobs should exist: the ones not built show as missing.", repeatable=True)
 @runners_option()
 @click.option("--out", type=click.Path(path_type=Path), default=Path("farm-report"), show_default=True)
 @click.option("--title", default="enginefarm build report", show_default=True)
-@click.option("--pictures", is_flag=True, help="Render one prompt through every backend × precision of each model whose assets are stored.")
-@click.option("--prompt", default="a lighthouse on a cliff at dawn, oil painting", show_default=True, help="The pictures' prompt.")
+@click.option(
+    "--pictures",
+    is_flag=True,
+    help="Render one prompt through every backend × precision of each model whose assets are stored.",
+)
+@click.option(
+    "--prompt", default="a lighthouse on a cliff at dawn, oil painting", show_default=True, help="The pictures' prompt."
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="The pictures' seed.")
 @click.option("--picture-steps", default=8, show_default=True, type=click.IntRange(1, 200))
-@click.option("--picture-size", default=None, type=int, help="The pictures' width and height in pixels (default: each model's native size).")
+@click.option(
+    "--picture-size",
+    default=None,
+    type=int,
+    help="The pictures' width and height in pixels (default: each model's native size).",
+)
 def report_cmd(store, reports, recipes, runners, out, title, pictures, prompt, seed, picture_steps, picture_size):
     """Write an HTML report (status grid, validation, latency plots, build times, sizes) and a markdown summary."""
     from enginefarm.builder.report import collect, write_report
@@ -246,9 +361,14 @@ def report_cmd(store, reports, recipes, runners, out, title, pictures, prompt, s
         out.mkdir(parents=True, exist_ok=True)
         rendered = render_pictures(opened, out, prompt=prompt, seed=seed, steps=picture_steps, size=picture_size)
         if not rendered:
-            click.echo("note: no model in the store has its assets published, so there are no pictures (see `[model] assets`)", err=True)
+            click.echo(
+                "note: no model in the store has its assets published, so there are no pictures (see `[model] assets`)",
+                err=True,
+            )
     counts = write_report(rows, out, title, rendered)
-    click.echo(f"{counts['built']} built, {counts['failed']} failed, {counts['missing']} missing → {out / 'report.html'}, {out / 'summary.md'}")
+    click.echo(
+        f"{counts['built']} built, {counts['failed']} failed, {counts['missing']} missing → {out / 'report.html'}, {out / 'summary.md'}"
+    )
 
 
 COMMANDS = (plan_cmd, build_cmd, validate_cmd, report_cmd)

@@ -10,9 +10,24 @@ from enginefarm.cli_options import precision_option, store_option
 
 
 @click.command("bundle")
-@click.option("--target", required=True, metavar="BACKEND:DEVICE", help="The target whose artifacts the app runs (openvino:cpu, onnxruntime:cpu, ...).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR", help="The bundle folder (new, empty, or an earlier bundle).")
-@click.option("--model", metavar="MODEL/COMPONENT", help="Prove with this artifact from the store (default: a built-in network built here).")
+@click.option(
+    "--target",
+    required=True,
+    metavar="BACKEND:DEVICE",
+    help="The target whose artifacts the app runs (openvino:cpu, onnxruntime:cpu, ...).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="The bundle folder (new, empty, or an earlier bundle).",
+)
+@click.option(
+    "--model",
+    metavar="MODEL/COMPONENT",
+    help="Prove with this artifact from the store (default: a built-in network built here).",
+)
 @store_option()
 @precision_option(repeatable=False)
 @click.option("--no-proof", is_flag=True, help="Write the bundle without running anything from it.")

@@ -32,7 +32,14 @@ def cache_ls():
         table.add_column(column)
     for e in entries:
         m = e.manifest
-        table.add_row(m.ref, m.precision, m.target, m.build_key[:12], f"{e.size / 2**20:.2f}", time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)))
+        table.add_row(
+            m.ref,
+            m.precision,
+            m.target,
+            m.build_key[:12],
+            f"{e.size / 2**20:.2f}",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used)),
+        )
     console().print(table)
 
 
@@ -55,7 +62,10 @@ def cache_verify():
             click.echo(f"ok      {m.ref} {m.target} [{m.build_key[:12]}]")
     why = cache.read_only()
     if why is not None:
-        click.echo(f"warning: the cache at {cache.home} is read-only ({why}): every artifact was checked, nothing was evicted", err=True)
+        click.echo(
+            f"warning: the cache at {cache.home} is read-only ({why}): every artifact was checked, nothing was evicted",
+            err=True,
+        )
     if bad:
         sys.exit(1)
 
@@ -75,6 +85,11 @@ def cache_gc(quota, keep_versions):
     cache.check_writable("cache gc removed nothing")
     evicted = prune_cache(cache, keep_versions) if keep_versions else []
     for manifest in evicted:
-        click.echo(f"evicted {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]")
+        click.echo(
+            f"evicted {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]"
+        )
     removed = evicted + cache.gc(limit, max_tmp_age=0)  # every leftover of a dead process, whatever its age
-    click.echo(f"removed {len(removed)} artifacts; cache holds {cache.size() / 2**20:.1f} MiB" + ("" if limit else " (no quota set)"))
+    click.echo(
+        f"removed {len(removed)} artifacts; cache holds {cache.size() / 2**20:.1f} MiB"
+        + ("" if limit else " (no quota set)")
+    )

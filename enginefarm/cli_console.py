@@ -57,9 +57,15 @@ class RichProgress:
                 return column.render(task) if column is not None else Text("")
 
         self.console = console(stderr=True)
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), Either(DownloadColumn(), MofNCompleteColumn()),
-                             Either(TransferSpeedColumn(), None), Either(TimeRemainingColumn(), TimeElapsedColumn()),
-                             console=self.console, transient=False)
+        self.bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            Either(DownloadColumn(), MofNCompleteColumn()),
+            Either(TransferSpeedColumn(), None),
+            Either(TimeRemainingColumn(), TimeElapsedColumn()),
+            console=self.console,
+            transient=False,
+        )
         self.tasks: dict[str, TaskID] = {}
         outer = self
 

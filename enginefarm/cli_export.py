@@ -35,20 +35,52 @@ def _bytes(raw: str) -> int:
 
 @click.command("export")
 @click.argument("source", type=_PATH)
-@click.option("--out", required=True, type=_PATH, help="The folder to write (must be new or empty, unless --overwrite).")
+@click.option(
+    "--out", required=True, type=_PATH, help="The folder to write (must be new or empty, unless --overwrite)."
+)
 @click.option("--name", help="The model name in the recipe (default: SOURCE's folder name).")
-@click.option("--base", type=_PATH, help="With a single-file SOURCE: the base model's diffusers folder (configs, tokenizers, scheduler).")
-@click.option("--controlnet", type=_PATH, help="A ControlNet folder to export with the pipeline, as one model of its ControlNet family.")
-@click.option("--targets", default="openvino:cpu,onnxruntime:cpu", show_default=True, metavar="T,…", help="The recipe's targets.")
+@click.option(
+    "--base",
+    type=_PATH,
+    help="With a single-file SOURCE: the base model's diffusers folder (configs, tokenizers, scheduler).",
+)
+@click.option(
+    "--controlnet",
+    type=_PATH,
+    help="A ControlNet folder to export with the pipeline, as one model of its ControlNet family.",
+)
+@click.option(
+    "--targets", default="openvino:cpu,onnxruntime:cpu", show_default=True, metavar="T,…", help="The recipe's targets."
+)
 @click.option("--precisions", default="fp32,fp16", show_default=True, metavar="P,…", help="The recipe's precisions.")
-@click.option("--batch", metavar="MIN,OPT,MAX", help="Batch range of the profiles (default: the family's, 1,2,4; VAE 1,1,2).")
-@click.option("--latent", metavar="MIN,OPT,MAX", help="Latent size range of the profiles, image pixels / 8 (default: the family's).")
-@click.option("--text-length", metavar="MIN,OPT,MAX",
-              help="T5 token range of the profiles (SD3, Flux, Chroma; default 16,<family's>,512): OPT is the pipeline's default max_sequence_length.")
-@click.option("--external-data-above", default="2G", show_default=True, metavar="SIZE",
-              help="Write weights to <component>.onnx.data above this size (protobuf cannot hold 2 GiB in one file).")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it holds something (only once the new export passed its checks).")
-def export_cmd(source, out, name, base, controlnet, targets, precisions, batch, latent, text_length, external_data_above, overwrite):
+@click.option(
+    "--batch", metavar="MIN,OPT,MAX", help="Batch range of the profiles (default: the family's, 1,2,4; VAE 1,1,2)."
+)
+@click.option(
+    "--latent",
+    metavar="MIN,OPT,MAX",
+    help="Latent size range of the profiles, image pixels / 8 (default: the family's).",
+)
+@click.option(
+    "--text-length",
+    metavar="MIN,OPT,MAX",
+    help="T5 token range of the profiles (SD3, Flux, Chroma; default 16,<family's>,512): OPT is the pipeline's default max_sequence_length.",
+)
+@click.option(
+    "--external-data-above",
+    default="2G",
+    show_default=True,
+    metavar="SIZE",
+    help="Write weights to <component>.onnx.data above this size (protobuf cannot hold 2 GiB in one file).",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace --out if it holds something (only once the new export passed its checks).",
+)
+def export_cmd(
+    source, out, name, base, controlnet, targets, precisions, batch, latent, text_length, external_data_above, overwrite
+):
     """Export the diffusers pipeline folder SOURCE (model_index.json) to ONNX, one file per component, each checked
     against torch on ONNX Runtime at two shapes, with its checkpoint (safetensors, diffusers names), the assets a
     runtime needs (tokenizers, scheduler, configs) and recipe.toml, which `enginefarm build` builds.
@@ -59,17 +91,34 @@ def export_cmd(source, out, name, base, controlnet, targets, precisions, batch, 
     from enginefarm.export import export_model
 
     with RichProgress() as progress:
-        result = export_model(source, out, name, progress, controlnet=controlnet, targets=_items(targets), precisions=_items(precisions),
-                              batch=_triple("--batch", batch), latent=_triple("--latent", latent), text_length=_triple("--text-length", text_length),
-                              external_data_above=_bytes(external_data_above), overwrite=overwrite, base=base)
+        result = export_model(
+            source,
+            out,
+            name,
+            progress,
+            controlnet=controlnet,
+            targets=_items(targets),
+            precisions=_items(precisions),
+            batch=_triple("--batch", batch),
+            latent=_triple("--latent", latent),
+            text_length=_triple("--text-length", text_length),
+            external_data_above=_bytes(external_data_above),
+            overwrite=overwrite,
+            base=base,
+        )
     from rich.table import Table
 
     table = Table(title=f"{result.name}: {result.family.id} ({result.family.title}), {result.seconds:.1f} s")
     for column in ("component", "ONNX", "MB", "seconds", "max deviation from torch"):
         table.add_column(column)
     for c in result.components:
-        table.add_row(c.name, c.onnx.name + (" + .data" if c.external_data else ""), f"{c.size / 1e6:.1f}", f"{c.seconds:.1f}",
-                      f"{max(c.deviations.values()):.1e}")
+        table.add_row(
+            c.name,
+            c.onnx.name + (" + .data" if c.external_data else ""),
+            f"{c.size / 1e6:.1f}",
+            f"{c.seconds:.1f}",
+            f"{max(c.deviations.values()):.1e}",
+        )
     console().print(table)
     click.echo(f"wrote {result.out}; build it with: enginefarm build {result.recipe}")
 

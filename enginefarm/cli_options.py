@@ -15,12 +15,23 @@ _PATH = click.Path(path_type=Path)
 
 def _repeatable(name: str, dest: str, help: str, repeatable: bool, **kwargs):
     """An option given once (into `dest`) or, if `repeatable`, any number of times (into `dest` + "s")."""
-    return click.option(name, f"{dest}s" if repeatable else dest, multiple=repeatable, help=f"{help} Repeatable." if repeatable else help, **kwargs)
+    return click.option(
+        name,
+        f"{dest}s" if repeatable else dest,
+        multiple=repeatable,
+        help=f"{help} Repeatable." if repeatable else help,
+        **kwargs,
+    )
 
 
 def store_option(*, required: bool = False):
     where = "Store: a directory, file://, s3:// or https://"
-    return click.option("--store", metavar="URL", required=required, help=f"{where}." if required else f"{where} (default ENGINEFARM_STORE).")
+    return click.option(
+        "--store",
+        metavar="URL",
+        required=required,
+        help=f"{where}." if required else f"{where} (default ENGINEFARM_STORE).",
+    )
 
 
 def target_option(*, repeatable: bool = True):
@@ -53,12 +64,21 @@ def report_option():
 
 
 def jobs_parallel_option():
-    return click.option("-j", "--jobs-parallel", "parallel", type=click.IntRange(1, 64), default=1, show_default=True,
-                        help="Jobs run at once, each in its own process.")
+    return click.option(
+        "-j",
+        "--jobs-parallel",
+        "parallel",
+        type=click.IntRange(1, 64),
+        default=1,
+        show_default=True,
+        help="Jobs run at once, each in its own process.",
+    )
 
 
 def runners_option():
-    return click.option("--runners", type=_PATH, help="The farm's runners (TOML): which runner builds each job, and why none can.")
+    return click.option(
+        "--runners", type=_PATH, help="The farm's runners (TOML): which runner builds each job, and why none can."
+    )
 
 
 def recipe_option(help: str, *, repeatable: bool = False):
@@ -67,8 +87,12 @@ def recipe_option(help: str, *, repeatable: bool = False):
 
 
 def keep_versions_option():
-    return click.option("--keep-versions", type=click.IntRange(min=1), metavar="N",
-                        help="Remove every model version but the N newest of each component.")
+    return click.option(
+        "--keep-versions",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Remove every model version but the N newest of each component.",
+    )
 
 
 def explain_option():
@@ -78,23 +102,41 @@ def explain_option():
 def channel_option(*, release: bool = False):
     """--channel: the channel a release command manages (default stable), or the one `run` and `fetch` load from."""
     if release:
-        return click.option("--channel", default="stable", show_default=True, metavar="NAME", help="The release channel.")
-    return click.option("--channel", metavar="NAME", help="Only artifacts released in this signed channel (default ENGINEFARM_CHANNEL).")
+        return click.option(
+            "--channel", default="stable", show_default=True, metavar="NAME", help="The release channel."
+        )
+    return click.option(
+        "--channel", metavar="NAME", help="Only artifacts released in this signed channel (default ENGINEFARM_CHANNEL)."
+    )
 
 
 def keys_option():
     """The folder of private keys that `release` commands sign with."""
-    return click.option("--keys", "keys_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-                        help="Folder of private key files (0600). Only the keys of the roles being signed need be there.")
+    return click.option(
+        "--keys",
+        "keys_dir",
+        required=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Folder of private key files (0600). Only the keys of the roles being signed need be there.",
+    )
 
 
 def load_options():
     """How `run` and `fetch` pick the artifact to load."""
-    return stacked(precision_option(repeatable=False),
-                   click.option("--device", default="auto", show_default=True, help="auto, cpu, nvidia, intel, amd or apple."),
-                   target_option(repeatable=False), store_option(), channel_option(),
-                   click.option("--trusted-root", type=_PATH, help="The channel's root.json (default ENGINEFARM_TRUSTED_ROOT)."),
-                   click.option("--version", "model_version", metavar="V", help="Serve this model version (default: the newest with an artifact usable here)."))
+    return stacked(
+        precision_option(repeatable=False),
+        click.option("--device", default="auto", show_default=True, help="auto, cpu, nvidia, intel, amd or apple."),
+        target_option(repeatable=False),
+        store_option(),
+        channel_option(),
+        click.option("--trusted-root", type=_PATH, help="The channel's root.json (default ENGINEFARM_TRUSTED_ROOT)."),
+        click.option(
+            "--version",
+            "model_version",
+            metavar="V",
+            help="Serve this model version (default: the newest with an artifact usable here).",
+        ),
+    )
 
 
 def stacked(*options):

@@ -44,9 +44,16 @@ def _warn_if_root_expires_soon(opened, channel: str) -> None:
     left = expires - datetime.now(UTC)
     if left.days >= ROOT_WARNING_DAYS:
         return
-    when = f"expired on {expires:%Y-%m-%d}" if left.total_seconds() <= 0 else f"expires on {expires:%Y-%m-%d %H:%M} UTC (in {left.days} days)"
-    click.echo(f"warning: the root of channel {channel} {when}: every app stops loading from it then; renew it with the root keys: "
-               f"`enginefarm release refresh --role root --channel {channel} --keys ROOT-KEYS`", err=True)
+    when = (
+        f"expired on {expires:%Y-%m-%d}"
+        if left.total_seconds() <= 0
+        else f"expires on {expires:%Y-%m-%d %H:%M} UTC (in {left.days} days)"
+    )
+    click.echo(
+        f"warning: the root of channel {channel} {when}: every app stops loading from it then; renew it with the root keys: "
+        f"`enginefarm release refresh --role root --channel {channel} --keys ROOT-KEYS`",
+        err=True,
+    )
 
 
 def _pairs(option: str, items, parse) -> dict:
@@ -84,27 +91,57 @@ def release_group():
 @store_option()
 @keys_option()
 @channel_option(release=True)
-@click.option("--threshold", "thresholds", multiple=True, metavar="ROLE=N", help="Signatures a role needs (and keys generated for it). Default 1. Repeatable.")
-@click.option("--expires", "expires", multiple=True, metavar="ROLE=DURATION", help="How long a role's signature lasts: root=1y targets=1y snapshot=1y timestamp=2d (defaults). Repeatable.")
+@click.option(
+    "--threshold",
+    "thresholds",
+    multiple=True,
+    metavar="ROLE=N",
+    help="Signatures a role needs (and keys generated for it). Default 1. Repeatable.",
+)
+@click.option(
+    "--expires",
+    "expires",
+    multiple=True,
+    metavar="ROLE=DURATION",
+    help="How long a role's signature lasts: root=1y targets=1y snapshot=1y timestamp=2d (defaults). Repeatable.",
+)
 def init_cmd(store, keys_dir, channel, thresholds, expires):
     """Create a channel: root, targets, snapshot and timestamp roles, with new keys in --keys (reused if already there)."""
     from enginefarm.cache.trust import repo
 
     opened = _store(store)
-    state = repo.init(opened, channel, keys_dir, _pairs("--threshold", thresholds, _positive_int), _pairs("--expires", expires, _seconds))
+    state = repo.init(
+        opened,
+        channel,
+        keys_dir,
+        _pairs("--threshold", thresholds, _positive_int),
+        _pairs("--expires", expires, _seconds),
+    )
     click.echo(f"created channel {channel} in {opened.url} (root v{state.root.signed.version})")
     for role in ROLES:
         spec = state.root.signed.roles[role]
-        click.echo(f"  {role:<9} {spec.threshold} of {len(spec.keyids)} key(s), expires {getattr(state, role).signed.expires:%Y-%m-%d %H:%M} UTC")
-    click.echo(f"private keys are in {keys_dir} (mode 0600): keep the root keys offline, give CI only the timestamp key")
-    click.echo(f"ship the root with your app: enginefarm release export-root --channel {channel} --store {opened.url} --out root.json")
+        click.echo(
+            f"  {role:<9} {spec.threshold} of {len(spec.keyids)} key(s), expires {getattr(state, role).signed.expires:%Y-%m-%d %H:%M} UTC"
+        )
+    click.echo(
+        f"private keys are in {keys_dir} (mode 0600): keep the root keys offline, give CI only the timestamp key"
+    )
+    click.echo(
+        f"ship the root with your app: enginefarm release export-root --channel {channel} --store {opened.url} --out root.json"
+    )
 
 
 def _selection(ref: str, targets, precisions, keys) -> dict:
     model, _, component = ref.partition("/")
     if not model or "/" in component:
         raise ConfigError(f"{ref!r} is not MODEL or MODEL/COMPONENT", hint="for example: sd15 or sd15/vae_decoder")
-    return {"models": (model,), "components": (component,) if component else (), "targets": targets, "precisions": precisions, "keys": keys}
+    return {
+        "models": (model,),
+        "components": (component,) if component else (),
+        "targets": targets,
+        "precisions": precisions,
+        "keys": keys,
+    }
 
 
 _select = stacked(target_option(), precision_option(), key_option())
@@ -126,7 +163,9 @@ def promote_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
     if not entries:
         raise ArtifactNotFoundError(f"nothing in {opened.url} matches {ref}", hint="see `enginefarm ls --store URL`")
     for manifest in repo.promote(opened, channel, keys_dir, [e.build_key for e in entries]):
-        click.echo(f"promoted {manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] to {channel}")
+        click.echo(
+            f"promoted {manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] to {channel}"
+        )
     _warn_if_root_expires_soon(opened, channel)
 
 
@@ -144,15 +183,23 @@ def yank_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
     chosen = _selection(ref, targets, precisions, keys)
 
     def picked(custom: dict) -> bool:
-        return (custom.get("model") in chosen["models"] and (not chosen["components"] or custom.get("component") in chosen["components"])
-                and target_matches(str(custom.get("target", "")), targets) and (not precisions or custom.get("precision") in precisions)
-                and (not keys or any(str(custom.get("build_key", "")).startswith(k) for k in keys)))
+        return (
+            custom.get("model") in chosen["models"]
+            and (not chosen["components"] or custom.get("component") in chosen["components"])
+            and target_matches(str(custom.get("target", "")), targets)
+            and (not precisions or custom.get("precision") in precisions)
+            and (not keys or any(str(custom.get("build_key", "")).startswith(k) for k in keys))
+        )
 
     removed = repo.yank(_store(store), channel, keys_dir, lambda custom: not picked(custom))
     if not removed:
-        raise ArtifactNotFoundError(f"nothing released in {channel} matches {ref}", hint=f"see `enginefarm release ls --channel {channel}`")
+        raise ArtifactNotFoundError(
+            f"nothing released in {channel} matches {ref}", hint=f"see `enginefarm release ls --channel {channel}`"
+        )
     for custom in removed:
-        click.echo(f"yanked {custom.get('model')}/{custom.get('component')} {custom.get('target')} {custom.get('precision')} [{str(custom.get('build_key'))[:12]}] from {channel}")
+        click.echo(
+            f"yanked {custom.get('model')}/{custom.get('component')} {custom.get('target')} {custom.get('precision')} [{str(custom.get('build_key'))[:12]}] from {channel}"
+        )
 
 
 @release_group.command("ls")
@@ -171,17 +218,27 @@ def ls_cmd(channel, store, as_json):
         return
     click.echo(f"channel {channel} in {listing['store']}")
     for role, info in listing["roles"].items():
-        click.echo(f"  {role:<9} v{info['version']:<4} {info['threshold']} of {info['keys']} key(s), expires {info['expires']}")
+        click.echo(
+            f"  {role:<9} v{info['version']:<4} {info['threshold']} of {info['keys']} key(s), expires {info['expires']}"
+        )
     click.echo(f"{len(listing['targets'])} released:")
     for t in listing["targets"]:
-        click.echo(f"  {t.get('model')}/{t.get('component')} {t.get('target')} {t.get('precision')} [{str(t.get('build_key'))[:12]}] {t['length']} bytes sha256 {str(t['sha256'])[:12]}")
+        click.echo(
+            f"  {t.get('model')}/{t.get('component')} {t.get('target')} {t.get('precision')} [{str(t.get('build_key'))[:12]}] {t['length']} bytes sha256 {str(t['sha256'])[:12]}"
+        )
 
 
 @release_group.command("refresh")
 @channel_option(release=True)
 @store_option()
 @keys_option()
-@click.option("--role", "roles", multiple=True, type=click.Choice(ROLES), help="Also renew this role (needs its keys). Default: the timestamp only.")
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    type=click.Choice(ROLES),
+    help="Also renew this role (needs its keys). Default: the timestamp only.",
+)
 def refresh_cmd(channel, store, keys_dir, roles):
     """Renew the timestamp (run it on a schedule in CI with only the timestamp key); --role renews more."""
     from enginefarm.cache.trust import repo
@@ -200,13 +257,19 @@ def refresh_cmd(channel, store, keys_dir, roles):
 @channel_option(release=True)
 @store_option()
 @keys_option()
-@click.option("--threshold", type=click.IntRange(1, 16), help="Signatures the role needs from now on (default: as before); as many new keys are made.")
+@click.option(
+    "--threshold",
+    type=click.IntRange(1, 16),
+    help="Signatures the role needs from now on (default: as before); as many new keys are made.",
+)
 def rotate_cmd(role, channel, store, keys_dir, threshold):
     """Replace every key of ROLE with new ones (old key files move to KEYS/retired/). Needs the root keys."""
     from enginefarm.cache.trust import repo
 
     new = repo.rotate(_store(store), channel, keys_dir, role, threshold)
-    click.echo(f"rotated {role} of {channel}: {len(new)} new key(s) in {keys_dir}; clients follow the new root on their next refresh")
+    click.echo(
+        f"rotated {role} of {channel}: {len(new)} new key(s) in {keys_dir}; clients follow the new root on their next refresh"
+    )
     if role == "timestamp":
         click.echo("give CI the new timestamp key")
 
@@ -214,7 +277,12 @@ def rotate_cmd(role, channel, store, keys_dir, threshold):
 @release_group.command("export-root")
 @channel_option(release=True)
 @store_option()
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Where to write root.json (ship it with your app).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write root.json (ship it with your app).",
+)
 def export_root_cmd(channel, store, out):
     """Write the channel's current root metadata: the trust anchor an app ships and passes as trusted_root."""
     from enginefarm.cache.atomic import write_bytes_atomic

@@ -14,14 +14,45 @@ from enginefarm.settings import load_settings
 
 @click.command("run")
 @click.argument("ref", metavar="MODEL/COMPONENT")
-@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array. Repeatable. A .npz gives all inputs at once.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME=FILE.npy",
+    help="An input array. Repeatable. A .npz gives all inputs at once.",
+)
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False), help="Write all outputs to this .npz.")
 @recipe_option("Compile here from this recipe if nothing stored fits.")
 @explain_option()
-@click.option("--weights", type=click.Path(path_type=Path), help="A custom checkpoint (.safetensors) in the base checkpoint's names.")
-@click.option("--lora", "loras", multiple=True, metavar="PATH[:STRENGTH]", help="A LoRA (.safetensors) and its strength (default 1). Repeatable.")
+@click.option(
+    "--weights",
+    type=click.Path(path_type=Path),
+    help="A custom checkpoint (.safetensors) in the base checkpoint's names.",
+)
+@click.option(
+    "--lora",
+    "loras",
+    multiple=True,
+    metavar="PATH[:STRENGTH]",
+    help="A LoRA (.safetensors) and its strength (default 1). Repeatable.",
+)
 @load_options()
-def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, device, target, store, channel, trusted_root, model_version):
+def run_cmd(
+    ref,
+    inputs,
+    output,
+    recipe,
+    explain,
+    weights,
+    loras,
+    precision,
+    device,
+    target,
+    store,
+    channel,
+    trusted_root,
+    model_version,
+):
     """Run MODEL/COMPONENT on the best artifact for this device."""
     import time
 
@@ -32,16 +63,32 @@ def run_cmd(ref, inputs, output, recipe, explain, weights, loras, precision, dev
     feeds = _read_inputs(inputs)
     start = time.perf_counter()
     with RichProgress() as progress:
-        session = load(ref, precision, device, store, weights, [_lora_option(item) for item in loras], recipe=recipe, target=target,
-                       progress=progress, channel=channel, trusted_root=trusted_root, version=model_version)
+        session = load(
+            ref,
+            precision,
+            device,
+            store,
+            weights,
+            [_lora_option(item) for item in loras],
+            recipe=recipe,
+            target=target,
+            progress=progress,
+            channel=channel,
+            trusted_root=trusted_root,
+            version=model_version,
+        )
     loaded = time.perf_counter()
     outputs = session.run(feeds)
     done = time.perf_counter()
     if explain:
         click.echo(session.explain())
     for name, value in outputs.items():
-        click.echo(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.5g} std {float(np.std(value)):.5g}")
-    click.echo(f"{session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]: load {1000 * (loaded - start):.0f} ms, run {1000 * (done - loaded):.0f} ms")
+        click.echo(
+            f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.5g} std {float(np.std(value)):.5g}"
+        )
+    click.echo(
+        f"{session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]: load {1000 * (loaded - start):.0f} ms, run {1000 * (done - loaded):.0f} ms"
+    )
     if output:
         from enginefarm.cache.atomic import atomic_writer
 
@@ -57,8 +104,10 @@ def _lora_option(item: str) -> tuple[str, float]:
         return (path, float(strength)) if sep and path else (item, 1.0)
     except ValueError:
         if sep and path and not Path(item).exists():  # a typo in the strength, not a path with ':' in it
-            raise ConfigError(f"--lora {item}: strength {strength!r} is not a number",
-                              hint="--lora PATH[:STRENGTH], e.g. --lora style.safetensors:0.8") from None
+            raise ConfigError(
+                f"--lora {item}: strength {strength!r} is not a number",
+                hint="--lora PATH[:STRENGTH], e.g. --lora style.safetensors:0.8",
+            ) from None
         return item, 1.0
 
 
@@ -82,7 +131,9 @@ def _read_inputs(items: tuple[str, ...]) -> dict:
             else:
                 feeds[name] = np.load(file, allow_pickle=False)
         except (ValueError, OSError):
-            raise ConfigError(f"cannot read {file}: not a numpy .npy/.npz file", hint="save arrays with numpy.save or numpy.savez") from None
+            raise ConfigError(
+                f"cannot read {file}: not a numpy .npy/.npz file", hint="save arrays with numpy.save or numpy.savez"
+            ) from None
     if not feeds:
         raise ConfigError("no inputs given", hint="--input NAME=FILE.npy (repeat per input) or --input FILE.npz")
     return feeds
@@ -97,8 +148,17 @@ def fetch_cmd(ref, explain, precision, device, target, store, channel, trusted_r
     from enginefarm.runner.load import fetch
 
     with RichProgress() as progress:
-        manifest, path, why = fetch(ref, precision, device, store, target=target, progress=progress, channel=channel, trusted_root=trusted_root,
-                                    version=model_version)
+        manifest, path, why = fetch(
+            ref,
+            precision,
+            device,
+            store,
+            target=target,
+            progress=progress,
+            channel=channel,
+            trusted_root=trusted_root,
+            version=model_version,
+        )
     if explain:
         click.echo(why)
     click.echo(f"{manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] → {path}")
@@ -135,7 +195,11 @@ def doctor_cmd():
         except Exception:
             versions = "-"
         hint = "" if backend.install in (avail.reason or "") else f" ({backend.install})"
-        status = "[green]build + load[/]" if avail.can_build and avail.can_load else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
+        status = (
+            "[green]build + load[/]"
+            if avail.can_build and avail.can_load
+            else f"[dim]unavailable: {escape((avail.reason or '') + hint)}[/]"
+        )
         if avail.can_build and not avail.can_load:  # TensorRT-RTX builds on a CPU and runs elsewhere
             status = f"[yellow]build only[/]: {escape(avail.reason or '')}"
         backends.add_row(backend.name, versions, status)

@@ -45,21 +45,65 @@ def ls_cmd(store, model, as_json):
             continue
         for entry in read_index(opened, name).entries.values():
             p50_ms = entry.benchmarks[0].p50_ms if entry.benchmarks else None
-            rows.append({"model": name, **{k: getattr(entry, k) for k in ("model_version", "component", "precision", "profile_name", "target", "build_key", "size", "stored_size", "created")},
-                         "p50_ms": p50_ms, "validation": _verdict_text(entry.validation)})
+            rows.append(
+                {
+                    "model": name,
+                    **{
+                        k: getattr(entry, k)
+                        for k in (
+                            "model_version",
+                            "component",
+                            "precision",
+                            "profile_name",
+                            "target",
+                            "build_key",
+                            "size",
+                            "stored_size",
+                            "created",
+                        )
+                    },
+                    "p50_ms": p50_ms,
+                    "validation": _verdict_text(entry.validation),
+                }
+            )
     from enginefarm.cache.versions import version_key
 
-    rows.sort(key=lambda r: (r["target"], r["precision"]))  # stable sorts: by component, newest version first, then target
+    rows.sort(
+        key=lambda r: (r["target"], r["precision"])
+    )  # stable sorts: by component, newest version first, then target
     rows.sort(key=lambda r: version_key(r["model_version"]), reverse=True)
     rows.sort(key=lambda r: (r["model"], r["component"]))
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     title = f"{len(rows)} artifacts in {opened.url}"
-    columns = ("model/component", "version", "precision", "profile", "target", "key", "size MiB", "stored MiB", "p50 ms", "validation")
-    cells = ((f"{r['model']}/{r['component']}", r["model_version"] or "?", r["precision"], r["profile_name"], r["target"], r["build_key"][:12],
-              f"{(r['size'] or 0) / 2**20:.2f}", f"{(r['stored_size'] or 0) / 2**20:.2f}", f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
-              r["validation"]) for r in rows)
+    columns = (
+        "model/component",
+        "version",
+        "precision",
+        "profile",
+        "target",
+        "key",
+        "size MiB",
+        "stored MiB",
+        "p50 ms",
+        "validation",
+    )
+    cells = (
+        (
+            f"{r['model']}/{r['component']}",
+            r["model_version"] or "?",
+            r["precision"],
+            r["profile_name"],
+            r["target"],
+            r["build_key"][:12],
+            f"{(r['size'] or 0) / 2**20:.2f}",
+            f"{(r['stored_size'] or 0) / 2**20:.2f}",
+            f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
+            r["validation"],
+        )
+        for r in rows
+    )
     if len(rows) > RICH_ROWS:  # rich lays out every cell (about 2.5 ms a row): 10^5 rows took 254 s
         click.echo(plain_table(title, columns, list(cells)))
         return
@@ -118,7 +162,9 @@ def publish_cmd(source, dest, models, components, targets, precisions, keys):
     if not selected:
         from enginefarm.errors import ArtifactNotFoundError
 
-        raise ArtifactNotFoundError(f"nothing in {src.url} matches the selection", hint="see `enginefarm ls --store URL`")
+        raise ArtifactNotFoundError(
+            f"nothing in {src.url} matches the selection", hint="see `enginefarm ls --store URL`"
+        )
     with RichProgress() as progress:
         results = copy_artifacts(src, dst, selected, progress=progress)
     copied = sum(v == "copied" for v in results.values())
@@ -127,7 +173,9 @@ def publish_cmd(source, dest, models, components, targets, precisions, keys):
 
 @click.command("gc")
 @store_option(required=True)
-@click.option("--grace", default="24h", show_default=True, help="Keep unreferenced blobs younger than this (s, m, h, d).")
+@click.option(
+    "--grace", default="24h", show_default=True, help="Keep unreferenced blobs younger than this (s, m, h, d)."
+)
 @keep_versions_option()
 @click.option("--delete", is_flag=True, help="Really delete; without it, only show what would go.")
 def gc_cmd(store, grace, keep_versions, delete):
@@ -153,9 +201,13 @@ def gc_cmd(store, grace, keep_versions, delete):
     for name in plan.stale_caches:
         click.echo(f"{done} build cache caches/{name}")
     young = len(plan.unreferenced) - len(plan.to_delete)
-    click.echo(f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced {'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}")
+    click.echo(
+        f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced {'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}"
+    )
     if plan.stale_caches:
-        click.echo(f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the newest {CACHE_NEWEST_KEPT} of each kept)")
+        click.echo(
+            f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the newest {CACHE_NEWEST_KEPT} of each kept)"
+        )
     if plan.partials:
         click.echo(f"{len(plan.partials)} leftovers of interrupted writes {'deleted' if delete else 'to delete'}")
 
@@ -163,12 +215,16 @@ def gc_cmd(store, grace, keep_versions, delete):
 def _print_pruning(pruning, delete: bool) -> None:
     verb = "removed" if delete else "would remove"
     for manifest in pruning.removed:
-        click.echo(f"{verb} {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]")
+        click.echo(
+            f"{verb} {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]"
+        )
     for digest in pruning.blobs:
         click.echo(f"{verb} blob {digest} (only older versions used it)")
     kept = "; ".join(f"{ref}: {', '.join(versions)}" for ref, versions in pruning.kept_versions.items())
-    click.echo(f"{len(pruning.removed)} artifacts of older versions and {len(pruning.blobs)} blobs {'removed' if delete else 'to remove (dry run: add --delete)'}"
-               + (f"; kept versions {kept}" if kept else ""))
+    click.echo(
+        f"{len(pruning.removed)} artifacts of older versions and {len(pruning.blobs)} blobs {'removed' if delete else 'to remove (dry run: add --delete)'}"
+        + (f"; kept versions {kept}" if kept else "")
+    )
 
 
 COMMANDS = (ls_cmd, index_cmd, publish_cmd, gc_cmd)

@@ -103,12 +103,30 @@ class DiskFullError(EnginefarmError, OSError):
 
 # Optional dependencies by top-level module → the extra that installs them. A missing one is a user's to fix.
 OPTIONAL_MODULES = {
-    "matplotlib": "report", "tuf": "release", "securesystemslib": "release", "cryptography": "release",
-    "boto3": "s3", "botocore": "s3", "onnxsim": "build", "onnx": "build", "onnxruntime": "onnxruntime",
-    "openvino": "openvino", "coremltools": "coreml", "onnx2torch": "coreml", "torch": "coreml", "torchvision": "coreml",
-    "diffusers": "export", "transformers": "export", "safetensors": "export",
-    "tensorrt_rtx": "tensorrt-rtx", "tensorrt": "tensorrt", "cuda": "tensorrt", "pynvml": "tensorrt",
-    "click": "cli", "rich": "cli", "pygments": "cli",
+    "matplotlib": "report",
+    "tuf": "release",
+    "securesystemslib": "release",
+    "cryptography": "release",
+    "boto3": "s3",
+    "botocore": "s3",
+    "onnxsim": "build",
+    "onnx": "build",
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
+    "coremltools": "coreml",
+    "onnx2torch": "coreml",
+    "torch": "coreml",
+    "torchvision": "coreml",
+    "diffusers": "export",
+    "transformers": "export",
+    "safetensors": "export",
+    "tensorrt_rtx": "tensorrt-rtx",
+    "tensorrt": "tensorrt",
+    "cuda": "tensorrt",
+    "pynvml": "tensorrt",
+    "click": "cli",
+    "rich": "cli",
+    "pygments": "cli",
 }
 
 

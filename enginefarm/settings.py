@@ -71,7 +71,9 @@ def parse_choice(name: str, raw: str | None, choices: tuple[str, ...]) -> str:
     if not value:
         return choices[0]
     if value not in choices:
-        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}", hint=f"use one of: {', '.join(choices)}")
+        raise ConfigError(
+            f"{name}={raw!r} is not one of {', '.join(choices)}", hint=f"use one of: {', '.join(choices)}"
+        )
     return value
 
 
@@ -101,7 +103,9 @@ class Settings:
     max_artifact_size: int = DEFAULT_MAX_ARTIFACT_SIZE
     measure: str = "auto"  # time the close candidates on this device at the first load: auto | on | off
     host_lock_dir: Path | None = None  # where builds and benchmarks of this host coordinate (None: the system temp dir)
-    probe_cache: bool = True  # remember device probes in home/device-probes.json (hardware/probe_cache.py); off: probe every load
+    probe_cache: bool = (
+        True  # remember device probes in home/device-probes.json (hardware/probe_cache.py); off: probe every load
+    )
 
 
 def _default_home() -> Path:
@@ -122,8 +126,11 @@ def _home_folder(raw: str) -> Path:
     for path in (home, *home.parents):
         if path.exists() or path.is_symlink():
             if not path.is_dir():
-                raise ConfigError(f"ENGINEFARM_HOME={raw!r}: {path} is a file, not a folder", variable="ENGINEFARM_HOME",
-                                  hint="point ENGINEFARM_HOME at a folder (it is created if missing), or unset it for the default")
+                raise ConfigError(
+                    f"ENGINEFARM_HOME={raw!r}: {path} is a file, not a folder",
+                    variable="ENGINEFARM_HOME",
+                    hint="point ENGINEFARM_HOME at a folder (it is created if missing), or unset it for the default",
+                )
             break
     return home
 
@@ -139,16 +146,25 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         offline=parse_bool("ENGINEFARM_OFFLINE", env.get("ENGINEFARM_OFFLINE")),
         cache_quota=parse_size("ENGINEFARM_CACHE_QUOTA", env.get("ENGINEFARM_CACHE_QUOTA")),
         recipe_path=recipe_path,
-        http_deadline_s=parse_number("ENGINEFARM_HTTP_DEADLINE", env.get("ENGINEFARM_HTTP_DEADLINE"), 3600.0, 1, 7 * 86400),
+        http_deadline_s=parse_number(
+            "ENGINEFARM_HTTP_DEADLINE", env.get("ENGINEFARM_HTTP_DEADLINE"), 3600.0, 1, 7 * 86400
+        ),
         http_min_rate=parse_number("ENGINEFARM_HTTP_MIN_RATE", env.get("ENGINEFARM_HTTP_MIN_RATE"), 16 * 1024, 0, 1e12),
-        http_connections=int(parse_number("ENGINEFARM_HTTP_CONNECTIONS", env.get("ENGINEFARM_HTTP_CONNECTIONS"), 1, 1, 32)),
+        http_connections=int(
+            parse_number("ENGINEFARM_HTTP_CONNECTIONS", env.get("ENGINEFARM_HTTP_CONNECTIONS"), 1, 1, 32)
+        ),
         s3_verify=parse_bool("ENGINEFARM_S3_VERIFY", env.get("ENGINEFARM_S3_VERIFY")),
         channel=(env.get("ENGINEFARM_CHANNEL") or "").strip() or None,
         trusted_root=Path(env["ENGINEFARM_TRUSTED_ROOT"]).expanduser() if env.get("ENGINEFARM_TRUSTED_ROOT") else None,
-        coreml_compute_units=parse_choice("ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS),
+        coreml_compute_units=parse_choice(
+            "ENGINEFARM_COREML_COMPUTE_UNITS", env.get("ENGINEFARM_COREML_COMPUTE_UNITS"), COREML_COMPUTE_UNITS
+        ),
         store_explicit=bool(env.get("ENGINEFARM_STORE")),
-        max_artifact_size=parse_size("ENGINEFARM_MAX_ARTIFACT_SIZE", env.get("ENGINEFARM_MAX_ARTIFACT_SIZE")) or DEFAULT_MAX_ARTIFACT_SIZE,
+        max_artifact_size=parse_size("ENGINEFARM_MAX_ARTIFACT_SIZE", env.get("ENGINEFARM_MAX_ARTIFACT_SIZE"))
+        or DEFAULT_MAX_ARTIFACT_SIZE,
         measure=parse_choice("ENGINEFARM_MEASURE", env.get("ENGINEFARM_MEASURE"), MEASURE_MODES).lower(),
-        host_lock_dir=Path(env["ENGINEFARM_HOST_LOCK_DIR"]).expanduser() if env.get("ENGINEFARM_HOST_LOCK_DIR") else None,
+        host_lock_dir=Path(env["ENGINEFARM_HOST_LOCK_DIR"]).expanduser()
+        if env.get("ENGINEFARM_HOST_LOCK_DIR")
+        else None,
         probe_cache=parse_bool("ENGINEFARM_PROBE_CACHE", env.get("ENGINEFARM_PROBE_CACHE") or "on"),
     )

@@ -41,12 +41,22 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     try:
-        with Pipeline.load(args.model, store=args.store, precision=args.precision, target=args.target, memory_budget=args.budget) as pipe:
+        with Pipeline.load(
+            args.model, store=args.store, precision=args.precision, target=args.target, memory_budget=args.budget
+        ) as pipe:
             if args.tiles:
                 pipe.enable_vae_tiling()
-            image = pipe(args.prompt, args.negative, steps=args.steps, seed=args.seed, width=args.size, height=args.size,
-                         guidance_scale=args.guidance, scheduler=args.scheduler,
-                         on_step=lambda done, total: print(f"step {done}/{total}", flush=True))
+            image = pipe(
+                args.prompt,
+                args.negative,
+                steps=args.steps,
+                seed=args.seed,
+                width=args.size,
+                height=args.size,
+                guidance_scale=args.guidance,
+                scheduler=args.scheduler,
+                on_step=lambda done, total: print(f"step {done}/{total}", flush=True),
+            )
             timings = dict(pipe.timings)
     except EnginefarmError as exc:
         print(f"error: {exc}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr)

@@ -31,14 +31,25 @@ class Shape:
 
     @property
     def label(self) -> str:
-        return f"batch {self.batch}, latent {self.height}x{self.width}" + (f", {self.text_length} T5 tokens" if self.text_length else "")
+        return f"batch {self.batch}, latent {self.height}x{self.width}" + (
+            f", {self.text_length} T5 tokens" if self.text_length else ""
+        )
 
     def resolve(self, tensor: Tensor, scale: int) -> list[int]:
         """`tensor`'s concrete shape here: dynamic dims from this point (`image_*` at `scale`, `height_divN`)."""
-        dims = {"batch": self.batch, "height": self.height, "width": self.width,
-                "image_height": self.height * scale, "image_width": self.width * scale,
-                "text_length": self.text_length, "context_tokens": self.context_tokens}
-        return [d if isinstance(d, int) else dims.get(d) or dims[d.partition("_div")[0]] // int(d.partition("_div")[2]) for d in tensor.shape]
+        dims = {
+            "batch": self.batch,
+            "height": self.height,
+            "width": self.width,
+            "image_height": self.height * scale,
+            "image_width": self.width * scale,
+            "text_length": self.text_length,
+            "context_tokens": self.context_tokens,
+        }
+        return [
+            d if isinstance(d, int) else dims.get(d) or dims[d.partition("_div")[0]] // int(d.partition("_div")[2])
+            for d in tensor.shape
+        ]
 
 
 def check_contract(path: Path, name: str, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...]) -> None:
@@ -48,11 +59,16 @@ def check_contract(path: Path, name: str, inputs: tuple[Tensor, ...], outputs: t
     problems = []
     for kind, declared, found in (("input", inputs, graph.input), ("output", outputs, graph.output)):
         if [t.name for t in declared] != [v.name for v in found]:
-            problems.append(f"{kind}s are {[v.name for v in found]}, the family table says {[t.name for t in declared]}")
+            problems.append(
+                f"{kind}s are {[v.name for v in found]}, the family table says {[t.name for t in declared]}"
+            )
             continue
         for tensor, value in zip(declared, found, strict=True):
             ttype = value.type.tensor_type
-            dims = [d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else "?" for d in ttype.shape.dim]
+            dims = [
+                d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else "?"
+                for d in ttype.shape.dim
+            ]
             if ttype.elem_type != _ONNX_TYPES[tensor.dtype]:
                 problems.append(f"{kind} {tensor.name} has ONNX type {ttype.elem_type}, not {tensor.dtype}")
             if dims != list(tensor.shape):
@@ -74,8 +90,15 @@ def torch_outputs(module, cases: list[tuple[Shape, tuple]]) -> list[list]:
     return results
 
 
-def compare_with_torch(path: Path, name: str, expected_outputs: list[list], cases: list[tuple[Shape, tuple]],
-                       outputs: tuple[Tensor, ...], scale: int, limit: float | None = None) -> dict[str, float]:
+def compare_with_torch(
+    path: Path,
+    name: str,
+    expected_outputs: list[list],
+    cases: list[tuple[Shape, tuple]],
+    outputs: tuple[Tensor, ...],
+    scale: int,
+    limit: float | None = None,
+) -> dict[str, float]:
     """Run the ONNX file on ONNX Runtime (CPU) for each case and compare with torch's outputs (`torch_outputs`): the
     worst deviation per case (max |difference| over the output's range), or ExportError naming the output that missed."""
     import numpy as np
@@ -93,20 +116,26 @@ def compare_with_torch(path: Path, name: str, expected_outputs: list[list], case
         for tensor, want, have in zip(outputs, expected, got, strict=True):
             declared = shape.resolve(tensor, scale)
             if not (list(want.shape) == list(have.shape) == declared):
-                raise ExportError(f"{name}: output {tensor.name} is {list(have.shape)} on ONNX Runtime, {list(want.shape)} on torch, "
-                                  f"{declared} by the family table at {shape.label}")
+                raise ExportError(
+                    f"{name}: output {tensor.name} is {list(have.shape)} on ONNX Runtime, {list(want.shape)} on torch, "
+                    f"{declared} by the family table at {shape.label}"
+                )
             spread = float(np.ptp(want)) or 1.0
             error = float(np.max(np.abs(want.astype(np.float64) - have))) / spread
             if not np.isfinite(error) or error > limit:
-                raise ExportError(f"{name}: ONNX Runtime differs from torch by {error:.3g} of the output range in {tensor.name} at "
-                                  f"{shape.label} (limit {limit:g})", hint="this is a bug in the exporter or an op the ONNX export "
-                                  "cannot express; nothing was written")
+                raise ExportError(
+                    f"{name}: ONNX Runtime differs from torch by {error:.3g} of the output range in {tensor.name} at "
+                    f"{shape.label} (limit {limit:g})",
+                    hint="this is a bug in the exporter or an op the ONNX export cannot express; nothing was written",
+                )
             deviation = max(deviation, error)
         worst[shape.label] = deviation
     return worst
 
 
-def example_inputs(inputs: tuple[Tensor, ...], ranges: dict[str, tuple[float, float]], shape: Shape, scale: int, seed: int) -> tuple:
+def example_inputs(
+    inputs: tuple[Tensor, ...], ranges: dict[str, tuple[float, float]], shape: Shape, scale: int, seed: int
+) -> tuple:
     """Seeded torch inputs at `shape`, each in its validation range (residuals and others: -1..1)."""
     import torch
 

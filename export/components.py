@@ -13,7 +13,12 @@ from .source import ExportSource
 
 log = logging.getLogger(__name__)
 
-_DIFFUSERS_CLASSES = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel", "transformer": "SD3Transformer2DModel"}
+_DIFFUSERS_CLASSES = {
+    "unet": "UNet2DConditionModel",
+    "vae": "AutoencoderKL",
+    "controlnet": "ControlNetModel",
+    "transformer": "SD3Transformer2DModel",
+}
 
 
 # Transformers whose export packs latents into 2x2 patches inside the graph (export/flux.py).
@@ -91,7 +96,11 @@ def wrap(component: Component, model, family_time_ids: int):
                 table = model.get_input_embeddings()
                 self.rows = table.num_embeddings
                 table.register_forward_pre_hook(lambda _, args: (args[0].clamp(0, self.rows - 1), *args[1:]))
-                table.register_forward_hook(lambda _, args, out: torch.where((self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out))
+                table.register_forward_hook(
+                    lambda _, args, out: torch.where(
+                        (self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out
+                    )
+                )
 
         def forward(self, input_ids, *second):
             extra = {}
@@ -100,7 +109,9 @@ def wrap(component: Component, model, family_time_ids: int):
             elif self.second == "attention_mask":
                 extra["attention_mask"] = second[0]
             out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names, **extra)
-            results = [out.hidden_states[-2] if name == "hidden_states" else getattr(out, name) for name in output_names]
+            results = [
+                out.hidden_states[-2] if name == "hidden_states" else getattr(out, name) for name in output_names
+            ]
             return tuple(results) if len(results) > 1 else results[0]
 
     class Transformer(torch.nn.Module):
@@ -130,13 +141,26 @@ def wrap(component: Component, model, family_time_ids: int):
             if family_time_ids:
                 added = {"text_embeds": rest.pop(0), "time_ids": rest.pop(0)}
             if kind == "controlnet":
-                down, mid = self.model(sample, timestep, encoder_hidden_states, controlnet_cond=cond, conditioning_scale=1.0,
-                                       added_cond_kwargs=added, return_dict=False)
+                down, mid = self.model(
+                    sample,
+                    timestep,
+                    encoder_hidden_states,
+                    controlnet_cond=cond,
+                    conditioning_scale=1.0,
+                    added_cond_kwargs=added,
+                    return_dict=False,
+                )
                 return (*down, mid)
             if kind == "unet_controlnet":
-                return self.model(sample, timestep, encoder_hidden_states, added_cond_kwargs=added,
-                                  down_block_additional_residuals=tuple(rest[:-1]), mid_block_additional_residual=rest[-1],
-                                  return_dict=False)[0]
+                return self.model(
+                    sample,
+                    timestep,
+                    encoder_hidden_states,
+                    added_cond_kwargs=added,
+                    down_block_additional_residuals=tuple(rest[:-1]),
+                    mid_block_additional_residual=rest[-1],
+                    return_dict=False,
+                )[0]
             return self.model(sample, timestep, encoder_hidden_states, added_cond_kwargs=added, return_dict=False)[0]
 
     class VaeDecoder(torch.nn.Module):
@@ -164,8 +188,15 @@ def wrap(component: Component, model, family_time_ids: int):
         if type(model).__name__ == "ChromaTransformer2DModel":
             return chroma_module(model)
         return flux_module(model, guidance=any(t.name == "guidance" for t in component.inputs))
-    wrapper = {"text_encoder": TextEncoder, "transformer": Transformer, "unet": Denoiser, "unet_controlnet": Denoiser, "controlnet": Denoiser,
-               "vae_decoder": VaeDecoder, "vae_encoder": VaeEncoder}[kind]
+    wrapper = {
+        "text_encoder": TextEncoder,
+        "transformer": Transformer,
+        "unet": Denoiser,
+        "unet_controlnet": Denoiser,
+        "controlnet": Denoiser,
+        "vae_decoder": VaeDecoder,
+        "vae_encoder": VaeEncoder,
+    }[kind]
     return wrapper().eval()
 
 

@@ -30,7 +30,10 @@ def traceable_flux():
     import torch
     from diffusers.models.transformers import transformer_chroma, transformer_flux
 
-    rotary, chroma_embed = transformer_flux.apply_rotary_emb, transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward
+    rotary, chroma_embed = (
+        transformer_flux.apply_rotary_emb,
+        transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward,
+    )
     torch.onnx.register_custom_op_symbolic("aten::rms_norm", _rms_norm_symbolic, 17)
     transformer_flux.apply_rotary_emb = _rotary
     transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward = _chroma_timestep_embedding
@@ -49,7 +52,9 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
     axes = list(range(-len(symbolic_helper._parse_arg(normalized_shape, "is")), 0))
     epsilon = _FLOAT32_EPS if symbolic_helper._is_none(eps) else symbolic_helper._parse_arg(eps, "f")
     mean_square = g.op("ReduceMean", g.op("Mul", x, x), axes_i=axes, keepdims_i=1)
-    denominator = g.op("Sqrt", g.op("Add", mean_square, g.op("Constant", value_t=torch.tensor(epsilon, dtype=torch.float32))))
+    denominator = g.op(
+        "Sqrt", g.op("Add", mean_square, g.op("Constant", value_t=torch.tensor(epsilon, dtype=torch.float32)))
+    )
     normed = g.op("Div", x, denominator)
     return normed if symbolic_helper._is_none(weight) else g.op("Mul", normed, weight)
 
@@ -60,7 +65,9 @@ def _rotary(x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequence_dim=1)
     import torch
 
     if not use_real or use_real_unbind_dim != -1 or sequence_dim != 1:
-        raise NotImplementedError("the ONNX export rewrites only Flux's rotary embedding (interleaved, tokens on axis 1)")
+        raise NotImplementedError(
+            "the ONNX export rewrites only Flux's rotary embedding (interleaved, tokens on axis 1)"
+        )
     cos, sin = freqs_cis
     width = x.shape[-1]
     swap = torch.zeros(width, width)
@@ -129,8 +136,16 @@ def flux_module(model, guidance: bool):
         def forward(self, hidden_states, timestep, encoder_hidden_states, pooled_projections, *rest):
             image_ids, text_ids = position_ids(hidden_states, encoder_hidden_states)
             scale = rest[0] if guidance else None
-            out = self.model(pack(hidden_states), encoder_hidden_states, pooled_projections, timestep / 1000, image_ids, text_ids,
-                             scale, return_dict=False)[0]
+            out = self.model(
+                pack(hidden_states),
+                encoder_hidden_states,
+                pooled_projections,
+                timestep / 1000,
+                image_ids,
+                text_ids,
+                scale,
+                return_dict=False,
+            )[0]
             return unpack(out, hidden_states)
 
     return FluxTransformer().eval()
@@ -151,7 +166,9 @@ def chroma_module(model):
             image_ids, text_ids = position_ids(hidden_states, encoder_hidden_states)
             tokens = pack(hidden_states)
             mask = torch.cat([attention_mask, torch.ones_like(tokens[:, :, 0])], dim=1)
-            out = self.model(tokens, encoder_hidden_states, timestep / 1000, image_ids, text_ids, mask, return_dict=False)[0]
+            out = self.model(
+                tokens, encoder_hidden_states, timestep / 1000, image_ids, text_ids, mask, return_dict=False
+            )[0]
             return unpack(out, hidden_states)
 
     return ChromaTransformer().eval()

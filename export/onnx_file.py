@@ -20,8 +20,14 @@ def dynamic_axes(tensors: tuple[Tensor, ...]) -> dict[str, dict[int, str]]:
     return {t.name: {axis: str(dim) for axis, dim in enumerate(t.shape) if is_dynamic(dim)} for t in tensors}
 
 
-def export_onnx(module, example: tuple, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...], path: Path,
-                external_data_above: int = EXTERNAL_DATA_ABOVE) -> bool:
+def export_onnx(
+    module,
+    example: tuple,
+    inputs: tuple[Tensor, ...],
+    outputs: tuple[Tensor, ...],
+    path: Path,
+    external_data_above: int = EXTERNAL_DATA_ABOVE,
+) -> bool:
     """Write `module` traced at `example` to `path`; True when its weights went to `path.name + ".data"`.
     Traced with the TorchScript exporter (dynamo=False), which handles the UNet families' control flow."""
     import onnx
@@ -31,10 +37,20 @@ def export_onnx(module, example: tuple, inputs: tuple[Tensor, ...], outputs: tup
     raw.mkdir()
     try:
         with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # tracer warnings about Python branches on shapes, the exporter's deprecation
-            torch.onnx.export(module, example, str(raw / path.name), input_names=[t.name for t in inputs],
-                              output_names=[t.name for t in outputs], dynamic_axes=dynamic_axes(inputs + outputs),
-                              opset_version=OPSET, do_constant_folding=True, dynamo=False)
+            warnings.simplefilter(
+                "ignore"
+            )  # tracer warnings about Python branches on shapes, the exporter's deprecation
+            torch.onnx.export(
+                module,
+                example,
+                str(raw / path.name),
+                input_names=[t.name for t in inputs],
+                output_names=[t.name for t in outputs],
+                dynamic_axes=dynamic_axes(inputs + outputs),
+                opset_version=OPSET,
+                do_constant_folding=True,
+                dynamo=False,
+            )
         header = onnx.load(str(raw / path.name), load_external_data=False)
         header.ir_version = min(header.ir_version, MAX_IR_VERSION)
         declare_shapes(header, inputs, outputs)
@@ -45,8 +61,14 @@ def export_onnx(module, example: tuple, inputs: tuple[Tensor, ...], outputs: tup
             return True
         weights = sum(t.ByteSize() for t in header.graph.initializer)
         external = weights > external_data_above
-        onnx.save_model(header, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
-                        location=f"{path.name}.data" if external else None, size_threshold=1024)
+        onnx.save_model(
+            header,
+            str(path),
+            save_as_external_data=external,
+            all_tensors_to_one_file=True,
+            location=f"{path.name}.data" if external else None,
+            size_threshold=1024,
+        )
     finally:
         shutil.rmtree(raw)
     return external

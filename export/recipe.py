@@ -47,15 +47,34 @@ def vae_memory_gb(dims: dict[str, tuple[int, int, int]], scale: int) -> float:
     return round(VAE_GB_BASE + VAE_GB_PER_MEGAPIXEL * dims.get("batch", (1, 1, 1))[2] * pixels / 1e6, 1)
 
 
-def recipe_text(source: ExportSource, name: str, components: dict[str, str | None], *, targets=DEFAULT_TARGETS,
-                precisions=DEFAULT_PRECISIONS, batch=None, latent=None, text_length=None, origin: str = "") -> str:
+def recipe_text(
+    source: ExportSource,
+    name: str,
+    components: dict[str, str | None],
+    *,
+    targets=DEFAULT_TARGETS,
+    precisions=DEFAULT_PRECISIONS,
+    batch=None,
+    latent=None,
+    text_length=None,
+    origin: str = "",
+) -> str:
     """`components`: component → its checkpoint file (or None), in the order to write them."""
     family, sizes = source.family, source.sizes
-    lines = [f"# Written by `enginefarm export` from {origin} ({family.id}: {family.title}).",
-             "# Build it with `enginefarm build recipe.toml`; edit the profiles and targets as you need.",
-             "", "[model]", f"name = {_toml(name)}", 'version = "1"', f"description = {_toml(f'{family.title}, exported from diffusers')}",
-             'assets = "assets"  # tokenizers and configs: published beside the artifacts, read by enginefarm.diffusion',
-             "", "[defaults]", f"precisions = {_list(precisions)}", f"targets = {_list(targets)}"]
+    lines = [
+        f"# Written by `enginefarm export` from {origin} ({family.id}: {family.title}).",
+        "# Build it with `enginefarm build recipe.toml`; edit the profiles and targets as you need.",
+        "",
+        "[model]",
+        f"name = {_toml(name)}",
+        'version = "1"',
+        f"description = {_toml(f'{family.title}, exported from diffusers')}",
+        'assets = "assets"  # tokenizers and configs: published beside the artifacts, read by enginefarm.diffusion',
+        "",
+        "[defaults]",
+        f"precisions = {_list(precisions)}",
+        f"targets = {_list(targets)}",
+    ]
     for component_name, checkpoint in components.items():
         component = family.component(component_name)
         lines += ["", f"[components.{component_name}]", f"source = {_toml(component_name + '.onnx')}"]
@@ -64,17 +83,24 @@ def recipe_text(source: ExportSource, name: str, components: dict[str, str | Non
         if component.precisions is not None:
             kept = [p for p in precisions if p in component.precisions] or list(component.precisions)
             if kept != list(precisions):
-                lines.append(f"precisions = {_list(kept)}  # {component.precisions_reason or 'the family table says so'}")
+                lines.append(
+                    f"precisions = {_list(kept)}  # {component.precisions_reason or 'the family table says so'}"
+                )
         if component.fp16_keep_fp32:
             lines.append(f"fp16_keep_fp32 = {_list(component.fp16_keep_fp32)}")
         dims = profile_dims(family, component, sizes, batch=batch, latent=latent, text_length=text_length)
         lines += ["", f"[components.{component_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in dims.items()]
         if component.kind.startswith("vae"):
-            lines += ["", f"[components.{component_name}.resources]",
-                      f"host_ram_gb = {vae_memory_gb(dims, family.vae_scale_factor)}  # its activations at the largest profile"]
+            lines += [
+                "",
+                f"[components.{component_name}.resources]",
+                f"host_ram_gb = {vae_memory_gb(dims, family.vae_scale_factor)}  # its activations at the largest profile",
+            ]
         ranges = input_ranges(family, component, sizes, source.vae_scaling_factor)
         if ranges:
-            spec = ", ".join(f"{_key(n)} = {{ low = {_toml(lo)}, high = {_toml(hi)} }}" for n, (lo, hi) in ranges.items())
+            spec = ", ".join(
+                f"{_key(n)} = {{ low = {_toml(lo)}, high = {_toml(hi)} }}" for n, (lo, hi) in ranges.items()
+            )
             lines += ["", f"[components.{component_name}.validate]", f"inputs = {{ {spec} }}"]
     return "\n".join(lines) + "\n"

@@ -66,7 +66,9 @@ class Partial:
         self._write()
 
     def _write(self) -> None:
-        write_bytes_atomic(self.folder / RECORD, json.dumps({"key": self.key, "components": self.finished}, indent=1).encode())
+        write_bytes_atomic(
+            self.folder / RECORD, json.dumps({"key": self.key, "components": self.finished}, indent=1).encode()
+        )
 
 
 @contextmanager
@@ -77,15 +79,19 @@ def staging(out: Path, key: str, report) -> Iterator[Partial]:
     lock = out.parent / f".{out.name}.export-lock"
     with file_lock(lock, timeout=0) as taken:
         if not taken:
-            raise ConfigError(f"another `enginefarm export` is writing {out}", hint="wait for it to finish, or choose another --out")
+            raise ConfigError(
+                f"another `enginefarm export` is writing {out}", hint="wait for it to finish, or choose another --out"
+            )
         try:
             partial = _open(folder, key, report)
             try:
                 yield partial
             except BaseException:
                 if partial.finished:
-                    report.message(f"kept {len(partial.finished)} finished component(s) ({', '.join(partial.finished)}) in {folder}: "
-                                   "the same command resumes from there")
+                    report.message(
+                        f"kept {len(partial.finished)} finished component(s) ({', '.join(partial.finished)}) in {folder}: "
+                        "the same command resumes from there"
+                    )
                 else:
                     shutil.rmtree(folder, ignore_errors=True)
                 raise

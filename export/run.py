@@ -53,11 +53,23 @@ class ExportResult:
     seconds: float
 
 
-def export_model(source: Path, out: Path, name: str | None = None, progress: ProgressLike = None, *, controlnet: Path | None = None,
-                 targets=recipes.DEFAULT_TARGETS, precisions=recipes.DEFAULT_PRECISIONS, batch: tuple[int, int, int] | None = None,
-                 latent: tuple[int, int, int] | None = None, text_length: tuple[int, int, int] | None = None,
-                 external_data_above: int = EXTERNAL_DATA_ABOVE, overwrite: bool = False, base: Path | None = None,
-                 origin: str | None = None) -> ExportResult:
+def export_model(
+    source: Path,
+    out: Path,
+    name: str | None = None,
+    progress: ProgressLike = None,
+    *,
+    controlnet: Path | None = None,
+    targets=recipes.DEFAULT_TARGETS,
+    precisions=recipes.DEFAULT_PRECISIONS,
+    batch: tuple[int, int, int] | None = None,
+    latent: tuple[int, int, int] | None = None,
+    text_length: tuple[int, int, int] | None = None,
+    external_data_above: int = EXTERNAL_DATA_ABOVE,
+    overwrite: bool = False,
+    base: Path | None = None,
+    origin: str | None = None,
+) -> ExportResult:
     """Export the diffusers pipeline (or standalone ControlNet) folder `source` to `out`: `<component>.onnx` (and
     `.onnx.data` for weights above `external_data_above` bytes), `<component>.safetensors`, `assets/`, `recipe.toml`.
     `controlnet`: a ControlNet folder exported with the pipeline as one model of the ControlNet family. `batch`
@@ -67,9 +79,21 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     it: `base`, the base model's diffusers folder, gives configs, tokenizers and the names its weights take."""
     started = time.monotonic()
     if Path(source).is_file() or base is not None:
-        return _export_single_file(Path(source), base, Path(out), name, progress, controlnet=controlnet, targets=targets, precisions=precisions,
-                                   batch=batch, latent=latent, text_length=text_length, external_data_above=external_data_above,
-                                   overwrite=overwrite)
+        return _export_single_file(
+            Path(source),
+            base,
+            Path(out),
+            name,
+            progress,
+            controlnet=controlnet,
+            targets=targets,
+            precisions=precisions,
+            batch=batch,
+            latent=latent,
+            text_length=text_length,
+            external_data_above=external_data_above,
+            overwrite=overwrite,
+        )
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
     if text_length is not None:
         from .transformer_sizes import with_text_length
@@ -79,18 +103,29 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
     check_shapes(found, latent, text_length)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it")
+        raise ConfigError(
+            f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it"
+        )
     _require_export_modules()
     name = recipes.model_name(name or Path(source).resolve().name)
     report = as_progress(progress)
     report.message(f"{found.family.title} ({found.family.id}): {', '.join(found.components)}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    key = resume.export_key([f for f in (found.pipeline, found.controlnet) if f is not None],
-                            {"batch": batch, "latent": latent, "text_length": text_length, "external_data_above": external_data_above})
+    key = resume.export_key(
+        [f for f in (found.pipeline, found.controlnet) if f is not None],
+        {"batch": batch, "latent": latent, "text_length": text_length, "external_data_above": external_data_above},
+    )
     with resume.staging(out, key, report) as partial:
         staging = partial.folder
-        done = _export_components(found, partial, report, batch=batch, latent=latent, text_length=text_length,
-                                  external_data_above=external_data_above)
+        done = _export_components(
+            found,
+            partial,
+            report,
+            batch=batch,
+            latent=latent,
+            text_length=text_length,
+            external_data_above=external_data_above,
+        )
         (staging / resume.RECORD).unlink()
         shutil.rmtree(staging / "assets", ignore_errors=True)
         _copy_assets(found, staging / "assets")
@@ -98,28 +133,53 @@ def export_model(source: Path, out: Path, name: str | None = None, progress: Pro
         for component, shared in SHARED_CHECKPOINTS.items():
             if component in checkpoints and shared in checkpoints:
                 checkpoints[component] = checkpoints[shared]
-        text = recipes.recipe_text(found, name, checkpoints, targets=tuple(targets), precisions=tuple(precisions), batch=batch, latent=latent,
-                                   text_length=text_length,
-                                   origin=(origin or str(source)) + (f" with ControlNet {controlnet}" if controlnet else ""))
+        text = recipes.recipe_text(
+            found,
+            name,
+            checkpoints,
+            targets=tuple(targets),
+            precisions=tuple(precisions),
+            batch=batch,
+            latent=latent,
+            text_length=text_length,
+            origin=(origin or str(source)) + (f" with ControlNet {controlnet}" if controlnet else ""),
+        )
         (staging / "recipe.toml").write_text(text)
         _check_recipe(staging / "recipe.toml")
         _usual_permissions(staging)
         _move_into_place(staging, out)
-    moved = tuple(ComponentExport(c.name, out / c.onnx.name, c.external_data, c.size, c.seconds, c.deviations,
-                                  out / c.checkpoint.name if c.checkpoint else None) for c in done)
+    moved = tuple(
+        ComponentExport(
+            c.name,
+            out / c.onnx.name,
+            c.external_data,
+            c.size,
+            c.seconds,
+            c.deviations,
+            out / c.checkpoint.name if c.checkpoint else None,
+        )
+        for c in done
+    )
     return ExportResult(found.family, name, out, out / "recipe.toml", moved, time.monotonic() - started)
 
 
-def _export_single_file(source: Path, base: Path | None, out: Path, name: str | None, progress, **options) -> ExportResult:
+def _export_single_file(
+    source: Path, base: Path | None, out: Path, name: str | None, progress, **options
+) -> ExportResult:
     from enginefarm.weights.single_file import same_family
 
     from .single_file import stage
 
     if base is None or not source.is_file():
-        raise ConfigError(f"{source}: a single-file checkpoint is exported with --base DIR (the base model's diffusers folder)"
-                          if base is None else f"--base is for a single-file SOURCE; {source} is not a file",
-                          hint="enginefarm export model.safetensors --base BASE_FOLDER --out OUT")
-    same_family(source, read_source(Path(base), options.get("controlnet")).family.id)  # a file for another family: one line
+        raise ConfigError(
+            f"{source}: a single-file checkpoint is exported with --base DIR (the base model's diffusers folder)"
+            if base is None
+            else f"--base is for a single-file SOURCE; {source} is not a file",
+            hint="enginefarm export model.safetensors --base BASE_FOLDER --out OUT",
+        )
+    same_family(
+        source, read_source(Path(base), options.get("controlnet")).family.id
+    )  # a file for another family: one line
     out.parent.mkdir(parents=True, exist_ok=True)
     holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.single-file-", dir=out.parent))
     try:
@@ -136,7 +196,9 @@ def _require_export_modules() -> None:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise ConfigError(f"`enginefarm export` needs {module}, which is not installed", hint="pip install 'enginefarm[export]'") from None
+            raise ConfigError(
+                f"`enginefarm export` needs {module}, which is not installed", hint="pip install 'enginefarm[export]'"
+            ) from None
     import diffusers
     import transformers
 
@@ -168,18 +230,23 @@ def latent_multiple(found: ExportSource) -> int:
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
 
-def check_shapes(found: ExportSource, latent: tuple[int, int, int] | None, text_length: tuple[int, int, int] | None = None) -> tuple[Shape, Shape]:
+def check_shapes(
+    found: ExportSource, latent: tuple[int, int, int] | None, text_length: tuple[int, int, int] | None = None
+) -> tuple[Shape, Shape]:
     """The export's tracing shape (batch 2, the profile's opt latent, square, the opt T5 token count) and a second
     one with another batch, a non-square latent a UNet level up and down and another token count in the profile, so
     batch, height, width and the text length are each shown to be dynamic."""
     ranges = latent or found.family.latent_range
     step = latent_multiple(found)
     if any(n % step for n in ranges):
-        raise ConfigError(f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
-                          hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)")
+        raise ConfigError(
+            f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
+            hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)",
+        )
     opt = ranges[1]
     low, tokens, high = text_length or text_length_range(found.family, found.sizes)
     other = max(low, tokens // 2) if tokens > low else high  # the traced count must not be the only one checked
+
     def text(n: int) -> dict[str, int]:
         if not found.family.joint_text:
             return {}
@@ -195,7 +262,9 @@ def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...])
     from enginefarm.cache.manifest import Target
 
     if not targets or not precisions:
-        raise ConfigError("the recipe needs at least one target and one precision", hint="--targets openvino:cpu --precisions fp32")
+        raise ConfigError(
+            "the recipe needs at least one target and one precision", hint="--targets openvino:cpu --precisions fp32"
+        )
     for precision in precisions:
         if precision not in precision_table.NAMES:
             raise ConfigError(f"unknown precision {precision!r}", hint=precision_table.hint())
@@ -208,8 +277,9 @@ def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...])
             raise ConfigError(problem[0], hint=problem[1])
 
 
-def _export_components(found: ExportSource, partial: resume.Partial, report, *, batch, latent, text_length,
-                       external_data_above: int) -> list[ComponentExport]:
+def _export_components(
+    found: ExportSource, partial: resume.Partial, report, *, batch, latent, text_length, external_data_above: int
+) -> list[ComponentExport]:
     family, sizes, staging = found.family, found.sizes, partial.folder
     loaded = Loaded(found, found.components)
     shapes = check_shapes(found, latent, text_length)
@@ -227,7 +297,10 @@ def _export_components(found: ExportSource, partial: resume.Partial, report, *, 
         module = wrap(component, model, family.time_ids)
         inputs, outputs = component.io(sizes)
         ranges = input_ranges(family, component, sizes, found.vae_scaling_factor)
-        cases = [(shape, example_inputs(inputs, ranges, shape, family.vae_scale_factor, seed)) for seed, shape in enumerate(shapes)]
+        cases = [
+            (shape, example_inputs(inputs, ranges, shape, family.vae_scale_factor, seed))
+            for seed, shape in enumerate(shapes)
+        ]
         path = staging / f"{component_name}.onnx"
         with _tracing(model):
             external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
@@ -243,11 +316,20 @@ def _export_components(found: ExportSource, partial: resume.Partial, report, *, 
         size = sum(p.stat().st_size for p in files_of(path))
         seconds = time.monotonic() - start
         done.append(ComponentExport(component_name, path, external, size, seconds, deviations, checkpoint))
-        partial.record(component_name, {"external_data": external, "seconds": seconds, "deviations": deviations,
-                                        "checkpoint": checkpoint.name if checkpoint else None},
-                       list(files_of(path)) + ([checkpoint] if checkpoint else []))
-        report.message(f"{component_name}: {seconds:.1f} s, {size / 1e6:.1f} MB{' (external data)' if external else ''}, "
-                       f"max deviation from torch {max(deviations.values()):.1e}")
+        partial.record(
+            component_name,
+            {
+                "external_data": external,
+                "seconds": seconds,
+                "deviations": deviations,
+                "checkpoint": checkpoint.name if checkpoint else None,
+            },
+            list(files_of(path)) + ([checkpoint] if checkpoint else []),
+        )
+        report.message(
+            f"{component_name}: {seconds:.1f} s, {size / 1e6:.1f} MB{' (external data)' if external else ''}, "
+            f"max deviation from torch {max(deviations.values()):.1e}"
+        )
     report.work("export", len(found.components), len(found.components))
     return done
 
@@ -255,8 +337,15 @@ def _export_components(found: ExportSource, partial: resume.Partial, report, *, 
 def _kept(staging: Path, name: str, entry: dict) -> ComponentExport:
     path = staging / f"{name}.onnx"
     checkpoint = staging / entry["checkpoint"] if entry["checkpoint"] else None
-    return ComponentExport(name, path, entry["external_data"], sum(p.stat().st_size for p in files_of(path)), entry["seconds"],
-                           entry["deviations"], checkpoint)
+    return ComponentExport(
+        name,
+        path,
+        entry["external_data"],
+        sum(p.stat().st_size for p in files_of(path)),
+        entry["seconds"],
+        entry["deviations"],
+        checkpoint,
+    )
 
 
 def _copy_assets(found: ExportSource, assets: Path) -> None:
@@ -269,16 +358,23 @@ def _copy_assets(found: ExportSource, assets: Path) -> None:
                 shutil.copytree(found.pipeline / folder, assets / folder)
         if (found.pipeline / "scheduler" / "scheduler_config.json").is_file():
             (assets / "scheduler").mkdir()
-            shutil.copy2(found.pipeline / "scheduler" / "scheduler_config.json", assets / "scheduler" / "scheduler_config.json")
+            shutil.copy2(
+                found.pipeline / "scheduler" / "scheduler_config.json", assets / "scheduler" / "scheduler_config.json"
+            )
         shutil.copy2(found.pipeline / "model_index.json", assets / "model_index.json")
     for folder, config in found.configs.items():
         if folder != "scheduler":
             (assets / folder).mkdir(exist_ok=True)
             (assets / folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    description = {"family": found.family.id, "components": list(found.components), "sizes": asdict(found.sizes),
-                   "vae_scaling_factor": found.vae_scaling_factor, "vae_shift_factor": found.family.shift_factor(found.configs.get("vae")),
-                   "prediction_type": found.prediction_type,
-                   "latent_multiple": latent_multiple(found)}
+    description = {
+        "family": found.family.id,
+        "components": list(found.components),
+        "sizes": asdict(found.sizes),
+        "vae_scaling_factor": found.vae_scaling_factor,
+        "vae_shift_factor": found.family.shift_factor(found.configs.get("vae")),
+        "prediction_type": found.prediction_type,
+        "latent_multiple": latent_multiple(found),
+    }
     (assets / "family.json").write_text(json.dumps(description, indent=2) + "\n")
 
 

@@ -16,18 +16,26 @@ from enginefarm.errors import SourceError
 from enginefarm.weights.single_file import component_part, open_file
 
 # diffusers folder → the components of the layout it gathers, and the weights file name its class loads
-_FOLDERS = {"unet": (("unet",), "diffusion_pytorch_model.safetensors"), "vae": (("vae_decoder", "vae_encoder"), "diffusion_pytorch_model.safetensors"),
-            "text_encoder": (("text_encoder",), "model.safetensors"), "text_encoder_2": (("text_encoder_2",), "model.safetensors"),
-            "text_encoder_3": (("text_encoder_3",), "model.safetensors"),  # SD3's T5 in an all-in-one file
-            "transformer": (("transformer",), "diffusion_pytorch_model.safetensors")}
+_FOLDERS = {
+    "unet": (("unet",), "diffusion_pytorch_model.safetensors"),
+    "vae": (("vae_decoder", "vae_encoder"), "diffusion_pytorch_model.safetensors"),
+    "text_encoder": (("text_encoder",), "model.safetensors"),
+    "text_encoder_2": (("text_encoder_2",), "model.safetensors"),
+    "text_encoder_3": (("text_encoder_3",), "model.safetensors"),  # SD3's T5 in an all-in-one file
+    "transformer": (("transformer",), "diffusion_pytorch_model.safetensors"),
+}
 _WEIGHTS = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".ckpt", ".pt")
 
 
 def _base_tensors(folder: Path) -> dict[str, tuple[SafeTensors, tuple[int, ...]]]:
-    files = sorted(p for p in folder.glob("*.safetensors") if ".fp16." not in p.name) or sorted(folder.glob("*.safetensors"))
+    files = sorted(p for p in folder.glob("*.safetensors") if ".fp16." not in p.name) or sorted(
+        folder.glob("*.safetensors")
+    )
     if not files:
-        raise SourceError(f"{folder} holds no .safetensors weights: the base folder gives each component's tensor names",
-                          hint="use the base model's full diffusers folder (as `save_pretrained` or a model hub download writes it)")
+        raise SourceError(
+            f"{folder} holds no .safetensors weights: the base folder gives each component's tensor names",
+            hint="use the base model's full diffusers folder (as `save_pretrained` or a model hub download writes it)",
+        )
     out = {}
     for path in files:
         st = SafeTensors(path)
@@ -39,11 +47,15 @@ def stage(checkpoint: Path, base: Path, into: Path) -> Path:
     """A diffusers folder at `into` holding `checkpoint`'s weights over `base`. Returns `into`."""
     opened = open_file(checkpoint)
     if opened.layout is None:
-        raise SourceError(f"{checkpoint}: not a single-file checkpoint or VAE file (its keys match no known layout)",
-                          hint="export a diffusers folder, or a single file in the original (LDM) or SGM layout with --base")
+        raise SourceError(
+            f"{checkpoint}: not a single-file checkpoint or VAE file (its keys match no known layout)",
+            hint="export a diffusers folder, or a single file in the original (LDM) or SGM layout with --base",
+        )
     if not (base / "model_index.json").is_file():
-        raise SourceError(f"--base {base} is not a diffusers pipeline folder (model_index.json not found)",
-                          hint="give the base model's diffusers folder: configs, tokenizers and scheduler come from it")
+        raise SourceError(
+            f"--base {base} is not a diffusers pipeline folder (model_index.json not found)",
+            hint="give the base model's diffusers folder: configs, tokenizers and scheduler come from it",
+        )
     parts = set(opened.components())
     into.mkdir(parents=True)
     for entry in base.iterdir():
@@ -61,7 +73,9 @@ def stage(checkpoint: Path, base: Path, into: Path) -> Path:
         for component in gathers[0]:
             if component not in parts:
                 continue
-            half = {"vae_decoder": ("decoder.", "post_quant_conv."), "vae_encoder": ("encoder.", "quant_conv.")}.get(component)
+            half = {"vae_decoder": ("decoder.", "post_quant_conv."), "vae_encoder": ("encoder.", "quant_conv.")}.get(
+                component
+            )
             own = {n: s for n, s in names.items() if half is None or n.startswith(half)}
             view = component_part(checkpoint, component, f"{base.name}/{entry.name}", own, own)
             assert view is not None, component  # listed in `parts`: the checkpoint holds it

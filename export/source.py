@@ -32,7 +32,11 @@ class ExportSource:
         """What this export writes: the family's components, or only the ControlNet from a standalone folder."""
         if self.pipeline is None:
             return ("controlnet",)
-        return tuple(c.name for c in self.family.components if c.name not in self.family.optional or _present(self.model_index.get(c.folder)))
+        return tuple(
+            c.name
+            for c in self.family.components
+            if c.name not in self.family.optional or _present(self.model_index.get(c.folder))
+        )
 
     def folder(self, name: str) -> Path:
         """The folder a diffusers component (unet, vae, controlnet…) loads from."""
@@ -70,10 +74,16 @@ def read_source(source: Path, controlnet: Path | None = None) -> ExportSource:
     if not index_path.is_file():
         if _is_controlnet_folder(source) and controlnet is None:
             return _standalone_controlnet(source)
-        raise SourceError(f"{source} is not a diffusers pipeline folder: {index_path} not found",
-                          hint="give the folder `save_pretrained` wrote (it holds model_index.json), or a ControlNet folder (config.json)")
+        raise SourceError(
+            f"{source} is not a diffusers pipeline folder: {index_path} not found",
+            hint="give the folder `save_pretrained` wrote (it holds model_index.json), or a ControlNet folder (config.json)",
+        )
     model_index = _read_json(index_path)
-    configs = {name: _read_json(source / name / "config.json") for name in CONFIG_FOLDERS if (source / name / "config.json").is_file()}
+    configs = {
+        name: _read_json(source / name / "config.json")
+        for name in CONFIG_FOLDERS
+        if (source / name / "config.json").is_file()
+    }
     if (source / "scheduler" / "scheduler_config.json").is_file():
         configs["scheduler"] = _read_json(source / "scheduler" / "scheduler_config.json")
     family = detect_family(model_index, configs)
@@ -81,15 +91,22 @@ def read_source(source: Path, controlnet: Path | None = None) -> ExportSource:
     if controlnet is not None:
         controlnet = Path(controlnet)
         if family.is_controlnet:
-            raise ConfigError(f"{source} already holds a ControlNet; --controlnet adds one to a pipeline without", hint="leave out --controlnet")
+            raise ConfigError(
+                f"{source} already holds a ControlNet; --controlnet adds one to a pipeline without",
+                hint="leave out --controlnet",
+            )
         if not _is_controlnet_folder(controlnet):
-            raise SourceError(f"{controlnet} is not a ControlNet folder: {controlnet / 'config.json'} with _class_name ControlNetModel not found")
+            raise SourceError(
+                f"{controlnet} is not a ControlNet folder: {controlnet / 'config.json'} with _class_name ControlNetModel not found"
+            )
         configs["controlnet"] = _read_json(controlnet / "config.json")
         cn_family = detect_family(configs["controlnet"], {})
         family = with_controlnet(family)
         if cn_family.id != family.id:
-            raise ConfigError(f"the ControlNet in {controlnet} is for {cn_family.title}, the pipeline in {source} is {family.title}",
-                              hint="pair a ControlNet with a pipeline of its base family")
+            raise ConfigError(
+                f"the ControlNet in {controlnet} is for {cn_family.title}, the pipeline in {source} is {family.title}",
+                hint="pair a ControlNet with a pipeline of its base family",
+            )
         cn_folder = controlnet
     shipped = [c for c in family.components if c.name not in family.optional or _present(model_index.get(c.folder))]
     missing = [c.folder for c in shipped if not (source / c.folder).is_dir() and c.folder != "controlnet"]
@@ -106,15 +123,26 @@ def _standalone_controlnet(folder: Path) -> ExportSource:
     return _with_sizes(family, None, folder, config, {"controlnet": config})
 
 
-def _with_sizes(family: Family, pipeline: Path | None, controlnet: Path | None, model_index: dict, configs: dict[str, dict]) -> ExportSource:
+def _with_sizes(
+    family: Family, pipeline: Path | None, controlnet: Path | None, model_index: dict, configs: dict[str, dict]
+) -> ExportSource:
     scheduler = configs.get("scheduler", {})
     vae = configs.get("vae", {})
     if vae and 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1) != family.vae_scale_factor:
-        raise ConfigError(f"the VAE scales images by {2 ** (len(vae['block_out_channels']) - 1)}, {family.title} by {family.vae_scale_factor}",
-                          hint="the pixel-space inputs and outputs are written for the family's scale")
-    return ExportSource(family=family, pipeline=pipeline, controlnet=controlnet, model_index=model_index, configs=configs,
-                        sizes=read_sizes(family, configs), vae_scaling_factor=family.scaling_factor(vae),
-                        prediction_type=family.prediction(scheduler))
+        raise ConfigError(
+            f"the VAE scales images by {2 ** (len(vae['block_out_channels']) - 1)}, {family.title} by {family.vae_scale_factor}",
+            hint="the pixel-space inputs and outputs are written for the family's scale",
+        )
+    return ExportSource(
+        family=family,
+        pipeline=pipeline,
+        controlnet=controlnet,
+        model_index=model_index,
+        configs=configs,
+        sizes=read_sizes(family, configs),
+        vae_scaling_factor=family.scaling_factor(vae),
+        prediction_type=family.prediction(scheduler),
+    )
 
 
 def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
@@ -131,20 +159,32 @@ def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
         raise ConfigError(f"the text encoders' widths {widths} do not add up to the UNet's cross_attention_dim {cross}")
     pooled = 0
     if family.time_ids:
-        added = int(denoiser["projection_class_embeddings_input_dim"]) - family.time_ids * int(denoiser["addition_time_embed_dim"])
+        added = int(denoiser["projection_class_embeddings_input_dim"]) - family.time_ids * int(
+            denoiser["addition_time_embed_dim"]
+        )
         pooled = int(encoders[-1].get("projection_dim", added)) if encoders else added
         if pooled != added:
-            raise ConfigError(f"the UNet expects text_embeds of width {added} with {family.time_ids} time ids, "
-                              f"the last text encoder's projection is {pooled}")
+            raise ConfigError(
+                f"the UNet expects text_embeds of width {added} with {family.time_ids} time ids, "
+                f"the last text encoder's projection is {pooled}"
+            )
     residuals: tuple[tuple[int, int], ...] = ()
     mid = (0, 0)
     if family.is_controlnet:
         residuals, mid = controlnet_residuals(denoiser["block_out_channels"], denoiser["layers_per_block"])
         if "controlnet" in configs and "unet" in configs:
-            theirs = controlnet_residuals(configs["controlnet"]["block_out_channels"], configs["controlnet"]["layers_per_block"])
+            theirs = controlnet_residuals(
+                configs["controlnet"]["block_out_channels"], configs["controlnet"]["layers_per_block"]
+            )
             if theirs != (residuals, mid):
                 raise ConfigError("the ControlNet's down blocks do not match the UNet's: its residuals would not fit")
-    return Sizes(text_widths=widths, cross_attention_dim=cross, latent_channels=int(denoiser.get("in_channels", 4)),
-                 pooled_width=pooled, residuals=residuals, mid_residual=mid,
-                 vocab_size=int(encoders[0]["vocab_size"]) if encoders else family.sizes.vocab_size,
-                 num_train_timesteps=int(configs.get("scheduler", {}).get("num_train_timesteps", 1000)))
+    return Sizes(
+        text_widths=widths,
+        cross_attention_dim=cross,
+        latent_channels=int(denoiser.get("in_channels", 4)),
+        pooled_width=pooled,
+        residuals=residuals,
+        mid_residual=mid,
+        vocab_size=int(encoders[0]["vocab_size"]) if encoders else family.sizes.vocab_size,
+        num_train_timesteps=int(configs.get("scheduler", {}).get("num_train_timesteps", 1000)),
+    )

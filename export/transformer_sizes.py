@@ -32,29 +32,45 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
         vocabs.append(int(config["vocab_size"]))
         # CLIPTextModelWithProjection's text_embeds are projection_dim wide; CLIPTextModel's pooler_output (Flux) is its width
         pooler = any(t.name == "pooler_output" for t in family.component(name).outputs)
-        projections.append((widths[-1] if pooler else int(config.get("projection_dim") or widths[-1])) if name in joint.pooled else 0)
+        projections.append(
+            (widths[-1] if pooler else int(config.get("projection_dim") or widths[-1])) if name in joint.pooled else 0
+        )
     side_by_side = sum(w for n, w in zip(family.text_encoders, widths, strict=True) if n in joint.width)
     if side_by_side > cross:
-        raise ConfigError(f"the text encoders {', '.join(joint.width)} are {side_by_side} wide together, more than the transformer's "
-                          f"joint_attention_dim {cross}", hint="the text encoders do not belong to this transformer")
+        raise ConfigError(
+            f"the text encoders {', '.join(joint.width)} are {side_by_side} wide together, more than the transformer's "
+            f"joint_attention_dim {cross}",
+            hint="the text encoders do not belong to this transformer",
+        )
     for name, width in zip(family.text_encoders, widths, strict=True):
         if name in joint.tokens and width != cross:
-            raise ConfigError(f"{name} is {width} wide, the transformer's joint_attention_dim is {cross}",
-                              hint="the text encoders do not belong to this transformer")
+            raise ConfigError(
+                f"{name} is {width} wide, the transformer's joint_attention_dim is {cross}",
+                hint="the text encoders do not belong to this transformer",
+            )
     pooled = sum(projections)
     expected = int(transformer.get("pooled_projection_dim") or 0)
     if joint.pooled and pooled != expected:
-        raise ConfigError(f"the text encoders' pooled projections add up to {pooled}, the transformer's pooled_projection_dim is {expected}",
-                          hint="the text encoders do not belong to this transformer")
+        raise ConfigError(
+            f"the text encoders' pooled projections add up to {pooled}, the transformer's pooled_projection_dim is {expected}",
+            hint="the text encoders do not belong to this transformer",
+        )
     lengths = table.text_lengths or tuple(77 for _ in family.text_encoders)
     by_name = dict(zip(family.text_encoders, lengths, strict=True))
     context = max((by_name[n] for n in joint.width), default=0) + sum(by_name[n] for n in joint.tokens)
     vae = configs.get("vae", {})
-    return Sizes(text_widths=tuple(widths), cross_attention_dim=cross,
-                 latent_channels=int(vae.get("latent_channels") or transformer.get("in_channels", table.latent_channels)),
-                 pooled_width=pooled, vocab_size=vocabs[0] if vocabs else table.vocab_size,
-                 num_train_timesteps=int(configs.get("scheduler", {}).get("num_train_timesteps", 1000)),
-                 text_lengths=tuple(lengths), vocab_sizes=tuple(vocabs), projection_widths=tuple(projections), context_tokens=context)
+    return Sizes(
+        text_widths=tuple(widths),
+        cross_attention_dim=cross,
+        latent_channels=int(vae.get("latent_channels") or transformer.get("in_channels", table.latent_channels)),
+        pooled_width=pooled,
+        vocab_size=vocabs[0] if vocabs else table.vocab_size,
+        num_train_timesteps=int(configs.get("scheduler", {}).get("num_train_timesteps", 1000)),
+        text_lengths=tuple(lengths),
+        vocab_sizes=tuple(vocabs),
+        projection_widths=tuple(projections),
+        context_tokens=context,
+    )
 
 
 def with_text_length(family: Family, sizes: Sizes, text_length: tuple[int, int, int] | None) -> Sizes:
@@ -64,11 +80,15 @@ def with_text_length(family: Family, sizes: Sizes, text_length: tuple[int, int, 
         return sizes
     t5 = [c for c in family.components if c.tokenizer == "t5"]
     if not t5:
-        raise ConfigError(f"{family.title} has no T5 encoder: its text length is CLIP's fixed 77", hint="leave out --text-length")
+        raise ConfigError(
+            f"{family.title} has no T5 encoder: its text length is CLIP's fixed 77", hint="leave out --text-length"
+        )
     low, opt, high = text_length
     if high > TEXT_LENGTH_MAX:
-        raise ConfigError(f"--text-length {low},{opt},{high} goes past {TEXT_LENGTH_MAX} tokens, what T5 was trained at and diffusers allows",
-                          hint=f"e.g. --text-length {TEXT_LENGTH_MIN},{min(opt, TEXT_LENGTH_MAX)},{TEXT_LENGTH_MAX}")
+        raise ConfigError(
+            f"--text-length {low},{opt},{high} goes past {TEXT_LENGTH_MAX} tokens, what T5 was trained at and diffusers allows",
+            hint=f"e.g. --text-length {TEXT_LENGTH_MIN},{min(opt, TEXT_LENGTH_MAX)},{TEXT_LENGTH_MAX}",
+        )
     lengths = list(sizes.text_lengths)
     for component in t5:
         lengths[component.text_index] = opt

@@ -24,8 +24,10 @@ def with_controlnet(base: Family) -> Family:
     if base.is_controlnet:
         return base
     if base.controlnet is None:
-        raise ConfigError(f"there is no ControlNet family for {base.id} ({base.title})",
-                          hint=f"ControlNet is supported for: {', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet and f.controlnet)}")
+        raise ConfigError(
+            f"there is no ControlNet family for {base.id} ({base.title})",
+            hint=f"ControlNet is supported for: {', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet and f.controlnet)}",
+        )
     return FAMILIES[base.controlnet]
 
 
@@ -38,8 +40,10 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
         return FAMILIES[_controlnet_base(model_index).controlnet]
     unet = configs.get("unet", {})
     if unet.get("in_channels", 4) != 4:
-        raise ConfigError(f"{cls} with a {unet['in_channels']}-channel UNet (an inpainting or depth model) is not a supported family yet",
-                          hint=_HINT)
+        raise ConfigError(
+            f"{cls} with a {unet['in_channels']}-channel UNet (an inpainting or depth model) is not a supported family yet",
+            hint=_HINT,
+        )
     if cls in ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"):
         return _sd(unet, configs.get("scheduler", {}))
     if cls == "StableDiffusionXLPipeline":
@@ -62,8 +66,10 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
         return FAMILIES["flux" if configs.get("transformer", {}).get("guidance_embeds") else "flux-schnell"]
     if cls in FAMILIES["chroma"].pipelines:
         return FAMILIES["chroma"]
-    raise ConfigError(f"unknown model family: model_index.json's _class_name is {cls!r}",
-                      hint=f"supported pipelines: {', '.join(sorted({p for f in FAMILIES.values() for p in f.pipelines}))}")
+    raise ConfigError(
+        f"unknown model family: model_index.json's _class_name is {cls!r}",
+        hint=f"supported pipelines: {', '.join(sorted({p for f in FAMILIES.values() for p in f.pipelines}))}",
+    )
 
 
 def _present(entry: object) -> bool:
@@ -75,8 +81,10 @@ def _sd(unet: dict, scheduler: dict) -> Family:
     width = unet.get("cross_attention_dim")
     found = _SD_BY_TEXT_WIDTH.get(width)
     if found is None:
-        raise ConfigError(f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD 2.x 1024)",
-                          hint=_HINT)
+        raise ConfigError(
+            f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD 2.x 1024)",
+            hint=_HINT,
+        )
     if found == "sd2" and scheduler.get("prediction_type") == "v_prediction":
         found = "sd2-v"
     return FAMILIES[found]
@@ -88,5 +96,7 @@ def _controlnet_base(config: dict) -> Family:
     width = config.get("cross_attention_dim")
     if width == 768:
         return FAMILIES["sd1"]
-    raise ConfigError(f"unknown model family: a ControlNet with cross_attention_dim {width!r} and no SDXL conditioning",
-                      hint="ControlNets for SD 1.x (768) and SDXL (addition_embed_type text_time) are supported")
+    raise ConfigError(
+        f"unknown model family: a ControlNet with cross_attention_dim {width!r} and no SDXL conditioning",
+        hint="ControlNets for SD 1.x (768) and SDXL (addition_embed_type text_time) are supported",
+    )

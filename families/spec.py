@@ -31,8 +31,9 @@ def downscaled(dim: str, factor: int) -> str:
 
 
 def is_dynamic(dim: int | str) -> bool:
-    return isinstance(dim, str) and (dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS, *TEXT_DIMS)
-                                     or dim.split("_div")[0] in LATENT_DIMS and "_div" in dim)
+    return isinstance(dim, str) and (
+        dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS, *TEXT_DIMS) or dim.split("_div")[0] in LATENT_DIMS and "_div" in dim
+    )
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Sizes:
     @classmethod
     def from_json(cls, data: dict) -> Sizes:
         """From `dataclasses.asdict` written as JSON (an export's assets/family.json): lists back to tuples."""
+
         def tupled(v: Any) -> Any:
             return tuple(tupled(x) for x in v) if isinstance(v, list) else v
 
@@ -95,11 +97,14 @@ class Sizes:
         return self.context_tokens - defaults + text_length * len(appended)
 
 
-def controlnet_residuals(block_out_channels: tuple[int, ...] | list[int], layers_per_block: int | tuple[int, ...] | list[int]
-                         ) -> tuple[tuple[tuple[int, int], ...], tuple[int, int]]:
+def controlnet_residuals(
+    block_out_channels: tuple[int, ...] | list[int], layers_per_block: int | tuple[int, ...] | list[int]
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, int]]:
     """(down residuals, mid residual) as (channels, downscale), from a UNet's or ControlNet's config: conv_in's
     output, then each down block's resnets and (all but the last) its downsampler; the mid block at the bottom."""
-    layers = [layers_per_block] * len(block_out_channels) if isinstance(layers_per_block, int) else list(layers_per_block)
+    layers = (
+        [layers_per_block] * len(block_out_channels) if isinstance(layers_per_block, int) else list(layers_per_block)
+    )
     down, factor = [(block_out_channels[0], 1)], 1
     for index, (channels, count) in enumerate(zip(block_out_channels, layers, strict=True)):
         down += [(channels, factor)] * count
@@ -133,8 +138,11 @@ class Component:
 
     def io(self, sizes: Sizes) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
         """The inputs and outputs with every size filled in from `sizes` (dynamic dims stay names)."""
+
         def resolve(t: Tensor) -> Tensor:
-            return replace(t, shape=tuple(d if isinstance(d, int) or is_dynamic(d) else self._size(sizes, d) for d in t.shape))
+            return replace(
+                t, shape=tuple(d if isinstance(d, int) or is_dynamic(d) else self._size(sizes, d) for d in t.shape)
+            )
 
         inputs, outputs = tuple(map(resolve, self.inputs)), tuple(map(resolve, self.outputs))
         if self.residuals == "inputs":
@@ -247,9 +255,15 @@ class Family:
         return any(c.kind == "controlnet" for c in self.components)
 
 
-def profile_dims(family: Family, component: Component, sizes: Sizes, *, batch: tuple[int, int, int] | None = None,
-                 latent: tuple[int, int, int] | None = None, text_length: tuple[int, int, int] | None = None
-                 ) -> dict[str, tuple[int, int, int]]:
+def profile_dims(
+    family: Family,
+    component: Component,
+    sizes: Sizes,
+    *,
+    batch: tuple[int, int, int] | None = None,
+    latent: tuple[int, int, int] | None = None,
+    text_length: tuple[int, int, int] | None = None,
+) -> dict[str, tuple[int, int, int]]:
     """(min, opt, max) of each dynamic dim of `component`'s inputs: a recipe profile in its shorthand form.
     `batch`, `latent` and `text_length` override the family's ranges (latent pixels; pixel dims follow at the VAE's
     scale; the transformer's context tokens follow the T5 token count)."""
@@ -283,14 +297,25 @@ def text_length_range(family: Family, sizes: Sizes) -> tuple[int, int, int]:
     return min(TEXT_LENGTH_MIN, default), default, max(TEXT_LENGTH_MAX, default)
 
 
-def input_ranges(family: Family, component: Component, sizes: Sizes, scaling_factor: float) -> dict[str, tuple[float, float]]:
+def input_ranges(
+    family: Family, component: Component, sizes: Sizes, scaling_factor: float
+) -> dict[str, tuple[float, float]]:
     """The value range of each input that validation should feed, in the units the pipeline feeds it.
 
     Symbolic bounds: "last_token" (vocab_size - 1), "last_timestep" (num_train_timesteps - 1), "native_pixels",
     "unscaled_latent" (±√3 / scaling_factor: latents of unit spread, as the pipeline divides them for the decoder)."""
-    vocab = sizes.vocab_sizes[component.text_index] if sizes.vocab_sizes and component.kind == "text_encoder" else sizes.vocab_size
-    symbols = {"last_token": vocab - 1, "last_timestep": sizes.num_train_timesteps - 1, "native_pixels": family.native_pixels,
-               "unscaled_latent": round(3 ** 0.5 / scaling_factor, 2)}
+    vocab = (
+        sizes.vocab_sizes[component.text_index]
+        if sizes.vocab_sizes and component.kind == "text_encoder"
+        else sizes.vocab_size
+    )
+    symbols = {
+        "last_token": vocab - 1,
+        "last_timestep": sizes.num_train_timesteps - 1,
+        "native_pixels": family.native_pixels,
+        "unscaled_latent": round(3**0.5 / scaling_factor, 2),
+    }
+
     def value(v: object) -> float:
         if isinstance(v, str):
             return -symbols[v[1:]] if v.startswith("-") else symbols[v]

@@ -16,7 +16,25 @@ _X86_LEVELS = (
     ("v2", {"sse4_2", "popcnt", "ssse3"}),
 )
 # Flags that change what compiled CPU code may use; an exported CPU blob is only reused where these match.
-NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "neon", "asimd", "sve", "i8mm", "bf16")
+NOTABLE_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "neon",
+    "asimd",
+    "sve",
+    "i8mm",
+    "bf16",
+)
 
 
 def _machine() -> str:
@@ -50,7 +68,10 @@ def _darwin_cpuinfo() -> tuple[str, set[str]]:
             return ""
 
     name = sysctl("machdep.cpu.brand_string")
-    flags = {f.lower().replace(".", "_") for f in (sysctl("machdep.cpu.features") + " " + sysctl("machdep.cpu.leaf7_features")).split()}
+    flags = {
+        f.lower().replace(".", "_")
+        for f in (sysctl("machdep.cpu.features") + " " + sysctl("machdep.cpu.leaf7_features")).split()
+    }
     if _machine() == "aarch64":
         flags |= {"neon", "asimd"}
     return name, flags
@@ -65,7 +86,9 @@ def isa_level(machine: str, flags: set[str]) -> str:
     return "base"
 
 
-_remembered: dict[str, Any] | None = None  # this machine's description from the device probe cache (hardware/probe_cache.py)
+_remembered: dict[str, Any] | None = (
+    None  # this machine's description from the device probe cache (hardware/probe_cache.py)
+)
 
 
 def remember_cpu(description: dict[str, Any]) -> None:
@@ -121,8 +144,17 @@ def nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = pynvml.nvmlDeviceGetName(handle)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            gpus.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name, "major": major, "minor": minor,
-                         "arch": f"sm_{major}{minor}", "driver": driver, "vram_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20)})
+            gpus.append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "major": major,
+                    "minor": minor,
+                    "arch": f"sm_{major}{minor}",
+                    "driver": driver,
+                    "vram_mb": pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
+                }
+            )
     except Exception as exc:
         return gpus, f"NVML failed: {exc}"
     finally:

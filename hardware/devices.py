@@ -44,7 +44,9 @@ def probe_cpu() -> Probe:
 
 def probe_nvidia() -> Probe:
     gpus, reason = nvidia_gpus()
-    devices = tuple(nvidia_device(g["name"], g["major"], g["minor"], g["driver"], g["vram_mb"], g["index"]) for g in gpus)
+    devices = tuple(
+        nvidia_device(g["name"], g["major"], g["minor"], g["driver"], g["vram_mb"], g["index"]) for g in gpus
+    )
     return Probe("nvidia", devices, None if devices else reason)
 
 
@@ -60,7 +62,9 @@ def amd_device(name: str, gfx: str, vram_mb: int) -> Device:
 
 
 def apple_device(chip: str, macos: str) -> Device:
-    return _found("apple", chip, "apple-" + chip.lower().replace("apple ", "").replace(" ", "-"), {"os": "darwin", "macos": macos})
+    return _found(
+        "apple", chip, "apple-" + chip.lower().replace("apple ", "").replace(" ", "-"), {"os": "darwin", "macos": macos}
+    )
 
 
 def probe_amd() -> Probe:
@@ -75,7 +79,9 @@ def probe_apple() -> Probe:
     if platform.system() != "Darwin" or platform.machine() != "arm64":
         return Probe("apple", (), "not an Apple-silicon Mac")
     try:
-        chip = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2).stdout.strip()
+        chip = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=2
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         return Probe("apple", (), f"sysctl failed: {exc}")
     return Probe("apple", (apple_device(chip or "Apple silicon", platform.mac_ver()[0]),))

@@ -42,8 +42,14 @@ def _cpu_model() -> str:
 
 def _linux_driver_versions() -> dict[str, str]:
     """The GPU drivers' version files that exist here (none outside Linux)."""
-    files = ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version", "/sys/module/nvidia/version", "/sys/module/i915/version",
-             "/sys/module/xe/version", "/sys/module/intel_vpu/version")
+    files = (
+        "/proc/driver/nvidia/version",
+        "/sys/module/amdgpu/version",
+        "/sys/module/nvidia/version",
+        "/sys/module/i915/version",
+        "/sys/module/xe/version",
+        "/sys/module/intel_vpu/version",
+    )
     return {p: _read(p, 512) for p in files if os.path.exists(p)}
 
 
@@ -83,10 +89,23 @@ def _own_code(files: tuple[Path, ...]) -> list[int]:
 
 def machine_key(code: tuple[Path, ...] = ()) -> str:
     """`code`: the files whose code shapes what is remembered (the caller's: the probes, and what adds to them)."""
-    parts = {"kernel": platform.release(), "machine": platform.machine(), "system": platform.system(), "cpu": _cpu_model(),
-             "cores": os.cpu_count(), "memory": _memory(), "python": [sys.executable, *sys.version_info[:2]], "path": sys.path, "sdks": _sdk_packages(), "devices": _devices(),
-             "drivers": _linux_driver_versions(), "code": _own_code(code),
-             "env": {k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")}}
+    parts = {
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory": _memory(),
+        "python": [sys.executable, *sys.version_info[:2]],
+        "path": sys.path,
+        "sdks": _sdk_packages(),
+        "devices": _devices(),
+        "drivers": _linux_driver_versions(),
+        "code": _own_code(code),
+        "env": {
+            k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+        },
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

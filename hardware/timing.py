@@ -40,8 +40,14 @@ class Timing:
 
     def record(self) -> dict[str, Any]:
         """The benchmark record's timing fields (a manifest's `benchmarks` entry, an on-device measurement)."""
-        return {"p50_ms": round(self.median_ms, 3), "p90_ms": round(float(np.percentile(self.times_ms, 90)), 3),
-                "runs": len(self.times_ms), "spread": round(self.spread, 4), "iqr_ms": round(self.iqr_ms, 3), "stopped": self.stopped}
+        return {
+            "p50_ms": round(self.median_ms, 3),
+            "p90_ms": round(float(np.percentile(self.times_ms, 90)), 3),
+            "runs": len(self.times_ms),
+            "spread": round(self.spread, 4),
+            "iqr_ms": round(self.iqr_ms, 3),
+            "stopped": self.stopped,
+        }
 
 
 def spread(times_ms: list[float]) -> float:
@@ -53,8 +59,15 @@ def spread(times_ms: list[float]) -> float:
     return float(high - low) / median if median > 0 else 0.0
 
 
-def time_runs(run: Callable[[], object], *, min_runs: int = MIN_RUNS, max_runs: int = MAX_RUNS, budget_s: float = TIME_BUDGET_S,
-              target: float = SPREAD_TARGET, clock: Callable[[], float] = time.perf_counter) -> Timing:
+def time_runs(
+    run: Callable[[], object],
+    *,
+    min_runs: int = MIN_RUNS,
+    max_runs: int = MAX_RUNS,
+    budget_s: float = TIME_BUDGET_S,
+    target: float = SPREAD_TARGET,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timing:
     """Call `run` until at least `min_runs` calls have a spread of at most `target`, or `budget_s` or `max_runs` is
     reached (whichever comes first after `min_runs`). The caller warms the session up first. `clock`: seconds."""
     times: list[float] = []
@@ -73,9 +86,16 @@ def time_runs(run: Callable[[], object], *, min_runs: int = MIN_RUNS, max_runs: 
             return Timing(times, "time cap")
 
 
-def time_interleaved(runs: dict[str, Callable[[], object]], *, min_rounds: int, max_rounds: int, budget_s: float,
-                     target: float = SPREAD_TARGET, on_round: Callable[[int, dict[str, Timing]], None] | None = None,
-                     clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+def time_interleaved(
+    runs: dict[str, Callable[[], object]],
+    *,
+    min_rounds: int,
+    max_rounds: int,
+    budget_s: float,
+    target: float = SPREAD_TARGET,
+    on_round: Callable[[int, dict[str, Timing]], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Timing]:
     """Time several sessions round-robin, so machine noise hits them alike. Stops after `min_rounds` once the
     fastest is clear of the others (not tied) or every spread is at most `target`; else at `max_rounds` or
     `budget_s`."""
@@ -93,8 +113,17 @@ def time_interleaved(runs: dict[str, Callable[[], object]], *, min_rounds: int, 
             on_round(rounds, done)
         if rounds < min_rounds:
             continue
-        stopped = ("clear winner" if _clear_winner(done) else "spread" if all(t.spread <= target for t in done.values())
-                   else "max runs" if rounds >= max_rounds else "time cap" if clock() > deadline else "")
+        stopped = (
+            "clear winner"
+            if _clear_winner(done)
+            else "spread"
+            if all(t.spread <= target for t in done.values())
+            else "max runs"
+            if rounds >= max_rounds
+            else "time cap"
+            if clock() > deadline
+            else ""
+        )
         if stopped:
             for timing in done.values():
                 timing.stopped = stopped

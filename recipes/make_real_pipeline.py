@@ -27,24 +27,74 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 
 # stabilityai/stable-diffusion-xl-base-1.0: text_encoder/, text_encoder_2/, unet/, vae/ config.json
-CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-              max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768)
-CLIP_G = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
-              max_position_embeddings=77, hidden_act="gelu", projection_dim=1280)
-SD15_UNET = dict(sample_size=64, in_channels=4, out_channels=4, cross_attention_dim=768, block_out_channels=(320, 640, 1280, 1280),
-                 layers_per_block=2, down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-                 up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3, attention_head_dim=8)
-UNET = dict(sample_size=128, in_channels=4, out_channels=4, cross_attention_dim=2048, block_out_channels=(320, 640, 1280),
-            layers_per_block=2, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(5, 10, 20),
-            transformer_layers_per_block=(1, 2, 10), use_linear_projection=True, addition_embed_type="text_time",
-            addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816)
-VAE = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-           down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, sample_size=1024,
-           scaling_factor=0.13025, force_upcast=True)
+CLIP_L = dict(
+    vocab_size=49408,
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    max_position_embeddings=77,
+    hidden_act="quick_gelu",
+    projection_dim=768,
+)
+CLIP_G = dict(
+    vocab_size=49408,
+    hidden_size=1280,
+    intermediate_size=5120,
+    num_hidden_layers=32,
+    num_attention_heads=20,
+    max_position_embeddings=77,
+    hidden_act="gelu",
+    projection_dim=1280,
+)
+SD15_UNET = dict(
+    sample_size=64,
+    in_channels=4,
+    out_channels=4,
+    cross_attention_dim=768,
+    block_out_channels=(320, 640, 1280, 1280),
+    layers_per_block=2,
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+    attention_head_dim=8,
+)
+UNET = dict(
+    sample_size=128,
+    in_channels=4,
+    out_channels=4,
+    cross_attention_dim=2048,
+    block_out_channels=(320, 640, 1280),
+    layers_per_block=2,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=(5, 10, 20),
+    transformer_layers_per_block=(1, 2, 10),
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816,
+)
+VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    latent_channels=4,
+    block_out_channels=(128, 256, 512, 512),
+    layers_per_block=2,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    sample_size=1024,
+    scaling_factor=0.13025,
+    force_upcast=True,
+)
 SD15_VAE = dict(VAE, sample_size=512, scaling_factor=0.18215)
-SCHEDULER = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
-                 timestep_spacing="leading")
+SCHEDULER = dict(
+    num_train_timesteps=1000,
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    steps_offset=1,
+    timestep_spacing="leading",
+)
 FAMILIES = ("sd15", "sdxl")
 
 
@@ -61,9 +111,15 @@ def make_sd15(out: Path) -> Path:
     text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, bos_token_id=512, eos_token_id=513, pad_token_id=513)).eval()
     schedule = {k: v for k, v in SCHEDULER.items() if k != "timestep_spacing"}
     pipeline = StableDiffusionPipeline(
-        vae=AutoencoderKL(**SD15_VAE), text_encoder=text_encoder, tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
-        unet=UNet2DConditionModel(**SD15_UNET), scheduler=PNDMScheduler(**schedule, skip_prk_steps=True, set_alpha_to_one=False),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        vae=AutoencoderKL(**SD15_VAE),
+        text_encoder=text_encoder,
+        tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
+        unet=UNet2DConditionModel(**SD15_UNET),
+        scheduler=PNDMScheduler(**schedule, skip_prk_steps=True, set_alpha_to_one=False),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipeline.save_pretrained(out)
     import shutil
 
@@ -86,10 +142,14 @@ def make_sdxl(out: Path) -> Path:
     text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G, **ids, pad_token_id=ord("!"))).eval()
     unet = UNet2DConditionModel(**UNET).half()  # 10.3 GB at fp32; the exporter reads it back at fp32
     pipeline = StableDiffusionXLPipeline(
-        vae=AutoencoderKL(**VAE), text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+        vae=AutoencoderKL(**VAE),
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
         tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
         tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),
-        unet=unet, scheduler=EulerDiscreteScheduler(**SCHEDULER))
+        unet=unet,
+        scheduler=EulerDiscreteScheduler(**SCHEDULER),
+    )
     pipeline.save_pretrained(out)
     import shutil
 

@@ -114,7 +114,11 @@ def export(out: Path, checkpoint: Path | None = None) -> None:
         from safetensors.torch import save_file
 
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in vae.state_dict().items() if k.startswith(("decoder.", "post_quant_conv."))}
+        state = {
+            k: v.detach().contiguous()
+            for k, v in vae.state_dict().items()
+            if k.startswith(("decoder.", "post_quant_conv."))
+        }
         save_file(state, str(checkpoint))
     example = torch.zeros(1, 4, 32, 32, dtype=torch.float32)
 
@@ -156,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output .onnx (default: {DEFAULT_OUT})")
     parser.add_argument("--force", action="store_true", help="re-export even if --out exists")
-    parser.add_argument("--checkpoint", type=Path, help="also write the decoder's weights in diffusers names to this .safetensors")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="also write the decoder's weights in diffusers names to this .safetensors"
+    )
     args = parser.parse_args(argv)
     out: Path = args.out
 

@@ -36,8 +36,23 @@ def main() -> int:
             source = make_tiny_flux(family, Path(scratch) / f"tiny-{family}")
             out = args.out_dir / f"tiny-{family}"
             # latent 8…16 (64…128 px images), batch 1…2: the tiny models' sizes
-            subprocess.run([sys.executable, "-m", "enginefarm.cli", "export", str(source), "--out", str(out), "--latent", "8,8,16",
-                            "--batch", "1,2,2", "--overwrite"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "enginefarm.cli",
+                    "export",
+                    str(source),
+                    "--out",
+                    str(out),
+                    "--latent",
+                    "8,8,16",
+                    "--batch",
+                    "1,2,2",
+                    "--overwrite",
+                ],
+                check=True,
+            )
             print(f"{family}: {out / 'recipe.toml'}")
     return 0
 

@@ -21,7 +21,9 @@ def read_checkpoint(path: Path, wmap: WeightMap, manifest: Manifest) -> dict[str
     checkpoint, VAE) gives this component its own part, in diffusers names."""
     from enginefarm.weights.single_file import component_part
 
-    part = component_part(path, manifest.component, manifest.ref, {n: m.shape for n, m in wmap.mapped.items()}, wmap.names)
+    part = component_part(
+        path, manifest.component, manifest.ref, {n: m.shape for n, m in wmap.mapped.items()}, wmap.names
+    )
     st = part if part is not None else SafeTensors(path)
     problems, foreign, out, seen = [], 0, {}, {}
     for name in st.names:
@@ -67,9 +69,13 @@ def _not_sane(value: np.ndarray) -> str | None:
 def _refusal(path: Path, st: SafeTensors, problems: list[str], foreign: int) -> WeightsError:
     """One line: a file for another model says so, with one example; otherwise the problems, the first few shown."""
     if foreign * 2 > len(st.names):
-        return WeightsError(f"{path}: not weights for this model: {foreign} of its {len(st.names)} tensor(s) have names or shapes the model "
-                            f"does not have (e.g. {problems[0]})",
-                            hint="a checkpoint of another family or component, or another layout: use the base model's own kind of file")
+        return WeightsError(
+            f"{path}: not weights for this model: {foreign} of its {len(st.names)} tensor(s) have names or shapes the model "
+            f"does not have (e.g. {problems[0]})",
+            hint="a checkpoint of another family or component, or another layout: use the base model's own kind of file",
+        )
     shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
-    return WeightsError(f"{path}: {len(problems)} tensor(s) do not fit this model: {shown}",
-                        hint="custom weights must use the base checkpoint's names, shapes and float dtypes, with finite values")
+    return WeightsError(
+        f"{path}: {len(problems)} tensor(s) do not fit this model: {shown}",
+        hint="custom weights must use the base checkpoint's names, shapes and float dtypes, with finite values",
+    )

@@ -48,16 +48,22 @@ class Stack:
     @classmethod
     def parse(cls, weights, loras) -> Stack:
         if isinstance(loras, (str, Path)):  # iterating it would read each character as a LoRA file
-            raise ConfigError(f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]')
+            raise ConfigError(
+                f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]'
+            )
         items = []
         for item in loras or ():
             path, strength = (item, 1.0) if isinstance(item, (str, Path)) else _pair(item)
             head, sep, tail = str(path).rpartition(":")
             if isinstance(item, str) and sep and not Path(item).exists() and Path(head).exists():
-                raise ConfigError(f"LoRA {item!r}: PATH:STRENGTH is the command line's form", hint=f'loras=[("{head}", {tail})]')
+                raise ConfigError(
+                    f"LoRA {item!r}: PATH:STRENGTH is the command line's form", hint=f'loras=[("{head}", {tail})]'
+                )
             items.append((Path(path), strength))
         for what, path in [("weights", weights), *(("LoRA", p) for p, _ in items)]:
-            if path is not None and Path(path).is_dir():  # else an IsADirectoryError deep in the reader, reported as a load failure
+            if (
+                path is not None and Path(path).is_dir()
+            ):  # else an IsADirectoryError deep in the reader, reported as a load failure
                 raise WeightsError(f"{what} {path} is a folder, not a file", hint="pass the .safetensors file itself")
         return cls(Path(weights) if weights is not None else None, tuple(items))
 
@@ -72,11 +78,18 @@ def _pair(item) -> tuple[str | Path, float]:
         path, strength = item
         strength = float(strength)
     except (TypeError, ValueError):
-        raise ConfigError(f"LoRA {item!r} is not (path, strength)", hint='loras=[("a.safetensors", 0.8), ...]') from None
+        raise ConfigError(
+            f"LoRA {item!r} is not (path, strength)", hint='loras=[("a.safetensors", 0.8), ...]'
+        ) from None
     if not math.isfinite(strength):
-        raise ConfigError(f"LoRA {path}: strength {strength} is not a finite number", hint="strengths are usually between -2 and 2")
+        raise ConfigError(
+            f"LoRA {path}: strength {strength} is not a finite number", hint="strengths are usually between -2 and 2"
+        )
     if abs(strength) > MAX_STRENGTH:
-        raise ConfigError(f"LoRA {path}: strength {strength:g} is beyond ±{MAX_STRENGTH:g}", hint="strengths are usually between -2 and 2")
+        raise ConfigError(
+            f"LoRA {path}: strength {strength:g} is beyond ±{MAX_STRENGTH:g}",
+            hint="strengths are usually between -2 and 2",
+        )
     return path, strength
 
 
@@ -87,22 +100,41 @@ class Applied:
     how: str
 
 
-def apply(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress) -> Applied:
+def apply(
+    stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress
+) -> Applied:
     """A backend session of the base artifact with `stack` applied (the base session itself if the stack is empty)."""
     device = manifest.parsed_target.device
     wmap, custom, loras = _read_mapped(stack, artifact_dir, manifest)
     if not stack.active:
-        return Applied(backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)")
+        return Applied(
+            backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)"
+        )
     check_stackable(backend, manifest)  # before any merging or caching
     if backend.has(Feature.REFIT):
-        return _refit(stack, stack_key(manifest.build_key, stack), wmap, backend, artifact_dir, manifest, custom, loras, cache, report)
+        return _refit(
+            stack,
+            stack_key(manifest.build_key, stack),
+            wmap,
+            backend,
+            artifact_dir,
+            manifest,
+            custom,
+            loras,
+            cache,
+            report,
+        )
     if backend.has(Feature.WEIGHTS_AT_LOAD):
         return _at_load(stack, wmap, backend, artifact_dir, manifest, custom, loras, report)
-    patched, path, how = patched_artifact(stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras))
+    patched, path, how = patched_artifact(
+        stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras)
+    )
     return Applied(backend.load(path, patched, device), patched, how)
 
 
-def _at_load(stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras, report: Progress) -> Applied:
+def _at_load(
+    stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras, report: Progress
+) -> Applied:
     """The changed weights merged in memory and given to the backend as the session opens: every combination costs
     a merge and a load, and no cache space."""
     report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision} in memory")
@@ -111,22 +143,30 @@ def _at_load(stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifes
     session = backend.load_with_weights(artifact_dir, manifest, weights, manifest.parsed_target.device)
     log.info("%d weights applied at load in %.2f s", len(weights), time.perf_counter() - started)
     key = stack_key(manifest.build_key, stack)
-    return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}),
-                   "applied in memory at load (nothing cached)")
+    return Applied(
+        session,
+        replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}),
+        "applied in memory at load (nothing cached)",
+    )
 
 
-def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress,
-                     read=None) -> tuple[Manifest, Path, str]:
+def patched_artifact(
+    stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress, read=None
+) -> tuple[Manifest, Path, str]:
     """A copy of the artifact with the stack merged into its weights (backends with Feature.PATCH_WEIGHTS), cached under
     the stack's key. Returns its manifest, verified folder and how it was had. `read`: the map and the user's
     tensors, when the caller has them already."""
     wmap, custom, loras = read if read is not None else _read_mapped(stack, artifact_dir, manifest)
     key = stack_key(manifest.build_key, stack)
-    with file_lock(cache.locks / f"{key}.lock"):  # saves a second process the same work; the cache stays correct without it
+    with file_lock(
+        cache.locks / f"{key}.lock"
+    ):  # saves a second process the same work; the cache stays correct without it
         path = cache.built_here_dir(key)
         how = "patched and compiled earlier (cached)"
         if path is None:
-            report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling")
+            report.message(
+                f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling"
+            )
             path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
             how = "patched and compiled on this device"
     return cache.manifest(key), path, how
@@ -135,8 +175,10 @@ def patched_artifact(stack: Stack, manifest: Manifest, artifact_dir: Path, backe
 def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):
     wmap = read_map(artifact_dir, manifest)
     if wmap is None:
-        raise WeightsError(f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
-                           hint="declare the component's base weights with checkpoint = \"….safetensors\" in its recipe and rebuild")
+        raise WeightsError(
+            f"{manifest.ref} [{manifest.build_key[:12]}] has no weight map, so it cannot take custom weights or LoRAs",
+            hint='declare the component\'s base weights with checkpoint = "….safetensors" in its recipe and rebuild',
+        )
     return (wmap, *_read(stack, wmap, manifest))
 
 
@@ -146,11 +188,24 @@ def check_stackable(backend, manifest: Manifest) -> None:
     if backend.has(Feature.REFIT):
         backend.check_refit(manifest)
     elif not backend.has(Feature.PATCH_WEIGHTS):
-        raise BackendUnavailable(f"{manifest.parsed_target.backend} can neither refit nor patch weights", hint="use another target (--target)")
+        raise BackendUnavailable(
+            f"{manifest.parsed_target.backend} can neither refit nor patch weights",
+            hint="use another target (--target)",
+        )
 
 
-def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras,
-           cache: DeviceCache, report: Progress) -> Applied:
+def _refit(
+    stack: Stack,
+    key: str,
+    wmap: WeightMap,
+    backend,
+    artifact_dir: Path,
+    manifest: Manifest,
+    custom,
+    loras,
+    cache: DeviceCache,
+    report: Progress,
+) -> Applied:
     """Refit with every weight the map covers. The merged weights are what is cached: a later load refits
     straight from them."""
     report.message(f"refitting {manifest.ref} {manifest.target} with {describe(stack)}")
@@ -159,24 +214,36 @@ def _refit(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path,
         cached = SafeTensors(path / REFIT_FILE)
         weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"
     else:
-        weights, how = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True), "refit in place"
+        weights, how = (
+            merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True),
+            "refit in place",
+        )
         workdir = work_folder(cache, key)
         try:
             write_safetensors(workdir / REFIT_FILE, weights)
-            cache.add_local(stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir)
+            cache.add_local(
+                stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir
+            )
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     started = time.perf_counter()
     session = backend.refit(artifact_dir, manifest, weights, manifest.parsed_target.device)
     log.info("refit %d weights in %.2f s", len(weights), time.perf_counter() - started)
-    return Applied(session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), how)
+    return Applied(
+        session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), how
+    )
 
 
-def stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, built, extra: tuple, seconds: float = 0.0) -> Manifest:
+def stack_manifest(
+    manifest: Manifest, stack: Stack, key: str, workdir: Path, built, extra: tuple, seconds: float = 0.0
+) -> Manifest:
     from enginefarm.builder.build import plain_file
 
     return replace(
-        manifest, build_key=key, files=tuple(plain_file(workdir, b.path, b.role) for b in built) + extra, benchmarks=(),
+        manifest,
+        build_key=key,
+        files=tuple(plain_file(workdir, b.path, b.role) for b in built) + extra,
+        benchmarks=(),
         validation={"passed": None, "executed": False, "why": "custom weights: not validated against a reference"},
         options={**manifest.options, "stack": _stack_record(manifest, stack, key)},
         provenance={**manifest.provenance, "built_on_device": True, "stack_seconds": round(seconds, 2)},
@@ -186,23 +253,38 @@ def stack_manifest(manifest: Manifest, stack: Stack, key: str, workdir: Path, bu
 def stack_key(base_key: str, stack: Stack) -> str:
     from enginefarm.weights.single_file import digest  # hashed once per process: every component of a pipeline asks
 
-    return build_key({"base": base_key, "weights": digest(stack.weights) if stack.weights else None,
-                      "loras": [[digest(p), s] for p, s in stack.loras if s != 0]})
+    return build_key(
+        {
+            "base": base_key,
+            "weights": digest(stack.weights) if stack.weights else None,
+            "loras": [[digest(p), s] for p, s in stack.loras if s != 0],
+        }
+    )
 
 
 def describe(stack: Stack) -> str:
-    parts = ([f"weights {stack.weights.name}"] if stack.weights else []) + [f"LoRA {p.name}@{s:g}" for p, s in stack.loras if s != 0]
+    parts = ([f"weights {stack.weights.name}"] if stack.weights else []) + [
+        f"LoRA {p.name}@{s:g}" for p, s in stack.loras if s != 0
+    ]
     return ", ".join(parts)
 
 
 def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
-    return {"base": manifest.build_key, "key": key, "weights": str(stack.weights) if stack.weights else None,
-            "loras": [[str(p), s] for p, s in stack.loras]}
+    return {
+        "base": manifest.build_key,
+        "key": key,
+        "weights": str(stack.weights) if stack.weights else None,
+        "loras": [[str(p), s] for p, s in stack.loras],
+    }
 
 
-def _read(stack: Stack, wmap: WeightMap, manifest: Manifest) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
+def _read(
+    stack: Stack, wmap: WeightMap, manifest: Manifest
+) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
     custom = read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
-    return custom, [(read_lora(path, wmap, manifest.component, ref=manifest.ref), strength) for path, strength in stack.loras]
+    return custom, [
+        (read_lora(path, wmap, manifest.component, ref=manifest.ref), strength) for path, strength in stack.loras
+    ]
 
 
 def work_folder(cache: DeviceCache, key: str) -> Path:
@@ -212,8 +294,17 @@ def work_folder(cache: DeviceCache, key: str) -> Path:
     return path
 
 
-def _patch_and_cache(stack: Stack, key: str, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest,
-                     custom, loras, cache: DeviceCache) -> Path:
+def _patch_and_cache(
+    stack: Stack,
+    key: str,
+    wmap: WeightMap,
+    backend,
+    artifact_dir: Path,
+    manifest: Manifest,
+    custom,
+    loras,
+    cache: DeviceCache,
+) -> Path:
     workdir = work_folder(cache, key)
     try:
         started = time.perf_counter()

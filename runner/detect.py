@@ -65,18 +65,29 @@ def _cache():
 # The code that changes what a remembered probe says: the probes, this module, and the backend table that gives the
 # targets (by path: a warm load imports no backend it does not use).
 _HARDWARE = Path(device_info.__file__).resolve().parent
-_CODE = (_HARDWARE / "devices.py", _HARDWARE / "device_info.py", Path(__file__).resolve(),
-         Path(__file__).resolve().parents[1] / "backends" / "__init__.py")
+_CODE = (
+    _HARDWARE / "devices.py",
+    _HARDWARE / "device_info.py",
+    Path(__file__).resolve(),
+    Path(__file__).resolve().parents[1] / "backends" / "__init__.py",
+)
 
 
 def _probe_to(probe: Probe) -> dict[str, Any]:
-    return {"name": probe.name, "reason": probe.reason,
-            "devices": [{"kind": d.kind, "name": d.name, "bench_class": d.bench_class, "targets": list(d.targets), "info": d.info}
-                        for d in probe.devices]}
+    return {
+        "name": probe.name,
+        "reason": probe.reason,
+        "devices": [
+            {"kind": d.kind, "name": d.name, "bench_class": d.bench_class, "targets": list(d.targets), "info": d.info}
+            for d in probe.devices
+        ],
+    }
 
 
 def _probe_from(data: dict[str, Any]) -> Probe:
-    devices = tuple(Device(d["kind"], d["name"], d["bench_class"], tuple(d["targets"]), dict(d["info"])) for d in data["devices"])
+    devices = tuple(
+        Device(d["kind"], d["name"], d["bench_class"], tuple(d["targets"]), dict(d["info"])) for d in data["devices"]
+    )
     return Probe(str(data["name"]), devices, data["reason"])
 
 

@@ -36,15 +36,36 @@ def find_recipe(model: str, recipe: str | Path | None, search: tuple[Path, ...])
     return None
 
 
-def pick_job(recipe: Recipe, component: str, precision: str | None, devices: list[Device], downloads: Path, offline: bool, target: str | None = None) -> Job:
+def pick_job(
+    recipe: Recipe,
+    component: str,
+    precision: str | None,
+    devices: list[Device],
+    downloads: Path,
+    offline: bool,
+    target: str | None = None,
+) -> Job:
     if component not in recipe.components:
-        raise ArtifactNotFoundError(f"recipe {recipe.path} has no component {component!r}", hint=f"components: {', '.join(recipe.components)}")
+        raise ArtifactNotFoundError(
+            f"recipe {recipe.path} has no component {component!r}", hint=f"components: {', '.join(recipe.components)}"
+        )
     local = replace(recipe, components={component: recipe.components[component]})
     runnable = {t for d in devices for t in d.targets}
-    jobs = [j for j in expand(local, downloads, offline=offline) if str(j.target) in runnable and (precision is None or j.precision == precision)]
+    jobs = [
+        j
+        for j in expand(local, downloads, offline=offline)
+        if str(j.target) in runnable and (precision is None or j.precision == precision)
+    ]
     # Cheap checks first: job_refusal may read the model.
-    jobs = [j for j in jobs if (target is None or j.target.matches(target)) and not precision_refusal(j.target, j.precision)
-            and not precision_here(j) and job_availability(j).can_build and job_refusal(j) is None]  # bf16 only where it computes
+    jobs = [
+        j
+        for j in jobs
+        if (target is None or j.target.matches(target))
+        and not precision_refusal(j.target, j.precision)
+        and not precision_here(j)
+        and job_availability(j).can_build
+        and job_refusal(j) is None
+    ]  # bf16 only where it computes
     if not jobs:
         raise ArtifactNotFoundError(
             f"nothing stored fits {recipe.name}/{component}, and its recipe has no target this device can build",
@@ -54,13 +75,17 @@ def pick_job(recipe: Recipe, component: str, precision: str | None, devices: lis
     device_rank = {t: order[d.kind] for d in devices for t in d.targets}
     # Prefer the first device, then the most specific backend, then the table's tie order (fp32 first: safer numerics
     # when unbenchmarked).
-    return min(jobs, key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target),
-                                    precision_table.tie_order(j.precision)))
+    return min(
+        jobs,
+        key=lambda j: (device_rank.get(str(j.target), 99), rank_of(j.target), precision_table.tie_order(j.precision)),
+    )
 
 
 def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None]) -> Manifest:
     existing = cache.manifest(job.build_key)
-    if existing is not None and cache.built_here_dir(job.build_key) is not None:  # not a store's artifact claiming this key
+    if (
+        existing is not None and cache.built_here_dir(job.build_key) is not None
+    ):  # not a store's artifact claiming this key
         return existing
     log.info("compiling %s on this device", job.label)
     workroot = cache.home / "build"

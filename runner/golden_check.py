@@ -48,7 +48,9 @@ def verdict_path(home: Path, manifest: Manifest, device) -> Path:
     return Path(home) / VERDICTS / manifest.build_key / f"{device_slot(device)}.json"
 
 
-def gate(session, manifest: Manifest, artifact_dir: Path, home: Path, device, report: Progress) -> dict[str, Any] | None:
+def gate(
+    session, manifest: Manifest, artifact_dir: Path, home: Path, device, report: Progress
+) -> dict[str, Any] | None:
     """Checks `session` (the artifact, loaded) on its golden samples unless this device already did; raises
     ValidationFailed with the numbers when it misses. Returns the verdict, or None for artifacts validated at build."""
     if not needs_check(manifest):
@@ -56,15 +58,21 @@ def gate(session, manifest: Manifest, artifact_dir: Path, home: Path, device, re
     path = verdict_path(home, manifest, device)
     verdict = _read(path)
     if verdict is None:
-        report.message(f"first use of {manifest.ref} {manifest.target} [{manifest.build_key[:12]}] on this device: checking it against its golden samples")
-        verdict = {**check(session, manifest, artifact_dir), "device": device_slot(device),
-                   "checked": datetime.now(UTC).isoformat(timespec="seconds")}
+        report.message(
+            f"first use of {manifest.ref} {manifest.target} [{manifest.build_key[:12]}] on this device: checking it against its golden samples"
+        )
+        verdict = {
+            **check(session, manifest, artifact_dir),
+            "device": device_slot(device),
+            "checked": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
         write_bytes_atomic(path, json.dumps(verdict, indent=1, sort_keys=True).encode())
     if not verdict["passed"]:
         raise ValidationFailed(
             f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}] failed its golden samples on this device ({verdict['device']}): {verdict['failure']}",
             hint=f"the artifact was published unvalidated and computes wrong numbers here; the verdict is kept in {path} (delete it to check again)",
-            key=manifest.build_key, report=verdict,
+            key=manifest.build_key,
+            report=verdict,
         )
     return verdict
 
@@ -83,7 +91,9 @@ def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     golden = manifest.validation["golden"]
     entry = next((f for f in manifest.files if f.role == ROLE), None)
     if entry is None or entry.path != golden.get("file", FILE):
-        raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest names golden samples but lists no {golden.get('file', FILE)}")
+        raise IntegrityError(
+            f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest names golden samples but lists no {golden.get('file', FILE)}"
+        )
     samples = SafeTensors(Path(artifact_dir) / entry.path)  # verified with the artifact: hashed against the manifest
     inputs = [t["name"] for t in manifest.io.get("inputs", [])]
     outputs = [t["name"] for t in manifest.io.get("outputs", [])]
@@ -91,8 +101,12 @@ def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     for case in golden["cases"]:
         try:
             cases.append((case, {n: np.array(samples.raw(tensor_name(case, "in", n))) for n in inputs}))
-            references.append(Reference({n: np.array(samples.raw(tensor_name(case, "out", n))) for n in outputs},
-                                        {n: float(v) for n, v in (golden.get("scales") or {}).get(case, {}).items()}))
+            references.append(
+                Reference(
+                    {n: np.array(samples.raw(tensor_name(case, "out", n))) for n in outputs},
+                    {n: float(v) for n, v in (golden.get("scales") or {}).get(case, {}).items()},
+                )
+            )
         except KeyError as exc:
             raise IntegrityError(f"{manifest.ref} [{manifest.build_key[:12]}]: golden samples lack {exc}") from None
     return validate(session, cases, references, thresholds(golden["thresholds"]))

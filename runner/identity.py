@@ -33,4 +33,6 @@ def check_served(manifest: Manifest, entry: IndexEntry, ref: str, where: str) ->
         raise IntegrityError(
             f"{where} lists {entry.model}/{entry.component} [{entry.build_key[:12]}], but {'; '.join(wrong)}: refused, nothing was fetched",
             hint="the store's index and manifests disagree (tampered or mis-published store); report it to whoever publishes it, "
-                 "or load from another store", key=entry.build_key)
+            "or load from another store",
+            key=entry.build_key,
+        )

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 _NAME_MAX = 200  # bytes: the store's file names (index/<model>.json) must fit every file system's 255
 
 
@@ -58,11 +57,15 @@ def parse_ref(ref: str) -> tuple[str, str]:
     for what, name in (("model", model), ("component", component)):
         # Checked before any store is asked: a name no store can hold is the caller's typo, not an unreachable store.
         if not NAME_CHARS.fullmatch(name):
-            raise ConfigError(f"{shown!r}: {name[:60]!r} is not a valid {what} name",
-                              hint="names are those of a recipe: letters, digits, '_', '.', '-', starting with a letter or digit")
+            raise ConfigError(
+                f"{shown!r}: {name[:60]!r} is not a valid {what} name",
+                hint="names are those of a recipe: letters, digits, '_', '.', '-', starting with a letter or digit",
+            )
         if len(name.encode()) > _NAME_MAX:
-            raise ConfigError(f"{shown!r}: the {what} name is {len(name.encode())} bytes long, more than any store holds ({_NAME_MAX})",
-                              hint="check the name: it is the recipe's [model] name or component, as `enginefarm ls` lists them")
+            raise ConfigError(
+                f"{shown!r}: the {what} name is {len(name.encode())} bytes long, more than any store holds ({_NAME_MAX})",
+                hint="check the name: it is the recipe's [model] name or component, as `enginefarm ls` lists them",
+            )
     return model, component
 
 
@@ -84,24 +87,44 @@ class Lookup:
     stack_refusals: list[Exception] = field(default_factory=list)  # artifacts that cannot take the user's stack
 
 
-def lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings,
-           version: str | None = None) -> Lookup:
+def lookup(
+    ref: str,
+    precision: str | None,
+    device: str,
+    store: str | None,
+    target: str | None,
+    settings: Settings,
+    version: str | None = None,
+) -> Lookup:
     """`version`: the model version to serve (None: the newest with an artifact usable here)."""
     with gc_paused():  # one cycle-collector pass over the index's objects at the end, not one per stage (see gc_paused)
         return _lookup(ref, precision, device, store, target, settings, version)
 
 
-def _lookup(ref: str, precision: str | None, device: str, store: str | None, target: str | None, settings: Settings,
-            version: str | None) -> Lookup:
+def _lookup(
+    ref: str,
+    precision: str | None,
+    device: str,
+    store: str | None,
+    target: str | None,
+    settings: Settings,
+    version: str | None,
+) -> Lookup:
     if precision is not None and precision not in precision_table.NAMES:
-        raise ConfigError(f"unknown precision {precision!r}", hint=f"{precision_table.hint()}, or leave it out for the fastest")
+        raise ConfigError(
+            f"unknown precision {precision!r}", hint=f"{precision_table.hint()}, or leave it out for the fastest"
+        )
     model, component = parse_ref(ref)
     selectors = (target,) if target else ()
 
     def filtered(entries) -> tuple[list, list]:
         """(entries --target keeps, the component's entries it leaves out: named if nothing else fits)."""
         kept = [(e, where) for e, where in entries if target_matches(e.target, selectors)]
-        left_out = [e for e, _ in entries if e.component == component and not target_matches(e.target, selectors)] if selectors else []
+        left_out = (
+            [e for e, _ in entries if e.component == component and not target_matches(e.target, selectors)]
+            if selectors
+            else []
+        )
         return kept, left_out
 
     def devices_for(entries) -> list[Device]:
@@ -117,8 +140,17 @@ def _lookup(ref: str, precision: str | None, device: str, store: str | None, tar
         client, opened = open_channel(store, settings)
         entries, left_out = filtered(released_entries(client, model))
         devices = devices_for(entries)
-        return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, client.note, settings, client,
-                      selectors, left_out)
+        return Lookup(
+            resolve(ref, entries, precision, devices, version=version),
+            devices,
+            cache,
+            opened,
+            client.note,
+            settings,
+            client,
+            selectors,
+            left_out,
+        )
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
     cached = [c.manifest for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
     note, opened, stored, origin, unreadable = "", None, [], None, ""
@@ -142,12 +174,29 @@ def _lookup(ref: str, precision: str | None, device: str, store: str | None, tar
         # entry of the same key, once the two manifests are equal (_materialize).
         foreign = [m for m in cached if not cache.served_by(m.build_key, origin)]
         if foreign:
-            note = "; ".join(filter(None, [note, f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered"]))
+            note = "; ".join(
+                filter(
+                    None,
+                    [
+                        note,
+                        f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered",
+                    ],
+                )
+            )
         cached = [m for m in cached if m not in foreign]
     entries, left_out = filtered([(IndexEntry.of(m), "cache") for m in cached] + stored)
     devices = devices_for(entries)
-    return Lookup(resolve(ref, entries, precision, devices, version=version), devices, cache, opened, note, settings,
-                  selectors=selectors, filtered_out=left_out, unreadable_index=unreadable)
+    return Lookup(
+        resolve(ref, entries, precision, devices, version=version),
+        devices,
+        cache,
+        opened,
+        note,
+        settings,
+        selectors=selectors,
+        filtered_out=left_out,
+        unreadable_index=unreadable,
+    )
 
 
 def probes_for(entries) -> tuple[str, ...] | None:
@@ -155,7 +204,9 @@ def probes_for(entries) -> tuple[str, ...] | None:
     need it) and those of the candidates' backends. None (every probe) when there is no candidate, or a backend
     does not say which it needs."""
     kinds = {"cpu"}
-    for name in {entry.target.partition(":")[0] for entry, _ in entries}:  # per backend, not per entry: there may be 10^5
+    for name in {
+        entry.target.partition(":")[0] for entry, _ in entries
+    }:  # per backend, not per entry: there may be 10^5
         try:
             probes = get_backend(name).probes
         except EnginefarmError:
@@ -183,7 +234,9 @@ def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple
     if found.release is not None:
         from .release import released_manifest
 
-        released = released_manifest(found.release, cache, key)  # a cached artifact that is not the released one is evicted
+        released = released_manifest(
+            found.release, cache, key
+        )  # a cached artifact that is not the released one is evicted
         path = cache.verified_dir(key)
         if path is not None:
             check_served(released, candidate.entry, found.resolution.ref, f"channel {found.release.channel}")
@@ -234,12 +287,26 @@ def with_channel(settings: Settings, channel: str | None, trusted_root: str | Pa
     """Arguments win over ENGINEFARM_CHANNEL / ENGINEFARM_TRUSTED_ROOT."""
     if channel is None and trusted_root is None:
         return settings
-    return replace(settings, channel=channel or settings.channel, trusted_root=Path(trusted_root) if trusted_root else settings.trusted_root)
+    return replace(
+        settings,
+        channel=channel or settings.channel,
+        trusted_root=Path(trusted_root) if trusted_root else settings.trusted_root,
+    )
 
 
-def fetch(ref: str, precision: str | None = None, device: str = "auto", store: str | None = None, *, target: str | None = None,
-          progress: ProgressLike = None, settings: Settings | None = None, channel: str | None = None,
-          trusted_root: str | Path | None = None, version: str | None = None) -> tuple[Manifest, Path, str]:
+def fetch(
+    ref: str,
+    precision: str | None = None,
+    device: str = "auto",
+    store: str | None = None,
+    *,
+    target: str | None = None,
+    progress: ProgressLike = None,
+    settings: Settings | None = None,
+    channel: str | None = None,
+    trusted_root: str | Path | None = None,
+    version: str | None = None,
+) -> tuple[Manifest, Path, str]:
     """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder, explanation).
     A winner this device timed before counts; nothing is timed here (that needs loading)."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
@@ -307,17 +374,23 @@ def load(
     if recipe_found is None or other_version or (found.release is not None and found.refusals):
         raise not_found(ref, found, failures)
     report.message(f"no stored artifact fits; compiling {ref} on this device")
-    job = pick_job(recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target)
+    job = pick_job(
+        recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target
+    )
     manifest = compile_on_device(job, found.cache, report.message)
     path = found.cache.verified_dir(manifest.build_key)
     if path is None:
         raise IntegrityError(f"the artifact just compiled for {ref} failed verification", key=manifest.build_key)
     chosen = Candidate(IndexEntry.of(manifest), source="cache (compiled on this device)")
-    explanation = found.resolution.explain(chosen, note=f"compiled on this device from {recipe_found.path}: nothing stored fit")
+    explanation = found.resolution.explain(
+        chosen, note=f"compiled on this device from {recipe_found.path}: nothing stored fit"
+    )
     return _session(manifest, path, stack, found, explanation, report)
 
 
-def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress) -> Session:
+def _session(
+    manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress
+) -> Session:
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         loaded = backend.load(path, manifest, manifest.parsed_target.device)
@@ -331,10 +404,16 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
     if stack.active and recompile.applies(backend, manifest):  # an engine that cannot be refitted: compile one here
         try:
             applied = recompile.apply_stack(stack, manifest, backend, found.cache, found.store, report)
-        except ArtifactNotFoundError as exc:  # no ONNX to compile from; if no other candidate takes the stack, this says why
+        except (
+            ArtifactNotFoundError
+        ) as exc:  # no ONNX to compile from; if no other candidate takes the stack, this says why
             found.stack_refusals.append(exc)
             raise
-        return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
+        return Session(
+            applied.session,
+            applied.manifest,
+            f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]",
+        )
     if stack.active:
         try:
             check_stackable(backend, manifest)
@@ -342,13 +421,21 @@ def _session(manifest: Manifest, path: Path, stack: Stack | None, found: Lookup,
             found.stack_refusals.append(exc)
             raise
     applied = apply(stack, manifest, path, backend, found.cache, report)
-    return Session(applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]")
+    return Session(
+        applied.session, applied.manifest, f"{explanation}\nweights: {applied.how} [{applied.manifest.build_key[:12]}]"
+    )
 
 
 def _said(exc: Exception) -> str:
     """What went wrong, never empty: some SDK errors carry no message."""
     text = str(exc).strip()
-    return text if isinstance(exc, EnginefarmError) and text else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return (
+        text
+        if isinstance(exc, EnginefarmError) and text
+        else f"{type(exc).__name__}: {text}"
+        if text
+        else type(exc).__name__
+    )
 
 
 def _forget_if_fetched(cache: DeviceCache, key: str) -> None:
@@ -358,4 +445,3 @@ def _forget_if_fetched(cache: DeviceCache, key: str) -> None:
     if manifest is not None and not manifest.provenance.get("built_on_device"):
         log.warning("evicting %s [%s] from the cache: it does not load", manifest.ref, key[:12])
         cache.evict(key)
-

@@ -23,13 +23,28 @@ from enginefarm.weights import lora as lora_files
 from enginefarm.weights.denoisers import lora_fits_component
 from enginefarm.weights.layouts import Source
 
-DOTTED_PREFIXES = ("base_model.model.", "unet.", "vae.", "text_encoder.", "text_encoder_2.", "transformer.", "diffusion_model.", "model.")
+DOTTED_PREFIXES = (
+    "base_model.model.",
+    "unet.",
+    "vae.",
+    "text_encoder.",
+    "text_encoder_2.",
+    "transformer.",
+    "diffusion_model.",
+    "model.",
+)
 KOHYA_PARTS = ("unet", "te", "te1", "te2", "vae", "transformer")
-NAMING = ("LoRA module names must name a `<module>.weight` of the component's checkpoint: dotted (PEFT, optionally "
-          f"prefixed by one of {', '.join(DOTTED_PREFIXES)}) or kohya's lora_<{'|'.join(KOHYA_PARTS)}>_<module with _ for .>")
+NAMING = (
+    "LoRA module names must name a `<module>.weight` of the component's checkpoint: dotted (PEFT, optionally "
+    f"prefixed by one of {', '.join(DOTTED_PREFIXES)}) or kohya's lora_<{'|'.join(KOHYA_PARTS)}>_<module with _ for .>"
+)
 
 
-ORIGINAL_LAYOUTS = {"unet": "unet", "unet_controlnet": "unet", "transformer": "transformer"}  # component → its part in weights.layouts
+ORIGINAL_LAYOUTS = {
+    "unet": "unet",
+    "unet_controlnet": "unet",
+    "transformer": "transformer",
+}  # component → its part in weights.layouts
 
 
 @dataclass(frozen=True)
@@ -47,7 +62,9 @@ class LoraLayer:
         return (weight + np.float32(strength) * self.rows.convert(fused)).astype(np.float32)
 
 
-Places = list[tuple[str, "Source | None"]]  # (diffusers module or tensor, the rows of the original module it is, or None)
+Places = list[
+    tuple[str, "Source | None"]
+]  # (diffusers module or tensor, the rows of the original module it is, or None)
 
 
 class ModuleNames:
@@ -61,8 +78,12 @@ class ModuleNames:
             self.kohya.setdefault(module.replace(".", "_"), []).append((module, None))
         self.original: dict[str, Places] = {}  # original module names, dotted (ComfyUI's, BFL's); kohya's below
         if original_part is not None:  # kohya names in the original layout: lora_unet_input_blocks_1_1_proj_in
-            for module, source in layouts.sources(_layout_part(original_part, self.modules), sorted(self.modules)).items():
-                self.original.setdefault(source.key, []).append((module, source if source.take or source.swap else None))
+            for module, source in layouts.sources(
+                _layout_part(original_part, self.modules), sorted(self.modules)
+            ).items():
+                self.original.setdefault(source.key, []).append(
+                    (module, source if source.take or source.swap else None)
+                )
             for original, places in self.original.items():
                 if original.replace(".", "_") not in self.kohya:
                     self.kohya[original.replace(".", "_")] = places
@@ -75,9 +96,11 @@ class ModuleNames:
             dotted = [local, bare, "text_model." + bare]
             flat = [local, bare, "text_model_" + bare]
         else:
-            dotted = [module] + [module[len(p):] for p in DOTTED_PREFIXES if module.startswith(p)]
-            rest = module[len("lora_"):] if module.startswith("lora_") else None
-            flat = [] if rest is None else [rest] + [rest[len(p) + 1:] for p in KOHYA_PARTS if rest.startswith(p + "_")]
+            dotted = [module] + [module[len(p) :] for p in DOTTED_PREFIXES if module.startswith(p)]
+            rest = module[len("lora_") :] if module.startswith("lora_") else None
+            flat = (
+                [] if rest is None else [rest] + [rest[len(p) + 1 :] for p in KOHYA_PARTS if rest.startswith(p + "_")]
+            )
         for name in dotted:
             if name in self.modules:
                 return [(name + ".weight", None)], ""
@@ -99,7 +122,9 @@ def _layout_part(component_part: str, modules) -> str:
     return layouts.FLUX if any(m.startswith("single_transformer_blocks.") for m in modules) else layouts.SD3
 
 
-def read_lora(path: Path, wmap: WeightMap, component: str = "", parsed: lora_files.LoraFile | None = None, ref: str | None = None) -> list[LoraLayer]:
+def read_lora(
+    path: Path, wmap: WeightMap, component: str = "", parsed: lora_files.LoraFile | None = None, ref: str | None = None
+) -> list[LoraLayer]:
     """The layers of a LoRA file that `component` (`ref`: MODEL/COMPONENT) takes, each placed on a weight of the
     map. All problems are raised together; a file with nothing for this component is an error too (the pipeline
     passes a component only the files that hold its part), and so is one for another kind of denoiser."""
@@ -108,8 +133,10 @@ def read_lora(path: Path, wmap: WeightMap, component: str = "", parsed: lora_fil
     mine = parsed.for_component(component)
     if not mine:
         theirs = ", ".join(f"{part} ({n})" for part, n in sorted(parsed.parts().items()))
-        raise WeightsError(f"{path}: no layer of this LoRA is for {component} (it holds layers for {theirs})",
-                           hint="load it on the component it was trained for, or with Pipeline.load(..., loras=…)")
+        raise WeightsError(
+            f"{path}: no layer of this LoRA is for {component} (it holds layers for {theirs})",
+            hint="load it on the component it was trained for, or with Pipeline.load(..., loras=…)",
+        )
     takes_part = component in lora_files.TAKERS
     names = ModuleNames(wmap.names, ORIGINAL_LAYOUTS.get(component))
     layers: list[LoraLayer] = []
@@ -124,7 +151,9 @@ def read_lora(path: Path, wmap: WeightMap, component: str = "", parsed: lora_fil
             else:
                 layers.append(LoraLayer(target, layer, Path(path), fused))
     if problems:
-        raise WeightsError(f"{path}: {len(problems)} problem(s) in this LoRA: {lora_files.shown(problems)}", hint=NAMING)
+        raise WeightsError(
+            f"{path}: {len(problems)} problem(s) in this LoRA: {lora_files.shown(problems)}", hint=NAMING
+        )
     return layers
 
 

@@ -72,15 +72,23 @@ def contenders(resolution: Resolution) -> Contenders | None:
     if leader.measured_on != "this device class":
         where = leader.measured_on or "no device"
         return Contenders(bucket[:MAX_CANDIDATES], f"the leader's number comes from {where}")
-    rivals = [c for c in bucket[1:] if c.measured_on != "this device class" or leader.is_tied_with(c)
-              or c.p50_ms <= leader.p50_ms * (1 + CLOSE)]
+    rivals = [
+        c
+        for c in bucket[1:]
+        if c.measured_on != "this device class" or leader.is_tied_with(c) or c.p50_ms <= leader.p50_ms * (1 + CLOSE)
+    ]
     # The closest by the farm's numbers first (a tie's precision order says nothing about which is faster here).
-    rivals.sort(key=lambda c: (c.measured_on != "this device class", c.p50_ms if c.p50_ms is not None else float("inf")))
+    rivals.sort(
+        key=lambda c: (c.measured_on != "this device class", c.p50_ms if c.p50_ms is not None else float("inf"))
+    )
     if not rivals:
         return None
     close = [c for c in rivals if c.measured_on == "this device class"]
-    why = (f"within {CLOSE:.0%} or the noise of each other on the farm" if close
-           else "a rival has no number for this device class")
+    why = (
+        f"within {CLOSE:.0%} or the noise of each other on the farm"
+        if close
+        else "a rival has no number for this device class"
+    )
     return Contenders([leader] + rivals[: MAX_CANDIDATES - 1], why)
 
 
@@ -95,8 +103,16 @@ def fingerprint(device: Device, candidates: list[Candidate]) -> dict[str, Any]:
         except Exception:
             runtimes[backend] = "unknown"
     info = device.info
-    return {"kind": device.kind, "name": device.name, "class": device.bench_class, "driver": info.get("driver"),
-            "arch": info.get("arch") or info.get("gfx"), "flags": info.get("flags"), "cores": info.get("logical_cores"), "runtimes": runtimes}
+    return {
+        "kind": device.kind,
+        "name": device.name,
+        "class": device.bench_class,
+        "driver": info.get("driver"),
+        "arch": info.get("arch") or info.get("gfx"),
+        "flags": info.get("flags"),
+        "cores": info.get("logical_cores"),
+        "runtimes": runtimes,
+    }
 
 
 class Memory:
@@ -123,7 +139,10 @@ class Memory:
     def put(self, keys: list[str], result: dict[str, Any]) -> None:
         results = {**self._read(), _set_key(keys): result}  # re-read: another process may have added its own
         try:
-            write_bytes_atomic(self.path, json.dumps({"fingerprint": self.fingerprint, "results": results}, indent=1, sort_keys=True).encode())
+            write_bytes_atomic(
+                self.path,
+                json.dumps({"fingerprint": self.fingerprint, "results": results}, indent=1, sort_keys=True).encode(),
+            )
         except OSError as exc:  # remembering only saves the next load's timing
             log.warning("could not remember the timing in %s: %s", self.path, exc)
 
@@ -132,7 +151,9 @@ def _set_key(keys: list[str]) -> str:
     return ",".join(sorted(keys))
 
 
-def decide(resolution: Resolution, settings: Settings, report: Progress, opener: Opener | None) -> dict[str, tuple[Any, Any]]:
+def decide(
+    resolution: Resolution, settings: Settings, report: Progress, opener: Opener | None
+) -> dict[str, tuple[Any, Any]]:
     """Apply a remembered timing or, where allowed, time the contenders now (`opener` loads one; None: only
     remembered timings count, as in `fetch`). Returns the sessions opened for timing, by build key, so the winner is
     not loaded twice."""
@@ -152,8 +173,10 @@ def decide(resolution: Resolution, settings: Settings, report: Progress, opener:
     estimate = estimate_s(found.candidates)
     if settings.measure == "auto" and (estimate is None or estimate > AUTO_BUDGET_S):
         cost = "an unknown time (no farm numbers to estimate from)" if estimate is None else f"about {estimate:.0f} s"
-        resolution.notes.append(f"not timed on this device ({found.why}): it would take {cost}, more than auto's {AUTO_BUDGET_S:.0f} s; "
-                                "set ENGINEFARM_MEASURE=on to time them once and remember the winner")
+        resolution.notes.append(
+            f"not timed on this device ({found.why}): it would take {cost}, more than auto's {AUTO_BUDGET_S:.0f} s; "
+            "set ENGINEFARM_MEASURE=on to time them once and remember the winner"
+        )
         return {}
     return _time(resolution, found, memory, settings, report, opener)
 
@@ -165,18 +188,26 @@ def estimate_s(candidates: list[Candidate]) -> float | None:
         record = c.bench or next(iter(c.entry.benchmarks), None)
         if record is None:
             return None
-        runs_ms = float(record.load_ms or 0) + float(record.first_inference_ms or record.p50_ms) + (1 + MIN_ROUNDS) * record.p50_ms
+        runs_ms = (
+            float(record.load_ms or 0)
+            + float(record.first_inference_ms or record.p50_ms)
+            + (1 + MIN_ROUNDS) * record.p50_ms
+        )
         download = 0.0 if c.source.startswith("cache") else float(c.entry.stored_size) / ASSUMED_BYTES_PER_S
         total += runs_ms / 1000 + download
     return total
 
 
-def _time(resolution: Resolution, found: Contenders, memory: Memory, settings: Settings, report: Progress, opener: Opener) -> dict[str, tuple[Any, Any]]:
+def _time(
+    resolution: Resolution, found: Contenders, memory: Memory, settings: Settings, report: Progress, opener: Opener
+) -> dict[str, tuple[Any, Any]]:
     from enginefarm.builder.hostlock import alone
 
     with alone(LOCK_WAIT_S) as host:
         if host["alone"] is False:
-            resolution.notes.append(f"not timed on this device: a build or another timing held the host for {LOCK_WAIT_S:.0f} s")
+            resolution.notes.append(
+                f"not timed on this device: a build or another timing held the host for {LOCK_WAIT_S:.0f} s"
+            )
             return {}
         names = ", ".join(c.label for c in found.candidates)
         report.message(f"timing {len(found.candidates)} candidates on this device ({found.why}): {names}")
@@ -195,14 +226,23 @@ def _time(resolution: Resolution, found: Contenders, memory: Memory, settings: S
         label = {c.entry.build_key: c.label for c in found.candidates}
 
         def on_round(number: int, timings: dict[str, Timing]) -> None:
-            report.message(f"  round {number}: " + ", ".join(f"{label[k]} {_ms(t.median_ms)} ms" for k, t in timings.items()))
+            report.message(
+                f"  round {number}: " + ", ".join(f"{label[k]} {_ms(t.median_ms)} ms" for k, t in timings.items())
+            )
 
         budget = AUTO_BUDGET_S if settings.measure == "auto" else BUDGET_S
-        timings = time_interleaved(runs, min_rounds=MIN_ROUNDS, max_rounds=MAX_ROUNDS, budget_s=budget, on_round=on_round, clock=CLOCK)
+        timings = time_interleaved(
+            runs, min_rounds=MIN_ROUNDS, max_rounds=MAX_ROUNDS, budget_s=budget, on_round=on_round, clock=CLOCK
+        )
     records = {key: {**t.record(), "alone": host["alone"]} for key, t in timings.items()}  # remembered as stored JSON
     winner = pick(records, {c.entry.build_key: c.entry.precision for c in found.candidates})
-    result = {"winner": winner, "when": datetime.now(UTC).isoformat(timespec="seconds"), "ref": resolution.ref,
-              "why": found.why, "timings": records}
+    result = {
+        "winner": winner,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "ref": resolution.ref,
+        "why": found.why,
+        "timings": records,
+    }
     memory.put([c.entry.build_key for c in found.candidates], result)  # as decide() looks it up
     report.message(f"fastest here: {label[winner]} ({_ms(timings[winner].median_ms)} ms); remembered for this device")
     apply(resolution, result, "just now")
@@ -231,8 +271,10 @@ def apply(resolution: Resolution, result: dict[str, Any], when: str) -> None:
         usable[key].on_device = record
     resolution.preferred = result["winner"]
     rounds = max((r.runs or 0 for r in timed.values()), default=0)
-    resolution.notes.append(f"timed on this device ({when}; {result.get('why', '')}; {rounds} interleaved runs each): this device's "
-                            "own numbers decide among those it timed, the farm's rank the rest; ENGINEFARM_MEASURE=off ignores them")
+    resolution.notes.append(
+        f"timed on this device ({when}; {result.get('why', '')}; {rounds} interleaved runs each): this device's "
+        "own numbers decide among those it timed, the farm's rank the rest; ENGINEFARM_MEASURE=off ignores them"
+    )
 
 
 def _feeds(opened: dict[str, tuple[Any, Any]]) -> dict[str, dict[str, np.ndarray]]:
@@ -249,10 +291,15 @@ def _feeds(opened: dict[str, tuple[Any, Any]]) -> dict[str, dict[str, np.ndarray
         feeds[spec["name"]] = rng.uniform(-1, 1, shape).astype(kind) if kind.kind == "f" else np.zeros(shape, kind)
     fits = {}
     for key, (manifest, _) in opened.items():
-        if all(name in manifest.profile and _within(list(array.shape), manifest.profile[name]) for name, array in feeds.items()):
+        if all(
+            name in manifest.profile and _within(list(array.shape), manifest.profile[name])
+            for name, array in feeds.items()
+        ):
             fits[key] = feeds
     return fits
 
 
 def _within(shape: list[int], bounds: dict[str, list[int]]) -> bool:
-    return len(shape) == len(bounds["min"]) and all(lo <= d <= hi for d, lo, hi in zip(shape, bounds["min"], bounds["max"], strict=True))
+    return len(shape) == len(bounds["min"]) and all(
+        lo <= d <= hi for d, lo, hi in zip(shape, bounds["min"], bounds["max"], strict=True)
+    )

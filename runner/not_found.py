@@ -24,9 +24,11 @@ def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
         return found.stack_refusals[0]  # an artifact fits but not with these weights: its own error has the fix
     candidates = found.resolution.candidates
     if found.unreadable_index and not candidates:
-        return ArtifactNotFoundError(f"no artifact of {ref} can be listed: {found.unreadable_index}",
-                                     hint="the store's index is damaged; whoever publishes the store can rebuild it with "
-                                          "`enginefarm index --store URL`")
+        return ArtifactNotFoundError(
+            f"no artifact of {ref} can be listed: {found.unreadable_index}",
+            hint="the store's index is damaged; whoever publishes the store can rebuild it with "
+            "`enginefarm index --store URL`",
+        )
     if found.release is not None and not failures and not any(c.usable for c in candidates):
         yanked = _yanked(ref, found)
         if yanked is not None:
@@ -34,33 +36,50 @@ def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
     if found.filtered_out and not candidates:
         where = f"channel {found.release.channel}" if found.release is not None else "the store"
         have = ", ".join(sorted({f"{e.target} {e.precision}" for e in found.filtered_out}))
-        return ArtifactNotFoundError(f"no artifact of {ref} in {where} is for --target {', '.join(found.selectors)}: there are {have}",
-                                     hint="leave --target out to let the best one be picked, or name one of those")
+        return ArtifactNotFoundError(
+            f"no artifact of {ref} in {where} is for --target {', '.join(found.selectors)}: there are {have}",
+            hint="leave --target out to let the best one be picked, or name one of those",
+        )
     unusable = [c for c in candidates if c.reason]
     rejected = [f"{c.entry.label}: {c.reason}" for c in unusable]
     reasons = failures or rejected
     if len(reasons) > 10:  # an index may hold 10^5 entries: a one-line error names a few and counts the rest
         reasons = reasons[:10] + [f"and {len(reasons) - 10} more"]
     why = "; ".join(reasons or [found.note or "no stored artifact for it"])
-    hint = "build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
-    if found.resolution.pinned is not None and not failures and all(c.reason.startswith("model version") for c in unusable):
+    hint = (
+        "build one with `enginefarm build RECIPE`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
+    )
+    if (
+        found.resolution.pinned is not None
+        and not failures
+        and all(c.reason.startswith("model version") for c in unusable)
+    ):
         present = ", ".join(str(v) for v in by_age(c.version for c in unusable))
-        return ArtifactNotFoundError(f"no artifact of {ref} has model version {found.resolution.pinned}",
-                                     hint=f"versions stored: {present}; leave the version out for the newest")
+        return ArtifactNotFoundError(
+            f"no artifact of {ref} has model version {found.resolution.pinned}",
+            hint=f"versions stored: {present}; leave the version out for the newest",
+        )
     if unusable and not failures and all(c.reason.startswith("no device here runs") for c in unusable):
         # what is stored is for other devices: building the same targets again would not help
-        hint = ("build it for a target this device runs (`enginefarm doctor` lists them) with `enginefarm build RECIPE "
-                "--target T`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here")
+        hint = (
+            "build it for a target this device runs (`enginefarm doctor` lists them) with `enginefarm build RECIPE "
+            "--target T`, or pass a recipe (--recipe / ENGINEFARM_RECIPE_PATH) to compile here"
+        )
     return ArtifactNotFoundError(f"no artifact of {ref} fits this device: {why}", hint=hint)
 
 
 def _yanked(ref: str, found: Lookup) -> Exception | None:
-    """"Yanked", where what was withdrawn is what the caller asked for (component, --target, precision): not when a
+    """ "Yanked", where what was withdrawn is what the caller asked for (component, --target, precision): not when a
     filter left out what is released, nor naming yanked artifacts the filters would have left out anyway."""
     model, _, component = ref.partition("/")
     precision = found.resolution.precision
-    yanked = [y for y in found.release.yanked(model) if y.get("component") == component and target_matches(str(y.get("target")), found.selectors)
-              and precision in (None, y.get("precision"))]
+    yanked = [
+        y
+        for y in found.release.yanked(model)
+        if y.get("component") == component
+        and target_matches(str(y.get("target")), found.selectors)
+        and precision in (None, y.get("precision"))
+    ]
     if not yanked:
         return None
     what = ", ".join(f"{y.get('target')} {y.get('precision')} [{str(y.get('build_key'))[:12]}]" for y in yanked)
@@ -68,8 +87,12 @@ def _yanked(ref: str, found: Lookup) -> Exception | None:
     if released:
         rest = "what else is released does not fit: " + "; ".join(f"{c.entry.label}: {c.reason}" for c in released[:10])
     elif found.filtered_out:
-        rest = f"what else is released is for other targets ({', '.join(sorted({e.target for e in found.filtered_out}))})"
+        rest = (
+            f"what else is released is for other targets ({', '.join(sorted({e.target for e in found.filtered_out}))})"
+        )
     else:
         rest = "nothing else of it is released"
-    return ArtifactNotFoundError(f"{ref} was yanked from channel {found.release.channel}: {what}; {rest}",
-                                 hint="its maintainers withdrew it; wait for a new release, or load from another channel")
+    return ArtifactNotFoundError(
+        f"{ref} was yanked from channel {found.release.channel}: {what}; {rest}",
+        hint="its maintainers withdrew it; wait for a new release, or load from another channel",
+    )

@@ -59,10 +59,14 @@ class DeviceJob:
 
 def applies(backend, manifest: Manifest) -> bool:
     """Whether a stack on this artifact is compiled on the device: the backend does it, and the engine cannot be refitted."""
-    return backend.has(Feature.COMPILES_STACKS_ON_DEVICE) and not {**backend.options, **manifest.options}.get("refittable", False)
+    return backend.has(Feature.COMPILES_STACKS_ON_DEVICE) and not {**backend.options, **manifest.options}.get(
+        "refittable", False
+    )
 
 
-def apply_stack(stack: Stack, manifest: Manifest, backend, cache: DeviceCache, store: Store | None, report: Progress) -> Applied:
+def apply_stack(
+    stack: Stack, manifest: Manifest, backend, cache: DeviceCache, store: Store | None, report: Progress
+) -> Applied:
     onnx_manifest, onnx_dir = onnx_source(manifest, cache, store, report)
     source = f"{onnx_manifest.target} {onnx_manifest.precision} [{onnx_manifest.build_key[:12]}]"
     if backend.can_build_refittable():
@@ -70,15 +74,30 @@ def apply_stack(stack: Stack, manifest: Manifest, backend, cache: DeviceCache, s
         applied = apply(stack, twin, twin_dir, backend, cache, report)
         origin = "compiled refittable on this device" if built_now else "compiled refittable on this device earlier"
         return replace(applied, how=f"{applied.how} (engine {origin} from {source})")
-    patched, patched_dir, _ = patched_artifact(stack, onnx_manifest, onnx_dir, get_backend("onnxruntime"), cache, report)
+    patched, patched_dir, _ = patched_artifact(
+        stack, onnx_manifest, onnx_dir, get_backend("onnxruntime"), cache, report
+    )
     key = stack_key(manifest.build_key, stack)
-    with file_lock(cache.locks / f"{key}.lock"):  # a second process waits for the first one's engine instead of building its own
+    with file_lock(
+        cache.locks / f"{key}.lock"
+    ):  # a second process waits for the first one's engine instead of building its own
         path = cache.built_here_dir(key)
         how = f"compiled on this device earlier from {source} with the stack merged (cached)"
         if path is None:
-            report.message(f"{describe(stack)} merged into the ONNX; compiling a {manifest.target} engine on this device (no GPU to build a refittable one)")
-            path, seconds = _compile(manifest, patched, patched_dir, backend, cache, key, {"strip_weights": False, "refittable": False}, report,
-                                     lambda workdir, built, elapsed: stack_manifest(manifest, stack, key, workdir, built, (), elapsed))
+            report.message(
+                f"{describe(stack)} merged into the ONNX; compiling a {manifest.target} engine on this device (no GPU to build a refittable one)"
+            )
+            path, seconds = _compile(
+                manifest,
+                patched,
+                patched_dir,
+                backend,
+                cache,
+                key,
+                {"strip_weights": False, "refittable": False},
+                report,
+                lambda workdir, built, elapsed: stack_manifest(manifest, stack, key, workdir, built, (), elapsed),
+            )
             how = f"compiled on this device in {seconds:.1f} s from {source} with the stack merged"
     compiled = cache.manifest(key)
     return Applied(backend.load(path, compiled, manifest.parsed_target.device), compiled, how)
@@ -91,8 +110,13 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
     candidates: dict[str, str] = {}  # build key → where
     for cached in cache.entries():
         m = cached.manifest
-        if m.model == manifest.model and m.component == manifest.component and m.target == ONNX_TARGET and "stack" not in m.options \
-                and (store is None or cache.served_by(m.build_key, store.url)):  # another store's never stands in for this one's
+        if (
+            m.model == manifest.model
+            and m.component == manifest.component
+            and m.target == ONNX_TARGET
+            and "stack" not in m.options
+            and (store is None or cache.served_by(m.build_key, store.url))
+        ):  # another store's never stands in for this one's
             candidates[m.build_key] = "cache"
     if store is not None:
         try:
@@ -105,11 +129,17 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
         found = cache.manifest(key) if where == "cache" else read_manifest(store, key)
         if found is None or found.precision != manifest.precision or found.provenance.get("source_digest") != wanted:
             continue
-        if not any(f.role == "map" for f in found.files) or (found.model, found.component, found.target) != (manifest.model, manifest.component, ONNX_TARGET):
+        if not any(f.role == "map" for f in found.files) or (found.model, found.component, found.target) != (
+            manifest.model,
+            manifest.component,
+            ONNX_TARGET,
+        ):
             continue
         path = cache.verified_dir(key) if where == "cache" else cache.cached_as(found, store.url)
         if path is None and store is not None:
-            report.message(f"fetching {manifest.ref}'s ONNX ({ONNX_TARGET} {found.precision} [{key[:12]}]) to compile {manifest.target} here")
+            report.message(
+                f"fetching {manifest.ref}'s ONNX ({ONNX_TARGET} {found.precision} [{key[:12]}]) to compile {manifest.target} here"
+            )
             cache.fetch(store, found, progress=report)
             path = cache.verified_dir(key)
         if path is None:
@@ -122,45 +152,90 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
     )
 
 
-def refittable_twin(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backend, cache: DeviceCache,
-                    report: Progress) -> tuple[Manifest, Path, bool]:
+def refittable_twin(
+    manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backend, cache: DeviceCache, report: Progress
+) -> tuple[Manifest, Path, bool]:
     """The base engine compiled here refittable and weight-stripped (its weights are the ONNX shipped beside it), once."""
     key = build_key({"base": manifest.build_key, "device_build": "refittable", "onnx": onnx_manifest.build_key})
     with file_lock(cache.locks / f"{key}.lock"):
         path = cache.built_here_dir(key)
         if path is not None:
             return cache.manifest(key), path, False
-        report.message(f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks are refits)")
+        report.message(
+            f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks are refits)"
+        )
         map_entry = role_entry(onnx_manifest, "map")
 
         def twin_manifest(workdir: Path, built, seconds: float) -> Manifest:
             from enginefarm.builder.build import plain_file
 
             shutil.copyfile(onnx_dir / map_entry.path, workdir / map_entry.path)
-            record = {"base": manifest.build_key, "key": key, "from": onnx_manifest.build_key, "seconds": round(seconds, 2)}
-            return replace(manifest, build_key=key, files=tuple(plain_file(workdir, b.path, b.role) for b in built) + (map_entry,), benchmarks=(),
-                           options={**manifest.options, "strip_weights": True, "refittable": True, "device_build": record,
-                                    "stack": {"base": manifest.build_key, "key": key, "weights": None, "loras": []}},
-                           validation={"passed": None, "executed": False, "why": "compiled on this device for custom weights"},
-                           provenance={**manifest.provenance, "built_on_device": True})
+            record = {
+                "base": manifest.build_key,
+                "key": key,
+                "from": onnx_manifest.build_key,
+                "seconds": round(seconds, 2),
+            }
+            return replace(
+                manifest,
+                build_key=key,
+                files=tuple(plain_file(workdir, b.path, b.role) for b in built) + (map_entry,),
+                benchmarks=(),
+                options={
+                    **manifest.options,
+                    "strip_weights": True,
+                    "refittable": True,
+                    "device_build": record,
+                    "stack": {"base": manifest.build_key, "key": key, "weights": None, "loras": []},
+                },
+                validation={"passed": None, "executed": False, "why": "compiled on this device for custom weights"},
+                provenance={**manifest.provenance, "built_on_device": True},
+            )
 
-        path, _ = _compile(manifest, onnx_manifest, onnx_dir, backend, cache, key, {"strip_weights": True, "refittable": True}, report, twin_manifest)
+        path, _ = _compile(
+            manifest,
+            onnx_manifest,
+            onnx_dir,
+            backend,
+            cache,
+            key,
+            {"strip_weights": True, "refittable": True},
+            report,
+            twin_manifest,
+        )
     return cache.manifest(key), path, True
 
 
-def _compile(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backend, cache: DeviceCache, key: str, options: dict[str, Any],
-             report: Progress, describe_result) -> tuple[Path, float]:
+def _compile(
+    manifest: Manifest,
+    onnx_manifest: Manifest,
+    onnx_dir: Path,
+    backend,
+    cache: DeviceCache,
+    key: str,
+    options: dict[str, Any],
+    report: Progress,
+    describe_result,
+) -> tuple[Path, float]:
     """Build `manifest`'s engine from the ONNX artifact's model with `options`, and cache it under `key`."""
     model = role_entry(onnx_manifest, "model")
-    job = DeviceJob(f"{manifest.ref} {manifest.precision} {manifest.target} (on this device)", manifest.component, manifest.parsed_target,
-                    manifest.precision, manifest.profile, {**manifest.options, **options})
+    job = DeviceJob(
+        f"{manifest.ref} {manifest.precision} {manifest.target} (on this device)",
+        manifest.component,
+        manifest.parsed_target,
+        manifest.precision,
+        manifest.profile,
+        {**manifest.options, **options},
+    )
     workdir = work_folder(cache, key)
     outdir = workdir / "artifact"
     outdir.mkdir()
     name = f"compiling {manifest.target} engine"
     try:
         started = time.perf_counter()
-        built = backend.build(onnx_dir / model.path, job, outdir, progress=lambda done, total, _phase: report.work(name, done, total))
+        built = backend.build(
+            onnx_dir / model.path, job, outdir, progress=lambda done, total, _phase: report.work(name, done, total)
+        )
         seconds = time.perf_counter() - started
         cache.add_local(describe_result(outdir, built.files, seconds), outdir)
     finally:
@@ -168,5 +243,7 @@ def _compile(manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backen
     log.info("%s: compiled on this device in %.1f s", job.label, seconds)
     path = cache.verified_dir(key)
     if path is None:
-        raise IntegrityError(f"the engine compiled on this device ({key[:12]}) failed verification right after it was cached", key=key)
+        raise IntegrityError(
+            f"the engine compiled on this device ({key[:12]}) failed verification right after it was cached", key=key
+        )
     return path, seconds

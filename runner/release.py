@@ -20,8 +20,10 @@ def open_channel(store: str | None, settings: Settings):
 
     channel = settings.channel or "stable"
     if settings.trusted_root is None:
-        raise ConfigError(f"channel {channel!r} needs the channel's root metadata (trusted_root=PATH or ENGINEFARM_TRUSTED_ROOT)",
-                          hint="ship the root.json from `enginefarm release export-root` with the app")
+        raise ConfigError(
+            f"channel {channel!r} needs the channel's root metadata (trusted_root=PATH or ENGINEFARM_TRUSTED_ROOT)",
+            hint="ship the root.json from `enginefarm release export-root` with the app",
+        )
     opened: Store = open_store(store or settings.store)  # no I/O yet: offline, only its URL is used
     client = ChannelClient(opened, channel, Path(settings.trusted_root), settings.home, offline=settings.offline)
     return client, (None if settings.offline else opened)

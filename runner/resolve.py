@@ -16,8 +16,10 @@ from enginefarm.hardware.devices import Device
 from .ties import Tie, clusters
 
 # Ties (numbers within each other's noise) go to the more accurate precision: more mantissa bits first.
-TIE_RULE = ("numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
-            "(fp32, then fp16, then bf16), then to the lower median")
+TIE_RULE = (
+    "numbers whose middle halves (median ± IQR/2) overlap are tied; a tie goes to the more accurate precision "
+    "(fp32, then fp16, then bf16), then to the lower median"
+)
 
 LISTED = 25  # rivals an explanation names one by one; the rest are counted (an index may hold 10^5 entries)
 
@@ -130,8 +132,10 @@ class Resolution:
 
     def explain(self, chosen: Candidate | None = None, note: str = "") -> str:
         version = f"model version {self.pinned} (pinned)" if self.pinned is not None else "newest model version"
-        lines = [f"{self.ref} (precision {self.precision or 'any'}, {version}) on "
-                 f"{', '.join(f'{d.kind} {d.name} [{d.bench_class}]' for d in self.devices)}"]
+        lines = [
+            f"{self.ref} (precision {self.precision or 'any'}, {version}) on "
+            f"{', '.join(f'{d.kind} {d.name} [{d.bench_class}]' for d in self.devices)}"
+        ]
         if chosen is not None:
             lines.append(f"chose {chosen.describe()} from the {chosen.source}")
             lines.append(f"  because: {self._why(chosen)}")
@@ -155,7 +159,9 @@ class Resolution:
         if chosen.entry.build_key == self.preferred and chosen.on_device is not None:
             timed = [c for c in rivals if c.on_device is not None]
             against = ", ".join(f"{_ms(c.on_device.p50_ms)} ms for {c.label}" for c in timed)
-            return f"timed fastest on this device at a first load: {_ms(chosen.on_device.p50_ms)} ms" + (f" vs {against}" if against else "")
+            return f"timed fastest on this device at a first load: {_ms(chosen.on_device.p50_ms)} ms" + (
+                f" vs {against}" if against else ""
+            )
         if chosen.kind <= Rank.JIT and any(c.kind > chosen.kind for c in rivals):
             return f"the most specific engine kind usable here ({chosen.kind.label})"
         if chosen.p50_ms is not None:
@@ -182,7 +188,9 @@ def _runtime_version(backend: str) -> str | None:
     return versions.get(backend)
 
 
-def _check(entry: IndexEntry, component: str, precision: str | None, devices: list[Device], cache: dict, can_load) -> tuple[str, Device | None]:
+def _check(
+    entry: IndexEntry, component: str, precision: str | None, devices: list[Device], cache: dict, can_load
+) -> tuple[str, Device | None]:
     if entry.component != component:
         return "other component", None
     if entry.failed_validation:
@@ -244,8 +252,15 @@ def _speed(entry: IndexEntry, device: Device) -> tuple[Benchmark | None, str | N
     return None, None
 
 
-def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | None, devices: list[Device], *, can_load=availability,
-            version: str | None = None) -> Resolution:
+def resolve(
+    ref: str,
+    entries: list[tuple[IndexEntry, str]],
+    precision: str | None,
+    devices: list[Device],
+    *,
+    can_load=availability,
+    version: str | None = None,
+) -> Resolution:
     """`entries`: (index entry, where it came from). `can_load(target) -> Availability` says what this machine's
     SDKs can load (a parameter so the rule table can be tested for hardware this machine lacks). `version`: serve
     only this model version; None: the newest version that has a usable artifact here.
@@ -260,15 +275,24 @@ def resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | No
         return _resolve(ref, entries, precision, devices, can_load, version)
 
 
-def _resolve(ref: str, entries: list[tuple[IndexEntry, str]], precision: str | None, devices: list[Device], can_load,
-             version: str | None) -> Resolution:
+def _resolve(
+    ref: str,
+    entries: list[tuple[IndexEntry, str]],
+    precision: str | None,
+    devices: list[Device],
+    can_load,
+    version: str | None,
+) -> Resolution:
     model, _, component = ref.partition("/")
     resolution = Resolution(ref, precision, devices, pinned=version)
     cache: dict = {}
     seen: set[str] = set()
     # A verdict from re-validation (in the store's index) overrules the build-time record a cached copy carries.
     verdicts = {e.build_key: e.validation for e, _ in entries if e.validation.revalidated}
-    entries = [(replace(e, validation=verdicts[e.build_key]) if e.build_key in verdicts else e, source) for e, source in entries]
+    entries = [
+        (replace(e, validation=verdicts[e.build_key]) if e.build_key in verdicts else e, source)
+        for e, source in entries
+    ]
     for entry, source in entries:
         if entry.build_key in seen:
             continue
@@ -306,7 +330,9 @@ def _choose_version(resolution: Resolution) -> None:
     if newer:
         top = newest(c.version for c in newer)
         why = next(c.reason for c in newer if same_version(c.version, top))
-        resolution.notes.append(f"model version {top} exists but none of its artifacts is usable here ({why}); serving version {served}")
+        resolution.notes.append(
+            f"model version {top} exists but none of its artifacts is usable here ({why}); serving version {served}"
+        )
     for c in usable:
         if not same_version(c.version, served):
             c.reason = f"older model version {c.version or 'unknown'} (version {served} is usable here; pin version= to use it)"
@@ -327,7 +353,9 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
             tiers[c.entry.target] = rank_of(c.target)
         tier = c.tier = tiers[c.entry.target]
         how_measured = (0 if c.measured_on == "this device class" else 1) if c.p50_ms is not None else 2
-        bucket = (device_order, 0, tier) if tier <= Rank.JIT else (device_order, 1, 0)  # compiled engines: the most specific kind first
+        bucket = (
+            (device_order, 0, tier) if tier <= Rank.JIT else (device_order, 1, 0)
+        )  # compiled engines: the most specific kind first
         precision = precision_table.tie_order(c.entry.precision)
         c.rank = bucket + (how_measured, 0, tier, precision)  # unmeasured: by kind, then precision
         if how_measured < 2 and c.usable:

@@ -52,8 +52,11 @@ class Session:
 
     def explain(self) -> str:
         how = getattr(self._session, "how", "")  # how the backend opened it: "compiled IR", "streaming weights: …"
-        return self._explanation + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)" + (
-            f"\nopened: {how}" if how else "")
+        return (
+            self._explanation
+            + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)"
+            + (f"\nopened: {how}" if how else "")
+        )
 
     @property
     def closed(self) -> bool:
@@ -81,7 +84,9 @@ class Session:
 
     def _open(self) -> Any:
         if self._session is None:
-            raise SessionClosed(f"{self.artifact.ref}: this session is closed", hint="load it again with enginefarm.load(...)")
+            raise SessionClosed(
+                f"{self.artifact.ref}: this session is closed", hint="load it again with enginefarm.load(...)"
+            )
         return self._session
 
     def bind(self, fixed: Mapping[str, np.ndarray] | None = None) -> Binding:
@@ -115,24 +120,35 @@ class Session:
         ref, shapes = self.artifact.ref, {name: list(array.shape) for name, array in feeds.items()}
         # OpenVINO opens with lines that name its own source files ("Exception from src/…cpp:224:"): skip those.
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        first = next((line for line in lines if not re.match(r"^(Exception from|Check '.*' failed at) src/", line)), lines[0] if lines else type(exc).__name__)
+        first = next(
+            (line for line in lines if not re.match(r"^(Exception from|Check '.*' failed at) src/", line)),
+            lines[0] if lines else type(exc).__name__,
+        )
         broken = []
         for name, shape in shapes.items():
             bounds = self.artifact.profile.get(name)
             if bounds is None:
                 continue
-            for axis, (size, lo, opt, hi) in enumerate(zip(shape, bounds["min"], bounds["opt"], bounds["max"], strict=True)):
+            for axis, (size, lo, opt, hi) in enumerate(
+                zip(shape, bounds["min"], bounds["opt"], bounds["max"], strict=True)
+            ):
                 step = math.gcd(lo, math.gcd(opt, hi))
                 if lo != hi and step > 1 and size % step:
                     below, above = size - size % step, size - size % step + step
                     nearest = " or ".join(str(v) for v in (below, above) if lo <= v <= hi)
-                    broken.append(f"{name} axis {axis} is {size}, every validated size is a multiple of {step} (try {nearest})")
+                    broken.append(
+                        f"{name} axis {axis} is {size}, every validated size is a multiple of {step} (try {nearest})"
+                    )
         validated = "; ".join(f"{n}: {b['min']}, {b['opt']}, {b['max']}" for n, b in self.artifact.profile.items())
         if broken:
-            return InputError(f"{ref}: the model cannot run inputs of shape {shapes}: {'; '.join(broken)}",
-                              hint=f"the backend said: {first[:300]}")
-        return InputError(f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: {first[:300]})",
-                          hint=f"shapes validated when it was built: {validated}; the model may need sizes like those")
+            return InputError(
+                f"{ref}: the model cannot run inputs of shape {shapes}: {'; '.join(broken)}",
+                hint=f"the backend said: {first[:300]}",
+            )
+        return InputError(
+            f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: {first[:300]})",
+            hint=f"shapes validated when it was built: {validated}; the model may need sizes like those",
+        )
 
     def _checked(self, feeds: Mapping[str, Any], partial: bool = False, bound: tuple[str, ...] = ()) -> dict[str, Any]:
         """Feeds checked and cast. partial: some inputs may be missing (a binding's fixed ones); bound: inputs a
@@ -143,16 +159,24 @@ class Session:
         if not isinstance(feeds, Mapping):
             names = ", ".join(self.input_names)
             example = f'{{"{self.input_names[0]}": array}}' if self.input_names else "{name: array}"
-            raise InputError(f"{ref}: run() takes a dict of input name → array, got {type(feeds).__name__}",
-                             hint=f"session.run({example}); this model's inputs: {names}")
+            raise InputError(
+                f"{ref}: run() takes a dict of input name → array, got {type(feeds).__name__}",
+                hint=f"session.run({example}); this model's inputs: {names}",
+            )
         missing = [] if partial else [n for n in self.input_names if n not in feeds and n not in bound]
         unknown = [n for n in feeds if n not in self.input_names]
         again = [n for n in feeds if n in bound]
         if missing or unknown or again:
-            parts = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []) + (
-                [f"already bound {again}"] if again else [])
-            raise InputError(f"{ref}: inputs {', '.join(parts)}", hint=f"inputs are: {', '.join(self.input_names)}"
-                             + (f"; bound by bind(): {', '.join(bound)}" if bound else ""))
+            parts = (
+                ([f"missing {missing}"] if missing else [])
+                + ([f"unknown {unknown}"] if unknown else [])
+                + ([f"already bound {again}"] if again else [])
+            )
+            raise InputError(
+                f"{ref}: inputs {', '.join(parts)}",
+                hint=f"inputs are: {', '.join(self.input_names)}"
+                + (f"; bound by bind(): {', '.join(bound)}" if bound else ""),
+            )
         out = {}
         for name, value in feeds.items():
             if isinstance(value, DeviceTensor):
@@ -178,15 +202,21 @@ class Session:
         want = np.dtype(dtype)
         if array.dtype == want:
             return array
-        if array.dtype.kind == want.kind == "f" or (array.dtype.kind in "iu" and want.kind in "iu" and _fits(array, want)):
+        if array.dtype.kind == want.kind == "f" or (
+            array.dtype.kind in "iu" and want.kind in "iu" and _fits(array, want)
+        ):
             return array.astype(want)
         if array.dtype.kind in "iub" and want.kind == "f":
-            raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}: converting would keep the values "
-                             f"({array.dtype} range) where the model may expect another scale",
-                             hint=f"convert it yourself, e.g. {name}.astype(np.{dtype}) / 255 for an image the model expects in [0, 1]")
-        raise InputError(f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}",
-                         hint=f"pass {dtype}; other dtypes are converted only within their kind "
-                              "(float64 -> float32; int64 -> int32 when every value fits)")
+            raise InputError(
+                f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}: converting would keep the values "
+                f"({array.dtype} range) where the model may expect another scale",
+                hint=f"convert it yourself, e.g. {name}.astype(np.{dtype}) / 255 for an image the model expects in [0, 1]",
+            )
+        raise InputError(
+            f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}",
+            hint=f"pass {dtype}; other dtypes are converted only within their kind "
+            "(float64 -> float32; int64 -> int32 when every value fits)",
+        )
 
     @staticmethod
     def _check_shape(ref: str, name: str, shape: tuple[int, ...], bounds: dict[str, list[int]]) -> None:
@@ -206,18 +236,25 @@ class Binding:
         self._owner = session
         self._inner = inner
         self.fixed = fixed  # the input names bound once
-        self.kind = getattr(inner, "name", "device")  # "device": inputs and kept outputs stay on the device; "host": numpy
+        self.kind = getattr(
+            inner, "name", "device"
+        )  # "device": inputs and kept outputs stay on the device; "host": numpy
 
     def run(self, feeds: Mapping[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
         """The outputs for these inputs plus the fixed ones: numpy arrays, and DeviceTensors for the names in `keep`."""
         owner = self._owner
         owner._open()
         if self._inner is None:
-            raise SessionClosed(f"{owner.artifact.ref}: this binding is closed", hint="make another with session.bind(...)")
+            raise SessionClosed(
+                f"{owner.artifact.ref}: this binding is closed", hint="make another with session.bind(...)"
+            )
         keep = (keep,) if isinstance(keep, str) else tuple(keep)
         unknown = [name for name in keep if name not in owner.output_names]
         if unknown:
-            raise InputError(f"{owner.artifact.ref}: keep={unknown} names no output", hint=f"outputs are: {', '.join(owner.output_names)}")
+            raise InputError(
+                f"{owner.artifact.ref}: keep={unknown} names no output",
+                hint=f"outputs are: {', '.join(owner.output_names)}",
+            )
         checked = owner._checked(feeds, bound=self.fixed)
         try:
             return self._inner.run(checked, keep)

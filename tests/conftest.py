@@ -64,7 +64,10 @@ inputs = {{ latent = {{ low = -3.0, high = 3.0 }} }}
 def profile_tables(count: int, height: tuple[int, int, int] = (8, 8, 8)) -> str:
     """`count` profiles for the tiny decoder, p0..pN, differing in max batch: many jobs from one small recipe."""
     h = list(height)
-    return "\n".join(f"[components.decoder.profiles.p{i}]\nbatch = [1, 1, {i + 1}]\nheight = {h}\nwidth = {h}\n" for i in range(count))
+    return "\n".join(
+        f"[components.decoder.profiles.p{i}]\nbatch = [1, 1, {i + 1}]\nheight = {h}\nwidth = {h}\n"
+        for i in range(count)
+    )
 
 
 @pytest.fixture
@@ -89,7 +92,9 @@ def tiny_recipe(tiny_sd, write_recipe):
 def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
     """The real `enginefarm` command in a subprocess, as a user runs it."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args], capture_output=True, text=True, env=full_env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "enginefarm.cli", *args], capture_output=True, text=True, env=full_env, timeout=600
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"enginefarm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -107,8 +112,11 @@ def pytest_collection_modifyitems(config, items):
         marker = item.get_closest_marker("hardware")
         if marker and marker.args[0] not in enabled:
             kind = marker.args[0]
-            item.add_marker(pytest.mark.skip(reason=f"needs {kind} hardware: run with ENGINEFARM_TEST_HARDWARE={kind} on a machine that has it"))
-
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"needs {kind} hardware: run with ENGINEFARM_TEST_HARDWARE={kind} on a machine that has it"
+                )
+            )
 
 
 @pytest.fixture(scope="session")
@@ -134,9 +142,20 @@ def make_bucket(endpoint: str) -> str:
     import boto3
 
     name = f"ef-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     client.create_bucket(Bucket=name)
-    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{name}/*"}]}
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{name}/*"}
+        ],
+    }
     client.put_bucket_policy(Bucket=name, Policy=json.dumps(policy))
     return name
 
@@ -214,20 +233,34 @@ def exported(tmp_path_factory):
 # What each family's checks need built: the txt2img families on both backends at fp32 and fp16; the img2img and
 # ControlNet checks (the same loop with more inputs) on ONNX Runtime fp32, which keeps the suite's time down.
 NARROW_BUILD = ("--target", "onnxruntime:cpu", "--precision", "fp32")
+
+
 # SD3: both backends and precisions, without the VAE encoder (image to image is checked on SD3.5's narrow build).
 def _TXT2IMG(*components: str) -> tuple[str, ...]:  # noqa: N802 (reads as the constant it builds)
     return tuple(a for c in components for a in ("--component", c))
 
 
-_SD3_TXT2IMG = tuple(a for c in ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae_decoder") for a in ("--component", c))
-FAMILY_BUILDS = {"sd1": (), "sd2-v": (), "sdxl": (), "sdxl-refiner": NARROW_BUILD, "controlnet-sd1": NARROW_BUILD,
-                 "controlnet-sdxl": NARROW_BUILD, "sd3": _SD3_TXT2IMG, "sd3.5": NARROW_BUILD,
-                 # Flux dev: text to image on both backends and precisions; Chroma (the same transformer with a mask and
-                 # true CFG) on ONNX Runtime at both precisions
-                 "flux": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder"),
-                 "chroma": _TXT2IMG("text_encoder", "transformer", "vae_decoder") + ("--target", "onnxruntime:cpu"),
-                 # schnell (no guidance input, no shift): text to image on both backends and precisions
-                 "flux-schnell": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder")}
+_SD3_TXT2IMG = tuple(
+    a
+    for c in ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae_decoder")
+    for a in ("--component", c)
+)
+FAMILY_BUILDS = {
+    "sd1": (),
+    "sd2-v": (),
+    "sdxl": (),
+    "sdxl-refiner": NARROW_BUILD,
+    "controlnet-sd1": NARROW_BUILD,
+    "controlnet-sdxl": NARROW_BUILD,
+    "sd3": _SD3_TXT2IMG,
+    "sd3.5": NARROW_BUILD,
+    # Flux dev: text to image on both backends and precisions; Chroma (the same transformer with a mask and
+    # true CFG) on ONNX Runtime at both precisions
+    "flux": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder"),
+    "chroma": _TXT2IMG("text_encoder", "transformer", "vae_decoder") + ("--target", "onnxruntime:cpu"),
+    # schnell (no guidance input, no shift): text to image on both backends and precisions
+    "flux-schnell": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder"),
+}
 # Checks that need one more component of a family already built: built into the same store (the jobs built before
 # are found there and skipped). Flux dev's image to image: its VAE encoder, on ONNX Runtime fp32.
 ADDED_BUILDS = {"flux+vae_encoder": ("flux", _TXT2IMG("vae_encoder") + NARROW_BUILD)}
@@ -243,7 +276,9 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
         if family in ADDED_BUILDS and family not in done:
             base, args = ADDED_BUILDS[family]
             source, out, store = build(base)
-            run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", *args, check=True)
+            run_cli(
+                "build", str(out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", *args, check=True
+            )
             done[family] = done[base]
         if family not in done:
             if family.startswith("controlnet-"):
@@ -252,7 +287,17 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
             else:
                 source, export = tiny(family), exported(tiny(family))
             store = tmp_path_factory.mktemp(f"store-{family}")
-            run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", *FAMILY_BUILDS[family], check=True)
+            run_cli(
+                "build",
+                str(export.out / "recipe.toml"),
+                "--store",
+                str(store),
+                "--no-bench",
+                "-j",
+                "2",
+                *FAMILY_BUILDS[family],
+                check=True,
+            )
             done[family] = (source, export.out, store)
         return done[family]
 

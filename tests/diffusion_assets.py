@@ -90,8 +90,14 @@ def clip_vocab(merges: list[tuple[str, str]]) -> dict[str, int]:
     return {token: i for i, token in enumerate(dict.fromkeys(entries))}
 
 
-def write_clip_tokenizer(folder, pad_token: str = "<|endoftext|>", *, model_max_length: int = 77,
-                         config_style: str = "decoder", tokenizer_json: bool = False) -> Path:
+def write_clip_tokenizer(
+    folder,
+    pad_token: str = "<|endoftext|>",
+    *,
+    model_max_length: int = 77,
+    config_style: str = "decoder",
+    tokenizer_json: bool = False,
+) -> Path:
     """A CLIP tokenizer folder as diffusers pipelines ship it: vocab.json, merges.txt, tokenizer_config.json,
     special_tokens_map.json. SD 1.x pads with "<|endoftext|>", SD 2.x and SDXL's second tokenizer with "!".
 
@@ -104,22 +110,54 @@ def write_clip_tokenizer(folder, pad_token: str = "<|endoftext|>", *, model_max_
     vocab = clip_vocab(merges)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
-    specials = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
-                "pad_token": pad_token}
-    config = {"tokenizer_class": "CLIPTokenizer", "model_max_length": model_max_length, "do_lower_case": True,
-              "errors": "replace", "clean_up_tokenization_spaces": True}
+    specials = {
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "pad_token": pad_token,
+    }
+    config = {
+        "tokenizer_class": "CLIPTokenizer",
+        "model_max_length": model_max_length,
+        "do_lower_case": True,
+        "errors": "replace",
+        "clean_up_tokenization_spaces": True,
+    }
     if config_style == "legacy":
-        config.update({k: {"__type": "AddedToken", "content": v, "lstrip": False, "normalized": True, "rstrip": False,
-                           "single_word": False} for k, v in specials.items()})
+        config.update(
+            {
+                k: {
+                    "__type": "AddedToken",
+                    "content": v,
+                    "lstrip": False,
+                    "normalized": True,
+                    "rstrip": False,
+                    "single_word": False,
+                }
+                for k, v in specials.items()
+            }
+        )
     else:
         config.update(specials)
         config["added_tokens_decoder"] = {
-            str(vocab[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                            "special": True} for t in dict.fromkeys([*SPECIALS, pad_token])}
+            str(vocab[t]): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
+            for t in dict.fromkeys([*SPECIALS, pad_token])
+        }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
-    special_map = {k: {"content": v, "lstrip": False, "normalized": True, "rstrip": False, "single_word": False}
-                   for k, v in specials.items()}
-    (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2, ensure_ascii=False), encoding="utf-8")
+    special_map = {
+        k: {"content": v, "lstrip": False, "normalized": True, "rstrip": False, "single_word": False}
+        for k, v in specials.items()
+    }
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps(special_map, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     if tokenizer_json:
         from transformers import CLIPTokenizer
 
@@ -141,7 +179,7 @@ def write_t5_tokenizer(folder, *, model_max_length: int = 512, extra_ids: int = 
         pieces["▁" + word] += 4 * n
         for size in (2, 3):
             for i in range(len(word) - size + 1):
-                pieces[word[i:i + size]] += n
+                pieces[word[i : i + size]] += n
         for ch in word:
             pieces[ch] += n
             pieces["▁" + ch] += 1
@@ -151,18 +189,36 @@ def write_t5_tokenizer(folder, *, model_max_length: int = 512, extra_ids: int = 
     extra = [f"<extra_id_{i}>" for i in reversed(range(extra_ids))]
     vocab += [(e, 0.0) for e in extra]
     tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")]
+    )
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<pad>", "</s>", "<unk>", *extra)])
     tok.save(str(folder / "tokenizer.json"))
     ids = {t: i for i, (t, _) in enumerate(vocab)}
-    config = {"tokenizer_class": "T5Tokenizer", "model_max_length": model_max_length, "eos_token": "</s>",
-              "pad_token": "<pad>", "unk_token": "<unk>", "extra_ids": extra_ids, "additional_special_tokens": extra,
-              "added_tokens_decoder": {str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                                     "single_word": False, "special": True}
-                                       for t in ("<pad>", "</s>", "<unk>", *extra)}}
+    config = {
+        "tokenizer_class": "T5Tokenizer",
+        "model_max_length": model_max_length,
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "extra_ids": extra_ids,
+        "additional_special_tokens": extra,
+        "added_tokens_decoder": {
+            str(ids[t]): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
+            for t in ("<pad>", "</s>", "<unk>", *extra)
+        },
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     special_map = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "additional_special_tokens": extra}
     (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2), encoding="utf-8")

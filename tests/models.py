@@ -52,8 +52,10 @@ def two_inputs(path: Path) -> Path:
     graph = helper.make_graph(
         [helper.make_node("Add", ["a", "b"], ["z"])],
         "two_inputs",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 4]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 4])],
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 4]),
+        ],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 4])],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
@@ -69,9 +71,11 @@ def external_data(path: Path, location: str) -> Path:
         entry = weight.external_data.add()
         entry.key, entry.value = key, value
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "ext",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [weight],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +95,8 @@ def shared_resize_scales(path: Path) -> Path:
         helper.make_node("Resize", ["r", "", "s"], ["y"], mode="nearest"),
     ]
     graph = helper.make_graph(
-        nodes, "shared_scales",
+        nodes,
+        "shared_scales",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])],
     )
@@ -107,11 +112,19 @@ def shared_resize_scales(path: Path) -> Path:
 # a Relu keeps onnxsim from folding it into the 1×1 Conv's weights (which it does, and the map then reports).
 # Its checkpoint uses torch names and layouts; `extra.weight` is a buffer the graph never uses (unmatched).
 LORA_NET_SHAPES = {
-    "conv_in.weight": (8, 4, 3, 3), "conv_in.bias": (8,),
-    "mid.conv.weight": (8, 8, 1, 1), "mid.conv.bias": (8,), "norm.weight": (8,),
-    "attn.to_q.weight": (16, 8), "attn.to_q.bias": (16,),
-    "attn.to_k.weight": (16, 8), "attn.to_k.bias": (16,), "attn.to_v.weight": (16, 8), "attn.to_v.bias": (16,),
-    "attn.to_out.weight": (8, 16), "attn.to_out.bias": (8,),
+    "conv_in.weight": (8, 4, 3, 3),
+    "conv_in.bias": (8,),
+    "mid.conv.weight": (8, 8, 1, 1),
+    "mid.conv.bias": (8,),
+    "norm.weight": (8,),
+    "attn.to_q.weight": (16, 8),
+    "attn.to_q.bias": (16,),
+    "attn.to_k.weight": (16, 8),
+    "attn.to_k.bias": (16,),
+    "attn.to_v.weight": (16, 8),
+    "attn.to_v.bias": (16,),
+    "attn.to_out.weight": (8, 16),
+    "attn.to_out.bias": (8,),
     "extra.weight": (3,),
 }
 
@@ -128,12 +141,18 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None, *, prefix
 
     w = weights or lora_net_checkpoint()
     inits = {
-        "conv_in.weight": w["conv_in.weight"], "conv_in.bias": w["conv_in.bias"],
-        "onnx::Conv_7": w["mid.conv.weight"], "mid.conv.bias": w["mid.conv.bias"], "onnx::Mul_9": w["norm.weight"].reshape(8, 1, 1),
-        "onnx::MatMul_11": w["attn.to_q.weight"].T, "attn.to_q.bias": w["attn.to_q.bias"],
-        "onnx::MatMul_12": w["attn.to_out.weight"].T, "attn.to_out.bias": w["attn.to_out.bias"],
+        "conv_in.weight": w["conv_in.weight"],
+        "conv_in.bias": w["conv_in.bias"],
+        "onnx::Conv_7": w["mid.conv.weight"],
+        "mid.conv.bias": w["mid.conv.bias"],
+        "onnx::Mul_9": w["norm.weight"].reshape(8, 1, 1),
+        "onnx::MatMul_11": w["attn.to_q.weight"].T,
+        "attn.to_q.bias": w["attn.to_q.bias"],
+        "onnx::MatMul_12": w["attn.to_out.weight"].T,
+        "attn.to_out.bias": w["attn.to_out.bias"],
         "onnx::MatMul_kv": np.concatenate([w["attn.to_k.weight"].T, w["attn.to_v.weight"].T], axis=1),
-        "onnx::Add_kv": np.concatenate([w["attn.to_k.bias"], w["attn.to_v.bias"]]), "split": np.array([16, 16], np.int64),
+        "onnx::Add_kv": np.concatenate([w["attn.to_k.bias"], w["attn.to_v.bias"]]),
+        "split": np.array([16, 16], np.int64),
         "shape": np.array([0, 8, 64], np.int64),
     }
     nodes = [
@@ -161,7 +180,8 @@ def lora_net(path: Path, weights: dict[str, np.ndarray] | None = None, *, prefix
         for node in nodes:
             node.input[:] = [renamed.get(i, i) for i in node.input]
     graph = helper.make_graph(
-        nodes, "lora_net",
+        nodes,
+        "lora_net",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64, 8])],
         [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in inits.items()],
@@ -181,9 +201,13 @@ def lora_pair(shape: tuple[int, ...], rank: int, seed: int) -> tuple[np.ndarray,
     """(up, down) for a layer whose weight has `shape` (torch layout): Linear [out, in] or Conv [out, in, k, k]."""
     rng = np.random.default_rng(seed)
     if len(shape) == 2:
-        return rng.normal(0, 0.2, (shape[0], rank)).astype(np.float32), rng.normal(0, 0.2, (rank, shape[1])).astype(np.float32)
+        return rng.normal(0, 0.2, (shape[0], rank)).astype(np.float32), rng.normal(0, 0.2, (rank, shape[1])).astype(
+            np.float32
+        )
     out, cin, kh, kw = shape
-    return rng.normal(0, 0.2, (out, rank, 1, 1)).astype(np.float32), rng.normal(0, 0.2, (rank, cin, kh, kw)).astype(np.float32)
+    return rng.normal(0, 0.2, (out, rank, 1, 1)).astype(np.float32), rng.normal(0, 0.2, (rank, cin, kh, kw)).astype(
+        np.float32
+    )
 
 
 def lora_file(path: Path, layers: dict[str, tuple[np.ndarray, np.ndarray, float | None]], style: str) -> Path:
@@ -220,16 +244,21 @@ def reduce_mean_18(path: Path, *, dynamic_axes: bool = False) -> Path:
     the older attribute form). `dynamic_axes` computes the axes at run time, which has no attribute form."""
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1), helper.make_node("Sub", ["x", "m"], ["y"])]
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+        helper.make_node("Sub", ["x", "m"], ["y"]),
+    ]
     inits = [numpy_helper.from_array(np.array([1], np.int64), "axes")]
     if dynamic_axes:
         nodes.insert(0, helper.make_node("Shape", ["x"], ["s"], start=1, end=2))
         nodes.insert(1, helper.make_node("Sub", ["s", "seven"], ["axes"]))  # 8 - 7 = axis 1
         inits = [numpy_helper.from_array(np.array([7], np.int64), "seven")]
     graph = helper.make_graph(
-        nodes, "reduce_mean_18",
+        nodes,
+        "reduce_mean_18",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], inits,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        inits,
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
 
@@ -239,7 +268,8 @@ def shrink(path: Path) -> Path:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Shrink", ["x"], ["y"], lambd=0.5)], "shrink",
+        [helper.make_node("Shrink", ["x"], ["y"], lambd=0.5)],
+        "shrink",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
     )
@@ -253,9 +283,11 @@ def strided(path: Path) -> Path:
 
     weight = np.full((1, 1, 2, 2), 0.25, np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["down"], strides=[2, 2]),
-         helper.make_node("Resize", ["down", "", "scales"], ["up"], mode="nearest"),
-         helper.make_node("Add", ["x", "up"], ["y"])],
+        [
+            helper.make_node("Conv", ["x", "w"], ["down"], strides=[2, 2]),
+            helper.make_node("Resize", ["down", "", "scales"], ["up"], mode="nearest"),
+            helper.make_node("Add", ["x", "up"], ["y"]),
+        ],
         "strided",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "h", "w"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])],
@@ -270,9 +302,13 @@ def top_k(path: Path, k: int = 5000) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("TopK", ["x", "k"], ["values", "indices"])], "top_k",
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"])],
+        "top_k",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 100000])],
-        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["batch", k]), helper.make_tensor_value_info("indices", TensorProto.INT64, ["batch", k])],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, ["batch", k]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, ["batch", k]),
+        ],
         [numpy_helper.from_array(np.array([k], np.int64), "k")],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
@@ -285,8 +321,11 @@ def big_intermediate(path: Path, *, gain: float = 2e4) -> Path:
 
     weight = np.random.default_rng(3).normal(0, 1, (64, 16)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "gain"], ["scaled"]), helper.make_node("MatMul", ["scaled", "w"], ["big"]),
-         helper.make_node("Div", ["big", "gain"], ["y"])],
+        [
+            helper.make_node("Mul", ["x", "gain"], ["scaled"]),
+            helper.make_node("MatMul", ["scaled", "w"], ["big"]),
+            helper.make_node("Div", ["big", "gain"], ["y"]),
+        ],
         "big_intermediate",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
@@ -303,17 +342,22 @@ def dynamic_quantized(path: Path) -> Path:
     rng = np.random.default_rng(5)
     weight = rng.integers(-127, 128, (4, 8, 3, 3)).astype(np.int8)
     graph = helper.make_graph(
-        [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-         helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1]),
-         helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
-         helper.make_node("Mul", ["xs", "ws"], ["scale"]),
-         helper.make_node("Mul", ["accf", "scale"], ["conv"]),
-         helper.make_node("Relu", ["conv"], ["y"])],
+        [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+            helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1]),
+            helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["xs", "ws"], ["scale"]),
+            helper.make_node("Mul", ["accf", "scale"], ["conv"]),
+            helper.make_node("Relu", ["conv"], ["y"]),
+        ],
         "dynamic_quantized",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "h", "w"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])],
-        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0, np.int8), "wz"),
-         numpy_helper.from_array(np.array(0.01, np.float32), "ws")],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(np.array(0, np.int8), "wz"),
+            numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
+        ],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
 
@@ -324,12 +368,18 @@ def convs(path: Path) -> Path:
 
     rng = np.random.default_rng(3)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
-         helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])], "convs",
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+        ],
+        "convs",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
-        [numpy_helper.from_array(rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32), "w1"),
-         numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2")],
+        [
+            numpy_helper.from_array(rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32), "w1"),
+            numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2"),
+        ],
     )
     return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
 
@@ -353,9 +403,11 @@ def large_gather(path: Path, rows: int = 1 << 19, width: int = 1024, *, tile_row
         entry = table.external_data.add()
         entry.key, entry.value = key, value
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "large_gather",
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)],
+        "large_gather",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])], [table],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+        [table],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     path.write_bytes(model.SerializeToString())  # the graph only: the table is external
@@ -373,7 +425,8 @@ def failing_checker(path: Path) -> Path:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("NoSuchOp", ["x"], ["y"])], "bad_op",
+        [helper.make_node("NoSuchOp", ["x"], ["y"])],
+        "bad_op",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
     )

@@ -48,7 +48,15 @@ def install_fakes(monkeypatch, log: Path) -> FakeNvidia:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     monkeypatch.setenv("FAKE_TRT_LOG", str(log))
     monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA GeForce RTX 4090:8.9")
-    for name in ("FAKE_TRT_CRASH", "FAKE_TRT_CRASH_IF", "FAKE_TRT_PIDFILE", "FAKE_TRT_INVALID", "FAKE_TRT_NO_VALIDITY", "FAKE_TRT_VERSION", "FAKE_TRT_RTX_VERSION"):
+    for name in (
+        "FAKE_TRT_CRASH",
+        "FAKE_TRT_CRASH_IF",
+        "FAKE_TRT_PIDFILE",
+        "FAKE_TRT_INVALID",
+        "FAKE_TRT_NO_VALIDITY",
+        "FAKE_TRT_VERSION",
+        "FAKE_TRT_RTX_VERSION",
+    ):
         monkeypatch.delenv(name, raising=False)
     forget_fakes()
     return FakeNvidia(log, monkeypatch)

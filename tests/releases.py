@@ -14,16 +14,34 @@ from tests import models
 REF = "m/lin"
 
 
-def artifact(store, tmp_path: Path, seed: str, *, target: str = "onnxruntime:cpu", precision: str = "fp32", p50: float | None = None,
-             scale: float = 1.0) -> Manifest:
+def artifact(
+    store,
+    tmp_path: Path,
+    seed: str,
+    *,
+    target: str = "onnxruntime:cpu",
+    precision: str = "fp32",
+    p50: float | None = None,
+    scale: float = 1.0,
+) -> Manifest:
     """Publish a real, loadable ONNX Runtime artifact of m/lin (y = x @ W * scale) and return its manifest."""
     src = tmp_path / f"src-{seed}"
     models.linear(src / "model.onnx", scale=scale)
     files, blobs = pack_files(src, [("model.onnx", "model")], tmp_path / f"blobs-{seed}")
     benches = () if p50 is None else ({"device": {"class": "cpu-any"}, "p50_ms": p50},)
-    manifest = Manifest(build_key=hashlib.sha256(seed.encode()).hexdigest(), model="m", model_version="1", component="lin",
-                        precision=precision, profile_name="default", profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}},
-                        target=target, toolchain={"onnxruntime": "1"}, files=tuple(files), benchmarks=benches)
+    manifest = Manifest(
+        build_key=hashlib.sha256(seed.encode()).hexdigest(),
+        model="m",
+        model_version="1",
+        component="lin",
+        precision=precision,
+        profile_name="default",
+        profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}},
+        target=target,
+        toolchain={"onnxruntime": "1"},
+        files=tuple(files),
+        benchmarks=benches,
+    )
     publish(store, manifest, blobs)
     return manifest
 

@@ -29,8 +29,11 @@ class MotoServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -79,7 +82,12 @@ class Plan:
         with self.lock:
             self.log.append((method, path, dict(headers)))
             for rule in self.rules:
-                if rule.method == method and rule.path_contains in path and rule.times != 0 and (not rule.only_ranged or "Range" in headers):
+                if (
+                    rule.method == method
+                    and rule.path_contains in path
+                    and rule.times != 0
+                    and (not rule.only_ranged or "Range" in headers)
+                ):
                     rule.hits += 1
                     if rule.times > 0:
                         rule.times -= 1
@@ -115,7 +123,9 @@ class FaultProxy:
                     for name in [k for k in headers if k.lower() in ("range", "if-range", "if-match")]:
                         del headers[name]
                 upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
-                upstream.request(self.command, self.path, body=body, headers={**headers, "Host": f"127.0.0.1:{upstream_port}"})
+                upstream.request(
+                    self.command, self.path, body=body, headers={**headers, "Host": f"127.0.0.1:{upstream_port}"}
+                )
                 response = upstream.getresponse()
                 data = response.read()
                 self.send_response(response.status, response.reason)

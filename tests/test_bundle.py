@@ -13,7 +13,13 @@ from enginefarm.bundle import SUPPORT, _distribution_files, write_bundle
 from enginefarm.bundle_proof import ProofFailed, _compare, prove
 from enginefarm.errors import BackendUnavailable
 
-NOT_AN_APPS = ("click", "rich", "pygments", "onnx", "onnxsim")  # top-level packages an app that runs artifacts never imports
+NOT_AN_APPS = (
+    "click",
+    "rich",
+    "pygments",
+    "onnx",
+    "onnxsim",
+)  # top-level packages an app that runs artifacts never imports
 NOT_RUNTIME = ("enginefarm/builder/", "enginefarm/cli", "enginefarm/bundle")
 
 
@@ -28,8 +34,17 @@ def _check_listing(bundle: Path) -> dict:
     assert sorted(listed) == [f for f in _files(bundle) if f != "bundle.json"]
     assert all((bundle / path).stat().st_size == size for path, size in listed.items())
     assert listing["size"] == sum(listed.values()) == sum(listing["size_by_part"].values())
-    assert not [f for f in listed if f.split("/")[0].split("-")[0] in NOT_AN_APPS or f.startswith(NOT_RUNTIME) or "__pycache__" in f]
-    assert {"enginefarm/runner/load.py", "enginefarm/backends/openvino.py", "enginefarm/cache/device_cache.py", "enginefarm/__init__.py"} <= set(listed)
+    assert not [
+        f
+        for f in listed
+        if f.split("/")[0].split("-")[0] in NOT_AN_APPS or f.startswith(NOT_RUNTIME) or "__pycache__" in f
+    ]
+    assert {
+        "enginefarm/runner/load.py",
+        "enginefarm/backends/openvino.py",
+        "enginefarm/cache/device_cache.py",
+        "enginefarm/__init__.py",
+    } <= set(listed)
     return listing
 
 
@@ -37,16 +52,28 @@ def test_an_openvino_cpu_bundle_runs_an_artifact_with_nothing_but_itself_and_the
     bundle = write_bundle("openvino:cpu", tmp_path / "app")
     files = _files(bundle.folder)
     libs = [Path(f).name for f in files if f.startswith("openvino/libs/")]
-    assert [n for n in libs if "frontend" in n] == [n for n in libs if "ir_frontend" in n] != []  # IR only: no model frontends
+    assert (
+        [n for n in libs if "frontend" in n] == [n for n in libs if "ir_frontend" in n] != []
+    )  # IR only: no model frontends
     assert any("intel_cpu_plugin" in n for n in libs)
-    assert not [n for n in libs if any(other in n for other in ("gpu_plugin", "npu_plugin", "auto_plugin", "hetero_plugin", "batch_plugin"))]
+    assert not [
+        n
+        for n in libs
+        if any(other in n for other in ("gpu_plugin", "npu_plugin", "auto_plugin", "hetero_plugin", "batch_plugin"))
+    ]
     assert not [f for f in files if f.startswith(("openvino/tools/", "openvino/frontend/onnx/", "openvino/include/"))]
     assert not [f for f in files if f.startswith("zstandard/") and "cffi" in f] and any("backend_c" in f for f in files)
     assert not [f for f in files if "/tests/" in f or f.startswith("numpy/f2py/")]
     listing = _check_listing(bundle.folder)
-    assert {p["name"]: p["part"] for p in listing["parts"]} == {"enginefarm": "enginefarm", "numpy": "numpy", "zstandard": "zstandard",
-                                                                 "platformdirs": "other", "psutil": "other", "packaging": "other",
-                                                                 "openvino": "vendor runtime"}
+    assert {p["name"]: p["part"] for p in listing["parts"]} == {
+        "enginefarm": "enginefarm",
+        "numpy": "numpy",
+        "zstandard": "zstandard",
+        "platformdirs": "other",
+        "psutil": "other",
+        "packaging": "other",
+        "openvino": "vendor runtime",
+    }
     assert bundle.size < 200e6, bundle.size_by_part()
 
     proof = prove(bundle.folder, "openvino:cpu")
@@ -63,7 +90,18 @@ def test_an_openvino_cpu_bundle_runs_an_artifact_with_nothing_but_itself_and_the
 def test_an_onnxruntime_bundle_proves_itself_with_the_apps_own_artifact_from_a_store(cli, tiny_recipe, tmp_path):
     store = tmp_path / "store"
     cli("build", str(tiny_recipe(targets=("onnxruntime:cpu",))), "--store", str(store), "--no-bench", check=True)
-    proc = cli("bundle", "--target", "onnxruntime:cpu", "--out", str(tmp_path / "app"), "--model", "tiny-sd/decoder", "--store", str(store), check=True)
+    proc = cli(
+        "bundle",
+        "--target",
+        "onnxruntime:cpu",
+        "--out",
+        str(tmp_path / "app"),
+        "--model",
+        "tiny-sd/decoder",
+        "--store",
+        str(store),
+        check=True,
+    )
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"bundled onnxruntime:cpu into {tmp_path / 'app'}: ") and lines[0].endswith(" MB")
     assert [line.split()[0] for line in lines[1:6]] == ["enginefarm", "numpy", "zstandard", "vendor", "other"]
@@ -72,8 +110,14 @@ def test_an_onnxruntime_bundle_proves_itself_with_the_apps_own_artifact_from_a_s
     assert proof.startswith("proof (") and "ran tiny-sd/decoder (onnxruntime:cpu fp32" in proof, proof
     assert "matches the same artifact through this environment's full install" in proof and "cosine 1.000000" in proof
     files = _files(tmp_path / "app")
-    assert not [f for f in files if f.startswith(("onnxruntime/tools/", "onnxruntime/transformers/", "onnxruntime/quantization/"))]
-    assert not [f for f in files if Path(f).name.startswith("libonnxruntime.so")]  # the C API: the pybind module does not use it
+    assert not [
+        f
+        for f in files
+        if f.startswith(("onnxruntime/tools/", "onnxruntime/transformers/", "onnxruntime/quantization/"))
+    ]
+    assert not [
+        f for f in files if Path(f).name.startswith("libonnxruntime.so")
+    ]  # the C API: the pybind module does not use it
     assert not [f for f in files if f.startswith("openvino")]
     _check_listing(tmp_path / "app")
 
@@ -85,15 +129,23 @@ def test_an_openvino_gpu_bundle_holds_the_gpu_plugin_and_says_running_was_not_pr
     assert bundle.notes and "OpenCL" in bundle.notes
     proof = prove(bundle.folder, "openvino:gpu")
     assert proof.passed and not proof.ran
-    assert "GPU plugin" in proof.line and proof.line.endswith("running an artifact on a GPU was not proven here (no such device)")
+    assert "GPU plugin" in proof.line and proof.line.endswith(
+        "running an artifact on a GPU was not proven here (no such device)"
+    )
 
 
-@pytest.mark.parametrize("target, error", [
-    ("openvino", "error: --target 'openvino' is not BACKEND:DEVICE"),
-    ("nosuch:cpu", "error: unknown backend 'nosuch' in --target nosuch:cpu"),
-    ("tensorrt-rtx:ampere+", "error: tensorrt-rtx:ampere+ cannot be bundled: enginefarm knows no trimmed runtime for that device class"),
-    ("onnxruntime:gpu", "error: onnxruntime:gpu cannot be bundled"),
-])
+@pytest.mark.parametrize(
+    "target, error",
+    [
+        ("openvino", "error: --target 'openvino' is not BACKEND:DEVICE"),
+        ("nosuch:cpu", "error: unknown backend 'nosuch' in --target nosuch:cpu"),
+        (
+            "tensorrt-rtx:ampere+",
+            "error: tensorrt-rtx:ampere+ cannot be bundled: enginefarm knows no trimmed runtime for that device class",
+        ),
+        ("onnxruntime:gpu", "error: onnxruntime:gpu cannot be bundled"),
+    ],
+)
 def test_a_target_that_cannot_be_bundled_is_one_line_and_a_hint(cli, tmp_path, target, error):
     proc = cli("bundle", "--target", target, "--out", str(tmp_path / "app"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -107,7 +159,9 @@ def test_a_folder_that_is_not_a_bundle_is_never_overwritten(cli, tmp_path):
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "main.py").write_text("print('my app')\n")
     proc = cli("bundle", "--target", "onnxruntime:cpu", "--out", str(tmp_path / "app"))
-    assert proc.returncode == 1 and proc.stderr.startswith(f"error: --out {tmp_path / 'app'} exists and is not a bundle")
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        f"error: --out {tmp_path / 'app'} exists and is not a bundle"
+    )
     assert (tmp_path / "app" / "main.py").is_file()
 
 

@@ -37,7 +37,9 @@ def test_run_with_nothing_stored_prints_just_the_error(cli, tmp_path):
     np.savez(tmp_path / "in.npz", x=np.ones((1, 8), np.float32))
     proc = cli("run", "nope/decoder", "--input", str(tmp_path / "in.npz"))
     assert proc.returncode == 1
-    assert proc.stderr.startswith("error: no artifact of nope/decoder fits this device: no stored artifact for it\nhint: "), repr(proc.stderr)
+    assert proc.stderr.startswith(
+        "error: no artifact of nope/decoder fits this device: no stored artifact for it\nhint: "
+    ), repr(proc.stderr)
 
 
 def test_read_only_commands_see_a_store_that_does_not_exist_yet_as_empty_and_say_so(cli, tmp_path, tiny_recipe):
@@ -69,7 +71,10 @@ def test_loading_from_a_store_that_does_not_exist_is_an_error(cli, tmp_path, tin
     np.savez(tmp_path / "in.npz", latent=np.ones((1, 4, 8, 8), np.float32))
     for args in (("run", "tiny-sd/decoder", "--input", str(tmp_path / "in.npz")), ("fetch", "tiny-sd/decoder")):
         proc = cli(*args, "--store", str(missing))
-        assert proc.returncode == 1 and proc.stderr.startswith(f"error: no store at {missing}\nhint: check the path"), (args, proc.stderr)
+        assert proc.returncode == 1 and proc.stderr.startswith(f"error: no store at {missing}\nhint: check the path"), (
+            args,
+            proc.stderr,
+        )
         proc = cli(*args, env={"ENGINEFARM_STORE": str(missing)})
         assert proc.stderr.startswith(f"error: no store at {missing}"), (args, proc.stderr)
     with pytest.raises(StoreNotFound, match="no store at"):
@@ -81,7 +86,9 @@ def test_missing_optional_extras_are_named_not_raised(cli, tmp_path, tiny_recipe
     shims = tmp_path / "shims"
     for module in ("tuf", "securesystemslib", "matplotlib"):
         (shims / module).mkdir(parents=True)
-        (shims / module / "__init__.py").write_text(f"raise ModuleNotFoundError('hidden for this test', name='{module}')\n")
+        (shims / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('hidden for this test', name='{module}')\n"
+        )
     env = {"PYTHONPATH": str(shims)}
     proc = cli("release", "init", "--keys", str(tmp_path / "keys"), env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -116,9 +123,13 @@ w = [8, 16, 32]
     for target in ("onnxruntime:cpu", "openvino:cpu"):
         session = enginefarm.load("strided/c", target=target)
         assert session.run({"x": np.ones((1, 1, 16, 24), np.float32)})["y"].shape == (1, 1, 16, 24)
-        with pytest.raises(InputError, match=r"x axis 2 is 9, every validated size is a multiple of 8 \(try 8 or 16\)") as refused:
+        with pytest.raises(
+            InputError, match=r"x axis 2 is 9, every validated size is a multiple of 8 \(try 8 or 16\)"
+        ) as refused:
             session.run({"x": np.ones((1, 1, 9, 16), np.float32)})
         assert refused.value.hint.startswith("the backend said: ") and "Traceback" not in refused.value.hint
     np.save(tmp_path / "x.npy", np.ones((1, 1, 9, 16), np.float32))
     proc = cli("run", "strided/c", "--input", f"x={tmp_path / 'x.npy'}")
-    assert proc.returncode == 1 and proc.stderr.startswith("error: strided/c: the model cannot run inputs of shape"), proc.stderr
+    assert proc.returncode == 1 and proc.stderr.startswith("error: strided/c: the model cannot run inputs of shape"), (
+        proc.stderr
+    )

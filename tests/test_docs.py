@@ -18,8 +18,23 @@ EXAMPLE_MARK = "<!-- tests/test_docs.py runs this block"
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [README, ROOT / "ARCHITECTURE.md"]
 LAYERS = "(?:builder|runner|cache|backends|families|export|diffusion|weights)"  # enginefarm.<layer>
 FOLDERS = LAYERS[:-1] + "|enginefarm|tests|bench|recipes|ci|examples|docs)"  # top-level folders
-FILE_TYPES = ("py", "toml", "yml", "c", "txt", "json", "onnx", "md", "safetensors", "npy", "npz", "png", "bin", "xml",
-              "tar")  # `weights.onnx` is a file, not the module enginefarm.weights.onnx
+FILE_TYPES = (
+    "py",
+    "toml",
+    "yml",
+    "c",
+    "txt",
+    "json",
+    "onnx",
+    "md",
+    "safetensors",
+    "npy",
+    "npz",
+    "png",
+    "bin",
+    "xml",
+    "tar",
+)  # `weights.onnx` is a file, not the module enginefarm.weights.onnx
 SOURCE = re.compile(r"(?<![\w./<>-])(" + FOLDERS + r"/[\w./-]*?\.(?:py|toml|yml|c|txt))(?::(\w+))?")
 
 
@@ -67,7 +82,7 @@ def test_the_readme_is_a_front_page_whose_links_land():
 
 def _example() -> str:
     text = README.read_text()
-    after = text[text.index(EXAMPLE_MARK):]
+    after = text[text.index(EXAMPLE_MARK) :]
     return re.search(r"```python\n(.*?)```", after, flags=re.S).group(1)
 
 
@@ -117,7 +132,7 @@ def test_the_docs_name_only_files_modules_and_names_that_exist():
         text = page.read_text()
         for m in SOURCE.finditer(text):  # `runner/binding.py:HostBinding`, `python bench/ttfi.py`: prose and commands
             path, name = ROOT / m.group(1), m.group(2)
-            if m.group(1).startswith("recipes/models/") or text[max(0, m.start() - 8):m.start()].endswith("error: "):
+            if m.group(1).startswith("recipes/models/") or text[max(0, m.start() - 8) : m.start()].endswith("error: "):
                 continue  # generated models; paths inside quoted error messages
             if not path.is_file() or (name and not _defines(path, name)):
                 stale.append(f"{page.name}: {m.group(0)}")
@@ -145,8 +160,11 @@ def test_the_readmes_pipeline_example_fits_the_api():
 
     text = README.read_text()
     block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "Pipeline.load" in b)
-    targets = {"Pipeline.load": inspect.signature(Pipeline.load), "write_png": inspect.signature(write_png),
-               "pipe": inspect.signature(Pipeline.__call__)}
+    targets = {
+        "Pipeline.load": inspect.signature(Pipeline.load),
+        "write_png": inspect.signature(write_png),
+        "pipe": inspect.signature(Pipeline.__call__),
+    }
     bound = set()
     for call in (node for node in ast.walk(ast.parse(block)) if isinstance(node, ast.Call)):
         name = ast.unparse(call.func)

@@ -96,7 +96,9 @@ def test_inputs_outside_the_profile_get_a_clear_error(farm, monkeypatch):
     assert "float64 -> float32" in refused.value.hint
     widened = session.run({"latent": np.ones((1, 4, 8, 8), np.float64)})  # converted, as the hint says
     assert np.array_equal(widened["sample"], session.run({"latent": np.ones((1, 4, 8, 8), np.float32)})["sample"])
-    with pytest.raises(InputError, match="'latent' is uint8, the model takes float32: converting would keep the values") as image:
+    with pytest.raises(
+        InputError, match="'latent' is uint8, the model takes float32: converting would keep the values"
+    ) as image:
         session.run({"latent": np.full((1, 4, 8, 8), 200, np.uint8)})  # an image as loaded from disk: 0..255
     assert "astype(np.float32) / 255" in image.value.hint
     with pytest.raises(InputError, match=r"run\(\) takes a dict of input name → array, got ndarray") as bare:
@@ -108,7 +110,16 @@ def test_cli_run_writes_outputs(farm, cli, tmp_path):
     root, _ = farm
     np.save(tmp_path / "latent.npy", np.ones((1, 4, 8, 8), np.float32))
     env = {"ENGINEFARM_STORE": str(root / "store")}
-    proc = cli("run", "tiny-sd/decoder", "--input", f"latent={tmp_path / 'latent.npy'}", "--output", str(tmp_path / "out.npz"), "--explain", env=env)
+    proc = cli(
+        "run",
+        "tiny-sd/decoder",
+        "--input",
+        f"latent={tmp_path / 'latent.npy'}",
+        "--output",
+        str(tmp_path / "out.npz"),
+        "--explain",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "sample: float32[1, 3, 16, 16]" in proc.stdout and "chose" in proc.stdout
     with np.load(tmp_path / "out.npz") as out:

@@ -16,7 +16,14 @@ from enginefarm.cache.stores import open_store
 @pytest.fixture
 def farm_bucket(tiny_recipe, cli, bucket):
     url = f"s3://{bucket}/farm"
-    proc = cli("build", str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))), "--store", url, "-j", "2")
+    proc = cli(
+        "build",
+        str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))),
+        "--store",
+        url,
+        "-j",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "2 built" in proc.stdout
     return url
@@ -26,7 +33,13 @@ def test_build_publishes_to_s3_and_skips_existing(farm_bucket, tiny_recipe, cli)
     store = open_store(farm_bucket)
     keys = set(store.list_manifest_keys())
     assert len(keys) == 2 and set(read_index(store, "tiny-sd").entries) == keys
-    again = cli("build", str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))), "--store", farm_bucket, check=True)
+    again = cli(
+        "build",
+        str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))),
+        "--store",
+        farm_bucket,
+        check=True,
+    )
     assert "0 built, 0 failed, 2 already stored" in again.stdout
     listing = json.loads(cli("ls", "--store", farm_bucket, "--json", check=True).stdout)
     assert {row["target"] for row in listing} == {"onnxruntime:cpu", "openvino:cpu"}
@@ -62,10 +75,17 @@ def test_publish_copies_only_missing_blobs(tiny_recipe, cli, tmp_path, bucket, p
     assert proc.returncode == 0, proc.stderr
     assert "2 copied, 0 already" in proc.stdout
     # A blob the destination holds is refreshed (copied onto itself, so gc cannot delete it under the publish), never sent.
-    blob_puts = [path for method, path, headers in proxy.plan.log if method == "PUT" and "/blobs/" in path
-                 and not any(h.lower() == "x-amz-copy-source" for h in headers)]
+    blob_puts = [
+        path
+        for method, path, headers in proxy.plan.log
+        if method == "PUT" and "/blobs/" in path and not any(h.lower() == "x-amz-copy-source" for h in headers)
+    ]
     assert len(blob_puts) == 1 and shared not in blob_puts[0]
-    refreshed = [path for method, path, headers in proxy.plan.log if method == "PUT" and any(h.lower() == "x-amz-copy-source" for h in headers)]
+    refreshed = [
+        path
+        for method, path, headers in proxy.plan.log
+        if method == "PUT" and any(h.lower() == "x-amz-copy-source" for h in headers)
+    ]
     assert len(refreshed) == 1 and shared in refreshed[0]
     assert set(read_index(dest, "tiny-sd").entries) == set(keys)
     again = cli("publish", "--from", str(local), "--to", dest_url, "--precision", "fp16", check=True)
@@ -117,7 +137,13 @@ def test_missing_bucket_is_one_line(farm_bucket, cli):
 def test_missing_credentials_say_what_to_set(s3_env, bucket, cli, tmp_path, monkeypatch):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
-    env = {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     proc = cli("ls", "--store", f"s3://{bucket}/farm", env=env)
-    assert proc.returncode == 1 and proc.stderr.startswith(f"error: s3://{bucket}/farm: no AWS credentials found\n"), proc.stderr
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: s3://{bucket}/farm: no AWS credentials found\n"), (
+        proc.stderr
+    )
     assert "hint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in proc.stderr and "Traceback" not in proc.stderr

@@ -65,9 +65,11 @@ def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runne
     found = graph.edges()
     used = {(e.source, e.target) for e in found}
     # The rules are read over the edges that matter: backends and builder do use the machine, and the runner too.
-    assert {("enginefarm.backends.openvino", "enginefarm.hardware.device_info"),
-            ("enginefarm.builder.bench", "enginefarm.hardware.timing"),
-            ("enginefarm.runner.detect", "enginefarm.hardware.devices")} <= used
+    assert {
+        ("enginefarm.backends.openvino", "enginefarm.hardware.device_info"),
+        ("enginefarm.builder.bench", "enginefarm.hardware.timing"),
+        ("enginefarm.runner.detect", "enginefarm.hardware.devices"),
+    } <= used
     wrong = [f"{e.source} -> {e.target} (line {e.line}, {e.level})" for e in graph.upward(found)]
     assert wrong == [], f"imports against the layers: {wrong}"
 
@@ -90,9 +92,11 @@ def test_hardware_needs_only_the_standard_library_numpy_psutil_and_the_probed_sd
 def test_the_layer_rules_catch_an_upward_import():
     graph = _graph()
     Edge = graph.Edge
-    found = [Edge("enginefarm.hardware.devices", "enginefarm.backends", 1, "function"),
-             Edge("enginefarm.hardware.devices", "enginefarm.errors", 2, "module"),
-             Edge("enginefarm.backends.base", "enginefarm.runner.detect", 3, "typing"),
-             Edge("enginefarm.builder.bench", "enginefarm.hardware.timing", 4, "module"),
-             Edge("enginefarm.runner.load", "enginefarm.builder.build", 5, "function")]
+    found = [
+        Edge("enginefarm.hardware.devices", "enginefarm.backends", 1, "function"),
+        Edge("enginefarm.hardware.devices", "enginefarm.errors", 2, "module"),
+        Edge("enginefarm.backends.base", "enginefarm.runner.detect", 3, "typing"),
+        Edge("enginefarm.builder.bench", "enginefarm.hardware.timing", 4, "module"),
+        Edge("enginefarm.runner.load", "enginefarm.builder.build", 5, "function"),
+    ]
     assert [e.line for e in graph.upward(found)] == [1, 3]

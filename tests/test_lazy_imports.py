@@ -9,13 +9,43 @@ import sys
 
 import pytest
 
-HEAVY = ["openvino", "onnxruntime", "onnx", "boto3", "botocore", "tensorrt", "tensorrt_rtx", "coremltools", "torch", "migraphx", "onnxsim",
-         "tuf", "securesystemslib", "cryptography"]
+HEAVY = [
+    "openvino",
+    "onnxruntime",
+    "onnx",
+    "boto3",
+    "botocore",
+    "tensorrt",
+    "tensorrt_rtx",
+    "coremltools",
+    "torch",
+    "migraphx",
+    "onnxsim",
+    "tuf",
+    "securesystemslib",
+    "cryptography",
+]
 
 
-@pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.cache", "enginefarm.cli", "enginefarm.backends",
-                                    "enginefarm.cache.trust", "enginefarm.runner.release", "enginefarm.cli_release", "enginefarm.families",
-                                    "enginefarm.hardware.devices", "enginefarm.export", "enginefarm.cli_export", "enginefarm.weights.single_file", "enginefarm.weights.routing"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "enginefarm",
+        "enginefarm.runner",
+        "enginefarm.cache",
+        "enginefarm.cli",
+        "enginefarm.backends",
+        "enginefarm.cache.trust",
+        "enginefarm.runner.release",
+        "enginefarm.cli_release",
+        "enginefarm.families",
+        "enginefarm.hardware.devices",
+        "enginefarm.export",
+        "enginefarm.cli_export",
+        "enginefarm.weights.single_file",
+        "enginefarm.weights.routing",
+    ],
+)
 def test_import_loads_no_heavy_module(module):
     code = f"import sys, json, {module}; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -30,24 +60,43 @@ def test_the_check_itself_would_catch_a_heavy_import():
 
 BUILD_TIME = ("enginefarm.builder", "onnx", "onnxsim")  # what an app that only fetches and runs never needs
 # What a warm load + first run of a built-in backend's artifact does without (OpenVINO imports the first two itself).
-WARM_UNNEEDED = {"onnxruntime:cpu": ("importlib.metadata", "subprocess"),
-                 "openvino:cpu": ("enginefarm.backends.openvino_ir", "xml.etree.ElementTree")}
+WARM_UNNEEDED = {
+    "onnxruntime:cpu": ("importlib.metadata", "subprocess"),
+    "openvino:cpu": ("enginefarm.backends.openvino_ir", "xml.etree.ElementTree"),
+}
 CLI_ONLY = ("click", "rich", "pygments")  # the `cli` extra: only the `enginefarm` command needs it
 
 
 def _loaded(code: str, env: dict | None = None) -> list[str]:
     import os
 
-    probe = (f"{code}\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxsim', *{CLI_ONLY!r}) "
-             "or m.startswith(('enginefarm.builder', 'enginefarm.cli')))))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})})
+    probe = (
+        f"{code}\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxsim', *{CLI_ONLY!r}) "
+        "or m.startswith(('enginefarm.builder', 'enginefarm.cli')))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, **(env or {})}
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["enginefarm", "enginefarm.runner", "enginefarm.runner.load", "enginefarm.runner.resolve",
-                                    "enginefarm.runner.measure", "enginefarm.runner.golden_check", "enginefarm.backends.openvino",
-                                    "enginefarm.backends.onnxruntime", "enginefarm.backends.tensorrt_rtx", "enginefarm.cache.device_cache",
-                                    "enginefarm.cache.progress", "enginefarm.runner.release"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "enginefarm",
+        "enginefarm.runner",
+        "enginefarm.runner.load",
+        "enginefarm.runner.resolve",
+        "enginefarm.runner.measure",
+        "enginefarm.runner.golden_check",
+        "enginefarm.backends.openvino",
+        "enginefarm.backends.onnxruntime",
+        "enginefarm.backends.tensorrt_rtx",
+        "enginefarm.cache.device_cache",
+        "enginefarm.cache.progress",
+        "enginefarm.runner.release",
+    ],
+)
 def test_the_runtime_imports_no_builder_module_no_onnx_and_no_cli_module(module):
     assert _loaded(f"import {module}") == []
 
@@ -64,7 +113,9 @@ def _hide(folder, modules=CLI_ONLY) -> dict:
     """Shim packages that raise ModuleNotFoundError on import, first on PYTHONPATH: as if `modules` were not installed."""
     for module in modules:
         (folder / module).mkdir(parents=True, exist_ok=True)
-        (folder / module / "__init__.py").write_text(f"raise ModuleNotFoundError('hidden for this test', name='{module}')\n")
+        (folder / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('hidden for this test', name='{module}')\n"
+        )
     return {"PYTHONPATH": str(folder)}
 
 
@@ -74,10 +125,22 @@ def test_the_command_without_its_extra_names_the_extra_in_one_line(tmp_path, hid
 
     env = {**os.environ, **_hide(tmp_path / "shims", hidden)}
     for args in (["--help"], ["doctor"]):
-        proc = subprocess.run([sys.executable, "-c", "from enginefarm.cli_entry import main; main()", *args], capture_output=True, text=True, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", "from enginefarm.cli_entry import main; main()", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stderr.splitlines() == ["error: the enginefarm command needs its CLI extra", "hint: pip install 'enginefarm[cli]'"]
-    with_cli = subprocess.run([sys.executable, "-c", "from enginefarm.cli_entry import main; main()", "--help"], capture_output=True, text=True)
+        assert proc.stderr.splitlines() == [
+            "error: the enginefarm command needs its CLI extra",
+            "hint: pip install 'enginefarm[cli]'",
+        ]
+    with_cli = subprocess.run(
+        [sys.executable, "-c", "from enginefarm.cli_entry import main; main()", "--help"],
+        capture_output=True,
+        text=True,
+    )
     assert with_cli.returncode == 0 and "Usage:" in with_cli.stdout, with_cli.stderr
 
 
@@ -102,10 +165,12 @@ def test_fetching_loading_and_running_an_artifact_needs_no_builder_module(tiny_r
 
     store, home = tmp_path / "store", tmp_path / "home"
     cli("build", str(tiny_recipe(targets=(target,))), "--store", str(store), "--no-bench", check=True)
-    code = ("import numpy as np, enginefarm\n"
-            f"s = enginefarm.load('tiny-sd/decoder', device='cpu', target={target!r})\n"
-            "out = s.run({'latent': np.zeros((1, 4, 8, 8), np.float32)})\n"
-            "assert all(np.isfinite(v).all() for v in out.values())")
+    code = (
+        "import numpy as np, enginefarm\n"
+        f"s = enginefarm.load('tiny-sd/decoder', device='cpu', target={target!r})\n"
+        "out = s.run({'latent': np.zeros((1, 4, 8, 8), np.float32)})\n"
+        "assert all(np.isfinite(v).all() for v in out.values())"
+    )
     env = {"ENGINEFARM_STORE": str(store), "ENGINEFARM_HOME": str(home), **_hide(tmp_path / "shims")}
     assert _loaded(code, env) == []
     # A warm load (the device probes remembered by an earlier one) asks for built-in backends only: no scan of the
@@ -113,8 +178,13 @@ def test_fetching_loading_and_running_an_artifact_needs_no_builder_module(tiny_r
     # no IR as XML (that is for custom weights only).
     warm_env = {**os.environ, **env, "ENGINEFARM_PROBE_CACHE": "on"}  # the suite turns the cache off
     subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, env=warm_env)
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(*[m in sys.modules for m in {WARM_UNNEEDED[target]!r}])"], capture_output=True,
-                         text=True, check=True, env=warm_env)
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(*[m in sys.modules for m in {WARM_UNNEEDED[target]!r}])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=warm_env,
+    )
     assert out.stdout.split() == ["False"] * len(WARM_UNNEEDED[target]), out.stderr
 
 
@@ -122,8 +192,10 @@ def test_the_public_face_names_its_parameters_and_stays_lazy():
     """`enginefarm.load` shows every parameter (no **kwargs hiding them); Session and Pipeline come when named."""
     import inspect
 
-    code = ("import sys, json, inspect, enginefarm; before = 'enginefarm.diffusion' in sys.modules; "
-            "p = enginefarm.Pipeline; print(json.dumps([before, 'enginefarm.diffusion' in sys.modules, enginefarm.Session.__name__]))")
+    code = (
+        "import sys, json, inspect, enginefarm; before = 'enginefarm.diffusion' in sys.modules; "
+        "p = enginefarm.Pipeline; print(json.dumps([before, 'enginefarm.diffusion' in sys.modules, enginefarm.Session.__name__]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [False, True, "Session"]
     import enginefarm

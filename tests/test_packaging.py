@@ -11,13 +11,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_contains_only_the_enginefarm_package(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("enginefarm-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"enginefarm"}
-    for module in ("enginefarm/builder/planner.py", "enginefarm/cache/manifest.py", "enginefarm/runner/load.py", "enginefarm/backends/openvino.py",
-                   "enginefarm/backends/nvidia/build_process.py", "enginefarm/diffusion/tokenizer.py", "enginefarm/diffusion/schedulers/dpmsolver.py"):
+    for module in (
+        "enginefarm/builder/planner.py",
+        "enginefarm/cache/manifest.py",
+        "enginefarm/runner/load.py",
+        "enginefarm/backends/openvino.py",
+        "enginefarm/backends/nvidia/build_process.py",
+        "enginefarm/diffusion/tokenizer.py",
+        "enginefarm/diffusion/schedulers/dpmsolver.py",
+    ):
         assert module in names
     assert not any(n.startswith(("tests/", "recipes/", "bench/")) for n in names)
 
@@ -29,7 +40,9 @@ def test_core_dependencies_stay_lean():
     core = " ".join(project["dependencies"])
     for heavy in ("onnx", "openvino", "onnxruntime", "torch", "boto3", "tensorrt", "coremltools"):
         assert heavy not in core
-    assert {"openvino", "onnxruntime", "s3", "coreml", "tensorrt", "tensorrt-rtx", "test", "all"} <= set(project["optional-dependencies"])
+    assert {"openvino", "onnxruntime", "s3", "coreml", "tensorrt", "tensorrt-rtx", "test", "all"} <= set(
+        project["optional-dependencies"]
+    )
 
 
 def test_installed_layers_resolve_to_the_repository_folders():

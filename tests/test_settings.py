@@ -8,7 +8,10 @@ from enginefarm.errors import ConfigError
 from enginefarm.settings import load_settings
 
 
-@pytest.mark.parametrize("raw,expected", [("1", True), ("true", True), ("YES", True), ("0", False), ("false", False), ("", False), ("off", False)])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [("1", True), ("true", True), ("YES", True), ("0", False), ("false", False), ("", False), ("off", False)],
+)
 def test_offline_parsing(raw, expected):
     assert load_settings({"ENGINEFARM_OFFLINE": raw}).offline is expected
 
@@ -22,7 +25,9 @@ def test_bad_boolean_is_an_error():
         load_settings({"ENGINEFARM_OFFLINE": "maybe"})
 
 
-@pytest.mark.parametrize("raw,expected", [("", None), ("1024", 1024), ("10M", 10 << 20), ("1.5G", int(1.5 * (1 << 30))), ("2gb", 2 << 30)])
+@pytest.mark.parametrize(
+    "raw,expected", [("", None), ("1024", 1024), ("10M", 10 << 20), ("1.5G", int(1.5 * (1 << 30))), ("2gb", 2 << 30)]
+)
 def test_quota_parsing(raw, expected):
     assert load_settings({"ENGINEFARM_CACHE_QUOTA": raw}).cache_quota == expected
 
@@ -34,7 +39,13 @@ def test_bad_quota_is_an_error(raw):
 
 
 def test_paths(tmp_path):
-    settings = load_settings({"ENGINEFARM_HOME": str(tmp_path / "h"), "ENGINEFARM_STORE": "s3://bucket/x", "ENGINEFARM_RECIPE_PATH": f"{tmp_path}/a:{tmp_path}/b"})
+    settings = load_settings(
+        {
+            "ENGINEFARM_HOME": str(tmp_path / "h"),
+            "ENGINEFARM_STORE": "s3://bucket/x",
+            "ENGINEFARM_RECIPE_PATH": f"{tmp_path}/a:{tmp_path}/b",
+        }
+    )
     assert settings.home == tmp_path / "h" and settings.store == "s3://bucket/x"
     assert settings.recipe_path == (tmp_path / "a", tmp_path / "b")
 
@@ -50,12 +61,27 @@ def test_cli_reports_bad_env_in_one_line(cli):
 
 
 def test_transfer_settings():
-    settings = load_settings({"ENGINEFARM_HTTP_DEADLINE": "60", "ENGINEFARM_HTTP_MIN_RATE": "1000", "ENGINEFARM_HTTP_CONNECTIONS": "4", "ENGINEFARM_S3_VERIFY": "1"})
-    assert (settings.http_deadline_s, settings.http_min_rate, settings.http_connections, settings.s3_verify) == (60, 1000, 4, True)
+    settings = load_settings(
+        {
+            "ENGINEFARM_HTTP_DEADLINE": "60",
+            "ENGINEFARM_HTTP_MIN_RATE": "1000",
+            "ENGINEFARM_HTTP_CONNECTIONS": "4",
+            "ENGINEFARM_S3_VERIFY": "1",
+        }
+    )
+    assert (settings.http_deadline_s, settings.http_min_rate, settings.http_connections, settings.s3_verify) == (
+        60,
+        1000,
+        4,
+        True,
+    )
     assert load_settings({}).http_connections == 1 and load_settings({}).s3_verify is False
 
 
-@pytest.mark.parametrize("name,raw", [("ENGINEFARM_HTTP_CONNECTIONS", "100"), ("ENGINEFARM_HTTP_DEADLINE", "soon"), ("ENGINEFARM_HTTP_MIN_RATE", "-1")])
+@pytest.mark.parametrize(
+    "name,raw",
+    [("ENGINEFARM_HTTP_CONNECTIONS", "100"), ("ENGINEFARM_HTTP_DEADLINE", "soon"), ("ENGINEFARM_HTTP_MIN_RATE", "-1")],
+)
 def test_bad_transfer_settings(name, raw):
     with pytest.raises(ConfigError, match=name):
         load_settings({name: raw})
@@ -67,7 +93,10 @@ def test_release_channel_settings(tmp_path):
     assert load_settings({}).channel is None and load_settings({}).trusted_root is None
 
 
-@pytest.mark.parametrize("raw,expected", [("", "ALL"), ("cpu_only", "CPU_ONLY"), (" CPU_AND_NE ", "CPU_AND_NE"), ("CPU_AND_GPU", "CPU_AND_GPU")])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [("", "ALL"), ("cpu_only", "CPU_ONLY"), (" CPU_AND_NE ", "CPU_AND_NE"), ("CPU_AND_GPU", "CPU_AND_GPU")],
+)
 def test_coreml_compute_units(raw, expected):
     assert load_settings({"ENGINEFARM_COREML_COMPUTE_UNITS": raw}).coreml_compute_units == expected
 

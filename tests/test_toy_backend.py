@@ -49,7 +49,9 @@ def test_plan_build_resolve_load_run(toy_env, cli, tiny_recipe, tmp_path):
     assert session.artifact.provenance["build_notes"] == {"toy_notes": "built by the toy"}  # returned by build(), kept
     assert "portable IR" in session.explain()  # ranked by the kind the toy declares
     latent = np.random.default_rng(1).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
-    reference = ort.InferenceSession(str(tmp_path / "models" / "tiny_sd.onnx"), providers=["CPUExecutionProvider"]).run(None, {"latent": latent})[0]
+    reference = ort.InferenceSession(str(tmp_path / "models" / "tiny_sd.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"latent": latent}
+    )[0]
     out = session.run({"latent": latent})["sample"]
     assert np.allclose(out, reference, atol=1e-4)
     fp16 = enginefarm.load("tiny-sd/decoder", precision="fp16", device="cpu")
@@ -95,11 +97,13 @@ def test_the_contract_is_checked_when_a_backend_is_defined():
     from enginefarm.backends import Backend, Feature
 
     with pytest.raises(TypeError, match="declares refit but lacks check_refit, refit"):
+
         class NoRefit(Backend):
             name, devices, device_hint, install = "x", re.compile("cpu"), "cpu", "-"
             features = frozenset({Feature.REFIT})
 
     with pytest.raises(TypeError, match="has patch_weights but does not declare patch weights"):
+
         class Undeclared(Backend):
             name, devices, device_hint, install = "x", re.compile("cpu"), "cpu", "-"
 
@@ -107,5 +111,6 @@ def test_the_contract_is_checked_when_a_backend_is_defined():
                 return []
 
     with pytest.raises(TypeError, match="does not set install"):
+
         class Nameless(Backend):
             name, devices, device_hint = "x", re.compile("cpu"), "cpu"

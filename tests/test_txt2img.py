@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _example(store: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ENGINEFARM_STORE": str(store), "ENGINEFARM_HOME": str(tmp_path / "apphome")}
-    return subprocess.run([sys.executable, str(ROOT / "examples" / "txt2img.py"), *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "txt2img.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def test_the_example_writes_the_pipelines_image_from_the_store_alone(built, tmp_path):
@@ -28,8 +34,26 @@ def test_the_example_writes_the_pipelines_image_from_the_store_alone(built, tmp_
     _, out, store = built("sd1")
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
     png = tmp_path / "fox.png"
-    proc = _example(store, tmp_path, name, "a red fox in the snow", "--steps", "3", "--seed", "3", "--scheduler", "ddim", "--precision", "fp32",
-                    "--target", "onnxruntime:cpu", "--budget", "auto", "--out", str(png))
+    proc = _example(
+        store,
+        tmp_path,
+        name,
+        "a red fox in the snow",
+        "--steps",
+        "3",
+        "--seed",
+        "3",
+        "--scheduler",
+        "ddim",
+        "--precision",
+        "fp32",
+        "--target",
+        "onnxruntime:cpu",
+        "--budget",
+        "auto",
+        "--out",
+        str(png),
+    )
     assert proc.returncode == 0, proc.stderr
     for label in ("step 1/3", "step 3/3", "load unet", "text:", "denoise:", "decode:", f"wrote {png} (64x64)"):
         assert label in proc.stdout, proc.stdout

@@ -20,7 +20,18 @@ from pathlib import Path
 from tests.tiny_flux import FLUX_FAMILIES, make_tiny_flux
 from tests.tiny_transformers import TRANSFORMER_FAMILIES, make_tiny_transformer_pipeline
 
-FAMILIES = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl", "sd3", "sd3.5", *FLUX_FAMILIES)
+FAMILIES = (
+    "sd1",
+    "sd2",
+    "sd2-v",
+    "sdxl",
+    "sdxl-refiner",
+    "controlnet-sd1",
+    "controlnet-sdxl",
+    "sd3",
+    "sd3.5",
+    *FLUX_FAMILIES,
+)
 
 VOCAB_SIZE = 1000  # the text encoders' embedding rows; more than the tokenizer's 514 entries
 SAMPLE_SIZE = 8  # latent pixels the UNet was "trained" at (64 image pixels through the 8x VAE)
@@ -45,8 +56,9 @@ def write_tokenizer(folder: Path, *, pad_token: str = "<|endoftext|>") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
     (folder / "merges.txt").write_text("#version: 0.2\n")
-    tokenizer = CLIPTokenizer(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"), pad_token=pad_token,
-                              model_max_length=77)
+    tokenizer = CLIPTokenizer(
+        vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"), pad_token=pad_token, model_max_length=77
+    )
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -55,9 +67,19 @@ def _text_config(hidden: int, *, projection: int | None = None, pad_token: str =
     from transformers import CLIPTextConfig
 
     pad_id = 513 if pad_token == "<|endoftext|>" else ord(pad_token)  # "!" is byte 33, its own id
-    return CLIPTextConfig(vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, max_position_embeddings=77, hidden_act="quick_gelu" if hidden == 768 else "gelu",
-                          projection_dim=projection or hidden, bos_token_id=512, eos_token_id=513, pad_token_id=pad_id)
+    return CLIPTextConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        hidden_act="quick_gelu" if hidden == 768 else "gelu",
+        projection_dim=projection or hidden,
+        bos_token_id=512,
+        eos_token_id=513,
+        pad_token_id=pad_id,
+    )
 
 
 def _unet(torch, *, cross_attention_dim: int, text_time: tuple[int, int] | None = None):
@@ -67,28 +89,55 @@ def _unet(torch, *, cross_attention_dim: int, text_time: tuple[int, int] | None 
     extra = {}
     if text_time is not None:
         time_ids, pooled = text_time
-        extra = dict(addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=8 * time_ids + pooled,
-                     use_linear_projection=True, transformer_layers_per_block=(1, 1), attention_head_dim=(2, 4))
-    return UNet2DConditionModel(**{
-        "sample_size": SAMPLE_SIZE, "in_channels": 4, "out_channels": 4, "layers_per_block": 1, "block_out_channels": (32, 64),
-        "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D"), "up_block_types": ("CrossAttnUpBlock2D", "UpBlock2D"),
-        "cross_attention_dim": cross_attention_dim, "attention_head_dim": 8, **extra})
+        extra = dict(
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=8 * time_ids + pooled,
+            use_linear_projection=True,
+            transformer_layers_per_block=(1, 1),
+            attention_head_dim=(2, 4),
+        )
+    return UNet2DConditionModel(
+        **{
+            "sample_size": SAMPLE_SIZE,
+            "in_channels": 4,
+            "out_channels": 4,
+            "layers_per_block": 1,
+            "block_out_channels": (32, 64),
+            "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D"),
+            "up_block_types": ("CrossAttnUpBlock2D", "UpBlock2D"),
+            "cross_attention_dim": cross_attention_dim,
+            "attention_head_dim": 8,
+            **extra,
+        }
+    )
 
 
 def _vae(scaling_factor: float):
     """Four blocks, so the VAE scales by 8 like the real ones; narrow, with 8 channels per norm group."""
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                         block_out_channels=(8, 16, 16, 16), layers_per_block=1, latent_channels=4, norm_num_groups=8,
-                         sample_size=SAMPLE_SIZE * 8, scaling_factor=scaling_factor)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 16, 16, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=SAMPLE_SIZE * 8,
+        scaling_factor=scaling_factor,
+    )
 
 
 def _scheduler(family: str):
     """Each family's shipped scheduler, with its training schedule."""
     from diffusers import DDIMScheduler, EulerDiscreteScheduler, PNDMScheduler
 
-    schedule = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1)
+    schedule = dict(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1
+    )
     if family.startswith(("sdxl", "controlnet-sdxl")):
         return EulerDiscreteScheduler(**schedule, timestep_spacing="leading")
     if family.startswith("sd2"):
@@ -104,7 +153,11 @@ def _controlnet(torch, unet, seed: int):
 
     controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 16, 16, 16))
     generator = torch.Generator().manual_seed(seed + 1)
-    zero_convs = [*controlnet.controlnet_down_blocks, controlnet.controlnet_mid_block, controlnet.controlnet_cond_embedding.conv_out]
+    zero_convs = [
+        *controlnet.controlnet_down_blocks,
+        controlnet.controlnet_mid_block,
+        controlnet.controlnet_cond_embedding.conv_out,
+    ]
     with torch.no_grad():
         for conv in zero_convs:
             conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator) * 0.1)
@@ -142,8 +195,16 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
         tokenizer = CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer", pad_token=pad))
         text_encoder = CLIPTextModel(_text_config(width, pad_token=pad)).eval()
         unet = _unet(torch, cross_attention_dim=width)
-        parts = dict(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler, safety_checker=None,
-                     feature_extractor=None, requires_safety_checker=False)
+        parts = dict(
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            unet=unet,
+            scheduler=scheduler,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
         if family == "controlnet-sd1":
             pipeline = StableDiffusionControlNetPipeline(**parts, controlnet=_controlnet(torch, unet, seed))
         else:
@@ -153,15 +214,30 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
         text_encoder_2 = CLIPTextModelWithProjection(_text_config(32, projection=32, pad_token="!")).eval()
         if family == "sdxl-refiner":  # the refiner has only the second encoder and conditions on an aesthetic score
             unet = _unet(torch, cross_attention_dim=32, text_time=(5, 32))
-            pipeline = StableDiffusionXLImg2ImgPipeline(vae=vae, text_encoder=None, text_encoder_2=text_encoder_2, tokenizer=None,
-                                                        tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler,
-                                                        requires_aesthetics_score=True, force_zeros_for_empty_prompt=False)
+            pipeline = StableDiffusionXLImg2ImgPipeline(
+                vae=vae,
+                text_encoder=None,
+                text_encoder_2=text_encoder_2,
+                tokenizer=None,
+                tokenizer_2=tokenizer_2,
+                unet=unet,
+                scheduler=scheduler,
+                requires_aesthetics_score=True,
+                force_zeros_for_empty_prompt=False,
+            )
         else:
             tokenizer = CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer"))
             text_encoder = CLIPTextModel(_text_config(32)).eval()
             unet = _unet(torch, cross_attention_dim=64, text_time=(6, 32))
-            parts = dict(vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2, tokenizer=tokenizer, tokenizer_2=tokenizer_2,
-                         unet=unet, scheduler=scheduler)
+            parts = dict(
+                vae=vae,
+                text_encoder=text_encoder,
+                text_encoder_2=text_encoder_2,
+                tokenizer=tokenizer,
+                tokenizer_2=tokenizer_2,
+                unet=unet,
+                scheduler=scheduler,
+            )
             if family == "controlnet-sdxl":
                 pipeline = StableDiffusionXLControlNetPipeline(**parts, controlnet=_controlnet(torch, unet, seed))
             else:

@@ -20,8 +20,20 @@ T5_WIDTH = 64
 def _t5(torch, vocab_size: int):
     from transformers import T5Config, T5EncoderModel
 
-    config = T5Config(vocab_size=vocab_size, d_model=T5_WIDTH, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                      relative_attention_max_distance=32, feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=0, eos_token_id=1)
+    config = T5Config(
+        vocab_size=vocab_size,
+        d_model=T5_WIDTH,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=32,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     return T5EncoderModel(config).eval()
 
 
@@ -29,18 +41,41 @@ def _transformer(family: str):
     from diffusers import SD3Transformer2DModel
 
     extra = dict(qk_norm="rms_norm", dual_attention_layers=(0,)) if family == "sd3.5" else {}
-    return SD3Transformer2DModel(sample_size=SAMPLE_SIZE, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-                                 joint_attention_dim=T5_WIDTH, caption_projection_dim=32, pooled_projection_dim=64, out_channels=16,
-                                 pos_embed_max_size=16, **extra)
+    return SD3Transformer2DModel(
+        sample_size=SAMPLE_SIZE,
+        patch_size=2,
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        joint_attention_dim=T5_WIDTH,
+        caption_projection_dim=32,
+        pooled_projection_dim=64,
+        out_channels=16,
+        pos_embed_max_size=16,
+        **extra,
+    )
 
 
 def _vae():
     """SD3's VAE: 16 latent channels, no quant convs, scaling and shift factors; 8x like the real one."""
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                         block_out_channels=(16, 16, 16, 16), layers_per_block=1, latent_channels=16, norm_num_groups=8,
-                         sample_size=SAMPLE_SIZE * 8, scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 16, 16, 16),
+        layers_per_block=1,
+        latent_channels=16,
+        norm_num_groups=8,
+        sample_size=SAMPLE_SIZE * 8,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
 
 
 def make_tiny_transformer_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
@@ -64,8 +99,12 @@ def make_tiny_transformer_pipeline(family: str, folder: Path, seed: int = 0) -> 
         tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),
         text_encoder=CLIPTextModelWithProjection(_text_config(32, projection=32)).eval(),
         text_encoder_2=CLIPTextModelWithProjection(_text_config(32, projection=32, pad_token="!")).eval(),
-        text_encoder_3=_t5(torch, len(vocab) + 8), tokenizer_3=t5_tokenizer,
-        transformer=_transformer(family), vae=_vae(), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+        text_encoder_3=_t5(torch, len(vocab) + 8),
+        tokenizer_3=t5_tokenizer,
+        transformer=_transformer(family),
+        vae=_vae(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )
     StableDiffusion3Pipeline(**parts).save_pretrained(folder)
     shutil.rmtree(tokens)
     return folder

@@ -48,7 +48,9 @@ class Toy(Backend):
             raise RuntimeError("the toy backend takes models under 2 GB only")
         shutil.copyfile(prepared_onnx, workdir / "toy.onnx")
         (workdir / "toy.json").write_text(json.dumps({"precision": job.precision}))
-        return Built([BuiltFile("toy.onnx", "model"), BuiltFile("toy.json", "engine")], {"toy_notes": "built by the toy"})
+        return Built(
+            [BuiltFile("toy.onnx", "model"), BuiltFile("toy.json", "engine")], {"toy_notes": "built by the toy"}
+        )
 
     def load(self, artifact_dir: Path, manifest, device: str) -> ToySession:
         precision = json.loads((Path(artifact_dir) / "toy.json").read_text())["precision"]

@@ -15,7 +15,10 @@ from enginefarm.errors import WeightsError
 DENOISERS = {
     "Flux": (("double_blocks", "single_blocks", "single_transformer_blocks"), ("flux", "flux-schnell", "chroma")),
     "SD3": (("joint_blocks",), ("sd3", "sd3.5")),
-    "UNet (SD 1.x/2.x/SDXL)": (("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block"), ()),
+    "UNet (SD 1.x/2.x/SDXL)": (
+        ("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block"),
+        (),
+    ),
 }
 UNET_KIND = "UNet (SD 1.x/2.x/SDXL)"
 _UNET_FAMILIES = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
@@ -43,8 +46,10 @@ def same_family(parsed, family) -> None:
         return
     kind, example = found
     if family.id not in families_of(kind):
-        raise WeightsError(f"{parsed.path}: a {kind} LoRA (e.g. {example}); this model is {family.title} ({family.id})",
-                           hint=f"use a LoRA trained for {family.title}")
+        raise WeightsError(
+            f"{parsed.path}: a {kind} LoRA (e.g. {example}); this model is {family.title} ({family.id})",
+            hint=f"use a LoRA trained for {family.title}",
+        )
 
 
 def kind_of_component(names) -> str | None:
@@ -66,8 +71,11 @@ def lora_fits_component(parsed, names, ref: str) -> None:
     if found is None or mine is None or found[0] == mine:
         return
     kind, example = found
-    raise WeightsError(f"{parsed.path}: a {kind} LoRA for {', '.join(families_of(kind))} (e.g. {example}); "
-                       f"{ref} is a {mine} denoiser, for {', '.join(families_of(mine))}", hint=f"use a LoRA trained for this {mine} model")
+    raise WeightsError(
+        f"{parsed.path}: a {kind} LoRA for {', '.join(families_of(kind))} (e.g. {example}); "
+        f"{ref} is a {mine} denoiser, for {', '.join(families_of(mine))}",
+        hint=f"use a LoRA trained for this {mine} model",
+    )
 
 
 def file_fits_component(path, layout, names, ref: str) -> None:
@@ -76,5 +84,8 @@ def file_fits_component(path, layout, names, ref: str) -> None:
     mine = kind_of_component(names)
     if mine is None or set(layout.families) & set(families_of(mine)):
         return
-    raise WeightsError(f"{path} is {layout.title}, for {', '.join(layout.families)}; {ref} is a {mine} denoiser, "
-                       f"for {', '.join(families_of(mine))}", hint=f"use a checkpoint made for this {mine} model")
+    raise WeightsError(
+        f"{path} is {layout.title}, for {', '.join(layout.families)}; {ref} is a {mine} denoiser, "
+        f"for {', '.join(families_of(mine))}",
+        hint=f"use a checkpoint made for this {mine} model",
+    )

@@ -27,11 +27,23 @@ PARTS = (UNET, CLIP, OPENCLIP, VAE, FLUX, SD3, CHROMA)
 
 # -- UNet: LDM numbers input_blocks / output_blocks flat; diffusers nests blocks → resnets / attentions.
 
-_UNET_TOP = {"time_embedding.linear_1": "time_embed.0", "time_embedding.linear_2": "time_embed.2",
-             "add_embedding.linear_1": "label_emb.0.0", "add_embedding.linear_2": "label_emb.0.2",  # SDXL's pooled text + time ids
-             "conv_in": "input_blocks.0.0", "conv_norm_out": "out.0", "conv_out": "out.2"}
-_UNET_RESNET = {"norm1": "in_layers.0", "conv1": "in_layers.2", "time_emb_proj": "emb_layers.1", "norm2": "out_layers.0",
-                "conv2": "out_layers.3", "conv_shortcut": "skip_connection"}
+_UNET_TOP = {
+    "time_embedding.linear_1": "time_embed.0",
+    "time_embedding.linear_2": "time_embed.2",
+    "add_embedding.linear_1": "label_emb.0.0",
+    "add_embedding.linear_2": "label_emb.0.2",  # SDXL's pooled text + time ids
+    "conv_in": "input_blocks.0.0",
+    "conv_norm_out": "out.0",
+    "conv_out": "out.2",
+}
+_UNET_RESNET = {
+    "norm1": "in_layers.0",
+    "conv1": "in_layers.2",
+    "time_emb_proj": "emb_layers.1",
+    "norm2": "out_layers.0",
+    "conv2": "out_layers.3",
+    "conv_shortcut": "skip_connection",
+}
 _MID = {("resnets", 0): "middle_block.0", ("attentions", 0): "middle_block.1", ("resnets", 1): "middle_block.2"}
 _BLOCK = re.compile(r"^(down_blocks|up_blocks)\.(\d+)\.(resnets|attentions|downsamplers|upsamplers)\.(\d+)(\.(.*))?$")
 _MID_BLOCK = re.compile(r"^mid_block\.(resnets|attentions)\.(\d+)(\.(.*))?$")
@@ -40,7 +52,7 @@ _MID_BLOCK = re.compile(r"^mid_block\.(resnets|attentions)\.(\d+)(\.(.*))?$")
 def _rename(rest: str, table: dict[str, str]) -> str:
     for new, old in table.items():
         if rest == new or rest.startswith(new + "."):
-            return old + rest[len(new):]
+            return old + rest[len(new) :]
     return rest
 
 
@@ -50,28 +62,58 @@ def _join(head: str, rest: str | None) -> str:
 
 class _Unet:
     def __init__(self, names) -> None:
-        resnets = {int(m.group(4)) for m in map(_BLOCK.match, names) if m and m.group(1) == "down_blocks" and m.group(3) == "resnets"}
+        resnets = {
+            int(m.group(4))
+            for m in map(_BLOCK.match, names)
+            if m and m.group(1) == "down_blocks" and m.group(3) == "resnets"
+        }
         self.layers = max(resnets, default=1) + 1  # layers per block; up blocks have one more
-        self.up_with_attention = {int(m.group(2)) for m in map(_BLOCK.match, names) if m and m.group(1) == "up_blocks" and m.group(3) == "attentions"}
+        self.up_with_attention = {
+            int(m.group(2))
+            for m in map(_BLOCK.match, names)
+            if m and m.group(1) == "up_blocks" and m.group(3) == "attentions"
+        }
 
     def source(self, name: str) -> Source | None:
         block = _BLOCK.match(name)
         if block:
-            kind, b, what, i, rest = block.group(1), int(block.group(2)), block.group(3), int(block.group(4)), block.group(6)
+            kind, b, what, i, rest = (
+                block.group(1),
+                int(block.group(2)),
+                block.group(3),
+                int(block.group(4)),
+                block.group(6),
+            )
             if kind == "down_blocks":
                 first = 1 + b * (self.layers + 1)
                 if what == "downsamplers":
                     return Source(_join(f"input_blocks.{first + self.layers}.0", _rename(rest or "", {"conv": "op"})))
-                return Source(_join(f"input_blocks.{first + i}.{0 if what == 'resnets' else 1}", _rename(rest or "", _UNET_RESNET) if what == "resnets" else rest))
+                return Source(
+                    _join(
+                        f"input_blocks.{first + i}.{0 if what == 'resnets' else 1}",
+                        _rename(rest or "", _UNET_RESNET) if what == "resnets" else rest,
+                    )
+                )
             first = b * (self.layers + 1)
             if what == "upsamplers":
-                return Source(_join(f"output_blocks.{first + self.layers}.{2 if b in self.up_with_attention else 1}", rest))
-            return Source(_join(f"output_blocks.{first + i}.{0 if what == 'resnets' else 1}", _rename(rest or "", _UNET_RESNET) if what == "resnets" else rest))
+                return Source(
+                    _join(f"output_blocks.{first + self.layers}.{2 if b in self.up_with_attention else 1}", rest)
+                )
+            return Source(
+                _join(
+                    f"output_blocks.{first + i}.{0 if what == 'resnets' else 1}",
+                    _rename(rest or "", _UNET_RESNET) if what == "resnets" else rest,
+                )
+            )
         mid = _MID_BLOCK.match(name)
         if mid:
             head = _MID.get((mid.group(1), int(mid.group(2))))
             rest = mid.group(4)
-            return Source(_join(head, _rename(rest or "", _UNET_RESNET) if mid.group(1) == "resnets" else rest)) if head else None
+            return (
+                Source(_join(head, _rename(rest or "", _UNET_RESNET) if mid.group(1) == "resnets" else rest))
+                if head
+                else None
+            )
         renamed = _rename(name, _UNET_TOP)
         return Source(renamed) if renamed != name else None
 
@@ -79,17 +121,28 @@ class _Unet:
 # -- CLIP text models: transformers 5 drops `text_model.` from CLIPTextModel's names (not from ...WithProjection's);
 # the original layout always has it.
 
+
 def _clip_core(name: str) -> str:
-    return name[len("text_model."):] if name.startswith("text_model.") else name
+    return name[len("text_model.") :] if name.startswith("text_model.") else name
 
 
 def _clip(name: str) -> Source | None:
     return Source("text_model." + _clip_core(name)) if name != "text_projection.weight" else Source(name)
 
 
-_OPENCLIP_TOP = {"embeddings.token_embedding": "token_embedding", "embeddings.position_embedding.weight": "positional_embedding",
-                 "final_layer_norm": "ln_final", "text_projection.weight": "text_projection"}
-_OPENCLIP_LAYER = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj", "self_attn.out_proj": "attn.out_proj"}
+_OPENCLIP_TOP = {
+    "embeddings.token_embedding": "token_embedding",
+    "embeddings.position_embedding.weight": "positional_embedding",
+    "final_layer_norm": "ln_final",
+    "text_projection.weight": "text_projection",
+}
+_OPENCLIP_LAYER = {
+    "layer_norm1": "ln_1",
+    "layer_norm2": "ln_2",
+    "mlp.fc1": "mlp.c_fc",
+    "mlp.fc2": "mlp.c_proj",
+    "self_attn.out_proj": "attn.out_proj",
+}
 _LAYER = re.compile(r"^encoder\.layers\.(\d+)(\.(.*))?$")
 _QKV = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
 
@@ -111,7 +164,9 @@ def _openclip(name: str) -> Source | None:
 
 # -- VAE: LDM numbers the decoder's levels from the bottom (up.0 is diffusers' last up block).
 
-_VAE_BLOCK = re.compile(r"^(encoder|decoder)\.(down_blocks|up_blocks)\.(\d+)\.(resnets|downsamplers|upsamplers)\.(\d+)(\.(.*))?$")
+_VAE_BLOCK = re.compile(
+    r"^(encoder|decoder)\.(down_blocks|up_blocks)\.(\d+)\.(resnets|downsamplers|upsamplers)\.(\d+)(\.(.*))?$"
+)
 _VAE_MID = re.compile(r"^(encoder|decoder)\.mid_block\.(resnets|attentions)\.(\d+)(\.(.*))?$")
 _VAE_RESNET = {"conv_shortcut": "nin_shortcut"}
 _VAE_ATTENTION = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
@@ -125,7 +180,13 @@ class _Vae:
     def source(self, name: str) -> Source | None:
         block = _VAE_BLOCK.match(name)
         if block:
-            half, kind, b, what, rest = block.group(1), block.group(2), int(block.group(3)), block.group(4), block.group(7)
+            half, kind, b, what, rest = (
+                block.group(1),
+                block.group(2),
+                int(block.group(3)),
+                block.group(4),
+                block.group(7),
+            )
             level = f"{half}.down.{b}" if kind == "down_blocks" else f"{half}.up.{self.ups - 1 - b}"
             if what == "resnets":
                 return Source(_join(f"{level}.block.{block.group(5)}", _rename(rest or "", _VAE_RESNET)))
@@ -136,10 +197,22 @@ class _Vae:
             if what == "resnets":
                 return Source(_join(f"{half}.mid.block_{i + 1}", _rename(rest, _VAE_RESNET)))
             renamed = _rename(rest, _VAE_ATTENTION)
-            return Source(_join(f"{half}.mid.attn_1", renamed), squeeze=renamed.split(".")[0] != "norm" and renamed.endswith("weight"))
+            return Source(
+                _join(f"{half}.mid.attn_1", renamed),
+                squeeze=renamed.split(".")[0] != "norm" and renamed.endswith("weight"),
+            )
         if name.startswith(("encoder.conv_norm_out", "decoder.conv_norm_out")):
             return Source(name.replace("conv_norm_out", "norm_out"))
-        if name.startswith(("encoder.conv_in", "encoder.conv_out", "decoder.conv_in", "decoder.conv_out", "quant_conv", "post_quant_conv")):
+        if name.startswith(
+            (
+                "encoder.conv_in",
+                "encoder.conv_out",
+                "decoder.conv_in",
+                "decoder.conv_out",
+                "quant_conv",
+                "post_quant_conv",
+            )
+        ):
             return Source(name)
         return None
 

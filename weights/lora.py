@@ -21,24 +21,41 @@ from enginefarm.errors import WeightsError
 from .denoisers import same_family
 from .lora_layer import SUFFIXES, Layer, kind_of, missing_roles
 
-KOHYA_PARTS = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "text_encoder", "lora_te2_": "text_encoder_2",
-               "lora_te3_": "text_encoder_3", "lora_transformer_": "transformer"}  # kohya's Flux LoRAs: te1 CLIP-L, te3 T5
-DOTTED_PARTS = {"unet.": "unet", "text_encoder.": "text_encoder", "text_encoder_2.": "text_encoder_2", "transformer.": "transformer",
-                "diffusion_model.": "unet"}  # ComfyUI's and musubi's names: the original layout, dotted
+KOHYA_PARTS = {
+    "lora_unet_": "unet",
+    "lora_te_": "text_encoder",
+    "lora_te1_": "text_encoder",
+    "lora_te2_": "text_encoder_2",
+    "lora_te3_": "text_encoder_3",
+    "lora_transformer_": "transformer",
+}  # kohya's Flux LoRAs: te1 CLIP-L, te3 T5
+DOTTED_PARTS = {
+    "unet.": "unet",
+    "text_encoder.": "text_encoder",
+    "text_encoder_2.": "text_encoder_2",
+    "transformer.": "transformer",
+    "diffusion_model.": "unet",
+}  # ComfyUI's and musubi's names: the original layout, dotted
 # which components take each part's layers: kohya names Flux's transformer `lora_unet_…` too
-PART_COMPONENTS = {"unet": ("unet", "unet_controlnet", "transformer"), "transformer": ("transformer",), "text_encoder": ("text_encoder",),
-                   "text_encoder_2": ("text_encoder_2",), "text_encoder_3": ("text_encoder_3",)}
+PART_COMPONENTS = {
+    "unet": ("unet", "unet_controlnet", "transformer"),
+    "transformer": ("transformer",),
+    "text_encoder": ("text_encoder",),
+    "text_encoder_2": ("text_encoder_2",),
+    "text_encoder_3": ("text_encoder_3",),
+}
 TAKERS = frozenset(c for cs in PART_COMPONENTS.values() for c in cs)
+
 
 def part_of(module: str) -> tuple[str, str]:
     """(part, name without the part's prefix)."""
     for prefix, part in KOHYA_PARTS.items():
         if module.startswith(prefix):
-            return part, module[len(prefix):]
+            return part, module[len(prefix) :]
     module = module.removeprefix("base_model.model.")  # PEFT's wrapper
     for prefix, part in DOTTED_PARTS.items():
         if module.startswith(prefix):
-            return part, module[len(prefix):]
+            return part, module[len(prefix) :]
     return ("text_encoder" if module.startswith("text_model.") else "unet"), module
 
 
@@ -96,11 +113,16 @@ def split(loras, components, family=None) -> tuple[dict[str, list[tuple[Path, fl
             if mine := parsed.for_component(component) if component in TAKERS else []:
                 dealt.setdefault(component, []).append((Path(path), strength))
                 taken += len(mine)
-        counts = {part: n for part, n in parsed.parts().items() if not any(c in components for c in PART_COMPONENTS[part])}
+        counts = {
+            part: n for part, n in parsed.parts().items() if not any(c in components for c in PART_COMPONENTS[part])
+        }
         if not taken:
             theirs = ", ".join(f"{part} ({n})" for part, n in sorted(parsed.parts().items()))
-            raise WeightsError(f"{path}: no layer of this LoRA fits this pipeline's {', '.join(c for c in components if c in TAKERS)} "
-                               f"(it holds layers for {theirs})", hint="use a LoRA trained for this model family")
+            raise WeightsError(
+                f"{path}: no layer of this LoRA fits this pipeline's {', '.join(c for c in components if c in TAKERS)} "
+                f"(it holds layers for {theirs})",
+                hint="use a LoRA trained for this model family",
+            )
         if counts:
             left.append(f"{Path(path).name}: {', '.join(f'{n} {part} layer(s)' for part, n in sorted(counts.items()))}")
     line = f"ignored, no component of this pipeline takes them: {'; '.join(left)}" if left else ""
@@ -114,7 +136,9 @@ def _read(path: Path) -> LoraFile:
     for name in st.names:
         module, role = _split(name)
         if role is None:
-            problems.append(f"{name}: not a LoRA tensor (lora_down/up, lora_A/B, hada_*, lokr_*, diff, alpha, dora_scale)")
+            problems.append(
+                f"{name}: not a LoRA tensor (lora_down/up, lora_A/B, hada_*, lokr_*, diff, alpha, dora_scale)"
+            )
         else:
             groups.setdefault(module, {})[role] = name
     layers = []
@@ -148,10 +172,16 @@ def _split(name: str) -> tuple[str, str | None]:
 def _layer(st: SafeTensors, module: str, roles: dict[str, str]) -> tuple[Layer | None, str]:
     kind = kind_of(set(roles))
     if kind is None:
-        return None, f"has only {', '.join(sorted(name.rsplit('.', 1)[-1] for name in roles.values()))}, no LoRA weights"
+        return (
+            None,
+            f"has only {', '.join(sorted(name.rsplit('.', 1)[-1] for name in roles.values()))}, no LoRA weights",
+        )
     lacking = missing_roles(kind, set(roles))
     if lacking and kind == "lora" and not {"up", "down"} <= set(roles):
-        return None, f"needs both up and down tensors, has {', '.join(sorted(r for r in roles if r in ('up', 'down', 'mid')))}"
+        return (
+            None,
+            f"needs both up and down tensors, has {', '.join(sorted(r for r in roles if r in ('up', 'down', 'mid')))}",
+        )
     if lacking:
         return None, f"{kind} layer lacks {lacking}"
     tensors = {}
@@ -190,7 +220,12 @@ def _shapes(layer: Layer) -> str:
                 return "hada_w*_a and hada_w*_b disagree on the rank"
         elif layer.kind == "lokr":
             for i in "12":
-                if f"k{i}" not in t and f"k{i}a" in t and "kt2" not in t and t[f"k{i}a"].shape[1] != t[f"k{i}b"].shape[0]:
+                if (
+                    f"k{i}" not in t
+                    and f"k{i}a" in t
+                    and "kt2" not in t
+                    and t[f"k{i}a"].shape[1] != t[f"k{i}b"].shape[0]
+                ):
                     return f"lokr_w{i}_a and lokr_w{i}_b disagree on the rank"
     except (IndexError, ValueError) as exc:
         return f"tensor shapes do not fit the format ({exc})"

@@ -23,10 +23,29 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SUFFIXES = {
-    "lora_down.weight": "down", "lora_A.weight": "down", "lora_up.weight": "up", "lora_B.weight": "up", "lora_mid.weight": "mid",
-    "hada_w1_a": "w1a", "hada_w1_b": "w1b", "hada_w2_a": "w2a", "hada_w2_b": "w2b", "hada_t1": "t1", "hada_t2": "t2",
-    "lokr_w1": "k1", "lokr_w1_a": "k1a", "lokr_w1_b": "k1b", "lokr_w2": "k2", "lokr_w2_a": "k2a", "lokr_w2_b": "k2b", "lokr_t2": "kt2",
-    "diff": "diff", "alpha": "alpha", "dora_scale": "dora", "lora_magnitude_vector": "magnitude", "lora_magnitude_vector.weight": "magnitude",
+    "lora_down.weight": "down",
+    "lora_A.weight": "down",
+    "lora_up.weight": "up",
+    "lora_B.weight": "up",
+    "lora_mid.weight": "mid",
+    "hada_w1_a": "w1a",
+    "hada_w1_b": "w1b",
+    "hada_w2_a": "w2a",
+    "hada_w2_b": "w2b",
+    "hada_t1": "t1",
+    "hada_t2": "t2",
+    "lokr_w1": "k1",
+    "lokr_w1_a": "k1a",
+    "lokr_w1_b": "k1b",
+    "lokr_w2": "k2",
+    "lokr_w2_a": "k2a",
+    "lokr_w2_b": "k2b",
+    "lokr_t2": "kt2",
+    "diff": "diff",
+    "alpha": "alpha",
+    "dora_scale": "dora",
+    "lora_magnitude_vector": "magnitude",
+    "lora_magnitude_vector.weight": "magnitude",
 }
 _KINDS = {"lora": {"down", "up"}, "loha": {"w1a", "w1b", "w2a", "w2b"}, "lokr": set(), "full": {"diff"}}
 
@@ -76,7 +95,9 @@ class Layer:
         """(rows, elements per row) of ΔW, from the shapes alone."""
         t = self.t
         if self.kind == "lora":
-            return t["up"].shape[0], int(np.prod(t["down"].shape[1:])) * (int(np.prod(t["mid"].shape[2:])) if "mid" in t else 1)
+            return t["up"].shape[0], int(np.prod(t["down"].shape[1:])) * (
+                int(np.prod(t["mid"].shape[2:])) if "mid" in t else 1
+            )
         if self.kind == "loha":
             if "t1" in t:
                 return t["w1a"].shape[1], t["w1b"].shape[1] * int(np.prod(t["t1"].shape[2:]))
@@ -117,7 +138,9 @@ class Layer:
             norm = np.linalg.norm(merged.reshape(weight.shape[0], -1), axis=1).reshape(-1, *[1] * (weight.ndim - 1))
             m = m.reshape(norm.shape)
         else:  # [1, in, ...]: one per input column
-            norm = np.linalg.norm(np.moveaxis(merged, 1, 0).reshape(weight.shape[1], -1), axis=1).reshape(1, -1, *[1] * (weight.ndim - 2))
+            norm = np.linalg.norm(np.moveaxis(merged, 1, 0).reshape(weight.shape[1], -1), axis=1).reshape(
+                1, -1, *[1] * (weight.ndim - 2)
+            )
             m = m.reshape(norm.shape)
         return (m / np.where(norm == 0, 1, norm) * merged).astype(np.float32)
 
@@ -159,8 +182,11 @@ def _hada(t: dict, i: str, shape: tuple[int, ...]) -> np.ndarray:
 def missing_roles(kind: str, roles: set[str]) -> str:
     """What a module of `kind` lacks, in the file's own suffixes ('' when complete)."""
     if kind == "lokr":
-        missing = [f"lokr_w{i} (or lokr_w{i}_a and lokr_w{i}_b)" for i in "12"
-                   if f"k{i}" not in roles and not {f"k{i}a", f"k{i}b"} <= roles]
+        missing = [
+            f"lokr_w{i} (or lokr_w{i}_a and lokr_w{i}_b)"
+            for i in "12"
+            if f"k{i}" not in roles and not {f"k{i}a", f"k{i}b"} <= roles
+        ]
     else:
         missing = [next(s for s, r in SUFFIXES.items() if r == role) for role in sorted(_KINDS[kind] - roles)]
     if kind == "loha" and ("t1" in roles) != ("t2" in roles):

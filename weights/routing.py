@@ -30,8 +30,10 @@ def _parts(path: Path, family) -> list[str]:
     if opened.layout is None:
         found = _diffusers_component(opened.path)
         if not found:
-            raise WeightsError(f"{opened.path}: its tensor names are neither a whole-model layout nor a UNet's or a VAE's",
-                               hint="load a component's own file with enginefarm.load(\"MODEL/COMPONENT\", weights=FILE)")
+            raise WeightsError(
+                f"{opened.path}: its tensor names are neither a whole-model layout nor a UNet's or a VAE's",
+                hint='load a component\'s own file with enginefarm.load("MODEL/COMPONENT", weights=FILE)',
+            )
         return found
     same_family(path, family.id)
     return opened.components()
@@ -48,11 +50,15 @@ def route(family, components: list[str], weights: str | Path | None, vae: str | 
         parts = _parts(Path(vae), family)
         if not set(parts) <= set(_VAE):
             what = open_file(vae).layout
-            raise WeightsError(f"vae={vae}: {what.title if what else 'not a VAE file'}, not a VAE",
-                               hint="pass a whole-model checkpoint as weights=, a VAE file as vae=")
+            raise WeightsError(
+                f"vae={vae}: {what.title if what else 'not a VAE file'}, not a VAE",
+                hint="pass a whole-model checkpoint as weights=, a VAE file as vae=",
+            )
         taken.update({component: Path(vae) for component in parts if component in components})
     for path in {p for p in (weights, vae) if p is not None}:
         if not any(p == Path(path) for p in taken.values()):
-            raise WeightsError(f"{path}: no component of this {family.title} model takes it",
-                               hint="check that the file is for this model")
+            raise WeightsError(
+                f"{path}: no component of this {family.title} model takes it",
+                hint="check that the file is for this model",
+            )
     return taken

@@ -42,8 +42,13 @@ class Section:
 
 def _sd(text_encoder: Section) -> dict[str, Section]:
     unet = Section(UNET, "model.diffusion_model.")
-    return {"text_encoder": text_encoder, "unet": unet, "unet_controlnet": unet,
-            "vae_decoder": Section(VAE, "first_stage_model.", _DECODER), "vae_encoder": Section(VAE, "first_stage_model.", _ENCODER)}
+    return {
+        "text_encoder": text_encoder,
+        "unet": unet,
+        "unet_controlnet": unet,
+        "vae_decoder": Section(VAE, "first_stage_model.", _DECODER),
+        "vae_encoder": Section(VAE, "first_stage_model.", _ENCODER),
+    }
 
 
 @dataclass(frozen=True)
@@ -58,44 +63,111 @@ _FLUX = ("flux", "flux-schnell")  # Chroma's transformer has other modules (its 
 _LDM = "model.diffusion_model."
 # ComfyUI's all-in-one files: the text encoders in transformers' names under `text_encoders.<name>.transformer.`,
 # the VAE in the original layout under `vae.` (SD3's own "incl_clips" files: under `first_stage_model.`)
-_COMFY_CLIP_L, _COMFY_CLIP_G, _COMFY_T5 = ("text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer.",
-                                           "text_encoders.t5xxl.transformer.")
+_COMFY_CLIP_L, _COMFY_CLIP_G, _COMFY_T5 = (
+    "text_encoders.clip_l.transformer.",
+    "text_encoders.clip_g.transformer.",
+    "text_encoders.t5xxl.transformer.",
+)
 _ALL = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
 # their VAEs (16 latent channels) ship in the same layouts: Flux.1's `ae.safetensors` is LDM's; shapes tell them apart
 _TRANSFORMER_FAMILIES = ("sd3", "sd3.5", "flux", "flux-schnell", "chroma")
 _SDXL_SECTIONS = _sd(Section(CLIP, "conditioner.embedders.0.transformer.", penultimate=True))
+
+
 def _VAE_ONLY(part, prefix=""):  # noqa: N802 (a layout table entry, named like the constants beside it)
     return {"vae_decoder": Section(part, prefix, _DECODER), "vae_encoder": Section(part, prefix, _ENCODER)}
 
 
-LAYOUTS = {layout.id: layout for layout in (
-    FileLayout("sd1", "a Stable Diffusion 1.x single-file checkpoint (original layout)", ("sd1", "controlnet-sd1"),
-               _sd(Section(CLIP, "cond_stage_model.transformer."))),
-    FileLayout("sd2", "a Stable Diffusion 2.x single-file checkpoint (original layout, OpenCLIP)", ("sd2", "sd2-v"),
-               _sd(Section(OPENCLIP, "cond_stage_model.model."))),
-    FileLayout("sdxl", "a Stable Diffusion XL single-file checkpoint (SGM layout)", ("sdxl", "controlnet-sdxl"),
-               {**_SDXL_SECTIONS, "text_encoder_2": Section(OPENCLIP, "conditioner.embedders.1.model.")}),
-    FileLayout("sdxl-refiner", "a Stable Diffusion XL refiner single-file checkpoint (SGM layout)", ("sdxl-refiner",),
-               {k: v for k, v in _sd(Section(OPENCLIP, "conditioner.embedders.0.model.")).items() if k != "text_encoder"}
-               | {"text_encoder_2": Section(OPENCLIP, "conditioner.embedders.0.model.")}),
-    FileLayout("unet", "a UNet-only checkpoint (original layout)", _ALL,
-               {"unet": Section(UNET, "model.diffusion_model."), "unet_controlnet": Section(UNET, "model.diffusion_model.")}),
-    FileLayout("flux", "a Flux.1 transformer file (Black Forest Labs' layout)", _FLUX, {"transformer": Section(FLUX, "")}),
-    FileLayout("flux-ldm", "a Flux.1 file (Black Forest Labs' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
-               _FLUX, {"transformer": Section(FLUX, _LDM), "text_encoder": Section(CLIP, _COMFY_CLIP_L),
-                       "text_encoder_2": Section(DIFFUSERS, _COMFY_T5), **_VAE_ONLY(VAE, "vae.")}),
-    FileLayout("chroma", "a Chroma transformer file (lodestones' layout)", ("chroma",), {"transformer": Section(CHROMA, "")}),
-    FileLayout("chroma-ldm", "a Chroma file (lodestones' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
-               ("chroma",), {"transformer": Section(CHROMA, _LDM), "text_encoder": Section(DIFFUSERS, _COMFY_T5), **_VAE_ONLY(VAE, "vae.")}),
-    FileLayout("sd3", "an SD3/SD3.5 file (Stability's MMDiT layout, with text_encoders./first_stage_model. if any)", ("sd3", "sd3.5"),
-               {"transformer": Section(SD3, _LDM), "text_encoder": Section(CLIP, _COMFY_CLIP_L), "text_encoder_2": Section(CLIP, _COMFY_CLIP_G),
-                "text_encoder_3": Section(DIFFUSERS, _COMFY_T5), **_VAE_ONLY(VAE, "first_stage_model.")}),
-    FileLayout("vae", "a VAE in the original layout", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(VAE)),
-    FileLayout("vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(DIFFUSERS)),
-)}
+LAYOUTS = {
+    layout.id: layout
+    for layout in (
+        FileLayout(
+            "sd1",
+            "a Stable Diffusion 1.x single-file checkpoint (original layout)",
+            ("sd1", "controlnet-sd1"),
+            _sd(Section(CLIP, "cond_stage_model.transformer.")),
+        ),
+        FileLayout(
+            "sd2",
+            "a Stable Diffusion 2.x single-file checkpoint (original layout, OpenCLIP)",
+            ("sd2", "sd2-v"),
+            _sd(Section(OPENCLIP, "cond_stage_model.model.")),
+        ),
+        FileLayout(
+            "sdxl",
+            "a Stable Diffusion XL single-file checkpoint (SGM layout)",
+            ("sdxl", "controlnet-sdxl"),
+            {**_SDXL_SECTIONS, "text_encoder_2": Section(OPENCLIP, "conditioner.embedders.1.model.")},
+        ),
+        FileLayout(
+            "sdxl-refiner",
+            "a Stable Diffusion XL refiner single-file checkpoint (SGM layout)",
+            ("sdxl-refiner",),
+            {k: v for k, v in _sd(Section(OPENCLIP, "conditioner.embedders.0.model.")).items() if k != "text_encoder"}
+            | {"text_encoder_2": Section(OPENCLIP, "conditioner.embedders.0.model.")},
+        ),
+        FileLayout(
+            "unet",
+            "a UNet-only checkpoint (original layout)",
+            _ALL,
+            {
+                "unet": Section(UNET, "model.diffusion_model."),
+                "unet_controlnet": Section(UNET, "model.diffusion_model."),
+            },
+        ),
+        FileLayout(
+            "flux", "a Flux.1 transformer file (Black Forest Labs' layout)", _FLUX, {"transformer": Section(FLUX, "")}
+        ),
+        FileLayout(
+            "flux-ldm",
+            "a Flux.1 file (Black Forest Labs' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
+            _FLUX,
+            {
+                "transformer": Section(FLUX, _LDM),
+                "text_encoder": Section(CLIP, _COMFY_CLIP_L),
+                "text_encoder_2": Section(DIFFUSERS, _COMFY_T5),
+                **_VAE_ONLY(VAE, "vae."),
+            },
+        ),
+        FileLayout(
+            "chroma",
+            "a Chroma transformer file (lodestones' layout)",
+            ("chroma",),
+            {"transformer": Section(CHROMA, "")},
+        ),
+        FileLayout(
+            "chroma-ldm",
+            "a Chroma file (lodestones' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
+            ("chroma",),
+            {
+                "transformer": Section(CHROMA, _LDM),
+                "text_encoder": Section(DIFFUSERS, _COMFY_T5),
+                **_VAE_ONLY(VAE, "vae."),
+            },
+        ),
+        FileLayout(
+            "sd3",
+            "an SD3/SD3.5 file (Stability's MMDiT layout, with text_encoders./first_stage_model. if any)",
+            ("sd3", "sd3.5"),
+            {
+                "transformer": Section(SD3, _LDM),
+                "text_encoder": Section(CLIP, _COMFY_CLIP_L),
+                "text_encoder_2": Section(CLIP, _COMFY_CLIP_G),
+                "text_encoder_3": Section(DIFFUSERS, _COMFY_T5),
+                **_VAE_ONLY(VAE, "first_stage_model."),
+            },
+        ),
+        FileLayout("vae", "a VAE in the original layout", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(VAE)),
+        FileLayout(
+            "vae-diffusers", "a VAE file (diffusers AutoencoderKL)", _ALL + _TRANSFORMER_FAMILIES, _VAE_ONLY(DIFFUSERS)
+        ),
+    )
+}
 
 # Not weights: scheduler buffers (top-level keys), EMA copies, SGM's sigmas, a VAE's training loss, position ids, logit scale.
-_NOT_WEIGHTS = re.compile(r"^(?:[^.]+|model_ema\..*|denoiser\..*|(?:first_stage_model\.)?loss\..*|.*\.position_ids|.*logit_scale)$")
+_NOT_WEIGHTS = re.compile(
+    r"^(?:[^.]+|model_ema\..*|denoiser\..*|(?:first_stage_model\.)?loss\..*|.*\.position_ids|.*logit_scale)$"
+)
 
 
 def detect(names) -> FileLayout | None:
@@ -169,7 +241,13 @@ def open_file(path: str | Path) -> OpenedFile:
         strays = opened.strays()
         if strays:
             shown = ", ".join(strays[:6]) + (f" and {len(strays) - 6} more" if len(strays) > 6 else "")
-            log.warning("%s (%s): %d tensor(s) no component takes, ignored: %s", path, opened.layout.title if opened.layout else "no known layout", len(strays), shown)
+            log.warning(
+                "%s (%s): %d tensor(s) no component takes, ignored: %s",
+                path,
+                opened.layout.title if opened.layout else "no known layout",
+                len(strays),
+                shown,
+            )
         if len(_OPENED) >= 16:
             _OPENED.pop(next(iter(_OPENED)))
         _OPENED[key] = opened
@@ -247,7 +325,9 @@ def _unread(section: Section, key: str, layers: int) -> bool:
     return bool(re.match(rf"^text_model\.(encoder\.layers\.{layers - 1}\.|final_layer_norm\.)", key))
 
 
-def component_part(path: str | Path, component: str, ref: str, mapped_shapes: dict[str, tuple[int, ...]], names) -> PartView | None:
+def component_part(
+    path: str | Path, component: str, ref: str, mapped_shapes: dict[str, tuple[int, ...]], names
+) -> PartView | None:
     """`component`'s part of the file at `path` (None: the file is in the component's own names: read it as it is).
     `names`: every tensor name of the component's base checkpoint; `mapped_shapes`: those the artifact holds, with
     their shapes. Raises WeightsError, naming the file and what it is, when the part does not fit."""
@@ -260,8 +340,10 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
     section = layout.components.get(component)
     if section is None or not opened.section_keys(section):
         has = ", ".join(opened.components()) or "nothing"
-        raise WeightsError(f"{opened.path} is {layout.title}: it has no part for {ref} (it holds {has})",
-                           hint="give each component the file that holds its weights (Pipeline.load routes them)")
+        raise WeightsError(
+            f"{opened.path} is {layout.title}: it has no part for {ref} (it holds {has})",
+            hint="give each component the file that holds its weights (Pipeline.load routes them)",
+        )
     table: dict[str, list[tuple[str, Source]]] = {}
     for name, source in _sources(section, names).items():
         table.setdefault(section.prefix + source.key, []).append((name, source))
@@ -269,10 +351,10 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
     layers = _layers(names)
     for key in opened.section_keys(section):
         if key not in table:
-            if not _known_unused(section, key[len(section.prefix):], names, layers):
+            if not _known_unused(section, key[len(section.prefix) :], names, layers):
                 homeless.append(key)
             continue
-        if _unread(section, key[len(section.prefix):], layers):
+        if _unread(section, key[len(section.prefix) :], layers):
             continue
         for name, source in table[key]:
             shape = source.shape(opened.tensors.entries[key].shape)
@@ -284,11 +366,17 @@ def component_part(path: str | Path, component: str, ref: str, mapped_shapes: di
     if homeless or misfits:
         parts = []
         if homeless:
-            parts.append(f"{len(homeless)} tensor(s) have no place in it ({', '.join(homeless[:3])}{', …' if len(homeless) > 3 else ''})")
+            parts.append(
+                f"{len(homeless)} tensor(s) have no place in it ({', '.join(homeless[:3])}{', …' if len(homeless) > 3 else ''})"
+            )
         if misfits:
-            parts.append(f"{len(misfits)} differ in shape ({', '.join(misfits[:3])}{', …' if len(misfits) > 3 else ''})")
-        raise WeightsError(f"{opened.path} is {layout.title}; its {component} part does not fit "
-                           f"{ref}: {'; '.join(parts)}", hint="use a checkpoint of this model's family and size")
+            parts.append(
+                f"{len(misfits)} differ in shape ({', '.join(misfits[:3])}{', …' if len(misfits) > 3 else ''})"
+            )
+        raise WeightsError(
+            f"{opened.path} is {layout.title}; its {component} part does not fit {ref}: {'; '.join(parts)}",
+            hint="use a checkpoint of this model's family and size",
+        )
     return PartView(opened.path, opened.tensors, found)
 
 
@@ -296,6 +384,7 @@ def same_family(path: str | Path, family_id: str) -> None:
     """Raises, naming the file and what it is, when a file of a known layout is for another family."""
     opened = open_file(path)
     if opened.layout is not None and family_id not in opened.layout.families:
-        raise WeightsError(f"{opened.path} is {opened.layout.title}; this model is {family_id}",
-                           hint=f"use a checkpoint made for {family_id}")
-
+        raise WeightsError(
+            f"{opened.path} is {opened.layout.title}; this model is {family_id}",
+            hint=f"use a checkpoint made for {family_id}",
+        )

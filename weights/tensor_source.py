@@ -18,7 +18,9 @@ class Source:
     take: tuple[int, int, int] | None = None
     transpose: bool = False  # OpenCLIP's text_projection is [width, projection], applied as x @ P
     squeeze: bool = False  # the VAE's mid attention: 1×1 convolutions [C, C, 1, 1] for diffusers' Linear [C, C]
-    swap: bool = False  # the original's (shift, scale) halves along axis 0 are diffusers' (scale, shift): the final adaLN
+    swap: bool = (
+        False  # the original's (shift, scale) halves along axis 0 are diffusers' (scale, shift): the final adaLN
+    )
 
     def shape(self, original: tuple[int, ...]) -> tuple[int, ...]:
         shape = tuple(original)
@@ -36,7 +38,7 @@ class Source:
         if self.take is not None:
             start, stop, n = self.take
             unit = value.shape[0] // n
-            value = value[start * unit:stop * unit]
+            value = value[start * unit : stop * unit]
         if self.swap:
             half = value.shape[0] // 2
             value = np.concatenate([value[half:], value[:half]])

@@ -17,6 +17,7 @@ from .session import TrtSession
 class NvidiaBackend(Backend, abstract=True):
     """What TensorRT and TensorRT-RTX share: NVIDIA GPUs matched by compute capability, farm runners labelled nvidia,
     builds that hold the weights about three times (builder/memory.py)."""
+
     probes = ("nvidia",)
 
     def __init_subclass__(cls, **kwargs) -> None:

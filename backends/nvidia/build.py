@@ -50,8 +50,14 @@ class BuildSpec:
 BuildProgress = Callable[[int, int, str], None]
 
 
-def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str, *, hints: dict[str, str] | None = None,
-                        progress: BuildProgress | None = None) -> dict[str, Any]:
+def build_in_subprocess(
+    spec: BuildSpec,
+    workdir: Path,
+    what: str,
+    *,
+    hints: dict[str, str] | None = None,
+    progress: BuildProgress | None = None,
+) -> dict[str, Any]:
     """Run the SDK build in a fresh Python process and return its notes. Its crash, abort or OOM kill becomes a
     BuildError; so does the SDK's refusal, in its own words. `hints`: text in the SDK's error → the fix to suggest.
     `progress` receives the build's phases while it runs."""
@@ -66,7 +72,9 @@ def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str, *, hints: dic
     env = dict(os.environ)
     # The child imports exactly what this process can: same interpreter, same module path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    process = subprocess.Popen([sys.executable, "-m", _CHILD, str(spec_path), str(result_path), str(os.getpid())], env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", _CHILD, str(spec_path), str(result_path), str(os.getpid())], env=env
+    )
     read = 0
     try:
         while True:
@@ -88,7 +96,10 @@ def build_in_subprocess(spec: BuildSpec, workdir: Path, what: str, *, hints: dic
         hint = next((fix for text, fix in (hints or {}).items() if text in error), None)
         raise BuildError(f"{what}: {error}", hint=hint, sdk_errors=result.get("sdk_errors", []))
     if code != 0 or not result:
-        raise BuildError(f"{what}: the build process died ({describe_exit(code)})", hint="a crash or out-of-memory in the SDK; the other jobs go on")
+        raise BuildError(
+            f"{what}: the build process died ({describe_exit(code)})",
+            hint="a crash or out-of-memory in the SDK; the other jobs go on",
+        )
     return result.get("notes", {})
 
 
@@ -136,13 +147,30 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def build_engine(sdk: str, prepared_onnx: Path, job: BuildJob, workdir: Path, options: dict[str, Any], *, hints: dict[str, str] | None = None,
-                 progress: BuildProgress | None = None, **sdk_fields) -> Built:
+def build_engine(
+    sdk: str,
+    prepared_onnx: Path,
+    job: BuildJob,
+    workdir: Path,
+    options: dict[str, Any],
+    *,
+    hints: dict[str, str] | None = None,
+    progress: BuildProgress | None = None,
+    **sdk_fields,
+) -> Built:
     """What both SDKs' builds share: the job's profile and precision, weight stripping and refit, run in the build
     process; `sdk_fields` are the BuildSpec fields only one of them sets."""
-    spec = BuildSpec(sdk=sdk, onnx=str(prepared_onnx), plan=str(workdir / "model.plan"), profile=job.profile, precision=job.precision,
-                     strip_weights=options["strip_weights"], refittable=options["refittable"],
-                     weight_streaming=options.get("weight_streaming", False), **sdk_fields)
+    spec = BuildSpec(
+        sdk=sdk,
+        onnx=str(prepared_onnx),
+        plan=str(workdir / "model.plan"),
+        profile=job.profile,
+        precision=job.precision,
+        strip_weights=options["strip_weights"],
+        refittable=options["refittable"],
+        weight_streaming=options.get("weight_streaming", False),
+        **sdk_fields,
+    )
     notes = build_in_subprocess(spec, workdir, f"{job.label}: {job.target.backend}", hints=hints, progress=progress)
     return Built(stripped_files(prepared_onnx, workdir, options["strip_weights"]), notes)
 

@@ -56,7 +56,9 @@ def progress_monitor(trt, path: str):
 
         def _write(self) -> None:
             with open(path, "a") as handle:
-                handle.write(json.dumps({"done": self.done, "total": self.total, "phase": self.phase or self.top or ""}) + "\n")
+                handle.write(
+                    json.dumps({"done": self.done, "total": self.total, "phase": self.phase or self.top or ""}) + "\n"
+                )
 
     return Monitor()
 
@@ -123,6 +125,7 @@ def _write_plan(trt, builder, network, config, plan: Path, logger) -> None:
     TensorRT-RTX): never whole in host memory, where an SD UNet's is 3.4 GB. Older SDKs hand back a buffer."""
     with atomic_writer(plan) as out:
         if hasattr(builder, "build_serialized_network_to_stream"):
+
             class _ToFile(trt.IStreamWriter):
                 def write(self, data) -> int:
                     return out.write(data)
@@ -162,7 +165,9 @@ def main(spec_path: str, result_path: str, parent: str) -> int:
         last = logger.last_error()
         if last and last not in error:
             error += f" (the SDK's last error: {last})"
-        write_bytes_atomic(Path(result_path), json.dumps({"error": error, "sdk_errors": logger.errors[-KEPT_ERRORS:]}).encode())
+        write_bytes_atomic(
+            Path(result_path), json.dumps({"error": error, "sdk_errors": logger.errors[-KEPT_ERRORS:]}).encode()
+        )
         return 1
     # The build's own peak (this process's VmHWM), which the job's "compile" stage adds to its own memory.
     notes["build_process_peak_rss_mb"] = rss.mb(rss.peak_bytes())

@@ -40,8 +40,10 @@ def read_plan(artifact_dir: Path, manifest) -> bytes:
         raise IntegrityError(f"{manifest.ref}: the manifest lists no engine")
     data = verified_file(artifact_dir, manifest, entry.path).read_bytes()
     if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise IntegrityError(f"{manifest.ref}: {entry.path} does not match its manifest; refusing to deserialize it",
-                             hint="`enginefarm cache verify` evicts damaged artifacts")
+        raise IntegrityError(
+            f"{manifest.ref}: {entry.path} does not match its manifest; refusing to deserialize it",
+            hint="`enginefarm cache verify` evicts damaged artifacts",
+        )
     return data
 
 
@@ -55,8 +57,10 @@ def check_validity(trt, runtime, data: bytes, what: str) -> str:
     answer = check(memoryview(data)[:size] if size else memoryview(data))
     validity, diagnostics = answer if isinstance(answer, tuple) else (answer, 0)
     if validity == trt.EngineValidity.INVALID:
-        raise BackendUnavailable(f"{what}: the plan is not valid on this system ({_diagnostics(trt, diagnostics)})",
-                                 hint="rebuild it for this GPU and SDK version, or use another artifact")
+        raise BackendUnavailable(
+            f"{what}: the plan is not valid on this system ({_diagnostics(trt, diagnostics)})",
+            hint="rebuild it for this GPU and SDK version, or use another artifact",
+        )
     if validity == getattr(trt.EngineValidity, "SUBOPTIMAL", None):
         log.warning("%s: the plan is valid here but may run slower (%s)", what, _diagnostics(trt, diagnostics))
         return "suboptimal"
@@ -68,7 +72,11 @@ def _diagnostics(trt, bits) -> str:
     value = int(getattr(bits, "value", bits) or 0)
     if kinds is None or not value:
         return f"diagnostics {value}"
-    names = [name for name, member in getattr(kinds, "__members__", {}).items() if value & int(getattr(member, "value", member))]
+    names = [
+        name
+        for name, member in getattr(kinds, "__members__", {}).items()
+        if value & int(getattr(member, "value", member))
+    ]
     return ", ".join(names) or f"diagnostics {value}"
 
 
@@ -80,7 +88,9 @@ def precheck(trt, manifest, family_floors: dict[str, tuple[int, int]], what: str
     name = manifest.parsed_target.backend
     wanted = manifest.constraints.get("runtime", {}).get(name)
     if wanted and not version_in_range(trt.__version__, wanted):
-        raise BackendUnavailable(f"{what}: the plan needs {name} {wanted}, this is {trt.__version__}", hint="rebuild it for this version")
+        raise BackendUnavailable(
+            f"{what}: the plan needs {name} {wanted}, this is {trt.__version__}", hint="rebuild it for this version"
+        )
     gpu, why = matching_gpu(manifest.parsed_target.device, family_floors)
     if gpu is None:
         raise BackendUnavailable(f"{what}: {why}")
@@ -96,11 +106,15 @@ def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
     validity = check_validity(trt, runtime, data, what)
     engine = runtime.deserialize_cuda_engine(data)
     if engine is None:
-        raise BackendUnavailable(f"{what}: {trt.__name__} could not deserialize the plan (validity: {validity}): {logger.last_error() or 'no error logged'}")
+        raise BackendUnavailable(
+            f"{what}: {trt.__name__} could not deserialize the plan (validity: {validity}): {logger.last_error() or 'no error logged'}"
+        )
     return engine, logger
 
 
-def refit_engine(trt, engine, logger, what: str, onnx_path: Path | None = None, weights: dict[str, np.ndarray] | None = None) -> None:
+def refit_engine(
+    trt, engine, logger, what: str, onnx_path: Path | None = None, weights: dict[str, np.ndarray] | None = None
+) -> None:
     """One refit: the weights of the shipped ONNX (a stripped plan has none of its own), then the named weights on
     top (ONNX initializer names, float32 in ONNX layout, each cast to the plan's dtype)."""
     from enginefarm.errors import ConfigError
@@ -110,13 +124,17 @@ def refit_engine(trt, engine, logger, what: str, onnx_path: Path | None = None, 
         parser = trt.OnnxParserRefitter(refitter, logger)
         if not parser.refit_from_file(str(onnx_path)):
             errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-            raise IntegrityError(f"{what}: the ONNX weights do not fit the plan: {'; '.join(errors[:3]) or 'refit failed'}")
+            raise IntegrityError(
+                f"{what}: the ONNX weights do not fit the plan: {'; '.join(errors[:3]) or 'refit failed'}"
+            )
     kept = []  # TensorRT reads the arrays when refitting, so they must outlive set_named_weights
     if weights:
         known = set(refitter.get_all_weights())
         unknown = sorted(set(weights) - known)
         if unknown:
-            raise ConfigError(f"{what}: the plan has no refittable weights {unknown[:5]}", hint=f"{len(known)} weights are refittable")
+            raise ConfigError(
+                f"{what}: the plan has no refittable weights {unknown[:5]}", hint=f"{len(known)} weights are refittable"
+            )
         for name, value in weights.items():
             prototype = refitter.get_weights_prototype(name)
             array = np.ascontiguousarray(value, dtype=trt.nptype(prototype.dtype))
@@ -126,7 +144,9 @@ def refit_engine(trt, engine, logger, what: str, onnx_path: Path | None = None, 
             if not refitter.set_named_weights(name, trt.Weights(array)):
                 raise ConfigError(f"{what}: TensorRT refused new values for {name}")
     if not refitter.refit_cuda_engine():
-        raise IntegrityError(f"{what}: refitting the plan failed (missing weights: {list(refitter.get_missing_weights())[:5]})")
+        raise IntegrityError(
+            f"{what}: refitting the plan failed (missing weights: {list(refitter.get_missing_weights())[:5]})"
+        )
 
 
 def require_refittable(manifest, defaults: dict[str, Any], what: str) -> None:
@@ -135,17 +155,28 @@ def require_refittable(manifest, defaults: dict[str, Any], what: str) -> None:
 
     if not {**defaults, **manifest.options}["refittable"]:
         backend = manifest.parsed_target.backend
-        raise ConfigError(f"{manifest.ref} {manifest.target}: this {what} was not built refittable, so it cannot take custom weights or LoRAs",
-                          hint=f"set refittable = true in [components.{manifest.component}.options.{backend}] and rebuild")
+        raise ConfigError(
+            f"{manifest.ref} {manifest.target}: this {what} was not built refittable, so it cannot take custom weights or LoRAs",
+            hint=f"set refittable = true in [components.{manifest.component}.options.{backend}] and rebuild",
+        )
 
 
-def open_engine(trt, artifact_dir: Path, manifest, options: dict[str, Any], family_floors: dict[str, tuple[int, int]], noun: str,
-                weights: dict[str, np.ndarray] | None):
+def open_engine(
+    trt,
+    artifact_dir: Path,
+    manifest,
+    options: dict[str, Any],
+    family_floors: dict[str, tuple[int, int]],
+    noun: str,
+    weights: dict[str, np.ndarray] | None,
+):
     """(engine, gpu, how) from the verified plan: checked, deserialized, and refitted from the shipped weights
     (a stripped plan has none of its own) plus `weights` on top. Both backends open plans this one way."""
     what = f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}]"
     gpu = precheck(trt, manifest, family_floors, what)
-    engine, logger = deserialize(trt, read_plan(artifact_dir, manifest), what, host_code=options.get("version_compatible", False))
+    engine, logger = deserialize(
+        trt, read_plan(artifact_dir, manifest), what, host_code=options.get("version_compatible", False)
+    )
     how, onnx = noun, None
     if options["strip_weights"]:
         onnx = weights_onnx(artifact_dir, manifest)

@@ -15,7 +15,9 @@ def cudart():
         try:
             from cuda import cudart as runtime
         except ImportError:
-            raise BackendUnavailable("cuda-python is not installed", hint="pip install 'enginefarm[tensorrt]'") from None
+            raise BackendUnavailable(
+                "cuda-python is not installed", hint="pip install 'enginefarm[tensorrt]'"
+            ) from None
     return runtime
 
 
@@ -75,7 +77,9 @@ class _Cuda:
 class TrtSession:
     """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address, execute_async_v3)."""
 
-    def __init__(self, trt, engine, context, precision: str, *, how: str = "", after_run=None, device_index: int = 0) -> None:
+    def __init__(
+        self, trt, engine, context, precision: str, *, how: str = "", after_run=None, device_index: int = 0
+    ) -> None:
         self._trt, self._engine, self._context = trt, engine, context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]

@@ -44,7 +44,10 @@ def open_store(url: str | Path, *, must_exist: bool = False) -> Store:
     store = getattr(module, class_name)(url)
     root = getattr(store, "root", None)
     if must_exist and root is not None and not Path(root).is_dir():
-        raise StoreNotFound(f"no store at {root}", hint="check the path (--store / ENGINEFARM_STORE); `enginefarm build RECIPE --store PATH` creates one")
+        raise StoreNotFound(
+            f"no store at {root}",
+            hint="check the path (--store / ENGINEFARM_STORE); `enginefarm build RECIPE --store PATH` creates one",
+        )
     return store
 
 

@@ -16,10 +16,10 @@ _CACHE_NAME = re.compile(r"[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*")
 class Store(ABC):
     """Raw object access in the layout of DESIGN.md:
 
-        blobs/sha256/<2>/<digest>   immutable stored bytes, content-addressed
-        manifests/<build-key>.json  immutable, written once after its blobs
-        index/<model>.json          derived, updated by compare-and-swap
-        channels/<channel>/<name>   signed release metadata, written only by `enginefarm release`
+    blobs/sha256/<2>/<digest>   immutable stored bytes, content-addressed
+    manifests/<build-key>.json  immutable, written once after its blobs
+    index/<model>.json          derived, updated by compare-and-swap
+    channels/<channel>/<name>   signed release metadata, written only by `enginefarm release`
     """
 
     url: str

@@ -26,13 +26,27 @@ CHUNK = 8 << 20
 # per-connection throughput are the opposite case: raise it there.
 SOCKET_TIMEOUT = 30.0
 SMALL_LIMIT = 64 << 20  # an index, a manifest or a channel file larger than this is not one
-_TRANSIENT = (ConnectionError, TimeoutError, socket.timeout, http.client.IncompleteRead, http.client.RemoteDisconnected, urllib.error.URLError)
+_TRANSIENT = (
+    ConnectionError,
+    TimeoutError,
+    socket.timeout,
+    http.client.IncompleteRead,
+    http.client.RemoteDisconnected,
+    urllib.error.URLError,
+)
 
 
 class HttpStore(Store):
     writable = False
 
-    def __init__(self, url: str, *, limits: Limits | None = None, workers: int | None = None, parallel_threshold: int = PARALLEL_THRESHOLD) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        limits: Limits | None = None,
+        workers: int | None = None,
+        parallel_threshold: int = PARALLEL_THRESHOLD,
+    ) -> None:
         from enginefarm.settings import load_settings
 
         settings = load_settings()  # ENGINEFARM_HTTP_DEADLINE, _MIN_RATE, _CONNECTIONS
@@ -44,8 +58,12 @@ class HttpStore(Store):
     def _url(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
-    def _request(self, rel: str, method: str = "GET", headers: dict[str, str] | None = None, timeout: float = SOCKET_TIMEOUT):
-        request = urllib.request.Request(self._url(rel), method=method, headers={"User-Agent": "enginefarm", **(headers or {})})
+    def _request(
+        self, rel: str, method: str = "GET", headers: dict[str, str] | None = None, timeout: float = SOCKET_TIMEOUT
+    ):
+        request = urllib.request.Request(
+            self._url(rel), method=method, headers={"User-Agent": "enginefarm", **(headers or {})}
+        )
         try:
             return urllib.request.urlopen(request, timeout=timeout)
         except urllib.error.HTTPError as exc:
@@ -53,20 +71,31 @@ class HttpStore(Store):
             if exc.code == 404:
                 raise ArtifactNotFoundError(f"{self._url(rel)} not found (404)") from None
             if exc.code == 403:
-                raise StoreError(f"{self._url(rel)}: access denied (403)", hint="the bucket or CDN must allow public reads of this prefix", status=403) from None
+                raise StoreError(
+                    f"{self._url(rel)}: access denied (403)",
+                    hint="the bucket or CDN must allow public reads of this prefix",
+                    status=403,
+                ) from None
             if exc.code in (412, 416):  # a failed If-Match, or a range the object no longer has: it changed
                 raise BlobChanged(f"{self._url(rel)} changed during the transfer") from None
             raise StoreError(f"{self._url(rel)}: HTTP {exc.code} {exc.reason}") from None
         except _TRANSIENT as exc:
-            raise Unreachable(f"cannot reach {self._url(rel)}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network") from None
+            raise Unreachable(
+                f"cannot reach {self._url(rel)}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network"
+            ) from None
 
     def _read_small(self, rel: str, *, fresh: bool = True) -> tuple[bytes, str | None] | None:
         """(body, ETag) of a small object, or None if it is not there: paced, capped, length-checked, retried (small.py).
         `fresh`: ask caches for the current version (the index and channel metadata change; manifests never do)."""
         headers = {"Cache-Control": "no-cache"} if fresh else {}
         try:
-            return read_whole(lambda timeout: self._request(rel, headers=headers, timeout=timeout), limit=SMALL_LIMIT,
-                              limits=small_limits(self.limits), what=self._url(rel), transient=_TRANSIENT)
+            return read_whole(
+                lambda timeout: self._request(rel, headers=headers, timeout=timeout),
+                limit=SMALL_LIMIT,
+                limits=small_limits(self.limits),
+                what=self._url(rel),
+                transient=_TRANSIENT,
+            )
         except ArtifactNotFoundError:
             return None
 
@@ -77,7 +106,10 @@ class HttpStore(Store):
         return io.BytesIO(got[0])
 
     def _refuse(self, what: str) -> NoReturn:
-        raise StoreError(f"{self.url} is a read-only HTTP store: cannot {what}", hint="publish to the bucket behind it (s3://…) instead")
+        raise StoreError(
+            f"{self.url} is a read-only HTTP store: cannot {what}",
+            hint="publish to the bucket behind it (s3://…) instead",
+        )
 
     # Blobs -----------------------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
@@ -103,13 +135,24 @@ class HttpStore(Store):
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         rel = blob_relpath(check_digest(digest))
         if offset:
-            return self._reader(rel, None if size is None else size - offset, f"blob {digest[:12]}", offset, object_size=size)
+            return self._reader(
+                rel, None if size is None else size - offset, f"blob {digest[:12]}", offset, object_size=size
+            )
         if size is not None and size >= self.parallel_threshold and self.workers > 1:
             return _ParallelReader(self, rel, size, digest)
         return self._reader(rel, size, f"blob {digest[:12]}", object_size=size)
 
-    def _reader(self, rel: str, size: int | None, what: str, offset: int = 0, etag: str | None = None, *, whole: bool = True,
-                object_size: int | None = None) -> ResumableReader:
+    def _reader(
+        self,
+        rel: str,
+        size: int | None,
+        what: str,
+        offset: int = 0,
+        etag: str | None = None,
+        *,
+        whole: bool = True,
+        object_size: int | None = None,
+    ) -> ResumableReader:
         """A resumable reader of `rel` from `offset` (`size` bytes, or to the end), pinned to `etag` once known."""
         end = "" if whole or size is None else str(offset + size - 1)
 
@@ -123,13 +166,25 @@ class HttpStore(Store):
                 headers["If-Match"] = pinned  # and where supported, as a plain 412
             response = self._request(rel, headers=headers)
             content_range = response.headers.get("Content-Range") or ""
-            first = int(content_range.split()[1].split("-")[0]) if response.status == 206 and content_range.startswith("bytes ") else 0
+            first = (
+                int(content_range.split()[1].split("-")[0])
+                if response.status == 206 and content_range.startswith("bytes ")
+                else 0
+            )
             length = response.headers.get("Content-Length")
             total = declared_total(content_range, int(length) if length and length.isdigit() else None, first)
             return Opened(response, response.headers.get("ETag"), first, response.status == 206, total)
 
-        return ResumableReader(opener, expected_size=size, transient=_TRANSIENT, limits=self.limits, what=what, base=offset, etag=etag,
-                               object_size=object_size)
+        return ResumableReader(
+            opener,
+            expected_size=size,
+            transient=_TRANSIENT,
+            limits=self.limits,
+            what=what,
+            base=offset,
+            etag=etag,
+            object_size=object_size,
+        )
 
     # Manifests -------------------------------------------------------------------------------------------
     def get_manifest_bytes(self, key: str) -> bytes | None:
@@ -176,11 +231,15 @@ class _ParallelReader:
         self._etag: str | None = None
         self._buffer = memoryview(self._fetch(*self._ranges[0]))
         self._pool = ThreadPoolExecutor(max_workers=store.workers, thread_name_prefix="enginefarm-get")
-        self._futures = [self._pool.submit(self._fetch, start, length) for start, length in self._ranges[1 : store.workers + 2]]
+        self._futures = [
+            self._pool.submit(self._fetch, start, length) for start, length in self._ranges[1 : store.workers + 2]
+        ]
         self._next = 1 + len(self._futures)
 
     def _fetch(self, start: int, length: int) -> bytes:
-        reader = self._store._reader(self._rel, length, self._what, start, self._etag, whole=False, object_size=self._size)
+        reader = self._store._reader(
+            self._rel, length, self._what, start, self._etag, whole=False, object_size=self._size
+        )
         parts = []
         try:
             while chunk := reader.read(1 << 20):

@@ -36,7 +36,10 @@ def open_regular(path: Path, refuse: Callable[[Path], Exception] | None = None) 
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             if refuse is not None:
                 raise refuse(Path(path))
-            raise StoreError(f"{path} is not a regular file; refusing to read it", hint="a store holds only plain files: remove or replace it")
+            raise StoreError(
+                f"{path} is not a regular file; refusing to read it",
+                hint="a store holds only plain files: remove or replace it",
+            )
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -48,7 +51,9 @@ def read_small(path: Path, limit: int = SMALL_LIMIT) -> bytes:
     with open_regular(path) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
-        raise StoreError(f"{path} is larger than {limit >> 20} MiB; refusing to read it", hint="this is not an enginefarm store file")
+        raise StoreError(
+            f"{path} is larger than {limit >> 20} MiB; refusing to read it", hint="this is not an enginefarm store file"
+        )
     return data
 
 
@@ -246,7 +251,11 @@ class LocalStore(Store):
         base = root / cache_folder(prefix)
         if not base.is_dir():
             return []
-        return [(str(p.relative_to(root)), aging_mtime(p)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        return [
+            (str(p.relative_to(root)), aging_mtime(p))
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        ]
 
     def delete_cache_object(self, name: str) -> None:
         (self.root / "caches" / check_cache_name(name)).unlink(missing_ok=True)

@@ -67,8 +67,18 @@ class Limits:
 class ResumableReader:
     """A file-like reader over `opener` that resumes on broken connections. Retryable errors: `transient`."""
 
-    def __init__(self, opener: Opener, *, expected_size: int | None, transient: tuple[type[BaseException], ...], limits: Limits = Limits(),
-                 what: str = "object", base: int = 0, etag: str | None = None, object_size: int | None = None) -> None:
+    def __init__(
+        self,
+        opener: Opener,
+        *,
+        expected_size: int | None,
+        transient: tuple[type[BaseException], ...],
+        limits: Limits = Limits(),
+        what: str = "object",
+        base: int = 0,
+        etag: str | None = None,
+        object_size: int | None = None,
+    ) -> None:
         self._opener = opener
         self._object_size = object_size  # the whole object's claimed size: a response declaring another is refused
         self._base = base  # where this reader's bytes start in the object (parallel chunks)
@@ -88,14 +98,20 @@ class ResumableReader:
         opened = self._opener(want, self._etag)
         problem: StoreError | IntegrityError | None = None
         if want > 0 and not opened.partial:
-            problem = BlobChanged(f"{self._what}: the server ignored the Range request (or the object changed); restarting from zero")
+            problem = BlobChanged(
+                f"{self._what}: the server ignored the Range request (or the object changed); restarting from zero"
+            )
         elif opened.etag and self._etag and opened.etag != self._etag:
             problem = BlobChanged(f"{self._what} changed during the transfer; restarting from zero")
         elif opened.partial and opened.start != want:
-            problem = IntegrityError(f"{self._what}: asked for bytes from {want}, the server sent from {opened.start} (bad Content-Range)")
+            problem = IntegrityError(
+                f"{self._what}: asked for bytes from {want}, the server sent from {opened.start} (bad Content-Range)"
+            )
         elif self._object_size is not None and opened.total is not None and opened.total != self._object_size:
             # before a byte is read: a 98 KB bomb under a 3 GB claim would otherwise decode the claim to disk
-            problem = IntegrityError(f"{self._what}: the store holds {opened.total} bytes, the manifest claims {self._object_size}")
+            problem = IntegrityError(
+                f"{self._what}: the store holds {opened.total} bytes, the manifest claims {self._object_size}"
+            )
         if problem is not None:
             opened.stream.close()
             raise problem
@@ -106,13 +122,19 @@ class ResumableReader:
     def _check_pace(self, got: int) -> None:
         now = time.monotonic()
         if now - self._started > self._limits.deadline_s:
-            raise TransferTooSlow(f"{self._what}: transfer exceeded its {self._limits.deadline_s:.0f} s deadline", hint="set ENGINEFARM_HTTP_DEADLINE for very large files on slow links")
+            raise TransferTooSlow(
+                f"{self._what}: transfer exceeded its {self._limits.deadline_s:.0f} s deadline",
+                hint="set ENGINEFARM_HTTP_DEADLINE for very large files on slow links",
+            )
         since, count = self._window
         count += got
         if now - since >= self._limits.window_s:
             rate = count / (now - since)
             if rate < self._limits.min_rate:
-                raise TransferTooSlow(f"{self._what}: {rate / 1024:.1f} KiB/s is below the {self._limits.min_rate / 1024:.0f} KiB/s floor", hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE")
+                raise TransferTooSlow(
+                    f"{self._what}: {rate / 1024:.1f} KiB/s is below the {self._limits.min_rate / 1024:.0f} KiB/s floor",
+                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
+                )
             self._window = (now, 0)
         else:
             self._window = (since, count)

@@ -39,8 +39,15 @@ def _boto():
 
 
 class S3Store(Store):
-    def __init__(self, url: str, *, verify_uploads: bool | None = None, part_size: int = PART_SIZE, multipart_threshold: int = MULTIPART_THRESHOLD) -> None:
-        rest = url[len("s3://"):]
+    def __init__(
+        self,
+        url: str,
+        *,
+        verify_uploads: bool | None = None,
+        part_size: int = PART_SIZE,
+        multipart_threshold: int = MULTIPART_THRESHOLD,
+    ) -> None:
+        rest = url[len("s3://") :]
         self.bucket, _, prefix = rest.partition("/")
         if not self.bucket:
             raise StoreError(f"{url}: no bucket", hint="write s3://BUCKET[/PREFIX]")
@@ -63,15 +70,22 @@ class S3Store(Store):
             from botocore.config import Config
 
             style = "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
-            config = Config(retries={"mode": "standard", "max_attempts": 10}, s3={"addressing_style": style},
-                            connect_timeout=10, read_timeout=60, max_pool_connections=16)
+            config = Config(
+                retries={"mode": "standard", "max_attempts": 10},
+                s3={"addressing_style": style},
+                connect_timeout=10,
+                read_timeout=60,
+                max_pool_connections=16,
+            )
             client = boto3.session.Session().client("s3", config=config)
             try:
                 client.head_bucket(Bucket=self.bucket)
             except botocore.exceptions.ClientError as exc:
                 code, status = self._code(exc)
                 if status == 404 or code in ("404", "NoSuchBucket"):
-                    raise StoreError(f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL") from None
+                    raise StoreError(
+                        f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL"
+                    ) from None
                 # 403 here can still allow object access (narrow policies); the object calls will tell.
             except botocore.exceptions.BotoCoreError as exc:
                 raise self._unreachable(exc) from None
@@ -83,19 +97,27 @@ class S3Store(Store):
 
     def _code(self, exc) -> tuple[str, int]:
         response = getattr(exc, "response", {}) or {}
-        return str(response.get("Error", {}).get("Code", "")), int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return str(response.get("Error", {}).get("Code", "")), int(
+            response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+        )
 
     def _unreachable(self, exc) -> StoreError:
         _, botocore = _boto()
         if isinstance(exc, botocore.exceptions.NoCredentialsError):  # not a network problem: say what to set
-            return StoreError(f"{self.url}: no AWS credentials found",
-                              hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); for a public bucket use its https:// URL")
+            return StoreError(
+                f"{self.url}: no AWS credentials found",
+                hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); for a public bucket use its https:// URL",
+            )
         return StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network")
 
     def _fail(self, exc, what: str) -> StoreError:
         code, status = self._code(exc)
         if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return StoreError(f"{self.url}: access denied to {what} ({code})", hint="check AWS credentials / bucket policy", status=403)
+            return StoreError(
+                f"{self.url}: access denied to {what} ({code})",
+                hint="check AWS credentials / bucket policy",
+                status=403,
+            )
         if code == "NoSuchBucket":
             return StoreError(f"bucket {self.bucket} does not exist", hint="create it, or check AWS_ENDPOINT_URL")
         return StoreError(f"{self.url}: {what} failed: {code or type(exc).__name__} {exc}")
@@ -142,7 +164,9 @@ class S3Store(Store):
     def _list(self, rel_prefix: str) -> Iterator[dict]:
         _, botocore = _boto()
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(rel_prefix)):
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(rel_prefix)
+            ):
                 yield from page.get("Contents", [])
         except botocore.exceptions.ClientError as exc:
             raise self._fail(exc, f"LIST {rel_prefix}") from None
@@ -180,10 +204,18 @@ class S3Store(Store):
             parts = []
             for number, start in enumerate(range(0, size, COPY_PART), 1):
                 end = min(size, start + COPY_PART) - 1
-                got = self.client.upload_part_copy(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, CopySource=source,
-                                                   CopySourceRange=f"bytes={start}-{end}")
+                got = self.client.upload_part_copy(
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload,
+                    PartNumber=number,
+                    CopySource=source,
+                    CopySourceRange=f"bytes={start}-{end}",
+                )
                 parts.append({"ETag": got["CopyPartResult"]["ETag"], "PartNumber": number})
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+            )
         except BaseException:
             self._abort_quietly(key, upload)
             raise
@@ -226,12 +258,16 @@ class S3Store(Store):
             with open(path, "rb") as handle:
                 number = 1
                 while chunk := handle.read(self.part_size):
-                    etag = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=chunk)["ETag"]
+                    etag = self.client.upload_part(
+                        Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=chunk
+                    )["ETag"]
                     parts.append({"ETag": etag, "PartNumber": number})
                     if progress:
                         progress(len(chunk))
                     number += 1
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}, IfNoneMatch="*"
+            )
             return True
         except botocore.exceptions.ClientError as exc:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
@@ -252,7 +288,10 @@ class S3Store(Store):
                     tmp.write(chunk)
             tmp.flush()
             if sha256_file(Path(tmp.name)) != digest:
-                raise StoreError(f"{self.url}: read-back of {rel} does not match its digest", hint="the store altered the object; check the bucket")
+                raise StoreError(
+                    f"{self.url}: read-back of {rel} does not match its digest",
+                    hint="the store altered the object; check the bucket",
+                )
 
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         rel = blob_relpath(check_digest(digest))
@@ -281,11 +320,25 @@ class S3Store(Store):
             total = declared_total(content_range, response.get("ContentLength"), first)
             return Opened(response["Body"], response.get("ETag"), first, bool(content_range), total)  # absolute offsets
 
-        transient = (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionError, botocore.exceptions.ResponseStreamingError,
-                     botocore.exceptions.IncompleteReadError,
-                     urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, ConnectionError, TimeoutError)
-        return ResumableReader(opener, expected_size=None if size is None else size - offset, transient=transient, limits=Limits(),
-                               what=f"blob {digest[:12]}", base=offset, object_size=size)
+        transient = (
+            botocore.exceptions.ReadTimeoutError,
+            botocore.exceptions.ConnectionError,
+            botocore.exceptions.ResponseStreamingError,
+            botocore.exceptions.IncompleteReadError,
+            urllib3.exceptions.ProtocolError,
+            urllib3.exceptions.ReadTimeoutError,
+            ConnectionError,
+            TimeoutError,
+        )
+        return ResumableReader(
+            opener,
+            expected_size=None if size is None else size - offset,
+            transient=transient,
+            limits=Limits(),
+            what=f"blob {digest[:12]}",
+            base=offset,
+            object_size=size,
+        )
 
     def delete_blob(self, digest: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(blob_relpath(check_digest(digest))))
@@ -295,7 +348,9 @@ class S3Store(Store):
         _, botocore = _boto()
         found = []
         try:
-            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=self._key("blobs/")):
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self._key("blobs/")
+            ):
                 for upload in page.get("Uploads", []):
                     found.append((f"multipart:{upload['UploadId']}:{upload['Key']}", upload["Initiated"].timestamp()))
         except botocore.exceptions.ClientError as exc:
@@ -354,7 +409,13 @@ class S3Store(Store):
 
     def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:
         conditions = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
-        return self._put(f"index/{check_model(model)}.json", data, ContentType="application/json", CacheControl="no-cache", **conditions)
+        return self._put(
+            f"index/{check_model(model)}.json",
+            data,
+            ContentType="application/json",
+            CacheControl="no-cache",
+            **conditions,
+        )
 
     def list_models(self) -> Iterator[str]:
         for item in self._list("index/"):
@@ -380,7 +441,10 @@ class S3Store(Store):
 
     def list_cache_entries(self, prefix: str) -> list[tuple[str, float]]:
         start = len(self._key("caches/"))
-        return [(item["Key"][start:], item["LastModified"].timestamp()) for item in self._list(f"caches/{cache_folder(prefix)}")]
+        return [
+            (item["Key"][start:], item["LastModified"].timestamp())
+            for item in self._list(f"caches/{cache_folder(prefix)}")
+        ]
 
     def delete_cache_object(self, name: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(f"caches/{check_cache_name(name)}"))

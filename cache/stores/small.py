@@ -41,11 +41,19 @@ class Response(Protocol):
 
 def small_limits(limits: Limits) -> Limits:
     """A download's limits, tightened for small objects: the same floor, a shorter window and deadline."""
-    return Limits(deadline_s=min(limits.deadline_s, DEADLINE_S), min_rate=limits.min_rate, window_s=min(limits.window_s, WINDOW_S))
+    return Limits(
+        deadline_s=min(limits.deadline_s, DEADLINE_S), min_rate=limits.min_rate, window_s=min(limits.window_s, WINDOW_S)
+    )
 
 
-def read_whole(request: Callable[[float], Response], *, limit: int, limits: Limits, what: str,
-               transient: tuple[type[BaseException], ...]) -> tuple[bytes, str | None]:
+def read_whole(
+    request: Callable[[float], Response],
+    *,
+    limit: int,
+    limits: Limits,
+    what: str,
+    transient: tuple[type[BaseException], ...],
+) -> tuple[bytes, str | None]:
     """(body, ETag) of one object. `request(timeout)` opens it, with `timeout` for each socket wait. A body shorter
     than its Content-Length, a reset or a stall is tried again (ATTEMPTS in all, within the deadline); a trickle
     below the floor, a body over `limit`, or the deadline passing raise a StoreError naming the object."""
@@ -74,8 +82,10 @@ def read_whole(request: Callable[[float], Response], *, limit: int, limits: Limi
             tries.append(f"the body ended at {len(data)} of {length} bytes")
         log.info("%s: %s; reading it again", what, tries[-1])
         time.sleep(min(0.2 * 2**attempt, 1.0))
-    raise StoreError(f"{what}: {tries[-1] if tries else 'no answer'} ({len(tries)} tries in {time.monotonic() - started:.0f} s)",
-                     hint="the server stalls or cuts responses short; try again later (ENGINEFARM_HTTP_DEADLINE, _MIN_RATE tune the limits)")
+    raise StoreError(
+        f"{what}: {tries[-1] if tries else 'no answer'} ({len(tries)} tries in {time.monotonic() - started:.0f} s)",
+        hint="the server stalls or cuts responses short; try again later (ENGINEFARM_HTTP_DEADLINE, _MIN_RATE tune the limits)",
+    )
 
 
 def _paced(response: Response, limit: int, limits: Limits, started: float, what: str) -> bytes:
@@ -87,14 +97,22 @@ def _paced(response: Response, limit: int, limits: Limits, started: float, what:
         parts.append(chunk)
         got += len(chunk)
         if got > limit:
-            raise StoreError(f"{what} is larger than {limit >> 20} MiB; refusing to read more", hint="this is not an enginefarm store object")
+            raise StoreError(
+                f"{what} is larger than {limit >> 20} MiB; refusing to read more",
+                hint="this is not an enginefarm store object",
+            )
         now = time.monotonic()
         if now - started > limits.deadline_s:
-            raise TransferTooSlow(f"{what}: not read within its {limits.deadline_s:.0f} s deadline", hint="the server is too slow; try again later")
+            raise TransferTooSlow(
+                f"{what}: not read within its {limits.deadline_s:.0f} s deadline",
+                hint="the server is too slow; try again later",
+            )
         count += len(chunk)
         if now - since >= limits.window_s:
             if count / (now - since) < limits.min_rate:
-                raise TransferTooSlow(f"{what}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} KiB/s floor",
-                                      hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE")
+                raise TransferTooSlow(
+                    f"{what}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} KiB/s floor",
+                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
+                )
             since, count = now, 0
     return b"".join(parts)

@@ -25,7 +25,9 @@ def require_tuf() -> None:
         import securesystemslib.signer  # noqa: F401
         import tuf.api.metadata  # noqa: F401
     except ImportError as exc:
-        raise TrustError(f"signed release channels need python-tuf ({exc.name} is missing)", hint=INSTALL_HINT, reason="missing") from None
+        raise TrustError(
+            f"signed release channels need python-tuf ({exc.name} is missing)", hint=INSTALL_HINT, reason="missing"
+        ) from None
 
 
 def target_path(build_key: str) -> str:

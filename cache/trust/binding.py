@@ -60,11 +60,19 @@ def check(data: bytes, channel: str, trusted: dict[str, str] | None, what: str) 
     hint = "nothing this device trusts was changed; the store holds metadata of another channel (copied or replayed): restore the channel's own files"
     if found is None:
         if trusted is not None:
-            raise TrustError(f"{what}: {signed.get('_type', 'metadata')} version {signed.get('version')} names no channel, "
-                             f"but channel {channel} is bound to repository {trusted['repository'][:12]}", reason="channel", hint=hint)
+            raise TrustError(
+                f"{what}: {signed.get('_type', 'metadata')} version {signed.get('version')} names no channel, "
+                f"but channel {channel} is bound to repository {trusted['repository'][:12]}",
+                reason="channel",
+                hint=hint,
+            )
         return
     if not isinstance(found, dict) or found.get("channel") != channel or (trusted is not None and found != trusted):
         name = found.get("channel") if isinstance(found, dict) else found
         repo = found.get("repository", "?") if isinstance(found, dict) else "?"
-        raise TrustError(f"{what}: {signed.get('_type', 'metadata')} version {signed.get('version')} belongs to channel {name!r} "
-                         f"of repository {str(repo)[:12]}, not to this channel", reason="channel", hint=hint)
+        raise TrustError(
+            f"{what}: {signed.get('_type', 'metadata')} version {signed.get('version')} belongs to channel {name!r} "
+            f"of repository {str(repo)[:12]}, not to this channel",
+            reason="channel",
+            hint=hint,
+        )

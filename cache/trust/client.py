@@ -60,10 +60,15 @@ def _fetchers():
                         data = b"".join(_chunks_upto(stream, binding._LIMIT + 1))
                     finally:
                         stream.close()
-                    binding.check(data, self.channel, self.trusted(), f"channel {self.channel} of {self.store.url}, {rel.rsplit('/', 1)[-1]}")
+                    binding.check(
+                        data,
+                        self.channel,
+                        self.trusted(),
+                        f"channel {self.channel} of {self.store.url}, {rel.rsplit('/', 1)[-1]}",
+                    )
                     return iter([data])
                 elif rel.startswith("manifests/") and rel.endswith(".json"):
-                    stream = self.store.open_manifest(rel[len("manifests/"):-len(".json")])
+                    stream = self.store.open_manifest(rel[len("manifests/") : -len(".json")])
                 else:
                     raise DownloadError(f"no such release file: {url}")
             except ArtifactNotFoundError:
@@ -88,7 +93,9 @@ def _fetchers():
             if role == "root" or not path.is_file():  # no newer root offline; ngclient keeps the trusted one
                 raise DownloadHTTPError(f"{name} is not available offline", 404)
             data = path.read_bytes()
-            binding.check(data, self.channel, self.trusted(), f"channel {self.channel} (verified earlier on this device), {name}")
+            binding.check(
+                data, self.channel, self.trusted(), f"channel {self.channel} (verified earlier on this device), {name}"
+            )
             return iter([data])
 
     return StoreFetcher, ReplayFetcher
@@ -113,7 +120,11 @@ def refusal(exc: Exception, what: str) -> TrustError:
     from tuf.api import exceptions as tuf_errors
 
     reasons = [
-        (tuf_errors.BadVersionNumberError, "rollback", "older metadata than this device already trusts was served (rollback)"),
+        (
+            tuf_errors.BadVersionNumberError,
+            "rollback",
+            "older metadata than this device already trusts was served (rollback)",
+        ),
         (tuf_errors.ExpiredMetadataError, "expired", "metadata has expired (a frozen or stale channel)"),
         (tuf_errors.UnsignedMetadataError, "signature", "metadata is not signed by enough trusted keys"),
         (tuf_errors.LengthOrHashMismatchError, "hash", "a file does not match its signed length and hashes"),
@@ -127,11 +138,16 @@ def refusal(exc: Exception, what: str) -> TrustError:
     else:
         reason, text = "invalid", "release metadata is invalid"
     if reason == "expired" and "root" in str(exc):  # python-tuf: "Final root.json is expired", "New root is expired"
-        reason, text = "root-expired", "the channel's root has expired; nothing loads from it until its maintainers renew it"
-    hint = {"expired": "the channel's maintainers must run `enginefarm release refresh`; if this device is offline, go online once",
-            "root-expired": "the channel's maintainers must renew the root with its keys: `enginefarm release refresh --role root` "
-                            "(or `release rotate root`); apps follow the renewed root on their next load, with the root.json they ship",
-            "missing": "check the store URL and the channel name"}.get(reason, "nothing was loaded or cached; report it to whoever publishes this store")
+        reason, text = (
+            "root-expired",
+            "the channel's root has expired; nothing loads from it until its maintainers renew it",
+        )
+    hint = {
+        "expired": "the channel's maintainers must run `enginefarm release refresh`; if this device is offline, go online once",
+        "root-expired": "the channel's maintainers must renew the root with its keys: `enginefarm release refresh --role root` "
+        "(or `release rotate root`); apps follow the renewed root on their next load, with the root.json they ship",
+        "missing": "check the store URL and the channel name",
+    }.get(reason, "nothing was loaded or cached; report it to whoever publishes this store")
     return TrustError(f"{what}: {text} ({exc})", hint=hint, reason=reason)
 
 
@@ -154,7 +170,10 @@ class ChannelClient:
         try:
             self.root = Path(trusted_root).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"cannot read the trusted root {trusted_root}: {exc.strerror}", hint="ship the channel's root.json with the app (`enginefarm release export-root`)") from None
+            raise ConfigError(
+                f"cannot read the trusted root {trusted_root}: {exc.strerror}",
+                hint="ship the channel's root.json with the app (`enginefarm release export-root`)",
+            ) from None
         if offline:
             self._refresh(offline=True)
             self.note = f"offline: using the release metadata of {self.what} verified earlier"
@@ -173,7 +192,10 @@ class ChannelClient:
 
         store_fetcher, replay_fetcher = _fetchers()
         if offline and not (self.dir / "timestamp.json").is_file():
-            raise OfflineError(f"no verified release metadata for {self.what} on this device yet", hint="go online once (unset ENGINEFARM_OFFLINE)")
+            raise OfflineError(
+                f"no verified release metadata for {self.what} on this device yet",
+                hint="go online once (unset ENGINEFARM_OFFLINE)",
+            )
         fetcher = replay_fetcher(self.dir, self.channel) if offline else store_fetcher(self.store, self.channel)
         config = UpdaterConfig(prefix_targets_with_hash=False)  # targets are manifests/<build-key>.json, written once
         # ngclient writes each file atomically; the lock only keeps two processes from refreshing at once.
@@ -185,14 +207,28 @@ class ChannelClient:
         from tuf.ngclient import Updater
 
         try:
-            self.updater = Updater(str(self.dir), f"{_BASE}channels/{self.channel}/", str(self.dir / "manifests"), _BASE, fetcher, config, bootstrap=self.root)
+            self.updater = Updater(
+                str(self.dir),
+                f"{_BASE}channels/{self.channel}/",
+                str(self.dir / "manifests"),
+                _BASE,
+                fetcher,
+                config,
+                bootstrap=self.root,
+            )
         except (RepositoryError, ValueError, KeyError, TypeError) as exc:
-            raise TrustError(f"the trusted root for {self.what} is not valid TUF root metadata ({exc})", reason="invalid",
-                             hint="ship the root.json from `enginefarm release export-root`") from None
+            raise TrustError(
+                f"the trusted root for {self.what} is not valid TUF root metadata ({exc})",
+                reason="invalid",
+                hint="ship the root.json from `enginefarm release export-root`",
+            ) from None
         bound = self._trusted_binding()
         if bound is not None and bound.get("channel") != self.channel:
-            raise TrustError(f"the trusted root is the root of channel {bound.get('channel')!r}, not of {self.what}", reason="channel",
-                             hint="ship the root.json of this channel (`enginefarm release export-root --channel NAME`)")
+            raise TrustError(
+                f"the trusted root is the root of channel {bound.get('channel')!r}, not of {self.what}",
+                reason="channel",
+                hint="ship the root.json of this channel (`enginefarm release export-root --channel NAME`)",
+            )
         fetcher.trusted = self._trusted_binding
         previous = self._released()
         try:
@@ -236,7 +272,9 @@ class ChannelClient:
         except ValueError:
             yanked = {}
         now = self._released()
-        yanked = {k: v for k, v in {**yanked, **{k: v for k, v in previous.items() if k not in now}}.items() if k not in now}
+        yanked = {
+            k: v for k, v in {**yanked, **{k: v for k, v in previous.items() if k not in now}}.items() if k not in now
+        }
         write_bytes_atomic(record, json.dumps(yanked, sort_keys=True).encode())
 
     def yanked(self, model: str) -> list[dict]:
@@ -280,11 +318,15 @@ class ChannelClient:
 
         info = self.updater.get_targetinfo(target_path(build_key))
         if info is None:
-            raise TrustError(f"{build_key[:12]} is not released in {self.what}", reason="missing", hint="it may have been yanked")
+            raise TrustError(
+                f"{build_key[:12]} is not released in {self.what}", reason="missing", hint="it may have been yanked"
+            )
         path = self.dir / "manifests" / f"{build_key}.json"
         if self.updater.find_cached_target(info, str(path)) is None:
             if self.offline or self.note:
-                raise OfflineError(f"the manifest of {build_key[:12]} was never fetched on this device", hint="go online once")
+                raise OfflineError(
+                    f"the manifest of {build_key[:12]} was never fetched on this device", hint="go online once"
+                )
             try:
                 self.updater.download_target(info, str(path))
             except (RepositoryError, DownloadError) as exc:
@@ -296,9 +338,12 @@ class ChannelClient:
             custom = info.custom if isinstance(info.custom, dict) else {}
             wrong = [f for f in CHECKED_FIELDS if getattr(manifest, f) != custom.get(f)]
             if wrong:
-                raise TrustError(f"{self.what}: the manifest at {info.path} is {manifest.ref} {manifest.target} {manifest.precision} "
-                                 f"[{manifest.build_key[:12]}], but its release says otherwise ({', '.join(wrong)})", reason="mismatch",
-                                 hint="nothing was loaded or cached; the channel's targets are inconsistent, report it to its maintainers")
+                raise TrustError(
+                    f"{self.what}: the manifest at {info.path} is {manifest.ref} {manifest.target} {manifest.precision} "
+                    f"[{manifest.build_key[:12]}], but its release says otherwise ({', '.join(wrong)})",
+                    reason="mismatch",
+                    hint="nothing was loaded or cached; the channel's targets are inconsistent, report it to its maintainers",
+                )
         except Exception:
             path.unlink(missing_ok=True)
             raise

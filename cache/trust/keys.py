@@ -29,7 +29,9 @@ def generate(keys_dir: Path, role: str):
     fd = os.open(keys_dir / f"{name}.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PRIVATE_MODE)
     with os.fdopen(fd, "wb") as handle:
         handle.write(signer.private_bytes)
-    (keys_dir / f"{name}.pub").write_text(json.dumps({"keyid": signer.public_key.keyid, **signer.public_key.to_dict()}, indent=1))
+    (keys_dir / f"{name}.pub").write_text(
+        json.dumps({"keyid": signer.public_key.keyid, **signer.public_key.to_dict()}, indent=1)
+    )
     return signer
 
 
@@ -39,7 +41,9 @@ def load_signers(keys_dir: Path) -> dict:
     from securesystemslib.signer import CryptoSigner
 
     if not keys_dir.is_dir():
-        raise ConfigError(f"keys folder {keys_dir} does not exist", hint="create keys with `enginefarm release init --keys DIR`")
+        raise ConfigError(
+            f"keys folder {keys_dir} does not exist", hint="create keys with `enginefarm release init --keys DIR`"
+        )
     signers = {}
     for path in sorted(keys_dir.glob("*.key")):
         mode = stat.S_IMODE(path.stat().st_mode)

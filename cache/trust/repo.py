@@ -43,8 +43,14 @@ def describe(manifest: Manifest) -> dict[str, Any]:
     import json
 
     # `entry` is JSON text: TUF's canonical JSON has no floats, and benchmarks are floats.
-    return {"model": manifest.model, "component": manifest.component, "precision": manifest.precision,
-            "target": manifest.target, "build_key": manifest.build_key, "entry": json.dumps(IndexEntry.of(manifest).to_dict(), sort_keys=True)}
+    return {
+        "model": manifest.model,
+        "component": manifest.component,
+        "precision": manifest.precision,
+        "target": manifest.target,
+        "build_key": manifest.build_key,
+        "entry": json.dumps(IndexEntry.of(manifest).to_dict(), sort_keys=True),
+    }
 
 
 class Channel:
@@ -79,8 +85,11 @@ class Channel:
         try:
             root = self._read("root.json")
         except ArtifactNotFoundError:
-            raise TrustError(f"channel {self.name} does not exist in {self.store.url}", reason="missing",
-                             hint=f"create it with `enginefarm release init --channel {self.name} --store {self.store.url} --keys DIR`") from None
+            raise TrustError(
+                f"channel {self.name} does not exist in {self.store.url}",
+                reason="missing",
+                hint=f"create it with `enginefarm release init --channel {self.name} --store {self.store.url} --keys DIR`",
+            ) from None
         timestamp = self._read("timestamp.json")
         snapshot = self._read(f"{timestamp.signed.snapshot_meta.version}.snapshot.json")
         targets = self._read(f"{snapshot.signed.meta['targets.json'].version}.targets.json")
@@ -90,8 +99,11 @@ class Channel:
                 metadata = getattr(state, role)
                 root.signed.verify_delegate(role, metadata.signed_bytes, metadata.signatures)
             except UnsignedMetadataError as exc:
-                raise TrustError(f"channel {self.name} in {self.store.url}: {role} metadata does not verify ({exc})", reason="signature",
-                                 hint="someone without the keys changed the channel; restore it from a backup") from None
+                raise TrustError(
+                    f"channel {self.name} in {self.store.url}: {role} metadata does not verify ({exc})",
+                    reason="signature",
+                    hint="someone without the keys changed the channel; restore it from a backup",
+                ) from None
         # Signatures alone do not tell channels that share keys apart: never re-sign another channel's files as ours.
         bound = binding.of(root.signed)
         for role in ROLES:
@@ -116,9 +128,12 @@ class Channel:
             wanted = root.roles[role]
             have = [signers[k] for k in wanted.keyids if k in signers]
             if len(have) < wanted.threshold:
-                raise TrustError(f"signing {role} of channel {self.name} needs {wanted.threshold} of its {len(wanted.keyids)} key(s); "
-                                 f"{len(have)} found in {self.keys_dir}", reason="keys",
-                                 hint=f"put the {role} key file(s) (from `release init`) into {self.keys_dir}")
+                raise TrustError(
+                    f"signing {role} of channel {self.name} needs {wanted.threshold} of its {len(wanted.keyids)} key(s); "
+                    f"{len(have)} found in {self.keys_dir}",
+                    reason="keys",
+                    hint=f"put the {role} key file(s) (from `release init`) into {self.keys_dir}",
+                )
             for signer in have:
                 if signer.public_key.keyid not in metadata.signatures:
                     metadata.sign(signer, append=True)
@@ -136,7 +151,10 @@ class Channel:
 
         roles = set(roles)
         if not self.store.writable:
-            raise StoreError(f"store {self.store.url} is read-only", hint="run release commands against the bucket (s3://…) or directory")
+            raise StoreError(
+                f"store {self.store.url} is read-only",
+                hint="run release commands against the bucket (s3://…) or directory",
+            )
         if "root" in roles:
             put(f"{state.root.signed.version}.root.json", state.root)
             put("root.json", state.root)
@@ -146,7 +164,9 @@ class Channel:
             put(f"{state.snapshot.signed.version}.snapshot.json", state.snapshot)
         put("timestamp.json", state.timestamp)  # last: the switch to the new release
 
-    def commit(self, state: State, changed: str, signers: dict | None = None, *, root_changed: bool = False, bump: bool = True) -> State:
+    def commit(
+        self, state: State, changed: str, signers: dict | None = None, *, root_changed: bool = False, bump: bool = True
+    ) -> State:
         """Re-sign `changed` and every role below it (targets → snapshot → timestamp), then write them
         (the root first when it changed)."""
         from tuf.api.metadata import MetaFile
@@ -154,7 +174,7 @@ class Channel:
         signers = signers if signers is not None else self._signers()
         root = state.root.signed
         order = ["targets", "snapshot", "timestamp"]
-        todo = order[order.index(changed):] if changed in order else order
+        todo = order[order.index(changed) :] if changed in order else order
         bound = binding.of(root)
         for role in todo:
             binding.stamp(getattr(state, role).signed, bound)
@@ -177,19 +197,32 @@ def _in(seconds: int) -> datetime:
 
 
 # The release commands -------------------------------------------------------------------------------------
-def init(store: Store, channel: str, keys_dir: Path, thresholds: dict[str, int] | None = None, expires: dict[str, int] | None = None) -> State:
+def init(
+    store: Store,
+    channel: str,
+    keys_dir: Path,
+    thresholds: dict[str, int] | None = None,
+    expires: dict[str, int] | None = None,
+) -> State:
     """Create the channel's four roles. Keys already in `keys_dir` for a role are reused (one set of keys can
     serve several channels); missing ones are generated, as many as the role's threshold."""
     from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
 
     ch = Channel(store, channel, keys_dir)
     if ch.exists():
-        raise TrustError(f"channel {channel} already exists in {store.url}", reason="exists",
-                         hint="promote into it, or rotate its keys with `enginefarm release rotate`")
+        raise TrustError(
+            f"channel {channel} already exists in {store.url}",
+            reason="exists",
+            hint="promote into it, or rotate its keys with `enginefarm release rotate`",
+        )
     thresholds = {role: 1 for role in ROLES} | (thresholds or {})
     policy = {**DEFAULT_EXPIRES, **(expires or {})}
     existing = load_signers(keys_dir) if keys_dir.is_dir() else {}
-    root = Root(expires=_in(policy["root"]), consistent_snapshot=True, unrecognized_fields={POLICY_FIELD: policy, binding.FIELD: binding.new(channel)})
+    root = Root(
+        expires=_in(policy["root"]),
+        consistent_snapshot=True,
+        unrecognized_fields={POLICY_FIELD: policy, binding.FIELD: binding.new(channel)},
+    )
     for role in ROLES:
         if thresholds[role] < 1:
             raise TrustError(f"threshold of {role} must be at least 1", reason="invalid")
@@ -199,7 +232,9 @@ def init(store: Store, channel: str, keys_dir: Path, thresholds: dict[str, int] 
         for signer in signers:
             root.add_key(signer.public_key, role)
         root.roles[role].threshold = thresholds[role]
-    state = State(Metadata(root), Metadata(Targets()), Metadata(Snapshot()), Metadata(Timestamp(snapshot_meta=MetaFile(1))))
+    state = State(
+        Metadata(root), Metadata(Targets()), Metadata(Snapshot()), Metadata(Timestamp(snapshot_meta=MetaFile(1)))
+    )
     loaded = load_signers(keys_dir)
     ch._sign(state.root, "root", [root], loaded)
     ch.commit(state, "root", loaded, bump=False)
@@ -220,8 +255,10 @@ def promote(store: Store, channel: str, keys_dir: Path, build_keys: Iterable[str
         manifest = Manifest.from_json(raw, expect_key=key)
         missing = [f.path for f in manifest.files if not store.has_blob(f.stored_sha256)]
         if missing:
-            raise ArtifactNotFoundError(f"{manifest.ref} [{key[:12]}] lacks blobs for {', '.join(missing)} in {store.url}; not promoted",
-                                        hint="publish the artifact completely first (`enginefarm publish`)")
+            raise ArtifactNotFoundError(
+                f"{manifest.ref} [{key[:12]}] lacks blobs for {', '.join(missing)} in {store.url}; not promoted",
+                hint="publish the artifact completely first (`enginefarm publish`)",
+            )
         entry = TargetFile.from_data(target_path(key), raw, ["sha256"])
         entry.unrecognized_fields["custom"] = describe(manifest)
         state.targets.signed.targets[entry.path] = entry
@@ -249,10 +286,15 @@ def refresh(store: Store, channel: str, keys_dir: Path, roles: Iterable[str] = (
     roles = set(roles)
     signers = ch._signers()
     if "root" in roles:
-        if binding.of(state.root.signed) is None:  # a channel from before bindings: bind it, and re-sign every role with it
+        if (
+            binding.of(state.root.signed) is None
+        ):  # a channel from before bindings: bind it, and re-sign every role with it
             binding.stamp(state.root.signed, binding.new(channel))
             roles |= {"targets", "snapshot"}
-            log.warning("channel %s is now bound to its name and a new repository id; apps follow the new root on their next refresh", channel)
+            log.warning(
+                "channel %s is now bound to its name and a new repository id; apps follow the new root on their next refresh",
+                channel,
+            )
         ch._renew(state.root, "root", state.root)
         ch._sign(state.root, "root", [state.root.signed], signers)
     top = next(role for role in ("targets", "snapshot", "timestamp") if role in roles | {"timestamp"})
@@ -298,11 +340,27 @@ def listing(store: Store, channel: str) -> dict[str, Any]:
     for role in ROLES:
         signed = getattr(state, role).signed
         spec = state.root.signed.roles[role]
-        roles[role] = {"version": signed.version, "expires": signed.expires.isoformat(), "threshold": spec.threshold, "keys": len(spec.keyids)}
-    targets = [{**(t.custom or {}), "length": t.length, "sha256": t.hashes.get("sha256")} for t in state.targets.signed.targets.values()]
+        roles[role] = {
+            "version": signed.version,
+            "expires": signed.expires.isoformat(),
+            "threshold": spec.threshold,
+            "keys": len(spec.keyids),
+        }
+    targets = [
+        {**(t.custom or {}), "length": t.length, "sha256": t.hashes.get("sha256")}
+        for t in state.targets.signed.targets.values()
+    ]
     for item in targets:
         item.pop("entry", None)
-    return {"channel": channel, "store": store.url, "roles": roles, "targets": sorted(targets, key=lambda t: (t.get("model", ""), t.get("component", ""), t.get("target", ""), t.get("precision", "")))}
+    return {
+        "channel": channel,
+        "store": store.url,
+        "roles": roles,
+        "targets": sorted(
+            targets,
+            key=lambda t: (t.get("model", ""), t.get("component", ""), t.get("target", ""), t.get("precision", "")),
+        ),
+    }
 
 
 def root_expiry(store: Store, channel: str):

@@ -23,9 +23,18 @@ from .flow_match import FlowMatchEulerDiscreteScheduler, dynamic_shift_mu
 from .lcm import LCMScheduler
 from .pndm import PNDMScheduler
 
-SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (
-    DDIMScheduler, PNDMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler,
-    LCMScheduler, FlowMatchEulerDiscreteScheduler)}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    cls.name: cls
+    for cls in (
+        DDIMScheduler,
+        PNDMScheduler,
+        EulerDiscreteScheduler,
+        EulerAncestralDiscreteScheduler,
+        DPMSolverMultistepScheduler,
+        LCMScheduler,
+        FlowMatchEulerDiscreteScheduler,
+    )
+}
 
 # Short names as UIs call the samplers: the class plus the settings that make the sampler what its name says,
 # whatever the model's config had (a config with use_karras_sigmas still gives plain "euler").
@@ -34,10 +43,14 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "pndm": ("PNDMScheduler", {}),
     "euler": ("EulerDiscreteScheduler", {"use_karras_sigmas": False}),
     "euler_a": ("EulerAncestralDiscreteScheduler", {}),
-    "dpmpp_2m": ("DPMSolverMultistepScheduler",
-                 {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": False}),
-    "dpmpp_2m_karras": ("DPMSolverMultistepScheduler",
-                        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True}),
+    "dpmpp_2m": (
+        "DPMSolverMultistepScheduler",
+        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": False},
+    ),
+    "dpmpp_2m_karras": (
+        "DPMSolverMultistepScheduler",
+        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True},
+    ),
     "lcm": ("LCMScheduler", {}),
     "flow_euler": ("FlowMatchEulerDiscreteScheduler", {}),
 }
@@ -61,12 +74,12 @@ def make_scheduler(name: str | None, config: Mapping[str, Any], rng: np.random.G
     elif isinstance(name, str) and name.lower() in ALIASES:
         cls_name, overrides = ALIASES[name.lower()]
     else:
-        raise ConfigError(f"unknown scheduler {name!r}",
-                          hint=f"use one of {', '.join(SCHEDULERS)} or an alias: {', '.join(ALIASES)}")
+        raise ConfigError(
+            f"unknown scheduler {name!r}", hint=f"use one of {', '.join(SCHEDULERS)} or an alias: {', '.join(ALIASES)}"
+        )
     cls = SCHEDULERS[cls_name]
     parsed = SchedulerConfig.parse(config, cls.defaults)
     return cls(parsed.replace(**overrides) if overrides else parsed, rng)
 
 
-__all__ = ["ALIASES", "SCHEDULERS", "Scheduler", "SchedulerConfig", "make_scheduler", "dynamic_shift_mu",
-           *SCHEDULERS]
+__all__ = ["ALIASES", "SCHEDULERS", "Scheduler", "SchedulerConfig", "make_scheduler", "dynamic_shift_mu", *SCHEDULERS]

@@ -34,7 +34,9 @@ class Scheduler:
     defaults: ClassVar[Mapping[str, Any]] = {}  # where the diffusers class's defaults differ from SchedulerConfig's
     order: ClassVar[int] = 1  # model evaluations per step, as diffusers' `order` (for img2img's cut)
 
-    def __init__(self, config: SchedulerConfig | Mapping[str, Any] | None = None, rng: np.random.Generator | None = None):
+    def __init__(
+        self, config: SchedulerConfig | Mapping[str, Any] | None = None, rng: np.random.Generator | None = None
+    ):
         if not isinstance(config, SchedulerConfig):
             config = SchedulerConfig.parse(config or {}, self.defaults)
         self.config = config
@@ -49,14 +51,16 @@ class Scheduler:
         return cls(SchedulerConfig.parse(config, cls.defaults), rng)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(prediction_type={self.config.prediction_type!r}, steps={self.num_inference_steps})"
+        return (
+            f"{type(self).__name__}(prediction_type={self.config.prediction_type!r}, steps={self.num_inference_steps})"
+        )
 
     # -- the loop's interface
 
     @property
     def timesteps(self) -> np.ndarray:
         """The `timestep` input of each UNet call, in order (float32)."""
-        return self._all_timesteps[self._begin:].astype(F32)
+        return self._all_timesteps[self._begin :].astype(F32)
 
     @property
     def init_noise_sigma(self) -> float:
@@ -68,15 +72,21 @@ class Scheduler:
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ConfigError(f"the number of steps must be a positive integer, not {steps!r}", hint="e.g. steps=20")
         if steps > self.config.num_train_timesteps:
-            raise ConfigError(f"{steps} steps is more than the {self.config.num_train_timesteps} the model was trained with",
-                              hint=f"use at most {self.config.num_train_timesteps} steps")
+            raise ConfigError(
+                f"{steps} steps is more than the {self.config.num_train_timesteps} the model was trained with",
+                hint=f"use at most {self.config.num_train_timesteps} steps",
+            )
         if not 0.0 < strength <= 1.0:
-            raise ConfigError(f"strength must be in (0, 1], not {strength!r}", hint="1 is txt2img; 0.5 keeps half the image")
+            raise ConfigError(
+                f"strength must be in (0, 1], not {strength!r}", hint="1 is txt2img; 0.5 keeps half the image"
+            )
         self.num_inference_steps = int(steps)
         self._all_timesteps, begin = self._schedule(int(steps), float(strength))
         if begin >= len(self._all_timesteps):
-            raise ConfigError(f"strength {strength} leaves no step to run out of {steps}",
-                              hint=f"raise strength to at least {1 / steps:.3g} or use more steps")
+            raise ConfigError(
+                f"strength {strength} leaves no step to run out of {steps}",
+                hint=f"raise strength to at least {1 / steps:.3g} or use more steps",
+            )
         self._begin = self._index = begin
         self._reset()
 
@@ -128,8 +138,10 @@ class Scheduler:
             raise RuntimeError(f"{self.name}: all {len(self.timesteps)} steps have run; call set_timesteps again")
         expected = self._all_timesteps[self._index]
         if not np.isclose(float(np.asarray(t).reshape(-1)[0]), float(expected), rtol=0, atol=1e-3):
-            raise ValueError(f"{self.name}: step {self._index - self._begin} expects timestep {float(expected)}, got {t!r}; "
-                             "steps must follow sched.timesteps in order")
+            raise ValueError(
+                f"{self.name}: step {self._index - self._begin} expects timestep {float(expected)}, got {t!r}; "
+                "steps must follow sched.timesteps in order"
+            )
 
     def _lookup_index(self, t: float) -> int:
         """Position of `t` in the schedule: the current one if it matches (img2img's first step), else the first

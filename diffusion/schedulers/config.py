@@ -76,8 +76,10 @@ class SchedulerConfig:
     def parse(cls, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> SchedulerConfig:
         """`config` over `defaults` over the dataclass's defaults; unknown keys are kept in `extra`, unused."""
         if not isinstance(config, Mapping):
-            raise ConfigError(f"a scheduler config must be a mapping, not {type(config).__name__}",
-                              hint="pass the content of the model's scheduler/scheduler_config.json")
+            raise ConfigError(
+                f"a scheduler config must be a mapping, not {type(config).__name__}",
+                hint="pass the content of the model's scheduler/scheduler_config.json",
+            )
         known = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
         values = dict(defaults or {})
         extra = {}
@@ -90,7 +92,9 @@ class SchedulerConfig:
         try:
             values = {k: _coerce(k, v, str(known[k].type)) for k, v in values.items()}  # str: postponed annotations
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"scheduler config: {e}", hint="check the model's scheduler/scheduler_config.json") from None
+            raise ConfigError(
+                f"scheduler config: {e}", hint="check the model's scheduler/scheduler_config.json"
+            ) from None
         return cls(**values, extra=extra)
 
     def replace(self, **changes: Any) -> SchedulerConfig:
@@ -128,5 +132,7 @@ def require(cfg: SchedulerConfig, scheduler: str, key: str, allowed: tuple) -> N
     value = getattr(cfg, key)
     if value not in allowed:
         shown = ", ".join(repr(a) for a in allowed)
-        raise ConfigError(f"{scheduler}: {key}={value!r} is not supported (supported: {shown})",
-                          hint="pick another scheduler or change the setting in the scheduler config")
+        raise ConfigError(
+            f"{scheduler}: {key}={value!r} is not supported (supported: {shown})",
+            hint="pick another scheduler or change the setting in the scheduler config",
+        )

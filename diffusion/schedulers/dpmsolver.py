@@ -75,7 +75,7 @@ class DPMSolverMultistepScheduler(Scheduler):
         few_steps = cfg.lower_order_final and n < 15  # higher orders are unstable with few steps
         last_is_first_order = i == n - 1 and (cfg.euler_at_final or few_steps or cfg.final_sigmas_type == "zero")
         second_to_last = i == n - 2 and few_steps
-        self._x0_history = (self._x0_history + [self._x0(model_output, x)])[-cfg.solver_order:]
+        self._x0_history = (self._x0_history + [self._x0(model_output, x)])[-cfg.solver_order :]
         if cfg.algorithm_type == "sde-dpmsolver++":
             noise = self._noise_like(x, noise)
         if cfg.solver_order == 1 or self._lower_order_nums < 1 or last_is_first_order:
@@ -116,8 +116,9 @@ class DPMSolverMultistepScheduler(Scheduler):
         h = l_t - l_s
         if self.config.algorithm_type == "dpmsolver++":
             return s_t / s_s * x - a_t * (np.exp(-h) - 1.0) * x0
-        return (s_t / s_s * np.exp(-h) * x + a_t * (1 - np.exp(-2.0 * h)) * x0
-                + s_t * np.sqrt(1.0 - np.exp(-2 * h)) * noise)
+        return (
+            s_t / s_s * np.exp(-h) * x + a_t * (1 - np.exp(-2.0 * h)) * x0 + s_t * np.sqrt(1.0 - np.exp(-2 * h)) * noise
+        )
 
     def _second_order(self, x, noise):
         (a_t, s_t, l_t), (_, s_s0, l_s0), (_, _, l_s1) = self._lambdas(1, 0, -1)
@@ -145,8 +146,12 @@ class DPMSolverMultistepScheduler(Scheduler):
         d1_0, d1_1 = (1.0 / r0) * (m0 - m1), (1.0 / r1) * (m1 - m2)
         d1 = d1_0 + r0 / (r0 + r1) * (d1_0 - d1_1)
         d2 = 1.0 / (r0 + r1) * (d1_0 - d1_1)
-        return (s_t / s_s0 * x - a_t * (np.exp(-h) - 1.0) * m0 + a_t * ((np.exp(-h) - 1.0) / h + 1.0) * d1
-                - a_t * ((np.exp(-h) - 1.0 + h) / h**2 - 0.5) * d2)
+        return (
+            s_t / s_s0 * x
+            - a_t * (np.exp(-h) - 1.0) * m0
+            + a_t * ((np.exp(-h) - 1.0) / h + 1.0) * d1
+            - a_t * ((np.exp(-h) - 1.0 + h) / h**2 - 0.5) * d2
+        )
 
 
 def _alpha_sigma(sigma: np.float32) -> tuple[np.float32, np.float32]:

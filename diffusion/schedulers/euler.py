@@ -72,8 +72,10 @@ class EulerDiscreteScheduler(SigmaScheduler):
         require(cfg, self.name, "use_beta_sigmas", (False,))
         require(cfg, self.name, "final_sigmas_type", ("zero", "sigma_min"))
         if cfg.use_karras_sigmas and cfg.use_exponential_sigmas:
-            raise ConfigError(f"{self.name}: use_karras_sigmas and use_exponential_sigmas exclude each other",
-                              hint="set one of them to false")
+            raise ConfigError(
+                f"{self.name}: use_karras_sigmas and use_exponential_sigmas exclude each other",
+                hint="set one of them to false",
+            )
 
     def _timesteps_for(self, steps):
         cfg = self.config

@@ -19,7 +19,13 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
     def __init__(self, config=None, rng=None):
         super().__init__(config, rng)
         cfg = self.config
-        for flag in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"):
+        for flag in (
+            "use_karras_sigmas",
+            "use_exponential_sigmas",
+            "use_beta_sigmas",
+            "invert_sigmas",
+            "stochastic_sampling",
+        ):
             require(cfg, self.name, flag, (False,))
         require(cfg, self.name, "time_shift_type", ("exponential", "linear"))
         n = cfg.num_train_timesteps
@@ -32,13 +38,21 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         self._mu: float | None = None
         self._custom_sigmas: np.ndarray | None = None
 
-    def set_timesteps(self, steps: int, strength: float = 1.0, *, mu: float | None = None,
-                      sigmas: np.ndarray | list[float] | None = None) -> None:
+    def set_timesteps(
+        self,
+        steps: int,
+        strength: float = 1.0,
+        *,
+        mu: float | None = None,
+        sigmas: np.ndarray | list[float] | None = None,
+    ) -> None:
         """`mu` is the resolution-dependent shift (log of the shift factor) that `use_dynamic_shifting` configs need:
         see `dynamic_shift_mu`. `sigmas` replaces the evenly spaced ones (Flux's pipeline passes linspace(1, 1/steps))."""
         if self.config.use_dynamic_shifting and mu is None:
-            raise ConfigError(f"{self.name}: this config shifts sigmas by image size (use_dynamic_shifting): pass mu",
-                              hint="mu = dynamic_shift_mu(config, image_seq_len) with image_seq_len = (h // 16) * (w // 16)")
+            raise ConfigError(
+                f"{self.name}: this config shifts sigmas by image size (use_dynamic_shifting): pass mu",
+                hint="mu = dynamic_shift_mu(config, image_seq_len) with image_seq_len = (h // 16) * (w // 16)",
+            )
         if sigmas is not None and len(sigmas) != steps:
             raise ConfigError(f"{len(sigmas)} sigmas given for {steps} steps", hint="give one sigma per step")
         self._mu = mu

@@ -15,8 +15,13 @@ from .noise_schedule import clip_or_threshold
 
 class LCMScheduler(AlphaScheduler):
     name = "LCMScheduler"
-    defaults = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
-                "timestep_spacing": "leading", "set_alpha_to_one": True}
+    defaults = {
+        "beta_start": 0.00085,
+        "beta_end": 0.012,
+        "beta_schedule": "scaled_linear",
+        "timestep_spacing": "leading",
+        "set_alpha_to_one": True,
+    }
     _SIGMA_DATA = 0.5
 
     def __init__(self, config=None, rng=None):
@@ -28,16 +33,21 @@ class LCMScheduler(AlphaScheduler):
         `strength` and spreads all `steps` over what is left, instead of cutting the schedule."""
         original = self.config.original_inference_steps
         if original > self.config.num_train_timesteps:
-            raise ConfigError(f"original_inference_steps {original} exceeds num_train_timesteps",
-                              hint="fix the scheduler config")
+            raise ConfigError(
+                f"original_inference_steps {original} exceeds num_train_timesteps", hint="fix the scheduler config"
+            )
         k = self.config.num_train_timesteps // original
         candidates = np.arange(1, int(original * strength) + 1) * k - 1
         if steps > original:
-            raise ConfigError(f"LCM runs at most original_inference_steps={original} steps, not {steps}",
-                              hint=f"use {original} steps or fewer (LCM needs only 2 to 8)")
+            raise ConfigError(
+                f"LCM runs at most original_inference_steps={original} steps, not {steps}",
+                hint=f"use {original} steps or fewer (LCM needs only 2 to 8)",
+            )
         if len(candidates) // steps < 1:
-            raise ConfigError(f"strength {strength} leaves {len(candidates)} LCM timesteps, fewer than {steps} steps",
-                              hint=f"use at most {len(candidates)} steps or raise strength")
+            raise ConfigError(
+                f"strength {strength} leaves {len(candidates)} LCM timesteps, fewer than {steps} steps",
+                hint=f"use at most {len(candidates)} steps or raise strength",
+            )
         picks = np.floor(np.linspace(0, len(candidates), num=steps, endpoint=False)).astype(np.int64)
         return candidates[::-1][picks], 0
 

@@ -22,8 +22,9 @@ def train_betas(cfg: SchedulerConfig) -> np.ndarray:
     if cfg.trained_betas is not None:
         betas = np.asarray(cfg.trained_betas, dtype=F32)
         if betas.shape != (n,):
-            raise ConfigError(f"trained_betas has {betas.size} values but num_train_timesteps is {n}",
-                              hint="fix the scheduler config")
+            raise ConfigError(
+                f"trained_betas has {betas.size} values but num_train_timesteps is {n}", hint="fix the scheduler config"
+            )
     elif cfg.beta_schedule == "linear":
         betas = np.linspace(cfg.beta_start, cfg.beta_end, n).astype(F32)
     elif cfg.beta_schedule == "scaled_linear":
@@ -31,8 +32,10 @@ def train_betas(cfg: SchedulerConfig) -> np.ndarray:
     elif cfg.beta_schedule == "squaredcos_cap_v2":
         betas = _cosine_betas(n)
     else:
-        raise ConfigError(f"beta_schedule {cfg.beta_schedule!r} is not supported",
-                          hint="use 'linear', 'scaled_linear' or 'squaredcos_cap_v2'")
+        raise ConfigError(
+            f"beta_schedule {cfg.beta_schedule!r} is not supported",
+            hint="use 'linear', 'scaled_linear' or 'squaredcos_cap_v2'",
+        )
     if cfg.rescale_betas_zero_snr:
         betas = _rescale_zero_terminal_snr(betas)
     return betas

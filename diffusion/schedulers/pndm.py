@@ -25,8 +25,10 @@ class PNDMScheduler(AlphaScheduler):
     def _timesteps_for(self, steps: int) -> np.ndarray:
         cfg = self.config
         if not cfg.skip_prk_steps and steps < self._RK:
-            raise ConfigError(f"{self.name} with Runge-Kutta warm-up (skip_prk_steps false) needs at least {self._RK} steps",
-                              hint=f"use {self._RK} or more steps, or set skip_prk_steps")
+            raise ConfigError(
+                f"{self.name} with Runge-Kutta warm-up (skip_prk_steps false) needs at least {self._RK} steps",
+                hint=f"use {self._RK} or more steps, or set skip_prk_steps",
+            )
         cfg_n = cfg.num_train_timesteps
         if cfg.timestep_spacing == "linspace":
             ascending = np.linspace(0, cfg_n - 1, steps).round().astype(np.int64)
@@ -40,7 +42,7 @@ class PNDMScheduler(AlphaScheduler):
             plms = np.concatenate([ascending[:-1], ascending[-2:-1], ascending[-1:]])[::-1]
         else:
             half = cfg_n // steps // 2
-            prk = np.repeat(ascending[-self._RK:], 2) + np.tile([0, half], self._RK)
+            prk = np.repeat(ascending[-self._RK :], 2) + np.tile([0, half], self._RK)
             self._prk = np.repeat(prk[:-1], 2)[1:-1][::-1]
             plms = ascending[:-3][::-1]
         return np.concatenate([self._prk, plms]).astype(np.int64)

@@ -51,17 +51,21 @@ def installed(tmp_path_factory):
     """A distribution installed into a folder on sys.path: its module, and a real .dist-info whose entry_points.txt
     names it in the enginefarm.backends group (what `pip install` of an outside backend leaves)."""
     root = tmp_path_factory.mktemp("site")
-    (root / "ef_outside_backend.py").write_text(textwrap.dedent("""
+    (root / "ef_outside_backend.py").write_text(
+        textwrap.dedent("""
         from tests.toy_backend import Toy
 
         class Outside(Toy):
             name = "outside"
             install = "pip install ef-outside-backend"
-    """))
+    """)
+    )
     info = root / "ef_outside_backend-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ef-outside-backend\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\noutside = ef_outside_backend:Outside\nonnxruntime = ef_outside_backend:Outside\n")
+    (info / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\noutside = ef_outside_backend:Outside\nonnxruntime = ef_outside_backend:Outside\n"
+    )
     sys.path.insert(0, str(root))
     yield root
     sys.path.remove(str(root))
@@ -75,7 +79,9 @@ def test_an_installed_entry_point_adds_a_backend_and_never_replaces_a_built_in(i
     assert "takes the built-in backend name 'onnxruntime'" in caplog.text
     assert type(get_backend("onnxruntime")).__module__ == "enginefarm.backends.onnxruntime"  # found without the scan
     backend = get_backend("outside")
-    assert type(backend).__name__ == "Outside" and get_backend("outside") is backend  # one object, as a module's BACKEND
+    assert (
+        type(backend).__name__ == "Outside" and get_backend("outside") is backend
+    )  # one object, as a module's BACKEND
     monkeypatch.setenv("ENGINEFARM_BACKENDS", "outside=tests.toy_backend")  # the variable wins over the entry point
     assert registry()["outside"] == "tests.toy_backend"
 

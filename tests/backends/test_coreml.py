@@ -73,14 +73,19 @@ def test_cli_build_stores_an_inspectable_package_per_precision(tiny_recipe, cli,
     for key in read_index(store, "tiny-sd").entries:
         manifest = read_manifest(store, key)
         # the package, and golden samples for the first Mac that loads it to check it on (runner/golden_check.py)
-        assert [(f.path, f.role) for f in manifest.files] == [("model.mlpackage.tar", "model"), ("golden.safetensors", "golden")]
+        assert [(f.path, f.role) for f in manifest.files] == [
+            ("model.mlpackage.tar", "model"),
+            ("golden.safetensors", "golden"),
+        ]
         assert manifest.validation["golden"]["cases"] == ["min", "opt", "max"]
         assert manifest.options == {"shapes": "range", "deployment_target": "macOS13"}
         assert manifest.constraints == {"os": ["darwin"], "macos": ">=13"}
         assert manifest.validation["passed"] is True and manifest.validation["executed"] is False
         assert "macOS" in manifest.validation["why"] and "torch module" in manifest.validation["ran_instead"]
         assert {c["case"] for c in manifest.validation["checks"]} == {"min", "opt", "max"}
-        assert manifest.benchmarks == () and manifest.provenance["benchmark"].startswith("skipped: Core ML runs only on macOS")
+        assert manifest.benchmarks == () and manifest.provenance["benchmark"].startswith(
+            "skipped: Core ML runs only on macOS"
+        )
         folder = cache.fetch(store, manifest)
         specs[manifest.precision] = _package_summary(folder / "model.mlpackage.tar", tmp_path / manifest.precision)
         assert not (folder / "model.mlpackage").exists()  # extraction happens at load, from the verified tar
@@ -104,7 +109,9 @@ def test_enumerated_shapes_option_is_in_the_spec_and_the_key(tiny_sd, write_reci
     text = (Path(__file__).parents[1] / "conftest.py").read_text().split('TINY_RECIPE = """')[1].split('"""')[0]
     base = text.format(precisions='["fp32"]', targets='["coreml:apple"]').replace("{{", "{").replace("}}", "}")
     ranged = _plan_one(write_recipe(base, "ranged.toml"), tmp_path)
-    enumerated = _plan_one(write_recipe(base + '\n[components.decoder.options.coreml]\nshapes = "enumerated"\n', "enum.toml"), tmp_path)
+    enumerated = _plan_one(
+        write_recipe(base + '\n[components.decoder.options.coreml]\nshapes = "enumerated"\n', "enum.toml"), tmp_path
+    )
     assert enumerated.options["shapes"] == "enumerated" and ranged.options["shapes"] == "range"
     assert enumerated.key(enumerated.toolchain()) != ranged.key(ranged.toolchain())
 
@@ -214,7 +221,9 @@ def test_loading_off_macos_says_why(tmp_path):
         coreml.BACKEND.load(tmp_path, None, "apple")
 
 
-@pytest.mark.parametrize("key,value,reason", [("shape", "range", "unknown key"), ("shapes", "ragged", "unknown value 'ragged'")])
+@pytest.mark.parametrize(
+    "key,value,reason", [("shape", "range", "unknown key"), ("shapes", "ragged", "unknown value 'ragged'")]
+)
 def test_bad_coreml_options_name_file_key_and_reason(tiny_recipe, key, value, reason):
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.errors import RecipeError
@@ -255,14 +264,30 @@ def test_the_spec_check_names_what_does_not_match_the_manifest():
 
     from enginefarm.backends.coreml import _check_spec
 
-    manifest = SimpleNamespace(io={"inputs": [{"name": "latent"}], "outputs": [{"name": "sample"}]},
-                               profile={"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}})
-    good = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "ranges": [[1, 2], [4, 4], [8, 32], [8, 32]]}], "outputs": ["sample"]}
+    manifest = SimpleNamespace(
+        io={"inputs": [{"name": "latent"}], "outputs": [{"name": "sample"}]},
+        profile={"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}},
+    )
+    good = {
+        "inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "ranges": [[1, 2], [4, 4], [8, 32], [8, 32]]}],
+        "outputs": ["sample"],
+    }
     assert _check_spec(good, manifest) == []
-    narrow = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "ranges": [[1, 1], [4, 4], [8, 32], [8, 32]]}], "outputs": ["out"]}
-    assert _check_spec(narrow, manifest) == ["outputs ['out'] != ['sample']", "input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"]
-    enumerated = {"inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "enumerated": [[1, 4, 16, 16], [1, 4, 8, 8]]}], "outputs": ["sample"]}
-    assert _check_spec(enumerated, manifest) == ["input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"]
+    narrow = {
+        "inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "ranges": [[1, 1], [4, 4], [8, 32], [8, 32]]}],
+        "outputs": ["out"],
+    }
+    assert _check_spec(narrow, manifest) == [
+        "outputs ['out'] != ['sample']",
+        "input 'latent' does not accept the profile's max shape [2, 4, 32, 32]",
+    ]
+    enumerated = {
+        "inputs": [{"name": "latent", "shape": [1, 4, 16, 16], "enumerated": [[1, 4, 16, 16], [1, 4, 8, 8]]}],
+        "outputs": ["sample"],
+    }
+    assert _check_spec(enumerated, manifest) == [
+        "input 'latent' does not accept the profile's max shape [2, 4, 32, 32]"
+    ]
 
 
 def test_run_on_linux_with_only_coreml_stored_is_one_line_with_the_right_hint(tiny_recipe, cli):

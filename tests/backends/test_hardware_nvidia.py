@@ -33,7 +33,9 @@ def reference(model, latent, weights=None):
     for init in proto.graph.initializer:
         if weights and init.name in weights:
             init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
-    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"latent": latent})[0]
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"latent": latent}
+    )[0]
 
 
 def cosine(a, b) -> float:
@@ -46,10 +48,15 @@ def test_tensorrt_builds_validates_and_runs_on_this_gpu(tiny_recipe, tiny_sd, cl
     target = f"tensorrt:{gpu_arch()}"
     cli("build", str(tiny_recipe(precisions=(precision,), targets=(target,))), check=True)
     session = enginefarm.load("tiny-sd/decoder", precision=precision, device="nvidia", target=target)
-    assert session.artifact.validation["passed"] and session.artifact.benchmarks[0]["device"]["class"] == f"nvidia-{gpu_arch()}"
+    assert (
+        session.artifact.validation["passed"]
+        and session.artifact.benchmarks[0]["device"]["class"] == f"nvidia-{gpu_arch()}"
+    )
     latent = np.random.default_rng(0).uniform(-3, 3, (2, 4, 32, 32)).astype(np.float32)
     assert cosine(session.run({"latent": latent})["sample"], reference(tiny_sd, latent)) > 0.995
-    assert LocalStore(tmp_path / "store").list_cache_objects(f"tensorrt-timing/{gpu_arch()}")  # the timing cache was kept
+    assert LocalStore(tmp_path / "store").list_cache_objects(
+        f"tensorrt-timing/{gpu_arch()}"
+    )  # the timing cache was kept
 
 
 def test_tensorrt_ampere_plus_version_compatible_refittable(tiny_recipe, tiny_sd, cli, tmp_path):
@@ -59,7 +66,9 @@ def test_tensorrt_ampere_plus_version_compatible_refittable(tiny_recipe, tiny_sd
     if int(gpu_arch()[3:-1]) < 8:
         pytest.skip("ampere+ plans need compute capability 8.0 or newer")
     path = tiny_recipe(precisions=("fp32",), targets=("tensorrt:ampere+",))
-    path.write_text(path.read_text() + "\n[components.decoder.options.tensorrt]\nversion_compatible = true\nrefittable = true\n")
+    path.write_text(
+        path.read_text() + "\n[components.decoder.options.tensorrt]\nversion_compatible = true\nrefittable = true\n"
+    )
     cli("build", str(path), check=True)
     session = enginefarm.load("tiny-sd/decoder", device="nvidia", target="tensorrt:ampere+")
     from enginefarm.backends import get_backend

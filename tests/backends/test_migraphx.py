@@ -63,7 +63,9 @@ def test_build_on_a_matching_gpu_passes_profile_bounds_fp16_and_runs_validation(
     assert len(calls("quantize_fp16")) == 1  # only the fp16 job
     compiles = calls("compile")
     assert {(c["target"], c["gfx"], c["offload_copy"]) for c in compiles} == {("gpu", "gfx1100", True)}
-    assert {c["env"]["HIP_VISIBLE_DEVICES"] for c in compiles} == {"1"} and {c["env"]["HSA_OVERRIDE_GFX_VERSION"] for c in compiles} == {None}
+    assert {c["env"]["HIP_VISIBLE_DEVICES"] for c in compiles} == {"1"} and {
+        c["env"]["HSA_OVERRIDE_GFX_VERSION"] for c in compiles
+    } == {None}
     assert {(Path(c["filename"]).name, c["format"]) for c in calls("save")} == {("model.mxr", "msgpack")}
     assert {c["format"] for c in calls("load")} == {"msgpack"}
     # The session hands every input over as a migraphx.argument of the manifest's dtype, at each profile corner.
@@ -92,10 +94,17 @@ def test_cross_compile_for_a_gfx_the_host_lacks(fake_rocm, tiny_recipe, cli):
     assert calls("run") == []  # nothing here can run a gfx1100 program
     manifest = _manifests(Path(os.environ["ENGINEFARM_STORE"]))[("migraphx:gfx1100", "fp16")]
     golden = manifest["validation"].pop("golden")  # checked on the first gfx1100 that loads it (runner/golden_check.py)
-    assert {k: v for k, v in manifest["validation"].items() if k != "settings"} == {"passed": None, "executed": False,
-                                      "why": "no gfx1100 GPU here (found gfx1030): builds are cross-compiled and not run"}
-    assert golden["cases"] == ["min", "opt", "max"] and ("golden.safetensors", "golden") in [(f["path"], f["role"]) for f in manifest["files"]]
-    assert manifest["benchmarks"] == [] and manifest["provenance"]["benchmark"].startswith("skipped: no gfx1100 GPU here")
+    assert {k: v for k, v in manifest["validation"].items() if k != "settings"} == {
+        "passed": None,
+        "executed": False,
+        "why": "no gfx1100 GPU here (found gfx1030): builds are cross-compiled and not run",
+    }
+    assert golden["cases"] == ["min", "opt", "max"] and ("golden.safetensors", "golden") in [
+        (f["path"], f["role"]) for f in manifest["files"]
+    ]
+    assert manifest["benchmarks"] == [] and manifest["provenance"]["benchmark"].startswith(
+        "skipped: no gfx1100 GPU here"
+    )
     assert "cross-compiled for gfx1100 on gfx1030" in manifest["provenance"]["build_notes"]["migraphx"]
 
 
@@ -127,7 +136,10 @@ def test_an_sdk_crash_fails_only_its_job(fake_rocm, tiny_recipe, cli, monkeypatc
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("gfx,version", [("gfx1100", "11.0.0"), ("gfx1030", "10.3.0"), ("gfx90a", "9.0.10"), ("gfx942", "9.4.2"), ("gfx1201", "12.0.1")])
+@pytest.mark.parametrize(
+    "gfx,version",
+    [("gfx1100", "11.0.0"), ("gfx1030", "10.3.0"), ("gfx90a", "9.0.10"), ("gfx942", "9.4.2"), ("gfx1201", "12.0.1")],
+)
 def test_gfx_names_map_to_hsa_override_versions(gfx, version):
     from enginefarm.backends.migraphx import gfx_version
 
@@ -140,7 +152,10 @@ def test_availability_says_why(fake_rocm, monkeypatch):
     set_gpus, _ = fake_rocm
     set_gpus("gfx1100")
     assert migraphx.BACKEND.available("gfx1100") == migraphx.Availability(True, True)
-    assert migraphx.BACKEND.available("gfx942").reason == "no gfx942 GPU here (found gfx1100): builds are cross-compiled and not run"
+    assert (
+        migraphx.BACKEND.available("gfx942").reason
+        == "no gfx942 GPU here (found gfx1100): builds are cross-compiled and not run"
+    )
     set_gpus("")
     assert "no AMD GPU to compile on: rocminfo lists no gfx agent" in migraphx.BACKEND.available("gfx1100").reason
 
@@ -155,7 +170,9 @@ def test_without_the_sdk_doctor_and_plan_point_to_rocm_not_pip(cli, tiny_recipe)
     here = coreml.BACKEND.available("apple")
     if here.can_build and not here.can_load:
         assert "build only: Core ML runs only on macOS" in text
-    rows = json.loads(cli("plan", str(tiny_recipe(targets=("migraphx:gfx1100",))), "--format", "json", check=True).stdout)
+    rows = json.loads(
+        cli("plan", str(tiny_recipe(targets=("migraphx:gfx1100",))), "--format", "json", check=True).stdout
+    )
     assert rows[0]["status"].startswith("unavailable here: migraphx is not installed")
 
 

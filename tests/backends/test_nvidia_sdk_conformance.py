@@ -51,24 +51,52 @@ def models(tmp_path_factory):
 
 
 def spec(models, tmp_path, precision="fp16", capabilities=(), **options) -> BuildSpec:
-    return BuildSpec(sdk="tensorrt_rtx", onnx=str(models[precision]), plan=str(tmp_path / "model.plan"), profile=PROFILE,
-                     precision=precision, strip_weights=options.get("strip_weights", False), refittable=options.get("refittable", False),
-                     compute_capabilities=list(capabilities), progress=options.get("progress"))
+    return BuildSpec(
+        sdk="tensorrt_rtx",
+        onnx=str(models[precision]),
+        plan=str(tmp_path / "model.plan"),
+        profile=PROFILE,
+        precision=precision,
+        strip_weights=options.get("strip_weights", False),
+        refittable=options.get("refittable", False),
+        compute_capabilities=list(capabilities),
+        progress=options.get("progress"),
+    )
 
 
 def test_enums_and_their_values(rtx):
     members = lambda e: {name: int(value) for name, value in e.__members__.items()}  # noqa: E731
     assert rtx.__version__ == "1.7.1.116"
-    assert members(rtx.ComputeCapability) == {"NONE": 0, "CURRENT": 1, "SM75": 75, "SM80": 80, "SM86": 86, "SM89": 89, "SM120": 120, "SM121": 121}
+    assert members(rtx.ComputeCapability) == {
+        "NONE": 0,
+        "CURRENT": 1,
+        "SM75": 75,
+        "SM80": 80,
+        "SM86": 86,
+        "SM89": 89,
+        "SM120": 120,
+        "SM121": 121,
+    }
     assert members(rtx.EngineValidity) == {"VALID": 0, "SUBOPTIMAL": 1, "INVALID": 2}
-    assert members(rtx.EngineInvalidityDiagnostics) == {"VERSION_MISMATCH": 1, "UNSUPPORTED_CC": 2, "OLD_CUDA_DRIVER": 4, "OLD_CUDA_RUNTIME": 8,
-                                                         "INSUFFICIENT_GPU_MEMORY": 16, "MALFORMED_ENGINE": 32, "CUDA_ERROR": 64}
+    assert members(rtx.EngineInvalidityDiagnostics) == {
+        "VERSION_MISMATCH": 1,
+        "UNSUPPORTED_CC": 2,
+        "OLD_CUDA_DRIVER": 4,
+        "OLD_CUDA_RUNTIME": 8,
+        "INSUFFICIENT_GPU_MEMORY": 16,
+        "MALFORMED_ENGINE": 32,
+        "CUDA_ERROR": 64,
+    }
     assert members(rtx.ILogger.Severity) == {"INTERNAL_ERROR": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "VERBOSE": 4}
     assert int(rtx.Logger.WARNING) == 2 and int(rtx.Logger.ERROR) == 1
     assert members(rtx.NetworkDefinitionCreationFlag) == {"STRONGLY_TYPED": 0}  # always explicit batch
     flags = members(rtx.BuilderFlag)
-    assert {k: flags[k] for k in ("REFIT", "VERSION_COMPATIBLE", "STRIP_PLAN", "REFIT_IDENTICAL")} == \
-        {"REFIT": 4, "VERSION_COMPATIBLE": 12, "STRIP_PLAN": 18, "REFIT_IDENTICAL": 19}
+    assert {k: flags[k] for k in ("REFIT", "VERSION_COMPATIBLE", "STRIP_PLAN", "REFIT_IDENTICAL")} == {
+        "REFIT": 4,
+        "VERSION_COMPATIBLE": 12,
+        "STRIP_PLAN": 18,
+        "REFIT_IDENTICAL": 19,
+    }
     assert not {"FP16", "BF16", "INT8"} & set(flags)  # precision comes from the strongly typed network only
     assert members(rtx.TensorIOMode) == {"NONE": 0, "INPUT": 1, "OUTPUT": 2}
 
@@ -93,25 +121,34 @@ def test_builds_for_named_capabilities_without_a_gpu(rtx, models, tmp_path):
     assert (tmp_path / "model.plan").stat().st_size > 1000 and not logger.errors
     steps = [json.loads(line) for line in progress.read_text().splitlines()]
     assert steps[-1]["done"] == steps[-1]["total"] >= 1  # the progress monitor saw the build through
-    build_plan(rtx, spec(models, tmp_path, precision="fp32"), capturing_logger(rtx))  # the SDK's default: SM86 and later
+    build_plan(
+        rtx, spec(models, tmp_path, precision="fp32"), capturing_logger(rtx)
+    )  # the SDK's default: SM86 and later
 
 
 @pytest.mark.parametrize("options", [{"strip_weights": True}, {"refittable": True}])
 def test_weight_stripping_and_refit_need_a_gpu(rtx, models, tmp_path, options):
-    with pytest.raises(SdkError, match=r"^build_serialized_network failed: .*MyelinCheckException: graph_jit.cpp:278: CHECK\(status == CUDA_SUCCESS\)"):
+    with pytest.raises(
+        SdkError,
+        match=r"^build_serialized_network failed: .*MyelinCheckException: graph_jit.cpp:278: CHECK\(status == CUDA_SUCCESS\)",
+    ):
         build_plan(rtx, spec(models, tmp_path, **options), capturing_logger(rtx))
     assert not (tmp_path / "model.plan").exists()
 
 
 def test_fp32_gemm_for_turing_is_refused_fp16_is_not(rtx, models, tmp_path):
-    with pytest.raises(SdkError, match=r"Cannot compile operation 'node_of_\S+' for Turing \(SM75\): FP32 GEMM is not supported"):
+    with pytest.raises(
+        SdkError, match=r"Cannot compile operation 'node_of_\S+' for Turing \(SM75\): FP32 GEMM is not supported"
+    ):
         build_plan(rtx, spec(models, tmp_path, precision="fp32", capabilities=("SM75",)), capturing_logger(rtx))
     build_plan(rtx, spec(models, tmp_path, precision="fp16", capabilities=("SM75",)), capturing_logger(rtx))
     assert (tmp_path / "model.plan").is_file()
 
 
 def test_our_build_stops_where_set_compute_capability_says_no(rtx, models, tmp_path):
-    with pytest.raises(SdkError, match=r"^set_compute_capability\(NONE, 0\) was refused: .*Compute capability cannot be kNONE"):
+    with pytest.raises(
+        SdkError, match=r"^set_compute_capability\(NONE, 0\) was refused: .*Compute capability cannot be kNONE"
+    ):
         build_plan(rtx, spec(models, tmp_path, capabilities=("NONE",)), capturing_logger(rtx))
     assert not (tmp_path / "model.plan").exists()
 
@@ -129,10 +166,19 @@ def test_the_runtime_without_a_gpu_cannot_check_or_load_a_good_plan(rtx, models,
     size = runtime.engine_header_size
     assert isinstance(size, int) and 0 < size < len(data)
     validity, diagnostics = runtime.get_engine_validity(memoryview(data)[:size])
-    assert (validity, int(diagnostics)) == (rtx.EngineValidity.INVALID, 0)  # not "bad plan": it cannot tell without a GPU
+    assert (validity, int(diagnostics)) == (
+        rtx.EngineValidity.INVALID,
+        0,
+    )  # not "bad plan": it cannot tell without a GPU
     validity, diagnostics = runtime.get_engine_validity(memoryview(b"\x00" * size))
-    assert validity == rtx.EngineValidity.INVALID and int(diagnostics) & int(rtx.EngineInvalidityDiagnostics.MALFORMED_ENGINE)
+    assert validity == rtx.EngineValidity.INVALID and int(diagnostics) & int(
+        rtx.EngineInvalidityDiagnostics.MALFORMED_ENGINE
+    )
     assert runtime.deserialize_cuda_engine(data) is None
     assert "cudaError 35" in logger.last_error()
-    with pytest.raises(BackendUnavailable, match=r"the tiny decoder: the plan is not valid on this system \(diagnostics 0\)"):
-        deserialize(rtx, data, "the tiny decoder")  # our loader asks first, and never deserializes what the SDK calls invalid
+    with pytest.raises(
+        BackendUnavailable, match=r"the tiny decoder: the plan is not valid on this system \(diagnostics 0\)"
+    ):
+        deserialize(
+            rtx, data, "the tiny decoder"
+        )  # our loader asks first, and never deserializes what the SDK calls invalid

@@ -23,7 +23,9 @@ from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, R
 from tests.conftest import TINY_RECIPE
 
 
-def recipe(write_recipe, tiny_sd, targets=("tensorrt:sm_89",), precisions=("fp16",), options: str = "", backend="tensorrt"):
+def recipe(
+    write_recipe, tiny_sd, targets=("tensorrt:sm_89",), precisions=("fp16",), options: str = "", backend="tensorrt"
+):
     as_toml = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
     text = TINY_RECIPE.format(precisions=as_toml(precisions), targets=as_toml(targets))
     if options:
@@ -50,7 +52,9 @@ def unpacked(tmp_path, store, manifest) -> Path:
     return cache.verified_dir(manifest.build_key)
 
 
-def test_build_asks_for_the_profile_of_each_input_strongly_typed_and_stripped(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+def test_build_asks_for_the_profile_of_each_input_strongly_typed_and_stripped(
+    fake_nvidia, write_recipe, tiny_sd, tmp_path
+):
     (job,) = jobs_of(recipe(write_recipe, tiny_sd), tmp_path)
     result, _ = build_one(job, tmp_path)
     assert result.status == "built", result.reason
@@ -64,7 +68,12 @@ def test_build_asks_for_the_profile_of_each_input_strongly_typed_and_stripped(fa
     assert parsed["path"].endswith("prepared-fp16.onnx")
     manifest = result.manifest
     assert {f.path: f.role for f in manifest.files} == {"model.plan": "engine", "weights.onnx": "weights"}
-    assert manifest.options == {"strip_weights": True, "refittable": False, "version_compatible": False, "weight_streaming": False}
+    assert manifest.options == {
+        "strip_weights": True,
+        "refittable": False,
+        "version_compatible": False,
+        "weight_streaming": False,
+    }
     assert manifest.validation["passed"] and manifest.validation["compute_precision"] == "fp16"
     assert manifest.constraints["runtime"] == {"tensorrt": "==10.13.0.35"}
     assert manifest.constraints["engine"]["arch"] == "sm_89"
@@ -115,7 +124,7 @@ def test_timing_cache_is_fetched_combined_and_published_write_once(fake_nvidia, 
 
     assert build(second, store, tmp_path / "work", bench=False).status == "built"
     (combined,) = fake_nvidia.calls("timing_cache_combine")
-    assert combined["entries"] == json.loads(data[len(b"FAKETIMING"):])  # the first build's measurements, merged
+    assert combined["entries"] == json.loads(data[len(b"FAKETIMING") :])  # the first build's measurements, merged
     assert combined["ignore_mismatch"] is False
     assert len(store.list_cache_objects(prefix)) == 2
     assert store.get_cache_object(published) == data  # never rewritten
@@ -151,7 +160,9 @@ def test_only_the_newest_timing_caches_are_merged(fake_nvidia, write_recipe, tin
 def test_the_timing_cache_is_per_gpu_arch(fake_nvidia, write_recipe, tiny_sd, tmp_path):
     (job,) = jobs_of(recipe(write_recipe, tiny_sd, targets=("tensorrt:ampere+",)), tmp_path)
     store = LocalStore(tmp_path / "store")
-    store.put_cache_object("tensorrt-timing/sm_86/trt-10.13.0.35/" + hashlib.sha256(b'FAKETIMING["x"]').hexdigest(), b'FAKETIMING["x"]')
+    store.put_cache_object(
+        "tensorrt-timing/sm_86/trt-10.13.0.35/" + hashlib.sha256(b'FAKETIMING["x"]').hexdigest(), b'FAKETIMING["x"]'
+    )
     assert build(job, store, tmp_path / "work", bench=False).status == "built"  # built on the 4090 (sm_89)
     assert not fake_nvidia.calls("timing_cache_combine")
     assert store.list_cache_objects("tensorrt-timing/sm_89")
@@ -171,7 +182,9 @@ def test_stripped_plan_is_refitted_from_the_shipped_weights_on_load(fake_nvidia,
     latent = np.random.default_rng(0).uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
     reference = _ort(tiny_sd, latent)
     assert np.allclose(session.run({"latent": latent})["sample"], reference, atol=1e-5)
-    assert session.input_names == ["latent"] and session.output_names == ["sample"] and session.compute_precision == "fp32"
+    assert (
+        session.input_names == ["latent"] and session.output_names == ["sample"] and session.compute_precision == "fp32"
+    )
 
 
 def test_an_invalid_plan_is_never_deserialized(fake_nvidia, write_recipe, tiny_sd, tmp_path):
@@ -195,16 +208,23 @@ def test_without_get_engine_validity_the_plan_still_loads(fake_nvidia, write_rec
     assert session.run({"latent": np.zeros((1, 4, 8, 8), np.float32)})["sample"].shape == (1, 3, 16, 16)
 
 
-def test_a_plan_for_another_tensorrt_or_gpu_is_refused_before_deserializing(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+def test_a_plan_for_another_tensorrt_or_gpu_is_refused_before_deserializing(
+    fake_nvidia, write_recipe, tiny_sd, tmp_path
+):
     (job,) = jobs_of(recipe(write_recipe, tiny_sd), tmp_path)
     result, store = build_one(job, tmp_path)
     folder = unpacked(tmp_path, store, result.manifest)
-    fake_nvidia.set(FAKE_TRT_VERSION="10.14.1.48", FAKE_TRT_NO_VALIDITY="1")  # a newer TensorRT, without get_engine_validity
+    fake_nvidia.set(
+        FAKE_TRT_VERSION="10.14.1.48", FAKE_TRT_NO_VALIDITY="1"
+    )  # a newer TensorRT, without get_engine_validity
     fake_nvidia.clear()
     with pytest.raises(BackendUnavailable, match=r"needs tensorrt ==10.13.0.35, this is 10.14.1.48"):
         get_backend("tensorrt").load(folder, result.manifest, "sm_89")
     fake_nvidia.set(FAKE_TRT_VERSION=None, FAKE_NVML_GPUS="NVIDIA GeForce RTX 3060:8.6")
-    with pytest.raises(BackendUnavailable, match=r"sm_89 needs a matching NVIDIA GPU; this machine has NVIDIA GeForce RTX 3060 \(sm_86\)"):
+    with pytest.raises(
+        BackendUnavailable,
+        match=r"sm_89 needs a matching NVIDIA GPU; this machine has NVIDIA GeForce RTX 3060 \(sm_86\)",
+    ):
         get_backend("tensorrt").load(folder, result.manifest, "sm_89")
     assert not fake_nvidia.calls("deserialize_cuda_engine")
 
@@ -230,7 +250,9 @@ def test_unverified_plan_bytes_are_refused(fake_nvidia, write_recipe, tiny_sd, t
     assert not fake_nvidia.calls("deserialize_cuda_engine") and not fake_nvidia.calls("get_engine_validity")
 
 
-def test_refit_replaces_named_weights_and_keeps_nothing_from_earlier_refits(fake_nvidia, write_recipe, tiny_sd, tmp_path):
+def test_refit_replaces_named_weights_and_keeps_nothing_from_earlier_refits(
+    fake_nvidia, write_recipe, tiny_sd, tmp_path
+):
     import onnx
     from onnx import numpy_helper
 
@@ -256,14 +278,22 @@ def test_refit_needs_a_refittable_plan(fake_nvidia, write_recipe, tiny_sd, tmp_p
     (job,) = jobs_of(recipe(write_recipe, tiny_sd), tmp_path)
     result, store = build_one(job, tmp_path)
     with pytest.raises(ConfigError, match="not built refittable"):
-        get_backend("tensorrt").refit(unpacked(tmp_path, store, result.manifest), result.manifest, {"w": np.zeros(1, np.float32)}, "sm_89")
+        get_backend("tensorrt").refit(
+            unpacked(tmp_path, store, result.manifest), result.manifest, {"w": np.zeros(1, np.float32)}, "sm_89"
+        )
 
 
-@pytest.mark.parametrize("crash,why", [("segfault", "killed by SIGSEGV"), ("exit", "exit code 3"), ("oom", "killed by SIGKILL: out of memory?")])
+@pytest.mark.parametrize(
+    "crash,why",
+    [("segfault", "killed by SIGSEGV"), ("exit", "exit code 3"), ("oom", "killed by SIGKILL: out of memory?")],
+)
 def test_an_sdk_crash_fails_its_job_and_the_farm_goes_on(fake_nvidia, write_recipe, tiny_sd, tmp_path, crash, why):
     fake_nvidia.set(FAKE_TRT_CRASH=crash, FAKE_TRT_CRASH_IF="fp16")
     jobs = jobs_of(recipe(write_recipe, tiny_sd, precisions=("fp16", "fp32")), tmp_path)
-    results = {r.what["precision"]: r for r in run_jobs(jobs, str(tmp_path / "store"), tmp_path / "work", parallel=1, bench=False)}
+    results = {
+        r.what["precision"]: r
+        for r in run_jobs(jobs, str(tmp_path / "store"), tmp_path / "work", parallel=1, bench=False)
+    }
     assert results["fp16"].status == "failed" and why in results["fp16"].reason
     assert results["fp32"].status == "built", results["fp32"].reason
 
@@ -272,13 +302,19 @@ def test_available_says_why_not(fake_nvidia, monkeypatch):
     assert availability(Target("tensorrt", "sm_89")).can_load
     assert availability(Target("tensorrt", "ampere+")).can_build
     wrong = availability(Target("tensorrt", "sm_86"))
-    assert not wrong.can_build and "sm_86 needs a matching NVIDIA GPU; this machine has NVIDIA GeForce RTX 4090 (sm_89)" in wrong.reason
+    assert (
+        not wrong.can_build
+        and "sm_86 needs a matching NVIDIA GPU; this machine has NVIDIA GeForce RTX 4090 (sm_89)" in wrong.reason
+    )
     fake_nvidia.set(FAKE_NVML_GPUS="NVIDIA GeForce GTX 1660:7.5")
     old = availability(Target("tensorrt", "ampere+"))
     assert not old.can_build and "GTX 1660 (sm_75)" in old.reason
     fake_nvidia.set(FAKE_NVML_GPUS="")
     none = availability(Target("tensorrt", "sm_89"))
-    assert not none.can_build and "TensorRT 10.13.0.35 is installed, but NVML did not start: Driver Not Loaded" in none.reason
+    assert (
+        not none.can_build
+        and "TensorRT 10.13.0.35 is installed, but NVML did not start: Driver Not Loaded" in none.reason
+    )
 
 
 def test_without_the_sdk_the_reason_names_nvidias_index_and_the_gpu():
@@ -302,7 +338,9 @@ def test_enginefarm_load_picks_and_runs_the_tensorrt_artifact(fake_nvidia, write
 
 
 def test_plan_and_doctor_explain_a_missing_sdk(write_recipe, tiny_sd, cli):
-    out = cli("plan", str(recipe(write_recipe, tiny_sd, targets=("tensorrt:sm_89", "tensorrt-rtx:ampere+"))), check=True).stdout
+    out = cli(
+        "plan", str(recipe(write_recipe, tiny_sd, targets=("tensorrt:sm_89", "tensorrt-rtx:ampere+"))), check=True
+    ).stdout
     assert "unavailable here: tensorrt is not installed" in " ".join(out.split())
     doctor = " ".join(cli("doctor", check=True).stdout.split())
     assert "NVIDIA's package index" in doctor
@@ -323,9 +361,17 @@ def _ort(model: Path, latent: np.ndarray, weights: dict | None = None) -> np.nda
 
 def test_options_of_one_backend_leave_other_targets_keys_alone(fake_nvidia, write_recipe, tiny_sd, tmp_path):
     targets = ("tensorrt:sm_89", "tensorrt-rtx:ampere+", "onnxruntime:cpu")
-    plain = {str(j.target): j.key(j.toolchain()) for j in jobs_of(recipe(write_recipe, tiny_sd, targets=targets), tmp_path)}
-    tuned = {str(j.target): j for j in jobs_of(recipe(write_recipe, tiny_sd, targets=targets, options="refittable = true"), tmp_path)}
-    assert tuned["onnxruntime:cpu"].options == {} and tuned["onnxruntime:cpu"].key(tuned["onnxruntime:cpu"].toolchain()) == plain["onnxruntime:cpu"]
+    plain = {
+        str(j.target): j.key(j.toolchain()) for j in jobs_of(recipe(write_recipe, tiny_sd, targets=targets), tmp_path)
+    }
+    tuned = {
+        str(j.target): j
+        for j in jobs_of(recipe(write_recipe, tiny_sd, targets=targets, options="refittable = true"), tmp_path)
+    }
+    assert (
+        tuned["onnxruntime:cpu"].options == {}
+        and tuned["onnxruntime:cpu"].key(tuned["onnxruntime:cpu"].toolchain()) == plain["onnxruntime:cpu"]
+    )
     assert tuned["tensorrt-rtx:ampere+"].key(tuned["tensorrt-rtx:ampere+"].toolchain()) == plain["tensorrt-rtx:ampere+"]
     assert tuned["tensorrt:sm_89"].key(tuned["tensorrt:sm_89"].toolchain()) != plain["tensorrt:sm_89"]
 
@@ -365,11 +411,17 @@ def test_stopping_the_farm_stops_a_tensorrt_build_in_progress(fake_nvidia, write
 
     pidfile = tmp_path / "build.pid"
     fake_nvidia.set(FAKE_TRT_CRASH="hang", FAKE_TRT_PIDFILE=str(pidfile))
-    proc = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "build", str(recipe(write_recipe, tiny_sd)), "--no-bench"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enginefarm.cli", "build", str(recipe(write_recipe, tiny_sd)), "--no-bench"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not pidfile.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1] if proc.poll() is not None else "the build never started"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.communicate()[1] if proc.poll() is not None else "the build never started"
+        )
         time.sleep(0.05)
     build = psutil.Process(int(pidfile.read_text()))
     try:

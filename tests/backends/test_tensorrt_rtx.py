@@ -23,8 +23,14 @@ from tests import models
 from tests.backends.test_tensorrt import build_one, jobs_of, recipe, unpacked
 
 CLASSES = {
-    "sm_75": ["SM75"], "sm_86": ["SM86"], "sm_89": ["SM89"], "sm_120": ["SM120"],
-    "turing+": ["SM75", "SM86", "SM89", "SM120", "SM121"], "ampere+": [], "ada+": ["SM89", "SM120", "SM121"], "blackwell+": ["SM120", "SM121"],
+    "sm_75": ["SM75"],
+    "sm_86": ["SM86"],
+    "sm_89": ["SM89"],
+    "sm_120": ["SM120"],
+    "turing+": ["SM75", "SM86", "SM89", "SM120", "SM121"],
+    "ampere+": [],
+    "ada+": ["SM89", "SM120", "SM121"],
+    "blackwell+": ["SM120", "SM121"],
 }
 RUNNERS = """
 [[runner]]
@@ -46,8 +52,10 @@ vram_gb = 24
 def one_model(name: str, target: str, **dims: list[int]) -> str:
     """A recipe for models/NAME.onnx as component `net`, fp32, one target, the profile's dims by name."""
     profile = "\n".join(f"{dim} = {bounds}" for dim, bounds in dims.items())
-    return (f'[model]\nname = "{name}"\nversion = "1"\n[defaults]\nprecisions = ["fp32"]\ntargets = ["{target}"]\n'
-            f'[components.net]\nsource = "models/{name}.onnx"\n[components.net.profiles.default]\n{profile}\n')
+    return (
+        f'[model]\nname = "{name}"\nversion = "1"\n[defaults]\nprecisions = ["fp32"]\ntargets = ["{target}"]\n'
+        f'[components.net]\nsource = "models/{name}.onnx"\n[components.net.profiles.default]\n{profile}\n'
+    )
 
 
 def test_a_recipe_without_options_builds_every_class_on_this_cpu(real_rtx, write_recipe, tiny_sd, tmp_path):
@@ -58,39 +66,50 @@ def test_a_recipe_without_options_builds_every_class_on_this_cpu(real_rtx, write
         result = build(job, store, tmp_path / "work", bench=False)
         assert result.status == "built", result.reason
         manifest = result.manifest
-        assert {f.path: f.role for f in manifest.files if f.role != "golden"} == {"model.plan": "engine"}  # weights embedded
+        assert {f.path: f.role for f in manifest.files if f.role != "golden"} == {
+            "model.plan": "engine"
+        }  # weights embedded
         assert manifest.options == {"strip_weights": False, "refittable": False, "weight_streaming": False}
         assert manifest.constraints["runtime"] == {"tensorrt-rtx": "==1.7.1.116"}
-        assert manifest.constraints["engine"] == {"compute_capabilities": CLASSES[job.target.device] or ["SM86 and later (SDK default)"], "weights": "embedded"}
+        assert manifest.constraints["engine"] == {
+            "compute_capabilities": CLASSES[job.target.device] or ["SM86 and later (SDK default)"],
+            "weights": "embedded",
+        }
         validation = manifest.validation
         assert validation["passed"] is None and validation["executed"] is False
-        assert validation["why"].startswith("built without the device to run it (builds here without a GPU (TensorRT-RTX 1.7.1.116)")
+        assert validation["why"].startswith(
+            "built without the device to run it (builds here without a GPU (TensorRT-RTX 1.7.1.116)"
+        )
         engine = next(f for f in manifest.files if f.role == "engine")
         assert engine.size > 50_000
         plans[job.target.device] = engine.sha256
     assert len({plans["sm_75"], plans["sm_86"], plans["sm_120"]}) == 3  # the capability reached the SDK
 
 
-
 def test_weight_streaming_builds_a_streamable_plan_on_this_cpu(real_rtx, write_recipe, tiny_sd, tmp_path):
     """`weight_streaming = true`: the real SDK's CPU-only build sets WEIGHT_STREAMING for SM86 and writes another plan,
     and the option is in the manifest (and the build key) for the runtime to set its budget."""
     plain = recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:sm_86",), precisions=("fp16",))
-    streamed = write_recipe(plain.read_text() + "\n[components.decoder.options.tensorrt-rtx]\nweight_streaming = true\n", "streamed.toml")
+    streamed = write_recipe(
+        plain.read_text() + "\n[components.decoder.options.tensorrt-rtx]\nweight_streaming = true\n", "streamed.toml"
+    )
     (plain_job,), (streamed_job,) = jobs_of(plain, tmp_path), jobs_of(streamed, tmp_path)
     assert plain_job.build_key != streamed_job.build_key
-    results = [build(job, LocalStore(tmp_path / "store"), tmp_path / "work", bench=False) for job in (plain_job, streamed_job)]
+    results = [
+        build(job, LocalStore(tmp_path / "store"), tmp_path / "work", bench=False) for job in (plain_job, streamed_job)
+    ]
     assert [r.status for r in results] == ["built", "built"], [r.reason for r in results]
     assert results[1].manifest.options == {"strip_weights": False, "refittable": False, "weight_streaming": True}
     engines = [next(f for f in r.manifest.files if f.role == "engine") for r in results]
     assert engines[0].sha256 != engines[1].sha256  # the flag reached the SDK
 
 
-
 def test_the_real_sdk_is_available_to_build_here_not_to_run(real_rtx):
     here = availability(Target("tensorrt-rtx", "ampere+"))
     assert here.can_build and not here.can_load
-    assert here.reason.startswith("builds here without a GPU (TensorRT-RTX 1.7.1.116), cannot run here: NVML did not start")
+    assert here.reason.startswith(
+        "builds here without a GPU (TensorRT-RTX 1.7.1.116), cannot run here: NVML did not start"
+    )
 
 
 @pytest.mark.parametrize("device", sorted(CLASSES))
@@ -105,26 +124,43 @@ def test_an_unknown_compute_capability_is_a_build_error(real_rtx):
 
 
 def test_fp32_for_turing_is_refused_at_plan_time_naming_the_gemms(real_rtx, write_recipe, tiny_sd, tmp_path):
-    path = recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:turing+", "tensorrt-rtx:sm_75", "tensorrt-rtx:ampere+"), precisions=("fp32", "fp16"))
+    path = recipe(
+        write_recipe,
+        tiny_sd,
+        targets=("tensorrt-rtx:turing+", "tensorrt-rtx:sm_75", "tensorrt-rtx:ampere+"),
+        precisions=("fp32", "fp16"),
+    )
     planned = {(p.job.precision, p.job.target.device): p for p in plan([load_recipe(path)], tmp_path / "dl")}
     refused = planned["fp32", "turing+"].status
-    assert refused == ("refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for MatMul(attn.q), "
-                       "MatMul(attn.k), MatMul(attn.v) and 3 more; build tensorrt-rtx:turing+ in fp16 (precisions = [\"fp16\"]), or target ampere+ for fp32")
-    assert planned["fp32", "sm_75"].status.startswith("refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75)")
+    assert refused == (
+        "refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for MatMul(attn.q), "
+        'MatMul(attn.k), MatMul(attn.v) and 3 more; build tensorrt-rtx:turing+ in fp16 (precisions = ["fp16"]), or target ampere+ for fp32'
+    )
+    assert planned["fp32", "sm_75"].status.startswith(
+        "refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75)"
+    )
     for ok in (("fp16", "turing+"), ("fp16", "sm_75"), ("fp32", "ampere+")):
         assert planned[ok].status.startswith("to build here (builds here without a GPU"), planned[ok].status
     matrix = github_matrix(list(planned.values()))
-    assert matrix["jobs"] == 4 and {s["id"] for s in matrix["skipped"]} == {planned["fp32", "turing+"].job.id, planned["fp32", "sm_75"].job.id}
+    assert matrix["jobs"] == 4 and {s["id"] for s in matrix["skipped"]} == {
+        planned["fp32", "turing+"].job.id,
+        planned["fp32", "sm_75"].job.id,
+    }
 
     # The SDK agrees: built anyway, the same job fails in its own words, and the hint says what to do.
     job = planned["fp32", "sm_75"].job
     result = build(job, LocalStore(tmp_path / "store"), tmp_path / "work", bench=False)
-    assert result.status == "failed" and result.reason.startswith(f"{job.label}: TensorRT-RTX cannot compile fp32 GEMMs")  # build() checks too
+    assert result.status == "failed" and result.reason.startswith(
+        f"{job.label}: TensorRT-RTX cannot compile fp32 GEMMs"
+    )  # build() checks too
     from enginefarm.builder.prep import prepare
 
     workdir = tmp_path / "direct" / "artifact"
     workdir.mkdir(parents=True)
-    with pytest.raises(BuildError, match=r"build_serialized_network failed: .*Cannot compile operation '\w+' for Turing \(SM75\): FP32 GEMM is not supported") as caught:
+    with pytest.raises(
+        BuildError,
+        match=r"build_serialized_network failed: .*Cannot compile operation '\w+' for Turing \(SM75\): FP32 GEMM is not supported",
+    ) as caught:
         get_backend("tensorrt-rtx").build(prepare(tiny_sd, "fp32", tmp_path / "prep").path, job, workdir)
     assert caught.value.hint.startswith("Turing (SM75) runs GEMMs in fp16 only")
 
@@ -140,11 +176,19 @@ def test_fp32_for_turing_builds_when_the_model_has_no_gemm(real_rtx, write_recip
 
 @pytest.mark.parametrize("option", ["strip_weights", "refittable"])
 def test_gpu_only_options_go_to_gpu_runners_or_are_refused(real_rtx, write_recipe, tiny_sd, tmp_path, cli, option):
-    path = recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",), options=f"{option} = true", backend="tensorrt-rtx")
+    path = recipe(
+        write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",), options=f"{option} = true", backend="tensorrt-rtx"
+    )
     (here,) = plan([load_recipe(path)], tmp_path / "dl")
-    assert re.fullmatch(re.escape(f"unavailable here: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or "
-                                  "refittable engine without one), and this machine has none (NVML did not start: ") + r"[^)]+\); "
-                        + re.escape("needs a runner with self-hosted, nvidia, ampere+"), here.status), here.status
+    assert re.fullmatch(
+        re.escape(
+            f"unavailable here: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or "
+            "refittable engine without one), and this machine has none (NVML did not start: "
+        )
+        + r"[^)]+\); "
+        + re.escape("needs a runner with self-hosted, nvidia, ampere+"),
+        here.status,
+    ), here.status
     farm = tmp_path / "farm.toml"
     farm.write_text(RUNNERS + GPU_RUNNER)
     (routed,) = plan([load_recipe(path)], tmp_path / "dl", runners=load_runners(farm))
@@ -153,11 +197,17 @@ def test_gpu_only_options_go_to_gpu_runners_or_are_refused(real_rtx, write_recip
     cpu_only = tmp_path / "cpu.toml"
     cpu_only.write_text(RUNNERS)
     rows = json.loads(cli("plan", str(path), "--runners", str(cpu_only), "--format", "json", check=True).stdout)
-    assert rows[0]["status"] == (f"refused: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or "
-                                 f"refittable engine without one), and no runner with a GPU builds tensorrt-rtx:ampere+; set {option} = false in "
-                                 "[components.decoder.options.tensorrt-rtx] to build on a CPU, or build on a runner with an NVIDIA GPU")
+    assert rows[0]["status"] == (
+        f"refused: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or "
+        f"refittable engine without one), and no runner with a GPU builds tensorrt-rtx:ampere+; set {option} = false in "
+        "[components.decoder.options.tensorrt-rtx] to build on a CPU, or build on a runner with an NVIDIA GPU"
+    )
     built = cli("build", str(path))
-    assert built.returncode == 0 and f"skipped  tiny-sd/decoder fp16 default tensorrt-rtx:ampere+: unavailable here: {option} = true needs" in built.stdout
+    assert (
+        built.returncode == 0
+        and f"skipped  tiny-sd/decoder fp16 default tensorrt-rtx:ampere+: unavailable here: {option} = true needs"
+        in built.stdout
+    )
 
     plain = recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",))  # the same recipe, without the option
     (default,) = plan([load_recipe(plain)], tmp_path / "dl", runners=load_runners(farm))
@@ -170,35 +220,44 @@ def test_the_sdks_last_error_is_the_jobs_failure_in_full(real_rtx, write_recipe,
     report = tmp_path / "report.json"
     proc = cli("build", str(path), "--report", str(report))
     assert proc.returncode == 1
-    sdk_words = ("IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error (ITopKLayer TopK_0: TopK_0: K exceeds the "
-                 "maximum value allowed (3840). In processCheck at /_src/optimizer/shapeof/graphShapeAnalyzer.cpp:1066 In analyzeShapes at "
-                 "/_src/optimizer/shapeof/graphShapeAnalyzer.cpp:2825)")
+    sdk_words = (
+        "IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error (ITopKLayer TopK_0: TopK_0: K exceeds the "
+        "maximum value allowed (3840). In processCheck at /_src/optimizer/shapeof/graphShapeAnalyzer.cpp:1066 In analyzeShapes at "
+        "/_src/optimizer/shapeof/graphShapeAnalyzer.cpp:2825)"
+    )
     line = next(line for line in proc.stderr.splitlines() if line.startswith("failed: "))
     # The plan is streamed to disk, so the SDK names its streaming call (buildSerializedNetworkToStream).
     prefix = "failed: topk/net fp32 default tensorrt-rtx:ampere+: tensorrt-rtx: build_serialized_network failed: IBuilder::buildSerializedNetwork"
     assert line.startswith(prefix), line
     assert line.endswith(sdk_words.split(": ", 1)[1]), line
     (row,) = json.loads(report.read_text())
-    assert row["status"] == "failed" and row["reason"] == line[len("failed: "):]
+    assert row["status"] == "failed" and row["reason"] == line[len("failed: ") :]
 
 
 # What needs a GPU: the fake SDK, told of an RTX 4090 ------------------------------------------------------------------
 def test_gpu_only_options_build_where_there_is_a_gpu(fake_nvidia, write_recipe, tiny_sd, tmp_path):
-    path = recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",), options="strip_weights = true", backend="tensorrt-rtx")
+    path = recipe(
+        write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",), options="strip_weights = true", backend="tensorrt-rtx"
+    )
     (planned,) = plan([load_recipe(path)], tmp_path / "dl")
     assert planned.status == "to build"
     result, _ = build_one(planned.job, tmp_path)
     assert result.status == "built", result.reason
     (call,) = fake_nvidia.calls("build_serialized_network", sdk="tensorrt_rtx")
     assert set(call["flags"]) == {"STRIP_PLAN", "REFIT_IDENTICAL"} and call["strongly_typed"]
-    assert {f.path: f.role for f in result.manifest.files}.items() >= {"model.plan": "engine", "weights.onnx": "weights"}.items()
+    assert {f.path: f.role for f in result.manifest.files}.items() >= {
+        "model.plan": "engine",
+        "weights.onnx": "weights",
+    }.items()
     assert result.manifest.validation["passed"] is True  # the 'GPU' was here: validated at build time
     (streamed,) = fake_nvidia.calls("plan_streamed", sdk="tensorrt_rtx")
     engine = next(f for f in result.manifest.files if f.role == "engine")
     assert streamed["size"] == engine.size  # written to its file as the SDK streamed it, never whole in memory
 
 
-def test_the_runtime_cache_lives_in_the_local_cache_per_gpu_and_driver(fake_nvidia, write_recipe, tiny_sd, tmp_path, monkeypatch):
+def test_the_runtime_cache_lives_in_the_local_cache_per_gpu_and_driver(
+    fake_nvidia, write_recipe, tiny_sd, tmp_path, monkeypatch
+):
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "device-home"))
     (job,) = jobs_of(recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",), precisions=("fp32",)), tmp_path)
     result, store = build_one(job, tmp_path)
@@ -246,7 +305,10 @@ def test_without_the_sdk_plan_and_doctor_say_it_installs_from_pypi(monkeypatch, 
     assert not here.can_build and here.reason.startswith("tensorrt_rtx is not installed (")
     assert here.reason.endswith("— real wheels from PyPI, 244 MB installed; it builds engines without a GPU")
     (planned,) = plan([load_recipe(recipe(write_recipe, tiny_sd, targets=("tensorrt-rtx:ampere+",)))], tmp_path / "dl")
-    assert planned.status.startswith("unavailable here: tensorrt_rtx is not installed") and "NVIDIA's package index" not in planned.status
+    assert (
+        planned.status.startswith("unavailable here: tensorrt_rtx is not installed")
+        and "NVIDIA's package index" not in planned.status
+    )
 
 
 def test_doctor_says_the_sdk_builds_here_and_runs_on_a_gpu(real_rtx, cli):
@@ -254,4 +316,6 @@ def test_doctor_says_the_sdk_builds_here_and_runs_on_a_gpu(real_rtx, cli):
     (row,) = [line for line in doctor.splitlines() if line.startswith("│ tensorrt-rtx ")]
     _, versions, status = [cell.strip() for cell in row.strip("│").split("│")]
     assert versions == "tensorrt-rtx 1.7.1.116"
-    assert status.startswith("build only: builds here without a GPU (TensorRT-RTX 1.7.1.116), cannot run here: NVML did not start: ")
+    assert status.startswith(
+        "build only: builds here without a GPU (TensorRT-RTX 1.7.1.116), cannot run here: NVML did not start: "
+    )

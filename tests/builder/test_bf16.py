@@ -21,10 +21,16 @@ def test_rounding_to_bf16_is_round_to_nearest_even():
     import ml_dtypes
 
     values = np.random.default_rng(0).standard_normal(10000).astype(np.float32) * np.float32(1e3)
-    values = np.concatenate([values, np.array([1e30, -1e-30, 70000.0, 0.0, np.inf, 1 + 2**-8, 1 + 3 * 2**-8], np.float32)])
+    values = np.concatenate(
+        [values, np.array([1e30, -1e-30, 70000.0, 0.0, np.inf, 1 + 2**-8, 1 + 3 * 2**-8], np.float32)]
+    )
     expected = values.astype(ml_dtypes.bfloat16).view(np.uint16)
     assert np.array_equal(to_bf16_bits(values), expected)
-    assert np.isnan(np.array([to_bf16_bits(np.array([np.nan], np.float32))[0]], np.uint16).view(ml_dtypes.bfloat16).astype(np.float32))[0]
+    assert np.isnan(
+        np.array([to_bf16_bits(np.array([np.nan], np.float32))[0]], np.uint16)
+        .view(ml_dtypes.bfloat16)
+        .astype(np.float32)
+    )[0]
 
 
 def test_the_bf16_onnx_keeps_fp32_io_and_rounds_weights_from_fp32(tiny_sd, tmp_path):
@@ -37,7 +43,11 @@ def test_the_bf16_onnx_keeps_fp32_io_and_rounds_weights_from_fp32(tiny_sd, tmp_p
     from enginefarm.builder.prep import prepare
 
     model = onnx.load(str(tiny_sd))
-    first = next(i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and numpy_helper.to_array(i).size > 8)
+    first = next(
+        i
+        for i in model.graph.initializer
+        if i.data_type == onnx.TensorProto.FLOAT and numpy_helper.to_array(i).size > 8
+    )
     big = numpy_helper.to_array(first).copy()
     big.flat[0] = 70000.0
     first.CopyFrom(numpy_helper.from_array(big, first.name))
@@ -47,7 +57,10 @@ def test_the_bf16_onnx_keeps_fp32_io_and_rounds_weights_from_fp32(tiny_sd, tmp_p
     prepared = prepare(source, "bf16", tmp_path / "prep")
     assert any("converted to bf16" in n and "weights rounded from fp32" in n for n in prepared.notes)
     converted = onnx.load(str(prepared.path))
-    assert all(t.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for t in [*converted.graph.input, *converted.graph.output])
+    assert all(
+        t.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        for t in [*converted.graph.input, *converted.graph.output]
+    )
     types = {i.data_type for i in converted.graph.initializer}
     assert onnx.TensorProto.BFLOAT16 in types and onnx.TensorProto.FLOAT16 not in types
     casts = {a.i for n in converted.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"}
@@ -89,7 +102,9 @@ REFUSED = [
 
 def test_plan_refuses_bf16_where_the_device_class_cannot_compute_it(tiny_recipe, cli):
     targets = [t for t, _ in REFUSED] + ["openvino:cpu", "tensorrt-rtx:ampere+"]
-    recipe = tiny_recipe(precisions=("fp16", "bf16"), targets=targets)  # fp16: Turing refuses fp32 GEMMs (another refusal)
+    recipe = tiny_recipe(
+        precisions=("fp16", "bf16"), targets=targets
+    )  # fp16: Turing refuses fp32 GEMMs (another refusal)
     planned = json.loads(cli("plan", str(recipe), "--format", "json", check=True).stdout)
     status = {(p["target"], p["precision"]): p["status"] for p in planned}
     for target, reason in REFUSED:
@@ -122,11 +137,14 @@ def test_openvino_bf16_builds_validates_and_computes_in_bf16_on_a_cpu_that_has_i
         assert bf16["status"].startswith("unavailable here: this CPU cannot compute in bf16")
         return
     cli("build", str(recipe), check=True)
-    manifests = {m["precision"]: m for m in (json.loads(p.read_text()) for p in (tmp_path / "store" / "manifests").glob("*.json"))}
+    manifests = {
+        m["precision"]: m
+        for m in (json.loads(p.read_text()) for p in (tmp_path / "store" / "manifests").glob("*.json"))
+    }
     bf16, fp32 = manifests["bf16"], manifests["fp32"]
     assert bf16["validation"]["compute_precision"] == "bf16" and fp32["validation"]["compute_precision"] == "fp32"
     assert bf16["benchmarks"][0]["compute_precision"] == "bf16"
-    assert bf16["validation"]["thresholds"]["epsilon"] == 2.0 ** -7
+    assert bf16["validation"]["thresholds"]["epsilon"] == 2.0**-7
     assert bf16["validation"]["thresholds"]["max_abs_rel"] == TABLE["bf16"].max_abs_rel
     assert bf16["validation"]["passed"] and 0.992 <= bf16["validation"]["min_cosine"] < fp32["validation"]["min_cosine"]
     assert bf16["constraints"]["cpu_flags_any"] == ["avx512_bf16", "amx_bf16"]

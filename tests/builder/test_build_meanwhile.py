@@ -30,8 +30,13 @@ def _stopped_worker(proc: subprocess.Popen, timeout: float = 120.0) -> psutil.Pr
 def test_jobs_another_builder_published_meanwhile_are_counted(tiny_recipe, cli, tmp_path):
     recipe = str(tiny_recipe(precisions=("fp32", "fp16")))
     env = {**os.environ, "ENGINEFARM_FAULT_AT": "publish:blob#1:pause"}  # each worker stops after its first blob
-    first = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "build", recipe, "--no-bench"], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "enginefarm.cli", "build", recipe, "--no-bench"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         _stopped_worker(first)  # its first job's blobs are going in; its manifest is not written yet
         second = cli("build", recipe, "--no-bench", check=True)

@@ -21,7 +21,9 @@ def matmul_tanh_chain(path, layers: int, width: int, reshape_to: list[int] | Non
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
     for i in range(layers):
-        inits.append(numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"w{i}"))
+        inits.append(
+            numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"w{i}")
+        )
         nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"t{i}"])]
         x = f"t{i}"
     if reshape_to is not None:
@@ -29,12 +31,24 @@ def matmul_tanh_chain(path, layers: int, width: int, reshape_to: list[int] | Non
         nodes.append(helper.make_node("Reshape", [x, "bad_shape"], ["y"]))
         x = "y"
     out_shape = reshape_to if reshape_to is not None else ["batch", width]
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, out_shape)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, out_shape)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=path.name + ".data", size_threshold=0)
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data",
+        size_threshold=0,
+    )
     return path
 
 
@@ -87,7 +101,9 @@ def test_the_reference_run_reads_external_data_from_the_models_own_folder(tmp_pa
     assert names == ["t2", "m1", "t0"]
     x = np.ones((2, 64), np.float32)
     t2, m1, t0 = session.run(names, {"x": x})
-    w = {i.name: numpy_helper.to_array(i, base_dir=str(source.parent)) for i in onnx.load(str(source)).graph.initializer}
+    w = {
+        i.name: numpy_helper.to_array(i, base_dir=str(source.parent)) for i in onnx.load(str(source)).graph.initializer
+    }
     np.testing.assert_allclose(t0, np.tanh(x @ w["w0"]), atol=1e-5)
     np.testing.assert_allclose(m1, t0 @ w["w1"], atol=1e-5)
     assert sorted(p.name for p in source.parent.iterdir()) == ["chain.onnx", "chain.onnx.data"]
@@ -104,10 +120,16 @@ def test_a_source_that_onnx_runtime_cannot_run_is_blamed_quoting_the_sdk(tmp_pat
     assert "Reshape" in text or "reshape" in text, text  # ONNX Runtime's own words are quoted
 
 
-@pytest.mark.parametrize("report, expected", [
-    ({"error": "Fail: boom", "bare_error": None}, "although ONNX Runtime runs the bare source model"),
-    ({"error": "Fail: boom", "bare_error": "Fail: bad model"}, "the source model does not run on ONNX Runtime's CPU provider: Fail: bad model"),
-])
+@pytest.mark.parametrize(
+    "report, expected",
+    [
+        ({"error": "Fail: boom", "bare_error": None}, "although ONNX Runtime runs the bare source model"),
+        (
+            {"error": "Fail: boom", "bare_error": "Fail: bad model"},
+            "the source model does not run on ONNX Runtime's CPU provider: Fail: bad model",
+        ),
+    ],
+)
 def test_the_reference_failure_names_whose_fault_it_is(report, expected):
     import json
     import subprocess

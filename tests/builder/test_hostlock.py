@@ -43,7 +43,20 @@ class Holders:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, kind: str, name: str, timeout: float = 60.0) -> None:
-        self.procs.append(subprocess.Popen([sys.executable, "-c", HOLDER, kind, name, str(self.log), str(self.dir / f"release-{name}"), str(timeout)]))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    HOLDER,
+                    kind,
+                    name,
+                    str(self.log),
+                    str(self.dir / f"release-{name}"),
+                    str(timeout),
+                ]
+            )
+        )
 
     def release(self, name: str) -> None:
         (self.dir / f"release-{name}").touch()

@@ -29,12 +29,18 @@ targets = ["openvino:cpu"]
 source = "models/tiny_sd.onnx"
 {profiles}
 """)
-    proc = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "build", str(recipe), "-j", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enginefarm.cli", "build", str(recipe), "-j", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     store = tmp_path / "store"
     deadline = time.monotonic() + 120
     while not list(store.glob("manifests/*.json")):  # wait until builds are really under way
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "no build started"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stderr.read() if proc.poll() is not None else "no build started"
+        )
         time.sleep(0.05)
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(sig)
@@ -76,19 +82,30 @@ def test_a_crashing_build_process_fails_only_its_job(tiny_recipe, tmp_path):
     # Every spawned worker imports sitecustomize at start-up: with the switch set, its OpenVINO build dies.
     crash = tmp_path / "crash"
     crash.mkdir()
-    (crash / "sitecustomize.py").write_text(textwrap.dedent("""
+    (crash / "sitecustomize.py").write_text(
+        textwrap.dedent("""
         import os
         if os.environ.get("CRASH_OPENVINO_BUILD"):
             from enginefarm.backends import openvino
             def build(*args, **kwargs):
                 os._exit(9)
             openvino.BACKEND.build = build
-    """))
+    """)
+    )
     import os
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(crash), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]), "CRASH_OPENVINO_BUILD": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(crash), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        ),
+        "CRASH_OPENVINO_BUILD": "1",
+    }
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     statuses = dict(item.split("=", 2)[0:2] for item in out.stdout.strip().splitlines()[-1].split("|"))
-    assert statuses == {"tiny-sd/decoder fp32 default openvino:cpu": "failed", "tiny-sd/decoder fp32 default onnxruntime:cpu": "built"}
+    assert statuses == {
+        "tiny-sd/decoder fp32 default openvino:cpu": "failed",
+        "tiny-sd/decoder fp32 default onnxruntime:cpu": "built",
+    }
     assert "build process died (exit code 9)" in out.stdout

@@ -60,11 +60,18 @@ def test_a_model_over_2_gb_builds_everywhere_in_bounded_memory(tmp_path, write_r
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(report.read_text())
     assert sorted((r["target"], r["precision"], r["status"]) for r in rows) == [
-        ("onnxruntime:cpu", "fp16", "built"), ("onnxruntime:cpu", "fp32", "built"),
-        ("openvino:cpu", "fp16", "built"), ("openvino:cpu", "fp32", "built")]
-    for row in rows:  # what the executor plans with: 2.5x the weights for fp32 jobs, 2x for fp16 ones, 3 GiB above them at least
+        ("onnxruntime:cpu", "fp16", "built"),
+        ("onnxruntime:cpu", "fp32", "built"),
+        ("openvino:cpu", "fp16", "built"),
+        ("openvino:cpu", "fp32", "built"),
+    ]
+    for row in (
+        rows
+    ):  # what the executor plans with: 2.5x the weights for fp32 jobs, 2x for fp16 ones, 3 GiB above them at least
         bound = memory.need_bytes(weights, precision=row["precision"]) / 2**20
-        assert 0 < row["peak_rss_mb"] <= bound, f"{row['label']}: peak {row['peak_rss_mb']} MB > {bound:.0f} MB: {row['stages']}"
+        assert 0 < row["peak_rss_mb"] <= bound, (
+            f"{row['label']}: peak {row['peak_rss_mb']} MB > {bound:.0f} MB: {row['stages']}"
+        )
     for row in rows:  # shown with -s: what docs/large-models.md quotes
         stages = ", ".join(f"{s['stage']} {s['seconds']:.0f} s {s['peak_rss_mb']:.0f} MB" for s in row["stages"])
         sys.stderr.write(f"{row['label']}: {row['seconds']:.0f} s, peak {row['peak_rss_mb']:.0f} MB ({stages})\n")
@@ -79,7 +86,9 @@ def test_a_model_over_2_gb_builds_everywhere_in_bounded_memory(tmp_path, write_r
             session = enginefarm.load("large/table", precision=precision, device="cpu", target=target)
             assert not any(f.role == "engine" for f in session.artifact.files)  # no compiled-blob trial at this size
             if target == "openvino:cpu":
-                assert session.artifact.provenance["build_notes"]["blob_trial"].startswith("skipped: 2.0 GiB" if precision == "fp32" else "skipped: 1.0 GiB")
+                assert session.artifact.provenance["build_notes"]["blob_trial"].startswith(
+                    "skipped: 2.0 GiB" if precision == "fp32" else "skipped: 1.0 GiB"
+                )
             got = session.run({"ids": ids})["y"]
             expected = np.stack([models.large_gather_row(i) for i in ids])
             np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
@@ -89,7 +98,12 @@ def test_a_model_over_2_gb_builds_everywhere_in_bounded_memory(tmp_path, write_r
 
 def _mount_tmpfs(where, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_a_prep_that_runs_out_of_disk_is_the_jobs_reason(tiny_recipe, tmp_path, cli):

@@ -15,7 +15,9 @@ from enginefarm.builder.planner import plan
 from enginefarm.builder.recipe import load_recipe
 from enginefarm.hardware import rss
 
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-process peaks (VmHWM, clear_refs) are Linux's")
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="per-process peaks (VmHWM, clear_refs) are Linux's"
+)
 
 # A parent that touches 400 MB, frees it, then starts a child which reports its own peak both ways.
 _PARENT = """
@@ -87,12 +89,23 @@ def test_jobs_wait_until_their_memory_fits(tiny_recipe, tmp_path):
     jobs = [p.job for p in planned]
     one = max(memory.job_need_bytes(j) for j in jobs)
     events: list = []
-    results = run_jobs(jobs, str(tmp_path / "store"), tmp_path / "work", parallel=2, bench=False, memory=one,
-                       on_event=lambda *e: events.append(e))
+    results = run_jobs(
+        jobs,
+        str(tmp_path / "store"),
+        tmp_path / "work",
+        parallel=2,
+        bench=False,
+        memory=one,
+        on_event=lambda *e: events.append(e),
+    )
     assert [r.status for r in results] == ["built", "built"]
     first, second = jobs[0].id, jobs[1].id
     assert _starts_and_ends(events) == [("start", first), ("done", first), ("start", second), ("done", second)]
-    waiting = [d for job_id, kind, d in events if job_id == second and kind == "step" and str(d).startswith("waiting for memory")]
+    waiting = [
+        d
+        for job_id, kind, d in events
+        if job_id == second and kind == "step" and str(d).startswith("waiting for memory")
+    ]
     assert len(waiting) == 1 and f"needs {memory.gb(one):g} GB" in waiting[0]
 
 
@@ -100,8 +113,15 @@ def test_jobs_that_fit_together_run_together(tiny_recipe, tmp_path):
     planned = plan([load_recipe(tiny_recipe(precisions=("fp32", "fp16")))], tmp_path / "dl")
     jobs = [p.job for p in planned]
     events: list = []
-    run_jobs(jobs, str(tmp_path / "store"), tmp_path / "work", parallel=2, bench=False,
-             memory=sum(memory.job_need_bytes(j) for j in jobs), on_event=lambda *e: events.append(e))
+    run_jobs(
+        jobs,
+        str(tmp_path / "store"),
+        tmp_path / "work",
+        parallel=2,
+        bench=False,
+        memory=sum(memory.job_need_bytes(j) for j in jobs),
+        on_event=lambda *e: events.append(e),
+    )
     order = _starts_and_ends(events)
     assert [kind for kind, _ in order[:2]] == ["start", "start"]
 
@@ -140,18 +160,39 @@ def test_a_half_precision_source_needs_what_its_fp32_weights_would(tmp_path, sto
         values = np.random.default_rng(0).standard_normal((256, 1024)).astype("float32")
         weight = nh.from_array(values, "w")
         if dtype != "float32":
-            weight = h.make_tensor("w", onnx.TensorProto.BFLOAT16 if dtype == "bfloat16" else onnx.TensorProto.FLOAT16, values.shape,
-                                   np.zeros(values.size, np.uint16).tobytes(), raw=True)
-        elem = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}[dtype]
-        graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [h.make_tensor_value_info("x", elem, [1, 256])],
-                             [h.make_tensor_value_info("y", elem, [1, 1024])], [weight])
+            weight = h.make_tensor(
+                "w",
+                onnx.TensorProto.BFLOAT16 if dtype == "bfloat16" else onnx.TensorProto.FLOAT16,
+                values.shape,
+                np.zeros(values.size, np.uint16).tobytes(),
+                raw=True,
+            )
+        elem = {
+            "float32": onnx.TensorProto.FLOAT,
+            "float16": onnx.TensorProto.FLOAT16,
+            "bfloat16": onnx.TensorProto.BFLOAT16,
+        }[dtype]
+        graph = h.make_graph(
+            [h.make_node("MatMul", ["x", "w"], ["y"])],
+            "g",
+            [h.make_tensor_value_info("x", elem, [1, 256])],
+            [h.make_tensor_value_info("y", elem, [1, 1024])],
+            [weight],
+        )
         path = tmp_path / name / "model.onnx"
         path.parent.mkdir()
-        onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10), str(path),
-                  save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+        onnx.save(
+            h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10),
+            str(path),
+            save_as_external_data=True,
+            location="model.onnx.data",
+            size_threshold=0,
+        )
         return path
 
     full, half = memory.source_weight_bytes(model("float32", "fp32")), memory.source_weight_bytes(model(stored, "half"))
     assert full >= 256 * 1024 * 4
     assert abs(half - full) < 4096  # the graphs' own bytes differ by a few hundred
-    assert (model(stored, "half2").parent / "model.onnx.data").stat().st_size == 256 * 1024 * 2  # stored at half the size
+    assert (
+        model(stored, "half2").parent / "model.onnx.data"
+    ).stat().st_size == 256 * 1024 * 2  # stored at half the size

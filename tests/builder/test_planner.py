@@ -59,7 +59,11 @@ source = "models/tiny_sd.onnx"
     assert {tuple(e["runs-on"]) for e in entries} == {("ubuntu-latest",)}
     assert {"name", "runs-on", "jobs", "recipes", "extras", "memory_gb"} == set(entries[0])
     assert entries[0]["memory_gb"] == memory.gb(memory.need_bytes(tiny_sd.stat().st_size))  # what the runner must have
-    as_json = json.loads(cli("plan", str(recipe), "--format", "json", "--target", "openvino:cpu", "--precision", "fp16", check=True).stdout)
+    as_json = json.loads(
+        cli(
+            "plan", str(recipe), "--format", "json", "--target", "openvino:cpu", "--precision", "fp16", check=True
+        ).stdout
+    )
     assert len(as_json) == 70 and {r["target"] for r in as_json} == {"openvino:cpu"}
 
 
@@ -105,16 +109,36 @@ def test_memory_aware_routing(tiny_recipe, tmp_path, cli):
     runners = tmp_path / "runners.toml"
     runners.write_text(RUNNERS)
     recipe = tiny_recipe(targets=("onnxruntime:cpu", "tensorrt:sm_86", "tensorrt:sm_89"))
-    text = recipe.read_text().replace("[components.decoder.validate]", "[components.decoder.resources]\nhost_ram_gb = 24\ngpu_vram_gb = 16\n\n[components.decoder.validate]")
+    text = recipe.read_text().replace(
+        "[components.decoder.validate]",
+        "[components.decoder.resources]\nhost_ram_gb = 24\ngpu_vram_gb = 16\n\n[components.decoder.validate]",
+    )
     recipe.write_text(text)
-    rows = {r["target"]: r for r in json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "json", check=True).stdout)}
+    rows = {
+        r["target"]: r
+        for r in json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "json", check=True).stdout)
+    }
     assert rows["tensorrt:sm_86"]["runs_on"] == ["self-hosted", "nvidia", "sm_86", "big"]  # the 12 GB card is too small
-    assert rows["onnxruntime:cpu"]["status"].startswith("no runner has enough memory: needs 24 GB RAM (largest onnxruntime:cpu runner: 16)")
+    assert rows["onnxruntime:cpu"]["status"].startswith(
+        "no runner has enough memory: needs 24 GB RAM (largest onnxruntime:cpu runner: 16)"
+    )
     assert rows["tensorrt:sm_89"]["status"] == "no runner builds tensorrt:sm_89"
     github = json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "github", check=True).stdout)
     assert [e["runs-on"] for e in github["matrix"]["include"]] == [["self-hosted", "nvidia", "sm_86", "big"]]
     assert len(github["skipped"]) == 2
-    only = json.loads(cli("plan", str(recipe), "--runners", str(runners), "--runner-labels", "self-hosted,nvidia,sm_86,big", "--format", "json", check=True).stdout)
+    only = json.loads(
+        cli(
+            "plan",
+            str(recipe),
+            "--runners",
+            str(runners),
+            "--runner-labels",
+            "self-hosted,nvidia,sm_86,big",
+            "--format",
+            "json",
+            check=True,
+        ).stdout
+    )
     assert [r["target"] for r in only] == ["tensorrt:sm_86"]
 
 
@@ -137,7 +161,9 @@ def test_the_all_vendors_recipe_plans_every_target(tiny_sd, tmp_path, cli):
     """One recipe lists targets for every vendor; plan says what builds here and which runner the rest needs."""
     recipe = tmp_path / "all.toml"
     recipe.write_text((ROOT / "recipes" / "tiny_sd_all_vendors.toml").read_text())
-    rows = json.loads(cli("plan", str(recipe), "--runners", str(ROOT / "ci" / "runners.toml"), "--format", "json", check=True).stdout)
+    rows = json.loads(
+        cli("plan", str(recipe), "--runners", str(ROOT / "ci" / "runners.toml"), "--format", "json", check=True).stdout
+    )
     status = {r["target"]: r["status"] for r in rows}
     assert len(status) == 9
     assert status["onnxruntime:cpu"] == status["openvino:cpu"] == "to build"
@@ -145,7 +171,9 @@ def test_the_all_vendors_recipe_plans_every_target(tiny_sd, tmp_path, cli):
     assert status["migraphx:gfx1100"].endswith("needs a runner with self-hosted, amd, gfx1100")
     # TensorRT-RTX builds on the CPU runner when its SDK is installed (the test extra brings it); it runs on a GPU.
     rtx = next(r for r in rows if r["target"] == "tensorrt-rtx:ampere+")
-    assert rtx["status"].startswith("to build here (builds here without a GPU (TensorRT-RTX ") and rtx["runs_on"] == ["ubuntu-latest"]
+    assert rtx["status"].startswith("to build here (builds here without a GPU (TensorRT-RTX ") and rtx["runs_on"] == [
+        "ubuntu-latest"
+    ]
     # Core ML converts on any OS where the coreml extra is installed (the test extra brings it); it runs only on a Mac.
     from enginefarm.backends import coreml
 

@@ -48,9 +48,13 @@ def test_the_onnxsim_version_in_build_keys_is_read_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from enginefarm.builder.prep import prep_versions; v = prep_versions('fp16')['onnxsim']; "
-            "print(v, 'torch' in sys.modules, 'onnxsim' in sys.modules)")
-    version, torch_loaded, onnxsim_loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    code = (
+        "import sys; from enginefarm.builder.prep import prep_versions; v = prep_versions('fp16')['onnxsim']; "
+        "print(v, 'torch' in sys.modules, 'onnxsim' in sys.modules)"
+    )
+    version, torch_loaded, onnxsim_loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
     import onnxsim  # the package's own answer, so build keys stay what they were
 
     assert version == onnxsim.__version__
@@ -112,7 +116,11 @@ def test_safe_fp16_keeps_quantize_islands_and_integer_paths_fp32(tmp_path):
     quantize = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear")
     feeding = by_output.get(quantize.input[0])
     assert feeding is None or not (feeding.op_type == "Cast" and feeding.attribute[0].i == onnx.TensorProto.FLOAT16)
-    cast = next(n for n in model.graph.node if n.op_type == "Cast" and by_output.get(n.input[0]) and by_output[n.input[0]].op_type == "ConvInteger")
+    cast = next(
+        n
+        for n in model.graph.node
+        if n.op_type == "Cast" and by_output.get(n.input[0]) and by_output[n.input[0]].op_type == "ConvInteger"
+    )
     assert cast.attribute[0].i == onnx.TensorProto.FLOAT  # the accumulator becomes fp32, not fp16
     readers = [n for n in model.graph.node if cast.output[0] in n.input]
     assert [n.op_type for n in readers] == ["Mul"], "no fp16 round trip between the accumulator and its scale"
@@ -151,16 +159,28 @@ KEEP
 batch = [1, 2, 4]
 """
     jobs = expand(load_recipe(write_recipe(text.replace("KEEP", ""))), tmp_path / "dl")
-    assert sorted((str(j.target), j.precision) for j in jobs) == [("onnxruntime:cpu", "fp32"), ("openvino:cpu", "fp16"), ("openvino:cpu", "fp32")]
+    assert sorted((str(j.target), j.precision) for j in jobs) == [
+        ("onnxruntime:cpu", "fp32"),
+        ("openvino:cpu", "fp16"),
+        ("openvino:cpu", "fp32"),
+    ]
     keyed = {(str(j.target), j.precision): j.key(j.toolchain()) for j in jobs}
     kept = expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl")
     # OpenVINO converts from the fp32 ONNX itself and keeps the list in its fp16 IR (openvino_precise): that one
     # rebuilds, the fp32 jobs do not
     rekeyed = {(str(j.target), j.precision): j.key(j.toolchain()) for j in kept}
     assert {k for k in keyed if keyed[k] != rekeyed[k]} == {("openvino:cpu", "fp16")}
-    text = text.replace('exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]', 'exclude = [{ target = "openvino" }]')
-    fp16 = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", ""))), tmp_path / "dl") if j.precision == "fp16"]
-    fp16_kept = [j for j in expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl") if j.precision == "fp16"]
+    text = text.replace(
+        'exclude = [{ target = "onnxruntime:cpu", precision = "fp16" }]', 'exclude = [{ target = "openvino" }]'
+    )
+    fp16 = [
+        j for j in expand(load_recipe(write_recipe(text.replace("KEEP", ""))), tmp_path / "dl") if j.precision == "fp16"
+    ]
+    fp16_kept = [
+        j
+        for j in expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["MatMul"]'))), tmp_path / "dl")
+        if j.precision == "fp16"
+    ]
     assert [str(j.target) for j in fp16] == ["onnxruntime:cpu"]
     assert fp16[0].key(fp16[0].toolchain()) != fp16_kept[0].key(fp16_kept[0].toolchain())
 
@@ -226,21 +246,35 @@ def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
     from enginefarm.builder.fp16_rules import fp16_blocked
 
     freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
-    nodes = [helper.make_node("Constant", [], ["freqs"], name="/model/time_proj/Constant", value=onnx.numpy_helper.from_array(freqs)),
-             helper.make_node("Mul", ["t", "freqs"], ["args"], name="/model/time_proj/Mul"),
-             helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
-             helper.make_node("Add", ["emb", "emb"], ["y"], name="/model/linear/Add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["freqs"], name="/model/time_proj/Constant", value=onnx.numpy_helper.from_array(freqs)
+        ),
+        helper.make_node("Mul", ["t", "freqs"], ["args"], name="/model/time_proj/Mul"),
+        helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
+        helper.make_node("Add", ["emb", "emb"], ["y"], name="/model/linear/Add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _, kept = fp16_blocked(model, ("/model/time_proj/",))
     assert kept == {"/model/time_proj/Constant", "/model/time_proj/Mul", "/model/time_proj/Sin"}
     t = np.array([[873.4]], np.float32)
     exact = 2 * np.sin(t * freqs)
+
     def run(m):
         return ort.InferenceSession(m.SerializeToString()).run(None, {"t": t})[0]
 
-    assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("/model/time_proj/",))) - exact).max() < 2e-3
+    assert (
+        np.abs(
+            run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ("/model/time_proj/",))) - exact
+        ).max()
+        < 2e-3
+    )
     assert np.abs(run(prep._to_fp16(onnx.load_from_string(model.SerializeToString()), [], ())) - exact).max() > 0.1
 
 
@@ -259,15 +293,26 @@ def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recip
 
     freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
     weight = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+
     def constant(name, value):
         return helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(value))
 
-    nodes = [constant("thousand", np.array(1000.0, np.float32)), constant("freqs", freqs), constant("weight", weight),
-             helper.make_node("Div", ["t", "thousand"], ["scaled"], name="/Div"), helper.make_node("Mul", ["scaled", "thousand"], ["back"], name="/model/Mul"),
-             helper.make_node("Mul", ["back", "freqs"], ["args"], name="/model/time_proj/Mul"), helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
-             helper.make_node("MatMul", ["emb", "weight"], ["y"], name="/model/linear/MatMul")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    nodes = [
+        constant("thousand", np.array(1000.0, np.float32)),
+        constant("freqs", freqs),
+        constant("weight", weight),
+        helper.make_node("Div", ["t", "thousand"], ["scaled"], name="/Div"),
+        helper.make_node("Mul", ["scaled", "thousand"], ["back"], name="/model/Mul"),
+        helper.make_node("Mul", ["back", "freqs"], ["args"], name="/model/time_proj/Mul"),
+        helper.make_node("Sin", ["args"], ["emb"], name="/model/time_proj/Sin"),
+        helper.make_node("MatMul", ["emb", "weight"], ["y"], name="/model/linear/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _, kept = kept_nodes(model, ("input:t",))
     assert kept == {"/Div", "/model/Mul", "/model/time_proj/Mul", "/model/time_proj/Sin", "thousand", "freqs"}
@@ -289,23 +334,44 @@ def test_a_round_trip_cast_that_an_if_branch_reads_is_kept():
 
     from enginefarm.builder.fp16_rules import elide_round_trips
 
-    then = helper.make_graph([helper.make_node("Cast", ["h"], ["t"], to=TensorProto.FLOAT)], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
-    other = helper.make_graph([helper.make_node("Neg", ["back"], ["e"])], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
-    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
-             helper.make_node("Cast", ["h"], ["back"], to=TensorProto.FLOAT),
-             helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
-             helper.make_node("Cast", ["x"], ["h2"], to=TensorProto.FLOAT16),  # a round trip no branch reads: dropped
-             helper.make_node("Cast", ["h2"], ["back2"], to=TensorProto.FLOAT),
-             helper.make_node("Neg", ["back2"], ["z"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
-                                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    then = helper.make_graph(
+        [helper.make_node("Cast", ["h"], ["t"], to=TensorProto.FLOAT)],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["back"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])],
+    )
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+        helper.make_node("Cast", ["h"], ["back"], to=TensorProto.FLOAT),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+        helper.make_node("Cast", ["x"], ["h2"], to=TensorProto.FLOAT16),  # a round trip no branch reads: dropped
+        helper.make_node("Cast", ["h2"], ["back2"], to=TensorProto.FLOAT),
+        helper.make_node("Neg", ["back2"], ["z"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [2]),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     x = np.array([1.0001, -3.5], np.float32)
     run = lambda m, c: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(  # noqa: E731
-        None, {"x": x, "cond": np.array(c)})[0]
+        None, {"x": x, "cond": np.array(c)}
+    )[0]
     before = [run(model, c) for c in (True, False)]
     assert elide_round_trips(model.graph) == 1
     onnx.checker.check_model(model, full_check=True)

@@ -51,8 +51,10 @@ def wrong_weights(model) -> str:
 def dropped_bias(model) -> str:
     """The convolution bias with the largest values, left out (zeros)."""
     weights = _weights(model)
-    name = max((n.input[2] for n in _convs(model) if len(n.input) > 2 and n.input[2] in weights),
-               key=lambda k: float(np.abs(weights[k].astype(np.float32)).mean()))
+    name = max(
+        (n.input[2] for n in _convs(model) if len(n.input) > 2 and n.input[2] in weights),
+        key=lambda k: float(np.abs(weights[k].astype(np.float32)).mean()),
+    )
     _set(model, name, np.zeros_like(weights[name]))
     return name
 
@@ -83,7 +85,9 @@ def saturated(model, feeds: dict, workdir: Path) -> str:
     name = max(names, key=lambda n: float(np.abs(values[n].astype(np.float32)).max()))
     peak = float(np.percentile(np.abs(values[name].astype(np.float32)), 90))
     dtype = 1 if values[name].dtype == np.float32 else 10
-    model.graph.initializer.extend([helper.make_tensor(f"{name}_lo", dtype, [], [-peak]), helper.make_tensor(f"{name}_hi", dtype, [], [peak])])
+    model.graph.initializer.extend(
+        [helper.make_tensor(f"{name}_lo", dtype, [], [-peak]), helper.make_tensor(f"{name}_hi", dtype, [], [peak])]
+    )
     for node in model.graph.node:
         node.input[:] = [f"{name}_sat" if i == name else i for i in node.input]
     at = next(i for i, n in enumerate(model.graph.node) if name in n.output)
@@ -144,11 +148,15 @@ def test_the_gate_passes_correct_artifacts_and_fails_broken_ones(name, precision
         broken = tmp_path / f"{what.replace(' ', '_')}.onnx"
         onnx.save(model, str(broken))
         report = validate(_Ort(broken, precision), cases, references, limits)
-        assert not report["passed"], f"{name} {precision} with {what} ({where}) passed the gate: min cosine {report['min_cosine']}"
+        assert not report["passed"], (
+            f"{name} {precision} with {what} ({where}) passed the gate: min cosine {report['min_cosine']}"
+        )
         decided = {c["decided_by"] for c in report["checks"] if not c["passed"]}
         assert decided <= {"cosine", "max_abs", "finite"} and report["hint"]
-        assert all({"cosine", "max_abs", "rms_error", "range", "scale", "noise_floor", "tolerance", "psnr"} <= set(c)
-                   for c in report["checks"]), "every metric is reported, not just the deciding one"
+        assert all(
+            {"cosine", "max_abs", "rms_error", "range", "scale", "noise_floor", "tolerance", "psnr"} <= set(c)
+            for c in report["checks"]
+        ), "every metric is reported, not just the deciding one"
 
 
 # Default recipes, first try ------------------------------------------------------------------------------
@@ -164,20 +172,20 @@ def _realistic(name: str) -> dict[str, np.ndarray]:
 
 
 RECIPES = {
-    "ppocr_det": '''[components.det.profiles.default]
+    "ppocr_det": """[components.det.profiles.default]
 "p2o.DynamicDimension.0" = [1, 1, 1]
 "p2o.DynamicDimension.1" = [32, 320, 640]
-"p2o.DynamicDimension.2" = [32, 320, 640]''',
-    "ppocr_rec": '''[components.det.profiles.default.inputs.x]
+"p2o.DynamicDimension.2" = [32, 320, 640]""",
+    "ppocr_rec": """[components.det.profiles.default.inputs.x]
 min = [1, 3, 48, 32]
 opt = [1, 3, 48, 320]
-max = [1, 3, 48, 960]''',
-    "ddddocr_quantized": '''[components.det.profiles.default]
-image_width = [32, 128, 512]''',
-    "nudenet": '''[components.det.profiles.default]
+max = [1, 3, 48, 960]""",
+    "ddddocr_quantized": """[components.det.profiles.default]
+image_width = [32, 128, 512]""",
+    "nudenet": """[components.det.profiles.default]
 batch = [1, 1, 2]
 height = [320, 320, 640]
-width = [320, 320, 640]''',
+width = [320, 320, 640]""",
 }
 
 
@@ -236,9 +244,13 @@ samples = "sample.npz"
         for precision in ("fp32", "fp16"):
             if (target, precision) in refused:
                 with pytest.raises(enginefarm.EnginefarmError, match="no artifact"):
-                    enginefarm.load(f"real-{name.replace('_', '-')}/det", precision=precision, target=target, device="cpu")
+                    enginefarm.load(
+                        f"real-{name.replace('_', '-')}/det", precision=precision, target=target, device="cpu"
+                    )
                 continue
-            session = enginefarm.load(f"real-{name.replace('_', '-')}/det", precision=precision, target=target, device="cpu")
+            session = enginefarm.load(
+                f"real-{name.replace('_', '-')}/det", precision=precision, target=target, device="cpu"
+            )
             got = session.run(sample)
             for output, want in expected.items():
                 a, b = np.asarray(got[output], np.float64).ravel(), np.asarray(want, np.float64).ravel()

@@ -47,30 +47,137 @@ def test_good_recipe_plans(linear_model, write_recipe, tmp_path):
 CASES = [
     # (name, edit of GOOD, expected key, expected words in the reason)
     ("unknown top key", lambda s: s + "\n[extras]\nx = 1\n", "extras", "unknown key"),
-    ("unknown component key", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nsoruce = "x"'), "components.c.soruce", "unknown key"),
-    ("missing source file", lambda s: s.replace("models/linear.onnx", "models/nope.onnx"), "components.c.source", "file not found"),
-    ("missing source key", lambda s: s.replace('source = "models/linear.onnx"', ""), "components.c.source", "is required"),
-    ("sha256 mismatch", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nsha256 = "' + "0" * 64 + '"'), "components.c.source", "does not match its sha256"),
-    ("https without sha256", lambda s: s.replace('"models/linear.onnx"', '"https://example.com/m.onnx"'), "components.c.sha256", "required"),
-    ("unknown backend", lambda s: s.replace("onnxruntime:cpu", "tensorflow:cpu"), "defaults.targets", "unknown backend"),
-    ("unknown device class", lambda s: s.replace("onnxruntime:cpu", "openvino:tpu"), "defaults.targets", "no device class"),
+    (
+        "unknown component key",
+        lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nsoruce = "x"'),
+        "components.c.soruce",
+        "unknown key",
+    ),
+    (
+        "missing source file",
+        lambda s: s.replace("models/linear.onnx", "models/nope.onnx"),
+        "components.c.source",
+        "file not found",
+    ),
+    (
+        "missing source key",
+        lambda s: s.replace('source = "models/linear.onnx"', ""),
+        "components.c.source",
+        "is required",
+    ),
+    (
+        "sha256 mismatch",
+        lambda s: s.replace(
+            'source = "models/linear.onnx"', 'source = "models/linear.onnx"\nsha256 = "' + "0" * 64 + '"'
+        ),
+        "components.c.source",
+        "does not match its sha256",
+    ),
+    (
+        "https without sha256",
+        lambda s: s.replace('"models/linear.onnx"', '"https://example.com/m.onnx"'),
+        "components.c.sha256",
+        "required",
+    ),
+    (
+        "unknown backend",
+        lambda s: s.replace("onnxruntime:cpu", "tensorflow:cpu"),
+        "defaults.targets",
+        "unknown backend",
+    ),
+    (
+        "unknown device class",
+        lambda s: s.replace("onnxruntime:cpu", "openvino:tpu"),
+        "defaults.targets",
+        "no device class",
+    ),
     ("target without device", lambda s: s.replace("onnxruntime:cpu", "openvino"), "defaults.targets", "backend:device"),
     ("unknown precision", lambda s: s.replace('["fp32"]', '["int3"]'), "defaults.precisions", "unknown precision"),
-    ("min > opt", lambda s: s.replace("[1, 2, 4]", "[3, 2, 4]"), "components.c.profiles.default.batch", "min 3 > opt 2"),
-    ("opt > max", lambda s: s.replace("[1, 2, 4]", "[1, 5, 4]"), "components.c.profiles.default.batch", "opt 5 > max 4"),
-    ("profile names a missing dim", lambda s: s.replace("batch = [1, 2, 4]", "batch = [1, 2, 4]\nheigth = [1, 1, 1]"), "components.c.profiles.default.heigth", "no model input has a dim named"),
-    ("profile names a missing input", lambda s: s + "\n[components.c.profiles.default.inputs.image]\nmin = [1, 8]\nopt = [1, 8]\nmax = [1, 8]\n", "components.c.profiles.default.inputs.image", "has no input 'image'"),
-    ("empty matrix", lambda s: s.replace('targets = ["onnxruntime:cpu"]', "targets = []"), "components.c.targets", "empty"),
+    (
+        "min > opt",
+        lambda s: s.replace("[1, 2, 4]", "[3, 2, 4]"),
+        "components.c.profiles.default.batch",
+        "min 3 > opt 2",
+    ),
+    (
+        "opt > max",
+        lambda s: s.replace("[1, 2, 4]", "[1, 5, 4]"),
+        "components.c.profiles.default.batch",
+        "opt 5 > max 4",
+    ),
+    (
+        "profile names a missing dim",
+        lambda s: s.replace("batch = [1, 2, 4]", "batch = [1, 2, 4]\nheigth = [1, 1, 1]"),
+        "components.c.profiles.default.heigth",
+        "no model input has a dim named",
+    ),
+    (
+        "profile names a missing input",
+        lambda s: s + "\n[components.c.profiles.default.inputs.image]\nmin = [1, 8]\nopt = [1, 8]\nmax = [1, 8]\n",
+        "components.c.profiles.default.inputs.image",
+        "has no input 'image'",
+    ),
+    (
+        "empty matrix",
+        lambda s: s.replace('targets = ["onnxruntime:cpu"]', "targets = []"),
+        "components.c.targets",
+        "empty",
+    ),
     ("no components", lambda s: s.split("[components.c]")[0] + "[components]\n", "components", "no components"),
     ("not TOML", lambda s: s + "\n[[[", "", "not valid TOML"),
     ("wrong type", lambda s: s.replace('version = "1"', "version = [1]"), "model.version", "string"),
-    ("validate input missing from model", lambda s: s + "\n[components.c.validate]\ninputs = { latent = { low = 0.0, high = 1.0 } }\n", "components.c.validate.inputs.latent", "has no input"),
-    ("exclude of an unknown backend", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxrt", precision = "fp16" }]'), "defaults.exclude[0].target", "unknown backend"),
-    ("exclude of an unknown precision", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxruntime", precision = "fp8" }]'), "defaults.exclude[0].precision", "unknown precision"),
-    ("exclude not a list of tables", lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = "onnxruntime"'), "defaults.exclude", "list of tables"),
-    ("fp16_keep_fp32 names nothing in the model", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["LayerNorm"]'), "components.c.fp16_keep_fp32", "no op or node named 'LayerNorm'"),
-    ("fp16_keep_fp32 scope with no node in it", lambda s: s.replace('source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["/model/time_proj/"]'), "components.c.fp16_keep_fp32", "no op or node named '/model/time_proj/'"),
-    ("dynamic dim without range", lambda s: s.replace("batch = [1, 2, 4]", "").replace("[components.c.profiles.default]", ""), "components.c.profiles", "dynamic"),
+    (
+        "validate input missing from model",
+        lambda s: s + "\n[components.c.validate]\ninputs = { latent = { low = 0.0, high = 1.0 } }\n",
+        "components.c.validate.inputs.latent",
+        "has no input",
+    ),
+    (
+        "exclude of an unknown backend",
+        lambda s: s.replace(
+            'targets = ["onnxruntime:cpu"]',
+            'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxrt", precision = "fp16" }]',
+        ),
+        "defaults.exclude[0].target",
+        "unknown backend",
+    ),
+    (
+        "exclude of an unknown precision",
+        lambda s: s.replace(
+            'targets = ["onnxruntime:cpu"]',
+            'targets = ["onnxruntime:cpu"]\nexclude = [{ target = "onnxruntime", precision = "fp8" }]',
+        ),
+        "defaults.exclude[0].precision",
+        "unknown precision",
+    ),
+    (
+        "exclude not a list of tables",
+        lambda s: s.replace('targets = ["onnxruntime:cpu"]', 'targets = ["onnxruntime:cpu"]\nexclude = "onnxruntime"'),
+        "defaults.exclude",
+        "list of tables",
+    ),
+    (
+        "fp16_keep_fp32 names nothing in the model",
+        lambda s: s.replace(
+            'source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["LayerNorm"]'
+        ),
+        "components.c.fp16_keep_fp32",
+        "no op or node named 'LayerNorm'",
+    ),
+    (
+        "fp16_keep_fp32 scope with no node in it",
+        lambda s: s.replace(
+            'source = "models/linear.onnx"', 'source = "models/linear.onnx"\nfp16_keep_fp32 = ["/model/time_proj/"]'
+        ),
+        "components.c.fp16_keep_fp32",
+        "no op or node named '/model/time_proj/'",
+    ),
+    (
+        "dynamic dim without range",
+        lambda s: s.replace("batch = [1, 2, 4]", "").replace("[components.c.profiles.default]", ""),
+        "components.c.profiles",
+        "dynamic",
+    ),
 ]
 
 
@@ -91,12 +198,15 @@ def test_filter_that_matches_nothing_is_an_empty_matrix_error(linear_model, writ
         expand(write_recipe(GOOD), tmp_path, targets=("openvino:gpu",))
 
 
-@pytest.mark.parametrize("filters, hint", [
-    ({"targets": ("openvino:gpu",)}, "the recipes offer targets: onnxruntime:cpu"),
-    ({"components": ("nope",)}, "the recipes offer components: c"),
-    ({"precisions": ("fp16",)}, "the recipes offer precisions: fp32"),
-    ({"job_ids": ("deadbeef",)}, "`enginefarm plan RECIPE` lists the job ids"),
-])
+@pytest.mark.parametrize(
+    "filters, hint",
+    [
+        ({"targets": ("openvino:gpu",)}, "the recipes offer targets: onnxruntime:cpu"),
+        ({"components": ("nope",)}, "the recipes offer components: c"),
+        ({"precisions": ("fp16",)}, "the recipes offer precisions: fp32"),
+        ({"job_ids": ("deadbeef",)}, "`enginefarm plan RECIPE` lists the job ids"),
+    ],
+)
 def test_an_empty_selection_hints_at_what_was_asked(linear_model, write_recipe, tmp_path, filters, hint):
     with pytest.raises(EnginefarmError) as caught:
         expand(write_recipe(GOOD), tmp_path, **filters)

@@ -88,11 +88,15 @@ def sha(data: bytes) -> str:
 
 
 def recipe(tmp_path: Path, source: str, onnx_sha: str, pins: dict[str, str] | None) -> Path:
-    pinned = "" if pins is None else "external_sha256 = { " + ", ".join(f'"{k}" = "{v}"' for k, v in pins.items()) + " }\n"
+    pinned = (
+        "" if pins is None else "external_sha256 = { " + ", ".join(f'"{k}" = "{v}"' for k, v in pins.items()) + " }\n"
+    )
     path = tmp_path / "recipe.toml"
-    path.write_text(f'[model]\nname = "remote"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\ntargets = ["onnxruntime:cpu"]\n\n'
-                    f'[components.m]\nsource = "{source}"\nsha256 = "{onnx_sha}"\n{pinned}\n'
-                    f'[components.m.profiles.default]\nbatch = [1, 1, 2]\n')
+    path.write_text(
+        f'[model]\nname = "remote"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\ntargets = ["onnxruntime:cpu"]\n\n'
+        f'[components.m]\nsource = "{source}"\nsha256 = "{onnx_sha}"\n{pinned}\n'
+        f"[components.m.profiles.default]\nbatch = [1, 1, 2]\n"
+    )
     return path
 
 
@@ -128,7 +132,9 @@ def test_unpinned_external_data_names_the_digests_to_check(hub, published, tmp_p
     pinned = recipe(tmp_path, "hf://org/repo/model.onnx@v2", sha(graph), {"model.onnx.data": sha(data)})
     expand(load_recipe(pinned), tmp_path / "downloads")  # pinned now: what was downloaded is used
 
-    hub[0].files["/org/repo/resolve/v2/model.onnx.data"] = bytes([data[0] ^ 0xFF]) + data[1:]  # changed on the server since
+    hub[0].files["/org/repo/resolve/v2/model.onnx.data"] = (
+        bytes([data[0] ^ 0xFF]) + data[1:]
+    )  # changed on the server since
     with pytest.raises(RecipeError, match="does not match its sha256"):
         expand(load_recipe(pinned), tmp_path / "elsewhere")
     assert not (tmp_path / "elsewhere" / sha(graph) / "model.onnx.data").exists()  # nothing wrong is kept
@@ -167,8 +173,10 @@ def test_a_missing_file_and_a_location_outside_the_folder_are_one_line_errors(hu
 def test_external_sha256_is_for_remote_sources(tmp_path):
     models.linear(tmp_path / "m.onnx")
     path = tmp_path / "recipe.toml"
-    path.write_text('[model]\nname = "x"\nversion = "1"\n[defaults]\nprecisions = ["fp32"]\ntargets = ["onnxruntime:cpu"]\n'
-                    '[components.m]\nsource = "m.onnx"\nexternal_sha256 = { "a" = "' + "0" * 64 + '" }\n')
+    path.write_text(
+        '[model]\nname = "x"\nversion = "1"\n[defaults]\nprecisions = ["fp32"]\ntargets = ["onnxruntime:cpu"]\n'
+        '[components.m]\nsource = "m.onnx"\nexternal_sha256 = { "a" = "' + "0" * 64 + '" }\n'
+    )
     with pytest.raises(RecipeError, match="is for https:// and hf:// sources"):
         load_recipe(path)
 
@@ -177,6 +185,8 @@ def test_an_escaped_path_in_the_url_stays_in_the_download_folder(hub, tmp_path):
     graph = models.linear(tmp_path / "plain" / "model.onnx").read_bytes()
     hub[0].files["/a/%2F..%2F..%2Fescaped.onnx"] = graph
     downloads = tmp_path / "deep" / "downloads"
-    [job] = expand(load_recipe(recipe(tmp_path, f"{hub[0].url}/a/%2F..%2F..%2Fescaped.onnx", sha(graph), None)), downloads)
+    [job] = expand(
+        load_recipe(recipe(tmp_path, f"{hub[0].url}/a/%2F..%2F..%2Fescaped.onnx", sha(graph), None)), downloads
+    )
     assert job.source.path == downloads / sha(graph) / "escaped.onnx"
     assert not (tmp_path / "escaped.onnx").exists() and not (tmp_path / "deep" / "escaped.onnx").exists()

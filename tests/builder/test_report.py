@@ -13,20 +13,36 @@ import pytest
 @pytest.fixture
 def reported(tiny_recipe, cli, tmp_path):
     """fp32 builds on both CPU backends, an fp16 ORT job forced to fail validation, and a TensorRT job missing."""
-    good = tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89"), name="good.toml")
+    good = tiny_recipe(
+        precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89"), name="good.toml"
+    )
     cli("build", str(good), "--report", str(tmp_path / "r1.json"), check=True)
     bad = tiny_recipe(precisions=("fp16",), targets=("onnxruntime:cpu",), name="bad.toml")
     bad.write_text(bad.read_text().replace("inputs = {", "min_cosine = 1.0\nmax_abs_rel = 0.0\ninputs = {"))
     assert cli("build", str(bad), "--report", str(tmp_path / "r2.json")).returncode == 1
-    out = cli("report", "--reports", str(tmp_path / "r1.json"), "--reports", str(tmp_path / "r2.json"),
-              "--recipe", str(good), "--out", str(tmp_path / "report"), check=True)
+    out = cli(
+        "report",
+        "--reports",
+        str(tmp_path / "r1.json"),
+        "--reports",
+        str(tmp_path / "r2.json"),
+        "--recipe",
+        str(good),
+        "--out",
+        str(tmp_path / "report"),
+        check=True,
+    )
     assert "2 built, 1 failed, 1 missing" in out.stdout
     return tmp_path / "report"
 
 
 def test_html_has_the_status_grid_with_reasons(reported):
     page = (reported / "report.html").read_text()
-    assert page.count("<td class='built'>") == 2 and page.count("<td class='failed'>") == 1 and page.count("<td class='missing'>") == 1
+    assert (
+        page.count("<td class='built'>") == 2
+        and page.count("<td class='failed'>") == 1
+        and page.count("<td class='missing'>") == 1
+    )
     assert "validation failed" in page and "cosine" in page
     assert "tensorrt:sm_89" in page and "unavailable here" in page
     for heading in ("Status", "Latency", "Validation and benchmarks", "Build times and sizes"):
@@ -45,10 +61,14 @@ def test_markdown_summary(reported):
     summary = (reported / "summary.md").read_text()
     assert "built **2**, failed **1**, missing **1**" in summary
     assert "| tiny-sd/decoder | fp32 |" in summary and "❌ failed" in summary
-    sizes = [line for line in summary.splitlines() if line.startswith("| tiny-sd/decoder v1 | ") and line.count("|") == 10]
+    sizes = [
+        line for line in summary.splitlines() if line.startswith("| tiny-sd/decoder v1 | ") and line.count("|") == 10
+    ]
     assert len(sizes) == 2
     for line in sizes:  # each build's peak memory, and its time and peak per stage
-        assert re.search(r"\| \d+ \| prep \d+ s / \d+ MB · compile \d+ s / \d+ MB · reference .* · publish \d+ s / \d+ MB \|$", line), line
+        assert re.search(
+            r"\| \d+ \| prep \d+ s / \d+ MB · compile \d+ s / \d+ MB · reference .* · publish \d+ s / \d+ MB \|$", line
+        ), line
 
 
 def browser_or_skip() -> str:
@@ -65,8 +85,22 @@ def browser_or_skip() -> str:
 def test_report_renders_in_headless_chromium(reported, tmp_path):
     browser = browser_or_skip()
     shot = tmp_path / "report.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-                    "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-                    f"--screenshot={shot}", "--window-size=1200,1600", (reported / "report.html").as_uri()],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,1600",
+            (reported / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20000

@@ -48,18 +48,30 @@ def test_build_revalidates_when_validate_changes_and_rebuilds_nothing(built, tmp
     assert "0 built, 0 failed, 2 already stored (2 re-validated)" in proc.stdout
     assert {r["status"] for r in json.loads((tmp_path / "r.json").read_text())} == {"revalidated"}
     after = _entries(tmp_path)
-    assert {t: e["build_key"] for t, e in after.items()} == {t: e["build_key"] for t, e in before.items()}  # same engines
-    assert all(e["validation"]["revalidated"] and e["validation"]["settings"] != before[t]["validation"]["settings"] for t, e in after.items())
+    assert {t: e["build_key"] for t, e in after.items()} == {
+        t: e["build_key"] for t, e in before.items()
+    }  # same engines
+    assert all(
+        e["validation"]["revalidated"] and e["validation"]["settings"] != before[t]["validation"]["settings"]
+        for t, e in after.items()
+    )
     assert "exists" in cli("build", str(built), "--no-bench", check=True).stdout  # judged under these settings now
 
 
 def test_a_failed_recheck_is_recorded_obeyed_and_survives_an_index_rebuild(tmp_path, write_recipe, cli):
     models.linear(tmp_path / "m.onnx")
     # ONNX Runtime fp32 reproduces the reference exactly; OpenVINO fp16 rounds its weights
-    built = write_recipe(RECIPE.replace('[defaults]', '[defaults]\nprecisions = ["fp32", "fp16"]\n'
-                                        'exclude = [{ target = "onnxruntime", precision = "fp16" }, { target = "openvino", precision = "fp32" }]'))
+    built = write_recipe(
+        RECIPE.replace(
+            "[defaults]",
+            '[defaults]\nprecisions = ["fp32", "fp16"]\n'
+            'exclude = [{ target = "onnxruntime", precision = "fp16" }, { target = "openvino", precision = "fp32" }]',
+        )
+    )
     cli("build", str(built), "--no-bench", check=True)
-    enginefarm.load("lin/c", target="openvino:cpu").run({"x": np.ones((1, 8), np.float32)})  # now in the local cache too
+    enginefarm.load("lin/c", target="openvino:cpu").run(
+        {"x": np.ones((1, 8), np.float32)}
+    )  # now in the local cache too
     # zero tolerance and an absolute noise floor of 1e-12 refuse any rounding
     built.write_text(built.read_text() + "[components.c.validate]\nmax_abs_rel = 0.0\nnoise_floor = 1e-12\n")
     proc = cli("validate", str(built))

@@ -15,8 +15,11 @@ from tests import models
 
 
 def test_reads_what_the_safetensors_package_writes(tmp_path):
-    tensors = {"a.weight": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.linspace(-2, 2, 5).astype(np.float16),
-               "ids": np.arange(4, dtype=np.int64)}
+    tensors = {
+        "a.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.linspace(-2, 2, 5).astype(np.float16),
+        "ids": np.arange(4, dtype=np.int64),
+    }
     st = SafeTensors(models.write_safetensors(tmp_path / "x.safetensors", tensors))
     assert sorted(st.names) == ["a.weight", "b", "ids"]
     assert np.array_equal(st.array("a.weight"), tensors["a.weight"])
@@ -35,8 +38,8 @@ def test_bf16_is_widened_exactly(tmp_path):
     save_file({"w": bits}, str(path))  # written as U16, then relabelled BF16 in the header below
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = raw[8:8 + n].replace(b'"U16"', b'"BF16"')
-    path.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n:])
+    header = raw[8 : 8 + n].replace(b'"U16"', b'"BF16"')
+    path.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n :])
     assert np.array_equal(SafeTensors(path).array("w"), (bits.astype(np.uint32) << 16).view(np.float32))
 
 
@@ -56,24 +59,53 @@ def _file(tmp_path, header, data: bytes = b"", length: int | None = None):
     return path
 
 
-@pytest.mark.parametrize("header, data, length, message", [
-    (b"", b"", 2**63, "header claims"),
-    (b"{}", b"", MAX_HEADER + 1, "header claims"),
-    (b"not json", b"", None, "not JSON"),
-    (b"[1, 2]", b"", None, "not a JSON object"),
-    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None, "outside"),
-    ({"w": {"dtype": "F32", "shape": [1 << 40, 1 << 40], "data_offsets": [0, 16]}}, b"\0" * 16, None, "do not hold"),
-    ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "malformed shape"),
-    ({"w": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "unsupported dtype"),
-    ({"w": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, None, "needs exactly"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
-     b"\0" * 12, None, "overlap"),
-    ({"__metadata__": {"k": 1}}, b"", None, "__metadata__"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "cover 4 of the 8 bytes"),  # a hole before it
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 12, None, "cover 4 of the 12 bytes"),  # bytes after it
-    (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
-     b"\0" * 8, None, "appear more than once"),
-])
+@pytest.mark.parametrize(
+    "header, data, length, message",
+    [
+        (b"", b"", 2**63, "header claims"),
+        (b"{}", b"", MAX_HEADER + 1, "header claims"),
+        (b"not json", b"", None, "not JSON"),
+        (b"[1, 2]", b"", None, "not a JSON object"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None, "outside"),
+        (
+            {"w": {"dtype": "F32", "shape": [1 << 40, 1 << 40], "data_offsets": [0, 16]}},
+            b"\0" * 16,
+            None,
+            "do not hold",
+        ),
+        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "malformed shape"),
+        ({"w": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "unsupported dtype"),
+        ({"w": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, None, "needs exactly"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+            },
+            b"\0" * 12,
+            None,
+            "overlap",
+        ),
+        ({"__metadata__": {"k": 1}}, b"", None, "__metadata__"),
+        (
+            {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+            b"\0" * 8,
+            None,
+            "cover 4 of the 8 bytes",
+        ),  # a hole before it
+        (
+            {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+            b"\0" * 12,
+            None,
+            "cover 4 of the 12 bytes",
+        ),  # bytes after it
+        (
+            b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+            b"\0" * 8,
+            None,
+            "appear more than once",
+        ),
+    ],
+)
 def test_hostile_headers_are_clear_errors(tmp_path, header, data, length, message):
     with pytest.raises(WeightsError, match=message):
         SafeTensors(_file(tmp_path, header, data, length))

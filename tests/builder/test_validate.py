@@ -115,11 +115,17 @@ def test_openvino_computes_in_the_precision_it_promises(tiny_recipe, cli, tmp_pa
     assert computed == expected
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ({"x": np.ones((9, 3), np.float32)}, r"x has shape \[9, 3\], outside profile 'default' \(\[1, 8\] \.\. \[4, 8\]\)"),
-    ({"z": np.ones((2, 8), np.float32)}, r"samples.npz holds \['z'\], the model's inputs are \['x'\]"),
-    (None, "cannot read samples.npz: not a numpy .npz file"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        (
+            {"x": np.ones((9, 3), np.float32)},
+            r"x has shape \[9, 3\], outside profile 'default' \(\[1, 8\] \.\. \[4, 8\]\)",
+        ),
+        ({"z": np.ones((2, 8), np.float32)}, r"samples.npz holds \['z'\], the model's inputs are \['x'\]"),
+        (None, "cannot read samples.npz: not a numpy .npz file"),
+    ],
+)
 def test_samples_that_cannot_run_fail_the_plan(tmp_path, write_recipe, arrays, message):
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
@@ -130,7 +136,8 @@ def test_samples_that_cannot_run_fail_the_plan(tmp_path, write_recipe, arrays, m
         (tmp_path / "samples.npz").write_text("not numpy")
     else:
         np.savez(tmp_path / "samples.npz", **arrays)
-    recipe = load_recipe(write_recipe("""
+    recipe = load_recipe(
+        write_recipe("""
 [model]
 name = "lin"
 version = "1"
@@ -142,7 +149,8 @@ source = "m.onnx"
 batch = [1, 2, 4]
 [components.c.validate]
 samples = "samples.npz"
-"""))
+""")
+    )
     with pytest.raises(RecipeError, match=r"components\.c\.validate\.samples: " + message):
         expand(recipe, tmp_path / "dl")
 
@@ -159,12 +167,14 @@ def test_a_nearly_constant_sigmoid_map_is_judged_by_the_logits_that_feed_it():
     from enginefarm.builder.recipe import ValidateSpec
 
     logits = -20 + np.random.default_rng(0).normal(0, 0.5, size=(1, 1, 64, 64))
-    rounding = 30 * 2.0 ** -23 * 20 * np.random.default_rng(1).normal(size=logits.shape)
+    rounding = 30 * 2.0**-23 * 20 * np.random.default_rng(1).normal(size=logits.shape)
     fp32 = Thresholds.for_job("fp32", ValidateSpec())
     correct = compare(_sigmoid(logits), _sigmoid(logits + rounding), fp32, scale=20.0)
     assert correct["passed"], correct["reason"]
     assert correct["decided_by"].startswith("max_abs (cosine ignored") and correct["noise_floor"] > correct["max_abs"]
-    assert not compare(_sigmoid(logits), _sigmoid(logits), Thresholds(0.9999, 1e-3, noise_floor=1e-30))["reason"]  # identical: fine anywhere
+    assert not compare(_sigmoid(logits), _sigmoid(logits), Thresholds(0.9999, 1e-3, noise_floor=1e-30))[
+        "reason"
+    ]  # identical: fine anywhere
     wrong = compare(_sigmoid(logits), _sigmoid(logits + 19), fp32, scale=20.0)  # a lost bias of +19 lights the map up
     assert not wrong["passed"] and wrong["decided_by"] == "max_abs"
 
@@ -177,8 +187,8 @@ def test_the_floor_scales_with_precision_and_quantization():
     fp32, fp16 = Thresholds.for_job("fp32", spec), Thresholds.for_job("fp16", spec)
     quantized = Thresholds.for_job("fp32", spec, quantized=True)
     assert fp32.floor(10.0) == NOISE_GROWTH * ACCUMULATION_EPSILON * 10.0
-    assert fp16.floor(10.0) == NOISE_GROWTH * 2.0 ** -10 * 10.0 > fp32.floor(10.0)
-    assert quantized.epsilon == 2.0 ** -7 and quantized.min_cosine < fp16.min_cosine <= fp32.min_cosine
+    assert fp16.floor(10.0) == NOISE_GROWTH * 2.0**-10 * 10.0 > fp32.floor(10.0)
+    assert quantized.epsilon == 2.0**-7 and quantized.min_cosine < fp16.min_cosine <= fp32.min_cosine
     assert Thresholds.for_job("fp32", ValidateSpec(min_cosine=0.5), quantized=True).min_cosine == 0.5  # the recipe wins
     assert Thresholds.for_job("fp32", ValidateSpec(noise_floor=1e-3)).floor(1e6) == 1e-3
 
@@ -196,7 +206,17 @@ def test_every_metric_is_reported_and_the_hint_names_the_knobs_with_the_numbers_
 
     report = validate(Off(), [("opt", {})], [Reference({"y": ref}, {"y": 1.0})], Thresholds(0.9999, 1e-3))
     (check,) = report["checks"]
-    assert {"cosine", "max_abs", "rms_error", "range", "scale", "noise_floor", "tolerance", "psnr", "argmax_agreement"} <= set(check)
+    assert {
+        "cosine",
+        "max_abs",
+        "rms_error",
+        "range",
+        "scale",
+        "noise_floor",
+        "tolerance",
+        "psnr",
+        "argmax_agreement",
+    } <= set(check)
     assert not report["passed"] and check["decided_by"] == "max_abs"
     assert "max_abs_rel = 0.0055 (now 0.001; seen 0.005 of the range)" in report["hint"]
     assert "validate.samples" in report["hint"]
@@ -208,8 +228,10 @@ def test_image_inputs_get_images_and_everything_stays_in_the_declared_range():
     from enginefarm.builder.validate import sample_cases
 
     inputs = [TensorInfo("image", "float32", ("b", 3, "h", "w")), TensorInfo("latent", "float32", (1, 4, 16, 16))]
-    profile = {"image": {"min": [1, 3, 32, 32], "opt": [1, 3, 64, 96], "max": [2, 3, 128, 128]},
-               "latent": {c: [1, 4, 16, 16] for c in ("min", "opt", "max")}}
+    profile = {
+        "image": {"min": [1, 3, 32, 32], "opt": [1, 3, 64, 96], "max": [2, 3, 128, 128]},
+        "latent": {c: [1, 4, 16, 16] for c in ("min", "opt", "max")},
+    }
     spec = ValidateSpec(inputs={"image": SampleSpec(0.0, 255.0)})
     cases = sample_cases(inputs, profile, spec)
     assert [name for name, _ in cases] == ["min", "opt", "max", "opt-noise"]
@@ -217,6 +239,8 @@ def test_image_inputs_get_images_and_everything_stays_in_the_declared_range():
     assert image.shape == (1, 3, 64, 96) and 0 <= image.min() and image.max() <= 255
     # an image: neighbours are alike (smooth shading, flat objects), unlike uniform noise
     assert np.median(np.abs(np.diff(image, axis=-1))) < 0.1 * np.median(np.abs(np.diff(cases[3][1]["image"], axis=-1)))
-    assert -1 <= latent.min() and latent.max() <= 1 and np.mean(np.abs(np.diff(latent, axis=-1))) > 0.4  # 4 channels: noise
+    assert (
+        -1 <= latent.min() and latent.max() <= 1 and np.mean(np.abs(np.diff(latent, axis=-1))) > 0.4
+    )  # 4 channels: noise
     again = sample_cases(inputs, profile, spec)
     assert all(np.array_equal(a[1][k], b[1][k]) for a, b in zip(cases, again, strict=True) for k in a[1])  # seeded

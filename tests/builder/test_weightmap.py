@@ -27,8 +27,16 @@ def test_linear_conv_and_norm_weights_are_found_by_content(tmp_path):
     assert (m["attn.to_q.weight"].initializer, m["attn.to_q.weight"].transpose) == ("onnx::MatMul_11", True)
     assert (m["attn.to_out.weight"].initializer, m["attn.to_out.weight"].transpose) == ("onnx::MatMul_12", True)
     assert (m["norm.weight"].initializer, m["norm.weight"].onnx_shape) == ("onnx::Mul_9", (8, 1, 1))
-    assert (m["attn.to_k.weight"].initializer, m["attn.to_k.weight"].transpose, m["attn.to_k.weight"].block) == ("onnx::MatMul_kv", True, (1, 0, 16))
-    assert (m["attn.to_v.weight"].block, m["attn.to_v.bias"].initializer, m["attn.to_v.bias"].block) == ((1, 16, 32), "onnx::Add_kv", (0, 16, 32))
+    assert (m["attn.to_k.weight"].initializer, m["attn.to_k.weight"].transpose, m["attn.to_k.weight"].block) == (
+        "onnx::MatMul_kv",
+        True,
+        (1, 0, 16),
+    )
+    assert (m["attn.to_v.weight"].block, m["attn.to_v.bias"].initializer, m["attn.to_v.bias"].block) == (
+        (1, 16, 32),
+        "onnx::Add_kv",
+        (0, 16, 32),
+    )
     assert set(found.unmatched) == {"extra.weight"} and "no initializer" in found.unmatched["extra.weight"]
     assert WeightMap.from_json(found.to_json()) == found
 
@@ -110,13 +118,16 @@ def test_checkpoint_goes_into_the_key(tmp_path, write_recipe):
     assert len(keys) == 3
 
 
-@pytest.mark.parametrize("value, message", [
-    ('"missing.safetensors"', "file not found"),
-    ('"mising.ckpt"', "file not found"),  # a typo is named as one, not as the wrong format
-    ('"weights.ckpt"', "must be a .safetensors file"),
-    ('"https://example.com/x.safetensors"', "must be a local file"),
-    ('["a.safetensors"]', "non-empty string"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ('"missing.safetensors"', "file not found"),
+        ('"mising.ckpt"', "file not found"),  # a typo is named as one, not as the wrong format
+        ('"weights.ckpt"', "must be a .safetensors file"),
+        ('"https://example.com/x.safetensors"', "must be a local file"),
+        ('["a.safetensors"]', "non-empty string"),
+    ],
+)
 def test_bad_checkpoint_entries_name_the_key(tmp_path, write_recipe, value, message):
     models.lora_net(tmp_path / "net.onnx")
     (tmp_path / "weights.ckpt").write_bytes(b"x")

@@ -33,8 +33,24 @@ targets = ["onnxruntime:cpu"]
 source = "models/tiny_sd.onnx"
 {profile_tables(3)}
 """)
-    procs = [subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "build", str(recipe), "--no-bench", "--store", str(tmp_path / f"store{i}")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.cli",
+                "build",
+                str(recipe),
+                "--no-bench",
+                "--store",
+                str(tmp_path / f"store{i}"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-800:] + o[0][-800:] for o in outs]
     for i in range(2):
@@ -54,7 +70,9 @@ def test_a_dead_builds_work_folder_is_reclaimed_and_counted(tmp_path, cli, tiny_
     left = home / "build" / "jobs" / f"{'a' * 24}.{dead_pid()}-12345"
     left.mkdir(parents=True)
     (left / "model.onnx").write_bytes(os.urandom(100_000))
-    mine = home / "build" / "jobs" / f"{'b' * 24}.{os.getpid()}-1"  # a pid that runs, but started at another time: dead too
+    mine = (
+        home / "build" / "jobs" / f"{'b' * 24}.{os.getpid()}-1"
+    )  # a pid that runs, but started at another time: dead too
     mine.mkdir()
     cache = DeviceCache(home)
     assert cache.size() >= 100_000, "leftovers count against the quota"
@@ -136,13 +154,15 @@ def test_a_samples_zip_bomb_does_not_blow_up_plan(tmp_path, write_recipe):
     npz_bomb(tmp_path / "samples.npz", (1, 8 * 32 << 20))  # 1 GiB of float32 zeros
     assert (tmp_path / "samples.npz").stat().st_size < 4 << 20
     recipe = write_recipe(RECIPE_HEAD + '[components.lin.validate]\nsamples = "samples.npz"\n')
-    code = ("import resource, sys\nfrom enginefarm.builder.planner import expand\nfrom enginefarm.builder.recipe import load_recipe\n"
-            "from enginefarm.errors import RecipeError\n"
-            f"try:\n    expand(load_recipe({str(recipe)!r}), __import__('pathlib').Path({str(tmp_path / 'src')!r}))\n"
-            "except RecipeError as exc:\n    print('refused:', exc)\n"
-            # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so it would report the test runner's size
-            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
-            "print('rss_mb', int(hwm[0].split()[1]) // 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    code = (
+        "import resource, sys\nfrom enginefarm.builder.planner import expand\nfrom enginefarm.builder.recipe import load_recipe\n"
+        "from enginefarm.errors import RecipeError\n"
+        f"try:\n    expand(load_recipe({str(recipe)!r}), __import__('pathlib').Path({str(tmp_path / 'src')!r}))\n"
+        "except RecipeError as exc:\n    print('refused:', exc)\n"
+        # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so it would report the test runner's size
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+        "print('rss_mb', int(hwm[0].split()[1]) // 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rss = int(out.stdout.split("rss_mb")[1])
@@ -177,4 +197,3 @@ def test_a_model_name_with_a_trailing_newline_is_a_recipe_error(write_recipe, tm
     recipe = write_recipe('[model]\nname = "x\\n"\nversion = "1"\n[components.c]\nsource = "m.onnx"\n')
     with pytest.raises(RecipeError, match=r": model\.name: "):
         load_recipe(recipe)
-

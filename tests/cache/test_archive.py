@@ -23,7 +23,9 @@ def _tree(root: Path) -> Path:
 
 
 def _listing(folder: Path) -> dict[str, bytes | None]:
-    return {p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))
+    }
 
 
 def test_same_tree_gives_the_same_bytes_whatever_the_times_owners_and_modes(tmp_path):
@@ -99,7 +101,10 @@ HOSTILE = {
     "absolute": ([_entry("/tmp/evil-enginefarm")], "absolute"),
     "outside root": ([_entry("other/evil")], "outside model.mlpackage/"),
     "symlink": ([_entry("model.mlpackage/weights", tarfile.SYMTYPE, "/etc")], "link"),
-    "symlink then write through it": ([_entry("model.mlpackage/w", tarfile.SYMTYPE, ".."), _entry("model.mlpackage/w/evil")], "link"),
+    "symlink then write through it": (
+        [_entry("model.mlpackage/w", tarfile.SYMTYPE, ".."), _entry("model.mlpackage/w/evil")],
+        "link",
+    ),
     "hardlink": ([_entry("model.mlpackage/passwd", tarfile.LNKTYPE, "/etc/passwd")], "link"),
     "char device": ([_entry("model.mlpackage/null", tarfile.CHRTYPE)], "device"),
     "block device": ([_entry("model.mlpackage/sda", tarfile.BLKTYPE)], "device"),

@@ -16,9 +16,15 @@ from enginefarm.cache.build_keys import build_key, canonical_json
 from enginefarm.cache.manifest import Target
 
 BASE = {
-    "model": "sd15", "model_version": "1", "source": "a" * 64, "component": "vae", "precision": "fp16",
-    "profile": {"x": {"min": [1], "opt": [2], "max": [4]}}, "target": "openvino:cpu",
-    "toolchain": {"openvino": "2026.4.1", "onnx": "1.23.2", "opset": "17", "prep": "1"}, "options": {},
+    "model": "sd15",
+    "model_version": "1",
+    "source": "a" * 64,
+    "component": "vae",
+    "precision": "fp16",
+    "profile": {"x": {"min": [1], "opt": [2], "max": [4]}},
+    "target": "openvino:cpu",
+    "toolchain": {"openvino": "2026.4.1", "onnx": "1.23.2", "opset": "17", "prep": "1"},
+    "options": {},
 }
 
 
@@ -32,9 +38,15 @@ def test_key_is_stable():
 
 
 CHANGES = {
-    "model": "sdxl", "model_version": "2", "source": "b" * 64, "component": "unet", "precision": "fp32",
-    "profile": {"x": {"min": [1], "opt": [2], "max": [8]}}, "target": "openvino:gpu",
-    "toolchain": {**BASE["toolchain"], "openvino": "2026.5.0"}, "options": {"strip": True},
+    "model": "sdxl",
+    "model_version": "2",
+    "source": "b" * 64,
+    "component": "unet",
+    "precision": "fp32",
+    "profile": {"x": {"min": [1], "opt": [2], "max": [8]}},
+    "target": "openvino:gpu",
+    "toolchain": {**BASE["toolchain"], "openvino": "2026.5.0"},
+    "options": {"strip": True},
 }
 
 
@@ -69,9 +81,17 @@ def test_key_does_not_depend_on_the_host(tiny_recipe, tmp_path):
     code = "import sys, json; from tests.cache.test_build_keys import _planned_keys; from pathlib import Path; print(json.dumps(_planned_keys(Path(sys.argv[1]))))"
     other_cwd = tmp_path / "elsewhere"
     other_cwd.mkdir()
-    env = {**os.environ, "HOME": str(tmp_path / "otherhome"), "ENGINEFARM_HOME": str(tmp_path / "otherefhome"), "HOSTNAME": "farm-runner-7",
-           "USER": "someone", "PYTHONPATH": os.pathsep.join([str(recipe.parents[0]), *sys.path])}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path / "otherhome"),
+        "ENGINEFARM_HOME": str(tmp_path / "otherefhome"),
+        "HOSTNAME": "farm-runner-7",
+        "USER": "someone",
+        "PYTHONPATH": os.pathsep.join([str(recipe.parents[0]), *sys.path]),
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run([sys.executable, "-c", code, str(recipe)], capture_output=True, text=True, cwd=other_cwd, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(recipe)], capture_output=True, text=True, cwd=other_cwd, env=env, check=True
+    )
     assert json.loads(out.stdout) == here
     assert len(set(here)) == 4

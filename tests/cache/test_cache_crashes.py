@@ -33,10 +33,18 @@ def _fill(home: Path, count: int) -> list[Manifest]:
         data = f"artifact {i}".encode() * 50
         (src / "model.onnx").write_bytes(data)
         digest = hashlib.sha256(data).hexdigest()
-        manifest = Manifest(build_key=hashlib.sha256(f"k{i}".encode()).hexdigest(), model="m", model_version="1", component=f"c{i}",
-                            precision="fp32", profile_name="p", profile={"x": {"min": [1], "opt": [1], "max": [1]}},
-                            target="onnxruntime:cpu", toolchain={"onnxruntime": "1"},
-                            files=(ArtifactFile("model.onnx", "model", len(data), digest, "none", len(data), digest),))
+        manifest = Manifest(
+            build_key=hashlib.sha256(f"k{i}".encode()).hexdigest(),
+            model="m",
+            model_version="1",
+            component=f"c{i}",
+            precision="fp32",
+            profile_name="p",
+            profile={"x": {"min": [1], "opt": [1], "max": [1]}},
+            target="onnxruntime:cpu",
+            toolchain={"onnxruntime": "1"},
+            files=(ArtifactFile("model.onnx", "model", len(data), digest, "none", len(data), digest),),
+        )
         cache.add_local(manifest, src)
         manifests.append(manifest)
     old = time.time() - 3 * 86400
@@ -84,12 +92,22 @@ def test_two_cache_gc_at_once_both_succeed_and_leave_a_valid_cache(tmp_path):
     for r in range(ROUNDS):
         shutil.copytree(template, tmp_path / f"home{r}", symlinks=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), str(i), str(ROUNDS), str(RACERS)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(RACERS)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(tmp_path), str(i), str(ROUNDS), str(RACERS)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(RACERS)
+    ]
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and "Traceback" not in err, out + err[-3000:]
-        assert [line for line in out.splitlines() if line.startswith("round ")] == [f"round {r}: exit 0" for r in range(ROUNDS)], out + err[-3000:]
+        assert [line for line in out.splitlines() if line.startswith("round ")] == [
+            f"round {r}: exit 0" for r in range(ROUNDS)
+        ], out + err[-3000:]
     for r in range(ROUNDS):
         home = tmp_path / f"home{r}"
         cache = DeviceCache(home)
@@ -106,17 +124,34 @@ def test_two_cache_gc_at_once_both_succeed_and_leave_a_valid_cache(tmp_path):
 # A read-only cache (a read-only mount, or a folder the user may not write) ------------------------------------
 # The command runs in its own mount namespace where ENGINEFARM_HOME is bind-mounted read-only: chmod does not stop
 # root, a read-only mount stops everyone, and nothing outside the child sees the mount.
-READ_ONLY = 'mount --bind "$ENGINEFARM_HOME" "$ENGINEFARM_HOME" && mount -o remount,ro,bind "$ENGINEFARM_HOME" && exec "$@"'
+READ_ONLY = (
+    'mount --bind "$ENGINEFARM_HOME" "$ENGINEFARM_HOME" && mount -o remount,ro,bind "$ENGINEFARM_HOME" && exec "$@"'
+)
 
 
 def _run_read_only(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ENGINEFARM_HOME": str(home)}
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", READ_ONLY, "sh", "sh", "-c", 'touch "$ENGINEFARM_HOME/probe"'],
-                           env=env, capture_output=True, text=True) if shutil.which("unshare") else None
+    probe = (
+        subprocess.run(
+            ["unshare", "-rm", "sh", "-c", READ_ONLY, "sh", "sh", "-c", 'touch "$ENGINEFARM_HOME/probe"'],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if shutil.which("unshare")
+        else None
+    )
     if probe is None or "Read-only file system" not in probe.stderr:
-        pytest.skip(f"cannot mount a folder read-only here (unshare -rm): {probe.stderr.strip() if probe else 'no unshare'}")
-    return subprocess.run(["unshare", "-rm", "sh", "-c", READ_ONLY, "sh", sys.executable, "-m", "enginefarm.cli", *args],
-                          env=env, capture_output=True, text=True, timeout=120)
+        pytest.skip(
+            f"cannot mount a folder read-only here (unshare -rm): {probe.stderr.strip() if probe else 'no unshare'}"
+        )
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", READ_ONLY, "sh", sys.executable, "-m", "enginefarm.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _snapshot(home: Path) -> dict[str, bytes]:
@@ -141,8 +176,13 @@ def test_cache_verify_on_a_read_only_cache_checks_everything_and_says_nothing_wa
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert sum(line.startswith("ok ") for line in lines) == 2
-    assert [line for line in lines if line.startswith("damaged m/c1 ")] and not [line for line in lines if "evicted" in line]
-    assert proc.stderr.strip() == f"warning: the cache at {home} is read-only (read-only file system): every artifact was checked, nothing was evicted"
+    assert [line for line in lines if line.startswith("damaged m/c1 ")] and not [
+        line for line in lines if "evicted" in line
+    ]
+    assert (
+        proc.stderr.strip()
+        == f"warning: the cache at {home} is read-only (read-only file system): every artifact was checked, nothing was evicted"
+    )
     assert _snapshot(home) == before
     assert DeviceCache(home).problems(manifests[0].build_key) == []
 
@@ -155,7 +195,8 @@ def test_cache_gc_on_a_read_only_cache_is_one_line_and_changes_nothing(damaged_c
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [
         f"error: cache gc removed nothing: the cache at {home} is read-only (read-only file system)",
-        "hint: run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder"]
+        "hint: run it as the cache's owner, or set ENGINEFARM_HOME to a writable folder",
+    ]
     assert _snapshot(home) == before
 
 

@@ -69,7 +69,9 @@ def test_load_refuses_a_tampered_store_with_a_clear_error(published, tmp_path):
     store, manifest = published
     blob = blob_path(store, manifest)
     _rewrite(blob, blob.read_bytes()[:-10])
-    with pytest.raises(IntegrityError, match=r"the stored bytes do not match their manifest \(tampered or corrupt store\)") as caught:
+    with pytest.raises(
+        IntegrityError, match=r"the stored bytes do not match their manifest \(tampered or corrupt store\)"
+    ) as caught:
         enginefarm.load("tiny-sd/decoder", device="cpu")
     assert "build" not in (caught.value.hint or "")  # not "no artifact fits this device; build one"
     assert list(cache_dir(tmp_path).entries()) == []
@@ -132,7 +134,9 @@ def test_verify_all_evicts_damage_and_artifacts_without_a_manifest(published, tm
     orphan.mkdir()
     proc = cli("cache", "verify")
     assert proc.returncode == 1 and f"evicted [{orphan.name[:12]}]: its manifest is missing or malformed" in proc.stdout
-    assert not orphan.exists() and cli("cache", "verify", check=True).stdout == ""  # evicted, so a second run finds nothing
+    assert (
+        not orphan.exists() and cli("cache", "verify", check=True).stdout == ""
+    )  # evicted, so a second run finds nothing
 
 
 def test_gc_respects_the_quota_in_lru_order(tiny_recipe, cli, tmp_path):

@@ -40,12 +40,24 @@ def make_artifact(folder: Path, seed: str, *, big: int = BIG, writer: int = 0) -
     models.linear(src / "model.onnx")
     entries = [("model.onnx", "model")]
     if big:
-        np.random.default_rng(int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16)).normal(size=big // 4).astype(np.float32).tofile(src / "weights.bin")
+        np.random.default_rng(int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16)).normal(size=big // 4).astype(
+            np.float32
+        ).tofile(src / "weights.bin")
         entries.append(("weights.bin", "weights"))
     files, blobs = pack_files(src, entries, folder / f"blobs-{seed}-{os.getpid()}")
-    manifest = Manifest(build_key=hashlib.sha256(seed.encode()).hexdigest(), model="fi", model_version="1", component="lin", precision="fp32",
-                        profile_name="default", profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}}, target="onnxruntime:cpu",
-                        toolchain={"onnxruntime": "1"}, files=tuple(files), provenance={"created": f"2026-01-0{writer + 1}T00:00:00+00:00", "writer": writer})
+    manifest = Manifest(
+        build_key=hashlib.sha256(seed.encode()).hexdigest(),
+        model="fi",
+        model_version="1",
+        component="lin",
+        precision="fp32",
+        profile_name="default",
+        profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}},
+        target="onnxruntime:cpu",
+        toolchain={"onnxruntime": "1"},
+        files=tuple(files),
+        provenance={"created": f"2026-01-0{writer + 1}T00:00:00+00:00", "writer": writer},
+    )
     return manifest, blobs
 
 
@@ -63,14 +75,28 @@ PUBLISHER = textwrap.dedent("""
 """)
 
 
-def run_publisher(url: str, folder: Path, seed: str = "a", *, fault: str | None = None, writer: int = 0, go: str = "-", big: int = BIG,
-                  wait: bool = True):
+def run_publisher(
+    url: str,
+    folder: Path,
+    seed: str = "a",
+    *,
+    fault: str | None = None,
+    writer: int = 0,
+    go: str = "-",
+    big: int = BIG,
+    wait: bool = True,
+):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("ENGINEFARM_FAULT_AT", None)
     if fault:
         env["ENGINEFARM_FAULT_AT"] = fault
-    proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, url, str(folder), seed, str(writer), go, str(big)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, url, str(folder), seed, str(writer), go, str(big)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if not wait:
         return proc
     out, err = proc.communicate(timeout=300)
@@ -175,7 +201,12 @@ def test_a_dead_download_is_reclaimed_by_cache_gc(tmp_path, cli):
     store = open_store(tmp_path / "store")
     manifest, blobs = make_artifact(tmp_path, "a")
     publish(store, manifest, blobs)
-    assert cli("fetch", REF, "--device", "cpu", "--store", str(store.root), env={"ENGINEFARM_FAULT_AT": "fetch:chunk#2"}).returncode == -9
+    assert (
+        cli(
+            "fetch", REF, "--device", "cpu", "--store", str(store.root), env={"ENGINEFARM_FAULT_AT": "fetch:chunk#2"}
+        ).returncode
+        == -9
+    )
     cache = DeviceCache(tmp_path / "home")
     assert cache.work_size() > 0
     cache.gc(None)  # young leftovers of a download stay, for the next fetch to resume
@@ -188,9 +219,11 @@ def kill_fetch(store_url: str, manifest: Manifest, home: Path, stage: str) -> No
     """Fetch `manifest` into the cache at `home` in a child process that is killed at `stage`."""
     path = home.parent / f"manifest-{manifest.build_key[:8]}.json"
     path.write_bytes(manifest.to_json())
-    code = (f"from enginefarm.cache.device_cache import DeviceCache; from enginefarm.cache.stores import open_store; "
-            f"from enginefarm.cache.manifest import Manifest; DeviceCache({str(home)!r}).fetch(open_store({store_url!r}), "
-            f"Manifest.from_json(open({str(path)!r}, 'rb').read()))")
+    code = (
+        f"from enginefarm.cache.device_cache import DeviceCache; from enginefarm.cache.stores import open_store; "
+        f"from enginefarm.cache.manifest import Manifest; DeviceCache({str(home)!r}).fetch(open_store({store_url!r}), "
+        f"Manifest.from_json(open({str(path)!r}, 'rb').read()))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ENGINEFARM_FAULT_AT": stage})
     assert proc.returncode == -signal.SIGKILL
 
@@ -250,7 +283,9 @@ def small_fs(tmp_path):
         pytest.skip("mounting a small tmpfs needs root (the injected-ENOSPC tests cover the same paths without it)")
     folder = tmp_path / "small"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     yield folder
@@ -268,7 +303,9 @@ def test_publishing_onto_a_full_disk_says_so_and_harms_nothing(small_fs, tmp_pat
     src = open_store(tmp_path / "src")
     publish(src, manifest, blobs)
     proc = cli("publish", "--from", str(src.root), "--to", str(store.root))
-    assert proc.returncode == 1 and "error: disk full: need" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "error: disk full: need" in proc.stderr and "Traceback" not in proc.stderr, (
+        proc.stderr
+    )
     assert store.list_partials() == []
     assert_loads(str(store.root), first, tmp_path / "home", monkeypatch)  # what was stored before still loads
 
@@ -303,7 +340,11 @@ def test_a_manifest_that_lies_about_its_size_is_capped(tmp_path, monkeypatch):
 
     from enginefarm.cache.manifest import ArtifactFile
 
-    lie = replace(manifest, files=manifest.files + (ArtifactFile("weights.bin", "weights", claimed, "0" * 64, "zstd", bomb.stat().st_size, digest),))
+    lie = replace(
+        manifest,
+        files=manifest.files
+        + (ArtifactFile("weights.bin", "weights", claimed, "0" * 64, "zstd", bomb.stat().st_size, digest),),
+    )
     publish(store, lie, {})
     monkeypatch.setenv("ENGINEFARM_MAX_ARTIFACT_SIZE", "1G")
     with pytest.raises(Exception, match="ENGINEFARM_MAX_ARTIFACT_SIZE") as caught:
@@ -435,7 +476,9 @@ def test_build_repairs_a_stored_artifact_whose_blob_is_missing(kind, tiny_recipe
     plan = cli("plan", recipe, "--store", url)
     assert "missing" in plan.stdout, plan.stdout + plan.stderr
     again = cli("build", recipe, "--no-bench", "--store", url)
-    assert again.returncode == 0 and "0 already stored" in again.stdout and "repaired" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "0 already stored" in again.stdout and "repaired" in again.stdout, (
+        again.stdout + again.stderr
+    )
     repaired = read_manifest(store, key) or manifest
     assert all(store.has_blob(f.stored_sha256) for f in repaired.files)
     assert read_index(store, "tiny-sd").entries[repaired.build_key] == IndexEntry.of(repaired)
@@ -456,7 +499,9 @@ def test_fault_stages_are_all_exercised():
 def test_a_build_whose_store_fills_up_says_disk_full(tiny_recipe, cli):
     """Before, a full disk while a build published was "build process died (exit code 1)"."""
     proc = cli("build", str(tiny_recipe()), "--no-bench", env={"ENGINEFARM_FAULT_AT": "store:blob-temp:enospc"})
-    assert proc.returncode == 1 and "disk full: need" in proc.stderr and "died" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "disk full: need" in proc.stderr and "died" not in proc.stderr, (
+        proc.stdout + proc.stderr
+    )
     assert "Traceback" not in proc.stderr
     again = cli("build", str(tiny_recipe()), "--no-bench")
     assert again.returncode == 0 and "1 built" in again.stdout, again.stdout + again.stderr

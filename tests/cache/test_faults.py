@@ -129,6 +129,7 @@ def test_object_replaced_between_ranges_is_never_spliced(artifact, proxy, bucket
 def test_replaced_object_fails_verification_and_caches_nothing(artifact, proxy, bucket, s3_env, tmp_path):
     store, manifest, data = artifact
     key = f"farm/blobs/sha256/{manifest.files[0].stored_sha256[:2]}/{manifest.files[0].stored_sha256}"
+
     def replace():
         client = boto3.client("s3", endpoint_url=s3_env.url, region_name="us-east-1")
         client.put_object(Bucket=bucket, Key=key, Body=os.urandom(100))
@@ -219,7 +220,15 @@ def test_load_from_a_trickling_store_fails_fast_in_one_line(artifact, proxy, buc
     """Through the CLI, with the default window and deadline and only the rate floor set (docs/environment.md)."""
     proxy.add(path_contains="/index/", trickle_bps=10, times=-1)
     started = time.monotonic()
-    proc = cli("fetch", "m/c", "--device", "cpu", "--store", f"{proxy.url}/{bucket}/farm", env={"ENGINEFARM_HTTP_MIN_RATE": "1024"})
+    proc = cli(
+        "fetch",
+        "m/c",
+        "--device",
+        "cpu",
+        "--store",
+        f"{proxy.url}/{bucket}/farm",
+        env={"ENGINEFARM_HTTP_MIN_RATE": "1024"},
+    )
     took = time.monotonic() - started
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "floor" in proc.stderr, proc.stderr
     assert took < 25, took
@@ -260,7 +269,9 @@ def test_kill_9_during_multipart_upload_leaves_no_object(bucket, s3_env, tmp_pat
     digest = hashlib.sha256(data).hexdigest()
     (tmp_path / "big").write_bytes(data)
     marker = tmp_path / "part-sent"
-    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, f"s3://{bucket}/farm", digest, str(marker), str(tmp_path / "big")])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UPLOADER, f"s3://{bucket}/farm", digest, str(marker), str(tmp_path / "big")]
+    )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
@@ -272,7 +283,11 @@ def test_kill_9_during_multipart_upload_leaves_no_object(bucket, s3_env, tmp_pat
     store = open_store(f"s3://{bucket}/farm")
     assert not store.has_blob(digest)
     assert list(store.list_manifest_keys()) == []
-    uploads = boto3.client("s3", endpoint_url=s3_env.url, region_name="us-east-1").list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    uploads = (
+        boto3.client("s3", endpoint_url=s3_env.url, region_name="us-east-1")
+        .list_multipart_uploads(Bucket=bucket)
+        .get("Uploads", [])
+    )
     assert len(uploads) == 1, "the parts exist only as an incomplete upload, invisible to readers"
 
 
@@ -303,7 +318,11 @@ def test_crash_between_blobs_and_manifest_never_exposes_a_manifest(bucket, s3_en
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(os.urandom(5000))
     url = f"s3://{bucket}/farm"
-    proc = subprocess.run([sys.executable, "-c", CRASHER, url, str(tmp_path / "src"), _manifest_json("crash"), "crash"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHER, url, str(tmp_path / "src"), _manifest_json("crash"), "crash"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 9
     store = open_store(url)
     assert list(store.list_manifest_keys()) == []
@@ -319,8 +338,15 @@ def test_four_concurrent_publishers_of_one_job(bucket, s3_env, tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"same artifact bytes" * 1000)
     url = f"s3://{bucket}/farm"
-    procs = [subprocess.Popen([sys.executable, "-c", CRASHER, url, str(tmp_path / "src"), _manifest_json("race", writer=i), "ok"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CRASHER, url, str(tmp_path / "src"), _manifest_json("race", writer=i), "ok"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1][-500:] for o in outs]
     store = open_store(url)
@@ -335,8 +361,14 @@ def test_concurrent_builders_keep_each_others_index_entries(bucket, s3_env, tmp_
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"x" * 100)
     url = f"s3://{bucket}/farm"
-    procs = [subprocess.Popen([sys.executable, "-c", CRASHER, url, str(tmp_path / "src"), _manifest_json(f"job{i}"), "ok"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CRASHER, url, str(tmp_path / "src"), _manifest_json(f"job{i}"), "ok"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(6)
+    ]
     for p in procs:
         p.communicate(timeout=120)
         assert p.returncode == 0

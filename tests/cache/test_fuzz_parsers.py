@@ -20,11 +20,15 @@ from enginefarm.errors import IntegrityError, RecipeError, TrustError
 from tests.cache.test_store_conformance import make_manifest
 
 # CI replays the same examples every run (a failure there is reproducible); a developer's run explores new ones.
-FUZZ = settings(max_examples=int(os.environ.get("ENGINEFARM_FUZZ_EXAMPLES", "150")), deadline=None, derandomize=bool(os.environ.get("CI")),
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=int(os.environ.get("ENGINEFARM_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=25,
 )
@@ -35,7 +39,8 @@ def mutated(base: dict):
     """`base` with some fields replaced, removed or added: near-valid inputs reach the deep checks."""
     keys = st.sampled_from(sorted(base) + ["extra"])
     return st.lists(st.tuples(keys, st.one_of(json_values, st.just("__drop__"))), max_size=4).map(
-        lambda changes: {k: v for k, v in {**base, **dict(changes)}.items() if v != "__drop__"})
+        lambda changes: {k: v for k, v in {**base, **dict(changes)}.items() if v != "__drop__"}
+    )
 
 
 @FUZZ
@@ -82,7 +87,10 @@ BLOB = weight_codec.compress(bytes(range(256)) * 64, "float32", frame_raw=4096)
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(BLOB) - 1), st.integers(0, 255)), min_size=1, max_size=8), st.integers(0, len(BLOB)))
+@given(
+    st.lists(st.tuples(st.integers(0, len(BLOB) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+    st.integers(0, len(BLOB)),
+)
 def test_a_damaged_efw1_blob_decodes_right_or_is_an_integrity_error(flips, cut):
     data = bytearray(BLOB)
     for offset, value in flips:
@@ -92,7 +100,9 @@ def test_a_damaged_efw1_blob_decodes_right_or_is_an_integrity_error(flips, cut):
         out = bytes(weight_codec.decompress(data, 256 * 64))
     except IntegrityError:
         return
-    assert len(out) == 256 * 64  # a flip that survives (in padding or an unused field) still decodes to the declared size
+    assert (
+        len(out) == 256 * 64
+    )  # a flip that survives (in padding or an unused field) still decodes to the declared size
 
 
 @FUZZ
@@ -114,15 +124,45 @@ def test_binding_check_refuses_with_a_trust_error_or_passes(signed, trusted):
         assert exc.reason == "channel"
 
 
-toml_keys = st.sampled_from(["model", "name", "version", "defaults", "targets", "precisions", "components", "c", "source", "profiles",
-                             "default", "batch", "validate", "inputs", "min", "opt", "max", "min_cosine", "samples", "options", "resources"])
+toml_keys = st.sampled_from(
+    [
+        "model",
+        "name",
+        "version",
+        "defaults",
+        "targets",
+        "precisions",
+        "components",
+        "c",
+        "source",
+        "profiles",
+        "default",
+        "batch",
+        "validate",
+        "inputs",
+        "min",
+        "opt",
+        "max",
+        "min_cosine",
+        "samples",
+        "options",
+        "resources",
+    ]
+)
 toml_values = st.recursive(
-    st.booleans() | st.integers(-5, 2**40) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12) | toml_keys,
+    st.booleans()
+    | st.integers(-5, 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | toml_keys,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(toml_keys, inner, max_size=4),
     max_leaves=20,
 )
-BASE_RECIPE = {"model": {"name": "m", "version": "1"}, "defaults": {"targets": ["onnxruntime:cpu"]},
-               "components": {"c": {"source": "m.onnx", "profiles": {"default": {"batch": [1, 1, 2]}}}}}
+BASE_RECIPE = {
+    "model": {"name": "m", "version": "1"},
+    "defaults": {"targets": ["onnxruntime:cpu"]},
+    "components": {"c": {"source": "m.onnx", "profiles": {"default": {"batch": [1, 1, 2]}}}},
+}
 
 
 def _deep_merge(base, change):

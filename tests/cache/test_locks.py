@@ -32,7 +32,9 @@ with file_lock(Path(sys.argv[1]), timeout=5) as taken:
 
 def _holder(tmp_path: Path, lock: Path, platform: str):
     release = tmp_path / f"release-{platform}"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(release), platform], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock), str(release), platform], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     return proc, release, proc.stdout.readline().strip()
 
 

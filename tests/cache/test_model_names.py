@@ -29,9 +29,14 @@ source = "linear.onnx"
 [components."{component}".profiles.default]
 batch = [1, 1, 2]
 """
-BAD = {"too long": ("a" * 101, "longer than 100 characters"), "reserved": ("con", "reserved on Windows"),
-       "reserved, any case, with an extension": ("Nul.txt", "reserved on Windows"), "reserved port": ("LPT1", "reserved on Windows"),
-       "com with extension": ("com9.x", "reserved on Windows"), "trailing dot": ("sd.", "ends with '.'")}
+BAD = {
+    "too long": ("a" * 101, "longer than 100 characters"),
+    "reserved": ("con", "reserved on Windows"),
+    "reserved, any case, with an extension": ("Nul.txt", "reserved on Windows"),
+    "reserved port": ("LPT1", "reserved on Windows"),
+    "com with extension": ("com9.x", "reserved on Windows"),
+    "trailing dot": ("sd.", "ends with '.'"),
+}
 
 
 @pytest.mark.parametrize("where", ["model", "component"])
@@ -39,7 +44,9 @@ BAD = {"too long": ("a" * 101, "longer than 100 characters"), "reserved": ("con"
 def test_a_name_no_file_system_can_hold_is_a_recipe_error(where, name, words, tmp_path):
     models.linear(tmp_path / "linear.onnx")
     path = tmp_path / "recipe.toml"
-    path.write_text(RECIPE.format(model=name if where == "model" else "m", component=name if where == "component" else "c"))
+    path.write_text(
+        RECIPE.format(model=name if where == "model" else "m", component=name if where == "component" else "c")
+    )
     with pytest.raises(RecipeError, match=words) as caught:
         load_recipe(path)
     assert caught.value.key == ("model.name" if where == "model" else f"components.{name}") and caught.value.hint
@@ -56,9 +63,18 @@ def _manifest(tmp_path, model: str, seed: str) -> tuple[Manifest, dict]:
     src = tmp_path / f"src-{seed}"
     models.linear(src / "model.onnx")
     files, blobs = pack_files(src, [("model.onnx", "model")], tmp_path / f"blobs-{seed}")
-    manifest = Manifest(build_key=hashlib.sha256(seed.encode()).hexdigest(), model=model, model_version="1", component="lin",
-                        precision="fp32", profile_name="default", profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}},
-                        target="onnxruntime:cpu", toolchain={"onnxruntime": "1"}, files=tuple(files))
+    manifest = Manifest(
+        build_key=hashlib.sha256(seed.encode()).hexdigest(),
+        model=model,
+        model_version="1",
+        component="lin",
+        precision="fp32",
+        profile_name="default",
+        profile={"x": {"min": [1, 8], "opt": [1, 8], "max": [4, 8]}},
+        target="onnxruntime:cpu",
+        toolchain={"onnxruntime": "1"},
+        files=tuple(files),
+    )
     return manifest, blobs
 
 
@@ -66,8 +82,14 @@ def _files(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("model,words", [("TINY-SD", "differs only in case from tiny-sd"), ("a" * 260, "longer than 100 characters"),
-                                         ("aux", "reserved on Windows")])
+@pytest.mark.parametrize(
+    "model,words",
+    [
+        ("TINY-SD", "differs only in case from tiny-sd"),
+        ("a" * 260, "longer than 100 characters"),
+        ("aux", "reserved on Windows"),
+    ],
+)
 def test_publish_refuses_a_name_before_writing_anything(model, words, tmp_path):
     """Before: a 260-character name stored its blobs and manifest, then the index write crashed (File name too long);
     `TINY-SD` beside `tiny-sd` was stored (two models on Linux, one index file on Windows and macOS)."""
@@ -89,7 +111,11 @@ def test_index_skips_a_stored_manifest_whose_name_cannot_be_indexed(tmp_path, cl
     (store.root / "manifests" / f"{long.build_key}.json").write_bytes(long.to_json())  # as the unfixed publish left it
     with caplog.at_level(logging.WARNING):
         assert rebuild_index(store) == {"m": 1}
-    assert any(long.build_key[:12] in r.getMessage() and "longer than 100 characters" in r.getMessage() for r in caplog.records)
+    assert any(
+        long.build_key[:12] in r.getMessage() and "longer than 100 characters" in r.getMessage() for r in caplog.records
+    )
     assert list(read_index(store, "m").entries) == [good.build_key]
     proc = cli("index", "--store", str(store.root))
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "longer than 100 characters" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "longer than 100 characters" in proc.stderr, (
+        proc.stdout + proc.stderr
+    )

@@ -41,7 +41,10 @@ def test_rows_are_consistent():
 def test_onnx_types_are_onnx_s():
     onnx = pytest.importorskip("onnx")
     assert {p.name: p.onnx_type for p in precision_table.TABLE.values()} == {
-        "fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}
+        "fp32": onnx.TensorProto.FLOAT,
+        "fp16": onnx.TensorProto.FLOAT16,
+        "bf16": onnx.TensorProto.BFLOAT16,
+    }
 
 
 @pytest.mark.parametrize("name", precision_table.NAMES)
@@ -65,9 +68,11 @@ def test_every_backend_computes_precisions_of_the_table_only(name):
 def test_an_unknown_precision_names_the_table(tmp_path):
     models.linear(tmp_path / "models" / "linear.onnx")
     recipe = tmp_path / "recipe.toml"
-    recipe.write_text('[model]\nname = "m"\nversion = "1"\n[defaults]\nprecisions = ["fp8"]\n'
-                      'targets = ["onnxruntime:cpu"]\n[components.c]\nsource = "models/linear.onnx"\n'
-                      '[components.c.profiles.default]\nbatch = [1, 2, 4]\n')
+    recipe.write_text(
+        '[model]\nname = "m"\nversion = "1"\n[defaults]\nprecisions = ["fp8"]\n'
+        'targets = ["onnxruntime:cpu"]\n[components.c]\nsource = "models/linear.onnx"\n'
+        "[components.c.profiles.default]\nbatch = [1, 2, 4]\n"
+    )
     with pytest.raises(RecipeError) as caught:
         load_recipe(recipe)
     assert "unknown precision 'fp8'" in str(caught.value)
@@ -92,8 +97,9 @@ def test_no_module_keeps_its_own_list_of_precisions():
                 items = node.keys if isinstance(node, ast.Dict) else node.elts
                 if len({i.value for i in items if isinstance(i, ast.Constant) and i.value in names}) >= 2:
                     lists.append(f"{rel}:{node.lineno}")
-            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in names
-                                                     for c in (node.left, *node.comparators)):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(c, ast.Constant) and c.value in names for c in (node.left, *node.comparators)
+            ):
                 compares.append(f"{rel}:{node.lineno}")
     assert [w for w in lists if not w.startswith(MAY_NAME_PRECISIONS)] == [], "read cache/precision_table.py instead"
     assert [w for w in compares if not w.startswith(MAY_COMPARE)] == [], "read cache/precision_table.py instead"

@@ -15,13 +15,29 @@ from enginefarm.cache.stores import open_store
 from tests.releases import artifact
 
 # As builds wrote them before the records were typed: timing fields, a described device, fields nobody reads here.
-OLD_BENCH = {"device": {"class": "cpu-x86_64-v4", "cpu": "Xeon", "flags": ["avx2"]}, "p50_ms": 3.25, "p90_ms": 3.5,
-             "runs": 40, "spread": 0.03, "iqr_ms": 0.1, "stopped": "spread", "load_ms": 51.0, "first_inference_ms": 4.0,
-             "peak_rss_mb": 180.5, "resident_mb": None}
+OLD_BENCH = {
+    "device": {"class": "cpu-x86_64-v4", "cpu": "Xeon", "flags": ["avx2"]},
+    "p50_ms": 3.25,
+    "p90_ms": 3.5,
+    "runs": 40,
+    "spread": 0.03,
+    "iqr_ms": 0.1,
+    "stopped": "spread",
+    "load_ms": 51.0,
+    "first_inference_ms": 4.0,
+    "peak_rss_mb": 180.5,
+    "resident_mb": None,
+}
 OLD_VERDICT = {"passed": None, "executed": False, "settings": "ab" * 32, "why": "built without the device to run it"}
-OLD_CONSTRAINTS = {"runtime": {"onnxruntime": ">=1.17"}, "min_driver": None, "os": ["linux"], "vram_mb": 512,
-                   "cpu_flags_any": ["avx512_bf16", "amx_bf16"], "engine": {"openvino": "2025.1"},
-                   "newer_field": [1, 2]}
+OLD_CONSTRAINTS = {
+    "runtime": {"onnxruntime": ">=1.17"},
+    "min_driver": None,
+    "os": ["linux"],
+    "vram_mb": 512,
+    "cpu_flags_any": ["avx512_bf16", "amx_bf16"],
+    "engine": {"openvino": "2025.1"},
+    "newer_field": [1, 2],
+}
 
 
 def test_an_index_written_before_survives_a_merge_unchanged(tmp_path):
@@ -29,8 +45,12 @@ def test_an_index_written_before_survives_a_merge_unchanged(tmp_path):
     first = artifact(store, tmp_path, "a", p50=1.5)
     path = tmp_path / "store" / "index" / "m.json"
     data = json.loads(path.read_bytes())
-    old = {**data["entries"][first.build_key], "benchmarks": [OLD_BENCH], "validation": OLD_VERDICT,
-           "constraints": OLD_CONSTRAINTS}
+    old = {
+        **data["entries"][first.build_key],
+        "benchmarks": [OLD_BENCH],
+        "validation": OLD_VERDICT,
+        "constraints": OLD_CONSTRAINTS,
+    }
     data["entries"][first.build_key] = old
     path.write_text(json.dumps(data))
     artifact(store, tmp_path, "b", p50=2.0)  # another build merges its entry: the index is parsed and written again

@@ -26,8 +26,15 @@ def blob_file(tmp_path: Path, data: bytes) -> tuple[str, Path]:
 def make_manifest(key_seed: str, digest: str, size: int, model: str = "m", target: str = "onnxruntime:cpu") -> Manifest:
     key = hashlib.sha256(key_seed.encode()).hexdigest()
     return Manifest(
-        build_key=key, model=model, model_version="1", component="c", precision="fp32", profile_name="p",
-        profile={"x": {"min": [1], "opt": [1], "max": [1]}}, target=target, toolchain={"onnxruntime": "1"},
+        build_key=key,
+        model=model,
+        model_version="1",
+        component="c",
+        precision="fp32",
+        profile_name="p",
+        profile={"x": {"min": [1], "opt": [1], "max": [1]}},
+        target=target,
+        toolchain={"onnxruntime": "1"},
         files=(ArtifactFile("model.onnx", "model", size, digest, "none", size, digest),),
     )
 
@@ -158,7 +165,10 @@ class StoreConformance:
         with pytest.raises(ArtifactNotFoundError):
             _read_all(reader.open_channel_file("stable", "2.root.json"))
 
-    @pytest.mark.parametrize("channel,name", [("../x", "root.json"), ("stable", "../../manifests/x.json"), ("stable", "root"), ("", "root.json")])
+    @pytest.mark.parametrize(
+        "channel,name",
+        [("../x", "root.json"), ("stable", "../../manifests/x.json"), ("stable", "root"), ("", "root.json")],
+    )
     def test_bad_channel_paths_are_refused(self, store, reader, channel, name):
         with pytest.raises(StoreError):
             store.put_channel_file(channel, name, b"x")
@@ -185,7 +195,6 @@ class StoreConformance:
         assert store.get_cache_object("tensorrt-timing/sm_89/trt-10.13.0.35/zz") is None
         with pytest.raises(StoreError):
             store.put_cache_object("../manifests/x", b"escape")
-
 
     def test_cache_objects_are_listed_with_their_age_and_deleted_by_gc_only(self, store, tmp_path):
         from enginefarm.cache.artifacts import CACHE_NEWEST_KEPT, plan_gc

@@ -18,7 +18,13 @@ from enginefarm.cache.stores import open_store
 from enginefarm.errors import IntegrityError
 from tests.releases import REF, artifact
 
-GOOD = {"build_key": "e" * 64, "component": "lin", "precision": "fp32", "profile_name": "default", "target": "onnxruntime:cpu"}
+GOOD = {
+    "build_key": "e" * 64,
+    "component": "lin",
+    "precision": "fp32",
+    "profile_name": "default",
+    "target": "onnxruntime:cpu",
+}
 
 # Each replaces the whole entry, or one field of a valid one: the shapes that crashed fetch, load, ls and publish.
 BAD_ENTRIES = {
@@ -84,7 +90,9 @@ def test_fetch_ls_and_publish_skip_bad_entries_without_a_traceback(store_with_ba
     assert set(read_index(open_store(tmp_path / "copy"), "m").entries) == {good.build_key}
 
 
-@pytest.mark.parametrize("raw", [b"[1, 2]", b"not json", b'{"format": 1, "entries": null}', b"[" * 100_000 + b"]" * 100_000])
+@pytest.mark.parametrize(
+    "raw", [b"[1, 2]", b"not json", b'{"format": 1, "entries": null}', b"[" * 100_000 + b"]" * 100_000]
+)
 def test_a_damaged_index_reads_as_empty(raw, caplog):
     assert parse_index(raw, "m").entries == {}
     assert "index of m" in caplog.text
@@ -104,13 +112,38 @@ def _valid_manifest_dict() -> dict:
     return make_manifest("x", "a" * 64, 10).to_dict()
 
 
-@pytest.mark.parametrize("field,value", [
-    ("model", 5), ("target", "cpu"), ("build_key", "a" * 63), ("profile", {"x": {"min": [1]}}), ("toolchain", {"ort": 1}),
-    ("files", {"model.onnx": 1}), ("files", [{"path": "m", "role": "model", "size": "10", "sha256": "a" * 64, "codec": "none",
-                                             "stored_size": 10, "stored_sha256": "a" * 64}]),
-    ("files", [{"path": "m"}]), ("io", {"inputs": "x"}), ("io", {"inputs": [{"name": "x", "dtype": "float33"}]}),
-    ("constraints", {"os": "linux"}), ("benchmarks", [{"p50_ms": 1}]), ("options", []), ("validation", None),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("model", 5),
+        ("target", "cpu"),
+        ("build_key", "a" * 63),
+        ("profile", {"x": {"min": [1]}}),
+        ("toolchain", {"ort": 1}),
+        ("files", {"model.onnx": 1}),
+        (
+            "files",
+            [
+                {
+                    "path": "m",
+                    "role": "model",
+                    "size": "10",
+                    "sha256": "a" * 64,
+                    "codec": "none",
+                    "stored_size": 10,
+                    "stored_sha256": "a" * 64,
+                }
+            ],
+        ),
+        ("files", [{"path": "m"}]),
+        ("io", {"inputs": "x"}),
+        ("io", {"inputs": [{"name": "x", "dtype": "float33"}]}),
+        ("constraints", {"os": "linux"}),
+        ("benchmarks", [{"p50_ms": 1}]),
+        ("options", []),
+        ("validation", None),
+    ],
+)
 def test_manifest_field_types_are_checked(field, value):
     data = {**_valid_manifest_dict(), field: value}
     with pytest.raises(IntegrityError, match="manifest is malformed"):
@@ -224,18 +257,31 @@ def test_a_manifest_naming_another_model_is_refused_and_never_cached(genuine_and
     assert caught.value.hint and "\n" not in str(caught.value)
     assert list(DeviceCache(tmp_path / "home").entries()) == [], "a model mismatch must not be cached under any name"
     proc = cli("fetch", "evil/payload", "--device", "cpu", "--store", evil_store.url)
-    assert proc.returncode == 1 and "error:" in proc.stderr and "names m/lin" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.returncode == 1
+        and "error:" in proc.stderr
+        and "names m/lin" in proc.stderr
+        and "Traceback" not in proc.stderr
+    ), proc.stderr
     for pinned in ({}, {"target": "onnxruntime:cpu", "precision": "fp32"}):
         session = enginefarm.load(REF, device="cpu", store=genuine.url, **pinned)
         assert session.artifact == good and _weights_sign(session) > 0
 
 
-@pytest.mark.parametrize("field,value,asked,said", [
-    ("component", "other", {"ref": "m/other"}, "names m/lin, asked for m/other"),
-    ("precision", "fp16", {"precision": "fp16"}, "precision 'fp32' in the manifest, 'fp16' in the index"),
-    ("model_version", "7", {"version": "7"}, "model_version '1' in the manifest, '7' in the index"),
-    ("target", "openvino:cpu", {"target": "openvino:cpu"}, "target 'onnxruntime:cpu' in the manifest, 'openvino:cpu' in the index"),
-])
+@pytest.mark.parametrize(
+    "field,value,asked,said",
+    [
+        ("component", "other", {"ref": "m/other"}, "names m/lin, asked for m/other"),
+        ("precision", "fp16", {"precision": "fp16"}, "precision 'fp32' in the manifest, 'fp16' in the index"),
+        ("model_version", "7", {"version": "7"}, "model_version '1' in the manifest, '7' in the index"),
+        (
+            "target",
+            "openvino:cpu",
+            {"target": "openvino:cpu"},
+            "target 'onnxruntime:cpu' in the manifest, 'openvino:cpu' in the index",
+        ),
+    ],
+)
 def test_an_index_entry_that_its_manifest_contradicts_is_refused(field, value, asked, said, genuine_and_evil, tmp_path):
     """The index says one thing (what resolution ranked), the manifest another (what would be loaded)."""
     _, _, evil_store, evil = genuine_and_evil
@@ -257,7 +303,9 @@ def test_an_artifact_cached_from_another_store_never_stands_in_for_this_stores(g
 
     shutil.rmtree(evil_store.root)  # A is gone: G still serves its own
     assert enginefarm.load(REF, device="cpu", store=genuine.url).artifact == good
-    assert enginefarm.load(REF, device="cpu", store=str(tmp_path / "G")).artifact == good  # warm: from the cache, as G's
+    assert (
+        enginefarm.load(REF, device="cpu", store=str(tmp_path / "G")).artifact == good
+    )  # warm: from the cache, as G's
 
 
 def test_a_manifest_claiming_another_stores_build_key_does_not_replace_it(tmp_path):
@@ -301,8 +349,15 @@ except StoreError as exc:
 
 
 # Blobs are streams capped by their manifest's size (test_fault_injection); a big one is no fault.
-@pytest.mark.parametrize("what,special", [(w, s) for w in ("index", "manifest", "channel", "blob") for s in ("dev-zero", "fifo", "too-large")
-                                          if (w, s) != ("blob", "too-large")])
+@pytest.mark.parametrize(
+    "what,special",
+    [
+        (w, s)
+        for w in ("index", "manifest", "channel", "blob")
+        for s in ("dev-zero", "fifo", "too-large")
+        if (w, s) != ("blob", "too-large")
+    ],
+)
 def test_a_store_file_that_is_special_or_endless_is_refused(what, special, tmp_path):
     import os
     import subprocess
@@ -310,9 +365,12 @@ def test_a_store_file_that_is_special_or_endless_is_refused(what, special, tmp_p
 
     store = open_store(tmp_path / "store")
     good = artifact(store, tmp_path, "a")
-    path = {"index": store.root / "index" / "m.json", "manifest": store.root / "manifests" / f"{good.build_key}.json",
-            "channel": store.root / "channels" / "stable" / "timestamp.json",
-            "blob": store.root / "blobs" / "sha256" / good.files[0].stored_sha256[:2] / good.files[0].stored_sha256}[what]
+    path = {
+        "index": store.root / "index" / "m.json",
+        "manifest": store.root / "manifests" / f"{good.build_key}.json",
+        "channel": store.root / "channels" / "stable" / "timestamp.json",
+        "blob": store.root / "blobs" / "sha256" / good.files[0].stored_sha256[:2] / good.files[0].stored_sha256,
+    }[what]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     if special == "dev-zero":
@@ -323,6 +381,8 @@ def test_a_store_file_that_is_special_or_endless_is_refused(what, special, tmp_p
         with open(path, "wb") as handle:
             handle.truncate((64 << 20) + 1)  # sparse: one byte over the cap, no disk used
     key = good.files[0].stored_sha256 if what == "blob" else good.build_key
-    proc = subprocess.run([sys.executable, "-c", SPECIAL_READER, str(store.root), what, key], capture_output=True, text=True, timeout=20)
+    proc = subprocess.run(
+        [sys.executable, "-c", SPECIAL_READER, str(store.root), what, key], capture_output=True, text=True, timeout=20
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("refused:"), proc.stdout + proc.stderr[-500:]
     assert ("not a regular file" if special != "too-large" else "larger than") in proc.stdout

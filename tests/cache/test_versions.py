@@ -13,10 +13,24 @@ from enginefarm.cache.prune import older_versions
 from enginefarm.cache.versions import by_age, newest, same_version, version_key
 
 
-@pytest.mark.parametrize("older,newer", [
-    ("9", "10"), ("1.9", "1.10"), ("1", "2"), ("2rc1", "2"), ("2beta", "2rc1"), ("2", "2.1"), ("2.1", "2.1.1"),
-    ("2024-05-01", "2024-11-30"), ("dev", "0"), ("", "dev"), ("alpha", "beta"), ("v9", "v10"), ("1.0.9", "1.1"),
-])
+@pytest.mark.parametrize(
+    "older,newer",
+    [
+        ("9", "10"),
+        ("1.9", "1.10"),
+        ("1", "2"),
+        ("2rc1", "2"),
+        ("2beta", "2rc1"),
+        ("2", "2.1"),
+        ("2.1", "2.1.1"),
+        ("2024-05-01", "2024-11-30"),
+        ("dev", "0"),
+        ("", "dev"),
+        ("alpha", "beta"),
+        ("v9", "v10"),
+        ("1.0.9", "1.1"),
+    ],
+)
 def test_versions_order_as_people_read_them(older, newer):
     assert version_key(older) < version_key(newer), (older, newer)
     assert newest([newer, older]) == newer and newest([older, newer]) == newer
@@ -33,14 +47,28 @@ def test_by_age_lists_each_version_once_newest_first():
 
 def _manifest(seed: str, version: str, component: str = "vae", blob: str = "") -> Manifest:
     digest = hashlib.sha256((blob or seed).encode()).hexdigest()
-    return Manifest(build_key=hashlib.sha256(seed.encode()).hexdigest(), model="m", model_version=version, component=component,
-                    precision="fp32", profile_name="p", profile={}, target="onnxruntime:cpu", toolchain={},
-                    files=(ArtifactFile("model.onnx", "model", 1, digest, "none", 1, digest),))
+    return Manifest(
+        build_key=hashlib.sha256(seed.encode()).hexdigest(),
+        model="m",
+        model_version=version,
+        component=component,
+        precision="fp32",
+        profile_name="p",
+        profile={},
+        target="onnxruntime:cpu",
+        toolchain={},
+        files=(ArtifactFile("model.onnx", "model", 1, digest, "none", 1, digest),),
+    )
 
 
 def test_older_versions_are_chosen_per_component():
-    manifests = [_manifest("a1", "1"), _manifest("a2", "2"), _manifest("a10", "10"), _manifest("a10b", "10.0"),
-                 _manifest("u1", "1", component="unet")]  # the unet has only version 1: it stays
+    manifests = [
+        _manifest("a1", "1"),
+        _manifest("a2", "2"),
+        _manifest("a10", "10"),
+        _manifest("a10b", "10.0"),
+        _manifest("u1", "1", component="unet"),
+    ]  # the unet has only version 1: it stays
     removed, kept = older_versions(manifests, keep=2)
     assert sorted(m.model_version for m in removed) == ["1"] and removed[0].component == "vae"
     assert kept == {"m/unet": ["1"], "m/vae": ["10", "2"]}
@@ -55,7 +83,11 @@ def two_versions(tiny_recipe, cli, tmp_path):
     shared by both versions, the fp16 one belongs to version 1 alone."""
     v1 = tiny_recipe(precisions=("fp32", "fp16"), name="v1.toml")
     v2 = v1.with_name("v2.toml")
-    v2.write_text(v1.read_text().replace('version = "1"', 'version = "2"').replace('precisions = ["fp32", "fp16"]', 'precisions = ["fp32"]'))
+    v2.write_text(
+        v1.read_text()
+        .replace('version = "1"', 'version = "2"')
+        .replace('precisions = ["fp32", "fp16"]', 'precisions = ["fp32"]')
+    )
     cli("build", str(v1), "--no-bench", check=True)
     cli("build", str(v2), "--no-bench", check=True)
     return tmp_path / "store"
@@ -80,7 +112,9 @@ def test_load_serves_the_newest_version_unless_pinned(two_versions, cli):
     assert "newest model version" in explained and " v2 [" in explained and "older model version 1" in explained
     pinned = enginefarm.load("tiny-sd/decoder", device="cpu", version="1")
     assert pinned.artifact.model_version == "1" and "model version 1 (pinned)" in pinned.explain()
-    assert enginefarm.load("tiny-sd/decoder", device="cpu", precision="fp16").artifact.model_version == "1"  # only v1 has fp16
+    assert (
+        enginefarm.load("tiny-sd/decoder", device="cpu", precision="fp16").artifact.model_version == "1"
+    )  # only v1 has fp16
     np.save(two_versions.parent / "x.npy", _feeds()["latent"])
     proc = cli("run", "tiny-sd/decoder", "--version", "7", "--input", f"latent={two_versions.parent / 'x.npy'}")
     assert proc.returncode == 1 and "has model version 7" in proc.stderr and "versions stored: 2, 1" in proc.stderr
@@ -183,4 +217,7 @@ def test_a_channel_serves_the_version_it_released(tmp_path, monkeypatch):
     in_channel = enginefarm.load(REF, device="cpu", store=store.url, channel="stable", trusted_root=root)
     assert in_channel.artifact.build_key == a.build_key and in_channel.artifact.model_version == "1"
     repo.promote(store, "stable", keys, [newer.build_key])
-    assert enginefarm.load(REF, device="cpu", store=store.url, channel="stable", trusted_root=root).artifact.model_version == "2"
+    assert (
+        enginefarm.load(REF, device="cpu", store=store.url, channel="stable", trusted_root=root).artifact.model_version
+        == "2"
+    )

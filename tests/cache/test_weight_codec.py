@@ -25,12 +25,16 @@ def weights(n: int, dtype: str | None, seed: int = 0) -> bytes:
     if dtype in (None, "int8", "uint8", "int32", "int64"):
         return rng.integers(0, 200, n, dtype=np.uint8).tobytes()
     if dtype == "bfloat16":
-        return (rng.standard_normal(n // 2 + 1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()[:n]
+        return (
+            (rng.standard_normal(n // 2 + 1).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()[:n]
+        )
     return rng.standard_normal(n).astype(dtype).tobytes()[:n]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("length", [0, 1, 3, 7, 1001, weight_codec.FRAME_RAW - 1, weight_codec.FRAME_RAW, weight_codec.FRAME_RAW + 5])
+@pytest.mark.parametrize(
+    "length", [0, 1, 3, 7, 1001, weight_codec.FRAME_RAW - 1, weight_codec.FRAME_RAW, weight_codec.FRAME_RAW + 5]
+)
 def test_round_trip_is_exact(dtype, length):
     data = weights(length, dtype)[:length].ljust(length, b"\x01")
     blob = weight_codec.compress(data, dtype)
@@ -82,7 +86,7 @@ def test_weight_files_are_packed_with_efw1(tmp_path):
 
 
 def _flip(blob: bytes, at: int) -> bytes:
-    return blob[:at] + bytes([blob[at] ^ 0x40]) + blob[at + 1:]
+    return blob[:at] + bytes([blob[at] ^ 0x40]) + blob[at + 1 :]
 
 
 @pytest.mark.parametrize("where", ["exponent group", "mantissa group", "header", "table"])
@@ -124,7 +128,13 @@ def test_declared_size_must_match_the_manifest():
         weight_codec.decompress(blob, 999)
 
 
-def _forged(raw_size: int, frame_raw: int, records: list[tuple[int, bytes, int]], width: int = 1, declared_raw: int | None = None) -> bytes:
+def _forged(
+    raw_size: int,
+    frame_raw: int,
+    records: list[tuple[int, bytes, int]],
+    width: int = 1,
+    declared_raw: int | None = None,
+) -> bytes:
     frame = b"".join(weight_codec._RECORD.pack(mode, len(payload), crc) + payload for mode, payload, crc in records)
     header = weight_codec._HEADER.pack(weight_codec.MAGIC, width, 3, 0, raw_size, frame_raw, 1)
     return header + weight_codec._ENTRY.pack(len(frame), declared_raw if declared_raw is not None else raw_size) + frame
@@ -208,10 +218,18 @@ def test_streamed_blob_of_the_wrong_length_is_refused(damage):
 def test_concurrent_decodes_share_scratch_buffers_safely():
     from concurrent.futures import ThreadPoolExecutor
 
-    blobs = {dtype: (weights(3 * weight_codec.FRAME_RAW + 11, dtype, seed=i), None) for i, dtype in enumerate(["float16", "float32", "bfloat16", "int8"])}
+    blobs = {
+        dtype: (weights(3 * weight_codec.FRAME_RAW + 11, dtype, seed=i), None)
+        for i, dtype in enumerate(["float16", "float32", "bfloat16", "int8"])
+    }
     blobs = {dtype: (data, weight_codec.compress(data, dtype)) for dtype, (data, _) in blobs.items()}
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda item: weight_codec.decompress(item[1], len(item[0]), threads=3) == item[0], list(blobs.values()) * 3))
+        results = list(
+            pool.map(
+                lambda item: weight_codec.decompress(item[1], len(item[0]), threads=3) == item[0],
+                list(blobs.values()) * 3,
+            )
+        )
     assert all(results) and len(weight_codec._SPARE) <= weight_codec._SPARE_KEEP
 
 
@@ -225,13 +243,18 @@ def _reference_interleave(groups: bytes, width: int, rotate: bool) -> bytes:
     return elements.tobytes()
 
 
-native = pytest.mark.skipif(weight_codec._native is None and os.environ.get("CI") != "true", reason="the C interleave was not compiled in this install")
+native = pytest.mark.skipif(
+    weight_codec._native is None and os.environ.get("CI") != "true",
+    reason="the C interleave was not compiled in this install",
+)
 
 
 def test_the_native_interleave_is_built_in_ci():
     if os.environ.get("CI") != "true" and weight_codec._native is None:
         pytest.skip("the C interleave was not compiled in this install (CI requires it)")
-    assert weight_codec._native is not None, "cache/_interleave.c did not build: is a C compiler and Python.h installed?"
+    assert weight_codec._native is not None, (
+        "cache/_interleave.c did not build: is a C compiler and Python.h installed?"
+    )
 
 
 @native
@@ -245,7 +268,13 @@ def test_native_and_numpy_interleave_build_the_same_elements(width, rotate, coun
     weight_codec._native.interleave(groups, out, width, rotate)
     assert out.tobytes() == expected
     out[:] = 0
-    weight_codec._interleave([groups[k * count : (k + 1) * count] for k in range(width)], out, width, rotate, np.empty(width * count, np.uint8))
+    weight_codec._interleave(
+        [groups[k * count : (k + 1) * count] for k in range(width)],
+        out,
+        width,
+        rotate,
+        np.empty(width * count, np.uint8),
+    )
     assert out.tobytes() == expected
 
 

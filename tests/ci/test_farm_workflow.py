@@ -20,8 +20,11 @@ WORKFLOW = ROOT / "ci" / "github" / "farm.yml"
 
 
 def test_workflow_matches_githubs_schema():
-    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -30,7 +33,9 @@ def _enginefarm_lines() -> list[str]:
     lines = []
     for job in workflow["jobs"].values():
         for step in job["steps"]:
-            lines += [line.strip() for line in step.get("run", "").splitlines() if line.strip().startswith("enginefarm ")]
+            lines += [
+                line.strip() for line in step.get("run", "").splitlines() if line.strip().startswith("enginefarm ")
+            ]
     return lines
 
 
@@ -52,24 +57,43 @@ def test_the_workflow_runs_end_to_end_by_hand(tiny_recipe, tmp_path, cli):
     (tmp_path / "farm-store").mkdir()  # the farm's bucket exists before its first build
     env = {"ENGINEFARM_STORE": str(tmp_path / "farm-store")}
     runners = ROOT / "ci" / "runners.toml"
-    plan = json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "github", env=env, check=True).stdout)
+    plan = json.loads(
+        cli("plan", str(recipe), "--runners", str(runners), "--format", "github", env=env, check=True).stdout
+    )
     matrix = plan["matrix"]["include"]
     assert plan["jobs"] == 3 and all({"name", "runs-on", "jobs", "recipes", "extras"} <= set(e) for e in matrix)
     cpu = [e for e in matrix if e["runs-on"] == ["ubuntu-latest"]]
     gpu = [e for e in matrix if "nvidia" in e["runs-on"]]
     assert len(cpu) == 2 and len(gpu) == 1 and "tensorrt" in gpu[0]["extras"]  # one entry per job while under the cap
     for index, entry in enumerate(cpu):  # the GPU entry would run on its own runner
-        script = f'args=""; for id in {entry["jobs"]}; do args="$args --job $id"; done; ' \
-                 f'{shlex.quote(sys.executable)} -m enginefarm.cli build {entry["recipes"]} $args --report report-{index}.json'
-        proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True)
+        script = (
+            f'args=""; for id in {entry["jobs"]}; do args="$args --job $id"; done; '
+            f"{shlex.quote(sys.executable)} -m enginefarm.cli build {entry['recipes']} $args --report report-{index}.json"
+        )
+        proc = subprocess.run(
+            ["bash", "-c", script], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True
+        )
         assert proc.returncode == 0, proc.stderr
-    rerun = json.loads(cli("plan", str(recipe), "--runners", str(runners), "--format", "github", env=env, check=True).stdout)
+    rerun = json.loads(
+        cli("plan", str(recipe), "--runners", str(runners), "--format", "github", env=env, check=True).stdout
+    )
     assert rerun["jobs"] == 1, "a re-run plans only what is not built yet"
     (tmp_path / "reports").mkdir()
     for report in tmp_path.glob("report-*.json"):
         report.rename(tmp_path / "reports" / report.name)
-    out = cli("report", "--reports", str(tmp_path / "reports"), "--recipe", str(recipe), "--runners", str(runners),
-              "--out", str(tmp_path / "farm-report"), env=env, check=True)
+    out = cli(
+        "report",
+        "--reports",
+        str(tmp_path / "reports"),
+        "--recipe",
+        str(recipe),
+        "--runners",
+        str(runners),
+        "--out",
+        str(tmp_path / "farm-report"),
+        env=env,
+        check=True,
+    )
     assert "2 built, 0 failed, 1 missing" in out.stdout
     assert "tensorrt:sm_89" in (tmp_path / "farm-report" / "summary.md").read_text()
 
@@ -79,4 +103,10 @@ def test_example_runners_file_loads(runners_file):
     from enginefarm.builder.ci_runners import load_runners
 
     runners = load_runners(runners_file)
-    assert {t for r in runners for t in r.targets} >= {"onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89", "migraphx:gfx1100", "coreml:apple"}
+    assert {t for r in runners for t in r.targets} >= {
+        "onnxruntime:cpu",
+        "openvino:cpu",
+        "tensorrt:sm_89",
+        "migraphx:gfx1100",
+        "coreml:apple",
+    }

@@ -15,23 +15,32 @@ import yaml
 from enginefarm.toolchain import CONSTRAINTS, normalise, pinned
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKFLOWS = [ROOT / "ci" / "github" / name for name in ("project.yml", "upstream.yml", "farm.yml", "release-refresh.yml")]
+WORKFLOWS = [
+    ROOT / "ci" / "github" / name for name in ("project.yml", "upstream.yml", "farm.yml", "release-refresh.yml")
+]
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
 def test_every_workflow_matches_githubs_schema(workflow):
-    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(workflow)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(workflow)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_installed_toolchain_is_the_pinned_one():
     """`make test` installs from enginefarm/constraints.txt: what this suite tests is what the file says."""
     pins = pinned()
-    assert {"numpy", "onnx", "onnxruntime", "openvino", "torch", "diffusers", "transformers", "tensorrt-rtx"} <= set(pins)
+    assert {"numpy", "onnx", "onnxruntime", "openvino", "torch", "diffusers", "transformers", "tensorrt-rtx"} <= set(
+        pins
+    )
     installed = {normalise(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
     differ = {name: (version, installed.get(name)) for name, version in pins.items() if installed.get(name) != version}
-    assert not differ, f"installed versions differ from {CONSTRAINTS} (pinned, installed): {differ}; run `make test` or `make constraints`"
+    assert not differ, (
+        f"installed versions differ from {CONSTRAINTS} (pinned, installed): {differ}; run `make test` or `make constraints`"
+    )
 
 
 def test_every_dependency_of_the_test_extra_is_pinned():
@@ -42,7 +51,9 @@ def test_every_dependency_of_the_test_extra_is_pinned():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
     names = {normalise(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in requirements}
-    names = {n for n in names if n != "enginefarm" and not n.startswith(("tensorrt-cu", "cuda-python"))}  # GPU-only stubs
+    names = {
+        n for n in names if n != "enginefarm" and not n.startswith(("tensorrt-cu", "cuda-python"))
+    }  # GPU-only stubs
     assert names - set(pinned()) == set()
 
 
@@ -70,7 +81,9 @@ def _guarded(tree: ast.AST) -> dict[ast.AST, bool]:
         here = inside
         if isinstance(node, ast.Try):
             caught = {ast.unparse(h.type) for h in node.handlers if h.type is not None}
-            here = inside or any(word in text for text in caught for word in ("ImportError", "OSError", "AttributeError"))
+            here = inside or any(
+                word in text for text in caught for word in ("ImportError", "OSError", "AttributeError")
+            )
         elif isinstance(node, ast.If) and "platform" in ast.unparse(node.test):
             here = True
         elif isinstance(node, ast.FunctionDef) and node.name.startswith(("_linux", "linux_")):
@@ -89,8 +102,13 @@ def test_the_runtime_makes_no_linux_only_call_outside_a_guarded_fallback():
             tree = ast.parse(path.read_text(), str(path))
             guarded = _guarded(tree)
             for node in ast.walk(tree):
-                linux_only = (isinstance(node, (ast.Import, ast.ImportFrom)) and any(a.name in ("fcntl", "resource", "termios") for a in node.names)
-                              or isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("/proc/", "/sys/")))
+                linux_only = (
+                    isinstance(node, (ast.Import, ast.ImportFrom))
+                    and any(a.name in ("fcntl", "resource", "termios") for a in node.names)
+                    or isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and node.value.startswith(("/proc/", "/sys/"))
+                )
                 if linux_only and not guarded[node]:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, f"Linux-only calls outside a guarded fallback: {found}"

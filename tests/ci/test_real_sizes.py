@@ -25,10 +25,15 @@ def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
     assert 118 < flux["onnxruntime:cpu"][0][0] < 120  # 2.5 x 47.6 GB of fp32-equivalent weights
     assert 95 < flux["onnxruntime:cpu"][0][1] < 96  # fp16 jobs: 2 x (builder/memory.py)
     sdxl = by_component["sdxl", "unet"]
-    assert sdxl["openvino:cpu"][0][1] < 24 < sdxl["openvino:cpu"][0][0]  # its fp16 jobs fit a 24 GB machine, fp32 ones not
+    assert (
+        sdxl["openvino:cpu"][0][1] < 24 < sdxl["openvino:cpu"][0][0]
+    )  # its fp16 jobs fit a 24 GB machine, fp32 ones not
     assert 3.43 < by_component["sd15", "unet"]["fp32_gb"] < 3.45  # the SD 1.5 UNet's measured 3.44 GB of fp32 weights
     for row in table:
         for target in bench.TARGETS:
             _, runners = row[target]
             assert "none" not in runners, f"{row['model']}/{row['component']} on {target}: {row['why']}"
-    assert flux["openvino:cpu"][1] == ["big-cpu"] * 2 and by_component["sd15", "unet"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
+    assert (
+        flux["openvino:cpu"][1] == ["big-cpu"] * 2
+        and by_component["sd15", "unet"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
+    )

@@ -16,8 +16,11 @@ WORKFLOW = ROOT / "ci" / "github" / "release-refresh.yml"
 
 
 def test_workflow_matches_githubs_schema():
-    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -35,10 +38,16 @@ def test_the_refresh_steps_work_with_only_the_timestamp_key(tmp_path, cli):
     secret = next(offline.glob("timestamp-*.key")).read_text()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "enginefarm").write_text(f"#!/bin/sh\nexec {sys.executable} -m enginefarm.cli \"$@\"\n")
+    (bin_dir / "enginefarm").write_text(f'#!/bin/sh\nexec {sys.executable} -m enginefarm.cli "$@"\n')
     (bin_dir / "enginefarm").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUNNER_TEMP": str(tmp_path / "runner"), "TIMESTAMP_KEY": secret,
-           "ENGINEFARM_STORE": str(store), "ENGINEFARM_CHANNELS": "stable"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RUNNER_TEMP": str(tmp_path / "runner"),
+        "TIMESTAMP_KEY": secret,
+        "ENGINEFARM_STORE": str(store),
+        "ENGINEFARM_CHANNELS": "stable",
+    }
     (tmp_path / "runner").mkdir()
     for step in steps:
         if "run" in step and not step["run"].startswith("pip install"):
@@ -49,5 +58,8 @@ def test_the_refresh_steps_work_with_only_the_timestamp_key(tmp_path, cli):
     import json
 
     roles = lambda text: json.loads(text)["roles"]  # noqa: E731
-    assert roles(cli("release", "ls", "--store", str(store), "--json", check=True).stdout)["timestamp"]["version"] == roles(before)["timestamp"]["version"] + 1
+    assert (
+        roles(cli("release", "ls", "--store", str(store), "--json", check=True).stdout)["timestamp"]["version"]
+        == roles(before)["timestamp"]["version"] + 1
+    )
     assert not (tmp_path / "runner" / "keys").exists()

@@ -16,37 +16,103 @@ from enginefarm.diffusion import make_scheduler
 SHAPE = (1, 4, 8, 8)
 
 # Real diffusers configs, as the models ship them (scheduler/scheduler_config.json)
-SD15 = {"_class_name": "PNDMScheduler", "_diffusers_version": "0.6.0", "beta_end": 0.012, "beta_schedule": "scaled_linear",
-        "beta_start": 0.00085, "num_train_timesteps": 1000, "set_alpha_to_one": False, "skip_prk_steps": True,
-        "steps_offset": 1, "trained_betas": None, "clip_sample": False}
-SD21V = {"_class_name": "DDIMScheduler", "_diffusers_version": "0.8.0", "beta_end": 0.012, "beta_schedule": "scaled_linear",
-         "beta_start": 0.00085, "clip_sample": False, "num_train_timesteps": 1000, "prediction_type": "v_prediction",
-         "set_alpha_to_one": False, "skip_prk_steps": True, "steps_offset": 1, "trained_betas": None}
-SDXL = {"_class_name": "EulerDiscreteScheduler", "_diffusers_version": "0.19.0.dev0", "beta_end": 0.012,
-        "beta_schedule": "scaled_linear", "beta_start": 0.00085, "clip_sample": False, "interpolation_type": "linear",
-        "num_train_timesteps": 1000, "prediction_type": "epsilon", "sample_max_value": 1.0, "set_alpha_to_one": False,
-        "skip_prk_steps": True, "steps_offset": 1, "timestep_spacing": "leading", "trained_betas": None,
-        "use_karras_sigmas": False}
+SD15 = {
+    "_class_name": "PNDMScheduler",
+    "_diffusers_version": "0.6.0",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "num_train_timesteps": 1000,
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "trained_betas": None,
+    "clip_sample": False,
+}
+SD21V = {
+    "_class_name": "DDIMScheduler",
+    "_diffusers_version": "0.8.0",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "num_train_timesteps": 1000,
+    "prediction_type": "v_prediction",
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "trained_betas": None,
+}
+SDXL = {
+    "_class_name": "EulerDiscreteScheduler",
+    "_diffusers_version": "0.19.0.dev0",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "interpolation_type": "linear",
+    "num_train_timesteps": 1000,
+    "prediction_type": "epsilon",
+    "sample_max_value": 1.0,
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+    "trained_betas": None,
+    "use_karras_sigmas": False,
+}
 SDXL_TRAILING = {**SDXL, "timestep_spacing": "trailing"}
-LCM = {"_class_name": "LCMScheduler", "_diffusers_version": "0.22.0.dev0", "beta_end": 0.012, "beta_schedule": "scaled_linear",
-       "beta_start": 0.00085, "clip_sample": False, "clip_sample_range": 1.0, "dynamic_thresholding_ratio": 0.995,
-       "num_train_timesteps": 1000, "original_inference_steps": 50, "prediction_type": "epsilon",
-       "rescale_betas_zero_snr": False, "sample_max_value": 1.0, "set_alpha_to_one": True, "steps_offset": 1,
-       "thresholding": False, "timestep_scaling": 10.0, "timestep_spacing": "leading", "trained_betas": None}
-SD3 = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.29.0.dev0", "num_train_timesteps": 1000,
-       "shift": 3.0}
-FLUX = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.30.0.dev0", "base_image_seq_len": 256,
-        "base_shift": 0.5, "max_image_seq_len": 4096, "max_shift": 1.15, "num_train_timesteps": 1000, "shift": 3.0,
-        "use_dynamic_shifting": True}
+LCM = {
+    "_class_name": "LCMScheduler",
+    "_diffusers_version": "0.22.0.dev0",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "clip_sample_range": 1.0,
+    "dynamic_thresholding_ratio": 0.995,
+    "num_train_timesteps": 1000,
+    "original_inference_steps": 50,
+    "prediction_type": "epsilon",
+    "rescale_betas_zero_snr": False,
+    "sample_max_value": 1.0,
+    "set_alpha_to_one": True,
+    "steps_offset": 1,
+    "thresholding": False,
+    "timestep_scaling": 10.0,
+    "timestep_spacing": "leading",
+    "trained_betas": None,
+}
+SD3 = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "_diffusers_version": "0.29.0.dev0",
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+}
+FLUX = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "_diffusers_version": "0.30.0.dev0",
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 4096,
+    "max_shift": 1.15,
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+}
 
 CONFIGS = {"sd15": SD15, "sd21v": SD21V, "sdxl": SDXL, "sdxl_trailing": SDXL_TRAILING, "lcm": LCM}
 
 # diffusers' module of each class, for patching its noise source
-MODULES = {"DDIMScheduler": "scheduling_ddim", "PNDMScheduler": "scheduling_pndm",
-           "EulerDiscreteScheduler": "scheduling_euler_discrete",
-           "EulerAncestralDiscreteScheduler": "scheduling_euler_ancestral_discrete",
-           "DPMSolverMultistepScheduler": "scheduling_dpmsolver_multistep", "LCMScheduler": "scheduling_lcm",
-           "FlowMatchEulerDiscreteScheduler": "scheduling_flow_match_euler_discrete"}
+MODULES = {
+    "DDIMScheduler": "scheduling_ddim",
+    "PNDMScheduler": "scheduling_pndm",
+    "EulerDiscreteScheduler": "scheduling_euler_discrete",
+    "EulerAncestralDiscreteScheduler": "scheduling_euler_ancestral_discrete",
+    "DPMSolverMultistepScheduler": "scheduling_dpmsolver_multistep",
+    "LCMScheduler": "scheduling_lcm",
+    "FlowMatchEulerDiscreteScheduler": "scheduling_flow_match_euler_discrete",
+}
 
 
 def fake_model(x: np.ndarray, t: float) -> np.ndarray:
@@ -77,7 +143,9 @@ class Case:
         rng = np.random.default_rng(self.seed)
         image = rng.standard_normal(SHAPE, dtype=np.float32) * np.float32(0.5)
         start_noise = rng.standard_normal(SHAPE, dtype=np.float32)
-        step_noise = [rng.standard_normal(SHAPE, dtype=np.float32) for _ in range(4 * self.steps + 4)]  # PRK runs 4 evaluations a step
+        step_noise = [
+            rng.standard_normal(SHAPE, dtype=np.float32) for _ in range(4 * self.steps + 4)
+        ]  # PRK runs 4 evaluations a step
         return image, start_noise, step_noise
 
     @property
@@ -122,7 +190,7 @@ def run_diffusers(case: Case, monkeypatch) -> Run:
         else:
             sched.set_timesteps(case.steps)
             t_start = max(case.steps - min(int(case.steps * case.strength), case.steps), 0)
-        timesteps = sched.timesteps[t_start * sched.order:]
+        timesteps = sched.timesteps[t_start * sched.order :]
         if case.strength < 1 and hasattr(sched, "set_begin_index"):
             sched.set_begin_index(t_start * sched.order)
     if len(timesteps) < 1:

@@ -19,8 +19,18 @@ pytest.importorskip("diffusers")
 def sd1_store(built):
     """The session's sd1 build (tests/conftest.py: built), and what building its recipe again says."""
     _, out, store = built("sd1")
-    proc = run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--target", "onnxruntime:cpu", "--precision", "fp32",
-                   "--no-bench", check=True)
+    proc = run_cli(
+        "build",
+        str(out / "recipe.toml"),
+        "--store",
+        str(store),
+        "--target",
+        "onnxruntime:cpu",
+        "--precision",
+        "fp32",
+        "--no-bench",
+        check=True,
+    )
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
     return out, store, name, proc.stdout
 
@@ -37,7 +47,9 @@ def test_build_publishes_the_assets_once(sd1_store, tmp_path):
     files = sorted(p.relative_to(out / "assets").as_posix() for p in (out / "assets").rglob("*") if p.is_file())
     assert "tokenizer/tokenizer_config.json" in files and "scheduler/scheduler_config.json" in files
     assert f"{len(files)} files" in proc.stdout
-    assert {p.name for p in _blobs(fresh)} <= {p.name for p in _blobs(store)}  # the same blobs as in the session's store
+    assert {p.name for p in _blobs(fresh)} <= {
+        p.name for p in _blobs(store)
+    }  # the same blobs as in the session's store
     assert f"exists    {name}/assets v1:" in again  # building again stores nothing new
 
 
@@ -48,7 +60,9 @@ def test_a_pipeline_runs_from_the_store_alone_and_matches_the_folder(sd1_store, 
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "empty-home"))
     from_store = Pipeline.load(name, store=str(store), device="cpu")
     from_folder = Pipeline.load(name, store=str(store), device="cpu", assets=out / "assets")
-    assert from_store.assets.folder != out / "assets" and from_store.assets.folder.is_relative_to(tmp_path / "empty-home")
+    assert from_store.assets.folder != out / "assets" and from_store.assets.folder.is_relative_to(
+        tmp_path / "empty-home"
+    )
     assert from_store.family.id == "sd1"
     side = from_store.assets.native_pixels // from_store.vae_scale_factor
     latents = np.random.default_rng(0).standard_normal((1, from_store.latent_channels, side, side)).astype(np.float32)
@@ -69,7 +83,9 @@ def test_a_tampered_asset_blob_is_refused(sd1_store, tmp_path, monkeypatch):
     manifest = next(m for m in (copy / "manifests").glob("*.json") if '"component": "assets"' in m.read_text())
     import json
 
-    record = next(f for f in json.loads(manifest.read_text())["files"] if f["path"] == "scheduler/scheduler_config.json")
+    record = next(
+        f for f in json.loads(manifest.read_text())["files"] if f["path"] == "scheduler/scheduler_config.json"
+    )
     blob = next(p for p in (copy / "blobs").rglob(record["stored_sha256"]))
     blob.write_bytes(blob.read_bytes()[:-8] + b"tampered")
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "home"))
@@ -95,7 +111,10 @@ def test_gc_keeps_the_asset_blobs_and_index_rebuilds_them(sd1_store, tmp_path):
 
 
 def test_a_missing_assets_folder_is_a_recipe_error(tmp_path, write_recipe, tiny_sd):
-    proc = run_cli("plan", str(write_recipe('''
+    proc = run_cli(
+        "plan",
+        str(
+            write_recipe("""
         [model]
         name = "m"
         version = "1"
@@ -103,7 +122,9 @@ def test_a_missing_assets_folder_is_a_recipe_error(tmp_path, write_recipe, tiny_
         [components.decoder]
         source = "models/tiny_sd.onnx"
         targets = ["onnxruntime:cpu"]
-        ''')))
+        """)
+        ),
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "model.assets" in proc.stderr and "folder not found" in proc.stderr, proc.stderr
 

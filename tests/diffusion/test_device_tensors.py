@@ -23,7 +23,10 @@ def _name(out) -> str:
 
 def _unet_feeds(rng: np.random.Generator, hidden_width: int) -> tuple[dict, dict]:
     fixed = {"encoder_hidden_states": rng.standard_normal((2, 77, hidden_width)).astype(np.float32)}
-    step = {"sample": rng.standard_normal((2, 4, 8, 8)).astype(np.float32), "timestep": np.array([500.0, 500.0], np.float32)}
+    step = {
+        "sample": rng.standard_normal((2, 4, 8, 8)).astype(np.float32),
+        "timestep": np.array([500.0, 500.0], np.float32),
+    }
     return fixed, step
 
 
@@ -47,7 +50,10 @@ def test_bound_runs_and_kept_outputs_are_bit_identical_to_run(built, target):
             assert np.array_equal(kept.numpy(), first)  # the next run did not overwrite what was kept
             assert np.array_equal(again, second)
             fresh = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
-            assert np.array_equal(binding.run({**step, "sample": fresh})["out_sample"], unet.run({**fixed, **step, "sample": fresh})["out_sample"])
+            assert np.array_equal(
+                binding.run({**step, "sample": fresh})["out_sample"],
+                unet.run({**fixed, **step, "sample": fresh})["out_sample"],
+            )
             with pytest.raises(InputError, match="already bound"):
                 binding.run({**step, **fixed})
             with pytest.raises(InputError, match="names no output"):
@@ -64,7 +70,9 @@ def test_the_bound_step_loop_gives_the_same_image_as_run(built, target):
     from enginefarm.diffusion import Pipeline
 
     _, out, store = built("sd1")
-    with Pipeline.load(_name(out), store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets") as pipe:
+    with Pipeline.load(
+        _name(out), store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets"
+    ) as pipe:
         bound = pipe("a lighthouse", steps=3, seed=5)
         pipe.bind_steps = False
         plain = pipe("a lighthouse", steps=3, seed=5)
@@ -76,12 +84,22 @@ def test_a_backend_without_bindings_runs_through_numpy(built):
     import enginefarm
 
     _, out, store = built("sd1")
-    with enginefarm.load(f"{_name(out)}/unet", store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu") as unet:
+    with enginefarm.load(
+        f"{_name(out)}/unet", store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu"
+    ) as unet:
         width = unet.artifact.profile["encoder_hidden_states"]["min"][2]
         fixed, step = _unet_feeds(np.random.default_rng(2), width)
         inner = unet._session
-        unet._session = type("NoBind", (), {"run": inner.run, "output_names": inner.output_names, "input_names": inner.input_names,
-                                            "close": inner.close})()
+        unet._session = type(
+            "NoBind",
+            (),
+            {
+                "run": inner.run,
+                "output_names": inner.output_names,
+                "input_names": inner.input_names,
+                "close": inner.close,
+            },
+        )()
         with unet.bind(fixed) as binding:
             assert binding.kind == "host"
             kept = binding.run(step, keep=("out_sample",))["out_sample"]

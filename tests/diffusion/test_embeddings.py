@@ -28,8 +28,15 @@ def _ours(built_family, embeddings=(), target=TARGET):
     from enginefarm.diffusion import Pipeline
 
     _, out, store = built_family
-    return Pipeline.load(_model_name(out), store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets",
-                         embeddings=embeddings)
+    return Pipeline.load(
+        _model_name(out),
+        store=str(store),
+        precision="fp32",
+        target=target,
+        device="cpu",
+        assets=out / "assets",
+        embeddings=embeddings,
+    )
 
 
 def _vectors(seed: int, count: int, width: int) -> np.ndarray:
@@ -67,7 +74,9 @@ def test_sd1_embeddings_match_diffusers_load_textual_inversion(built, tmp_path, 
 @pytest.mark.slow
 def test_sdxl_pair_matches_diffusers(built, tmp_path):
     source, _, _ = built("sdxl")
-    pair = models.write_safetensors(tmp_path / "xlstyle.safetensors", {"clip_l": _vectors(3, 2, 32), "clip_g": _vectors(4, 2, 32)})
+    pair = models.write_safetensors(
+        tmp_path / "xlstyle.safetensors", {"clip_l": _vectors(3, 2, 32), "clip_g": _vectors(4, 2, 32)}
+    )
     prompt = "a lighthouse, xlstyle"
     ours = _ours(built("sdxl"), embeddings=[pair]).prompts.encode([prompt])
 
@@ -75,21 +84,39 @@ def test_sdxl_pair_matches_diffusers(built, tmp_path):
     from safetensors.torch import load_file
 
     state = load_file(str(pair))  # diffusers reads the pair's halves one encoder at a time
-    pipe.load_textual_inversion(state["clip_l"], token=["xlstyle", "xlstyle_1"], text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer)
-    pipe.load_textual_inversion(state["clip_g"], token=["xlstyle", "xlstyle_1"], text_encoder=pipe.text_encoder_2, tokenizer=pipe.tokenizer_2)
+    pipe.load_textual_inversion(
+        state["clip_l"], token=["xlstyle", "xlstyle_1"], text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer
+    )
+    pipe.load_textual_inversion(
+        state["clip_g"], token=["xlstyle", "xlstyle_1"], text_encoder=pipe.text_encoder_2, tokenizer=pipe.tokenizer_2
+    )
     with torch.no_grad():
-        hidden, _, pooled, _ = pipe.encode_prompt(prompt, device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=False)
+        hidden, _, pooled, _ = pipe.encode_prompt(
+            prompt, device="cpu", num_images_per_prompt=1, do_classifier_free_guidance=False
+        )
     assert np.abs(ours.hidden - hidden.numpy()).max() < 2e-5
     assert np.abs(ours.pooled - pooled.numpy()).max() < 2e-5
 
 
-@pytest.mark.parametrize("tensors, message", [
-    ({"emb_params": np.zeros((2, 1024), np.float32)}, "is 1024 wide, this model's text_encoder is 768 wide: an embedding for another model"),
-    ({"clip_l": np.zeros((1, 768), np.float32), "clip_g": np.zeros((1, 1280), np.float32)}, "an SDXL embedding (clip_l + clip_g), for a model"),
-    ({"emb_params": np.full((1, 768), np.nan, np.float32)}, "non-finite or absurd values"),
-    ({"emb_params": np.full((1, 768), 1e300, np.float64)}, "non-finite or absurd values"),
-    ({"a": np.zeros((1, 768), np.float32), "b": np.zeros((1, 768), np.float32)}, "not a textual-inversion embedding"),
-])
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        (
+            {"emb_params": np.zeros((2, 1024), np.float32)},
+            "is 1024 wide, this model's text_encoder is 768 wide: an embedding for another model",
+        ),
+        (
+            {"clip_l": np.zeros((1, 768), np.float32), "clip_g": np.zeros((1, 1280), np.float32)},
+            "an SDXL embedding (clip_l + clip_g), for a model",
+        ),
+        ({"emb_params": np.full((1, 768), np.nan, np.float32)}, "non-finite or absurd values"),
+        ({"emb_params": np.full((1, 768), 1e300, np.float64)}, "non-finite or absurd values"),
+        (
+            {"a": np.zeros((1, 768), np.float32), "b": np.zeros((1, 768), np.float32)},
+            "not a textual-inversion embedding",
+        ),
+    ],
+)
 def test_a_bad_embedding_is_one_line_before_anything_loads(built, tmp_path, tensors, message):
     _, out, store = built("sd1")
     path = models.write_safetensors(tmp_path / "bad.safetensors", tensors)
@@ -108,7 +135,9 @@ def test_token_ids_past_the_vocabulary_are_refused_before_running(built, tmp_pat
     with pytest.raises(ConfigError, match=r"token ids \[1005\] are outside its vocabulary of 1000"):
         rows.feeds(ids, 768, True, "text_encoder")
     with pytest.raises(ConfigError, match="already in the tokenizer"):
-        pipe.prompts.add_embeddings([pipe.prompts.embeddings[0]] if pipe.prompts.embeddings else [_embedding(tmp_path, "a</w>")])
+        pipe.prompts.add_embeddings(
+            [pipe.prompts.embeddings[0]] if pipe.prompts.embeddings else [_embedding(tmp_path, "a</w>")]
+        )
 
 
 def _embedding(tmp_path, word):

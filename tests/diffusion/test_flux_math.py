@@ -12,7 +12,9 @@ from enginefarm.diffusion.schedulers import FlowMatchEulerDiscreteScheduler
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-DEV = dict(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+DEV = dict(
+    shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096
+)
 
 
 @pytest.mark.parametrize("config", [DEV, dict(shift=1.0, use_dynamic_shifting=False)], ids=["dev", "schnell"])
@@ -23,7 +25,13 @@ def test_the_schedule_matches_flux_pipeline(config, latent):
     steps = 7
     theirs = diffusers.FlowMatchEulerDiscreteScheduler(**config)
     tokens = (latent[0] // 2) * (latent[1] // 2)
-    mu = calculate_shift(tokens, theirs.config.base_image_seq_len, theirs.config.max_image_seq_len, theirs.config.base_shift, theirs.config.max_shift)
+    mu = calculate_shift(
+        tokens,
+        theirs.config.base_image_seq_len,
+        theirs.config.max_image_seq_len,
+        theirs.config.base_shift,
+        theirs.config.max_shift,
+    )
     theirs.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     ours = FlowMatchEulerDiscreteScheduler(dict(theirs.config))
     flux.set_timesteps(ours, steps, 1.0, (1, 16, *latent))

@@ -21,7 +21,9 @@ diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.slow
 
 TOKENS = 512  # Flux dev's default T5 token count (the profile's opt), diffusers' max_sequence_length default
-SIZE = 64  # image pixels: 8x8 latent, 16 tokens (the tiny transformers have no sample_size; the family's native is 1024)
+SIZE = (
+    64  # image pixels: 8x8 latent, 16 tokens (the tiny transformers have no sample_size; the family's native is 1024)
+)
 
 
 def _theirs(source):
@@ -34,16 +36,28 @@ def _latents(size: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
 
 
-def _run_theirs(pipe, latents: np.ndarray, size: int, output: str, tokens: int = TOKENS, steps: int = STEPS, **kwargs) -> np.ndarray:
+def _run_theirs(
+    pipe, latents: np.ndarray, size: int, output: str, tokens: int = TOKENS, steps: int = STEPS, **kwargs
+) -> np.ndarray:
     from diffusers import FluxPipeline
 
     packed = FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
-    result = pipe(PROMPT, num_inference_steps=steps, latents=packed, height=size, width=size, max_sequence_length=tokens,
-                  output_type=output, **kwargs).images
+    result = pipe(
+        PROMPT,
+        num_inference_steps=steps,
+        latents=packed,
+        height=size,
+        width=size,
+        max_sequence_length=tokens,
+        output_type=output,
+        **kwargs,
+    ).images
     return FluxPipeline._unpack_latents(result, size, size, 8).numpy() if output == "latent" else result[0]
 
 
-CASES = [("flux", dict(guidance_scale=3.5), target) for target in BACKENDS] + [("chroma", dict(negative_prompt=NEGATIVE, guidance_scale=4.0), "onnxruntime:cpu")]
+CASES = [("flux", dict(guidance_scale=3.5), target) for target in BACKENDS] + [
+    ("chroma", dict(negative_prompt=NEGATIVE, guidance_scale=4.0), "onnxruntime:cpu")
+]
 
 
 @pytest.mark.parametrize("family, kwargs, target", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
@@ -56,8 +70,16 @@ def test_flux_and_chroma_text_to_image_match_diffusers(built, family, kwargs, ta
         size = SIZE
         latents, output = _latents(size), "latent" if precision == "fp32" else "np"
         reference = _run_theirs(theirs, latents, size, output, **kwargs)
-        got = ours(PROMPT, kwargs.get("negative_prompt"), steps=STEPS, latents=latents, guidance_scale=kwargs["guidance_scale"],
-                   height=size, width=size, output_type=output)
+        got = ours(
+            PROMPT,
+            kwargs.get("negative_prompt"),
+            steps=STEPS,
+            latents=latents,
+            guidance_scale=kwargs["guidance_scale"],
+            height=size,
+            width=size,
+            output_type=output,
+        )
         if precision == "fp32":
             assert got.shape == reference.shape and _relative(got, reference) < 1e-4, target
         else:
@@ -75,8 +97,16 @@ def test_flux_guidance_and_resolution_change_the_result(built):
     packed = FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
     results = {}
     for guidance in (1.5, 6.0):
-        reference = theirs(PROMPT, num_inference_steps=3, latents=packed, height=64, width=96, guidance_scale=guidance, max_sequence_length=TOKENS,
-                           output_type="latent").images
+        reference = theirs(
+            PROMPT,
+            num_inference_steps=3,
+            latents=packed,
+            height=64,
+            width=96,
+            guidance_scale=guidance,
+            max_sequence_length=TOKENS,
+            output_type="latent",
+        ).images
         reference = FluxPipeline._unpack_latents(reference, 64, 96, 8).numpy()
         got = ours(PROMPT, steps=3, latents=latents, height=64, width=96, guidance_scale=guidance, output_type="latent")
         assert _relative(got, reference) < 1e-4
@@ -100,18 +130,33 @@ def test_flux_image_to_image_matches_diffusers(built, monkeypatch):
     theirs = FluxImg2ImgPipeline.from_pretrained(source)
     theirs.set_progress_bar_config(disable=True)
     module = sys.modules[FluxImg2ImgPipeline.__module__]
-    monkeypatch.setattr(module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode())
+    monkeypatch.setattr(
+        module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode()
+    )
     monkeypatch.setattr(module, "randn_tensor", lambda *a, **k: torch.from_numpy(noise))
     results = {}
     for strength in (0.6, 1.0):
-        reference = theirs(PROMPT, image=image[None], strength=strength, num_inference_steps=STEPS, height=SIZE, width=SIZE, guidance_scale=3.5,
-                           max_sequence_length=TOKENS, output_type="latent").images
+        reference = theirs(
+            PROMPT,
+            image=image[None],
+            strength=strength,
+            num_inference_steps=STEPS,
+            height=SIZE,
+            width=SIZE,
+            guidance_scale=3.5,
+            max_sequence_length=TOKENS,
+            output_type="latent",
+        ).images
         reference = FluxPipeline._unpack_latents(reference, SIZE, SIZE, 8).numpy()
-        got = ours(PROMPT, image=image, strength=strength, steps=STEPS, latents=noise, guidance_scale=3.5, output_type="latent")
+        got = ours(
+            PROMPT, image=image, strength=strength, steps=STEPS, latents=noise, guidance_scale=3.5, output_type="latent"
+        )
         assert got.shape == reference.shape and _relative(got, reference) < 1e-4, strength
         assert ours.timings["steps"] == (3 if strength == 0.6 else STEPS)
         results[strength] = got
-    assert np.abs(results[0.6] - results[1.0]).max() > 1e-3  # the image is kept at 0.6, not at 1.0: strength reaches the result
+    assert (
+        np.abs(results[0.6] - results[1.0]).max() > 1e-3
+    )  # the image is kept at 0.6, not at 1.0: strength reaches the result
 
 
 @pytest.mark.parametrize("target", BACKENDS)
@@ -147,7 +192,9 @@ def test_the_t5_token_count_is_the_callers_choice(built):
     results = {}
     for tokens in (24, TOKENS):
         reference = _run_theirs(theirs, latents, SIZE, "latent", tokens=tokens, steps=2, guidance_scale=3.5)
-        results[tokens] = ours(PROMPT, steps=2, latents=latents, height=SIZE, width=SIZE, max_sequence_length=tokens, output_type="latent")
+        results[tokens] = ours(
+            PROMPT, steps=2, latents=latents, height=SIZE, width=SIZE, max_sequence_length=tokens, output_type="latent"
+        )
         assert _relative(results[tokens], reference) < 1e-4, tokens
     assert np.abs(results[24] - results[TOKENS]).max() > 1e-3
     for wrong in (8, 600):

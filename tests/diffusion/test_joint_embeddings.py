@@ -44,7 +44,9 @@ def test_flux_clip_embeddings_match_diffusers_load_textual_inversion(built, tmp_
     plain = _ours(built("flux")).prompts.encode([prompt])
     pooled_diff, hidden_diff = _close(ours.pooled, pooled.numpy()), _close(ours.hidden, hidden.numpy())
     print(f"flux clip embeddings: pooled {pooled_diff:.1e}, T5 states {hidden_diff:.1e} off diffusers")
-    assert pooled_diff < 2e-5 and hidden_diff < 5e-5  # T5's states: ONNX Runtime vs torch on the same text (measured 1.5e-5)
+    assert (
+        pooled_diff < 2e-5 and hidden_diff < 5e-5
+    )  # T5's states: ONNX Runtime vs torch on the same text (measured 1.5e-5)
     assert np.abs(plain.pooled - ours.pooled).max() > 100 * max(pooled_diff, 1e-6)  # the words moved the pooled output
 
 
@@ -52,7 +54,10 @@ def _grown_sd3(source: Path, word: str, vectors: dict[str, np.ndarray]):
     """diffusers' SD3 with `word`, `word_1`… added to CLIP-L's and CLIP-G's tokenizers and tables by hand."""
     pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(source)
     words = [word] + [f"{word}_{i}" for i in range(1, len(vectors["clip_l"]))]
-    for tokenizer, encoder, key in ((pipe.tokenizer, pipe.text_encoder, "clip_l"), (pipe.tokenizer_2, pipe.text_encoder_2, "clip_g")):
+    for tokenizer, encoder, key in (
+        (pipe.tokenizer, pipe.text_encoder, "clip_l"),
+        (pipe.tokenizer_2, pipe.text_encoder_2, "clip_g"),
+    ):
         tokenizer.add_tokens(words)
         encoder.resize_token_embeddings(len(tokenizer))
         with torch.no_grad():
@@ -71,7 +76,9 @@ def test_sd3_clip_pair_matches_a_hand_grown_diffusers_pipeline(built, tmp_path):
     theirs, expanded = _grown_sd3(source, "sd3style", vectors)
     clip_prompt = prompt.replace("sd3style", expanded)
     with torch.no_grad():
-        hidden, _, pooled, _ = theirs.encode_prompt(clip_prompt, clip_prompt, prompt, device="cpu", do_classifier_free_guidance=False)
+        hidden, _, pooled, _ = theirs.encode_prompt(
+            clip_prompt, clip_prompt, prompt, device="cpu", do_classifier_free_guidance=False
+        )
     plain = _ours(built("sd3")).prompts.encode([prompt])
     hidden_diff, pooled_diff = _close(ours.hidden, hidden.numpy()), _close(ours.pooled, pooled.numpy())
     print(f"sd3 clip pair: hidden {hidden_diff:.1e}, pooled {pooled_diff:.1e} off the hand reference")
@@ -84,8 +91,10 @@ def test_t5_vectors_and_chroma_are_refused_in_one_line(built, tmp_path):
     naming the file, before anything is fetched or loaded."""
     from enginefarm.diffusion.embeddings import read_embedding
 
-    with_t5 = models.write_safetensors(tmp_path / "t5style.safetensors", {"clip_l": _vectors(1, 1, CLIP), "clip_g": _vectors(2, 1, CLIP),
-                                                                          "t5xxl": _vectors(3, 1, 64)})
+    with_t5 = models.write_safetensors(
+        tmp_path / "t5style.safetensors",
+        {"clip_l": _vectors(1, 1, CLIP), "clip_g": _vectors(2, 1, CLIP), "t5xxl": _vectors(3, 1, 64)},
+    )
     home = Path(__import__("os").environ["ENGINEFARM_HOME"])
     with pytest.raises(WeightsError, match=r"vectors for T5 \(t5xxl\)") as caught:
         _ours(built("sd3"), embeddings=[with_t5])

@@ -18,7 +18,15 @@ def _load(built, **kwargs):
 
     _, out, store = built("sd1")
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
-    return Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets", **kwargs)
+    return Pipeline.load(
+        name,
+        store=str(store),
+        precision="fp32",
+        target="onnxruntime:cpu",
+        device="cpu",
+        assets=out / "assets",
+        **kwargs,
+    )
 
 
 def test_a_budget_loads_stage_by_stage_and_changes_nothing_in_the_image(built):
@@ -41,7 +49,9 @@ def test_a_budget_loads_stage_by_stage_and_changes_nothing_in_the_image(built):
 
 def test_a_closed_pipeline_refuses_and_bad_budgets_are_one_line_errors(built):
     pipe = _load(built, memory_budget="auto")
-    with pytest.raises(ConfigError, match="max_sequence_length is for the T5 encoders") as caught:  # SD 1.x reads CLIP's 77 tokens
+    with pytest.raises(
+        ConfigError, match="max_sequence_length is for the T5 encoders"
+    ) as caught:  # SD 1.x reads CLIP's 77 tokens
         pipe("a lighthouse", steps=1, max_sequence_length=256)
     assert caught.value.hint and not pipe.sessions  # refused before anything loaded
     pipe.close()

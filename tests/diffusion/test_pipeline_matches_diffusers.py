@@ -23,7 +23,15 @@ def _ours(built_family, target: str, precision: str, controlnet: bool = False):
     from enginefarm.diffusion import Pipeline
 
     _, out, store = built_family
-    return Pipeline.load(_model_name(out), store=str(store), precision=precision, target=target, device="cpu", assets=out / "assets", controlnet=controlnet)
+    return Pipeline.load(
+        _model_name(out),
+        store=str(store),
+        precision=precision,
+        target=target,
+        device="cpu",
+        assets=out / "assets",
+        controlnet=controlnet,
+    )
 
 
 def _model_name(out: Path) -> str:
@@ -53,7 +61,10 @@ def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, scheduler", [("sd1", None), ("sd1", "euler_a"), ("sd2-v", None), ("sdxl", None), ("sdxl", "dpmpp_2m_karras")])
+@pytest.mark.parametrize(
+    "family, scheduler",
+    [("sd1", None), ("sd1", "euler_a"), ("sd2-v", None), ("sdxl", None), ("sdxl", "dpmpp_2m_karras")],
+)
 @pytest.mark.parametrize("target", BACKENDS)
 def test_text_to_image_matches_diffusers(built, family, scheduler, target):
     source, _, _ = built(family)
@@ -64,11 +75,29 @@ def test_text_to_image_matches_diffusers(built, family, scheduler, target):
         size = ours.assets.native_pixels
         noise = _ancestral_noise(scheduler, latents)
         with _injected_noise(theirs, noise):
-            kwargs = dict(num_inference_steps=STEPS, latents=torch.from_numpy(latents), height=size, width=size, guidance_scale=6.0)
-            reference = theirs(PROMPT, negative_prompt=NEGATIVE, output_type="latent" if precision == "fp32" else "np", **kwargs).images
-        got = ours(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, scheduler=scheduler,
-                   output_type="latent" if precision == "fp32" else "np", step_noise=noise)
-        reference = np.asarray(reference.numpy() if hasattr(reference, "numpy") else reference)[0 if precision == "fp16" else slice(None)]
+            kwargs = dict(
+                num_inference_steps=STEPS,
+                latents=torch.from_numpy(latents),
+                height=size,
+                width=size,
+                guidance_scale=6.0,
+            )
+            reference = theirs(
+                PROMPT, negative_prompt=NEGATIVE, output_type="latent" if precision == "fp32" else "np", **kwargs
+            ).images
+        got = ours(
+            PROMPT,
+            NEGATIVE,
+            steps=STEPS,
+            latents=latents,
+            guidance_scale=6.0,
+            scheduler=scheduler,
+            output_type="latent" if precision == "fp32" else "np",
+            step_noise=noise,
+        )
+        reference = np.asarray(reference.numpy() if hasattr(reference, "numpy") else reference)[
+            0 if precision == "fp16" else slice(None)
+        ]
         if precision == "fp32":
             assert _relative(got, reference) < 1e-4, (family, scheduler, target)
         else:
@@ -117,9 +146,13 @@ def test_image_to_image_matches_diffusers(built, family, monkeypatch):
     module = __import__(type(theirs).__module__, fromlist=["retrieve_latents"])
     # diffusers samples the VAE posterior and the noise from torch's generator; ours takes the posterior's mean and
     # the noise given, so diffusers is given the same two.
-    monkeypatch.setattr(module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode())
+    monkeypatch.setattr(
+        module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode()
+    )
     monkeypatch.setattr(module, "randn_tensor", lambda *a, **k: torch.from_numpy(noise))
-    reference = theirs(PROMPT, image=image[None], strength=0.5, num_inference_steps=STEPS, output_type="latent", guidance_scale=6.0).images.numpy()
+    reference = theirs(
+        PROMPT, image=image[None], strength=0.5, num_inference_steps=STEPS, output_type="latent", guidance_scale=6.0
+    ).images.numpy()
     got = ours(PROMPT, image=image, strength=0.5, steps=STEPS, latents=noise, guidance_scale=6.0, output_type="latent")
     assert _relative(got, reference) < 1e-4
 
@@ -132,10 +165,27 @@ def test_controlnet_matches_diffusers(built, tiny_controlnet, base):
     size = ours.assets.native_pixels
     control = np.random.default_rng(4).uniform(0, 1, (size, size, 3)).astype(np.float32)
     latents = _latents(ours)
-    cls = diffusers.StableDiffusionXLControlNetPipeline if base == "sdxl" else diffusers.StableDiffusionControlNetPipeline
+    cls = (
+        diffusers.StableDiffusionXLControlNetPipeline if base == "sdxl" else diffusers.StableDiffusionControlNetPipeline
+    )
     theirs = cls.from_pretrained(source, controlnet=diffusers.ControlNetModel.from_pretrained(tiny_controlnet(base)))
     theirs.set_progress_bar_config(disable=True)
-    reference = theirs(PROMPT, image=control[None], num_inference_steps=STEPS, latents=torch.from_numpy(latents), output_type="latent",
-                       height=size, width=size, controlnet_conditioning_scale=0.7).images.numpy()
-    got = ours(PROMPT, steps=STEPS, latents=latents, control_image=control, controlnet_conditioning_scale=0.7, output_type="latent")
+    reference = theirs(
+        PROMPT,
+        image=control[None],
+        num_inference_steps=STEPS,
+        latents=torch.from_numpy(latents),
+        output_type="latent",
+        height=size,
+        width=size,
+        controlnet_conditioning_scale=0.7,
+    ).images.numpy()
+    got = ours(
+        PROMPT,
+        steps=STEPS,
+        latents=latents,
+        control_image=control,
+        controlnet_conditioning_scale=0.7,
+        output_type="latent",
+    )
     assert _relative(got, reference) < 1e-4

@@ -19,7 +19,19 @@ pytest.importorskip("diffusers")
 def pictured(built, tmp_path_factory):
     _, out, store = built("sd1")
     report = tmp_path_factory.mktemp("report")
-    proc = run_cli("report", "--store", str(store), "--out", str(report), "--pictures", "--picture-steps", "3", "--seed", "5", check=True)
+    proc = run_cli(
+        "report",
+        "--store",
+        str(store),
+        "--out",
+        str(report),
+        "--pictures",
+        "--picture-steps",
+        "3",
+        "--seed",
+        "5",
+        check=True,
+    )
     return report, proc
 
 
@@ -51,9 +63,24 @@ def test_the_pictures_show_in_headless_chromium(pictured, tmp_path):
     report, _ = pictured
     browser = browser_or_skip()
     shot = tmp_path / "report.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-                    "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-                    f"--screenshot={shot}", "--window-size=1200,1600", (report / "report.html").as_uri()], capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,1600",
+            (report / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     from enginefarm.diffusion import read_png
 
     page = read_png(shot)

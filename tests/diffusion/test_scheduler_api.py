@@ -15,15 +15,20 @@ from tests.diffusion.sampling import LCM, SD15, SD21V, SDXL, SHAPE, fake_model
 
 
 def test_importing_diffusion_loads_no_torch_and_no_tokenizers():
-    code = ("import sys, json, enginefarm.diffusion, enginefarm.diffusion.tokenizer; "
-            "print(json.dumps(sorted(m for m in ('torch', 'diffusers', 'transformers', 'tokenizers') if m in sys.modules)))")
+    code = (
+        "import sys, json, enginefarm.diffusion, enginefarm.diffusion.tokenizer; "
+        "print(json.dumps(sorted(m for m in ('torch', 'diffusers', 'transformers', 'tokenizers') if m in sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
 
 
 def test_the_import_check_would_see_torch():
     code = "import sys, enginefarm.diffusion, torch; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "True"
+    )
 
 
 @pytest.mark.parametrize("name", [*SCHEDULERS, *ALIASES, "EULER_A", "DPMPP_2M_Karras"])
@@ -77,27 +82,39 @@ def test_one_class_config_builds_another_with_the_other_class_defaults():
     assert make_scheduler("lcm", {}).config.beta_schedule == "scaled_linear"
 
 
-@pytest.mark.parametrize(("change", "key"), [({"beta_schedule": "quadratic"}, "beta_schedule"),
-                                             ({"prediction_type": "flow"}, "prediction_type"),
-                                             ({"timestep_spacing": "even"}, "timestep_spacing"),
-                                             ({"num_train_timesteps": "many"}, "num_train_timesteps"),
-                                             ({"clip_sample": "yes"}, "clip_sample")])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"beta_schedule": "quadratic"}, "beta_schedule"),
+        ({"prediction_type": "flow"}, "prediction_type"),
+        ({"timestep_spacing": "even"}, "timestep_spacing"),
+        ({"num_train_timesteps": "many"}, "num_train_timesteps"),
+        ({"clip_sample": "yes"}, "clip_sample"),
+    ],
+)
 def test_bad_config_values_are_config_errors_naming_the_key(change, key):
     with pytest.raises(ConfigError, match=key):
         make_scheduler("ddim", {**SD15, **change})
 
 
-@pytest.mark.parametrize(("name", "change"), [("euler", {"interpolation_type": "log_linear"}),
-                                              ("euler", {"use_beta_sigmas": True}),
-                                              ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver"}),
-                                              ("dpmpp_2m", {"use_lu_lambdas": True}),
-                                              ("euler_a", {"prediction_type": "sample"})])
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("euler", {"interpolation_type": "log_linear"}),
+        ("euler", {"use_beta_sigmas": True}),
+        ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver"}),
+        ("dpmpp_2m", {"use_lu_lambdas": True}),
+        ("euler_a", {"prediction_type": "sample"}),
+    ],
+)
 def test_settings_we_do_not_implement_are_refused_not_ignored(name, change):
     with pytest.raises(ConfigError):
         make_scheduler(name, {**SDXL, **change})
 
 
-@pytest.mark.parametrize(("steps", "strength"), [(0, 1.0), (-3, 1.0), (2.5, 1.0), (1001, 1.0), (20, 0.0), (20, 1.5), (2, 0.2)])
+@pytest.mark.parametrize(
+    ("steps", "strength"), [(0, 1.0), (-3, 1.0), (2.5, 1.0), (1001, 1.0), (20, 0.0), (20, 1.5), (2, 0.2)]
+)
 def test_impossible_step_counts_and_strengths_are_config_errors(steps, strength):
     with pytest.raises(ConfigError):
         make_scheduler("euler", SDXL).set_timesteps(steps, strength)

@@ -74,34 +74,68 @@ def test_sampling_loop_matches_diffusers(name, config, prediction, steps, streng
 
 EXTRAS = {
     "dpm_sde": ("DPMSolverMultistepScheduler", {**SDXL, "algorithm_type": "sde-dpmsolver++"}),
-    "dpm_sde_karras_heun": ("DPMSolverMultistepScheduler",
-                            {**SDXL, "algorithm_type": "sde-dpmsolver++", "use_karras_sigmas": True, "solver_type": "heun"}),
+    "dpm_sde_karras_heun": (
+        "DPMSolverMultistepScheduler",
+        {**SDXL, "algorithm_type": "sde-dpmsolver++", "use_karras_sigmas": True, "solver_type": "heun"},
+    ),
     "dpm_order3": ("DPMSolverMultistepScheduler", {**SD15, "solver_order": 3}),
-    "dpm_order3_v_sigma_min_trailing": ("DPMSolverMultistepScheduler",
-                                        {**SD21V, "solver_order": 3, "final_sigmas_type": "sigma_min", "timestep_spacing": "trailing"}),
-    "dpm_cosine_lambda_clipped": ("DPMSolverMultistepScheduler",
-                                  {"beta_schedule": "squaredcos_cap_v2", "lambda_min_clipped": -5.1, "solver_type": "heun"}),
+    "dpm_order3_v_sigma_min_trailing": (
+        "DPMSolverMultistepScheduler",
+        {**SD21V, "solver_order": 3, "final_sigmas_type": "sigma_min", "timestep_spacing": "trailing"},
+    ),
+    "dpm_cosine_lambda_clipped": (
+        "DPMSolverMultistepScheduler",
+        {"beta_schedule": "squaredcos_cap_v2", "lambda_min_clipped": -5.1, "solver_type": "heun"},
+    ),
     "dpm_exponential_sigmas": ("DPMSolverMultistepScheduler", {**SD15, "use_exponential_sigmas": True}),
-    "dpm_sample_thresholding": ("DPMSolverMultistepScheduler",
-                                {**SD15, "prediction_type": "sample", "thresholding": True, "sample_max_value": 1.5}),
-    "dpm_zero_snr": ("DPMSolverMultistepScheduler", {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}),
-    "ddim_zero_snr_trailing": ("DDIMScheduler", {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}),
-    "ddim_thresholding": ("DDIMScheduler", {"thresholding": True, "dynamic_thresholding_ratio": 0.9, "sample_max_value": 1.2}),
+    "dpm_sample_thresholding": (
+        "DPMSolverMultistepScheduler",
+        {**SD15, "prediction_type": "sample", "thresholding": True, "sample_max_value": 1.5},
+    ),
+    "dpm_zero_snr": (
+        "DPMSolverMultistepScheduler",
+        {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"},
+    ),
+    "ddim_zero_snr_trailing": (
+        "DDIMScheduler",
+        {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"},
+    ),
+    "ddim_thresholding": (
+        "DDIMScheduler",
+        {"thresholding": True, "dynamic_thresholding_ratio": 0.9, "sample_max_value": 1.2},
+    ),
     "ddim_defaults_linspace": ("DDIMScheduler", {"timestep_spacing": "linspace"}),
     "ddim_defaults_clip_sample": ("DDIMScheduler", {}),
-    "ddim_trained_betas": ("DDIMScheduler", {"num_train_timesteps": 50, "trained_betas": list(np.linspace(1e-3, 0.2, 50))}),
+    "ddim_trained_betas": (
+        "DDIMScheduler",
+        {"num_train_timesteps": 50, "trained_betas": list(np.linspace(1e-3, 0.2, 50))},
+    ),
     "pndm_prk_linspace": ("PNDMScheduler", {**SD15, "skip_prk_steps": False, "timestep_spacing": "linspace"}),
     "pndm_trailing_v": ("PNDMScheduler", {**SD21V, "timestep_spacing": "trailing"}),
-    "euler_karras_sigma_min": ("EulerDiscreteScheduler", {**SDXL, "use_karras_sigmas": True, "final_sigmas_type": "sigma_min"}),
+    "euler_karras_sigma_min": (
+        "EulerDiscreteScheduler",
+        {**SDXL, "use_karras_sigmas": True, "final_sigmas_type": "sigma_min"},
+    ),
     "euler_karras_sd15": ("EulerDiscreteScheduler", {**SD15, "use_karras_sigmas": True}),
     "euler_exponential": ("EulerDiscreteScheduler", {**SD15, "use_exponential_sigmas": True}),
-    "euler_karras_own_range": ("EulerDiscreteScheduler", {**SD15, "use_karras_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0}),
-    "euler_zero_snr_v": ("EulerDiscreteScheduler", {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}),
-    "euler_a_zero_snr_v": ("EulerAncestralDiscreteScheduler", {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}),
+    "euler_karras_own_range": (
+        "EulerDiscreteScheduler",
+        {**SD15, "use_karras_sigmas": True, "sigma_min": 0.1, "sigma_max": 10.0},
+    ),
+    "euler_zero_snr_v": (
+        "EulerDiscreteScheduler",
+        {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"},
+    ),
+    "euler_a_zero_snr_v": (
+        "EulerAncestralDiscreteScheduler",
+        {**SD21V, "rescale_betas_zero_snr": True, "timestep_spacing": "trailing"},
+    ),
     "euler_defaults_linear": ("EulerDiscreteScheduler", {}),
     "lcm_v_clip": ("LCMScheduler", {**LCM, "prediction_type": "v_prediction", "clip_sample": True}),
-    "lcm_sample_100_original_steps": ("LCMScheduler",
-                                      {**LCM, "prediction_type": "sample", "original_inference_steps": 100, "timestep_scaling": 5.0}),
+    "lcm_sample_100_original_steps": (
+        "LCMScheduler",
+        {**LCM, "prediction_type": "sample", "original_inference_steps": 100, "timestep_scaling": 5.0},
+    ),
     "lcm_thresholding": ("LCMScheduler", {**LCM, "thresholding": True}),
     "sd3_flow_shift": ("FlowMatchEulerDiscreteScheduler", SD3),
     "sd3_flow_shift_terminal": ("FlowMatchEulerDiscreteScheduler", {**SD3, "shift_terminal": 0.02}),
@@ -124,8 +158,14 @@ def test_other_settings_match_diffusers(extra, steps, strength, monkeypatch):
 @pytest.mark.parametrize("image_seq_len", [256, 1024, 4096])
 def test_flux_dynamic_shift_with_custom_sigmas_matches_diffusers(image_seq_len, steps, strength, monkeypatch):
     """As FluxPipeline drives it: mu from the image's token count, sigmas linspace(1, 1/steps)."""
-    case = Case("FlowMatchEulerDiscreteScheduler", FLUX, steps, strength, mu=dynamic_shift_mu(FLUX, image_seq_len),
-                sigmas=list(np.linspace(1.0, 1 / steps, steps)))
+    case = Case(
+        "FlowMatchEulerDiscreteScheduler",
+        FLUX,
+        steps,
+        strength,
+        mu=dynamic_shift_mu(FLUX, image_seq_len),
+        sigmas=list(np.linspace(1.0, 1 / steps, steps)),
+    )
     compare(case, monkeypatch)
 
 

@@ -16,19 +16,40 @@ from tests.diffusion_assets import clip_vocab, learn_merges, write_clip_tokenize
 transformers = pytest.importorskip("transformers")
 
 PROMPTS = [
-    "a photo of a cat", "A  Photo\tOF\n a CAT's", "an astronaut riding a horse, 8k!!", "hello!", "!", "", "   ",
-    "it's a dog's life, isn't it? we'll see; they're here, I'd go, you've been, I'm", "<|endoftext|> after the end",
-    "<|ENDOFTEXT|> shouting", "<|startoftext|>twice<|startoftext|>", "café naïve façade über 日本 東京 🍜🐱 emoji",
-    "(masterpiece:1.2), [best quality], {ultra-detailed}, #art @user $5 100% 3.14159", "ＦＵＬＬＷＩＤＴＨ ﬁ ligature",
-    "word " * 100, "x" * 500, "Ünïcödé ÀÉÎÕÜ ß ẞ İstanbul", "tab\tnew\nline\r\nnbsp\u00a0thin\u2009space",
+    "a photo of a cat",
+    "A  Photo\tOF\n a CAT's",
+    "an astronaut riding a horse, 8k!!",
+    "hello!",
+    "!",
+    "",
+    "   ",
+    "it's a dog's life, isn't it? we'll see; they're here, I'd go, you've been, I'm",
+    "<|endoftext|> after the end",
+    "<|ENDOFTEXT|> shouting",
+    "<|startoftext|>twice<|startoftext|>",
+    "café naïve façade über 日本 東京 🍜🐱 emoji",
+    "(masterpiece:1.2), [best quality], {ultra-detailed}, #art @user $5 100% 3.14159",
+    "ＦＵＬＬＷＩＤＴＨ ﬁ ligature",
+    "word " * 100,
+    "x" * 500,
+    "Ünïcödé ÀÉÎÕÜ ß ẞ İstanbul",
+    "tab\tnew\nline\r\nnbsp\u00a0thin\u2009space",
 ]
 
 # (pad token, how tokenizer_config.json is written, whether a tokenizer.json is there too)
-FOLDERS = [("<|endoftext|>", "legacy", False), ("!", "legacy", False), ("<|endoftext|>", "decoder", False),
-           ("!", "decoder", False), ("<|endoftext|>", "decoder", True), ("!", "legacy", True)]
+FOLDERS = [
+    ("<|endoftext|>", "legacy", False),
+    ("!", "legacy", False),
+    ("<|endoftext|>", "decoder", False),
+    ("!", "decoder", False),
+    ("<|endoftext|>", "decoder", True),
+    ("!", "legacy", True),
+]
 
 
-@pytest.fixture(scope="module", params=FOLDERS, ids=lambda p: f"pad{'!' if p[0] == '!' else 'EOT'}-{p[1]}{'-json' if p[2] else ''}")
+@pytest.fixture(
+    scope="module", params=FOLDERS, ids=lambda p: f"pad{'!' if p[0] == '!' else 'EOT'}-{p[1]}{'-json' if p[2] else ''}"
+)
 def clip_folder(request, tmp_path_factory):
     pad, style, with_json = request.param
     return write_clip_tokenizer(tmp_path_factory.mktemp("tok"), pad, config_style=style, tokenizer_json=with_json)
@@ -63,7 +84,7 @@ def test_padding_follows_the_folders_pad_token(clip_folder):
     assert ours.pad_id == (0 if pad == "!" else ours.eos_id)
     row = ours("a cat")[0]
     end = int(np.flatnonzero(row == ours.eos_id)[0])
-    assert row[0] == ours.bos_id and (row[end + 1:] == ours.pad_id).all()
+    assert row[0] == ours.bos_id and (row[end + 1 :] == ours.pad_id).all()
 
 
 def test_long_prompts_keep_their_start_and_end_tokens(clip_folder):
@@ -75,7 +96,8 @@ def test_long_prompts_keep_their_start_and_end_tokens(clip_folder):
 
 
 PROMPT_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=120) | st.text(
-    st.sampled_from(list("abcdefghijklmnopqrstuvwxyz ABCXYZ!?.,'-:()[]0123456789\t\nçé日🍜")), max_size=200)
+    st.sampled_from(list("abcdefghijklmnopqrstuvwxyz ABCXYZ!?.,'-:()[]0123456789\t\nçé日🍜")), max_size=200
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -102,8 +124,16 @@ def test_model_max_length_comes_from_the_config(tmp_path, length):
     np.testing.assert_array_equal(ours(PROMPTS), reference_ids(reference(folder), PROMPTS, length))
 
 
-ADDED_PROMPTS = ["a <cat-toy> on a table", "a <CAT-TOY> photo", "a<cat-toy>b", "sks dog", "asks", "<cat-toy><cat-toy>",
-                 "<cat-toy>_1 and <cat-toy>_2 together", "a photo of sks, a cat"]
+ADDED_PROMPTS = [
+    "a <cat-toy> on a table",
+    "a <CAT-TOY> photo",
+    "a<cat-toy>b",
+    "sks dog",
+    "asks",
+    "<cat-toy><cat-toy>",
+    "<cat-toy>_1 and <cat-toy>_2 together",
+    "a photo of sks, a cat",
+]
 
 
 def test_added_tokens_get_the_ids_after_the_vocabulary_and_match_in_prompts(clip_folder):
@@ -126,7 +156,9 @@ def test_tokens_added_and_saved_by_transformers_load_with_their_ids(tmp_path):
     ref.save_pretrained(tmp_path / "saved")
     ours = ClipTokenizer.from_folder(tmp_path / "saved")
     assert ours.token_to_id("<style-x>") == ref.convert_tokens_to_ids("<style-x>")
-    np.testing.assert_array_equal(ours(ADDED_PROMPTS + ["<style-x> art"]), reference_ids(ref, ADDED_PROMPTS + ["<style-x> art"]))
+    np.testing.assert_array_equal(
+        ours(ADDED_PROMPTS + ["<style-x> art"]), reference_ids(ref, ADDED_PROMPTS + ["<style-x> art"])
+    )
 
 
 def test_a_folder_without_vocabulary_is_a_source_error(tmp_path):
@@ -152,11 +184,14 @@ def test_t5_matches_transformers(t5_folder, length):
     ours, ref = T5Tokenizer.from_folder(t5_folder), transformers.T5Tokenizer.from_pretrained(t5_folder)
     prompts = PROMPTS + ["<extra_id_0> sentinel", "UPPER lower Mixed"]
     got = ours(prompts, max_length=length)
-    expected = np.array(ref(prompts, padding="max_length", max_length=length or ref.model_max_length,
-                            truncation=True)["input_ids"])
+    expected = np.array(
+        ref(prompts, padding="max_length", max_length=length or ref.model_max_length, truncation=True)["input_ids"]
+    )
     assert got.shape == (len(prompts), length or 512)
     np.testing.assert_array_equal(got, expected)
-    assert got[0][list(got[0]).index(ours.eos_id) + 1:].tolist() == [ours.pad_id] * (got.shape[1] - list(got[0]).index(ours.eos_id) - 1)
+    assert got[0][list(got[0]).index(ours.eos_id) + 1 :].tolist() == [ours.pad_id] * (
+        got.shape[1] - list(got[0]).index(ours.eos_id) - 1
+    )
 
 
 @settings(max_examples=100, deadline=None)

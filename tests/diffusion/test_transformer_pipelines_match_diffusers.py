@@ -42,8 +42,16 @@ def test_sd3_text_to_image_matches_diffusers(built, target):
         assert ours.family.id == "sd3" and "transformer" in ours.sessions
         latents, size = _latents(ours), ours.assets.native_pixels
         output = "latent" if precision == "fp32" else "np"
-        reference = theirs(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=STEPS, latents=torch.from_numpy(latents), height=size,
-                           width=size, guidance_scale=6.0, output_type=output).images
+        reference = theirs(
+            PROMPT,
+            negative_prompt=NEGATIVE,
+            num_inference_steps=STEPS,
+            latents=torch.from_numpy(latents),
+            height=size,
+            width=size,
+            guidance_scale=6.0,
+            output_type=output,
+        ).images
         got = ours(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, output_type=output)
         if precision == "fp32":
             assert _relative(got, reference.numpy()) < 1e-4, target
@@ -60,11 +68,20 @@ def test_sd3_without_t5_feeds_zeros_as_diffusers_does(built, tmp_path):
     (assets / "family.json").write_text(json.dumps(described))
     from enginefarm.diffusion import Pipeline
 
-    ours = Pipeline.load(out.name.rsplit("-", 1)[0], store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=assets)
+    ours = Pipeline.load(
+        out.name.rsplit("-", 1)[0],
+        store=str(store),
+        precision="fp32",
+        target="onnxruntime:cpu",
+        device="cpu",
+        assets=assets,
+    )
     assert "text_encoder_3" not in ours.sessions
     theirs = _theirs(source, text_encoder_3=None, tokenizer_3=None)
     latents, size = _latents(ours), ours.assets.native_pixels
-    reference = theirs(PROMPT, num_inference_steps=2, latents=torch.from_numpy(latents), height=size, width=size, output_type="latent").images
+    reference = theirs(
+        PROMPT, num_inference_steps=2, latents=torch.from_numpy(latents), height=size, width=size, output_type="latent"
+    ).images
     with_t5 = _ours(built("sd3"), "onnxruntime:cpu", "fp32")(PROMPT, steps=2, latents=latents, output_type="latent")
     got = ours(PROMPT, steps=2, latents=latents, output_type="latent")
     assert _relative(got, reference.numpy()) < 1e-4
@@ -81,9 +98,26 @@ def test_sd3_reads_the_t5_token_count_the_caller_asks_for(built):
     latents, size = _latents(ours, seed=5), ours.assets.native_pixels
     results = {}
     for tokens in (40, None):
-        reference = theirs(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=2, latents=torch.from_numpy(latents), height=size, width=size,
-                           guidance_scale=6.0, max_sequence_length=tokens or 256, output_type="latent").images
-        results[tokens] = ours(PROMPT, NEGATIVE, steps=2, latents=latents, guidance_scale=6.0, max_sequence_length=tokens, output_type="latent")
+        reference = theirs(
+            PROMPT,
+            negative_prompt=NEGATIVE,
+            num_inference_steps=2,
+            latents=torch.from_numpy(latents),
+            height=size,
+            width=size,
+            guidance_scale=6.0,
+            max_sequence_length=tokens or 256,
+            output_type="latent",
+        ).images
+        results[tokens] = ours(
+            PROMPT,
+            NEGATIVE,
+            steps=2,
+            latents=latents,
+            guidance_scale=6.0,
+            max_sequence_length=tokens,
+            output_type="latent",
+        )
         assert _relative(results[tokens], reference.numpy()) < 1e-4, tokens
     assert np.abs(results[40] - results[None]).max() > 1e-4
 
@@ -93,8 +127,16 @@ def test_sd35_text_and_image_to_image_match_diffusers(built, monkeypatch):
     ours = _ours(built("sd3.5"), "onnxruntime:cpu", "fp32")
     assert ours.family.id == "sd3.5"
     latents, size = _latents(ours), ours.assets.native_pixels
-    reference = _theirs(source)(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=STEPS, latents=torch.from_numpy(latents), height=size,
-                                width=size, guidance_scale=4.5, output_type="latent").images
+    reference = _theirs(source)(
+        PROMPT,
+        negative_prompt=NEGATIVE,
+        num_inference_steps=STEPS,
+        latents=torch.from_numpy(latents),
+        height=size,
+        width=size,
+        guidance_scale=4.5,
+        output_type="latent",
+    ).images
     got = ours(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=4.5, output_type="latent")
     assert _relative(got, reference.numpy()) < 1e-4
 
@@ -104,11 +146,16 @@ def test_sd35_text_and_image_to_image_match_diffusers(built, monkeypatch):
     module = __import__(type(theirs).__module__, fromlist=["retrieve_latents"])
     # diffusers samples the VAE posterior and the noise from torch's generator; ours takes the posterior's mean and
     # the noise given, so diffusers is given the same two.
-    monkeypatch.setattr(module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode())
+    monkeypatch.setattr(
+        module, "retrieve_latents", lambda output, generator=None, sample_mode="sample": output.latent_dist.mode()
+    )
     monkeypatch.setattr(module, "randn_tensor", lambda *a, **k: torch.from_numpy(latents))
-    reference = theirs(PROMPT, image=image[None], strength=0.6, num_inference_steps=STEPS, output_type="latent",
-                       guidance_scale=6.0).images.numpy()
-    got = ours(PROMPT, image=image, strength=0.6, steps=STEPS, latents=latents, output_type="latent", guidance_scale=6.0)
+    reference = theirs(
+        PROMPT, image=image[None], strength=0.6, num_inference_steps=STEPS, output_type="latent", guidance_scale=6.0
+    ).images.numpy()
+    got = ours(
+        PROMPT, image=image, strength=0.6, steps=STEPS, latents=latents, output_type="latent", guidance_scale=6.0
+    )
     assert _relative(got, reference) < 1e-4
 
 

@@ -20,10 +20,34 @@ def small_tile_vae(tiny, tmp_path_factory):
     ones are smaller) runs as diffusers runs it."""
     root = tmp_path_factory.mktemp("vae-tiling")
     source = tiny("sd1")
-    run_cli("export", str(source), "--out", str(root / "export"), "--latent", "2,8,16", "--batch", "1,1,1", "--name", "tiles", check=True)
+    run_cli(
+        "export",
+        str(source),
+        "--out",
+        str(root / "export"),
+        "--latent",
+        "2,8,16",
+        "--batch",
+        "1,1,1",
+        "--name",
+        "tiles",
+        check=True,
+    )
     for component in ("vae_decoder", "vae_encoder"):
-        run_cli("build", str(root / "export" / "recipe.toml"), "--store", str(root / "store"), "--no-bench", "--target", "onnxruntime:cpu",
-                "--precision", "fp32", "--component", component, check=True)
+        run_cli(
+            "build",
+            str(root / "export" / "recipe.toml"),
+            "--store",
+            str(root / "store"),
+            "--no-bench",
+            "--target",
+            "onnxruntime:cpu",
+            "--precision",
+            "fp32",
+            "--component",
+            component,
+            check=True,
+        )
     return source, root / "store"
 
 
@@ -43,8 +67,10 @@ def test_tiled_decode_and_encode_match_diffusers(small_tile_vae):
     tiling = tiles.Tiling(TILE_PIXELS, LATENT_TILE)
     latent = np.random.default_rng(0).standard_normal((1, 4, 16, 16)).astype(np.float32)
     image = np.random.default_rng(1).uniform(-1, 1, (1, 3, 128, 128)).astype(np.float32)
-    with enginefarm.load("tiles/vae_decoder", store=str(store), device="cpu") as decoder, \
-            enginefarm.load("tiles/vae_encoder", store=str(store), device="cpu") as encoder:
+    with (
+        enginefarm.load("tiles/vae_decoder", store=str(store), device="cpu") as decoder,
+        enginefarm.load("tiles/vae_encoder", store=str(store), device="cpu") as encoder,
+    ):
         decoded = tiles.decode(lambda x: decoder.run({"latent_sample": x})["sample"], latent, tiling)
         whole = decoder.run({"latent_sample": latent})["sample"]
         moments = tiles.encode(lambda x: encoder.run({"sample": x})["latent_parameters"], image, tiling)
@@ -67,7 +93,9 @@ def test_the_pipeline_decodes_in_tiles_even_where_the_last_tile_is_below_the_pro
 
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
     vae = diffusers.AutoencoderKL.from_pretrained(source / "vae")
-    with Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets") as pipe:
+    with Pipeline.load(
+        name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets"
+    ) as pipe:
         pipe.enable_vae_tiling(tile_pixels=TILE_PIXELS)
         latent = np.random.default_rng(2).standard_normal((1, 4, 16, 16)).astype(np.float32)
         ours = pipe._vae("vae_decoder", "latent_sample", "sample", latent)

@@ -15,7 +15,10 @@ def feeds_for(session, batch: int, height: int, width: int, seed: int = 0) -> di
     dims = {"batch": batch, "height": height, "width": width, "image_height": 8 * height, "image_width": 8 * width}
     feeds = {}
     for arg in session.get_inputs():
-        shape = [d if isinstance(d, int) else dims.get(d) or dims[d.split("_div")[0]] // int(d.split("_div")[1]) for d in arg.shape]
+        shape = [
+            d if isinstance(d, int) else dims.get(d) or dims[d.split("_div")[0]] // int(d.split("_div")[1])
+            for d in arg.shape
+        ]
         if arg.name == "input_ids":
             feeds[arg.name] = rng.integers(0, 1000, size=shape).astype(np.int64)
         elif arg.name == "timestep":
@@ -29,7 +32,9 @@ def feeds_for(session, batch: int, height: int, width: int, seed: int = 0) -> di
     return feeds
 
 
-def torch_reference(pipeline: Path, component: str, feeds: dict[str, np.ndarray], controlnet: Path | None = None) -> dict[str, np.ndarray]:
+def torch_reference(
+    pipeline: Path, component: str, feeds: dict[str, np.ndarray], controlnet: Path | None = None
+) -> dict[str, np.ndarray]:
     """What diffusers computes for `component` of the pipeline folder on `feeds`, by output name."""
     import torch
     from diffusers import ControlNetModel, UNet2DConditionModel
@@ -40,7 +45,11 @@ def torch_reference(pipeline: Path, component: str, feeds: dict[str, np.ndarray]
     with torch.no_grad():
         if component.startswith("text_encoder"):
             projected = (pipeline / component / "config.json").read_text().count("CLIPTextModelWithProjection") > 0
-            model = (CLIPTextModelWithProjection if projected else CLIPTextModel).from_pretrained(pipeline / component).eval()
+            model = (
+                (CLIPTextModelWithProjection if projected else CLIPTextModel)
+                .from_pretrained(pipeline / component)
+                .eval()
+            )
             out = model(t["input_ids"], output_hidden_states=True)
             result = {"last_hidden_state": out.last_hidden_state, "hidden_states": out.hidden_states[-2]}
             if projected:
@@ -49,12 +58,30 @@ def torch_reference(pipeline: Path, component: str, feeds: dict[str, np.ndarray]
             unet = UNet2DConditionModel.from_pretrained(pipeline / "unet").eval()
             residuals = {}
             if component == "unet_controlnet":
-                down = [t[k] for k in sorted((k for k in t if k.startswith("down_block_")), key=lambda k: int(k.rsplit("_", 1)[1]))]
-                residuals = {"down_block_additional_residuals": down, "mid_block_additional_residual": t["mid_block_additional_residual"]}
-            result = {"out_sample": unet(t["sample"], t["timestep"], t["encoder_hidden_states"], added_cond_kwargs=added, **residuals).sample}
+                down = [
+                    t[k]
+                    for k in sorted(
+                        (k for k in t if k.startswith("down_block_")), key=lambda k: int(k.rsplit("_", 1)[1])
+                    )
+                ]
+                residuals = {
+                    "down_block_additional_residuals": down,
+                    "mid_block_additional_residual": t["mid_block_additional_residual"],
+                }
+            result = {
+                "out_sample": unet(
+                    t["sample"], t["timestep"], t["encoder_hidden_states"], added_cond_kwargs=added, **residuals
+                ).sample
+            }
         elif component == "controlnet":
             model = ControlNetModel.from_pretrained(controlnet or pipeline / "controlnet").eval()
-            out = model(t["sample"], t["timestep"], t["encoder_hidden_states"], controlnet_cond=t["controlnet_cond"], added_cond_kwargs=added)
+            out = model(
+                t["sample"],
+                t["timestep"],
+                t["encoder_hidden_states"],
+                controlnet_cond=t["controlnet_cond"],
+                added_cond_kwargs=added,
+            )
             result = {f"down_block_res_sample_{i}": r for i, r in enumerate(out.down_block_res_samples)}
             result["mid_block_res_sample"] = out.mid_block_res_sample
         else:

@@ -26,10 +26,23 @@ def test_the_exported_recipe_builds_and_the_artifacts_load_and_match_diffusers(t
     import enginefarm
 
     export = exported(tiny("sd1"))
-    proc = run_cli("build", str(export.out / "recipe.toml"), "--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench", check=True)
+    proc = run_cli(
+        "build",
+        str(export.out / "recipe.toml"),
+        "--target",
+        "onnxruntime:cpu",
+        "--precision",
+        "fp32",
+        "--no-bench",
+        check=True,
+    )
     assert re.search(r"\b4 built, 0 failed", proc.stdout), proc.stdout
-    for component, (batch, height, width) in (("unet", (2, 8, 16)), ("text_encoder", (2, 8, 8)), ("vae_decoder", (1, 16, 8)),
-                                              ("vae_encoder", (1, 8, 8))):
+    for component, (batch, height, width) in (
+        ("unet", (2, 8, 16)),
+        ("text_encoder", (2, 8, 8)),
+        ("vae_decoder", (1, 16, 8)),
+        ("vae_encoder", (1, 8, 8)),
+    ):
         session = enginefarm.load(f"sd1/{component}", precision="fp32", device="cpu", target="onnxruntime:cpu")
         feeds = _feeds(export.out / f"{component}.onnx", batch, height, width)
         got = session.run(feeds)
@@ -44,10 +57,23 @@ def test_a_controlnet_recipe_plans_every_component(tiny, exported):
     export = exported(tiny("controlnet-sdxl"))
     jobs = json.loads(run_cli("plan", str(export.out / "recipe.toml"), "--format", "json", check=True).stdout)
     planned = {(j["component"], j["precision"], j["target"]) for j in jobs}
-    components = ("text_encoder", "text_encoder_2", "unet", "unet_controlnet", "controlnet", "vae_decoder", "vae_encoder")
+    components = (
+        "text_encoder",
+        "text_encoder_2",
+        "unet",
+        "unet_controlnet",
+        "controlnet",
+        "vae_decoder",
+        "vae_encoder",
+    )
     vae_fp32_only = {"vae_decoder", "vae_encoder"}  # SDXL's VAE overflows fp16: the family builds it fp32 only
-    assert planned == {(c, p, t) for c in components for p in ("fp32", "fp16") for t in ("openvino:cpu", "onnxruntime:cpu")
-                       if not (c in vae_fp32_only and p == "fp16")}
+    assert planned == {
+        (c, p, t)
+        for c in components
+        for p in ("fp32", "fp16")
+        for t in ("openvino:cpu", "onnxruntime:cpu")
+        if not (c in vae_fp32_only and p == "fp16")
+    }
     assert all(j["status"] == "to build" for j in jobs), {j["status"] for j in jobs}
 
 
@@ -56,12 +82,27 @@ def test_external_data_export_builds_from_a_recipe_in_another_folder(tiny, expor
 
     export = exported(tiny("sdxl-refiner"), "--external-data-above", "0", "--name", "refiner-ext")
     assert (export.out / "unet.onnx.data").is_file()
-    assert (export.out / "unet.onnx").stat().st_size < (export.out / "unet.onnx.data").stat().st_size / 4  # graph and tiny tensors only
+    assert (export.out / "unet.onnx").stat().st_size < (
+        export.out / "unet.onnx.data"
+    ).stat().st_size / 4  # graph and tiny tensors only
     elsewhere = tmp_path / "recipes" / "refiner.toml"
     elsewhere.parent.mkdir()
     text = (export.out / "recipe.toml").read_text()
-    elsewhere.write_text(re.sub(r'^(source|checkpoint|assets) = "', lambda m: f'{m.group(0)}{export.out}/', text, flags=re.M))
-    run_cli("build", str(elsewhere), "--component", "unet", "--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench", check=True)
+    elsewhere.write_text(
+        re.sub(r'^(source|checkpoint|assets) = "', lambda m: f"{m.group(0)}{export.out}/", text, flags=re.M)
+    )
+    run_cli(
+        "build",
+        str(elsewhere),
+        "--component",
+        "unet",
+        "--target",
+        "onnxruntime:cpu",
+        "--precision",
+        "fp32",
+        "--no-bench",
+        check=True,
+    )
     session = enginefarm.load("refiner-ext/unet", precision="fp32", device="cpu", target="onnxruntime:cpu")
     feeds = _feeds(export.out / "unet.onnx", 2, 12, 8)
     got = session.run(feeds)

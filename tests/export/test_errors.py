@@ -52,7 +52,9 @@ def test_a_controlnet_for_another_base_is_refused(tmp_path):
     cn.mkdir()
     (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
     (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "in_channels": 4}))
-    (cn / "config.json").write_text(json.dumps({"_class_name": "ControlNetModel", "cross_attention_dim": 2048, "addition_embed_type": "text_time"}))
+    (cn / "config.json").write_text(
+        json.dumps({"_class_name": "ControlNetModel", "cross_attention_dim": 2048, "addition_embed_type": "text_time"})
+    )
     err = _one_line_error(run_cli("export", str(source), "--controlnet", str(cn), "--out", str(tmp_path / "out")))
     assert "Stable Diffusion XL" in err and "Stable Diffusion 1.x" in err
     assert not (tmp_path / "out").exists()
@@ -66,9 +68,15 @@ def test_a_missing_torch_names_the_export_extra(tmp_path):
     (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
     (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "in_channels": 4}))
     (source / "text_encoder" / "config.json").write_text(json.dumps({"hidden_size": 768, "vocab_size": 49408}))
-    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['enginefarm'] + sys.argv[1:]; "
-            "from enginefarm.cli import main; main()")
-    proc = subprocess.run([sys.executable, "-c", code, "export", str(source), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.argv = ['enginefarm'] + sys.argv[1:]; "
+        "from enginefarm.cli import main; main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "export", str(source), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
     err = _one_line_error(proc)
     assert "needs torch" in err and "hint: pip install 'enginefarm[export]'" in err
     assert not (tmp_path / "out").exists()
@@ -113,9 +121,14 @@ def test_bad_targets_precisions_and_latent_multiples_fail_before_exporting(tmp_p
     for folder in ("unet", "text_encoder", "vae"):
         (source / folder).mkdir(parents=True)
     (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]}))
-    cases = ((("--targets", "openvino:tpu"), "openvino has no device class 'tpu'"), (("--precisions", "int3"), "int3"),
-             (("--latent", "12,64,128"), "multiples of 8"))
+    (source / "unet" / "config.json").write_text(
+        json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]})
+    )
+    cases = (
+        (("--targets", "openvino:tpu"), "openvino has no device class 'tpu'"),
+        (("--precisions", "int3"), "int3"),
+        (("--latent", "12,64,128"), "multiples of 8"),
+    )
     for args, says in cases:
         err = _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out"), *args))
         assert says in err
@@ -138,9 +151,13 @@ def test_a_text_length_for_a_family_without_t5_or_past_512_is_a_one_line_error(t
     for folder in ("unet", "text_encoder", "vae"):
         (source / folder).mkdir(parents=True)
     (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]}))
+    (source / "unet" / "config.json").write_text(
+        json.dumps({"cross_attention_dim": 768, "block_out_channels": [320, 640, 1280, 1280]})
+    )
     for value, says in (("16,77,512", "has no T5 encoder"), ("16,64", "is not MIN,OPT,MAX")):
-        assert says in _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out"), "--text-length", value))
+        assert says in _one_line_error(
+            run_cli("export", str(source), "--out", str(tmp_path / "out"), "--text-length", value)
+        )
     with pytest.raises(ConfigError, match="past 512 tokens") as caught:
         with_text_length(flux, flux.sizes, (16, 256, 1024))
     assert caught.value.hint

@@ -70,7 +70,10 @@ def test_checkpoints_are_the_diffusers_state_dicts(family, tiny, exported):
     for name in export.family_json["components"]:
         if name == "unet_controlnet":  # shares the UNet's checkpoint (the recipe points both at unet.safetensors)
             assert not (export.out / f"{name}.safetensors").exists()
-            assert 'checkpoint = "unet.safetensors"' in (export.out / "recipe.toml").read_text().split(f"[components.{name}]")[1].split("[")[0]
+            assert (
+                'checkpoint = "unet.safetensors"'
+                in (export.out / "recipe.toml").read_text().split(f"[components.{name}]")[1].split("[")[0]
+            )
             continue
         if name.startswith("text_encoder"):
             import transformers
@@ -78,7 +81,11 @@ def test_checkpoints_are_the_diffusers_state_dicts(family, tiny, exported):
             state = getattr(transformers, index[name][1]).from_pretrained(pipeline / name).state_dict()
         elif name.startswith("vae"):
             prefixes = ("decoder.", "post_quant_conv.") if name == "vae_decoder" else ("encoder.", "quant_conv.")
-            state = {k: v for k, v in AutoencoderKL.from_pretrained(pipeline / "vae").state_dict().items() if k.startswith(prefixes)}
+            state = {
+                k: v
+                for k, v in AutoencoderKL.from_pretrained(pipeline / "vae").state_dict().items()
+                if k.startswith(prefixes)
+            }
         else:
             cls = ControlNetModel if name == "controlnet" else UNet2DConditionModel
             state = cls.from_pretrained(pipeline / ("controlnet" if name == "controlnet" else "unet")).state_dict()
@@ -93,15 +100,23 @@ def test_checkpoints_are_the_diffusers_state_dicts(family, tiny, exported):
 def test_assets_a_runtime_needs_are_exported(family, tiny, exported):
     pipeline, export = tiny(family), exported(tiny(family))
     assets = export.out / "assets"
-    assert json.loads((assets / "model_index.json").read_text()) == json.loads((pipeline / "model_index.json").read_text())
-    assert (assets / "scheduler" / "scheduler_config.json").read_text() == (pipeline / "scheduler" / "scheduler_config.json").read_text()
+    assert json.loads((assets / "model_index.json").read_text()) == json.loads(
+        (pipeline / "model_index.json").read_text()
+    )
+    assert (assets / "scheduler" / "scheduler_config.json").read_text() == (
+        pipeline / "scheduler" / "scheduler_config.json"
+    ).read_text()
     for tokenizer in ("tokenizer", "tokenizer_2"):
         assert (assets / tokenizer).is_dir() == (pipeline / tokenizer).is_dir()
         if (pipeline / tokenizer).is_dir():
-            assert (assets / tokenizer / "tokenizer.json").read_bytes() == (pipeline / tokenizer / "tokenizer.json").read_bytes()
+            assert (assets / tokenizer / "tokenizer.json").read_bytes() == (
+                pipeline / tokenizer / "tokenizer.json"
+            ).read_bytes()
     for folder in ("text_encoder", "text_encoder_2", "unet", "vae", "controlnet"):
         if (pipeline / folder).is_dir():
-            assert json.loads((assets / folder / "config.json").read_text()) == json.loads((pipeline / folder / "config.json").read_text())
+            assert json.loads((assets / folder / "config.json").read_text()) == json.loads(
+                (pipeline / folder / "config.json").read_text()
+            )
     import os
 
     umask = os.umask(0)
@@ -115,7 +130,11 @@ def test_assets_a_runtime_needs_are_exported(family, tiny, exported):
 
 def test_sdxl_conditioning_sizes_come_from_the_configs(tiny, exported):
     base, refiner = exported(tiny("sdxl")).family_json, exported(tiny("sdxl-refiner")).family_json
-    assert base["sizes"]["text_widths"] == [32, 32] and base["sizes"]["cross_attention_dim"] == 64 and base["sizes"]["pooled_width"] == 32
+    assert (
+        base["sizes"]["text_widths"] == [32, 32]
+        and base["sizes"]["cross_attention_dim"] == 64
+        and base["sizes"]["pooled_width"] == 32
+    )
     assert refiner["sizes"]["text_widths"] == [32] and refiner["sizes"]["pooled_width"] == 32
     import onnx
 
@@ -147,7 +166,10 @@ def test_a_standalone_controlnet_folder_exports_the_controlnet_alone(tiny_contro
     assert sorted(p.name for p in export.out.glob("*.onnx")) == ["controlnet.onnx"]
     assert "[components.controlnet]" in (export.out / "recipe.toml").read_text()
     _check_against_diffusers(export, folder.parent, folder)
-    assert json.loads((export.out / "assets" / "controlnet" / "config.json").read_text())["addition_embed_type"] == "text_time"
+    assert (
+        json.loads((export.out / "assets" / "controlnet" / "config.json").read_text())["addition_embed_type"]
+        == "text_time"
+    )
 
 
 def test_vae_jobs_need_memory_for_their_largest_image(tiny, exported, tmp_path):
@@ -159,11 +181,17 @@ def test_vae_jobs_need_memory_for_their_largest_image(tiny, exported, tmp_path):
     from enginefarm.export.recipe import VAE_GB_BASE, vae_memory_gb
 
     assert vae_memory_gb({"batch": (1, 1, 1), "height": (64, 128, 128), "width": (64, 128, 128)}, 8) >= 6.9  # measured
-    assert vae_memory_gb({"batch": (1, 1, 2), "image_height": (512, 1024, 1536), "image_width": (512, 1024, 1536)}, 8) > 2 * 6.9
+    assert (
+        vae_memory_gb({"batch": (1, 1, 2), "image_height": (512, 1024, 1536), "image_width": (512, 1024, 1536)}, 8)
+        > 2 * 6.9
+    )
     export = exported(tiny("sdxl"))
     recipe = load_recipe(export.out / "recipe.toml")
     decoder = recipe.components["vae_decoder"]
-    assert decoder.resources.host_ram_gb >= VAE_GB_BASE and recipe.components["vae_encoder"].resources.host_ram_gb >= VAE_GB_BASE
+    assert (
+        decoder.resources.host_ram_gb >= VAE_GB_BASE
+        and recipe.components["vae_encoder"].resources.host_ram_gb >= VAE_GB_BASE
+    )
     assert recipe.components["unet"].resources.host_ram_gb == 0  # the weight rule covers the others
     needs = {j.component: job_need_bytes(j) for j in expand(recipe, tmp_path)}
     assert needs["vae_decoder"] >= decoder.resources.host_ram_gb * 1e9

@@ -22,8 +22,15 @@ SHAPES = ((1, 8, 12, 40), (3, 10, 6, 512))
 
 def _feeds(session, batch: int, height: int, width: int, tokens: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    dims = {"batch": batch, "height": height, "width": width, "image_height": 8 * height, "image_width": 8 * width,
-            "text_length": tokens, "context_tokens": 77 + tokens}
+    dims = {
+        "batch": batch,
+        "height": height,
+        "width": width,
+        "image_height": 8 * height,
+        "image_width": 8 * width,
+        "text_length": tokens,
+        "context_tokens": 77 + tokens,
+    }
     feeds = {}
     for arg in session.get_inputs():
         shape = [d if isinstance(d, int) else dims[d] for d in arg.shape]
@@ -45,14 +52,24 @@ def _reference(pipeline, component: str, feeds: dict[str, np.ndarray]) -> dict[s
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
     with torch.no_grad():
         if component == "text_encoder_3":
-            result = {"last_hidden_state": T5EncoderModel.from_pretrained(pipeline / component).eval()(t["input_ids"])[0]}
+            result = {
+                "last_hidden_state": T5EncoderModel.from_pretrained(pipeline / component).eval()(t["input_ids"])[0]
+            }
         elif component.startswith("text_encoder"):
-            out = CLIPTextModelWithProjection.from_pretrained(pipeline / component).eval()(t["input_ids"], output_hidden_states=True)
+            out = CLIPTextModelWithProjection.from_pretrained(pipeline / component).eval()(
+                t["input_ids"], output_hidden_states=True
+            )
             result = {"hidden_states": out.hidden_states[-2], "text_embeds": out[0]}
         elif component == "transformer":
             model = SD3Transformer2DModel.from_pretrained(pipeline / "transformer").eval()
-            result = {"out_sample": model(hidden_states=t["hidden_states"], timestep=t["timestep"], encoder_hidden_states=t["encoder_hidden_states"],
-                                          pooled_projections=t["pooled_projections"]).sample}
+            result = {
+                "out_sample": model(
+                    hidden_states=t["hidden_states"],
+                    timestep=t["timestep"],
+                    encoder_hidden_states=t["encoder_hidden_states"],
+                    pooled_projections=t["pooled_projections"],
+                ).sample
+            }
         else:
             result = vae_reference(pipeline, component, t)
     return {k: v.numpy() for k, v in result.items()}
@@ -94,27 +111,37 @@ def test_checkpoints_assets_and_recipe(tiny, exported):
 
     pipeline, export = tiny("sd3"), exported(tiny("sd3"))
     # T5's tied embedding (shared.weight = encoder.embed_tokens.weight) is written under both names
-    for name, state in (("text_encoder_3", T5EncoderModel.from_pretrained(pipeline / "text_encoder_3").state_dict()),
-                        ("transformer", SD3Transformer2DModel.from_pretrained(pipeline / "transformer").state_dict())):
+    for name, state in (
+        ("text_encoder_3", T5EncoderModel.from_pretrained(pipeline / "text_encoder_3").state_dict()),
+        ("transformer", SD3Transformer2DModel.from_pretrained(pipeline / "transformer").state_dict()),
+    ):
         written = load_file(export.out / f"{name}.safetensors")
         assert sorted(written) == sorted(state), name
         assert all(torch.equal(written[k], v) for k, v in state.items()), name
     assets = export.out / "assets"
     for tokenizer in ("tokenizer", "tokenizer_2", "tokenizer_3"):
-        assert (assets / tokenizer / "tokenizer.json").read_bytes() == (pipeline / tokenizer / "tokenizer.json").read_bytes()
+        assert (assets / tokenizer / "tokenizer.json").read_bytes() == (
+            pipeline / tokenizer / "tokenizer.json"
+        ).read_bytes()
     assert json.loads((assets / "transformer" / "config.json").read_text())["patch_size"] == 2
     described = export.family_json
-    assert described["vae_scaling_factor"] == 1.5305 and described["vae_shift_factor"] == 0.0609 and described["latent_multiple"] == 2
+    assert (
+        described["vae_scaling_factor"] == 1.5305
+        and described["vae_shift_factor"] == 0.0609
+        and described["latent_multiple"] == 2
+    )
     recipe = (export.out / "recipe.toml").read_text()
     t5 = recipe.split("[components.text_encoder_3]")[1].split("[components.transformer]")[0]
     assert 'precisions = ["fp32"]' in t5 and "high = 690" in t5  # fp32 only; ids within T5's own vocabulary
-    assert 'height = [8, 8, 16]' in recipe.split("[components.transformer.profiles.default]")[1]
+    assert "height = [8, 8, 16]" in recipe.split("[components.transformer.profiles.default]")[1]
 
 
 def test_a_model_without_t5_exports_without_it_and_a_mismatched_encoder_is_a_one_line_error(tiny, tmp_path, cli):
     from enginefarm.export.source import read_source
 
-    folder = shutil.copytree(tiny("sd3"), tmp_path / "no-t5", ignore=shutil.ignore_patterns("text_encoder_3", "tokenizer_3"))
+    folder = shutil.copytree(
+        tiny("sd3"), tmp_path / "no-t5", ignore=shutil.ignore_patterns("text_encoder_3", "tokenizer_3")
+    )
     index = json.loads((folder / "model_index.json").read_text())
     index["text_encoder_3"] = index["tokenizer_3"] = [None, None]
     (folder / "model_index.json").write_text(json.dumps(index))

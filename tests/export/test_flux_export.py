@@ -27,10 +27,17 @@ def _diffusers_transformer(source, family: str, x: np.ndarray, t: float, hidden:
     batch, channels, height, width = x.shape
     packed = FluxPipeline._pack_latents(torch.from_numpy(x), batch, channels, height, width)
     image_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, "cpu", torch.float32)
-    args = dict(hidden_states=packed, encoder_hidden_states=torch.from_numpy(hidden), timestep=torch.full((batch,), t) / 1000,
-                img_ids=image_ids, txt_ids=torch.zeros(hidden.shape[1], 3))
+    args = dict(
+        hidden_states=packed,
+        encoder_hidden_states=torch.from_numpy(hidden),
+        timestep=torch.full((batch,), t) / 1000,
+        img_ids=image_ids,
+        txt_ids=torch.zeros(hidden.shape[1], 3),
+    )
     if family == "chroma":  # ChromaPipeline._prepare_attention_mask: the text mask, then every image token
-        args["attention_mask"] = torch.cat([torch.from_numpy(extra["attention_mask"]), torch.ones(batch, packed.shape[1], dtype=torch.bool)], 1)
+        args["attention_mask"] = torch.cat(
+            [torch.from_numpy(extra["attention_mask"]), torch.ones(batch, packed.shape[1], dtype=torch.bool)], 1
+        )
     else:
         args["pooled_projections"] = torch.from_numpy(extra["pooled_projections"])
         args["guidance"] = torch.from_numpy(extra["guidance"])
@@ -50,9 +57,16 @@ def test_the_transformer_is_dynamic_in_batch_height_width_and_text_tokens(tiny, 
     dims = {v.name: _dims(v) for v in graph.input}
     assert dims["hidden_states"] == ["batch", 16, "height", "width"] and dims["timestep"] == ["batch"]
     assert dims["encoder_hidden_states"] == ["batch", "context_tokens", 32]
-    assert {"pooled_projections", "guidance"} <= set(dims) if family == "flux" else dims["attention_mask"] == ["batch", "context_tokens"]
+    assert (
+        {"pooled_projections", "guidance"} <= set(dims)
+        if family == "flux"
+        else dims["attention_mask"] == ["batch", "context_tokens"]
+    )
     t5 = "text_encoder" if family == "chroma" else "text_encoder_2"
-    assert _dims(onnx.load(str(export.out / f"{t5}.onnx"), load_external_data=False).graph.input[0]) == ["batch", "text_length"]
+    assert _dims(onnx.load(str(export.out / f"{t5}.onnx"), load_external_data=False).graph.input[0]) == [
+        "batch",
+        "text_length",
+    ]
     assert _dims(graph.output[0]) == ["batch", 16, "height", "width"]
 
     session = ort.InferenceSession(str(export.out / "transformer.onnx"), providers=["CPUExecutionProvider"])
@@ -65,8 +79,19 @@ def test_the_transformer_is_dynamic_in_batch_height_width_and_text_tokens(tiny, 
             mask = (np.arange(tokens)[None, :] <= np.array([[5], [9], [0]])[:batch]).astype(np.float32)
             extra = {"attention_mask": mask}
         else:
-            extra = {"pooled_projections": rng.standard_normal((batch, 32), dtype=np.float32), "guidance": np.full((batch,), 3.5, np.float32)}
-        ours = session.run(None, {"hidden_states": x, "timestep": np.full((batch,), 812.5, np.float32), "encoder_hidden_states": hidden, **extra})[0]
+            extra = {
+                "pooled_projections": rng.standard_normal((batch, 32), dtype=np.float32),
+                "guidance": np.full((batch,), 3.5, np.float32),
+            }
+        ours = session.run(
+            None,
+            {
+                "hidden_states": x,
+                "timestep": np.full((batch,), 812.5, np.float32),
+                "encoder_hidden_states": hidden,
+                **extra,
+            },
+        )[0]
         reference = _diffusers_transformer(source, family, x, 812.5, hidden, extra)
         assert ours.shape == (batch, 16, height, width)
         assert np.abs(ours - reference).max() < 1e-4
@@ -77,10 +102,16 @@ def test_the_export_patches_are_undone_afterwards():
 
     from enginefarm.export.flux import traceable_flux
 
-    rotary, embed = transformer_flux.apply_rotary_emb, transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward
+    rotary, embed = (
+        transformer_flux.apply_rotary_emb,
+        transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward,
+    )
     with traceable_flux():
         assert transformer_flux.apply_rotary_emb is not rotary
-    assert transformer_flux.apply_rotary_emb is rotary and transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward is embed
+    assert (
+        transformer_flux.apply_rotary_emb is rotary
+        and transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward is embed
+    )
 
 
 def test_fp16_keeps_the_timestep_and_guidance_embeddings_fp32(tiny, exported):
@@ -92,9 +123,14 @@ def test_fp16_keeps_the_timestep_and_guidance_embeddings_fp32(tiny, exported):
 
     path = exported(tiny("flux")).out / "transformer.onnx"
     rng = np.random.default_rng(5)
-    feeds = {"hidden_states": rng.standard_normal((1, 16, 8, 8), dtype=np.float32), "timestep": np.array([873.4], np.float32),
-             "encoder_hidden_states": rng.standard_normal((1, TOKENS, 32), dtype=np.float32),
-             "pooled_projections": rng.standard_normal((1, 32), dtype=np.float32), "guidance": np.array([3.5], np.float32)}
+    feeds = {
+        "hidden_states": rng.standard_normal((1, 16, 8, 8), dtype=np.float32),
+        "timestep": np.array([873.4], np.float32),
+        "encoder_hidden_states": rng.standard_normal((1, TOKENS, 32), dtype=np.float32),
+        "pooled_projections": rng.standard_normal((1, 32), dtype=np.float32),
+        "guidance": np.array([3.5], np.float32),
+    }
+
     def run(model):
         return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 

@@ -40,7 +40,9 @@ def test_an_interrupted_export_resumes_where_it_stopped(source, tmp_path):
     assert not out.exists()
     kept = partial_folder(out)
     assert (kept / RECORD).is_file()
-    assert any("kept 2 finished component(s)" in m and "the same command resumes" in m for m in first.messages), first.messages
+    assert any("kept 2 finished component(s)" in m and "the same command resumes" in m for m in first.messages), (
+        first.messages
+    )
     names = [c.name for c in read_source(source, None).family.components][:2]
     stamps = {n: (kept / f"{n}.onnx").stat().st_mtime_ns for n in names}
 

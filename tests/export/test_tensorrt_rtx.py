@@ -16,9 +16,15 @@ def test_the_sd1_unet_builds_for_tensorrt_rtx_with_golden_samples(tiny, exported
     require_real_rtx()
     export = exported(tiny("sd1"), "--targets", "tensorrt-rtx:ampere+", "--precisions", "fp16", name="sd1-rtx")
     store = tmp_path / "rtx-store"
-    proc = run_cli("build", str(export.out / "recipe.toml"), "--store", str(store), "--component", "unet", "--no-bench", check=True)
+    proc = run_cli(
+        "build", str(export.out / "recipe.toml"), "--store", str(store), "--component", "unet", "--no-bench", check=True
+    )
     assert "1 built, 0 failed" in proc.stdout, proc.stdout
-    manifest = next(json.loads(p.read_text()) for p in (store / "manifests").glob("*.json") if '"component": "unet"' in p.read_text())
+    manifest = next(
+        json.loads(p.read_text())
+        for p in (store / "manifests").glob("*.json")
+        if '"component": "unet"' in p.read_text()
+    )
     assert manifest["target"] == "tensorrt-rtx:ampere+" and manifest["precision"] == "fp16"
     roles = {f["role"] for f in manifest["files"]}
     assert {"engine", "golden"} <= roles, roles

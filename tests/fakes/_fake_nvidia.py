@@ -141,7 +141,9 @@ class ILogger:
 
 
 class Logger(ILogger):
-    INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = (ILogger.Severity[n] for n in ("INTERNAL_ERROR", "ERROR", "WARNING", "INFO", "VERBOSE"))
+    INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = (
+        ILogger.Severity[n] for n in ("INTERNAL_ERROR", "ERROR", "WARNING", "INFO", "VERBOSE")
+    )
 
     def __init__(self, min_severity=ILogger.Severity.WARNING):
         self.min_severity = min_severity
@@ -184,7 +186,9 @@ def _fp32_gemms(model) -> list[str]:
 
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)
+    }
     types.update({i.name: i.data_type for i in graph.initializer})
     found = []
     for node in graph.node:
@@ -318,7 +322,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 return TimingCache(())
             if not blob.startswith(b"FAKETIMING"):
                 return None
-            return TimingCache(json.loads(blob[len(b"FAKETIMING"):]))
+            return TimingCache(json.loads(blob[len(b"FAKETIMING") :]))
 
         def set_timing_cache(self, cache, ignore_mismatch):
             self.timing = cache
@@ -328,15 +332,22 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return self.timing
 
         if rtx:
+
             def set_compute_capability(self, capability, index):
                 # The real SDK logs an API usage error and returns False (it does not raise).
                 if not 0 <= index < self.num_compute_capabilities:
-                    _error(self.logger, "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
-                                        "index >= 0 && index < std::ssize(mConfig.computeCapabilities). Index of compute capability is not in a valid range.)")
+                    _error(
+                        self.logger,
+                        "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
+                        "index >= 0 && index < std::ssize(mConfig.computeCapabilities). Index of compute capability is not in a valid range.)",
+                    )
                     return False
                 if ComputeCapability(capability) == ComputeCapability.NONE:
-                    _error(self.logger, "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
-                                        "computeCapability != ComputeCapability::kNONE. Compute capability cannot be kNONE.)")
+                    _error(
+                        self.logger,
+                        "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
+                        "computeCapability != ComputeCapability::kNONE. Compute capability cannot be kNONE.)",
+                    )
                     return False
                 self.capabilities[index] = ComputeCapability(capability).name
                 return True
@@ -358,7 +369,9 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return Profile()
 
         def build_serialized_network(self, network, config):
-            crash = os.environ.get("FAKE_TRT_CRASH") if os.environ.get("FAKE_TRT_CRASH_IF", "") in network.path else None
+            crash = (
+                os.environ.get("FAKE_TRT_CRASH") if os.environ.get("FAKE_TRT_CRASH_IF", "") in network.path else None
+            )
             if crash == "segfault":
                 os.kill(os.getpid(), signal.SIGSEGV)
             if crash == "exit":
@@ -378,13 +391,22 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 return None
             _report_phases(config.progress_monitor)
             header = {
-                "sdk": sdk, "version": version, "flags": sorted(config.flags), "strongly_typed": network.strongly_typed,
+                "sdk": sdk,
+                "version": version,
+                "flags": sorted(config.flags),
+                "strongly_typed": network.strongly_typed,
                 "hardware_compatibility_level": HardwareCompatibilityLevel(config.hardware_compatibility_level).name,
-                "profile": profile.shapes, "arch": None if rtx else _gpu_arch(),
+                "profile": profile.shapes,
+                "arch": None if rtx else _gpu_arch(),
                 "compute_capabilities": [config.capabilities[i] for i in sorted(config.capabilities)] if rtx else [],
                 "weights": {i.name: _digest(i) for i in network.model.graph.initializer},
             }
-            record(sdk, "build_serialized_network", **{k: v for k, v in header.items() if k != "sdk"}, timing_cache=config.timing is not None)
+            record(
+                sdk,
+                "build_serialized_network",
+                **{k: v for k, v in header.items() if k != "sdk"},
+                timing_cache=config.timing is not None,
+            )
             if config.timing is not None:
                 entry = f"{hashlib.sha256(network.model.SerializeToString()).hexdigest()[:12]}"
                 record(sdk, "timing_cache_lookup", hit=entry in config.timing.entries)
@@ -402,7 +424,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             if plan is None:
                 return False
             for start in range(0, len(plan), 1 << 16):
-                piece = plan[start:start + (1 << 16)]
+                piece = plan[start : start + (1 << 16)]
                 if writer.write(piece) != len(piece):
                     return False
             record(sdk, "plan_streamed", size=len(plan))
@@ -421,14 +443,25 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
 
         def deserialize_cuda_engine(self, data):
             data = bytes(data)
-            record(sdk, "deserialize_cuda_engine", sha256=hashlib.sha256(data).hexdigest(), host_code_allowed=self.engine_host_code_allowed)
+            record(
+                sdk,
+                "deserialize_cuda_engine",
+                sha256=hashlib.sha256(data).hexdigest(),
+                host_code_allowed=self.engine_host_code_allowed,
+            )
             if not data.startswith(MAGIC):
-                _error(self.logger, "IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion header.magicTag == kEXPECTED_MAGIC_TAG failed.)")
+                _error(
+                    self.logger,
+                    "IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion header.magicTag == kEXPECTED_MAGIC_TAG failed.)",
+                )
                 return None
             if rtx and not _has_gpu():
-                _error(self.logger, f"IRuntime::deserializeCudaEngine: Error Code 1: Cuda Runtime (In ScopedCudaStream ({_NO_DRIVER}))")
+                _error(
+                    self.logger,
+                    f"IRuntime::deserializeCudaEngine: Error Code 1: Cuda Runtime (In ScopedCudaStream ({_NO_DRIVER}))",
+                )
                 return None
-            header = json.loads(data[len(MAGIC):HEADER])
+            header = json.loads(data[len(MAGIC) : HEADER])
             if "VERSION_COMPATIBLE" in header["flags"] and not self.engine_host_code_allowed:
                 return None
             import onnx
@@ -436,16 +469,19 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return Engine(header, onnx.load_from_string(data[HEADER:]))
 
     if not os.environ.get("FAKE_TRT_NO_VALIDITY"):
+
         def get_engine_validity(self, header_bytes):
             data = bytes(header_bytes)
             record(sdk, "get_engine_validity", size=len(data))
             if not data.startswith(MAGIC):
                 return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.MALFORMED_ENGINE)
             if os.environ.get("FAKE_TRT_INVALID"):
-                return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.VERSION_MISMATCH | EngineInvalidityDiagnostics.UNSUPPORTED_CC)
+                return EngineValidity.INVALID, int(
+                    EngineInvalidityDiagnostics.VERSION_MISMATCH | EngineInvalidityDiagnostics.UNSUPPORTED_CC
+                )
             if rtx and not _has_gpu():  # the real SDK cannot tell without a GPU, and says INVALID with no diagnostics
                 return EngineValidity.INVALID, 0
-            if rtx and not _runs_on_gpu(json.loads(data[len(MAGIC):HEADER])["compute_capabilities"]):
+            if rtx and not _runs_on_gpu(json.loads(data[len(MAGIC) : HEADER])["compute_capabilities"]):
                 return EngineValidity.INVALID, int(EngineInvalidityDiagnostics.UNSUPPORTED_CC)
             return EngineValidity.VALID, 0
 
@@ -459,7 +495,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             blob = bytes(blob)
             if not blob.startswith(b"FAKEKERNELS"):
                 return False
-            self.kernels = set(json.loads(blob[len(b"FAKEKERNELS"):]))
+            self.kernels = set(json.loads(blob[len(b"FAKEKERNELS") :]))
             record(sdk, "runtime_cache_deserialize", kernels=sorted(self.kernels))
             return True
 
@@ -506,6 +542,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return Context(self, config)
 
         if rtx:
+
             def create_runtime_config(self):
                 return RuntimeConfig()
 
@@ -528,13 +565,21 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             model = self.engine.model.__class__()
             model.CopyFrom(self.engine.model)
             for init in model.graph.initializer:
-                init.CopyFrom(numpy_helper.from_array(self.engine.weights[init.name].astype(numpy_helper.to_array(init).dtype), init.name))
+                init.CopyFrom(
+                    numpy_helper.from_array(
+                        self.engine.weights[init.name].astype(numpy_helper.to_array(init).dtype), init.name
+                    )
+                )
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             names = [o.name for o in session.get_outputs()]
             return dict(zip(names, session.run(names, feeds), strict=True))
 
         def get_tensor_shape(self, name):
-            feeds = {n: np.zeros(self.shapes[n], nptype(self.engine.types[n])) for n, mode in self.engine.io if mode == TensorIOMode.INPUT}
+            feeds = {
+                n: np.zeros(self.shapes[n], nptype(self.engine.types[n]))
+                for n, mode in self.engine.io
+                if mode == TensorIOMode.INPUT
+            }
             return self._run(feeds)[name].shape
 
         def set_tensor_address(self, name, pointer):
@@ -552,13 +597,15 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 if mode == TensorIOMode.INPUT:
                     dtype = nptype(self.engine.types[name])
                     count = int(np.prod(self.shapes[name])) * np.dtype(dtype).itemsize
-                    feeds[name] = np.frombuffer(bytes(cudart.MEMORY[self.addresses[name]][:count]), dtype).reshape(self.shapes[name])
+                    feeds[name] = np.frombuffer(bytes(cudart.MEMORY[self.addresses[name]][:count]), dtype).reshape(
+                        self.shapes[name]
+                    )
             outputs = self._run(feeds)
             if os.environ.get("FAKE_TRT_WRONG"):  # a miscompiled engine: runs, but the numbers are off
                 outputs = {n: (v * np.asarray(0.5, v.dtype) + np.asarray(0.25, v.dtype)) for n, v in outputs.items()}
             for name, value in outputs.items():
                 raw = np.ascontiguousarray(value).tobytes()
-                cudart.MEMORY[self.addresses[name]][:len(raw)] = raw
+                cudart.MEMORY[self.addresses[name]][: len(raw)] = raw
             if self.config is not None and self.config.cache is not None:
                 self.config.cache.kernels.add(json.dumps({n: list(s) for n, s in sorted(self.shapes.items())}))
             record(sdk, "execute_async_v3", shapes={n: list(s) for n, s in self.shapes.items()})
@@ -583,19 +630,28 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return True
 
         def get_missing_weights(self):
-            return [n for n in self.names if n not in self.pending] if self.engine.stripped and not self.engine.refitted else []
+            return (
+                [n for n in self.names if n not in self.pending]
+                if self.engine.stripped and not self.engine.refitted
+                else []
+            )
 
         def refit_cuda_engine(self):
             if self.get_missing_weights():
                 return False
             if "REFIT" not in self.engine.header["flags"]:  # REFIT_IDENTICAL: only the build's own weights
                 for name, value in self.pending.items():
-                    if hashlib.sha256(value.astype(self.engine.weights[name].dtype).tobytes()).hexdigest() != self.engine.header["weights"][name]:
+                    if (
+                        hashlib.sha256(value.astype(self.engine.weights[name].dtype).tobytes()).hexdigest()
+                        != self.engine.header["weights"][name]
+                    ):
                         record(sdk, "refit_rejected", name=name)
                         return False
             record(sdk, "refit_cuda_engine", names=sorted(self.pending))
             for name, value in self.pending.items():
-                self.engine.weights[name] = value.astype(self.engine.weights[name].dtype).reshape(self.engine.weights[name].shape)
+                self.engine.weights[name] = value.astype(self.engine.weights[name].dtype).reshape(
+                    self.engine.weights[name].shape
+                )
             self.engine.refitted = True
             self.pending = {}
             return True
@@ -621,11 +677,27 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return not self.errors
 
     namespace.update(
-        __version__=version, ILogger=ILogger, Logger=Logger, IProgressMonitor=IProgressMonitor, Builder=Builder, Runtime=Runtime, OnnxParser=OnnxParser, Refitter=Refitter,
-        OnnxParserRefitter=OnnxParserRefitter, Weights=Weights, nptype=nptype, DataType=DataType, float32=DataType.FLOAT,
-        TensorIOMode=TensorIOMode, NetworkDefinitionCreationFlag=creation_flags, BuilderFlag=flags_enum,
-        HardwareCompatibilityLevel=HardwareCompatibilityLevel, MemoryPoolType=MemoryPoolType, EngineValidity=EngineValidity,
-        EngineInvalidityDiagnostics=EngineInvalidityDiagnostics, IStreamWriter=IStreamWriter,
+        __version__=version,
+        ILogger=ILogger,
+        Logger=Logger,
+        IProgressMonitor=IProgressMonitor,
+        Builder=Builder,
+        Runtime=Runtime,
+        OnnxParser=OnnxParser,
+        Refitter=Refitter,
+        OnnxParserRefitter=OnnxParserRefitter,
+        Weights=Weights,
+        nptype=nptype,
+        DataType=DataType,
+        float32=DataType.FLOAT,
+        TensorIOMode=TensorIOMode,
+        NetworkDefinitionCreationFlag=creation_flags,
+        BuilderFlag=flags_enum,
+        HardwareCompatibilityLevel=HardwareCompatibilityLevel,
+        MemoryPoolType=MemoryPoolType,
+        EngineValidity=EngineValidity,
+        EngineInvalidityDiagnostics=EngineInvalidityDiagnostics,
+        IStreamWriter=IStreamWriter,
     )
     if rtx:
         namespace["ComputeCapability"] = ComputeCapability
@@ -635,18 +707,30 @@ def _rtx_can_build(logger, network, config) -> bool:
     """What TensorRT-RTX refuses to build, with its own words in the log."""
     capabilities = [config.capabilities[i] for i in sorted(config.capabilities)]
     if "CURRENT" in capabilities and not _has_gpu():
-        _error(logger, f"IBuilder::buildSerializedNetwork: Error Code 1: Cuda Runtime (In generateForCurrent ({_NO_DRIVER}))")
+        _error(
+            logger,
+            f"IBuilder::buildSerializedNetwork: Error Code 1: Cuda Runtime (In generateForCurrent ({_NO_DRIVER}))",
+        )
         return False
     if "SM75" in capabilities:
         for node in _fp32_gemms(network.model):
-            _error(logger, "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:337: check_turing_op_compatibility] Cannot compile "
-                           f"operation '{node}' for Turing (SM75): FP32 GEMM is not supported. In compileGraph)")
+            _error(
+                logger,
+                "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:337: check_turing_op_compatibility] Cannot compile "
+                f"operation '{node}' for Turing (SM75): FP32 GEMM is not supported. In compileGraph)",
+            )
             return False
     weights_flags = {"STRIP_PLAN", "REFIT", "REFIT_IDENTICAL"} & config.flags
     if weights_flags and network.model.graph.initializer and not _has_gpu():
-        print("Internal Error: MyelinCheckException: graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed. ", file=sys.stderr)
-        _error(logger, "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([myelin_graph.h:1295: attachExceptionMsgToGraph] MyelinCheckException: "
-                       "graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed.  In compileGraph)")
+        print(
+            "Internal Error: MyelinCheckException: graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed. ",
+            file=sys.stderr,
+        )
+        _error(
+            logger,
+            "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([myelin_graph.h:1295: attachExceptionMsgToGraph] MyelinCheckException: "
+            "graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed.  In compileGraph)",
+        )
         return False
     return True
 

@@ -68,14 +68,25 @@ class program:  # noqa: N801
 
     def compile(self, t, offload_copy: bool = True, fast_math: bool = True, exhaustive_tune: bool = False) -> None:
         gfx = _gfx_here()
-        _record("compile", target=t.name, offload_copy=offload_copy, gfx=gfx,
-                env={k: os.environ.get(k) for k in ("HIP_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION")})
+        _record(
+            "compile",
+            target=t.name,
+            offload_copy=offload_copy,
+            gfx=gfx,
+            env={k: os.environ.get(k) for k in ("HIP_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION")},
+        )
         self.state.update(compiled_for=gfx, target=t.name)
 
     def run(self, params: dict) -> list:
         import onnxruntime as ort
 
-        _record("run", args={name: [type(value).__name__, str(np.asarray(value).dtype), list(np.asarray(value).shape)] for name, value in params.items()})
+        _record(
+            "run",
+            args={
+                name: [type(value).__name__, str(np.asarray(value).dtype), list(np.asarray(value).shape)]
+                for name, value in params.items()
+            },
+        )
         session = ort.InferenceSession(self.state["onnx"], providers=["CPUExecutionProvider"])
         outputs = session.run(None, {name: np.asarray(value) for name, value in params.items()})
         if self.state.get("fp16"):
@@ -83,13 +94,24 @@ class program:  # noqa: N801
         return [argument(o) for o in outputs]
 
 
-def parse_onnx(filename: str, default_dim_value: int = 0, default_dyn_dim_value=None, dim_params=None,
-               map_input_dims=None, map_dyn_input_dims=None, skip_unknown_operators: bool = False,
-               print_program_on_error: bool = False, max_loop_iterations: int = 10, limit_max_iterations: int = 65535,
-               use_debug_symbols: bool = False) -> program:
+def parse_onnx(
+    filename: str,
+    default_dim_value: int = 0,
+    default_dyn_dim_value=None,
+    dim_params=None,
+    map_input_dims=None,
+    map_dyn_input_dims=None,
+    skip_unknown_operators: bool = False,
+    print_program_on_error: bool = False,
+    max_loop_iterations: int = 10,
+    limit_max_iterations: int = 65535,
+    use_debug_symbols: bool = False,
+) -> program:
     if os.environ.get("FAKE_MIGRAPHX_CRASH") == "parse":
         os.abort()
-    dyn = {name: [[d.min, d.max, sorted(d.optimals)] for d in dims] for name, dims in (map_dyn_input_dims or {}).items()}
+    dyn = {
+        name: [[d.min, d.max, sorted(d.optimals)] for d in dims] for name, dims in (map_dyn_input_dims or {}).items()
+    }
     _record("parse_onnx", filename=filename, map_input_dims=map_input_dims or {}, map_dyn_input_dims=dyn)
     import onnx
 

@@ -27,31 +27,49 @@ def _index(cls: str, **extra) -> dict:
     return {"_class_name": cls, "text_encoder": ["transformers", "CLIPTextModel"], **extra}
 
 
-@pytest.mark.parametrize("index, configs, expected", [
-    (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768}}, "sd1"),
-    (_index("StableDiffusionImg2ImgPipeline"), {"unet": {"cross_attention_dim": 768}}, "sd1"),
-    (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 1024}, "scheduler": {"prediction_type": "epsilon"}}, "sd2"),
-    (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 1024}, "scheduler": {"prediction_type": "v_prediction"}}, "sd2-v"),
-    (_index("StableDiffusionXLPipeline"), {"unet": {"cross_attention_dim": 2048}}, "sdxl"),
-    (_index("StableDiffusionXLImg2ImgPipeline"), {}, "sdxl"),
-    (_index("StableDiffusionXLImg2ImgPipeline", text_encoder=[None, None], requires_aesthetics_score=True), {}, "sdxl-refiner"),
-    ({"_class_name": "StableDiffusionXLImg2ImgPipeline", "text_encoder": [None, None]}, {}, "sdxl-refiner"),
-    (_index("StableDiffusionControlNetPipeline"), {"unet": {"cross_attention_dim": 768}}, "controlnet-sd1"),
-    (_index("StableDiffusionXLControlNetPipeline"), {}, "controlnet-sdxl"),
-    (CN_SD1, {}, "controlnet-sd1"),
-    (CN_SDXL, {}, "controlnet-sdxl"),
-])
+@pytest.mark.parametrize(
+    "index, configs, expected",
+    [
+        (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768}}, "sd1"),
+        (_index("StableDiffusionImg2ImgPipeline"), {"unet": {"cross_attention_dim": 768}}, "sd1"),
+        (
+            _index("StableDiffusionPipeline"),
+            {"unet": {"cross_attention_dim": 1024}, "scheduler": {"prediction_type": "epsilon"}},
+            "sd2",
+        ),
+        (
+            _index("StableDiffusionPipeline"),
+            {"unet": {"cross_attention_dim": 1024}, "scheduler": {"prediction_type": "v_prediction"}},
+            "sd2-v",
+        ),
+        (_index("StableDiffusionXLPipeline"), {"unet": {"cross_attention_dim": 2048}}, "sdxl"),
+        (_index("StableDiffusionXLImg2ImgPipeline"), {}, "sdxl"),
+        (
+            _index("StableDiffusionXLImg2ImgPipeline", text_encoder=[None, None], requires_aesthetics_score=True),
+            {},
+            "sdxl-refiner",
+        ),
+        ({"_class_name": "StableDiffusionXLImg2ImgPipeline", "text_encoder": [None, None]}, {}, "sdxl-refiner"),
+        (_index("StableDiffusionControlNetPipeline"), {"unet": {"cross_attention_dim": 768}}, "controlnet-sd1"),
+        (_index("StableDiffusionXLControlNetPipeline"), {}, "controlnet-sdxl"),
+        (CN_SD1, {}, "controlnet-sd1"),
+        (CN_SDXL, {}, "controlnet-sdxl"),
+    ],
+)
 def test_detect_family(index, configs, expected):
     assert detect_family(index, configs).id == expected
 
 
-@pytest.mark.parametrize("index, configs, says", [
-    ({"_class_name": "FluxFillPipeline"}, {}, "'FluxFillPipeline'"),
-    ({}, {}, "None"),
-    (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 512}}, "cross_attention_dim 512"),
-    (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "9-channel UNet"),
-    ({"_class_name": "ControlNetModel", "cross_attention_dim": 1024}, {}, "cross_attention_dim 1024"),
-])
+@pytest.mark.parametrize(
+    "index, configs, says",
+    [
+        ({"_class_name": "FluxFillPipeline"}, {}, "'FluxFillPipeline'"),
+        ({}, {}, "None"),
+        (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 512}}, "cross_attention_dim 512"),
+        (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "9-channel UNet"),
+        ({"_class_name": "ControlNetModel", "cross_attention_dim": 1024}, {}, "cross_attention_dim 1024"),
+    ],
+)
 def test_an_unknown_family_is_a_config_error_with_a_hint(index, configs, says):
     with pytest.raises(ConfigError) as caught:
         detect_family(index, configs)
@@ -77,7 +95,9 @@ def test_controlnet_residuals_of_the_real_models():
     assert [f for _, f in sd1_down] == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8, 8, 8]
     unet_cn = FAMILIES["controlnet-sd1"].component("unet_controlnet")
     inputs, _ = unet_cn.io(FAMILIES["controlnet-sd1"].sizes)
-    assert [t.name for t in inputs][-13:] == [f"down_block_additional_residual_{i}" for i in range(12)] + ["mid_block_additional_residual"]
+    assert [t.name for t in inputs][-13:] == [f"down_block_additional_residual_{i}" for i in range(12)] + [
+        "mid_block_additional_residual"
+    ]
     _, outputs = FAMILIES["controlnet-sdxl"].component("controlnet").io(FAMILIES["controlnet-sdxl"].sizes)
     assert [t.name for t in outputs] == [f"down_block_res_sample_{i}" for i in range(9)] + ["mid_block_res_sample"]
     assert outputs[-1].shape == ("batch", 1280, "height_div4", "width_div4")
@@ -86,33 +106,58 @@ def test_controlnet_residuals_of_the_real_models():
 def test_the_onnx_contract_per_family():
     sdxl = FAMILIES["sdxl"]
     te2_in, te2_out = sdxl.component("text_encoder_2").io(sdxl.sizes)
-    assert [(t.name, t.dtype, t.shape) for t in te2_in] == [("input_ids", "int64", ("batch", 77)), ("added_embeds", "float32", ("batch", 77, 1280))]
-    assert [(t.name, t.shape) for t in te2_out] == [("hidden_states", ("batch", 77, 1280)), ("text_embeds", ("batch", 1280))]
+    assert [(t.name, t.dtype, t.shape) for t in te2_in] == [
+        ("input_ids", "int64", ("batch", 77)),
+        ("added_embeds", "float32", ("batch", 77, 1280)),
+    ]
+    assert [(t.name, t.shape) for t in te2_out] == [
+        ("hidden_states", ("batch", 77, 1280)),
+        ("text_embeds", ("batch", 1280)),
+    ]
     unet_in, unet_out = sdxl.component("unet").io(sdxl.sizes)
-    assert [(t.name, t.shape) for t in unet_in] == [("sample", ("batch", 4, "height", "width")), ("timestep", ("batch",)),
-                                                    ("encoder_hidden_states", ("batch", 77, 2048)), ("text_embeds", ("batch", 1280)),
-                                                    ("time_ids", ("batch", 6))]
+    assert [(t.name, t.shape) for t in unet_in] == [
+        ("sample", ("batch", 4, "height", "width")),
+        ("timestep", ("batch",)),
+        ("encoder_hidden_states", ("batch", 77, 2048)),
+        ("text_embeds", ("batch", 1280)),
+        ("time_ids", ("batch", 6)),
+    ]
     assert unet_out[0].name == "out_sample"
     refiner = FAMILIES["sdxl-refiner"]
     assert refiner.component("unet").io(refiner.sizes)[0][-1].shape == ("batch", 5) and refiner.aesthetic_score
     sd1 = FAMILIES["sd1"]
-    assert sd1.component("text_encoder").io(sd1.sizes)[1][0].name == "last_hidden_state" and sd1.prompt_output == "last_hidden_state"
+    assert (
+        sd1.component("text_encoder").io(sd1.sizes)[1][0].name == "last_hidden_state"
+        and sd1.prompt_output == "last_hidden_state"
+    )
     vae_in, vae_out = sd1.component("vae_encoder").io(sd1.sizes)
-    assert vae_in[0].shape == ("batch", 3, "image_height", "image_width") and vae_out[0].shape == ("batch", 8, "height", "width")
+    assert vae_in[0].shape == ("batch", 3, "image_height", "image_width") and vae_out[0].shape == (
+        "batch",
+        8,
+        "height",
+        "width",
+    )
     assert sd1.component("unet").io(sd1.sizes)[0][1].dtype == "float32"  # fractional timesteps (Euler)
 
 
 def test_profiles_and_validation_ranges():
     sd1, sdxl = FAMILIES["sd1"], FAMILIES["sdxl"]
     assert sd1.latent_range == (32, 64, 128) and FAMILIES["sd2-v"].latent_range[1] == 96 and sdxl.latent_range[1] == 128
-    assert profile_dims(sd1, sd1.component("unet"), sd1.sizes) == {"batch": (1, 2, 4), "height": (32, 64, 128), "width": (32, 64, 128)}
+    assert profile_dims(sd1, sd1.component("unet"), sd1.sizes) == {
+        "batch": (1, 2, 4),
+        "height": (32, 64, 128),
+        "width": (32, 64, 128),
+    }
     encoder = profile_dims(sd1, sd1.component("vae_encoder"), sd1.sizes, latent=(8, 8, 16))
     assert encoder == {"batch": (1, 1, 2), "image_height": (64, 64, 128), "image_width": (64, 64, 128)}
     cn = FAMILIES["controlnet-sd1"]
     assert profile_dims(cn, cn.component("unet_controlnet"), cn.sizes)["height_div8"] == (4, 8, 16)
     ranges = input_ranges(sdxl, sdxl.component("unet"), sdxl.sizes, 0.13025)
     assert ranges["timestep"] == (0, 999) and ranges["time_ids"] == (0, 1024)
-    assert input_ranges(sd1, sd1.component("text_encoder"), sd1.sizes, 0.18215) == {"input_ids": (0, 49407), "added_embeds": (-0.1, 0.1)}
+    assert input_ranges(sd1, sd1.component("text_encoder"), sd1.sizes, 0.18215) == {
+        "input_ids": (0, 49407),
+        "added_embeds": (-0.1, 0.1),
+    }
     assert "text_embeds" not in input_ranges(sd1, sd1.component("unet"), sd1.sizes, 0.18215)
     assert sdxl.component("vae_decoder").precisions == ("fp32",) and sd1.component("vae_decoder").precisions is None
 
@@ -133,4 +178,7 @@ def test_config_values_win_over_family_defaults():
     sdxl, sd2v = FAMILIES["sdxl"], FAMILIES["sd2-v"]
     assert sdxl.scaling_factor(None) == 0.13025 and sdxl.scaling_factor({"scaling_factor": 0.2}) == 0.2
     assert FAMILIES["sd1"].scaling_factor({}) == 0.18215
-    assert sd2v.prediction(None) == "v_prediction" and FAMILIES["sd1"].prediction({"prediction_type": "v_prediction"}) == "v_prediction"
+    assert (
+        sd2v.prediction(None) == "v_prediction"
+        and FAMILIES["sd1"].prediction({"prediction_type": "v_prediction"}) == "v_prediction"
+    )

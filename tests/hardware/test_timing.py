@@ -67,7 +67,9 @@ def test_side_by_side_timing_stops_early_on_a_clear_winner():
     clock = Clock(10, 50)  # a then b, each round
     runs = {"a": clock.run, "b": clock.run}
     seen = []
-    timings = time_interleaved(runs, min_rounds=3, max_rounds=10, budget_s=100, clock=clock, on_round=lambda n, t: seen.append(n))
+    timings = time_interleaved(
+        runs, min_rounds=3, max_rounds=10, budget_s=100, clock=clock, on_round=lambda n, t: seen.append(n)
+    )
     assert seen == [1, 2, 3] and {t.stopped for t in timings.values()} == {"clear winner"}
     assert timings["a"].median_ms == pytest.approx(10) and timings["b"].median_ms == pytest.approx(50)
 

@@ -43,7 +43,9 @@ def replay_beta_into_stable(store) -> dict[str, bytes]:
     saved = {p.name: p.read_bytes() for p in stable.iterdir()}
     timestamp = json.loads((beta / "timestamp.json").read_text())["signed"]
     snapshot_version = timestamp["meta"]["snapshot.json"]["version"]
-    targets_version = json.loads((beta / f"{snapshot_version}.snapshot.json").read_text())["signed"]["meta"]["targets.json"]["version"]
+    targets_version = json.loads((beta / f"{snapshot_version}.snapshot.json").read_text())["signed"]["meta"][
+        "targets.json"
+    ]["version"]
     for name in ("timestamp.json", f"{snapshot_version}.snapshot.json", f"{targets_version}.targets.json"):
         shutil.copyfile(beta / name, stable / name)
     return saved
@@ -139,7 +141,9 @@ def test_a_channel_from_before_bindings_loads_and_is_bound_by_a_root_refresh(tmp
     repo.refresh(store, "stable", keys, ["root"])  # the upgrade: binds the channel and re-signs every role
     state = repo.Channel(store, "stable").load()
     bound = binding.of(state.root.signed)
-    assert bound["channel"] == "stable" and all(binding.of(getattr(state, r).signed) == bound for r in ("targets", "snapshot", "timestamp"))
+    assert bound["channel"] == "stable" and all(
+        binding.of(getattr(state, r).signed) == bound for r in ("targets", "snapshot", "timestamp")
+    )
     assert app.load(monkeypatch).artifact.build_key == a.build_key  # the app followed the root chain
 
     repo.init(store, "beta", keys)

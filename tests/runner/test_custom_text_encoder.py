@@ -23,7 +23,9 @@ TARGET = "onnxruntime:cpu"
 
 def _load(built_family, **kwargs):
     _, out, store = built_family
-    return enginefarm.load("sd1/text_encoder", precision="fp32", device="cpu", store=str(store), target=TARGET, **kwargs)
+    return enginefarm.load(
+        "sd1/text_encoder", precision="fp32", device="cpu", store=str(store), target=TARGET, **kwargs
+    )
 
 
 def _fine_tune(out: Path, prefix: str) -> dict[str, np.ndarray]:
@@ -33,7 +35,9 @@ def _fine_tune(out: Path, prefix: str) -> dict[str, np.ndarray]:
 
     base = load_file(str(out / "text_encoder.safetensors"))
     rng = np.random.default_rng(5)
-    tuned = {k: (v + rng.normal(0, 0.02, v.shape).astype(v.dtype) if np.unique(v).size > 1 else v) for k, v in base.items()}
+    tuned = {
+        k: (v + rng.normal(0, 0.02, v.shape).astype(v.dtype) if np.unique(v).size > 1 else v) for k, v in base.items()
+    }
     assert any("position_embedding" in k for k in tuned)
     return {prefix + k.removeprefix("text_model."): v for k, v in tuned.items()}
 
@@ -63,7 +67,11 @@ def test_a_fine_tuned_text_encoder_matches_transformers_in_either_naming(built, 
 
 def _cache_bytes() -> dict[str, str]:
     home = Path(os.environ["ENGINEFARM_HOME"]) / "artifacts"
-    return {str(p.relative_to(home)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(home.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(home)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(home.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("case", ["nan", "absurd", "another family", "holes"])

@@ -62,7 +62,9 @@ def test_the_farm_stores_golden_samples_with_an_unvalidated_artifact(tiny_recipe
     assert golden["file"] == FILE and golden["cases"] == ["min", "opt", "max"]
     from enginefarm.builder.recipe import ValidateSpec
 
-    assert golden["thresholds"] == vars(Thresholds.for_job("fp16", ValidateSpec()))  # the farm's gate, as the device applies it
+    assert golden["thresholds"] == vars(
+        Thresholds.for_job("fp16", ValidateSpec())
+    )  # the farm's gate, as the device applies it
     assert set(golden["scales"]) == {"min", "opt", "max"} and all(s["sample"] > 0 for s in golden["scales"].values())
     (entry,) = [f for f in manifest.files if f.role == "golden"]
     assert entry.path == FILE and entry.stored_sha256 != entry.sha256  # its own blob, compressed, with its own digest
@@ -72,11 +74,15 @@ def test_the_farm_stores_golden_samples_with_an_unvalidated_artifact(tiny_recipe
     cache = DeviceCache(folder)
     cache.fetch(LocalStore(tmp_path / "store"), manifest)
     samples = SafeTensors(cache.verified_dir(manifest.build_key) / FILE)
-    assert sorted(samples.names) == sorted(f"{c}/{side}/{n}" for c in ("min", "opt", "max") for side, n in (("in", "latent"), ("out", "sample")))
+    assert sorted(samples.names) == sorted(
+        f"{c}/{side}/{n}" for c in ("min", "opt", "max") for side, n in (("in", "latent"), ("out", "sample"))
+    )
     assert samples.entries["max/in/latent"].shape == (2, 4, 32, 32) and samples.entries["min/out/sample"].dtype == "F32"
     import onnxruntime as ort
 
-    reference = ort.InferenceSession(str(tiny_sd), providers=["CPUExecutionProvider"]).run(None, {"latent": np.array(samples.raw("opt/in/latent"))})[0]
+    reference = ort.InferenceSession(str(tiny_sd), providers=["CPUExecutionProvider"]).run(
+        None, {"latent": np.array(samples.raw("opt/in/latent"))}
+    )[0]
     assert np.array_equal(reference, np.array(samples.raw("opt/out/sample")))  # the fp32 reference of the source model
 
 
@@ -92,7 +98,10 @@ def test_the_first_device_checks_once_and_keeps_the_verdict(tiny_recipe, monkeyp
     said = Messages()
     session = enginefarm.load("tiny-sd/decoder", target="onnxruntime:cpu", progress=said)
     assert any(m.startswith("first use of tiny-sd/decoder onnxruntime:cpu") for m in said)
-    assert re.search(r"first-device check \(cpu-x86_64-v\d[^)]*\): passed on its golden samples, min cosine \d\.\d{6}", session.explain())
+    assert re.search(
+        r"first-device check \(cpu-x86_64-v\d[^)]*\): passed on its golden samples, min cosine \d\.\d{6}",
+        session.explain(),
+    )
     (verdict_file,) = (tmp_path / "home" / "verdicts" / result.key).glob("*.json")
     verdict = json.loads(verdict_file.read_text())
     assert verdict["passed"] is True and len(verdict["checks"]) == 3 and verdict["thresholds"]["min_cosine"] == 0.999
@@ -110,11 +119,16 @@ def test_an_artifact_that_misses_is_refused_with_the_numbers(write_recipe, tiny_
     force_unvalidated(monkeypatch, "onnxruntime")
     (result,) = build_all(write_recipe(text), tmp_path)
     assert result.manifest.validation["golden"]["thresholds"]["min_cosine"] == 0.99999999
-    with pytest.raises(ArtifactNotFoundError, match=r"failed its golden samples on this device \(cpu-[^)]+\): sample@min: (cosine 0\.\d+ < 0\.99999999|max_abs \S+ > (1e-09 × range|noise floor))"):
+    with pytest.raises(
+        ArtifactNotFoundError,
+        match=r"failed its golden samples on this device \(cpu-[^)]+\): sample@min: (cosine 0\.\d+ < 0\.99999999|max_abs \S+ > (1e-09 × range|noise floor))",
+    ):
         enginefarm.load("tiny-sd/decoder", target="onnxruntime:cpu")
     (verdict_file,) = (tmp_path / "home" / "verdicts" / result.key).glob("*.json")
     assert json.loads(verdict_file.read_text())["passed"] is False
-    with pytest.raises(ArtifactNotFoundError, match="failed its golden samples"):  # remembered: refused again, without running it
+    with pytest.raises(
+        ArtifactNotFoundError, match="failed its golden samples"
+    ):  # remembered: refused again, without running it
         enginefarm.load("tiny-sd/decoder", target="onnxruntime:cpu")
 
 
@@ -168,7 +182,10 @@ def test_a_miscompiled_engine_is_refused_and_the_next_candidate_loads(rtx_farm):
     session = enginefarm.load("tiny-sd/decoder", device="auto")
     assert session.artifact.target == "onnxruntime:cpu"
     explained = session.explain()
-    assert f"[{rtx.key[:12]}]" in explained and "failed its golden samples on this device (nvidia-sm_89-driver-550.54.14): sample@min: cosine" in explained
+    assert (
+        f"[{rtx.key[:12]}]" in explained
+        and "failed its golden samples on this device (nvidia-sm_89-driver-550.54.14): sample@min: cosine" in explained
+    )
     fake.clear()
     assert enginefarm.load("tiny-sd/decoder", device="auto").artifact.target == "onnxruntime:cpu"
     assert not fake.calls("execute_async_v3")  # the failed verdict is remembered: the engine is not run again

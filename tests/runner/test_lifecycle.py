@@ -12,7 +12,9 @@ import pytest
 
 from enginefarm.errors import SessionClosed
 
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS from /proc and malloc_trim are Linux's")
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="RSS from /proc and malloc_trim are Linux's"
+)
 
 WIDTH, LAYERS = 1024, 12  # 48 MB of fp32 weights: well above the noise of a Python process's RSS
 
@@ -25,13 +27,23 @@ def _chain(path):
     rng = np.random.default_rng(0)
     inits, nodes, prev = [], [], "x"
     for i in range(LAYERS):
-        inits.append(nh.from_array((rng.standard_normal((WIDTH, WIDTH)) / WIDTH ** 0.5).astype(np.float32), f"w{i}"))
+        inits.append(nh.from_array((rng.standard_normal((WIDTH, WIDTH)) / WIDTH**0.5).astype(np.float32), f"w{i}"))
         nodes.append(h.make_node("MatMul", [prev, f"w{i}"], [f"y{i}"]))
         prev = f"y{i}"
-    graph = h.make_graph(nodes, "chain", [h.make_tensor_value_info("x", 1, ["batch", WIDTH])], [h.make_tensor_value_info(prev, 1, ["batch", WIDTH])], inits)
+    graph = h.make_graph(
+        nodes,
+        "chain",
+        [h.make_tensor_value_info("x", 1, ["batch", WIDTH])],
+        [h.make_tensor_value_info(prev, 1, ["batch", WIDTH])],
+        inits,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10), str(path), save_as_external_data=True,
-              location=f"{path.name}.data")
+    onnx.save(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10),
+        str(path),
+        save_as_external_data=True,
+        location=f"{path.name}.data",
+    )
     return path
 
 
@@ -84,7 +96,9 @@ print(json.dumps({"base": base, "loaded": loaded[0], "after": current_bytes()}))
 def test_close_gives_the_memory_back_and_cycles_do_not_grow(chain_store, target, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_HOME", str(chain_store / "home"))
     monkeypatch.setenv("ENGINEFARM_STORE", str(chain_store / "store"))
-    out = subprocess.run([sys.executable, "-c", _CYCLES, target], capture_output=True, text=True, check=True, timeout=600).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _CYCLES, target], capture_output=True, text=True, check=True, timeout=600
+    ).stdout
     rss = json.loads(out.strip().splitlines()[-1])
     assert rss["loaded"] - rss["base"] > 40 << 20  # the session really held its 48 MB of weights
     assert rss["after"] <= rss["base"] * 1.05, rss  # 20 load/close cycles later: back within 5% of before
@@ -121,7 +135,9 @@ def test_a_load_runs_only_the_device_probes_its_candidates_need(chain_store, mon
     monkeypatch.setenv("ENGINEFARM_STORE", str(chain_store / "store"))
 
     def imported(target: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", _PROBED, target], capture_output=True, text=True, check=True, timeout=300).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBED, target], capture_output=True, text=True, check=True, timeout=300
+        ).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     assert imported("onnxruntime:cpu") == {"openvino": False, "pynvml": False}

@@ -40,10 +40,18 @@ X = np.random.default_rng(7).normal(size=(2, 4, 8, 8)).astype(np.float32)
 BASE = models.lora_net_checkpoint()
 # LoRA A: Linear (transposed initializer) + 1×1 Conv (anonymous) + 3×3 Conv (named) + a block of the fused k/v weight;
 # B: Linear (same layer as A) + 3×3 Conv + the other block of the fused weight.
-LAYERS_A = {"attn.to_q": (*models.lora_pair((16, 8), 4, 1), 2.0), "mid.conv": (*models.lora_pair((8, 8, 1, 1), 2, 2), None),
-            "conv_in": (*models.lora_pair((8, 4, 3, 3), 3, 3), 6.0), "attn.to_k": (*models.lora_pair((16, 8), 2, 7), None)}
-LAYERS_B = {"attn.to_q": (*models.lora_pair((16, 8), 2, 4), 1.0), "attn.to_out": (*models.lora_pair((8, 16), 8, 5), 4.0),
-            "conv_in": (*models.lora_pair((8, 4, 3, 3), 1, 6), None), "attn.to_v": (*models.lora_pair((16, 8), 3, 8), 1.5)}
+LAYERS_A = {
+    "attn.to_q": (*models.lora_pair((16, 8), 4, 1), 2.0),
+    "mid.conv": (*models.lora_pair((8, 8, 1, 1), 2, 2), None),
+    "conv_in": (*models.lora_pair((8, 4, 3, 3), 3, 3), 6.0),
+    "attn.to_k": (*models.lora_pair((16, 8), 2, 7), None),
+}
+LAYERS_B = {
+    "attn.to_q": (*models.lora_pair((16, 8), 2, 4), 1.0),
+    "attn.to_out": (*models.lora_pair((8, 16), 8, 5), 4.0),
+    "conv_in": (*models.lora_pair((8, 4, 3, 3), 1, 6), None),
+    "attn.to_v": (*models.lora_pair((16, 8), 3, 8), 1.5),
+}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +126,10 @@ def test_custom_checkpoint_with_a_lora(store, tmp_path, target):
     assert cosine(out, ref) >= 0.9999 and np.allclose(out, ref, atol=1e-4)
     # an fp16 copy of the same checkpoint is accepted and merged in fp32
     half = run(target, weights=store / "custom_fp16.safetensors")
-    assert cosine(half, reference(tmp_path, {k: v.astype(np.float16).astype(np.float32) for k, v in custom.items()})) >= 0.9999
+    assert (
+        cosine(half, reference(tmp_path, {k: v.astype(np.float16).astype(np.float32) for k, v in custom.items()}))
+        >= 0.9999
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -140,7 +151,9 @@ def test_a_merge_past_fp16_is_refused_on_fp16_artifacts_only(store, tmp_path, ta
 @pytest.mark.parametrize("target", TARGETS)
 def test_strength_zero_is_the_base_exactly(store, target):
     base = enginefarm.load("net/body", precision="fp32", device="cpu", target=target)
-    zero = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.0)])
+    zero = enginefarm.load(
+        "net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.0)]
+    )
     assert zero.artifact.build_key == base.artifact.build_key
     assert np.array_equal(zero.run({"x": X})["y"], base.run({"x": X})["y"])
 
@@ -164,16 +177,46 @@ def test_no_residue_across_processes(store, tmp_path, cli):
     """The CLI in three processes sharing one cache: A, B, none; each equals its in-process result."""
     np.save(tmp_path / "x.npy", X)
     outputs = []
-    for i, extra in enumerate((["--lora", f"{store / 'a_peft.safetensors'}:0.9"], ["--lora", str(store / "b.safetensors")], [])):
-        proc = cli("run", "net/body", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / f"out{i}.npz"),
-                   "--precision", "fp32", "--target", "openvino:cpu", "--explain", *extra, check=True)
+    for i, extra in enumerate(
+        (["--lora", f"{store / 'a_peft.safetensors'}:0.9"], ["--lora", str(store / "b.safetensors")], [])
+    ):
+        proc = cli(
+            "run",
+            "net/body",
+            "--input",
+            f"x={tmp_path / 'x.npy'}",
+            "--output",
+            str(tmp_path / f"out{i}.npz"),
+            "--precision",
+            "fp32",
+            "--target",
+            "openvino:cpu",
+            "--explain",
+            *extra,
+            check=True,
+        )
         assert ("weights: applied in memory at load" in proc.stdout) == bool(extra)
         outputs.append(np.load(tmp_path / f"out{i}.npz")["y"])
     assert np.array_equal(outputs[0], run("openvino:cpu", loras=[(store / "a_peft.safetensors", 0.9)]))
     assert np.array_equal(outputs[1], run("openvino:cpu", loras=[(store / "b.safetensors", 1.0)]))
     assert np.array_equal(outputs[2], run("openvino:cpu"))
-    proc = cli("run", "net/body", "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "w.npz"), "--precision", "fp32",
-               "--target", "onnxruntime:cpu", "--weights", str(store / "custom.safetensors"), "--lora", f"{store / 'b.safetensors'}:-0.25", check=True)
+    proc = cli(
+        "run",
+        "net/body",
+        "--input",
+        f"x={tmp_path / 'x.npy'}",
+        "--output",
+        str(tmp_path / "w.npz"),
+        "--precision",
+        "fp32",
+        "--target",
+        "onnxruntime:cpu",
+        "--weights",
+        str(store / "custom.safetensors"),
+        "--lora",
+        f"{store / 'b.safetensors'}:-0.25",
+        check=True,
+    )
     want = run("onnxruntime:cpu", weights=store / "custom.safetensors", loras=[(store / "b.safetensors", -0.25)])
     assert np.array_equal(np.load(tmp_path / "w.npz")["y"], want)
 
@@ -186,14 +229,23 @@ def test_stacks_are_applied_in_memory_and_cost_no_cache_space(store, tmp_path, m
     size = sum(f.stat().st_size for f in (tmp_path / "home").rglob("*") if f.is_file())
     backend = get_backend(target.split(":")[0])
     monkeypatch.setattr(backend, "patch_weights", lambda *args: pytest.fail("a stack was written to disk"))
-    first = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.5)])
-    other = enginefarm.load("net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.6)])
+    first = enginefarm.load(
+        "net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.5)]
+    )
+    other = enginefarm.load(
+        "net/body", precision="fp32", device="cpu", target=target, loras=[(store / "a_peft.safetensors", 0.6)]
+    )
     assert "weights: applied in memory at load (nothing cached)" in first.explain()
     assert first.artifact.options["stack"]["base"] == plain.artifact.build_key and "stack" not in plain.artifact.options
     assert np.allclose(other.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.6)])), atol=1e-4)
     assert not np.allclose(first.run({"x": X})["y"], other.run({"x": X})["y"], atol=1e-3)
-    assert sum(f.stat().st_size for f in (tmp_path / "home").rglob("*") if f.is_file()) <= size + 4096  # locks and bookkeeping only
-    assert np.array_equal(enginefarm.load("net/body", precision="fp32", device="cpu", target=target).run({"x": X})["y"], plain.run({"x": X})["y"])
+    assert (
+        sum(f.stat().st_size for f in (tmp_path / "home").rglob("*") if f.is_file()) <= size + 4096
+    )  # locks and bookkeeping only
+    assert np.array_equal(
+        enginefarm.load("net/body", precision="fp32", device="cpu", target=target).run({"x": X})["y"],
+        plain.run({"x": X})["y"],
+    )
 
 
 def test_a_patched_artifact_is_cached_and_keyed_by_strength(store, tmp_path, monkeypatch):
@@ -211,7 +263,12 @@ def test_a_patched_artifact_is_cached_and_keyed_by_strength(store, tmp_path, mon
     real = backend.patch_weights
     monkeypatch.setattr(backend, "patch_weights", lambda *args: calls.append(1) or real(*args))
     again, _, how_again = patched_artifact(stack(0.5), manifest, path, backend, cache, Progress())
-    assert calls == [] and again.build_key == first.build_key and how == "patched and compiled on this device" and "earlier (cached)" in how_again
+    assert (
+        calls == []
+        and again.build_key == first.build_key
+        and how == "patched and compiled on this device"
+        and "earlier (cached)" in how_again
+    )
     other, other_dir, _ = patched_artifact(stack(0.6), manifest, path, backend, cache, Progress())
     assert calls == [1] and other.build_key != first.build_key  # another strength is another artifact
     out = backend.load(other_dir, other, "cpu").run({"x": X})["y"]
@@ -257,7 +314,9 @@ def test_refit_gets_every_mapped_weight_and_caches_the_merge(store, tmp_path):
     assert all(set(call) == covered for call in backend.calls)  # base values too: nothing of A can stay behind
     base = backend.read_weights(path, manifest, covered)
     assert np.array_equal(backend.calls[1]["onnx::Conv_7"], base["onnx::Conv_7"])  # A touched it, B does not
-    assert np.allclose(b.session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 1.0)])), atol=1e-4)
+    assert np.allclose(
+        b.session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 1.0)])), atol=1e-4
+    )
     assert a.how == "refit in place"
     again = apply(Stack.parse(None, [(store / "a_peft.safetensors", 1.0)]), manifest, path, backend, cache, Progress())
     assert again.how == "refit in place from cached merged weights"
@@ -265,6 +324,7 @@ def test_refit_gets_every_mapped_weight_and_caches_the_merge(store, tmp_path):
 
 
 # Errors: one clear error that lists every offender; nothing is cached.
+
 
 def test_custom_checkpoint_errors_list_every_offender(store, tmp_path):
     bad = models.lora_net_checkpoint(seed=3)
@@ -277,34 +337,76 @@ def test_custom_checkpoint_errors_list_every_offender(store, tmp_path):
         run("onnxruntime:cpu", weights=path)
     text = str(caught.value)
     assert "4 tensor(s) do not fit" in text
-    for part in ("attn.to_q.weight: shape [8, 16], the base has [16, 8]", "conv_in.bias: dtype I32", "unknown.weight: not in the base checkpoint",
-                 "extra.weight: differs from the base"):
+    for part in (
+        "attn.to_q.weight: shape [8, 16], the base has [16, 8]",
+        "conv_in.bias: dtype I32",
+        "unknown.weight: not in the base checkpoint",
+        "extra.weight: differs from the base",
+    ):
         assert part in text
     cached = list(DeviceCache(tmp_path / "home").entries())
-    assert cached and not any("stack" in c.manifest.options for c in cached)  # the base was fetched; nothing patched was kept
+    assert cached and not any(
+        "stack" in c.manifest.options for c in cached
+    )  # the base was fetched; nothing patched was kept
 
 
-@pytest.mark.parametrize("tensors, message", [
-    ({"lora_unet_nowhere_conv.lora_down.weight": np.zeros((2, 8)), "lora_unet_nowhere_conv.lora_up.weight": np.zeros((16, 2))},
-     "lora_unet_nowhere_conv: names no module of the checkpoint"),
-    ({"attn.to_q.lora_A.weight": np.zeros((2, 8))}, "attn.to_q: needs both up and down tensors, has down"),
-    ({"attn.to_q.lora_A.weight": np.zeros((2, 8)), "attn.to_q.lora_B.weight": np.zeros((16, 3))}, "disagree on the rank"),
-    ({"attn.to_q.lora_A.weight": np.zeros((2, 9)), "attn.to_q.lora_B.weight": np.zeros((16, 2))}, "the weight attn.to_q.weight is [16, 8]"),
-    ({"lora_te_attn_to_z.lora_down.weight": np.zeros((1, 3)), "lora_te_attn_to_z.lora_up.weight": np.zeros((3, 1))}, "names no module"),
-    ({"something_else": np.zeros(3)}, "something_else: not a LoRA tensor"),
-    ({"attn.to_q.lora_A.weight": np.zeros((2, 8)), "attn.to_q.lora_B.weight": np.zeros((16, 2)), "attn.to_q.alpha": np.zeros(2)}, "alpha must be one"),
-])
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        (
+            {
+                "lora_unet_nowhere_conv.lora_down.weight": np.zeros((2, 8)),
+                "lora_unet_nowhere_conv.lora_up.weight": np.zeros((16, 2)),
+            },
+            "lora_unet_nowhere_conv: names no module of the checkpoint",
+        ),
+        ({"attn.to_q.lora_A.weight": np.zeros((2, 8))}, "attn.to_q: needs both up and down tensors, has down"),
+        (
+            {"attn.to_q.lora_A.weight": np.zeros((2, 8)), "attn.to_q.lora_B.weight": np.zeros((16, 3))},
+            "disagree on the rank",
+        ),
+        (
+            {"attn.to_q.lora_A.weight": np.zeros((2, 9)), "attn.to_q.lora_B.weight": np.zeros((16, 2))},
+            "the weight attn.to_q.weight is [16, 8]",
+        ),
+        (
+            {
+                "lora_te_attn_to_z.lora_down.weight": np.zeros((1, 3)),
+                "lora_te_attn_to_z.lora_up.weight": np.zeros((3, 1)),
+            },
+            "names no module",
+        ),
+        ({"something_else": np.zeros(3)}, "something_else: not a LoRA tensor"),
+        (
+            {
+                "attn.to_q.lora_A.weight": np.zeros((2, 8)),
+                "attn.to_q.lora_B.weight": np.zeros((16, 2)),
+                "attn.to_q.alpha": np.zeros(2),
+            },
+            "alpha must be one",
+        ),
+    ],
+)
 def test_lora_errors_name_the_module(store, tmp_path, tensors, message):
-    path = models.write_safetensors(tmp_path / "bad_lora.safetensors", {k: v.astype(np.float32) for k, v in tensors.items()})
+    path = models.write_safetensors(
+        tmp_path / "bad_lora.safetensors", {k: v.astype(np.float32) for k, v in tensors.items()}
+    )
     with pytest.raises(WeightsError, match="problem\\(s\\) in this LoRA") as caught:
         run("openvino:cpu", loras=[(path, 1.0)])
     assert message in str(caught.value) and "kohya" in caught.value.hint
 
 
 def test_a_lora_on_a_tensor_the_map_could_not_place_says_why(store, tmp_path):
-    path = models.write_safetensors(tmp_path / "l.safetensors", {"lora_unet_extra.lora_down.weight": np.zeros((1, 3), np.float32),
-                                                                 "lora_unet_extra.lora_up.weight": np.zeros((3, 1), np.float32)})
-    with pytest.raises(WeightsError, match="lora_unet_extra → extra.weight: has no weight in the artifact \\(no initializer holds"):
+    path = models.write_safetensors(
+        tmp_path / "l.safetensors",
+        {
+            "lora_unet_extra.lora_down.weight": np.zeros((1, 3), np.float32),
+            "lora_unet_extra.lora_up.weight": np.zeros((3, 1), np.float32),
+        },
+    )
+    with pytest.raises(
+        WeightsError, match="lora_unet_extra → extra.weight: has no weight in the artifact \\(no initializer holds"
+    ):
         run("onnxruntime:cpu", loras=[(path, 1.0)])
 
 
@@ -329,10 +431,16 @@ def test_an_artifact_without_a_map_says_how_to_get_one(store):
 def test_cli_prints_one_line_for_a_bad_lora(store, tmp_path, cli):
     np.save(tmp_path / "x.npy", X)
     (tmp_path / "junk.safetensors").write_bytes(b"\x08" + b"\0" * 7 + b"{broken}")
-    proc = cli("run", "net/body", "--input", f"x={tmp_path / 'x.npy'}", "--lora", f"{tmp_path / 'junk.safetensors'}:0.5")
+    proc = cli(
+        "run", "net/body", "--input", f"x={tmp_path / 'x.npy'}", "--lora", f"{tmp_path / 'junk.safetensors'}:0.5"
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
-    assert lines[-2].startswith("error: ") and "not a valid safetensors file" in lines[-2] and lines[-1].startswith("hint: ")
+    assert (
+        lines[-2].startswith("error: ")
+        and "not a valid safetensors file" in lines[-2]
+        and lines[-1].startswith("hint: ")
+    )
 
 
 def test_two_processes_applying_one_stack_at_once(store, tmp_path):
@@ -341,25 +449,56 @@ def test_two_processes_applying_one_stack_at_once(store, tmp_path):
     import sys
 
     np.save(tmp_path / "x.npy", X)
-    procs = [subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "run", "net/body", "--input", f"x={tmp_path / 'x.npy'}",
-                               "--output", str(tmp_path / f"c{i}.npz"), "--precision", "fp32", "--target", "openvino:cpu",
-                               "--lora", f"{store / 'a_kohya.safetensors'}:0.3"], env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.cli",
+                "run",
+                "net/body",
+                "--input",
+                f"x={tmp_path / 'x.npy'}",
+                "--output",
+                str(tmp_path / f"c{i}.npz"),
+                "--precision",
+                "fp32",
+                "--target",
+                "openvino:cpu",
+                "--lora",
+                f"{store / 'a_kohya.safetensors'}:0.3",
+            ],
+            env=dict(os.environ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err.decode()
     assert np.array_equal(np.load(tmp_path / "c0.npz")["y"], np.load(tmp_path / "c1.npz")["y"])
     stacks = [c for c in DeviceCache(tmp_path / "home").entries() if "stack" in c.manifest.options]
-    assert not stacks and not list((tmp_path / "home" / "build" / "stacks").glob("*"))  # applied in memory: nothing cached
+    assert not stacks and not list(
+        (tmp_path / "home" / "build" / "stacks").glob("*")
+    )  # applied in memory: nothing cached
 
 
 def test_compiled_on_device_then_stacked_when_nothing_is_stored(farm, tmp_path, monkeypatch):
     (tmp_path / "empty-store").mkdir()
     monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "empty-store"))
-    session = enginefarm.load("net/body", precision="fp32", device="cpu", target="onnxruntime:cpu", recipe=farm / "recipe.toml",
-                              loras=[(farm / "b.safetensors", 0.4)])
+    session = enginefarm.load(
+        "net/body",
+        precision="fp32",
+        device="cpu",
+        target="onnxruntime:cpu",
+        recipe=farm / "recipe.toml",
+        loras=[(farm / "b.safetensors", 0.4)],
+    )
     assert "compiled on this device" in session.explain() and "weights: applied in memory at load" in session.explain()
-    assert np.allclose(session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 0.4)])), atol=1e-4)
+    assert np.allclose(
+        session.run({"x": X})["y"], reference(tmp_path, models.merged(BASE, [(LAYERS_B, 0.4)])), atol=1e-4
+    )
 
 
 def test_a_lora_given_in_the_command_lines_form_or_as_one_string_is_named(tmp_path):
@@ -385,7 +524,9 @@ def test_a_lora_that_is_a_fifo_is_refused_at_once(store, tmp_path):
 
     fifo = tmp_path / "lora.safetensors"
     os.mkfifo(fifo)
-    watchdog = threading.Timer(15, lambda: os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)))  # unblocks a hung reader
+    watchdog = threading.Timer(
+        15, lambda: os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    )  # unblocks a hung reader
     watchdog.start()
     started = time.monotonic()
     try:

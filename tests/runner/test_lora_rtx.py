@@ -53,6 +53,7 @@ class Recorder(Progress):
 def nvml_only(tmp_path, monkeypatch):
     """Call it, and from then on NVML reports an RTX 4090, so resolution tries the RTX engine; the TensorRT-RTX SDK
     and the CUDA bindings stay the real ones, which find no GPU here."""
+
     def activate() -> None:
         folder = tmp_path / "nvml-only"
         folder.mkdir()
@@ -65,7 +66,9 @@ def nvml_only(tmp_path, monkeypatch):
     sys.modules.pop("pynvml", None)  # the next test imports the real one again
 
 
-def test_without_a_gpu_the_stack_is_merged_and_a_real_engine_compiled_and_cached(real_rtx, tmp_path, monkeypatch, nvml_only):
+def test_without_a_gpu_the_stack_is_merged_and_a_real_engine_compiled_and_cached(
+    real_rtx, tmp_path, monkeypatch, nvml_only
+):
     build_farm(tmp_path, RECIPE)  # the farm: the real SDK builds the engine on this CPU, ONNX Runtime the fallback
     nvml_only()
     monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "store"))
@@ -77,27 +80,52 @@ def test_without_a_gpu_the_stack_is_merged_and_a_real_engine_compiled_and_cached
     assert session.artifact.target == "onnxruntime:cpu"
     assert "tensorrt-rtx:ampere+" in session.explain() and "the plan is not valid on this system" in session.explain()
     cache = DeviceCache(tmp_path / "home")
-    base = next(e.manifest for e in cache.entries() if e.manifest.target == "tensorrt-rtx:ampere+" and "stack" not in e.manifest.options)
+    base = next(
+        e.manifest
+        for e in cache.entries()
+        if e.manifest.target == "tensorrt-rtx:ampere+" and "stack" not in e.manifest.options
+    )
     key = stack_key(base.build_key, Stack.parse(None, lora))
     compiled = cache.manifest(key)
     assert compiled is not None and compiled.target == "tensorrt-rtx:ampere+"
     assert [(f.path, f.role) for f in compiled.files] == [("model.plan", "engine")]
     assert compiled.options["stack"]["base"] == base.build_key and compiled.options["refittable"] is False
     assert compiled.provenance["built_on_device"] is True and compiled.provenance["stack_seconds"] > 0
-    assert any("merged into the ONNX; compiling a tensorrt-rtx:ampere+ engine on this device" in m for m in said.messages)
+    assert any(
+        "merged into the ONNX; compiling a tensorrt-rtx:ampere+ engine on this device" in m for m in said.messages
+    )
     name, done, total = said.work_done[-1]
-    assert name == "compiling tensorrt-rtx:ampere+ engine" and done == total > 0  # the engine build's own phases, as a bar
+    assert (
+        name == "compiling tensorrt-rtx:ampere+ engine" and done == total > 0
+    )  # the engine build's own phases, as a bar
 
     # It is the real SDK's engine of the merged weights: the same bytes as building the merged ONNX directly.
     plan = (cache.verified_dir(key) / "model.plan").read_bytes()
-    merged_onnx = next(cache.verified_dir(e.manifest.build_key) for e in cache.entries()
-                       if e.manifest.target == "onnxruntime:cpu" and "stack" in e.manifest.options) / "model.onnx"
+    merged_onnx = (
+        next(
+            cache.verified_dir(e.manifest.build_key)
+            for e in cache.entries()
+            if e.manifest.target == "onnxruntime:cpu" and "stack" in e.manifest.options
+        )
+        / "model.onnx"
+    )
     from enginefarm.backends.nvidia.build import BuildSpec
     from enginefarm.backends.nvidia.build_process import build_plan
     from enginefarm.backends.nvidia.sdk import capturing_logger
 
-    build_plan(real_rtx, BuildSpec(sdk="tensorrt_rtx", onnx=str(merged_onnx), plan=str(tmp_path / "direct.plan"), profile=base.profile,
-                                   precision="fp32", strip_weights=False, refittable=False), capturing_logger(real_rtx))
+    build_plan(
+        real_rtx,
+        BuildSpec(
+            sdk="tensorrt_rtx",
+            onnx=str(merged_onnx),
+            plan=str(tmp_path / "direct.plan"),
+            profile=base.profile,
+            precision="fp32",
+            strip_weights=False,
+            refittable=False,
+        ),
+        capturing_logger(real_rtx),
+    )
     assert hashlib.sha256(plan).digest() == hashlib.sha256((tmp_path / "direct.plan").read_bytes()).digest()
     base_plan = (cache.verified_dir(base.build_key) / "model.plan").read_bytes()
     assert plan != base_plan
@@ -129,7 +157,9 @@ def test_with_a_gpu_the_engine_is_compiled_refittable_once_and_stacks_are_refits
     fake_nvidia.clear()
     other = enginefarm.load("net/body", loras=[(tmp_path / "b.safetensors", -0.5)])
     assert "engine compiled refittable on this device earlier" in other.explain()
-    assert not fake_nvidia.calls("build_serialized_network") and fake_nvidia.calls("refit_cuda_engine")  # a refit, not a rebuild
+    assert not fake_nvidia.calls("build_serialized_network") and fake_nvidia.calls(
+        "refit_cuda_engine"
+    )  # a refit, not a rebuild
     expected = reference(tmp_path, models.merged(BASE, [(LAYERS_B, -0.5)]))
     assert cosine(other.run({"x": X})["y"], expected) >= 0.9999
 
@@ -142,6 +172,8 @@ def test_without_the_components_onnx_the_error_says_what_to_build(fake_nvidia, t
     build_farm(tmp_path, RECIPE.replace('"tensorrt-rtx:ampere+", "onnxruntime:cpu"', '"tensorrt-rtx:ampere+"'))
     fake_nvidia.set(FAKE_NVML_GPUS="NVIDIA GeForce RTX 4090:8.9")
     monkeypatch.setenv("ENGINEFARM_STORE", str(tmp_path / "store"))
-    with pytest.raises(ArtifactNotFoundError, match=r"is not refittable, and no onnxruntime:cpu fp32 artifact of the same source model") as caught:
+    with pytest.raises(
+        ArtifactNotFoundError, match=r"is not refittable, and no onnxruntime:cpu fp32 artifact of the same source model"
+    ) as caught:
         enginefarm.load("net/body", loras=[(tmp_path / "b.safetensors", 1.0)], device="nvidia")
     assert caught.value.hint.startswith("add onnxruntime:cpu to the component's targets")

@@ -71,7 +71,9 @@ def run(component="body", precision="fp32", **stack) -> np.ndarray:
 
 
 def test_a_lora_is_refitted_into_the_plan_and_matches_the_numpy_merge(store, farm, tmp_path):
-    session = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a_kohya.safetensors", 0.8)])
+    session = enginefarm.load(
+        "net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a_kohya.safetensors", 0.8)]
+    )
     assert "refit in place" in session.explain()
     out = session.run({"x": X})["y"]
     ref = reference(tmp_path, models.merged(BASE, [(LAYERS_A, 0.8)]))
@@ -107,7 +109,9 @@ def test_no_residue_between_stacks(store, tmp_path, monkeypatch):
 
 def test_strength_zero_is_the_base_exactly(store):
     base = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET)
-    zero = enginefarm.load("net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a_kohya.safetensors", 0.0)])
+    zero = enginefarm.load(
+        "net/body", precision="fp32", device="nvidia", target=TARGET, loras=[(store / "a_kohya.safetensors", 0.0)]
+    )
     assert zero.artifact.build_key == base.artifact.build_key
     assert np.array_equal(zero.run({"x": X})["y"], base.run({"x": X})["y"])
 
@@ -122,8 +126,18 @@ def test_a_plan_not_built_refittable_says_how_to_fix_it_and_caches_nothing(store
     # nothing was merged or cached for a stack that cannot be applied
     assert not list((tmp_path / "home").glob("**/refit.safetensors"))
     np.save(tmp_path / "x.npy", X)
-    out = cli("run", "net/fixed", "--input", f"x={tmp_path / 'x.npy'}", "--target", TARGET, "--device", "nvidia",
-              "--lora", f"{store / 'a_kohya.safetensors'}:1.0")
+    out = cli(
+        "run",
+        "net/fixed",
+        "--input",
+        f"x={tmp_path / 'x.npy'}",
+        "--target",
+        TARGET,
+        "--device",
+        "nvidia",
+        "--lora",
+        f"{store / 'a_kohya.safetensors'}:1.0",
+    )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith(("error:", "hint:"))]
     assert len(errors) == 2 and "not built refittable" in errors[0] and "refittable = true" in errors[1]

@@ -15,13 +15,40 @@ from enginefarm.runner import measure
 from enginefarm.runner.resolve import resolve
 from enginefarm.settings import load_settings
 
-CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("openvino:cpu", "onnxruntime:cpu"), {"flags": ["avx2"], "logical_cores": 2})
+CPU = Device(
+    "cpu", "Xeon", "cpu-x86_64-v4", ("openvino:cpu", "onnxruntime:cpu"), {"flags": ["avx2"], "logical_cores": 2}
+)
 
 
-def entry(key: str, target: str, precision: str = "fp32", ms: float | None = None, cls: str = "cpu-x86_64-v4", iqr: float = 0.0, size: int = 1000):
-    benches = [{"device": {"class": cls}, "p50_ms": ms, "iqr_ms": iqr, "runs": 9, "load_ms": 50.0, "first_inference_ms": ms}] if ms is not None else []
-    return IndexEntry.from_dict({"build_key": key * 64, "model_version": "1", "component": "vae", "precision": precision, "target": target,
-                                 "profile_name": "p", "profile": {}, "constraints": {}, "benchmarks": benches, "stored_size": size}, "m")
+def entry(
+    key: str,
+    target: str,
+    precision: str = "fp32",
+    ms: float | None = None,
+    cls: str = "cpu-x86_64-v4",
+    iqr: float = 0.0,
+    size: int = 1000,
+):
+    benches = (
+        [{"device": {"class": cls}, "p50_ms": ms, "iqr_ms": iqr, "runs": 9, "load_ms": 50.0, "first_inference_ms": ms}]
+        if ms is not None
+        else []
+    )
+    return IndexEntry.from_dict(
+        {
+            "build_key": key * 64,
+            "model_version": "1",
+            "component": "vae",
+            "precision": precision,
+            "target": target,
+            "profile_name": "p",
+            "profile": {},
+            "constraints": {},
+            "benchmarks": benches,
+            "stored_size": size,
+        },
+        "m",
+    )
 
 
 def resolution(*entries):
@@ -33,13 +60,27 @@ def keys(found):
 
 
 CASES = [
-    ("clear farm winner: nothing to time", [entry("a", "openvino:cpu", ms=10), entry("b", "onnxruntime:cpu", ms=20)], None),
+    (
+        "clear farm winner: nothing to time",
+        [entry("a", "openvino:cpu", ms=10), entry("b", "onnxruntime:cpu", ms=20)],
+        None,
+    ),
     ("within 10%: both", [entry("a", "openvino:cpu", ms=10), entry("b", "onnxruntime:cpu", ms=10.8)], ["a", "b"]),
-    ("within noise though 20% apart", [entry("a", "openvino:cpu", ms=10, iqr=1.5), entry("b", "onnxruntime:cpu", ms=12, iqr=2.5)], ["a", "b"]),
+    (
+        "within noise though 20% apart",
+        [entry("a", "openvino:cpu", ms=10, iqr=1.5), entry("b", "onnxruntime:cpu", ms=12, iqr=2.5)],
+        ["a", "b"],
+    ),
     ("a rival without a number here", [entry("a", "openvino:cpu", ms=10), entry("b", "onnxruntime:cpu")], ["a", "b"]),
-    ("measured on another class: the top three", [entry(k, "openvino:cpu", p, ms, cls="cpu-x86_64-v3") for k, p, ms in
-                                                  (("a", "fp32", 10), ("b", "fp16", 30), ("c", "bf16", 40), ("d", "fp32", 50))][:3]
-     + [entry("d", "onnxruntime:cpu", ms=90, cls="cpu-x86_64-v3")], ["a", "b", "c"]),
+    (
+        "measured on another class: the top three",
+        [
+            entry(k, "openvino:cpu", p, ms, cls="cpu-x86_64-v3")
+            for k, p, ms in (("a", "fp32", 10), ("b", "fp16", 30), ("c", "bf16", 40), ("d", "fp32", 50))
+        ][:3]
+        + [entry("d", "onnxruntime:cpu", ms=90, cls="cpu-x86_64-v3")],
+        ["a", "b", "c"],
+    ),
     ("one candidate", [entry("a", "openvino:cpu", ms=10)], None),
 ]
 
@@ -70,9 +111,19 @@ class SimulatedRuns:
                 assert feeds["x"].shape == (1, 4)
                 sim.now += sim.costs[key[0]] / 1000
 
-        manifest = Manifest(build_key=key, model="m", model_version="1", component="vae", precision=candidate.entry.precision, profile_name="p",
-                            profile={"x": {"min": [1, 4], "opt": [1, 4], "max": [2, 4]}}, target=candidate.entry.target, toolchain={},
-                            files=(), io={"inputs": [{"name": "x", "dtype": "float32", "shape": [None, 4]}]})
+        manifest = Manifest(
+            build_key=key,
+            model="m",
+            model_version="1",
+            component="vae",
+            precision=candidate.entry.precision,
+            profile_name="p",
+            profile={"x": {"min": [1, 4], "opt": [1, 4], "max": [2, 4]}},
+            target=candidate.entry.target,
+            toolchain={},
+            files=(),
+            io={"inputs": [{"name": "x", "dtype": "float32", "shape": [None, 4]}]},
+        )
         return manifest, Session()
 
 
@@ -82,6 +133,7 @@ def sim(monkeypatch):
         runs = SimulatedRuns(costs)
         monkeypatch.setattr(measure, "CLOCK", runs.clock)
         return runs
+
     return make
 
 
@@ -89,7 +141,11 @@ def settings(mode: str):
     return replace(load_settings(), measure=mode)
 
 
-CLOSE = [entry("a", "openvino:cpu", "fp32", ms=10), entry("b", "openvino:cpu", "bf16", ms=10.5), entry("c", "onnxruntime:cpu", ms=30)]
+CLOSE = [
+    entry("a", "openvino:cpu", "fp32", ms=10),
+    entry("b", "openvino:cpu", "bf16", ms=10.5),
+    entry("c", "onnxruntime:cpu", ms=30),
+]
 
 
 def test_the_device_times_close_candidates_and_its_winner_goes_first(sim):
@@ -102,7 +158,9 @@ def test_the_device_times_close_candidates_and_its_winner_goes_first(sim):
     text = found.explain(found.ranked[0])
     assert "timed fastest on this device at a first load: 6.0 ms vs 12.0 ms for openvino:cpu fp32" in text
     assert "timed on this device (just now" in text and "measured on this device class by the farm" in text
-    assert messages[0].startswith("timing 2 candidates on this device") and any(m.startswith("  round 3:") for m in messages)
+    assert messages[0].startswith("timing 2 candidates on this device") and any(
+        m.startswith("  round 3:") for m in messages
+    )
     assert "fastest here: openvino:cpu bf16" in messages[-1]
 
 
@@ -117,7 +175,11 @@ def test_the_winner_is_remembered_per_device_and_used_without_timing(sim):
     (data,) = [json.loads(f.read_text()) for f in files]
     assert data["fingerprint"]["name"] == "Xeon" and data["fingerprint"]["runtimes"]["openvino"]
     (result,) = data["results"].values()
-    assert result["winner"] == "b" * 64 and set(result["timings"]) == {"a" * 64, "b" * 64} and result["timings"]["b" * 64]["runs"] >= 3
+    assert (
+        result["winner"] == "b" * 64
+        and set(result["timings"]) == {"a" * 64, "b" * 64}
+        and result["timings"]["b" * 64]["runs"] >= 3
+    )
 
 
 def test_another_driver_or_runtime_is_timed_again(tmp_path):
@@ -155,7 +217,11 @@ def test_off_neither_times_nor_uses_what_was_remembered(sim):
 
 
 def test_a_tie_on_the_device_goes_to_the_more_accurate_precision():
-    records = {"a": {"p50_ms": 10.2, "iqr_ms": 1.0}, "b": {"p50_ms": 10.0, "iqr_ms": 1.0}, "c": {"p50_ms": 5.0, "iqr_ms": 0.1}}
+    records = {
+        "a": {"p50_ms": 10.2, "iqr_ms": 1.0},
+        "b": {"p50_ms": 10.0, "iqr_ms": 1.0},
+        "c": {"p50_ms": 5.0, "iqr_ms": 0.1},
+    }
     assert measure.pick({k: records[k] for k in "ab"}, {"a": "fp32", "b": "bf16"}) == "a"
     assert measure.pick(records, {"a": "fp32", "b": "bf16", "c": "bf16"}) == "c"
 
@@ -178,18 +244,42 @@ def test_first_load_times_the_candidates_on_this_device_and_remembers(farm_elsew
     monkeypatch.setenv("ENGINEFARM_MEASURE", "on")
     messages = []
     session = enginefarm.load("tiny-sd/decoder", device="cpu", progress=messages.append)
-    assert any(m.startswith("timing 3 candidates on this device (the leader's number comes from a similar device") for m in messages)
+    assert any(
+        m.startswith("timing 3 candidates on this device (the leader's number comes from a similar device")
+        for m in messages
+    )
     text = session.explain()
-    assert "timed fastest on this device at a first load" in text and text.count("timed on this device at a first load:") == 3
+    assert (
+        "timed fastest on this device at a first load" in text
+        and text.count("timed on this device at a first load:") == 3
+    )
     assert session.run({"latent": np.zeros((1, 4, 8, 8), np.float32)})["sample"].shape == (1, 3, 16, 16)
     (memory,) = (load_settings().home / "device-timings").glob("*.json")
     (result,) = json.loads(memory.read_text())["results"].values()
     assert result["winner"] == session.artifact.build_key and len(result["timings"]) == 3
 
     np.save(farm_elsewhere.parent / "x.npy", np.zeros((1, 4, 8, 8), np.float32))
-    proc = cli("run", "tiny-sd/decoder", "--input", f"latent={farm_elsewhere.parent / 'x.npy'}", "--explain", "--device", "cpu", check=True)
+    proc = cli(
+        "run",
+        "tiny-sd/decoder",
+        "--input",
+        f"latent={farm_elsewhere.parent / 'x.npy'}",
+        "--explain",
+        "--device",
+        "cpu",
+        check=True,
+    )
     assert "remembered from" in proc.stdout and "timing 3 candidates" not in proc.stderr
     assert f"[{session.artifact.build_key[:12]}]" in proc.stdout.splitlines()[1]
-    off = cli("run", "tiny-sd/decoder", "--input", f"latent={farm_elsewhere.parent / 'x.npy'}", "--explain", "--device", "cpu",
-              env={"ENGINEFARM_MEASURE": "off"}, check=True)
+    off = cli(
+        "run",
+        "tiny-sd/decoder",
+        "--input",
+        f"latent={farm_elsewhere.parent / 'x.npy'}",
+        "--explain",
+        "--device",
+        "cpu",
+        env={"ENGINEFARM_MEASURE": "off"},
+        check=True,
+    )
     assert "timed on this device" not in off.stdout

@@ -38,7 +38,10 @@ def test_probes_are_remembered_until_the_machine_key_changes(home, monkeypatch):
     from enginefarm.hardware.device_info import cpu_description
 
     assert cpu_description()["name"] == "remembered cpu"  # the CPU's description comes from the cache too (no psutil)
-    assert again[0].devices[0].targets == probed[0].devices[0].targets and {**again[0].devices[0].info, "name": "?"} == {**probed[0].devices[0].info, "name": "?"}
+    assert again[0].devices[0].targets == probed[0].devices[0].targets and {
+        **again[0].devices[0].info,
+        "name": "?",
+    } == {**probed[0].devices[0].info, "name": "?"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # part of the key: what GPUs the process sees
     fresh = run_probes(("cpu",))
     assert fresh[0].devices[0].name == probed[0].devices[0].name

@@ -27,7 +27,9 @@ class App:
 
     def load(self, monkeypatch, **kwargs):
         monkeypatch.setenv("ENGINEFARM_HOME", str(self.home))
-        return enginefarm.load(REF, device="cpu", store=self.store.url, channel="stable", trusted_root=self.root, **kwargs)
+        return enginefarm.load(
+            REF, device="cpu", store=self.store.url, channel="stable", trusted_root=self.root, **kwargs
+        )
 
     @property
     def trusted(self) -> Path:
@@ -36,7 +38,9 @@ class App:
     def state(self) -> tuple[dict, list[str]]:
         cache = DeviceCache(self.home)
         leftovers = list(cache.tmp.glob("*")) if cache.tmp.is_dir() else []
-        return snapshot_files(self.trusted), sorted(e.manifest.build_key for e in cache.entries()) + [str(p) for p in leftovers]
+        return snapshot_files(self.trusted), sorted(e.manifest.build_key for e in cache.entries()) + [
+            str(p) for p in leftovers
+        ]
 
 
 @pytest.fixture
@@ -234,7 +238,11 @@ def test_a_target_whose_signed_fields_disagree_with_its_manifest(release, monkey
     raw = store.get_manifest_bytes(b.build_key)
     entry = TargetFile.from_data(f"manifests/{b.build_key}.json", raw, ["sha256"])
     custom = repo.describe(b)
-    claimed = {**json.loads(custom["entry"]), "precision": "fp16", "benchmarks": [{"device": {"class": "cpu-any"}, "p50_ms": 0.0001}]}
+    claimed = {
+        **json.loads(custom["entry"]),
+        "precision": "fp16",
+        "benchmarks": [{"device": {"class": "cpu-any"}, "p50_ms": 0.0001}],
+    }
     custom.update(precision="fp16", entry=json.dumps(claimed))
     entry.unrecognized_fields["custom"] = custom
     state.targets.signed.targets[entry.path] = entry
@@ -414,8 +422,12 @@ def test_an_expired_root_says_so_and_its_hint_renews_it(release, monkeypatch):
         with pytest.raises(TrustError) as caught:
             app.load(monkeypatch)
         error = caught.value
-        assert error.reason == "root-expired" and "the channel's root has expired" in str(error) and "\n" not in str(error)
-        assert "release refresh --role root" in error.hint and app.state()[1] == cached  # the root is signed: ngclient keeps it
+        assert (
+            error.reason == "root-expired" and "the channel's root has expired" in str(error) and "\n" not in str(error)
+        )
+        assert (
+            "release refresh --role root" in error.hint and app.state()[1] == cached
+        )  # the root is signed: ngclient keeps it
         repo.refresh(store, "stable", keys)
     repo.refresh(store, "stable", keys, {"root"})  # what the new hint says
     assert app.load(monkeypatch).artifact.build_key == a.build_key

@@ -20,9 +20,17 @@ CPU = Device("cpu", "Xeon", "cpu-x86_64-v4", ("onnxruntime:cpu",))
 
 
 def _entry(i: int, p50: float, iqr: float) -> IndexEntry:
-    return IndexEntry.from_dict({"build_key": f"{i:064x}", "component": "vae", "precision": ("fp32", "fp16", "bf16")[i % 3],
-                                 "target": "onnxruntime:cpu", "profile_name": "default",
-                                 "benchmarks": [{"device": {"class": "cpu-x86_64-v4"}, "p50_ms": p50, "iqr_ms": iqr}]}, "m")
+    return IndexEntry.from_dict(
+        {
+            "build_key": f"{i:064x}",
+            "component": "vae",
+            "precision": ("fp32", "fp16", "bf16")[i % 3],
+            "target": "onnxruntime:cpu",
+            "profile_name": "default",
+            "benchmarks": [{"device": {"class": "cpu-x86_64-v4"}, "p50_ms": p50, "iqr_ms": iqr}],
+        },
+        "m",
+    )
 
 
 def _naive_clusters(candidates) -> list[set[str]]:
@@ -41,7 +49,9 @@ def test_tie_clusters_are_the_fastest_remaining_and_what_is_tied_with_it():
     for trial in range(200):
         # Unrounded numbers (an exact tie at the edge rounds differently in the two formulas), some medians repeated.
         medians = [rng.uniform(1, 3) for _ in range(rng.randint(1, 40))]
-        entries = [_entry(i, rng.choice(medians), rng.choice([0, 0.05, 0.2, 1.5]) * rng.random()) for i in range(len(medians))]
+        entries = [
+            _entry(i, rng.choice(medians), rng.choice([0, 0.05, 0.2, 1.5]) * rng.random()) for i in range(len(medians))
+        ]
         resolution = resolve("m/vae", [(e, "store") for e in entries], None, [CPU])
         by_cluster: dict[int, set[str]] = {}
         for c in resolution.candidates:
@@ -75,14 +85,24 @@ def test_a_load_among_100000_tied_entries_stays_under_500_mb(tmp_path):
     entry["benchmarks"][0].update(iqr_ms=0.4)
     for i in range(1, 100_000):
         key = f"{i:064x}"
-        data["entries"][key] = {**entry, "build_key": key, "benchmarks": [{**entry["benchmarks"][0], "p50_ms": 1.0 + (i % 3 + 1) / 30}]}
+        data["entries"][key] = {
+            **entry,
+            "build_key": key,
+            "benchmarks": [{**entry["benchmarks"][0], "p50_ms": 1.0 + (i % 3 + 1) / 30}],
+        }
     index_path.write_text(json.dumps(data, separators=(",", ":")))
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
 
-    proc = subprocess.run([sys.executable, "-c", CHILD, REF, str(store_dir)], capture_output=True, text=True, preexec_fn=cap,
-                          env={**os.environ, "ENGINEFARM_HOME": str(tmp_path / "home")}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, REF, str(store_dir)],
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        env={**os.environ, "ENGINEFARM_HOME": str(tmp_path / "home")},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["key"] == real.build_key  # the fastest, tied with all the others, wins

@@ -39,9 +39,19 @@ def key(name: str) -> str:
 
 def entry(name: str, target: str, bench: tuple[str, float] | None = None, precision: str = "fp16", **constraints):
     NAMES[key(name)] = name
-    return IndexEntry.from_dict({"build_key": key(name), "component": "vae", "precision": precision, "target": target, "profile_name": "default",
-                                 "profile": {}, "constraints": constraints,
-                                 "benchmarks": [{"device": {"class": bench[0]}, "p50_ms": bench[1]}] if bench else []}, "sd15")
+    return IndexEntry.from_dict(
+        {
+            "build_key": key(name),
+            "component": "vae",
+            "precision": precision,
+            "target": target,
+            "profile_name": "default",
+            "profile": {},
+            "constraints": constraints,
+            "benchmarks": [{"device": {"class": bench[0]}, "p50_ms": bench[1]}] if bench else [],
+        },
+        "sd15",
+    )
 
 
 FARM = [
@@ -61,19 +71,43 @@ ARC = Device("intel-gpu", "Intel(R) Arc(TM) A770 Graphics", "intel-gpu", ("openv
 
 DEVICES = [
     # (name, devices, expected pick, words the explanation must contain)
-    ("RTX 3060", [nvidia_device("NVIDIA GeForce RTX 3060", 8, 6, "550.54.14", 12288), CPU], "a", "most specific engine kind"),
+    (
+        "RTX 3060",
+        [nvidia_device("NVIDIA GeForce RTX 3060", 8, 6, "550.54.14", 12288), CPU],
+        "a",
+        "most specific engine kind",
+    ),
     ("RTX 4090", [nvidia_device("NVIDIA GeForce RTX 4090", 8, 9, "550.54.14", 24564), CPU], "b", "exact-arch engine"),
-    ("RTX 5090", [nvidia_device("NVIDIA GeForce RTX 5090", 12, 0, "570.86", 32607), CPU], "c", "hardware-compatible engine"),
+    (
+        "RTX 5090",
+        [nvidia_device("NVIDIA GeForce RTX 5090", 12, 0, "570.86", 32607), CPU],
+        "c",
+        "hardware-compatible engine",
+    ),
     ("GTX 1660", [nvidia_device("NVIDIA GeForce GTX 1660", 7, 5, "550.54.14", 6144), CPU], "j", "JIT-able engine"),
     ("RX 7900 XTX", [amd_device("AMD Radeon RX 7900 XTX", "gfx1100", 24560), CPU], "e", "migraphx:gfx1100"),
     ("Arc A770", [ARC, CPU], "f", "openvino:gpu"),
-    ("M2 Pro", [apple_device("Apple M2 Pro", "14.4"), Device("cpu", "Apple M2 Pro", "cpu-aarch64-base", ("openvino:cpu", "onnxruntime:cpu"), {"os": "darwin"})], "g", "coreml:apple"),
+    (
+        "M2 Pro",
+        [
+            apple_device("Apple M2 Pro", "14.4"),
+            Device("cpu", "Apple M2 Pro", "cpu-aarch64-base", ("openvino:cpu", "onnxruntime:cpu"), {"os": "darwin"}),
+        ],
+        "g",
+        "coreml:apple",
+    ),
     ("CPU only", [CPU], "i", "fastest measured: 180.0 ms vs 200.0 ms"),
 ]
 
 
 def pick(devices, entries=FARM, precision=None):
-    resolution = resolve("sd15/vae", [(e, "store") for e in entries], precision, devices, can_load=lambda target: Availability(True, True))
+    resolution = resolve(
+        "sd15/vae",
+        [(e, "store") for e in entries],
+        precision,
+        devices,
+        can_load=lambda target: Availability(True, True),
+    )
     ranked = resolution.ranked
     chosen = ranked[0] if ranked else None
     return (NAMES[chosen.entry.build_key] if chosen else None), resolution.explain(chosen)
@@ -112,18 +146,31 @@ def test_os_constraint():
 
 
 def test_backends_this_machine_cannot_load_are_skipped_with_the_reason():
-    resolution = resolve("sd15/vae", [(e, "store") for e in FARM], None, [nvidia_device("RTX 4090", 8, 9, "550", 24564), CPU])
+    resolution = resolve(
+        "sd15/vae", [(e, "store") for e in FARM], None, [nvidia_device("RTX 4090", 8, 9, "550", 24564), CPU]
+    )
     assert resolution.ranked[0].entry.target in ("onnxruntime:cpu", "openvino:cpu")
     assert "cannot load here: tensorrt is not installed" in resolution.explain()
 
 
-@pytest.mark.parametrize("cc,has,lacks", [
-    ((7, 5), {"tensorrt:sm_75", "tensorrt-rtx:turing+"}, {"tensorrt:ampere+"}),
-    ((8, 6), {"tensorrt:sm_86", "tensorrt:ampere+", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"}, {"tensorrt-rtx:ada+"}),
-    ((12, 0), {"tensorrt:sm_120", "tensorrt:ampere+", "tensorrt-rtx:blackwell+", "tensorrt-rtx:ada+"}, set()),
-    # The A100 (8.0) runs hardware-compatible TensorRT plans, but TensorRT-RTX does not list it at all.
-    ((8, 0), {"tensorrt:sm_80", "tensorrt:ampere+"}, {"tensorrt-rtx:sm_80", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"}),
-])
+@pytest.mark.parametrize(
+    "cc,has,lacks",
+    [
+        ((7, 5), {"tensorrt:sm_75", "tensorrt-rtx:turing+"}, {"tensorrt:ampere+"}),
+        (
+            (8, 6),
+            {"tensorrt:sm_86", "tensorrt:ampere+", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"},
+            {"tensorrt-rtx:ada+"},
+        ),
+        ((12, 0), {"tensorrt:sm_120", "tensorrt:ampere+", "tensorrt-rtx:blackwell+", "tensorrt-rtx:ada+"}, set()),
+        # The A100 (8.0) runs hardware-compatible TensorRT plans, but TensorRT-RTX does not list it at all.
+        (
+            (8, 0),
+            {"tensorrt:sm_80", "tensorrt:ampere+"},
+            {"tensorrt-rtx:sm_80", "tensorrt-rtx:ampere+", "tensorrt-rtx:turing+"},
+        ),
+    ],
+)
 def test_nvidia_target_classes(cc, has, lacks):
     targets = set(nvidia_device("GPU", *cc, driver="580.00", vram_mb=8192).targets)
     assert has <= targets and not (lacks & targets)

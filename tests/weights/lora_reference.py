@@ -8,12 +8,25 @@ from pathlib import Path
 import numpy as np
 
 
-def lora_pair(rng, prefix: str, out: int, inner: int, rank: int, *, scale: float, alpha=None, kernel=(),
-              down: str = "lora_down.weight", up: str = "lora_up.weight") -> dict[str, np.ndarray]:
+def lora_pair(
+    rng,
+    prefix: str,
+    out: int,
+    inner: int,
+    rank: int,
+    *,
+    scale: float,
+    alpha=None,
+    kernel=(),
+    down: str = "lora_down.weight",
+    up: str = "lora_up.weight",
+) -> dict[str, np.ndarray]:
     """One layer's down [rank, inner, *kernel] and up [out, rank, 1, …] matrices (normal, std `scale`; drawn down
     first), and its alpha when given."""
-    tensors = {f"{prefix}.{down}": rng.normal(0, scale, (rank, inner, *kernel)).astype(np.float32),
-               f"{prefix}.{up}": rng.normal(0, scale, (out, rank, *[1] * len(kernel))).astype(np.float32)}
+    tensors = {
+        f"{prefix}.{down}": rng.normal(0, scale, (rank, inner, *kernel)).astype(np.float32),
+        f"{prefix}.{up}": rng.normal(0, scale, (out, rank, *[1] * len(kernel))).astype(np.float32),
+    }
     if alpha is not None:
         tensors[f"{prefix}.alpha"] = np.array(alpha, np.float32)
     return tensors

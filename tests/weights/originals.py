@@ -34,10 +34,12 @@ def to_original(section: Section, tensors: dict[str, np.ndarray]) -> dict[str, n
         if source.take is not None:  # q, k, v (and Flux's MLP) into one tensor, in the order of their units
             ordered = sorted(items, key=lambda item: item[0].take[0])
             units = [s.take for s, _ in ordered]
-            assert units[0][0] == 0 and units[-1][1] == units[-1][2] and all(a[1] == b[0] for a, b in pairwise(units)), key
+            assert (
+                units[0][0] == 0 and units[-1][1] == units[-1][2] and all(a[1] == b[0] for a, b in pairwise(units))
+            ), key
             value = np.concatenate([v for _, v in ordered])
         if source.swap:  # diffusers' (scale, shift) back to the original's (shift, scale)
-            value = np.concatenate([value[value.shape[0] // 2:], value[:value.shape[0] // 2]])
+            value = np.concatenate([value[value.shape[0] // 2 :], value[: value.shape[0] // 2]])
         if source.transpose:
             value = value.T
         if source.squeeze:
@@ -47,11 +49,20 @@ def to_original(section: Section, tensors: dict[str, np.ndarray]) -> dict[str, n
 
 
 # component → the subfolder of a diffusers pipeline holding its weights
-SUBFOLDERS = {"text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2", "text_encoder_3": "text_encoder_3", "unet": "unet",
-              "vae_decoder": "vae", "vae_encoder": "vae", "transformer": "transformer"}
+SUBFOLDERS = {
+    "text_encoder": "text_encoder",
+    "text_encoder_2": "text_encoder_2",
+    "text_encoder_3": "text_encoder_3",
+    "unet": "unet",
+    "vae_decoder": "vae",
+    "vae_encoder": "vae",
+    "transformer": "transformer",
+}
 
 
-def original_tensors(folder: Path, layout: str, extra: dict[str, np.ndarray] | None = None, only: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+def original_tensors(
+    folder: Path, layout: str, extra: dict[str, np.ndarray] | None = None, only: tuple[str, ...] | None = None
+) -> dict[str, np.ndarray]:
     """The parts of the tiny pipeline at `folder` in `layout` (an id of LAYOUTS): every one its folder has, or those
     of the components in `only`; plus `extra` keys."""
     out: dict[str, np.ndarray] = {}
@@ -64,7 +75,11 @@ def original_tensors(folder: Path, layout: str, extra: dict[str, np.ndarray] | N
         if section.part == "diffusers":
             out.update({section.prefix + k: v for k, v in tensors.items() if k.startswith(section.owns)})
             continue
-        tensors = {k: v for k, v in tensors.items() if component not in ("vae_decoder", "vae_encoder") or k.startswith(section.owns)}
+        tensors = {
+            k: v
+            for k, v in tensors.items()
+            if component not in ("vae_decoder", "vae_encoder") or k.startswith(section.owns)
+        }
         out.update(to_original(section, tensors))
     out.update(extra or {})
     return out

@@ -49,10 +49,18 @@ def test_chroma_layout_is_what_diffusers_converter_gives_at_real_width(tmp_path,
     with torch.device("meta"):
         model = ChromaTransformer2DModel(num_layers=1, num_single_layers=1, approximator_layers=2)
     rng = np.random.default_rng(0)
-    narrow = {k: rng.standard_normal((v.shape[0], 1) if v.ndim > 1 else v.shape).astype(np.float32) for k, v in model.state_dict().items()}
+    narrow = {
+        k: rng.standard_normal((v.shape[0], 1) if v.ndim > 1 else v.shape).astype(np.float32)
+        for k, v in model.state_dict().items()
+    }
     original = to_original(Section(layouts.CHROMA, prefix), narrow)
-    assert f"{prefix}distilled_guidance_layer.layers.1.out_layer.weight" in original and f"{prefix}distilled_guidance_layer.norms.0.scale" in original
-    converted = convert_chroma_transformer_checkpoint_to_diffusers({k: torch.from_numpy(v) for k, v in original.items()})
+    assert (
+        f"{prefix}distilled_guidance_layer.layers.1.out_layer.weight" in original
+        and f"{prefix}distilled_guidance_layer.norms.0.scale" in original
+    )
+    converted = convert_chroma_transformer_checkpoint_to_diffusers(
+        {k: torch.from_numpy(v) for k, v in original.items()}
+    )
     path = write_file(tmp_path / "chroma.safetensors", original)
     assert open_file(path).layout.id == ("chroma-ldm" if prefix else "chroma")
     ours = _part(path, "transformer", narrow)
@@ -68,14 +76,21 @@ def test_comfyui_flux_file_parts_are_what_diffusers_reads(tiny, tmp_path):
     from enginefarm.weights.routing import route
 
     folder = tiny("flux")
-    extra = {"text_encoders.clip_l.logit_scale": np.ones((), np.float32),  # ComfyUI keeps these; no model reads them
-             "text_encoders.clip_l.transformer.text_projection.weight": np.eye(32, dtype=np.float32)}
+    extra = {
+        "text_encoders.clip_l.logit_scale": np.ones((), np.float32),  # ComfyUI keeps these; no model reads them
+        "text_encoders.clip_l.transformer.text_projection.weight": np.eye(32, dtype=np.float32),
+    }
     path = write_file(tmp_path / "flux1-dev-fp8-comfy.safetensors", original_tensors(folder, "flux-ldm", extra))
     assert open_file(path).layout.id == "flux-ldm"
     transformer = diffusers.FluxTransformer2DModel.from_pretrained(folder, subfolder="transformer")
     theirs = diffusers.FluxPipeline.from_single_file(str(path), config=str(folder), transformer=transformer)
-    modules = {"text_encoder": theirs.text_encoder, "text_encoder_2": theirs.text_encoder_2, "transformer": transformer,
-               "vae_decoder": theirs.vae, "vae_encoder": theirs.vae}
+    modules = {
+        "text_encoder": theirs.text_encoder,
+        "text_encoder_2": theirs.text_encoder_2,
+        "transformer": transformer,
+        "vae_decoder": theirs.vae,
+        "vae_encoder": theirs.vae,
+    }
     for component, module in modules.items():
         base = _component_tensors(folder, component)
         ours = _part(path, component, base)
@@ -87,7 +102,12 @@ def test_comfyui_flux_file_parts_are_what_diffusers_reads(tiny, tmp_path):
     assert route(FAMILIES["flux"], everything, path, None) == {c: path for c in modules}
     with pytest.raises(WeightsError) as caught:
         route(FAMILIES["chroma"], [c.name for c in FAMILIES["chroma"].components], path, None)
-    assert "\n" not in str(caught.value) and path.name in str(caught.value) and "Flux.1" in str(caught.value) and "chroma" in str(caught.value)
+    assert (
+        "\n" not in str(caught.value)
+        and path.name in str(caught.value)
+        and "Flux.1" in str(caught.value)
+        and "chroma" in str(caught.value)
+    )
 
 
 def test_sd3_file_with_its_encoders_parts_are_what_diffusers_reads(tiny, tmp_path):
@@ -101,17 +121,30 @@ def test_sd3_file_with_its_encoders_parts_are_what_diffusers_reads(tiny, tmp_pat
     folder = tiny("sd3")
     path = write_file(tmp_path / "sd3_medium_incl_clips_t5xxlfp16.safetensors", original_tensors(folder, "sd3"), "fp16")
     assert open_file(path).layout.id == "sd3" and len(open_file(path).components()) == 6
-    theirs = diffusers.StableDiffusion3Pipeline.from_single_file(str(path), config=str(folder), torch_dtype=torch.float32)
+    theirs = diffusers.StableDiffusion3Pipeline.from_single_file(
+        str(path), config=str(folder), torch_dtype=torch.float32
+    )
     checkpoint = load_file(str(path))
     clips = {"text_encoder": "text_encoders.clip_l.transformer.", "text_encoder_2": "text_encoders.clip_g.transformer."}
-    modules = {"text_encoder_3": theirs.text_encoder_3, "transformer": theirs.transformer, "vae_decoder": theirs.vae, "vae_encoder": theirs.vae}
+    modules = {
+        "text_encoder_3": theirs.text_encoder_3,
+        "transformer": theirs.transformer,
+        "vae_decoder": theirs.vae,
+        "vae_encoder": theirs.vae,
+    }
     for component in (*clips, *modules):
         base = _component_tensors(folder, component)
         ours = _part(path, component, base)
         if component in clips:
-            reference = {k: v.float().numpy() for k, v in convert_ldm_clip_checkpoint(dict(checkpoint), clips[component]).items() if k in base}
+            reference = {
+                k: v.float().numpy()
+                for k, v in convert_ldm_clip_checkpoint(dict(checkpoint), clips[component]).items()
+                if k in base
+            }
         else:
-            reference = {k: v.float().numpy() for k, v in modules[component].state_dict().items() if not v.is_meta and k in base}
+            reference = {
+                k: v.float().numpy() for k, v in modules[component].state_dict().items() if not v.is_meta and k in base
+            }
         assert set(ours) == set(base) and set(reference) <= set(ours) and len(reference) >= len(ours) - 1, component
         assert max(float(np.abs(ours[k] - reference[k]).max()) for k in reference) == 0.0, component
 
@@ -136,7 +169,15 @@ def _load(built_model, **kwargs):
 
     _, out, store = built_model
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
-    return Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets", **kwargs)
+    return Pipeline.load(
+        name,
+        store=str(store),
+        precision="fp32",
+        target="onnxruntime:cpu",
+        device="cpu",
+        assets=out / "assets",
+        **kwargs,
+    )
 
 
 @pytest.mark.slow
@@ -152,12 +193,17 @@ def test_pipeline_with_a_comfyui_flux_file_matches_diffusers(built, tmp_path):
     reference.save_pretrained(tuned)
     path = write_file(tmp_path / "flux1-dev-comfy.safetensors", original_tensors(tuned, "flux-ldm"))
     ours = _load(built("flux"), weights=path)
-    assert all("stack" in ours.sessions[c].artifact.options for c in ("text_encoder", "text_encoder_2", "transformer", "vae_decoder"))
+    assert all(
+        "stack" in ours.sessions[c].artifact.options
+        for c in ("text_encoder", "text_encoder_2", "transformer", "vae_decoder")
+    )
     diff, _ = compare(ours, reference)
     stock = diffusers.FluxPipeline.from_pretrained(source)
     stock.set_progress_bar_config(disable=True)
     moved, _ = compare(ours, stock)
-    print(f"comfyui flux all-in-one: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
+    print(
+        f"comfyui flux all-in-one: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}"
+    )
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)
 
 
@@ -173,22 +219,44 @@ def test_pipeline_with_a_chroma_file_matches_diffusers(built, tmp_path):
         for p in reference.transformer.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     tuned = {k: v.numpy() for k, v in reference.transformer.state_dict().items()}
-    path = write_file(tmp_path / "chroma-tuned.safetensors", to_original(LAYOUTS["chroma"].components["transformer"], tuned), "bf16")
+    path = write_file(
+        tmp_path / "chroma-tuned.safetensors", to_original(LAYOUTS["chroma"].components["transformer"], tuned), "bf16"
+    )
     ours = _load(built("chroma"), weights=path)
     size = 64
     latents = np.random.default_rng(0).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
 
     def run(pipe):
         packed = diffusers.FluxPipeline._pack_latents(torch.from_numpy(latents), *latents.shape)
-        out = pipe("a lighthouse", negative_prompt="blurry", num_inference_steps=2, latents=packed, height=size, width=size,
-                   guidance_scale=4.0, max_sequence_length=512, output_type="latent").images
+        out = pipe(
+            "a lighthouse",
+            negative_prompt="blurry",
+            num_inference_steps=2,
+            latents=packed,
+            height=size,
+            width=size,
+            guidance_scale=4.0,
+            max_sequence_length=512,
+            output_type="latent",
+        ).images
         return diffusers.FluxPipeline._unpack_latents(out, size, size, 8).numpy()
 
     want = run(reference)
-    got = ours("a lighthouse", "blurry", steps=2, latents=latents, guidance_scale=4.0, height=size, width=size, output_type="latent")
+    got = ours(
+        "a lighthouse",
+        "blurry",
+        steps=2,
+        latents=latents,
+        guidance_scale=4.0,
+        height=size,
+        width=size,
+        output_type="latent",
+    )
     stock = diffusers.ChromaPipeline.from_pretrained(source)
     stock.set_progress_bar_config(disable=True)
     span = float(want.max() - want.min())
     diff, moved = float(np.abs(got - want).max()) / span, float(np.abs(run(stock) - want).max()) / span
-    print(f"chroma transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
+    print(
+        f"chroma transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}"
+    )
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)

@@ -29,11 +29,16 @@ def test_a_flux_file_on_an_sd_unet_is_refused_naming_both_families(built, tiny, 
     _, out, store = built("sd1")
     ref = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"] + "/unet"
     rng = np.random.default_rng(0)
-    lora = write_safetensors(tmp_path / "flux-style.safetensors", lora_pair(rng, "lora_unet_double_blocks_0_img_attn_qkv", 48, 16, 4, scale=0.1))
+    lora = write_safetensors(
+        tmp_path / "flux-style.safetensors",
+        lora_pair(rng, "lora_unet_double_blocks_0_img_attn_qkv", 48, 16, 4, scale=0.1),
+    )
     transformer = write_file(tmp_path / "flux1-dev.safetensors", original_tensors(tiny("flux"), "flux"))
     home = Path(os.environ["ENGINEFARM_HOME"])
-    for kwargs, path, said in ((dict(loras=[(lora, 0.8)]), lora, "a Flux LoRA for flux, flux-schnell, chroma"),
-                               (dict(weights=str(transformer)), transformer, "Flux.1 transformer file")):
+    for kwargs, path, said in (
+        (dict(loras=[(lora, 0.8)]), lora, "a Flux LoRA for flux, flux-schnell, chroma"),
+        (dict(weights=str(transformer)), transformer, "Flux.1 transformer file"),
+    ):
         with pytest.raises(WeightsError) as caught:
             enginefarm.load(ref, store=str(store), target="onnxruntime:cpu", device="cpu", **kwargs)
         message = str(caught.value)

@@ -38,9 +38,9 @@ def rand(rng, *shape, scale=0.1):
     return (rng.normal(0, scale, shape)).astype(np.float32)
 
 
-
-
-def lora_pair(rng, prefix, out, inner, rank, alpha=None, kernel=(), up_name="lora_up.weight", down_name="lora_down.weight"):
+def lora_pair(
+    rng, prefix, out, inner, rank, alpha=None, kernel=(), up_name="lora_up.weight", down_name="lora_down.weight"
+):
     return _lora_pair(rng, prefix, out, inner, rank, scale=0.1, alpha=alpha, kernel=kernel, down=down_name, up=up_name)
 
 
@@ -56,7 +56,9 @@ def ours(sd1, target, loras):
 
     _, out, store = sd1
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
-    return Pipeline.load(name, store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets", loras=loras)
+    return Pipeline.load(
+        name, store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets", loras=loras
+    )
 
 
 def theirs(sd1, *loras, merge=None):
@@ -71,8 +73,15 @@ def latents(pipe):
 def compare(got_pipe, reference_pipe) -> tuple[float, np.ndarray]:
     start = latents(got_pipe)
     size = got_pipe.assets.native_pixels
-    reference = reference_pipe(PROMPT, num_inference_steps=STEPS, latents=torch.from_numpy(start), height=size, width=size,
-                               guidance_scale=6.0, output_type="latent").images.numpy()
+    reference = reference_pipe(
+        PROMPT,
+        num_inference_steps=STEPS,
+        latents=torch.from_numpy(start),
+        height=size,
+        width=size,
+        guidance_scale=6.0,
+        output_type="latent",
+    ).images.numpy()
     got = got_pipe(PROMPT, steps=STEPS, latents=start, guidance_scale=6.0, output_type="latent")
     return float(np.abs(got - reference).max()), got
 
@@ -88,22 +97,38 @@ def test_kohya_lora_for_unet_and_text_encoder_matches_diffusers(sd1, tmp_path, t
     ours also carries SDXL's second-encoder layers, which this pipeline names once and leaves out."""
     rng = np.random.default_rng(1)
     # kohya writes one network alpha for every module (diffusers mis-scales files that mix alphas, or leave some out)
-    t = {**lora_pair(rng, kohya(Q), 64, 64, 4, alpha=2.0), **lora_pair(rng, kohya(CROSS_K), 64, 768, 8, alpha=2.0),
-         **lora_pair(rng, kohya(CONV3), 64, 128, 4, alpha=2.0, kernel=(3, 3)), **lora_pair(rng, kohya(PROJ_IN), 64, 64, 2, alpha=2.0, kernel=(1, 1))}
+    t = {
+        **lora_pair(rng, kohya(Q), 64, 64, 4, alpha=2.0),
+        **lora_pair(rng, kohya(CROSS_K), 64, 768, 8, alpha=2.0),
+        **lora_pair(rng, kohya(CONV3), 64, 128, 4, alpha=2.0, kernel=(3, 3)),
+        **lora_pair(rng, kohya(PROJ_IN), 64, 64, 2, alpha=2.0, kernel=(1, 1)),
+    }
     te = {**lora_pair(rng, kohya(TE_Q, "te"), 768, 768, 4), **lora_pair(rng, kohya(TE_V, "te"), 768, 768, 2)}
     te = {k: v * 3 for k, v in te.items()}  # the text encoder's change must show in the latent
-    shipped = write_safetensors(tmp_path / "with_te2.safetensors", {**t, **te, **lora_pair(rng, kohya(TE_Q, "te2"), 32, 32, 2)})
+    shipped = write_safetensors(
+        tmp_path / "with_te2.safetensors", {**t, **te, **lora_pair(rng, kohya(TE_Q, "te2"), 32, 32, 2)}
+    )
     # diffusers 0.42 with transformers 5 drops kohya's text-encoder layers ("UNEXPECTED" keys): it is given them in
     # PEFT's names instead, as a second adapter at the same weight
     unet_part = write_safetensors(tmp_path / "unet_part.safetensors", t)
-    te_part = write_safetensors(tmp_path / "te_part.safetensors", {
-        "text_encoder." + (TE_Q if TE_Q.replace(".", "_") in k else TE_V) + (".lora_A.weight" if "down" in k else ".lora_B.weight"): v
-        for k, v in te.items()})
+    te_part = write_safetensors(
+        tmp_path / "te_part.safetensors",
+        {
+            "text_encoder."
+            + (TE_Q if TE_Q.replace(".", "_") in k else TE_V)
+            + (".lora_A.weight" if "down" in k else ".lora_B.weight"): v
+            for k, v in te.items()
+        },
+    )
     with caplog.at_level("WARNING"):
         pipe = ours(sd1, target, [(shipped, STRENGTH)])
-    assert pipe.notes == ["ignored, no component of this pipeline takes them: with_te2.safetensors: 1 text_encoder_2 layer(s)"]
+    assert pipe.notes == [
+        "ignored, no component of this pipeline takes them: with_te2.safetensors: 1 text_encoder_2 layer(s)"
+    ]
     assert sum("text_encoder_2" in r.getMessage() for r in caplog.records) == 1
-    assert "stack" in pipe.sessions["unet"].artifact.options and "stack" in pipe.sessions["text_encoder"].artifact.options
+    assert (
+        "stack" in pipe.sessions["unet"].artifact.options and "stack" in pipe.sessions["text_encoder"].artifact.options
+    )
     assert "stack" not in pipe.sessions["vae_decoder"].artifact.options  # nothing for it: the base artifact itself
     diff, got = compare(pipe, theirs(sd1, unet_part, te_part))
     assert diff < 1e-4, diff
@@ -114,9 +139,11 @@ def test_peft_prefixed_and_dora_match_diffusers(sd1, tmp_path):
     """diffusers/PEFT names (`unet.`, `text_encoder.` prefixes, lora_A/lora_B, no alpha) and DoRA (one magnitude per
     output row) on OpenVINO."""
     rng = np.random.default_rng(2)
-    peft = {**lora_pair(rng, f"unet.{Q}", 64, 64, 4, up_name="lora_B.weight", down_name="lora_A.weight"),
-            **lora_pair(rng, f"unet.{FF}", 512, 64, 4, up_name="lora_B.weight", down_name="lora_A.weight"),
-            **lora_pair(rng, f"text_encoder.{TE_Q}", 768, 768, 4, up_name="lora_B.weight", down_name="lora_A.weight")}
+    peft = {
+        **lora_pair(rng, f"unet.{Q}", 64, 64, 4, up_name="lora_B.weight", down_name="lora_A.weight"),
+        **lora_pair(rng, f"unet.{FF}", 512, 64, 4, up_name="lora_B.weight", down_name="lora_A.weight"),
+        **lora_pair(rng, f"text_encoder.{TE_Q}", 768, 768, 4, up_name="lora_B.weight", down_name="lora_A.weight"),
+    }
     peft = {k: v * 3 if k.startswith("text_encoder.") else v for k, v in peft.items()}
     path = write_safetensors(tmp_path / "peft.safetensors", peft)
     diff, _ = compare(ours(sd1, "openvino:cpu", [(path, STRENGTH)]), theirs(sd1, path))
@@ -128,7 +155,11 @@ def test_peft_prefixed_and_dora_match_diffusers(sd1, tmp_path):
     dora = {}
     for module in (Q, FF, CROSS_K):
         w = base[f"{module}.weight"].numpy()
-        dora.update(lora_pair(rng, f"unet.{module}", w.shape[0], w.shape[1], 4, up_name="lora_B.weight", down_name="lora_A.weight"))
+        dora.update(
+            lora_pair(
+                rng, f"unet.{module}", w.shape[0], w.shape[1], 4, up_name="lora_B.weight", down_name="lora_A.weight"
+            )
+        )
         norms = np.linalg.norm(w, axis=1)
         dora[f"unet.{module}.lora_magnitude_vector"] = (norms * rng.uniform(0.5, 1.5, norms.shape)).astype(np.float32)
     path = write_safetensors(tmp_path / "dora.safetensors", dora)
@@ -138,10 +169,13 @@ def test_peft_prefixed_and_dora_match_diffusers(sd1, tmp_path):
 
 def hand_merged(tensors: dict, strength: float):
     """The test's own merge (torch), written from the LyCORIS definitions, for formats diffusers does not read."""
+
     def merge(pipe):
         for key in {k.split(".", 1)[0] for k in tensors}:  # kohya module names hold no dots
-            t = {k[len(key) + 1:]: torch.from_numpy(v) for k, v in tensors.items() if k.startswith(key + ".")}
-            part, module = ("te", key[len("lora_te_"):]) if key.startswith("lora_te_") else ("unet", key[len("lora_unet_"):])
+            t = {k[len(key) + 1 :]: torch.from_numpy(v) for k, v in tensors.items() if k.startswith(key + ".")}
+            part, module = (
+                ("te", key[len("lora_te_") :]) if key.startswith("lora_te_") else ("unet", key[len("lora_unet_") :])
+            )
             model = pipe.text_encoder if part == "te" else pipe.unet
             names = {n.replace(".", "_"): n for n, _ in model.named_modules()}
             layer = model.get_submodule(names.get(module) or names[module.removeprefix("text_model_")])
@@ -157,7 +191,13 @@ def hand_merged(tensors: dict, strength: float):
             elif "lokr_w1" in t or "lokr_w1_a" in t:
                 w1 = t["lokr_w1"] if "lokr_w1" in t else t["lokr_w1_a"] @ t["lokr_w1_b"]
                 w2 = t["lokr_w2"] if "lokr_w2" in t else t["lokr_w2_a"] @ t["lokr_w2_b"]
-                rank = t["lokr_w1_b"].shape[0] if "lokr_w1_b" in t else t["lokr_w2_b"].shape[0] if "lokr_w2_b" in t else None
+                rank = (
+                    t["lokr_w1_b"].shape[0]
+                    if "lokr_w1_b" in t
+                    else t["lokr_w2_b"].shape[0]
+                    if "lokr_w2_b" in t
+                    else None
+                )
                 if w.ndim == 4:
                     w1, w2 = w1[:, :, None, None], w2.reshape(w2.shape[0], -1, *w.shape[2:])
                 delta = torch.kron(w1, w2).reshape(w.shape)
@@ -169,6 +209,7 @@ def hand_merged(tensors: dict, strength: float):
                 rank, delta = None, t["diff"]
             scale = float(t["alpha"]) / rank if "alpha" in t and rank else 1.0
             w += strength * scale * delta.reshape(w.shape)
+
     return merge
 
 
@@ -176,22 +217,55 @@ def hand_merged(tensors: dict, strength: float):
 def test_loha_lokr_tucker_and_full_match_a_hand_merge(sd1, tmp_path, target):
     rng = np.random.default_rng(3)
     t = {}
-    t.update({f"{kohya(Q)}.hada_w1_a": rand(rng, 64, 4), f"{kohya(Q)}.hada_w1_b": rand(rng, 4, 64, scale=1),
-              f"{kohya(Q)}.hada_w2_a": rand(rng, 64, 4), f"{kohya(Q)}.hada_w2_b": rand(rng, 4, 64, scale=1), f"{kohya(Q)}.alpha": np.array(2.0, np.float32)})
+    t.update(
+        {
+            f"{kohya(Q)}.hada_w1_a": rand(rng, 64, 4),
+            f"{kohya(Q)}.hada_w1_b": rand(rng, 4, 64, scale=1),
+            f"{kohya(Q)}.hada_w2_a": rand(rng, 64, 4),
+            f"{kohya(Q)}.hada_w2_b": rand(rng, 4, 64, scale=1),
+            f"{kohya(Q)}.alpha": np.array(2.0, np.float32),
+        }
+    )
     c = kohya(CONV3)  # LoHa with Tucker cores on a 3×3 conv
-    t.update({f"{c}.hada_t1": rand(rng, 3, 3, 3, 3, scale=1), f"{c}.hada_w1_a": rand(rng, 3, 64), f"{c}.hada_w1_b": rand(rng, 3, 128),
-              f"{c}.hada_t2": rand(rng, 3, 3, 3, 3, scale=1), f"{c}.hada_w2_a": rand(rng, 3, 64), f"{c}.hada_w2_b": rand(rng, 3, 128)})
+    t.update(
+        {
+            f"{c}.hada_t1": rand(rng, 3, 3, 3, 3, scale=1),
+            f"{c}.hada_w1_a": rand(rng, 3, 64),
+            f"{c}.hada_w1_b": rand(rng, 3, 128),
+            f"{c}.hada_t2": rand(rng, 3, 3, 3, 3, scale=1),
+            f"{c}.hada_w2_a": rand(rng, 3, 64),
+            f"{c}.hada_w2_b": rand(rng, 3, 128),
+        }
+    )
     f = kohya(FF)  # LoKr: w1 full [16, 8], w2 decomposed [32, 8] (512 = 16·32, 64 = 8·8)
-    t.update({f"{f}.lokr_w1": rand(rng, 16, 8, scale=1), f"{f}.lokr_w2_a": rand(rng, 32, 2), f"{f}.lokr_w2_b": rand(rng, 2, 8),
-              f"{f}.alpha": np.array(1.0, np.float32)})
+    t.update(
+        {
+            f"{f}.lokr_w1": rand(rng, 16, 8, scale=1),
+            f"{f}.lokr_w2_a": rand(rng, 32, 2),
+            f"{f}.lokr_w2_b": rand(rng, 2, 8),
+            f"{f}.alpha": np.array(1.0, np.float32),
+        }
+    )
     p = kohya(PROJ_IN)  # LoKr on a 1×1 conv, both factors full (scale 1)
     t.update({f"{p}.lokr_w1": rand(rng, 8, 4, scale=1), f"{p}.lokr_w2": rand(rng, 8, 16, 1, 1)})
     m = kohya(CONV2)  # LoCon with a Tucker mid on a 3×3 conv: up [64, r, 1, 1], mid [r, r, 3, 3], down [r, 64, 1, 1]
-    t.update({f"{m}.lora_down.weight": rand(rng, 4, 64, 1, 1), f"{m}.lora_mid.weight": rand(rng, 4, 4, 3, 3, scale=1),
-              f"{m}.lora_up.weight": rand(rng, 64, 4, 1, 1), f"{m}.alpha": np.array(2.0, np.float32)})
+    t.update(
+        {
+            f"{m}.lora_down.weight": rand(rng, 4, 64, 1, 1),
+            f"{m}.lora_mid.weight": rand(rng, 4, 4, 3, 3, scale=1),
+            f"{m}.lora_up.weight": rand(rng, 64, 4, 1, 1),
+            f"{m}.alpha": np.array(2.0, np.float32),
+        }
+    )
     t[f"{kohya(TE_FC1, 'te')}.diff"] = rand(rng, 64, 768)
-    t.update({f"{kohya(TE_Q, 'te')}.hada_w1_a": rand(rng, 768, 2, scale=1), f"{kohya(TE_Q, 'te')}.hada_w1_b": rand(rng, 2, 768),
-              f"{kohya(TE_Q, 'te')}.hada_w2_a": rand(rng, 768, 2, scale=1), f"{kohya(TE_Q, 'te')}.hada_w2_b": rand(rng, 2, 768)})
+    t.update(
+        {
+            f"{kohya(TE_Q, 'te')}.hada_w1_a": rand(rng, 768, 2, scale=1),
+            f"{kohya(TE_Q, 'te')}.hada_w1_b": rand(rng, 2, 768),
+            f"{kohya(TE_Q, 'te')}.hada_w2_a": rand(rng, 768, 2, scale=1),
+            f"{kohya(TE_Q, 'te')}.hada_w2_b": rand(rng, 2, 768),
+        }
+    )
     path = write_safetensors(tmp_path / "lycoris.safetensors", t)
     diff, got = compare(ours(sd1, target, [(path, STRENGTH)]), theirs(sd1, merge=hand_merged(t, STRENGTH)))
     assert diff < 1e-4, diff
@@ -217,7 +291,9 @@ def test_bad_values_and_strengths_are_one_line_before_anything_is_cached(sd1, tm
     with pytest.raises(WeightsError, match="huge.safetensors: merging into .*to_q.weight gives Inf or NaN"):
         ours(sd1, "onnxruntime:cpu", [(huge, 50.0)])
     te2_only = write_safetensors(tmp_path / "te2.safetensors", lora_pair(rng, kohya(TE_Q, "te2"), 32, 32, 2))
-    with pytest.raises(WeightsError, match="no layer of this LoRA fits this pipeline's text_encoder, unet .*text_encoder_2 \\(1\\)"):
+    with pytest.raises(
+        WeightsError, match="no layer of this LoRA fits this pipeline's text_encoder, unet .*text_encoder_2 \\(1\\)"
+    ):
         ours(sd1, "onnxruntime:cpu", [(te2_only, 1.0)])
     cached = list(DeviceCache(tmp_path / "home").entries())
     assert not any("stack" in c.manifest.options for c in cached)
@@ -231,16 +307,40 @@ def test_kohya_names_in_the_original_layout_are_the_same_lora(sd1, tmp_path):
     import enginefarm
 
     rng = np.random.default_rng(5)
-    original = {Q: "input_blocks.3.1.transformer_blocks.0.attn1.to_q", CONV3: "output_blocks.0.0.in_layers.2", PROJ_IN: "middle_block.1.proj_in"}
-    layers = {Q: lora_pair(rng, "x", 64, 64, 4, alpha=2.0), CONV3: lora_pair(rng, "x", 64, 128, 4, alpha=2.0, kernel=(3, 3)),
-              PROJ_IN: lora_pair(rng, "x", 64, 64, 4, alpha=2.0, kernel=(1, 1))}
+    original = {
+        Q: "input_blocks.3.1.transformer_blocks.0.attn1.to_q",
+        CONV3: "output_blocks.0.0.in_layers.2",
+        PROJ_IN: "middle_block.1.proj_in",
+    }
+    layers = {
+        Q: lora_pair(rng, "x", 64, 64, 4, alpha=2.0),
+        CONV3: lora_pair(rng, "x", 64, 128, 4, alpha=2.0, kernel=(3, 3)),
+        PROJ_IN: lora_pair(rng, "x", 64, 64, 4, alpha=2.0, kernel=(1, 1)),
+    }
     files = {}
     for style, names in (("diffusers", {m: m for m in layers}), ("original", original)):
-        files[style] = write_safetensors(tmp_path / f"{style}.safetensors", {
-            k.replace("x.", f"{kohya(names[m])}.", 1): v for m, t in layers.items() for k, v in t.items()})
+        files[style] = write_safetensors(
+            tmp_path / f"{style}.safetensors",
+            {k.replace("x.", f"{kohya(names[m])}.", 1): v for m, t in layers.items() for k, v in t.items()},
+        )
     name = tomllib.loads((sd1[1] / "recipe.toml").read_text())["model"]["name"]
-    feeds = {"sample": rand(rng, 1, 4, 8, 8, scale=1), "timestep": np.array([10.0], np.float32), "encoder_hidden_states": rand(rng, 1, 77, 768, scale=1)}
-    outs = {style: enginefarm.load(f"{name}/unet", precision="fp32", device="cpu", store=str(sd1[2]), target="onnxruntime:cpu",
-                                   loras=[(path, STRENGTH)]).run(feeds)["out_sample"] for style, path in files.items()}
-    base = enginefarm.load(f"{name}/unet", precision="fp32", device="cpu", store=str(sd1[2]), target="onnxruntime:cpu").run(feeds)["out_sample"]
+    feeds = {
+        "sample": rand(rng, 1, 4, 8, 8, scale=1),
+        "timestep": np.array([10.0], np.float32),
+        "encoder_hidden_states": rand(rng, 1, 77, 768, scale=1),
+    }
+    outs = {
+        style: enginefarm.load(
+            f"{name}/unet",
+            precision="fp32",
+            device="cpu",
+            store=str(sd1[2]),
+            target="onnxruntime:cpu",
+            loras=[(path, STRENGTH)],
+        ).run(feeds)["out_sample"]
+        for style, path in files.items()
+    }
+    base = enginefarm.load(
+        f"{name}/unet", precision="fp32", device="cpu", store=str(sd1[2]), target="onnxruntime:cpu"
+    ).run(feeds)["out_sample"]
     assert np.array_equal(outs["original"], outs["diffusers"]) and not np.allclose(outs["original"], base, atol=1e-3)

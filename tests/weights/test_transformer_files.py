@@ -44,7 +44,9 @@ def test_sd3_transformer_file_is_what_diffusers_reads(tiny, tmp_path, family, dt
     folder = tiny(family)
     path = write_file(tmp_path / f"{family}.safetensors", original_tensors(folder, "sd3", only=("transformer",)), dtype)
     assert open_file(path).layout.id == "sd3"
-    theirs = diffusers.SD3Transformer2DModel.from_single_file(str(path), config=str(folder), subfolder="transformer", torch_dtype=torch.float32)
+    theirs = diffusers.SD3Transformer2DModel.from_single_file(
+        str(path), config=str(folder), subfolder="transformer", torch_dtype=torch.float32
+    )
     reference = {k: v.float().numpy() for k, v in theirs.state_dict().items()}
     ours = _part(path, diffusers_tensors(folder, "transformer"))
     assert set(ours) == set(reference)
@@ -60,9 +62,15 @@ def test_flux_layout_is_what_diffusers_converter_gives_at_real_width(tmp_path):
     with torch.device("meta"):
         model = FluxTransformer2DModel(num_layers=1, num_single_layers=1, guidance_embeds=True)
     rng = np.random.default_rng(0)
-    narrow = {k: rng.standard_normal((v.shape[0], 1) if v.ndim > 1 else v.shape).astype(np.float32) for k, v in model.state_dict().items()}
+    narrow = {
+        k: rng.standard_normal((v.shape[0], 1) if v.ndim > 1 else v.shape).astype(np.float32)
+        for k, v in model.state_dict().items()
+    }
     original = to_original(Section(layouts.FLUX, ""), narrow)
-    assert "single_blocks.0.linear1.weight" in original and original["single_blocks.0.linear1.weight"].shape[0] == 3 * 3072 + 12288
+    assert (
+        "single_blocks.0.linear1.weight" in original
+        and original["single_blocks.0.linear1.weight"].shape[0] == 3 * 3072 + 12288
+    )
     converted = convert_flux_transformer_checkpoint_to_diffusers({k: torch.from_numpy(v) for k, v in original.items()})
     path = write_file(tmp_path / "flux1-wide.safetensors", original)
     ours = _part(path, narrow)
@@ -81,7 +89,11 @@ def test_flux_files_bare_and_prefixed_read_back_exactly(tiny, tmp_path, caplog):
     tensors = diffusers_tensors(folder, "transformer")
     bare = write_file(tmp_path / "flux1-dev.safetensors", original_tensors(folder, "flux"), "bf16")
     extra = {"clip_vision.visual_projection.weight": np.ones((4, 4), np.float32)}  # a part no component takes
-    prefixed = write_file(tmp_path / "flux1-repack.safetensors", original_tensors(folder, "flux-ldm", extra, only=("transformer",)), "bf16")
+    prefixed = write_file(
+        tmp_path / "flux1-repack.safetensors",
+        original_tensors(folder, "flux-ldm", extra, only=("transformer",)),
+        "bf16",
+    )
     with caplog.at_level(logging.WARNING):
         assert [open_file(p).layout.id for p in (bare, prefixed)] == ["flux", "flux-ldm"]
     strays = [r.getMessage() for r in caplog.records if "no component takes" in r.getMessage()]
@@ -93,7 +105,12 @@ def test_flux_files_bare_and_prefixed_read_back_exactly(tiny, tmp_path, caplog):
     assert route(FAMILIES["flux"], ["text_encoder", "transformer", "vae_decoder"], bare, None) == {"transformer": bare}
     with pytest.raises(WeightsError) as caught:
         route(FAMILIES["sd3"], ["text_encoder", "transformer", "vae_decoder"], bare, None)
-    assert "\n" not in str(caught.value) and "flux1-dev.safetensors" in str(caught.value) and "Flux.1" in str(caught.value) and "sd3" in str(caught.value)
+    assert (
+        "\n" not in str(caught.value)
+        and "flux1-dev.safetensors" in str(caught.value)
+        and "Flux.1" in str(caught.value)
+        and "sd3" in str(caught.value)
+    )
     assert LAYOUTS["sd3"].families == ("sd3", "sd3.5")
 
 
@@ -112,18 +129,33 @@ def test_pipeline_with_a_flux_transformer_file_matches_diffusers(built, tmp_path
     with torch.no_grad():
         for name, p in reference.transformer.named_parameters():
             if ".norm_" in name:  # the random model's RMSNorm scales are all ones: the export keeps one initializer
-                continue          # for them all, which a file cannot change one at a time (it says so)
+                continue  # for them all, which a file cannot change one at a time (it says so)
             p.add_(0.05 * torch.randn(p.shape, generator=generator)).copy_(p.to(torch.bfloat16).float())
     tuned = {k: v.numpy() for k, v in reference.transformer.state_dict().items()}
-    weights = write_file(tmp_path / "flux1-tuned.safetensors", to_original(LAYOUTS["flux"].components["transformer"], tuned), "bf16")
+    weights = write_file(
+        tmp_path / "flux1-tuned.safetensors", to_original(LAYOUTS["flux"].components["transformer"], tuned), "bf16"
+    )
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
-    ours = Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets", weights=weights)
-    assert "stack" in ours.sessions["transformer"].artifact.options and "stack" not in ours.sessions["text_encoder"].artifact.options
+    ours = Pipeline.load(
+        name,
+        store=str(store),
+        precision="fp32",
+        target="onnxruntime:cpu",
+        device="cpu",
+        assets=out / "assets",
+        weights=weights,
+    )
+    assert (
+        "stack" in ours.sessions["transformer"].artifact.options
+        and "stack" not in ours.sessions["text_encoder"].artifact.options
+    )
     diff, got = compare(ours, reference)
     stock = diffusers.FluxPipeline.from_pretrained(source)
     stock.set_progress_bar_config(disable=True)
     moved, _ = compare(ours, stock)
-    print(f"flux transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
+    print(
+        f"flux transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}"
+    )
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)
 
 
@@ -145,15 +177,33 @@ def test_pipeline_with_an_sd35_transformer_file_matches_diffusers(built, tmp_pat
                 continue
             p.add_(0.05 * torch.randn(p.shape, generator=generator)).copy_(p.half().float())
     tuned = {k: v.numpy() for k, v in reference.transformer.state_dict().items()}
-    weights = write_file(tmp_path / "sd3.5-tuned.safetensors", to_original(LAYOUTS["sd3"].components["transformer"], tuned), "fp16")
+    weights = write_file(
+        tmp_path / "sd3.5-tuned.safetensors", to_original(LAYOUTS["sd3"].components["transformer"], tuned), "fp16"
+    )
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
-    ours = Pipeline.load(name, store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu", assets=out / "assets", weights=weights)
+    ours = Pipeline.load(
+        name,
+        store=str(store),
+        precision="fp32",
+        target="onnxruntime:cpu",
+        device="cpu",
+        assets=out / "assets",
+        weights=weights,
+    )
     size = ours.assets.native_pixels
     latents = np.random.default_rng(0).standard_normal((1, 16, size // 8, size // 8)).astype(np.float32)
 
     def run(pipe):
-        return pipe("a red bicycle", negative_prompt="blurry", num_inference_steps=2, latents=torch.from_numpy(latents), height=size, width=size,
-                    guidance_scale=6.0, output_type="latent").images.numpy()
+        return pipe(
+            "a red bicycle",
+            negative_prompt="blurry",
+            num_inference_steps=2,
+            latents=torch.from_numpy(latents),
+            height=size,
+            width=size,
+            guidance_scale=6.0,
+            output_type="latent",
+        ).images.numpy()
 
     want = run(reference)
     got = ours("a red bicycle", "blurry", steps=2, latents=latents, guidance_scale=6.0, output_type="latent")
@@ -161,7 +211,9 @@ def test_pipeline_with_an_sd35_transformer_file_matches_diffusers(built, tmp_pat
     stock.set_progress_bar_config(disable=True)
     span = float(want.max() - want.min())
     diff, moved = float(np.abs(got - want).max()) / span, float(np.abs(run(stock) - want).max()) / span
-    print(f"sd3.5 transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}")
+    print(
+        f"sd3.5 transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}"
+    )
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)
 
 
@@ -176,7 +228,9 @@ def test_export_stages_a_flux_transformer_file_over_its_base(tiny, tmp_path):
     tensors = diffusers_tensors(folder, "transformer")
     rng = np.random.default_rng(5)
     moved = {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in tensors.items()}
-    path = write_file(tmp_path / "flux1-tuned.safetensors", to_original(LAYOUTS["flux"].components["transformer"], moved))
+    path = write_file(
+        tmp_path / "flux1-tuned.safetensors", to_original(LAYOUTS["flux"].components["transformer"], moved)
+    )
     staged = stage(path, folder, tmp_path / "staged")
     model = FluxTransformer2DModel.from_pretrained(staged / "transformer")
     assert all(np.array_equal(v.numpy(), moved[k]) for k, v in model.state_dict().items())
@@ -195,13 +249,25 @@ def test_flux_vae_as_bfl_ships_it(tiny, tmp_path):
     theirs = diffusers.AutoencoderKL.from_single_file(str(path), config=str(folder), subfolder="vae")
     reference = {k: v.numpy() for k, v in theirs.state_dict().items()}
     tensors = diffusers_tensors(folder, "vae")
-    for component, half in (("vae_decoder", ("decoder.", "post_quant_conv.")), ("vae_encoder", ("encoder.", "quant_conv."))):
+    for component, half in (
+        ("vae_decoder", ("decoder.", "post_quant_conv.")),
+        ("vae_encoder", ("encoder.", "quant_conv.")),
+    ):
         own = {k: v for k, v in tensors.items() if k.startswith(half)}
         view = component_part(path, component, f"m/{component}", {k: v.shape for k, v in own.items()}, own)
         assert set(view.names) == set(own) and all(np.array_equal(view.array(k), reference[k]) for k in own)
-    assert route(FAMILIES["flux"], ["transformer", "vae_decoder", "vae_encoder"], None, path) == {"vae_decoder": path, "vae_encoder": path}
+    assert route(FAMILIES["flux"], ["transformer", "vae_decoder", "vae_encoder"], None, path) == {
+        "vae_decoder": path,
+        "vae_encoder": path,
+    }
     sd_vae = write_file(tmp_path / "sd-vae.safetensors", original_tensors(tiny("sd1"), "vae"))
     flux_decoder = {k: v for k, v in tensors.items() if k.startswith("decoder.")}
     with pytest.raises(WeightsError) as caught:
-        component_part(sd_vae, "vae_decoder", "m/vae_decoder", {k: v.shape for k, v in flux_decoder.items()}, flux_decoder)
-    assert "\n" not in str(caught.value) and "sd-vae.safetensors" in str(caught.value) and "differ in shape" in str(caught.value)
+        component_part(
+            sd_vae, "vae_decoder", "m/vae_decoder", {k: v.shape for k, v in flux_decoder.items()}, flux_decoder
+        )
+    assert (
+        "\n" not in str(caught.value)
+        and "sd-vae.safetensors" in str(caught.value)
+        and "differ in shape" in str(caught.value)
+    )

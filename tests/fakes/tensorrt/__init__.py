@@ -1,4 +1,5 @@
 """Fake `tensorrt` for tests (see tests/fakes/_fake_nvidia.py)."""
+
 import os
 
 from _fake_nvidia import make_sdk

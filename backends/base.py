@@ -156,7 +156,8 @@ FEATURE_HOOKS: dict[Feature, tuple[str, ...]] = {
 
 class Rank(enum.IntEnum):
     """How specific an artifact kind is. Lower is preferred when no benchmark tells artifacts apart: engines for one
-    exact architecture beat hardware-compatible classes, then JIT-able engines, portable IR, and ONNX for ONNX Runtime."""
+    exact architecture beat hardware-compatible classes, then JIT-able engines, portable IR, and ONNX for ONNX
+    Runtime."""
 
     EXACT_ARCH = 0
     HARDWARE_COMPATIBLE = 1
@@ -222,7 +223,8 @@ class Backend:
             written = [hook for hook in hooks if getattr(cls, hook) is not getattr(Backend, hook)]
             if feature in cls.features and len(written) < len(hooks):
                 raise TypeError(
-                    f"backend {cls.name} declares {feature.value} but lacks {', '.join(sorted(set(hooks) - set(written)))}"
+                    f"backend {cls.name} declares {feature.value} but lacks "
+                    f"{', '.join(sorted(set(hooks) - set(written)))}"
                 )
             if feature not in cls.features and written:
                 raise TypeError(f"backend {cls.name} has {', '.join(written)} but does not declare {feature.value}")
@@ -256,7 +258,8 @@ class Backend:
         raise NotImplementedError
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        """Build into `workdir`. Backends with Feature.COMPILES_STACKS_ON_DEVICE also take `progress=(done, total, phase)`."""
+        """Build into `workdir`. Backends with Feature.COMPILES_STACKS_ON_DEVICE also take `progress=(done, total,
+        phase)`."""
         raise NotImplementedError
 
     def load(self, artifact_dir: Path, manifest, device: str) -> BackendSession:

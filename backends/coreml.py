@@ -295,7 +295,8 @@ class CoreML(Backend):
         )
         note = {
             "executed": False,
-            "ran_instead": "the traced torch module that coremltools converted (fp32, CPU); the package's spec was checked",
+            "ran_instead": "the traced torch module that coremltools converted (fp32, CPU); the package's spec was "
+            "checked",
             "why": here.reason,
             "spec": {"inputs": summary["inputs"], "outputs": summary["outputs"], "dtypes": summary["dtypes"]},
         }

@@ -225,7 +225,8 @@ def convert_to_mlprogram(traced, job: PlannedJob) -> tuple[object, str]:
     except Exception as exc:
         if wanted != "range":
             raise BuildError(
-                f"coremltools could not convert: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                f"coremltools could not convert: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:300] if str(exc) else ''}"
             ) from exc
         log.warning(
             "coreml: flexible ranges failed (%s); trying the profile's enumerated shapes",
@@ -235,5 +236,6 @@ def convert_to_mlprogram(traced, job: PlannedJob) -> tuple[object, str]:
             return convert("enumerated"), "enumerated (ranges failed)"
         except Exception as again:
             raise BuildError(
-                f"coremltools could not convert: {type(again).__name__}: {str(again).splitlines()[0][:300] if str(again) else ''}"
+                f"coremltools could not convert: {type(again).__name__}: "
+                f"{str(again).splitlines()[0][:300] if str(again) else ''}"
             ) from again

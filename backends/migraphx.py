@@ -112,7 +112,10 @@ class MIGraphX(Backend):
     sdk_module = "migraphx"
     devices = re.compile(r"^gfx[0-9a-f]{3,4}$")
     device_hint = "a gfx target such as gfx1100, gfx1030, gfx90a"
-    install = "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a placeholder)"
+    install = (
+        "install ROCm's MIGraphX: apt install migraphx, from ROCm's apt repository (the PyPI 'migraphx' is a "
+        "placeholder)"
+    )
     onnx_precision = "fp32"  # fp16 is MIGraphX's own quantize_fp16, which keeps float32 inputs and outputs
     vendor_label = "amd"
     example_device = "gfx1100"

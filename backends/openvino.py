@@ -1,4 +1,5 @@
-"""Intel OpenVINO: IR (xml + bin) with dynamic bounds from the profile, plus a compiled CPU blob when it loads faster."""
+"""Intel OpenVINO: IR (xml + bin) with dynamic bounds from the profile, plus a compiled CPU blob when it loads
+faster."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def _maybe_blob(core, xml: Path, precision: str, workdir: Path) -> tuple[list[Bu
         log.info("openvino: %.1f GiB of weights: no compiled-blob trial, IR only", weights / 2**30)
         return [], {
             "blob_shipped": False,
-            "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} GiB)",
+            "blob_trial": f"skipped: {weights / 2**30:.1f} GiB of weights (limit {BLOB_TRIAL_MAX_BYTES / 2**30:.1f} "
+            "GiB)",
         }
     config = inference_config(core, "CPU", precision)
     compile_ms, compiled = _best_of(2, lambda: core.compile_model(core.read_model(str(xml)), "CPU", config))
@@ -95,9 +97,9 @@ class OpenVinoSession:
             held or []
         )  # arrays the model's constants share (load_with_weights): kept while a request may read them
         self._request = compiled.create_infer_request()
-        # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's CPU
-        # plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its input
-        # tensors wrap is freed, while the model lives on: the session's own request then reads or writes freed
+        # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's
+        # CPU plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its
+        # input tensors wrap is freed, while the model lives on: the session's own request then reads or writes freed
         # memory (wrong values, then a crash). Both live as long as the compiled model.
         self._spare: list = []
         self.input_names = [p.get_any_name() for p in compiled.inputs]
@@ -324,7 +326,10 @@ class OpenVINO(Backend):
 
     def precision_refusal(self, precision: str, device: str) -> str | None:
         if precision == "bf16" and device == "gpu":
-            return "OpenVINO's GPU plugin computes in f32 or f16 only (its documented inference precisions); build fp16 for openvino:gpu"
+            return (
+                "OpenVINO's GPU plugin computes in f32 or f16 only (its documented inference precisions); build "
+                "fp16 for openvino:gpu"
+            )
         if precision == "bf16" and device == "npu":
             return "OpenVINO's NPU computes in fp16 or int8, not bf16; build fp16 for openvino:npu"
         return super().precision_refusal(precision, device)
@@ -337,7 +342,8 @@ class OpenVINO(Backend):
         if "BF16" in caps:
             return None
         return (
-            f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither validated "
+            f"this CPU cannot compute in bf16 (no {' or '.join(BF16_CPU_FLAGS)}), so a bf16 artifact could be neither "
+            "validated "
             "nor benchmarked here; build it on a runner whose CPU has one"
         )
 
@@ -418,14 +424,15 @@ class OpenVINO(Backend):
                 "loads": False,
                 "plugin": plugin,
                 "missing": missing,
-                "line": f"the {device} plugin is registered and found in the bundle ({Path(plugin).name}); it needs {missing} from the system "
-                f"to load, which this machine lacks",
+                "line": f"the {device} plugin is registered and found in the bundle ({Path(plugin).name}); it needs "
+                f"{missing} from the system to load, which this machine lacks",
             }
         return {
             "loads": True,
             "plugin": version.description,
             "missing": None,
-            "line": f"the {device} plugin loads ({version.description} {version.build_number}); devices here: {', '.join(core.available_devices) or 'none'}",
+            "line": f"the {device} plugin loads ({version.description} {version.build_number}); devices here: "
+            f"{', '.join(core.available_devices) or 'none'}",
         }
 
     def device_classes(self, device) -> tuple[str, ...]:

@@ -54,8 +54,9 @@ def _cuda_major() -> int | None:
 
 
 # The timing cache in the store: caches/tensorrt-timing/<build GPU arch>/trt-<version>/<sha256>. Each build
-# merges the newest objects under its prefix (ITimingCache.combine; `enginefarm gc` prunes older ones) and publishes what it measured as a new
-# content-addressed object, written once: no shared object is ever rewritten, and racing builders only add.
+# merges the newest objects under its prefix (ITimingCache.combine; `enginefarm gc` prunes older ones) and publishes
+# what it measured as a new content-addressed object, written once: no shared object is ever rewritten, and racing
+# builders only add.
 def _timing_dir(workdir: Path) -> Path:
     return workdir.parent / "tensorrt-timing"
 

@@ -54,9 +54,10 @@ TURING = ("sm_75", "turing+")  # the device classes whose engines include SM75
 
 # The SDK's words for failures whose fix we know.
 FAILURE_HINTS = {
-    "FP32 GEMM is not supported": "Turing (SM75) runs GEMMs in fp16 only: build this target in fp16, or target ampere+ for fp32",
-    "MyelinCheckException": "without a GPU TensorRT-RTX cannot build weight-stripped or refittable engines: set strip_weights = false "
-    "and refittable = false, or build on a runner with an NVIDIA GPU",
+    "FP32 GEMM is not supported": "Turing (SM75) runs GEMMs in fp16 only: build this target in fp16, or target "
+    "ampere+ for fp32",
+    "MyelinCheckException": "without a GPU TensorRT-RTX cannot build weight-stripped or refittable engines: set "
+    "strip_weights = false and refittable = false, or build on a runner with an NVIDIA GPU",
 }
 
 
@@ -105,7 +106,8 @@ class TensorRTRTX(NvidiaBackend):
     left_out = frozenset(NOT_RTX)
     computes = frozenset({"fp32", "fp16", "bf16"})  # bf16 from Ampere on (precision_refusal)
     # Custom weights and LoRAs on an engine built without refit (every engine a CPU farm builds) are compiled on the
-    # device from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a refit.
+    # device from the component's ONNX (runner/recompile.py); where CUDA has a GPU, refittable, so the next stack is a
+    # refit.
     features = frozenset(
         {Feature.REFIT, Feature.OWN_VALIDATION, Feature.BUILDS_WITHOUT_DEVICE, Feature.COMPILES_STACKS_ON_DEVICE}
     )
@@ -201,9 +203,13 @@ class TensorRTRTX(NvidiaBackend):
         wanted = [name for name in GPU_BUILD_OPTIONS if options[name]]
         if not wanted:
             return None
-        why = f"{' and '.join(f'{n} = true' for n in wanted)} needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or refittable engine without one)"
+        why = (
+            f"{' and '.join(f'{n} = true' for n in wanted)} needs an NVIDIA GPU at build time (TensorRT-RTX builds "
+            "no weight-stripped or refittable engine without one)"
+        )
         fix = (
-            f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] to build on a CPU, "
+            f"set {' and '.join(f'{n} = false' for n in wanted)} in [components.{job.component}.options.tensorrt-rtx] "
+            "to build on a CPU, "
             "or build on a runner with an NVIDIA GPU"
         )
         return why, fix
@@ -237,9 +243,13 @@ class TensorRTRTX(NvidiaBackend):
         )
 
     def precision_refusal(self, precision: str, device: str) -> str | None:
-        # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes: b16".
+        # Measured with TensorRT-RTX 1.7: a bf16 network for SM75 fails with "the model contains HW-specific datatypes:
+        # b16".
         if precision == "bf16" and device in ("sm_75", "turing+"):
-            return "Turing GPUs (SM 7.5) have no bf16 math: TensorRT-RTX refuses to compile bf16 for them; use ampere+ (or fp16)"
+            return (
+                "Turing GPUs (SM 7.5) have no bf16 math: TensorRT-RTX refuses to compile bf16 for them; use "
+                "ampere+ (or fp16)"
+            )
         return super().precision_refusal(precision, device)
 
     def rank(self, device_class: str) -> Rank:

@@ -1,6 +1,7 @@
 """Installed sizes of an app's options, and the import time of the runtime:
 
-    python bench/bundle_size.py [--installs ",cli,onnxruntime,openvino"] [--targets openvino:cpu,openvino:gpu,onnxruntime:cpu] [--runs 7]
+    python bench/bundle_size.py [--installs ",cli,onnxruntime,openvino"] [--targets
+    openvino:cpu,openvino:gpu,onnxruntime:cpu] [--runs 7]
 
 - fresh venv installs of enginefarm with each extra (site-packages without pip and setuptools, from each RECORD:
   bench/install_size.py), MB;
@@ -83,12 +84,14 @@ def main() -> None:
                 key=lambda kv: -kv[1],
             )
             print(
-                f"| `enginefarm{f'[{extra}]' if extra else ''}` | {mb(sum(sizes.values()))} | {mb(sizes.get('enginefarm', 0))} | {mb(sizes.get('numpy', 0))} | "
-                f"{mb(sizes.get('zstandard', 0))} | {mb(vendor)} | {mb(sum(sizes.values()) - named)} ({', '.join(f'{k} {mb(v)}' for k, v in rest[:5])}) |"
+                f"| `enginefarm{f'[{extra}]' if extra else ''}` | {mb(sum(sizes.values()))} | "
+                f"{mb(sizes.get('enginefarm', 0))} | {mb(sizes.get('numpy', 0))} | {mb(sizes.get('zstandard', 0))} | "
+                f"{mb(vendor)} | {mb(sum(sizes.values()) - named)} ({', '.join(f'{k} {mb(v)}' for k, v in rest[:5])}) |"
             )
         print()
         print(
-            "| bundle | total MB | enginefarm | numpy | zstandard | vendor runtime | other | + byte code if compiled | proof |"
+            "| bundle | total MB | enginefarm | numpy | zstandard | vendor runtime | other | + byte code if compiled "
+            "| proof |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
         bundles = {}
@@ -98,8 +101,9 @@ def main() -> None:
             proof = prove(bundle.folder, target)
             by = bundle.size_by_part()
             print(
-                f"| {target} | {mb(bundle.size)} | {mb(by['enginefarm'])} | {mb(by['numpy'])} | {mb(by['zstandard'])} | {mb(by['vendor runtime'])} | "
-                f"{mb(by['other'])} | {mb(byte_code_size(bundle.folder))} | {'ran, matches ONNX Runtime' if proof.ran else 'files load; not run (no device)'} |"
+                f"| {target} | {mb(bundle.size)} | {mb(by['enginefarm'])} | {mb(by['numpy'])} | {mb(by['zstandard'])} "
+                f"| {mb(by['vendor runtime'])} | {mb(by['other'])} | {mb(byte_code_size(bundle.folder))} | "
+                f"{'ran, matches ONNX Runtime' if proof.ran else 'files load; not run (no device)'} |"
             )
         print()
         from importlib.metadata import version
@@ -107,11 +111,13 @@ def main() -> None:
         print(f"bundles written from this environment: numpy {version('numpy')}, zstandard {version('zstandard')}")
         if core_python:
             print(
-                f"import enginefarm.runner.load, core venv: median {import_seconds(core_python, args.runs):.3f} s of {args.runs} fresh processes"
+                f"import enginefarm.runner.load, core venv: median {import_seconds(core_python, args.runs):.3f} s of "
+                f"{args.runs} fresh processes"
             )
         for target, where in bundles.items():
             print(
-                f"import enginefarm.runner.load, {target} bundle (python -I -S; byte code written by a first, uncounted run): median {import_seconds(sys.executable, args.runs, where):.3f} s of {args.runs}"
+                f"import enginefarm.runner.load, {target} bundle (python -I -S; byte code written by a first, "
+                f"uncounted run): median {import_seconds(sys.executable, args.runs, where):.3f} s of {args.runs}"
             )
 
 

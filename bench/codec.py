@@ -153,7 +153,8 @@ def main() -> None:
     spread: dict[str, list[float]] = {}
     kinds = methods()
     print(
-        f"efw1 interleave: {'C loop (cache/_interleave.c)' if weight_codec._native else 'numpy fallback (the C loop is not built)'}"
+        "efw1 interleave: "
+        f"{'C loop (cache/_interleave.c)' if weight_codec._native else 'numpy fallback (the C loop is not built)'}"
     )
     print(f"{'data':26}{'method':14}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}")
     for name, (data, dtype) in datasets(args.mib).items():
@@ -193,8 +194,8 @@ def main() -> None:
                 continue
             ours, theirs, paired = results[(name, "efw1 (ours)")], results[(name, "ZipNN")], spread[name]
             print(
-                f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed ratio "
-                f"{ours[2] / theirs[2]:.2f} (per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
+                f"  {name:26} ratio {ours[0]:.4f} vs {theirs[0]:.4f} (diff {ours[0] - theirs[0]:+.4f}); decode speed "
+                f"ratio {ours[2] / theirs[2]:.2f} (per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
             )
 
 

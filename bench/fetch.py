@@ -97,7 +97,8 @@ def run(args, server: MotoServer, tmp: Path) -> None:
     http = open_store(f"{server.url}/{bucket}/farm")
     client = boto3.client("s3")
     print(
-        f"object: {stored / 2**20:.1f} MiB stored ({files[0].codec}), {raw / 2**20:.1f} MiB raw; moto on {server.url}; {args.repeats} repeats\n",
+        f"object: {stored / 2**20:.1f} MiB stored ({files[0].codec}), {raw / 2**20:.1f} MiB raw; moto on "
+        f"{server.url}; {args.repeats} repeats\n",
         flush=True,
     )
 
@@ -165,9 +166,8 @@ def run(args, server: MotoServer, tmp: Path) -> None:
     print(f"{'':34}{'median s':>10}{'MiB/s':>10}{'client CPU ms/MiB':>19}")
     median = {k: statistics.median(v) for k, v in times.items()}
     for name, seconds in median.items():
-        print(
-            f"{name:34}{seconds:>10.2f}{stored / 2**20 / seconds:>10.1f}{statistics.median(cpu[name]) * 1e3 / (stored / 2**20):>19.2f}"
-        )
+        cpu_ms_per_mib = statistics.median(cpu[name]) * 1e3 / (stored / 2**20)
+        print(f"{name:34}{seconds:>10.2f}{stored / 2**20 / seconds:>10.1f}{cpu_ms_per_mib:>19.2f}")
     for scheme, bare, ours in (
         ("s3", "bare GET (boto3)", "enginefarm fetch (s3://)"),
         ("http", "bare GET (urllib)", "enginefarm fetch (http://)"),
@@ -175,8 +175,8 @@ def run(args, server: MotoServer, tmp: Path) -> None:
     ):
         paired = sorted(b / o for b, o in zip(times[bare], times[ours], strict=True))
         print(
-            f"fetch throughput ratio, {scheme} (enginefarm / bare GET): {median[bare] / median[ours]:.2f} (target >= {TARGET}; "
-            f"per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
+            f"fetch throughput ratio, {scheme} (enginefarm / bare GET): {median[bare] / median[ours]:.2f} (target >= "
+            f"{TARGET}; per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
         )
     print(
         f"for scale, GET + sha256 + write of the stored bytes (no decoding) / bare GET: "
@@ -187,7 +187,8 @@ def run(args, server: MotoServer, tmp: Path) -> None:
 
 
 def link(args, server, bucket, files, manifest, stored, enginefarm_fetch) -> None:
-    """The same comparison over a rate-capped link (a proxy that trickles at --link-mibps), closer to a real download."""
+    """The same comparison over a rate-capped link (a proxy that trickles at --link-mibps), closer to a real
+    download."""
     from enginefarm.cache.stores.http import HttpStore
 
     proxy = FaultProxy(server.port)
@@ -215,10 +216,12 @@ def link(args, server, bucket, files, manifest, stored, enginefarm_fetch) -> Non
     b, e = statistics.median(times["bare"]), statistics.median(times["enginefarm"])
     paired = sorted(x / y for x, y in zip(times["bare"], times["enginefarm"], strict=True))
     print(
-        f"\nthrough a {args.link_mibps} MiB/s link: bare GET {stored / 2**20 / b:.0f} MiB/s, enginefarm fetch {stored / 2**20 / e:.0f} MiB/s"
+        f"\nthrough a {args.link_mibps} MiB/s link: bare GET {stored / 2**20 / b:.0f} MiB/s, enginefarm fetch "
+        f"{stored / 2**20 / e:.0f} MiB/s"
     )
     print(
-        f"fetch throughput ratio over the capped link (enginefarm / bare GET): {b / e:.2f} (target >= {TARGET}; per repetition {paired[0]:.2f}..{paired[-1]:.2f})"
+        f"fetch throughput ratio over the capped link (enginefarm / bare GET): {b / e:.2f} (target >= {TARGET}; per "
+        f"repetition {paired[0]:.2f}..{paired[-1]:.2f})"
     )
 
 

@@ -2,8 +2,8 @@
 
     python bench/install_size.py [--extras "",openvino,onnxruntime,tensorrt-rtx] [--keep DIR]
 
-Prints MB per installed distribution (site-packages, pip and setuptools excluded), enginefarm's own share (everything but
-numpy and the vendor runtime), and whether onnx / onnxsim came along. Needs the network (or a pip cache)."""
+Prints MB per installed distribution (site-packages, pip and setuptools excluded), enginefarm's own share (everything
+but numpy and the vendor runtime), and whether onnx / onnxsim came along. Needs the network (or a pip cache)."""
 
 from __future__ import annotations
 
@@ -69,8 +69,9 @@ def main() -> None:
             own = total - vendor - sizes.get("numpy", 0)
             top = ", ".join(f"{k} {mb(v):.1f}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:8])
             print(
-                f"core{'+' + extra if extra else ''}: {mb(total):.0f} MB (vendor runtime {mb(vendor):.0f}, numpy {mb(sizes.get('numpy', 0)):.0f}, "
-                f"enginefarm's own share {mb(own):.1f}); onnx installed: {'onnx' in sizes}, onnxsim: {'onnxsim' in sizes}"
+                f"core{'+' + extra if extra else ''}: {mb(total):.0f} MB (vendor runtime {mb(vendor):.0f}, numpy "
+                f"{mb(sizes.get('numpy', 0)):.0f}, enginefarm's own share {mb(own):.1f}); onnx installed: "
+                f"{'onnx' in sizes}, onnxsim: {'onnxsim' in sizes}"
             )
             print(f"    largest: {top}")
 

@@ -257,20 +257,20 @@ def main() -> int:
             )
         )
         print(
-            f"  build {build_s:.1f} s, apply {apply_s:.2f} s ({path}), again {cached_s:.2f} s, base load {base_s:.2f} s, "
-            f"patched copy {patched_s:.2f} s",
+            f"  build {build_s:.1f} s, apply {apply_s:.2f} s ({path}), again {cached_s:.2f} s, base load {base_s:.2f} "
+            f"s, patched copy {patched_s:.2f} s",
             flush=True,
         )
 
     print(
-        f"\n{'target':18} {'path':8} {'build':>7} {'base load':>10} {'apply':>7} {'÷ base':>7} {'again':>7} {'growth':>7} "
-        f"{'patched':>8} {'÷ base':>7} {'growth':>7}  output"
+        f"\n{'target':18} {'path':8} {'build':>7} {'base load':>10} {'apply':>7} {'÷ base':>7} {'again':>7} "
+        f"{'growth':>7} {'patched':>8} {'÷ base':>7} {'growth':>7}  output"
     )
     for target, path, build_s, apply_s, cached_s, base_s, patched_s, growth, patched_growth, cos, same, agree in rows:
         print(
-            f"{target:18} {path:8} {build_s:6.1f}s {base_s:9.2f}s {apply_s:6.2f}s {apply_s / base_s:7.2f} {cached_s:6.2f}s {growth:7.1%} "
-            f"{patched_s:7.2f}s {patched_s / base_s:7.2f} {patched_growth:7.1%}  cosine to base {cos:.4f}, again identical: {same}, "
-            f"max |at load − patched| {agree:.1e}"
+            f"{target:18} {path:8} {build_s:6.1f}s {base_s:9.2f}s {apply_s:6.2f}s {apply_s / base_s:7.2f} "
+            f"{cached_s:6.2f}s {growth:7.1%} {patched_s:7.2f}s {patched_s / base_s:7.2f} {patched_growth:7.1%}  "
+            f"cosine to base {cos:.4f}, again identical: {same}, max |at load − patched| {agree:.1e}"
         )
     if not any(r[1] == "refit" for r in rows):
         print("refit: no backend on this machine has refit (TensorRT does); its path is the same load() call")

@@ -41,9 +41,11 @@ start = time.perf_counter()
 import numpy as np
 import enginefarm
 ref, target, precision, lora = sys.argv[1:5]
-session = enginefarm.load(ref, target=target, precision=precision, device="cpu", loras=[(lora, 0.8)] if lora != "-" else ())
+loras = [(lora, 0.8)] if lora != "-" else ()
+session = enginefarm.load(ref, target=target, precision=precision, device="cpu", loras=loras)
 loaded = time.perf_counter() - start
-session.run({name: np.zeros(shapes["min"], np.float32) for name, shapes in session.artifact.profile.items()})  # floats: cast as needed
+# floats: cast as needed
+session.run({name: np.zeros(shapes["min"], np.float32) for name, shapes in session.artifact.profile.items()})
 print(json.dumps({"load_s": loaded, "first_s": time.perf_counter() - start}))
 """
 
@@ -104,7 +106,8 @@ def main() -> None:
     base = statistics.median(stock)
     size = os.path.getsize(work / "lora-0.safetensors")
     print(
-        f"{args.ref} {args.target} {args.precision}: LoRA of {size / 2**20:.0f} MB (rank 8, kohya), medians of {args.repeats}, warm cache"
+        f"{args.ref} {args.target} {args.precision}: LoRA of {size / 2**20:.0f} MB (rank 8, kohya), medians of "
+        f"{args.repeats}, warm cache"
     )
     print(f"  stock load + first run   {base:7.2f} s")
     print(f"  new LoRA                 {statistics.median(new):7.2f} s   {statistics.median(new) / base:.2f}x stock")

@@ -91,8 +91,8 @@ def measure(args: argparse.Namespace) -> None:
     fastest = min(median.values())
 
     print(
-        f"\n{'':2}{'artifact':<14}{'target':<17}{'prec':<6}{'computes':<10}{'farm p50 (spread, runs)':>26}{'here ms':>10}{'spread':>8}"
-        f"{'x fastest':>11}{'min cos':>11}{'max|d|/range':>14}"
+        f"\n{'':2}{'artifact':<14}{'target':<17}{'prec':<6}{'computes':<10}{'farm p50 (spread, runs)':>26}"
+        f"{'here ms':>10}{'spread':>8}{'x fastest':>11}{'min cos':>11}{'max|d|/range':>14}"
     )
     for key in sorted(median, key=median.get):
         a = sessions[key].artifact
@@ -100,8 +100,9 @@ def measure(args: argparse.Namespace) -> None:
         farm = f"{bench['p50_ms']:.1f} (±{50 * bench.get('spread', 0):.1f}%, {bench.get('runs')})" if bench else "-"
         v = a.validation
         print(
-            f"  {key[:12]:<14}{a.target:<17}{a.precision:<6}{sessions[key].compute_precision:<10}{farm:>26}{median[key]:>10.1f}"
-            f"{100 * spread[key]:>7.1f}%{median[key] / fastest:>11.2f}{v.get('min_cosine', float('nan')):>11.6f}{v.get('max_abs_rel_seen') or 0:>14.2e}"
+            f"  {key[:12]:<14}{a.target:<17}{a.precision:<6}{sessions[key].compute_precision:<10}{farm:>26}"
+            f"{median[key]:>10.1f}{100 * spread[key]:>7.1f}%{median[key] / fastest:>11.2f}"
+            f"{v.get('min_cosine', float('nan')):>11.6f}{v.get('max_abs_rel_seen') or 0:>14.2e}"
         )
     _bf16_vs_fp32(sessions, median)
     del sessions
@@ -128,14 +129,16 @@ def _pick(
     key = picked.artifact.build_key
     ratio = f"{median[key] / fastest:.2f}" if key in median else "n/a (not measured side by side)"
     print(
-        f"\npick ({where}), {label}: {picked.artifact.target} {picked.artifact.precision} [{key[:12]}]; load took {took:.1f} s"
+        f"\npick ({where}), {label}: {picked.artifact.target} {picked.artifact.precision} [{key[:12]}]; load took "
+        f"{took:.1f} s"
     )
     print("  " + "\n  ".join(picked.explain().splitlines()[1:3]))
     print(f"  pick ratio (picked / fastest here): {ratio} (target <= {TARGET_RATIO:.2f})")
 
 
 def _farm_elsewhere(store: Path, copy: Path) -> Path:
-    """The store as a farm of another CPU class would have built it: same blobs (linked), benchmark records relabelled."""
+    """The store as a farm of another CPU class would have built it: same blobs (linked), benchmark records
+    relabelled."""
     shutil.rmtree(copy, ignore_errors=True)
     copy.mkdir(parents=True)
     (copy / "blobs").symlink_to(store / "blobs")
@@ -166,9 +169,10 @@ def _bf16_vs_fp32(sessions: dict, median: dict[str, float]) -> None:
             b, f = by[(target, "bf16")], by[(target, "fp32")]
             vb, vf = sessions[b].artifact.validation, sessions[f].artifact.validation
             print(
-                f"\n{target}: bf16 / fp32 latency here {median[b] / median[f]:.2f} ({median[b]:.1f} vs {median[f]:.1f} ms); validation min cosine "
-                f"{vb.get('min_cosine')} vs {vf.get('min_cosine')}, max |diff| / range {vb.get('max_abs_rel_seen'):.2e} vs {vf.get('max_abs_rel_seen'):.2e}, "
-                f"min PSNR {vb.get('min_psnr')} vs {vf.get('min_psnr')} dB"
+                f"\n{target}: bf16 / fp32 latency here {median[b] / median[f]:.2f} ({median[b]:.1f} vs "
+                f"{median[f]:.1f} ms); validation min cosine {vb.get('min_cosine')} vs {vf.get('min_cosine')}, max "
+                f"|diff| / range {vb.get('max_abs_rel_seen'):.2e} vs {vf.get('max_abs_rel_seen'):.2e}, min PSNR "
+                f"{vb.get('min_psnr')} vs {vf.get('min_psnr')} dB"
             )
 
 

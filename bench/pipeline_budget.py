@@ -91,7 +91,8 @@ def main() -> None:
     runs = {budget: measure(args, budget) for budget in args.budgets.split(",")}
 
     print(
-        f"{args.model} on {args.target} {args.precision}, {args.images} images of {args.size}² px, {args.steps} steps each"
+        f"{args.model} on {args.target} {args.precision}, {args.images} images of {args.size}² px, {args.steps} steps "
+        "each"
     )
     print(f"{'budget':>8} {'peak MB':>9} {'load s':>7} {'s/image':>14} {'loads':>6}  same images")
     base = runs.get("none")

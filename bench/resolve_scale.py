@@ -36,7 +36,8 @@ import json, os, resource, sys, time
 kind, store = sys.argv[1], sys.argv[2]
 if os.environ.get("BENCH_TREE"):  # run another checkout's code (an editable install maps enginefarm.* to folders)
     import __editable___enginefarm_0_1_0_finder as finder
-    finder.MAPPING.update({k: v.replace(os.environ["BENCH_ROOT"], os.environ["BENCH_TREE"]) for k, v in finder.MAPPING.items()})
+    root, tree = os.environ["BENCH_ROOT"], os.environ["BENCH_TREE"]
+    finder.MAPPING.update({k: v.replace(root, tree) for k, v in finder.MAPPING.items()})
 start = time.perf_counter()
 start_cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 try:
@@ -61,7 +62,8 @@ except MemoryError:
 seconds = time.perf_counter() - start
 usage = resource.getrusage(resource.RUSAGE_SELF)
 from enginefarm.hardware import rss  # VmHWM: ru_maxrss would carry the parent's RSS across fork + exec
-print(json.dumps({"outcome": outcome, "s": seconds, "cpu_s": usage.ru_utime + usage.ru_stime - start_cpu, "peak_mb": rss.peak_bytes() / 2**20,
+cpu_s = usage.ru_utime + usage.ru_stime - start_cpu
+print(json.dumps({"outcome": outcome, "s": seconds, "cpu_s": cpu_s, "peak_mb": rss.peak_bytes() / 2**20,
                   "explained_chars": explained}))
 """
 
@@ -174,8 +176,9 @@ def show(now: dict, before: dict | None) -> None:
             if before and n in before and kind in before[n]:
                 b = before[n][kind]
                 line += (
-                    f"  |         {b['outcome']:12}{_num(b['s']):>8} {_num(b.get('cpu_s')):>8} {_num(b['peak_mb']):>8} |"
-                    f" {_ratio(b.get('cpu_s'), r.get('cpu_s')):>9} {_ratio(b['peak_mb'], r['peak_mb']):>11}"
+                    f"  |         {b['outcome']:12}{_num(b['s']):>8} {_num(b.get('cpu_s')):>8} "
+                    f"{_num(b['peak_mb']):>8} | {_ratio(b.get('cpu_s'), r.get('cpu_s')):>9} "
+                    f"{_ratio(b['peak_mb'], r['peak_mb']):>11}"
                 )
             print(line)
 

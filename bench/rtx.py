@@ -75,16 +75,19 @@ def classes(work: Path, precision: str, wanted: list[str]) -> None:
     )
     jobs = expand(load_recipe(recipe), work / "downloads")
     print(
-        f"SD 1.5 VAE decoder {precision}, {VAE_ONNX.stat().st_size / 1e6:.0f} MB ONNX; profile latent 1x4x32x32 .. 1x4x64x64"
+        f"SD 1.5 VAE decoder {precision}, {VAE_ONNX.stat().st_size / 1e6:.0f} MB ONNX; profile latent 1x4x32x32 .. "
+        "1x4x64x64"
     )
     started = time.perf_counter()
     prepare(VAE_ONNX, precision, work / "prep-timing")
     print(
-        f"prep (check, onnxsim{', fp16' if precision == 'fp16' else ''}), once for every class: {time.perf_counter() - started:.1f} s\n",
+        f"prep (check, onnxsim{', fp16' if precision == 'fp16' else ''}), once for every class: "
+        f"{time.perf_counter() - started:.1f} s\n",
         flush=True,
     )
     print(
-        f"{'class':12} {'capabilities':38} {'build':>7} {'engine':>10} {'efw1':>10} {'zstd-3':>10} {'efw1/raw':>9} {'golden':>8}"
+        f"{'class':12} {'capabilities':38} {'build':>7} {'engine':>10} {'efw1':>10} {'zstd-3':>10} {'efw1/raw':>9} "
+        f"{'golden':>8}"
     )
     for job in jobs:
         try:
@@ -98,8 +101,9 @@ def classes(work: Path, precision: str, wanted: list[str]) -> None:
         golden_stored = stored_sizes(outdir / golden.path, "golden")["zstd"] if golden else 0
         caps = ",".join(manifest.constraints["engine"]["compute_capabilities"])
         print(
-            f"{job.target.device:12} {caps[:38]:38} {manifest.provenance['build_seconds']:6.1f}s {sizes['raw'] / 1e6:8.1f}MB {sizes.get('efw1', 0) / 1e6:8.1f}MB "
-            f"{sizes['zstd'] / 1e6:8.1f}MB {sizes.get('efw1', sizes['zstd']) / sizes['raw']:9.3f} {golden_stored / 1e6:6.2f}MB",
+            f"{job.target.device:12} {caps[:38]:38} {manifest.provenance['build_seconds']:6.1f}s "
+            f"{sizes['raw'] / 1e6:8.1f}MB {sizes.get('efw1', 0) / 1e6:8.1f}MB {sizes['zstd'] / 1e6:8.1f}MB "
+            f"{sizes.get('efw1', sizes['zstd']) / sizes['raw']:9.3f} {golden_stored / 1e6:6.2f}MB",
             flush=True,
         )
         shutil.rmtree(work / "build" / "jobs", ignore_errors=True)
@@ -170,7 +174,8 @@ def stack(work: Path, precision: str) -> None:
         ]
         engine_s = compiled[0].provenance.get("stack_seconds", 0) if compiled else 0
         print(
-            f"  stack {attempt}: {elapsed:.1f} s to 'engine built and cached' (engine compile {engine_s:.1f} s); then: {reason}",
+            f"  stack {attempt}: {elapsed:.1f} s to 'engine built and cached' (engine compile {engine_s:.1f} s); "
+            f"then: {reason}",
             flush=True,
         )
 

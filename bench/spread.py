@@ -73,7 +73,8 @@ def main() -> None:
                 p50s.setdefault(key, []).append(bench["p50_ms"])
                 records.setdefault(key, []).append(bench)
     print(
-        f"\n{'artifact':<26}{'p50 ms per build':<34}{'max/min':>8}{'(max-min)/median':>18}  claimed spread (runs, share of the cores used)"
+        f"\n{'artifact':<26}{'p50 ms per build':<34}{'max/min':>8}{'(max-min)/median':>18}  claimed spread (runs, "
+        "share of the cores used)"
     )
     worst = []
     for key in sorted(p50s, key=lambda k: labels[k]):
@@ -92,7 +93,8 @@ def main() -> None:
         )
     if worst:
         print(
-            f"\nacross {len(worst)} artifacts: median (max-min)/median {100 * statistics.median(worst):.1f}%, worst {100 * max(worst):.1f}%"
+            f"\nacross {len(worst)} artifacts: median (max-min)/median {100 * statistics.median(worst):.1f}%, worst "
+            f"{100 * max(worst):.1f}%"
         )
 
 

@@ -41,7 +41,8 @@ source = "unet_io.onnx"
 
 
 def write_model(path: Path) -> None:
-    """out_sample = sample + mean(encoder_hidden_states) · mean(timestep) · 1e-6: every input is read, little is computed."""
+    """out_sample = sample + mean(encoder_hidden_states) · mean(timestep) · 1e-6: every input is read, little is
+    computed."""
     import onnx
     import onnx.helper as h
 

@@ -13,7 +13,8 @@ first inference returns. The kinds alternate, --repeats times each (default 3), 
 (so the OS file cache is warm for all). Inputs are seeded, at the profile's opt shape. Reports medians, the ratio
 enginefarm / bare, and each child's peak RSS (its own VmHWM). A benchmark, not a test: it never fails on numbers.
 
-    .venv/bin/python bench/ttfi.py [--ref sd15/unet --recipe recipes/models/sd15/recipe.toml] [--precision fp16] [--cold]
+    .venv/bin/python bench/ttfi.py [--ref sd15/unet --recipe recipes/models/sd15/recipe.toml] [--precision fp16]
+    [--cold]
                                    [--repeats 3] [--store DIR] [--home DIR] [--bare-reads artifact|source]
 """
 
@@ -144,9 +145,10 @@ def main() -> None:
     np.savez(feeds, **_common.opt_feeds(manifest))
     size = sum(f.size for f in manifest.files)
     print(
-        f"{args.ref} {args.precision} openvino:cpu [{manifest.build_key[:12]}] ({'ships a compiled blob' if blob else 'IR only'}, "
-        f"{size / 2**20:.0f} MiB), inputs {[list(v.shape) for v in np.load(feeds).values()]}; bare reads {model}; "
-        f"{args.repeats} repeats + 1 untimed warm-up per kind",
+        f"{args.ref} {args.precision} openvino:cpu [{manifest.build_key[:12]}] "
+        f"({'ships a compiled blob' if blob else 'IR only'}, {size / 2**20:.0f} MiB), inputs "
+        f"{[list(v.shape) for v in np.load(feeds).values()]}; bare reads {model}; {args.repeats} repeats + 1 untimed "
+        "warm-up per kind",
         flush=True,
     )
 
@@ -160,7 +162,8 @@ def main() -> None:
                 shutil.rmtree(home, ignore_errors=True)
             got = spawn(kind, args, model, feeds, tmp / f"{kind.split()[0]}.npy", home)
             print(
-                f"  {'warm-up' if r == 0 else f'repeat {r}':<8} {kind:<16} ttfi {got['ttfi_ms']:8.0f} ms  peak RSS {got['rss_mb']:6.0f} MB",
+                f"  {'warm-up' if r == 0 else f'repeat {r}':<8} {kind:<16} ttfi {got['ttfi_ms']:8.0f} ms  peak RSS "
+                f"{got['rss_mb']:6.0f} MB",
                 flush=True,
             )
             if r:
@@ -181,11 +184,13 @@ def main() -> None:
     )
     print(f"outputs agree: max |bare - enginefarm| = {diff:.2e}")
     print(
-        f"\nwarm TTFI ratio (enginefarm / bare): {med['enginefarm warm']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f} (target <= {TARGET_RATIO:.2f})"
+        f"\nwarm TTFI ratio (enginefarm / bare): {med['enginefarm warm']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f} "
+        f"(target <= {TARGET_RATIO:.2f})"
     )
     if args.cold:
         print(
-            f"cold TTFI ratio (enginefarm with an empty cache, fetch included / bare): {med['enginefarm cold']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f}"
+            "cold TTFI ratio (enginefarm with an empty cache, fetch included / bare): "
+            f"{med['enginefarm cold']['ttfi_ms'] / med['bare']['ttfi_ms']:.2f}"
         )
     print(f"peak RSS ratio (enginefarm warm / bare): {med['enginefarm warm']['rss_mb'] / med['bare']['rss_mb']:.2f}")
     print(f"measured in {time.perf_counter() - started:.0f} s")

@@ -33,7 +33,8 @@ if kind == "bare" and target.startswith("onnxruntime"):
 elif kind == "bare":
     import openvino as ov
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"})
+    hints = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    compiled = core.compile_model(core.read_model(path), "CPU", hints)
     compiled.create_infer_request().infer({"x": x})
 else:
     import enginefarm

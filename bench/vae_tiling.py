@@ -31,7 +31,8 @@ start = time.perf_counter()
 image = run(latent) if mode == "whole" else tiles.decode(run, latent, tiles.Tiling(512, 64))
 seconds = time.perf_counter() - start
 peak = next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM:"))
-print(json.dumps({"seconds": seconds, "peak_mb": peak / 1024, "shape": list(image.shape), "finite": bool(np.isfinite(image).all())}))
+finite = bool(np.isfinite(image).all())
+print(json.dumps({"seconds": seconds, "peak_mb": peak / 1024, "shape": list(image.shape), "finite": finite}))
 """
 
 

@@ -168,7 +168,8 @@ def _load_avg() -> float | None:
 
 
 def _device(backend, manifest) -> dict:
-    """The device class the numbers were measured on: resolution ranks artifacts by it (GPU backends describe their GPU)."""
+    """The device class the numbers were measured on: resolution ranks artifacts by it (GPU backends describe their
+    GPU)."""
     return backend.bench_device(manifest)
 
 

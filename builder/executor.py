@@ -140,7 +140,8 @@ def _say_waiting(waiting, in_use: int, budget: int, needs, told: set[str], on_ev
 
 
 def _read(reader, job_id: str, finish, on_event, job: Job) -> bool:
-    """Handle what the worker sent. False when its pipe is closed (it exited, or died mid-message) or its result came."""
+    """Handle what the worker sent. False when its pipe is closed (it exited, or died mid-message) or its result
+    came."""
     while reader.poll():
         try:
             _, kind, detail = reader.recv()

@@ -46,7 +46,8 @@ class PlannedJob:
     missing_blobs: int = 0  # its manifest is stored but names blobs the store lost: `build` repairs it
     runs_on: list[str] = field(default_factory=list)  # filled at plan time: the farm's runner, or the backend's labels
     unroutable: str = ""  # why no runner of the farm can build it (only with a runners file)
-    refused: str = ""  # "refused: why; fix": the SDK would refuse it on any host, or the device class cannot compute in its precision
+    # "refused: why; fix": the SDK would refuse it on any host, or the device class cannot compute in its precision
+    refused: str = ""
 
     @property
     def status(self) -> str:

@@ -76,9 +76,9 @@ def _onnxsim_version() -> str | None:
 def prepare(source: Path, precision: str, workdir: Path, fp16_keep: tuple[str, ...] = ()) -> Prepared:
     """The prepared model for `precision` in `workdir`, the source's own prep folder (one per source digest and
     prep toolchain): `prepared-fp32.onnx` (checked, simplified, shapes inferred) and `prepared-fp16.onnx`
-    (converted from the fp32 one; `prepared-bf16.onnx` the same graph retyped to bfloat16), each with its weights in `<name>.data` when it has external data.
-    `fp16_keep`: op types or node names that stay fp32 in the fp16 model besides those `fp16_blocked` keeps (such
-    a model is its own file, `prepared-fp16-keep-<digest>.onnx`).
+    (converted from the fp32 one; `prepared-bf16.onnx` the same graph retyped to bfloat16), each with its weights in
+    `<name>.data` when it has external data. `fp16_keep`: op types or node names that stay fp32 in the fp16 model
+    besides those `fp16_blocked` keeps (such a model is its own file, `prepared-fp16-keep-<digest>.onnx`).
 
     Each is made once and reused by every job of the source, parallel ones included: a lock saves duplicate work,
     and the result appears by rename, so a reader never sees half a model even where the lock does not hold. A
@@ -282,7 +282,8 @@ def _simplify(source: Path, out: Path, nodes_before: int, notes: list[str]) -> P
         return None
     except Exception as exc:  # onnxsim fails on some exotic graphs; the unsimplified model is still correct
         notes.append(
-            f"not simplified: onnxsim failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+            f"not simplified: onnxsim failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''})"
         )
         return None
     if not ok or not out.is_file():

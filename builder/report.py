@@ -214,12 +214,15 @@ def _stages(row: Row) -> str:
     return " · ".join(f"{s['stage']} {s['seconds']:.0f} s / {s['peak_rss_mb']:.0f} MB" for s in row.stages) or "–"
 
 
-CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
-table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}
+h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;margin:8px 0}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.built{background:#e8f5e9}.failed{background:#ffebee}.missing{background:#f5f5f5;color:#777}
-.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}.counts span{margin-right:12px;padding:2px 8px}
+.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:12px;color:#555}
+.counts span{margin-right:12px;padding:2px 8px}
 .pictures{display:flex;flex-wrap:wrap;gap:12px}.pictures figure{margin:0;border:1px solid #ccc;padding:6px}
-.pictures img{width:192px;height:192px;image-rendering:pixelated;margin:0 4px 4px 0}.pictures figcaption{max-width:392px}"""
+.pictures img{width:192px;height:192px;image-rendering:pixelated;margin:0 4px 4px 0}
+.pictures figcaption{max-width:392px}"""
 
 
 def write_report(rows: list[Row], out: Path, title: str = "enginefarm build report", pictures=()) -> dict[str, int]:
@@ -232,9 +235,11 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     built = [r for r in rows if r.status == "built"]
 
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1><p class='counts'><span class='built'>built: {counts['built']}</span><span class='failed'>failed: {counts['failed']}</span>"
-        f"<span class='missing'>missing: {counts['missing']}</span></p>",
+        "<!doctype html><html><head><meta "
+        f"charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p class='counts'><span class='built'>built: {counts['built']}</span><span "
+        f"class='failed'>failed: {counts['failed']}</span><span class='missing'>missing: "
+        f"{counts['missing']}</span></p>",
         "<h2>Status</h2><table><tr><th>component</th><th>precision</th>",
     ]
     md = [
@@ -263,7 +268,8 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
             else:
                 mark = "❌" if r.status == "failed" else "⬜"
                 parts.append(
-                    f"<td class='{r.status}'><b>{r.status}</b><div class='small'>{html.escape(r.reason[:300])}</div></td>"
+                    f"<td class='{r.status}'><b>{r.status}</b><div "
+                    f"class='small'>{html.escape(r.reason[:300])}</div></td>"
                 )
                 md_cells.append(f"{mark} {r.status}: {r.reason[:120].replace('|', '/')}")
         parts.append("</tr>")
@@ -279,7 +285,8 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
         "",
         "## Latency and validation",
         "",
-        "| artifact | target | precision | computes in | p50 ms | spread (runs) | p90 ms | load ms | min cosine | min PSNR dB |",
+        "| artifact | target | precision | computes in | p50 ms | spread (runs) | p90 ms | load ms | min cosine | min "
+        "PSNR dB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model, component in sorted({(r.model, r.component) for r in built}):
@@ -287,24 +294,32 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
         if png:
             (out / f"latency-{model}-{component}.png").write_bytes(png)
             parts.append(
-                f"<img alt='latency of {html.escape(model)}/{html.escape(component)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+                f"<img alt='latency of {html.escape(model)}/{html.escape(component)}' "
+                f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             )
     parts.append(
-        "<h2>Validation and benchmarks</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>computes in</th>"
-        "<th>p50 ms</th><th>spread (runs)</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR dB</th><th>decided by</th><th>measured on</th></tr>"
+        "<h2>Validation and benchmarks</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>computes "
+        "in</th><th>p50 ms</th><th>spread (runs)</th><th>p90 ms</th><th>load ms</th><th>min cosine</th><th>min PSNR "
+        "dB</th><th>decided by</th><th>measured on</th></tr>"
     )
     for r in built:
         parts.append(
-            f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td><td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
-            f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_spread(r)}</td><td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
-            f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td><td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>"
+            f"<tr><td>{html.escape(r.ref)} <span class='small'>{r.key[:12]}</span></td>"
+            f"<td>{r.target}</td><td>{r.precision}</td><td>{r.computes_in}</td>"
+            f"<td class='num'>{_fmt(r.p50_ms)}</td><td class='num'>{_spread(r)}</td>"
+            f"<td class='num'>{_fmt(r.p90_ms)}</td><td class='num'>{_fmt(r.load_ms, '.0f')}</td>"
+            f"<td class='num'>{_fmt(r.min_cosine, '.8f')}</td><td class='num'>{_fmt(r.min_psnr, '.1f')}</td>"
+            f"<td>{html.escape(r.decided_by)}</td><td>{html.escape(r.device)}</td></tr>"
         )
         md.append(
-            f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | {_spread(r)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | {_fmt(r.min_psnr, '.1f')} |"
+            f"| {r.ref} `{r.key[:12]}` | {r.target} | {r.precision} | {r.computes_in} | {_fmt(r.p50_ms)} | "
+            f"{_spread(r)} | {_fmt(r.p90_ms)} | {_fmt(r.load_ms, '.0f')} | {_fmt(r.min_cosine, '.8f')} | "
+            f"{_fmt(r.min_psnr, '.1f')} |"
         )
     parts.append(
-        "</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build s</th>"
-        "<th>size MiB</th><th>stored MiB</th><th>stored / size</th><th>peak RSS MB</th><th>per stage: time / peak RSS</th></tr>"
+        "</table><h2>Build times and sizes</h2><table><tr><th>artifact</th><th>target</th><th>precision</th><th>build "
+        "s</th><th>size MiB</th><th>stored MiB</th><th>stored / size</th><th>peak RSS MB</th><th>per stage: time / "
+        "peak RSS</th></tr>"
     )
     md += [
         "",
@@ -316,13 +331,14 @@ def write_report(rows: list[Row], out: Path, title: str = "enginefarm build repo
     for r in built:
         ratio = f"{r.stored_size / r.size:.3f}" if r.size else "–"
         parts.append(
-            f"<tr><td>{html.escape(r.ref)}</td><td>{r.target}</td><td>{r.precision}</td><td class='num'>{_fmt(r.build_s, '.1f')}</td>"
-            f"<td class='num'>{_mb(r.size)}</td><td class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td>"
-            f"<td class='num'>{_fmt(r.peak_rss_mb, '.0f')}</td><td class='small'>{html.escape(_stages(r))}</td></tr>"
+            f"<tr><td>{html.escape(r.ref)}</td><td>{r.target}</td><td>{r.precision}</td><td "
+            f"class='num'>{_fmt(r.build_s, '.1f')}</td><td class='num'>{_mb(r.size)}</td><td "
+            f"class='num'>{_mb(r.stored_size)}</td><td class='num'>{ratio}</td><td "
+            f"class='num'>{_fmt(r.peak_rss_mb, '.0f')}</td><td class='small'>{html.escape(_stages(r))}</td></tr>"
         )
         md.append(
-            f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | {_mb(r.stored_size)} | {ratio} | "
-            f"{_fmt(r.peak_rss_mb, '.0f')} | {_stages(r)} |"
+            f"| {r.ref} | {r.target} | {r.precision} | {_fmt(r.build_s, '.1f')} | {_mb(r.size)} | "
+            f"{_mb(r.stored_size)} | {ratio} | {_fmt(r.peak_rss_mb, '.0f')} | {_stages(r)} |"
         )
     parts.append("</table></body></html>")
     (out / "report.html").write_text("".join(parts), encoding="utf-8")
@@ -344,8 +360,9 @@ def _pictures_section(pictures) -> tuple[list[str], list[str]]:
     )
     for p in pictures:
         parts.append(
-            f"<h3>{html.escape(p.model)} v{html.escape(p.version)}</h3><p class='small'>“{html.escape(p.prompt)}”, seed {p.seed}, "
-            f"{p.steps} steps, {p.size}×{p.size}; differences against {html.escape(p.reference or 'nothing rendered')}, shown ×10</p><div class='pictures'>"
+            f"<h3>{html.escape(p.model)} v{html.escape(p.version)}</h3><p class='small'>“{html.escape(p.prompt)}”, "
+            f"seed {p.seed}, {p.steps} steps, {p.size}×{p.size}; differences against "
+            f"{html.escape(p.reference or 'nothing rendered')}, shown ×10</p><div class='pictures'>"
         )
         for r in p.renders:
             numbers = (
@@ -359,11 +376,13 @@ def _pictures_section(pictures) -> tuple[list[str], list[str]]:
                 else f"<img alt='difference of {html.escape(r.target)} {r.precision}' src='{_data_uri(r.diff)}'>"
             )
             parts.append(
-                f"<figure><img alt='{html.escape(p.model)} on {html.escape(r.target)} {r.precision}' src='{_data_uri(r.image)}'>{diff}"
-                f"<figcaption><b>{html.escape(r.target)} {r.precision}</b><br>{numbers}<br>{r.ms_per_step:.0f} ms/step</figcaption></figure>"
+                f"<figure><img alt='{html.escape(p.model)} on {html.escape(r.target)} {r.precision}' "
+                f"src='{_data_uri(r.image)}'>{diff}<figcaption><b>{html.escape(r.target)} "
+                f"{r.precision}</b><br>{numbers}<br>{r.ms_per_step:.0f} ms/step</figcaption></figure>"
             )
             md.append(
-                f"| {p.model} | {r.target} | {r.precision} | {r.max_abs:.4f} | {r.mean_abs:.5f} | {_fmt(r.psnr_db, '.1f')} | {r.ms_per_step:.0f} |"
+                f"| {p.model} | {r.target} | {r.precision} | {r.max_abs:.4f} | {r.mean_abs:.5f} | "
+                f"{_fmt(r.psnr_db, '.1f')} | {r.ms_per_step:.0f} |"
             )
         parts.append("</div>")
         parts += [f"<p class='small'>not rendered: {html.escape(why)}</p>" for why in p.skipped]

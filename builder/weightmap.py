@@ -225,7 +225,8 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
                 claims.setdefault(init, []).append(name)
             if found and not candidates[name]:
                 result.unmatched[name] = (
-                    f"its values are held only by {', '.join(sorted({i for i, _ in found}))}, which kept another tensor's name"
+                    f"its values are held only by {', '.join(sorted({i for i, _ in found}))}, which kept another "
+                    "tensor's name"
                 )
     for name, found in candidates.items():
         if name in result.mapped or not found:

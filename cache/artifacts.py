@@ -83,7 +83,8 @@ def check_model_name(store: Store, model: str) -> None:
     twin = None if problem else case_twin(model, store.list_models())
     if problem or twin:
         raise ConfigError(
-            f"cannot publish to {store.url}: model name {problem or f'{model!r} differs only in case from {twin}, one file on Windows and macOS'}",
+            f"cannot publish to {store.url}: model name "
+            f"{problem or f'{model!r} differs only in case from {twin}, one file on Windows and macOS'}",
             hint="rename the model (model.name in its recipe)",
             model=model,
         )

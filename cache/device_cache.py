@@ -258,7 +258,8 @@ class DeviceCache:
                 f"{manifest.ref} [{key[:12]}] claims {mb(total)} MB, more than the {mb(limit)} MB "
                 "ENGINEFARM_MAX_ARTIFACT_SIZE allows; nothing was fetched",
                 key=key,
-                hint="raise ENGINEFARM_MAX_ARTIFACT_SIZE if you trust this store (or load through a signed release channel)",
+                hint="raise ENGINEFARM_MAX_ARTIFACT_SIZE if you trust this store (or load through a signed release "
+                "channel)",
             )
         with file_lock(self.locks / f"{key}.lock"):
             existing = self.cached_as(manifest, store.url)
@@ -368,7 +369,8 @@ class DeviceCache:
         return workdirs.fresh(self.tmp, key, ".incomplete")
 
     def _commit(self, staging: Path, manifest: Manifest, origin: str) -> Path:
-        """Every file in `staging` has just been hashed against `manifest` (as it was fetched from `origin`, or copied)."""
+        """Every file in `staging` has just been hashed against `manifest` (as it was fetched from `origin`, or
+        copied)."""
         proof.record(staging, [f.path for f in manifest.files])  # moving the folder keeps each file's stat
         origins.write(staging, {origin})
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())

@@ -37,7 +37,8 @@ def disk_full(path: Path, need: int | None, free: int | None = None) -> DiskFull
         path=str(path),
         need=need,
         free=free,
-        hint=f"free some space on the disk that holds {path}, or point ENGINEFARM_HOME (the cache) or the store elsewhere",
+        hint=f"free some space on the disk that holds {path}, or point ENGINEFARM_HOME (the cache) or the store "
+        "elsewhere",
     )
 
 

@@ -11,8 +11,8 @@ Layout, all integers little-endian:
     the bottom and a bf16/fp32 exponent fills its own byte; as ZipNN does for the sign bit)
     frame count × (u64 compressed size, u32 raw size)
     frames: one per chunk of `frame raw size` bytes; a frame is `width` group records (byte k of every element)
-            plus one record for the chunk's tail (len % width bytes), each record: u8 mode | u32 size | u32 crc32 | payload,
-            mode 1 = zstd with its content size and checksum (crc32 is 0); what zstd cannot shrink (mantissa
+            plus one record for the chunk's tail (len % width bytes), each record: u8 mode | u32 size | u32 crc32 |
+            payload, mode 1 = zstd with its content size and checksum (crc32 is 0); what zstd cannot shrink (mantissa
                      bytes) it keeps as raw blocks, which decode at memcpy speed under its xxh64 checksum;
             mode 0 = stored raw, guarded by crc32 (written by earlier encoders; still read)
 

@@ -1,7 +1,8 @@
-"""`make demo`: build the tiny SD-style recipe for OpenVINO and ONNX Runtime (fp32, fp16; bf16 on OpenVINO) into a local store,
-load every artifact with enginefarm.load from an empty cache, run it, and print one table. Then the whole path a user takes
-with a model family: a tiny random-weight Stable Diffusion 1.x saved by diffusers → `enginefarm export` → `enginefarm build`
-→ `enginefarm generate` writes an image, checked against diffusers' own pipeline on the same weights and starting noise.
+"""`make demo`: build the tiny SD-style recipe for OpenVINO and ONNX Runtime (fp32, fp16; bf16 on OpenVINO) into a local
+store, load every artifact with enginefarm.load from an empty cache, run it, and print one table. Then the whole path a
+user takes with a model family: a tiny random-weight Stable Diffusion 1.x saved by diffusers → `enginefarm export` →
+`enginefarm build` → `enginefarm generate` writes an image, checked against diffusers' own pipeline on the same weights
+and starting noise.
 
 Everything lives under .enginefarm/ in the repository, so the demo never touches your real cache or store.
 """
@@ -157,8 +158,9 @@ def family_demo(cli: list[str], console) -> int:
     ).images[0]
     written = read_png(WORK / "tiny-sd1.png")
     console.print(
-        f"wrote {WORK / 'tiny-sd1.png'} {written.shape[1]}×{written.shape[0]}; enginefarm (OpenVINO fp32) vs diffusers on the same "
-        f"weights and noise: max abs difference {np.abs(image - reference).max():.2e} (image in [0, 1])"
+        f"wrote {WORK / 'tiny-sd1.png'} {written.shape[1]}×{written.shape[0]}; enginefarm (OpenVINO fp32) vs "
+        f"diffusers on the same weights and noise: max abs difference {np.abs(image - reference).max():.2e} (image in "
+        "[0, 1])"
     )
     return 0
 

@@ -29,7 +29,8 @@ BASELINE = ROOT / "ci" / "mypy_baseline.txt"
 
 
 def link_tree() -> Path:
-    """build/mypy/enginefarm/… → the folders pyproject maps to each package; laid anew each run, so it never goes stale."""
+    """build/mypy/enginefarm/… → the folders pyproject maps to each package; laid anew each run, so it never goes
+    stale."""
     package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     shutil.rmtree(TREE, ignore_errors=True)
     for package, folder in sorted(package_dirs.items()):
@@ -47,7 +48,8 @@ def link_tree() -> Path:
 
 
 def real_paths(output: str) -> str:
-    """mypy names the files by their link (build/mypy/enginefarm/cache/weight_codec.py); print the file it is (cache/weight_codec.py)."""
+    """mypy names the files by their link (build/mypy/enginefarm/cache/weight_codec.py); print the file it is
+    (cache/weight_codec.py)."""
     lines = []
     for line in output.splitlines():
         path, sep, rest = line.partition(":")

@@ -27,7 +27,8 @@ class ModelAssets:
         if not index_path.is_file():
             raise ConfigError(
                 f"{folder}: no model_index.json: not a model's assets folder",
-                hint="pass the assets/ folder `enginefarm export` wrote, or load the model from a store that has its assets",
+                hint="pass the assets/ folder `enginefarm export` wrote, or load the model from a store that has its "
+                "assets",
             )
         model_index = _read_json(index_path)
         configs = {

@@ -2,9 +2,9 @@
 stage needs now are closed first when the next one would not fit.
 
 What a component holds is measured on this device: the process's resident memory before and after it loads, plus
-what its stage grew by while it ran (`Session.close` gives both back). Before its first load here, its artifact says: the resident memory its benchmark
-measured after running (`resident_mb`), else 1.5x its files (ONNX Runtime held 69 MB for a 48 MB model). Outputs
-are the same with or without a budget: the same artifacts run, only their lifetimes differ.
+what its stage grew by while it ran (`Session.close` gives both back). Before its first load here, its artifact says:
+the resident memory its benchmark measured after running (`resident_mb`), else 1.5x its files (ONNX Runtime held 69 MB
+for a 48 MB model). Outputs are the same with or without a budget: the same artifacts run, only their lifetimes differ.
 """
 
 from __future__ import annotations

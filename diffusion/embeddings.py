@@ -61,7 +61,8 @@ def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Em
         raise refuse(
             f"vectors for T5 ({held}): textual inversion reaches the CLIP encoders only"
             if widths
-            else f"this model's only text encoder is T5 ({', '.join(t5)}): textual inversion reaches CLIP encoders only",
+            else f"this model's only text encoder is T5 ({', '.join(t5)}): textual inversion reaches CLIP encoders "
+            "only",
             "use an embedding with clip_l (and clip_g) tensors only"
             if widths
             else "load the model without embeddings=",
@@ -101,11 +102,13 @@ def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Em
         value = value[None] if value.ndim == 1 else value
         if value.ndim != 2 or not 1 <= len(value) <= MAX_VECTORS:
             raise refuse(
-                f"{name} has shape {list(entry.shape)}; an embedding is [vectors, width] with 1 to {MAX_VECTORS} vectors"
+                f"{name} has shape {list(entry.shape)}; an embedding is [vectors, width] with 1 to {MAX_VECTORS} "
+                "vectors"
             )
         if value.shape[1] != widths[encoder]:
             raise refuse(
-                f"{name} is {value.shape[1]} wide, this model's {encoder} is {widths[encoder]} wide: an embedding for another model",
+                f"{name} is {value.shape[1]} wide, this model's {encoder} is {widths[encoder]} wide: an embedding for "
+                "another model",
                 "SD 1.x embeddings are 768 wide, SD 2.x 1024, SDXL 768 (clip_l) + 1280 (clip_g)",
             )
         if not np.isfinite(value).all() or np.abs(value).max() > ABSURD:
@@ -153,12 +156,14 @@ class AddedRows:
         if outside.any():
             raise ConfigError(
                 f"{what}: token ids {sorted(set(ids[outside].tolist()))[:5]} are outside its vocabulary of {self.rows}",
-                hint="the tokenizer does not belong to this text encoder: re-export the model, or load the embedding that adds them",
+                hint="the tokenizer does not belong to this text encoder: re-export the model, or load the embedding "
+                "that adds them",
             )
         if not takes_added:
             if added.any():
                 raise ConfigError(
-                    f"{what} was exported before text encoders took added_embeds: it cannot take textual-inversion words",
+                    f"{what} was exported before text encoders took added_embeds: it cannot take textual-inversion "
+                    "words",
                     hint="re-export the model with this enginefarm (`enginefarm export`) and build it",
                 )
             return {"input_ids": ids}

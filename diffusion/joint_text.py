@@ -80,7 +80,8 @@ class JointTextEncoder:
         bounds = self.length_bounds()
         if bounds is not None and not bounds[0] <= length <= bounds[1]:
             raise ConfigError(
-                f"max_sequence_length={length} is outside what {self.family.title}'s engines were built for ({bounds[0]}..{bounds[1]} T5 tokens)",
+                f"max_sequence_length={length} is outside what {self.family.title}'s engines were built for "
+                f"({bounds[0]}..{bounds[1]} T5 tokens)",
                 hint=f"use {bounds[0]}..{bounds[1]}, or export with --text-length MIN,OPT,MAX and rebuild",
             )
         return length

@@ -86,8 +86,9 @@ class Pipeline:
 
         assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
         that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
-        and verified like any artifact. version: the model version (default the newest). controlnet: also load the ControlNet and the UNet that takes its residuals
-        (the model must be exported with one). precision applies where the family builds it (SDXL's VAE is fp32).
+        and verified like any artifact. version: the model version (default the newest). controlnet: also load the
+        ControlNet and the UNet that takes its residuals (the model must be exported with one). precision applies where
+        the family builds it (SDXL's VAE is fp32).
 
         weights: a whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the original layout,
         SDXL's in the SGM layout) or a UNet in diffusers names; vae: a VAE file (diffusers AutoencoderKL or the original
@@ -256,7 +257,8 @@ class Pipeline:
     ) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
-        steps: default the family's (25; Flux schnell, distilled: 4). latents: the starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as diffusers
+        steps: default the family's (25; Flux schnell, distilled: 4). latents: the starting noise, [1, C, H/f, W/f]
+        unscaled (the scheduler's init sigma is applied, as diffusers
         does); default drawn from `seed`. image + strength: image to image (the VAE posterior's mean is the start:
         its spread is negligible for trained VAEs, and the result stays reproducible); `latents` is then the noise
         added to it. scheduler: a diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the
@@ -276,7 +278,8 @@ class Pipeline:
             raise ConfigError(f"steps={steps}", hint="use one step or more")
         if max_sequence_length is not None and not self.transformer:
             raise ConfigError(
-                f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads CLIP's 77 tokens",
+                f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads "
+                "CLIP's 77 tokens",
                 hint="leave max_sequence_length out",
             )
         timings: dict[str, float] = {}
@@ -531,7 +534,8 @@ def _fetch_assets(name: str, store: str | None, device: str, version: str | None
     except ArtifactNotFoundError as exc:
         raise ConfigError(
             f"{name} has no assets in the store ({exc})",
-            hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass assets=FOLDER',
+            hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass '
+            "assets=FOLDER",
         ) from None
     return folder
 

@@ -78,7 +78,8 @@ def _tiled(run: Run, x: np.ndarray, tile: int, out_tile: int, overlap: float, mi
 
 
 def _one(run: Run, x: np.ndarray, top: int, left: int, tile: int, min_tile: int, scale: float) -> np.ndarray:
-    """The result for x[top:top+tile, left:left+tile]; a side below `min_tile` is run from further back, then cropped."""
+    """The result for x[top:top+tile, left:left+tile]; a side below `min_tile` is run from further back, then
+    cropped."""
     height, width = x.shape[2:]
     bottom, right = min(top + tile, height), min(left + tile, width)
     start_h = min(top, max(0, bottom - min_tile))

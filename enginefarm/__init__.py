@@ -86,7 +86,8 @@ def load(
 
 
 def __getattr__(name: str):
-    """`enginefarm.Session` and `enginefarm.Pipeline`, imported when first named (the pipeline brings its tokenizers)."""
+    """`enginefarm.Session` and `enginefarm.Pipeline`, imported when first named (the pipeline brings its
+    tokenizers)."""
     if name == "Session":
         from enginefarm.runner.session import Session
 

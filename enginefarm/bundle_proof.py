@@ -66,8 +66,8 @@ else:
     outputs = session.run(feeds)
     np.savez(request["inputs"], **feeds)
     np.savez(request["outputs"], **outputs)
-    result["artifact"] = {"build_key": art.build_key, "model_version": art.model_version, "precision": art.precision, "target": art.target,
-                          "runs_in": session.compute_precision}
+    result["artifact"] = {"build_key": art.build_key, "model_version": art.model_version, "precision": art.precision,
+                          "target": art.target, "runs_in": session.compute_precision}
 roots = (bundle, *{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
 files = {name: getattr(m, "__file__", None) for name, m in list(sys.modules.items())}
 result["outside"] = sorted(f"{name} ({f})" for name, f in files.items() if f and not f.startswith(roots))
@@ -138,8 +138,9 @@ def prove(
     passed = all(c["ok"] for c in compared.values())
     shown = ", ".join(f"{name}: cosine {c['cosine']:.6f}, max abs {c['max_abs']:.2g}" for name, c in compared.items())
     line = (
-        f"ran {model} ({artifact['target']} {artifact['precision']}, computes in {artifact['runs_in']}) from the bundle in a fresh "
-        f"python -I -S: {'matches' if passed else 'DIFFERS FROM'} {what} ({shown}); {result['from_bundle']} modules from the bundle, "
+        f"ran {model} ({artifact['target']} {artifact['precision']}, computes in {artifact['runs_in']}) from the "
+        f"bundle in a fresh python -I -S: {'matches' if passed else 'DIFFERS FROM'} {what} ({shown}); "
+        f"{result['from_bundle']} modules from the bundle, "
         "none from site-packages"
     )
     if not passed:
@@ -164,15 +165,16 @@ def _child(bundle_dir: Path, request: dict, env: dict, work: Path) -> dict:
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise ProofFailed(
-            f"the bundle did not {'load' if request['probe'] else 'load and run ' + request['model']} in a fresh isolated "
-            f"python: {tail}",
+            f"the bundle did not {'load' if request['probe'] else 'load and run ' + request['model']} in a fresh "
+            f"isolated python: {tail}",
             hint=f"run it yourself: {sys.executable} -I -S -c \"import sys; sys.path.insert(0, '{bundle_dir}'); "
             'import enginefarm"',
         )
     result = json.loads(lines[-1])
     if any("site-packages" in entry for entry in result["sys_path"]) or result["outside"]:
         raise ProofFailed(
-            f"the proof imported modules from outside the bundle and the standard library: {', '.join(result['outside'][:5])}",
+            "the proof imported modules from outside the bundle and the standard library: "
+            f"{', '.join(result['outside'][:5])}",
             hint="a bug in enginefarm's bundle: please report it",
         )
     return result
@@ -192,7 +194,8 @@ def _probed(result: dict, parsed, spec, backend, seconds: float) -> Proof:
         }
         if missing in shipped:
             raise ProofFailed(
-                f"{parsed}: the bundle lacks {missing}, which {', '.join(spec.distributions)} ships and the device needs",
+                f"{parsed}: the bundle lacks {missing}, which {', '.join(spec.distributions)} ships and the device "
+                "needs",
                 hint="a bug in the backend's bundle rules (BundleSpec.keep): please report it",
             )
     line = f"{probe['line']}; running an artifact on a {parsed.device.upper()} was not proven here (no such device)"
@@ -312,7 +315,8 @@ def _built_in_artifact(target: str, work: Path) -> str:
     except ModuleNotFoundError as exc:
         raise ConfigError(
             f"proving a bundle with the built-in model builds it here, which needs {exc.name} (the build extra)",
-            hint="pip install 'enginefarm[build]', or prove with an artifact you built: --store URL --model MODEL/COMPONENT",
+            hint="pip install 'enginefarm[build]', or prove with an artifact you built: --store URL --model "
+            "MODEL/COMPONENT",
         ) from None
     from enginefarm.cache.stores import open_store
 

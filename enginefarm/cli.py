@@ -1,7 +1,8 @@
 """The `enginefarm` command: the `main` group, its logging and error handling, and the commands it is made of.
 
-Each command group lives in its own module (cli_build, cli_store, cli_run, cli_export, cli_generate, cli_cache, cli_release), with the options
-they share in cli_options. Commands are thin: parse options, call the library, draw results. User errors print one line."""
+Each command group lives in its own module (cli_build, cli_store, cli_run, cli_export, cli_generate, cli_cache,
+cli_release), with the options they share in cli_options. Commands are thin: parse options, call the library, draw
+results. User errors print one line."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _setup_logging(verbose: int) -> None:
 
 
 class _Group(click.Group):
-    """Turns every EnginefarmError into `error: … / hint: …` and exit 1; other exceptions are bugs and keep their traceback."""
+    """Turns every EnginefarmError into `error: … / hint: …` and exit 1; other exceptions are bugs and keep their
+    traceback."""
 
     def invoke(self, ctx):
         try:

@@ -1,4 +1,5 @@
-"""`enginefarm plan`, `build`, `validate` and `report`: the farm's side, from recipes to stored artifacts and a report."""
+"""`enginefarm plan`, `build`, `validate` and `report`: the farm's side, from recipes to stored artifacts and a
+report."""
 
 from __future__ import annotations
 
@@ -189,7 +190,8 @@ def _publish_assets(console, recipes, opened) -> None:
         if done is not None:
             state = "[green]published[/]" if done.written else "[green]exists[/]   "
             console.print(
-                f"{state} {recipe.name}/assets v{recipe.version}: {done.files} files, {done.size / 1e6:.2f} MB \\[{done.key[:12]}]"
+                f"{state} {recipe.name}/assets v{recipe.version}: {done.files} files, {done.size / 1e6:.2f} MB "
+                f"\\[{done.key[:12]}]"
             )
 
 
@@ -218,8 +220,8 @@ def validate_cmd(recipes, store, targets, precisions, components, parallel, repo
         validate_only=True,
     )
     console.print(
-        f"{sum(r.status == 'revalidated' for r in results)} passed, {sum(r.status == 'failed' for r in results)} failed, "
-        f"{len(planned) - len(todo)} not stored"
+        f"{sum(r.status == 'revalidated' for r in results)} passed, {sum(r.status == 'failed' for r in results)} "
+        f"failed, {len(planned) - len(todo)} not stored"
     )
     _finish(results, report)
 
@@ -367,7 +369,8 @@ def report_cmd(store, reports, recipes, runners, out, title, pictures, prompt, s
             )
     counts = write_report(rows, out, title, rendered)
     click.echo(
-        f"{counts['built']} built, {counts['failed']} failed, {counts['missing']} missing → {out / 'report.html'}, {out / 'summary.md'}"
+        f"{counts['built']} built, {counts['failed']} failed, {counts['missing']} missing → {out / 'report.html'}, "
+        f"{out / 'summary.md'}"
     )
 
 

@@ -74,7 +74,8 @@ def cache_verify():
 @click.option("--quota", metavar="SIZE", help="Shrink to this size (e.g. 5G). Default ENGINEFARM_CACHE_QUOTA.")
 @keep_versions_option()
 def cache_gc(quota, keep_versions):
-    """Remove stale downloads, artifacts of older model versions (--keep-versions) and least-recently-used artifacts beyond the quota."""
+    """Remove stale downloads, artifacts of older model versions (--keep-versions) and least-recently-used artifacts
+    beyond the quota."""
     from enginefarm.cache.device_cache import DeviceCache
     from enginefarm.cache.prune import prune_cache
     from enginefarm.settings import parse_size
@@ -86,7 +87,8 @@ def cache_gc(quota, keep_versions):
     evicted = prune_cache(cache, keep_versions) if keep_versions else []
     for manifest in evicted:
         click.echo(
-            f"evicted {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]"
+            f"evicted {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} "
+            f"[{manifest.build_key[:12]}]"
         )
     removed = evicted + cache.gc(limit, max_tmp_age=0)  # every leftover of a dead process, whatever its age
     click.echo(

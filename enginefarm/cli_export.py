@@ -64,7 +64,8 @@ def _bytes(raw: str) -> int:
 @click.option(
     "--text-length",
     metavar="MIN,OPT,MAX",
-    help="T5 token range of the profiles (SD3, Flux, Chroma; default 16,<family's>,512): OPT is the pipeline's default max_sequence_length.",
+    help="T5 token range of the profiles (SD3, Flux, Chroma; default 16,<family's>,512): OPT is the pipeline's "
+    "default max_sequence_length.",
 )
 @click.option(
     "--external-data-above",

@@ -96,7 +96,8 @@ def generate_cmd(
     store,
     out,
 ):
-    """Generate an image of PROMPT with MODEL (built by `enginefarm build` from the recipe `enginefarm export` wrote)."""
+    """Generate an image of PROMPT with MODEL (built by `enginefarm build` from the recipe `enginefarm export`
+    wrote)."""
     from enginefarm.diffusion import Pipeline, read_png, write_png
 
     image = read_png(init_image) if init_image else None
@@ -135,7 +136,8 @@ def generate_cmd(
     per_step = times["denoise"] / max(times["steps"], 1)
     shown.print(
         f"wrote {out} ({result.shape[1]}×{result.shape[0]}): load {loads:.2f} s, text {times['text']:.2f} s, "
-        f"{times['steps']} steps {times['denoise']:.2f} s ({per_step * 1000:.0f} ms/step), decode {times.get('decode', 0):.2f} s",
+        f"{times['steps']} steps {times['denoise']:.2f} s ({per_step * 1000:.0f} ms/step), decode "
+        f"{times.get('decode', 0):.2f} s",
         highlight=False,
         markup=False,
     )

@@ -50,8 +50,8 @@ def _warn_if_root_expires_soon(opened, channel: str) -> None:
         else f"expires on {expires:%Y-%m-%d %H:%M} UTC (in {left.days} days)"
     )
     click.echo(
-        f"warning: the root of channel {channel} {when}: every app stops loading from it then; renew it with the root keys: "
-        f"`enginefarm release refresh --role root --channel {channel} --keys ROOT-KEYS`",
+        f"warning: the root of channel {channel} {when}: every app stops loading from it then; renew it with the root "
+        f"keys: `enginefarm release refresh --role root --channel {channel} --keys ROOT-KEYS`",
         err=True,
     )
 
@@ -106,7 +106,8 @@ def release_group():
     help="How long a role's signature lasts: root=1y targets=1y snapshot=1y timestamp=2d (defaults). Repeatable.",
 )
 def init_cmd(store, keys_dir, channel, thresholds, expires):
-    """Create a channel: root, targets, snapshot and timestamp roles, with new keys in --keys (reused if already there)."""
+    """Create a channel: root, targets, snapshot and timestamp roles, with new keys in --keys (reused if already
+    there)."""
     from enginefarm.cache.trust import repo
 
     opened = _store(store)
@@ -121,13 +122,15 @@ def init_cmd(store, keys_dir, channel, thresholds, expires):
     for role in ROLES:
         spec = state.root.signed.roles[role]
         click.echo(
-            f"  {role:<9} {spec.threshold} of {len(spec.keyids)} key(s), expires {getattr(state, role).signed.expires:%Y-%m-%d %H:%M} UTC"
+            f"  {role:<9} {spec.threshold} of {len(spec.keyids)} key(s), expires "
+            f"{getattr(state, role).signed.expires:%Y-%m-%d %H:%M} UTC"
         )
     click.echo(
         f"private keys are in {keys_dir} (mode 0600): keep the root keys offline, give CI only the timestamp key"
     )
     click.echo(
-        f"ship the root with your app: enginefarm release export-root --channel {channel} --store {opened.url} --out root.json"
+        f"ship the root with your app: enginefarm release export-root --channel {channel} --store {opened.url} --out "
+        "root.json"
     )
 
 
@@ -176,7 +179,8 @@ def promote_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
 @keys_option()
 @_select
 def yank_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
-    """Withdraw released artifacts: apps stop resolving to them at their next refresh. The artifacts stay in the store."""
+    """Withdraw released artifacts: apps stop resolving to them at their next refresh. The artifacts stay in the
+    store."""
     from enginefarm.cache.manifest import target_matches
     from enginefarm.cache.trust import repo
 
@@ -198,7 +202,8 @@ def yank_cmd(ref, channel, store, keys_dir, targets, precisions, keys):
         )
     for custom in removed:
         click.echo(
-            f"yanked {custom.get('model')}/{custom.get('component')} {custom.get('target')} {custom.get('precision')} [{str(custom.get('build_key'))[:12]}] from {channel}"
+            f"yanked {custom.get('model')}/{custom.get('component')} {custom.get('target')} {custom.get('precision')} "
+            f"[{str(custom.get('build_key'))[:12]}] from {channel}"
         )
 
 
@@ -224,7 +229,8 @@ def ls_cmd(channel, store, as_json):
     click.echo(f"{len(listing['targets'])} released:")
     for t in listing["targets"]:
         click.echo(
-            f"  {t.get('model')}/{t.get('component')} {t.get('target')} {t.get('precision')} [{str(t.get('build_key'))[:12]}] {t['length']} bytes sha256 {str(t['sha256'])[:12]}"
+            f"  {t.get('model')}/{t.get('component')} {t.get('target')} {t.get('precision')} "
+            f"[{str(t.get('build_key'))[:12]}] {t['length']} bytes sha256 {str(t['sha256'])[:12]}"
         )
 
 
@@ -268,7 +274,8 @@ def rotate_cmd(role, channel, store, keys_dir, threshold):
 
     new = repo.rotate(_store(store), channel, keys_dir, role, threshold)
     click.echo(
-        f"rotated {role} of {channel}: {len(new)} new key(s) in {keys_dir}; clients follow the new root on their next refresh"
+        f"rotated {role} of {channel}: {len(new)} new key(s) in {keys_dir}; clients follow the new root on their next "
+        "refresh"
     )
     if role == "timestamp":
         click.echo("give CI the new timestamp key")

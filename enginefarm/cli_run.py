@@ -87,7 +87,8 @@ def run_cmd(
             f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.5g} std {float(np.std(value)):.5g}"
         )
     click.echo(
-        f"{session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]: load {1000 * (loaded - start):.0f} ms, run {1000 * (done - loaded):.0f} ms"
+        f"{session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]: load "
+        f"{1000 * (loaded - start):.0f} ms, run {1000 * (done - loaded):.0f} ms"
     )
     if output:
         from enginefarm.cache.atomic import atomic_writer
@@ -98,7 +99,8 @@ def run_cmd(
 
 
 def _lora_option(item: str) -> tuple[str, float]:
-    """PATH:STRENGTH, or PATH alone for strength 1 (a path may itself hold ':', so only a number after the last counts)."""
+    """PATH:STRENGTH, or PATH alone for strength 1 (a path may itself hold ':', so only a number after the last
+    counts)."""
     path, sep, strength = item.rpartition(":")
     try:
         return (path, float(strength)) if sep and path else (item, 1.0)

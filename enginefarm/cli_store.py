@@ -179,7 +179,8 @@ def publish_cmd(source, dest, models, components, targets, precisions, keys):
 @keep_versions_option()
 @click.option("--delete", is_flag=True, help="Really delete; without it, only show what would go.")
 def gc_cmd(store, grace, keep_versions, delete):
-    """Remove blobs no manifest references and superseded build-cache objects, older than the grace period (dry run by default).
+    """Remove blobs no manifest references and superseded build-cache objects, older than the grace period (dry run by
+    default).
 
     With --keep-versions N, first the artifacts of older model versions: their manifests, index entries, and the blobs
     nothing kept uses (a blob a kept manifest uses is never removed)."""
@@ -202,11 +203,13 @@ def gc_cmd(store, grace, keep_versions, delete):
         click.echo(f"{done} build cache caches/{name}")
     young = len(plan.unreferenced) - len(plan.to_delete)
     click.echo(
-        f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced {'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}"
+        f"{plan.referenced} blobs referenced; {len(plan.to_delete)} unreferenced "
+        f"{'deleted' if delete else 'to delete (dry run: add --delete)'}; {young} unreferenced but younger than {grace}"
     )
     if plan.stale_caches:
         click.echo(
-            f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the newest {CACHE_NEWEST_KEPT} of each kept)"
+            f"{len(plan.stale_caches)} superseded build-cache objects {'deleted' if delete else 'to delete'} (the "
+            f"newest {CACHE_NEWEST_KEPT} of each kept)"
         )
     if plan.partials:
         click.echo(f"{len(plan.partials)} leftovers of interrupted writes {'deleted' if delete else 'to delete'}")
@@ -216,14 +219,15 @@ def _print_pruning(pruning, delete: bool) -> None:
     verb = "removed" if delete else "would remove"
     for manifest in pruning.removed:
         click.echo(
-            f"{verb} {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}]"
+            f"{verb} {manifest.ref} v{manifest.model_version} {manifest.target} {manifest.precision} "
+            f"[{manifest.build_key[:12]}]"
         )
     for digest in pruning.blobs:
         click.echo(f"{verb} blob {digest} (only older versions used it)")
     kept = "; ".join(f"{ref}: {', '.join(versions)}" for ref, versions in pruning.kept_versions.items())
     click.echo(
-        f"{len(pruning.removed)} artifacts of older versions and {len(pruning.blobs)} blobs {'removed' if delete else 'to remove (dry run: add --delete)'}"
-        + (f"; kept versions {kept}" if kept else "")
+        f"{len(pruning.removed)} artifacts of older versions and {len(pruning.blobs)} blobs "
+        f"{'removed' if delete else 'to remove (dry run: add --delete)'}" + (f"; kept versions {kept}" if kept else "")
     )
 
 

@@ -79,8 +79,8 @@ class ConfigError(EnginefarmError, ValueError):
 
 class TrustError(EnginefarmError):
     """Release metadata or a released artifact failed verification: unsigned, rolled back, expired, mixed or
-    tampered. `reason` names the check (rollback, expired, root-expired, signature, hash, too-long, mismatch, missing, invalid).
-    The last trusted state is kept and nothing is cached."""
+    tampered. `reason` names the check (rollback, expired, root-expired, signature, hash, too-long, mismatch, missing,
+    invalid). The last trusted state is kept and nothing is cached."""
 
 
 class ExportError(EnginefarmError, RuntimeError):

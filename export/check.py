@@ -100,7 +100,8 @@ def compare_with_torch(
     limit: float | None = None,
 ) -> dict[str, float]:
     """Run the ONNX file on ONNX Runtime (CPU) for each case and compare with torch's outputs (`torch_outputs`): the
-    worst deviation per case (max |difference| over the output's range), or ExportError naming the output that missed."""
+    worst deviation per case (max |difference| over the output's range), or ExportError naming the output that
+    missed."""
     import numpy as np
     import onnxruntime as ort
 

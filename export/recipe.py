@@ -95,7 +95,8 @@ def recipe_text(
             lines += [
                 "",
                 f"[components.{component_name}.resources]",
-                f"host_ram_gb = {vae_memory_gb(dims, family.vae_scale_factor)}  # its activations at the largest profile",
+                f"host_ram_gb = {vae_memory_gb(dims, family.vae_scale_factor)}  # its activations at the largest "
+                "profile",
             ]
         ranges = input_ranges(family, component, sizes, source.vae_scaling_factor)
         if ranges:

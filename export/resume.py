@@ -89,7 +89,8 @@ def staging(out: Path, key: str, report) -> Iterator[Partial]:
             except BaseException:
                 if partial.finished:
                     report.message(
-                        f"kept {len(partial.finished)} finished component(s) ({', '.join(partial.finished)}) in {folder}: "
+                        f"kept {len(partial.finished)} finished component(s) ({', '.join(partial.finished)}) in "
+                        f"{folder}: "
                         "the same command resumes from there"
                     )
                 else:

@@ -240,7 +240,8 @@ def check_shapes(
     step = latent_multiple(found)
     if any(n % step for n in ranges):
         raise ConfigError(
-            f"latent sizes {list(ranges)} must be multiples of {step}, the {'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
+            f"latent sizes {list(ranges)} must be multiples of {step}, the "
+            f"{'transformer patch' if 'transformer' in found.configs else 'UNet downsampling'}",
             hint=f"e.g. --latent {step},{2 * step},{4 * step} (image pixels: 8x these)",
         )
     opt = ranges[1]

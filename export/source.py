@@ -76,7 +76,8 @@ def read_source(source: Path, controlnet: Path | None = None) -> ExportSource:
             return _standalone_controlnet(source)
         raise SourceError(
             f"{source} is not a diffusers pipeline folder: {index_path} not found",
-            hint="give the folder `save_pretrained` wrote (it holds model_index.json), or a ControlNet folder (config.json)",
+            hint="give the folder `save_pretrained` wrote (it holds model_index.json), or a ControlNet folder "
+            "(config.json)",
         )
     model_index = _read_json(index_path)
     configs = {
@@ -97,7 +98,8 @@ def read_source(source: Path, controlnet: Path | None = None) -> ExportSource:
             )
         if not _is_controlnet_folder(controlnet):
             raise SourceError(
-                f"{controlnet} is not a ControlNet folder: {controlnet / 'config.json'} with _class_name ControlNetModel not found"
+                f"{controlnet} is not a ControlNet folder: {controlnet / 'config.json'} with _class_name "
+                "ControlNetModel not found"
             )
         configs["controlnet"] = _read_json(controlnet / "config.json")
         cn_family = detect_family(configs["controlnet"], {})
@@ -130,7 +132,8 @@ def _with_sizes(
     vae = configs.get("vae", {})
     if vae and 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1) != family.vae_scale_factor:
         raise ConfigError(
-            f"the VAE scales images by {2 ** (len(vae['block_out_channels']) - 1)}, {family.title} by {family.vae_scale_factor}",
+            f"the VAE scales images by {2 ** (len(vae['block_out_channels']) - 1)}, {family.title} by "
+            f"{family.vae_scale_factor}",
             hint="the pixel-space inputs and outputs are written for the family's scale",
         )
     return ExportSource(

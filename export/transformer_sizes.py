@@ -30,7 +30,8 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
             continue
         widths.append(encoder_width(config))
         vocabs.append(int(config["vocab_size"]))
-        # CLIPTextModelWithProjection's text_embeds are projection_dim wide; CLIPTextModel's pooler_output (Flux) is its width
+        # CLIPTextModelWithProjection's text_embeds are projection_dim wide; CLIPTextModel's pooler_output (Flux) is its
+        # width
         pooler = any(t.name == "pooler_output" for t in family.component(name).outputs)
         projections.append(
             (widths[-1] if pooler else int(config.get("projection_dim") or widths[-1])) if name in joint.pooled else 0
@@ -52,7 +53,8 @@ def transformer_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
     expected = int(transformer.get("pooled_projection_dim") or 0)
     if joint.pooled and pooled != expected:
         raise ConfigError(
-            f"the text encoders' pooled projections add up to {pooled}, the transformer's pooled_projection_dim is {expected}",
+            f"the text encoders' pooled projections add up to {pooled}, the transformer's pooled_projection_dim is "
+            f"{expected}",
             hint="the text encoders do not belong to this transformer",
         )
     lengths = table.text_lengths or tuple(77 for _ in family.text_encoders)
@@ -86,7 +88,8 @@ def with_text_length(family: Family, sizes: Sizes, text_length: tuple[int, int, 
     low, opt, high = text_length
     if high > TEXT_LENGTH_MAX:
         raise ConfigError(
-            f"--text-length {low},{opt},{high} goes past {TEXT_LENGTH_MAX} tokens, what T5 was trained at and diffusers allows",
+            f"--text-length {low},{opt},{high} goes past {TEXT_LENGTH_MAX} tokens, what T5 was trained at and "
+            "diffusers allows",
             hint=f"e.g. --text-length {TEXT_LENGTH_MIN},{min(opt, TEXT_LENGTH_MAX)},{TEXT_LENGTH_MAX}",
         )
     lengths = list(sizes.text_lengths)

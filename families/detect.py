@@ -26,7 +26,8 @@ def with_controlnet(base: Family) -> Family:
     if base.controlnet is None:
         raise ConfigError(
             f"there is no ControlNet family for {base.id} ({base.title})",
-            hint=f"ControlNet is supported for: {', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet and f.controlnet)}",
+            hint="ControlNet is supported for: "
+            f"{', '.join(f.controlnet for f in FAMILIES.values() if f.is_controlnet and f.controlnet)}",
         )
     return FAMILIES[base.controlnet]
 
@@ -41,7 +42,8 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
     unet = configs.get("unet", {})
     if unet.get("in_channels", 4) != 4:
         raise ConfigError(
-            f"{cls} with a {unet['in_channels']}-channel UNet (an inpainting or depth model) is not a supported family yet",
+            f"{cls} with a {unet['in_channels']}-channel UNet (an inpainting or depth model) is not a supported "
+            "family yet",
             hint=_HINT,
         )
     if cls in ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"):
@@ -82,7 +84,8 @@ def _sd(unet: dict, scheduler: dict) -> Family:
     found = _SD_BY_TEXT_WIDTH.get(width)
     if found is None:
         raise ConfigError(
-            f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD 2.x 1024)",
+            f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD "
+            "2.x 1024)",
             hint=_HINT,
         )
     if found == "sd2" and scheduler.get("prediction_type") == "v_prediction":

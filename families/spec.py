@@ -221,7 +221,8 @@ class Family:
         return float((vae_config or {}).get("scaling_factor", self.vae_scaling_factor))
 
     def shift_factor(self, vae_config: dict | None) -> float:
-        """The VAE shift factor (latents are (x - shift) * scale): the model's vae/config.json when it says, else the family's."""
+        """The VAE shift factor (latents are (x - shift) * scale): the model's vae/config.json when it says, else the
+        family's."""
         value = (vae_config or {}).get("shift_factor")
         return float(self.vae_shift_factor if value is None else value)
 

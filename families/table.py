@@ -107,8 +107,9 @@ _TRANSFORMER_RANGES = (
 
 def _t5(name: str, index: int) -> Component:
     """T5's encoder: the pipelines read its last hidden state, at the pipeline's token count (`text_length`, dynamic:
-    diffusers' max_sequence_length; the transformer's `context_tokens` follow it). Trained T5 (v1.1, XXL) overflows fp16 in its feed-forward outputs, which random weights cannot show:
-    fp32 (or bf16 where a backend computes it) until a keep-list is proven on the real weights."""
+    diffusers' max_sequence_length; the transformer's `context_tokens` follow it). Trained T5 (v1.1, XXL) overflows fp16
+    in its feed-forward outputs, which random weights cannot show: fp32 (or bf16 where a backend computes it) until a
+    keep-list is proven on the real weights."""
     return Component(
         name,
         "text_encoder",
@@ -410,7 +411,8 @@ def _flux_transformer(guidance: bool) -> Component:
 
 
 def _chroma_transformer() -> Component:
-    """Chroma: T5 alone, no pooled text; `attention_mask` over the text tokens (the image tokens are appended attended)."""
+    """Chroma: T5 alone, no pooled text; `attention_mask` over the text tokens (the image tokens are appended
+    attended)."""
     inputs = (
         Tensor("hidden_states", F32, LATENT),
         Tensor("timestep", F32, ("batch",)),

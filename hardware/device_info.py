@@ -92,7 +92,8 @@ _remembered: dict[str, Any] | None = (
 
 
 def remember_cpu(description: dict[str, Any]) -> None:
-    """Take the CPU's description from the probe cache, whose key covers what it depends on: no psutil import (~50 ms)."""
+    """Take the CPU's description from the probe cache, whose key covers what it depends on: no psutil import (~50
+    ms)."""
     global _remembered
     _remembered = dict(description)
 
@@ -127,7 +128,8 @@ def measured_cpu_description() -> dict[str, Any]:
 
 def nvidia_gpus() -> tuple[list[dict[str, Any]], str | None]:
     """NVIDIA GPUs via NVML (nvidia-ml-py): name, compute capability, arch, driver, VRAM. Returns (gpus, why none).
-    Never raises: the runner's probe and the TensorRT backends both ask, and a broken driver is a reason, not a crash."""
+    Never raises: the runner's probe and the TensorRT backends both ask, and a broken driver is a reason, not a
+    crash."""
     try:
         import pynvml
     except ImportError:

@@ -83,7 +83,8 @@ def _devices() -> list[str]:
 
 
 def _own_code(files: tuple[Path, ...]) -> list[int]:
-    """enginefarm's probe code changes what a probe reports (an editable install keeps its version): its files' mtimes."""
+    """enginefarm's probe code changes what a probe reports (an editable install keeps its version): its files'
+    mtimes."""
     return [f.stat().st_mtime_ns if f.exists() else 0 for f in files]
 
 

@@ -1,1 +1,2 @@
-"""enginefarm.runner: on the user's device. Detect, resolve, fetch, verify, load; compile on the device if nothing fits."""
+"""enginefarm.runner: on the user's device. Detect, resolve, fetch, verify, load; compile on the device if nothing
+fits."""

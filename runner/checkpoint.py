@@ -70,9 +70,10 @@ def _refusal(path: Path, st: SafeTensors, problems: list[str], foreign: int) -> 
     """One line: a file for another model says so, with one example; otherwise the problems, the first few shown."""
     if foreign * 2 > len(st.names):
         return WeightsError(
-            f"{path}: not weights for this model: {foreign} of its {len(st.names)} tensor(s) have names or shapes the model "
-            f"does not have (e.g. {problems[0]})",
-            hint="a checkpoint of another family or component, or another layout: use the base model's own kind of file",
+            f"{path}: not weights for this model: {foreign} of its {len(st.names)} tensor(s) have names or shapes the "
+            f"model does not have (e.g. {problems[0]})",
+            hint="a checkpoint of another family or component, or another layout: use the base model's own kind of "
+            "file",
         )
     shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
     return WeightsError(

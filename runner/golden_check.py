@@ -38,7 +38,8 @@ def needs_check(manifest: Manifest) -> bool:
 
 
 def device_slot(device) -> str:
-    """Who the verdict is for: the device class, and the driver where it has one (a new driver may compile differently)."""
+    """Who the verdict is for: the device class, and the driver where it has one (a new driver may compile
+    differently)."""
     driver = (getattr(device, "info", None) or {}).get("driver")
     slot = device.bench_class + (f"-driver-{driver}" if driver else "")
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", slot)
@@ -59,7 +60,8 @@ def gate(
     verdict = _read(path)
     if verdict is None:
         report.message(
-            f"first use of {manifest.ref} {manifest.target} [{manifest.build_key[:12]}] on this device: checking it against its golden samples"
+            f"first use of {manifest.ref} {manifest.target} [{manifest.build_key[:12]}] on this device: checking it "
+            "against its golden samples"
         )
         verdict = {
             **check(session, manifest, artifact_dir),
@@ -69,8 +71,10 @@ def gate(
         write_bytes_atomic(path, json.dumps(verdict, indent=1, sort_keys=True).encode())
     if not verdict["passed"]:
         raise ValidationFailed(
-            f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}] failed its golden samples on this device ({verdict['device']}): {verdict['failure']}",
-            hint=f"the artifact was published unvalidated and computes wrong numbers here; the verdict is kept in {path} (delete it to check again)",
+            f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}] failed its golden samples on this device "
+            f"({verdict['device']}): {verdict['failure']}",
+            hint="the artifact was published unvalidated and computes wrong numbers here; the verdict is kept in "
+            f"{path} (delete it to check again)",
             key=manifest.build_key,
             report=verdict,
         )
@@ -79,7 +83,10 @@ def gate(
 
 def describe(verdict: dict[str, Any]) -> str:
     score = f", min cosine {verdict['min_cosine']:.6f}" if verdict.get("min_cosine") is not None else ""
-    return f"first-device check ({verdict['device']}, {verdict['checked']}): {'passed' if verdict['passed'] else 'failed'} on its golden samples{score}"
+    return (
+        f"first-device check ({verdict['device']}, {verdict['checked']}): "
+        f"{'passed' if verdict['passed'] else 'failed'} on its golden samples{score}"
+    )
 
 
 def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
@@ -92,7 +99,8 @@ def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     entry = next((f for f in manifest.files if f.role == ROLE), None)
     if entry is None or entry.path != golden.get("file", FILE):
         raise IntegrityError(
-            f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest names golden samples but lists no {golden.get('file', FILE)}"
+            f"{manifest.ref} [{manifest.build_key[:12]}]: its manifest names golden samples but lists no "
+            f"{golden.get('file', FILE)}"
         )
     samples = SafeTensors(Path(artifact_dir) / entry.path)  # verified with the artifact: hashed against the manifest
     inputs = [t["name"] for t in manifest.io.get("inputs", [])]

@@ -31,8 +31,9 @@ def check_served(manifest: Manifest, entry: IndexEntry, ref: str, where: str) ->
             wrong.append(f"{name} {got!r} in the manifest, {said!r} in the index")
     if wrong:
         raise IntegrityError(
-            f"{where} lists {entry.model}/{entry.component} [{entry.build_key[:12]}], but {'; '.join(wrong)}: refused, nothing was fetched",
-            hint="the store's index and manifests disagree (tampered or mis-published store); report it to whoever publishes it, "
-            "or load from another store",
+            f"{where} lists {entry.model}/{entry.component} [{entry.build_key[:12]}], but {'; '.join(wrong)}: "
+            "refused, nothing was fetched",
+            hint="the store's index and manifests disagree (tampered or mis-published store); report it to whoever "
+            "publishes it, or load from another store",
             key=entry.build_key,
         )

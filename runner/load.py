@@ -63,7 +63,8 @@ def parse_ref(ref: str) -> tuple[str, str]:
             )
         if len(name.encode()) > _NAME_MAX:
             raise ConfigError(
-                f"{shown!r}: the {what} name is {len(name.encode())} bytes long, more than any store holds ({_NAME_MAX})",
+                f"{shown!r}: the {what} name is {len(name.encode())} bytes long, more than any store holds "
+                f"({_NAME_MAX})",
                 hint="check the name: it is the recipe's [model] name or component, as `enginefarm ls` lists them",
             )
     return model, component
@@ -307,8 +308,8 @@ def fetch(
     trusted_root: str | Path | None = None,
     version: str | None = None,
 ) -> tuple[Manifest, Path, str]:
-    """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder, explanation).
-    A winner this device timed before counts; nothing is timed here (that needs loading)."""
+    """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder,
+    explanation). A winner this device timed before counts; nothing is timed here (that needs loading)."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
     found = lookup(ref, precision, device, store, target, settings, version)
     report = as_progress(progress)
@@ -336,7 +337,8 @@ def load(
     version: str | None = None,
 ) -> Session:
     """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json.
-    version: serve this model version (the recipe's `model.version`); default the newest with an artifact usable here."""
+    version: serve this model version (the recipe's `model.version`); default the newest with an artifact usable
+    here."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
     stack = None
     if weights is not None or loras:  # custom weights and LoRAs bring their own code (and the builder's readers)

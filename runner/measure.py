@@ -182,7 +182,8 @@ def decide(
 
 
 def estimate_s(candidates: list[Candidate]) -> float | None:
-    """Seconds to fetch what is not cached, load, warm up and run each candidate MIN_ROUNDS times, from the farm's numbers."""
+    """Seconds to fetch what is not cached, load, warm up and run each candidate MIN_ROUNDS times, from the farm's
+    numbers."""
     total = 0.0
     for c in candidates:
         record = c.bench or next(iter(c.entry.benchmarks), None)

@@ -58,7 +58,8 @@ class DeviceJob:
 
 
 def applies(backend, manifest: Manifest) -> bool:
-    """Whether a stack on this artifact is compiled on the device: the backend does it, and the engine cannot be refitted."""
+    """Whether a stack on this artifact is compiled on the device: the backend does it, and the engine cannot be
+    refitted."""
     return backend.has(Feature.COMPILES_STACKS_ON_DEVICE) and not {**backend.options, **manifest.options}.get(
         "refittable", False
     )
@@ -85,7 +86,8 @@ def apply_stack(
         how = f"compiled on this device earlier from {source} with the stack merged (cached)"
         if path is None:
             report.message(
-                f"{describe(stack)} merged into the ONNX; compiling a {manifest.target} engine on this device (no GPU to build a refittable one)"
+                f"{describe(stack)} merged into the ONNX; compiling a {manifest.target} engine on this device (no GPU "
+                "to build a refittable one)"
             )
             path, seconds = _compile(
                 manifest,
@@ -138,7 +140,8 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
         path = cache.verified_dir(key) if where == "cache" else cache.cached_as(found, store.url)
         if path is None and store is not None:
             report.message(
-                f"fetching {manifest.ref}'s ONNX ({ONNX_TARGET} {found.precision} [{key[:12]}]) to compile {manifest.target} here"
+                f"fetching {manifest.ref}'s ONNX ({ONNX_TARGET} {found.precision} [{key[:12]}]) to compile "
+                f"{manifest.target} here"
             )
             cache.fetch(store, found, progress=report)
             path = cache.verified_dir(key)
@@ -146,23 +149,27 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
             raise IntegrityError(f"{manifest.ref}: its ONNX artifact {key[:12]} failed verification")
         return found, path
     raise ArtifactNotFoundError(
-        f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}] is not refittable, and no {ONNX_TARGET} {manifest.precision} artifact "
+        f"{manifest.ref} {manifest.target} [{manifest.build_key[:12]}] is not refittable, and no {ONNX_TARGET} "
+        f"{manifest.precision} artifact "
         "of the same source model (with a weight map) is stored to compile custom weights from on this device",
-        hint=f"add {ONNX_TARGET} to the component's targets (with its checkpoint) and build it, or build {manifest.target} with refittable = true on a GPU runner",
+        hint=f"add {ONNX_TARGET} to the component's targets (with its checkpoint) and build it, or build "
+        f"{manifest.target} with refittable = true on a GPU runner",
     )
 
 
 def refittable_twin(
     manifest: Manifest, onnx_manifest: Manifest, onnx_dir: Path, backend, cache: DeviceCache, report: Progress
 ) -> tuple[Manifest, Path, bool]:
-    """The base engine compiled here refittable and weight-stripped (its weights are the ONNX shipped beside it), once."""
+    """The base engine compiled here refittable and weight-stripped (its weights are the ONNX shipped beside it),
+    once."""
     key = build_key({"base": manifest.build_key, "device_build": "refittable", "onnx": onnx_manifest.build_key})
     with file_lock(cache.locks / f"{key}.lock"):
         path = cache.built_here_dir(key)
         if path is not None:
             return cache.manifest(key), path, False
         report.message(
-            f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks are refits)"
+            f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks "
+            "are refits)"
         )
         map_entry = role_entry(onnx_manifest, "map")
 

@@ -90,7 +90,8 @@ class Candidate:
     def describe(self) -> str:
         e = self.entry
         if self.p50_ms is not None:
-            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on} by the farm{_noise(self.bench) if self.bench else ''}"
+            noise = _noise(self.bench) if self.bench else ""
+            speed = f", p50 {_ms(self.p50_ms)} ms measured on {self.measured_on} by the farm{noise}"
         else:
             speed = "" if self.device is None else ", no benchmark for this device"
         if self.on_device is not None:
@@ -173,7 +174,10 @@ class Resolution:
             slower = [c for c in rivals if c.p50_ms is not None]
             if slower:
                 best_other = min(slower, key=lambda c: c.p50_ms)
-                return f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_other.p50_ms)} ms for {best_other.entry.target} {best_other.entry.precision}"
+                return (
+                    f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_other.p50_ms)} ms for "
+                    f"{best_other.entry.target} {best_other.entry.precision}"
+                )
             return "the only usable artifact with a benchmark"
         if not rivals:
             return "the only usable artifact"
@@ -335,7 +339,10 @@ def _choose_version(resolution: Resolution) -> None:
         )
     for c in usable:
         if not same_version(c.version, served):
-            c.reason = f"older model version {c.version or 'unknown'} (version {served} is usable here; pin version= to use it)"
+            c.reason = (
+                f"older model version {c.version or 'unknown'} (version {served} is usable here; pin version= "
+                "to use it)"
+            )
 
 
 def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
@@ -369,6 +376,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
 
 
 def _noise_of(c: Candidate) -> float:
-    """Its half-IQR; a negative or NaN one (a damaged record) counts as none, so a leader is always in its own cluster."""
+    """Its half-IQR; a negative or NaN one (a damaged record) counts as none, so a leader is always in its own
+    cluster."""
     noise = c.bench.noise_ms if c.bench is not None else 0.0
     return noise if noise >= 0 else 0.0

@@ -146,7 +146,8 @@ class Session:
                 hint=f"the backend said: {first[:300]}",
             )
         return InputError(
-            f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: {first[:300]})",
+            f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: "
+            f"{first[:300]})",
             hint=f"shapes validated when it was built: {validated}; the model may need sizes like those",
         )
 
@@ -210,7 +211,8 @@ class Session:
             raise InputError(
                 f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}: converting would keep the values "
                 f"({array.dtype} range) where the model may expect another scale",
-                hint=f"convert it yourself, e.g. {name}.astype(np.{dtype}) / 255 for an image the model expects in [0, 1]",
+                hint=f"convert it yourself, e.g. {name}.astype(np.{dtype}) / 255 for an image the model expects in "
+                "[0, 1]",
             )
         raise InputError(
             f"{ref}: input {name!r} is {array.dtype}, the model takes {dtype}",

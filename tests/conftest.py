@@ -30,7 +30,8 @@ def isolated_env(tmp_path, monkeypatch):
     # Picks follow the farm's numbers unless a test turns on-device timing on; host locks stay within the test.
     monkeypatch.setenv("ENGINEFARM_MEASURE", "off")
     monkeypatch.setenv("ENGINEFARM_HOST_LOCK_DIR", str(tmp_path / "host-locks"))
-    # Fake SDKs (tests/fakes) change what probes find within one home: probe every time (tests/runner/test_probe_cache.py turns it on)
+    # Fake SDKs (tests/fakes) change what probes find within one home: probe every time
+    # (tests/runner/test_probe_cache.py turns it on)
     monkeypatch.setenv("ENGINEFARM_PROBE_CACHE", "off")
 
 

@@ -363,7 +363,8 @@ def dynamic_quantized(path: Path) -> Path:
 
 
 def convs(path: Path) -> Path:
-    """y = Conv(Relu(Conv(x))), x [batch, 4, h, w]: weights but no GEMM, so TensorRT-RTX builds it in fp32 for Turing too."""
+    """y = Conv(Relu(Conv(x))), x [batch, 4, h, w]: weights but no GEMM, so TensorRT-RTX builds it in fp32 for Turing
+    too."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(3)

@@ -1,5 +1,6 @@
 """The fake NVIDIA SDK (tests/fakes) for tests of our code around TensorRT / TensorRT-RTX calls, and the real
-TensorRT-RTX where a test needs it. The fixtures `fake_nvidia` and `real_rtx` (tests/conftest.py) are made from these."""
+TensorRT-RTX where a test needs it. The fixtures `fake_nvidia` and `real_rtx` (tests/conftest.py) are made from
+these."""
 
 from __future__ import annotations
 

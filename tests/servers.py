@@ -112,7 +112,10 @@ class FaultProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 rule = proxy.plan.match(self.command, self.path, self.headers)
                 if rule and rule.status:
-                    payload = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                    payload = (
+                        b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Please reduce your request "
+                        b"rate.</Message></Error>"
+                    )
                     self.send_response(rule.status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
@@ -136,7 +139,8 @@ class FaultProxy:
                         unit, _, rest = value.partition(" ")
                         span, _, total = rest.partition("/")
                         first, _, last = span.partition("-")
-                        value = f"{unit} {int(first) + rule.shift_content_range}-{int(last) + rule.shift_content_range}/{total}"
+                        shift = rule.shift_content_range
+                        value = f"{unit} {int(first) + shift}-{int(last) + shift}/{total}"
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -74,7 +74,8 @@ def test_publish_copies_only_missing_blobs(tiny_recipe, cli, tmp_path, bucket, p
     proc = cli("publish", "--from", str(local), "--to", dest_url)
     assert proc.returncode == 0, proc.stderr
     assert "2 copied, 0 already" in proc.stdout
-    # A blob the destination holds is refreshed (copied onto itself, so gc cannot delete it under the publish), never sent.
+    # A blob the destination holds is refreshed (copied onto itself, so gc cannot delete it under the publish), never
+    # sent.
     blob_puts = [
         path
         for method, path, headers in proxy.plan.log

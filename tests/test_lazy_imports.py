@@ -71,7 +71,8 @@ def _loaded(code: str, env: dict | None = None) -> list[str]:
     import os
 
     probe = (
-        f"{code}\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxsim', *{CLI_ONLY!r}) "
+        f"{code}\nimport sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', "
+        f"'onnxsim', *{CLI_ONLY!r}) "
         "or m.startswith(('enginefarm.builder', 'enginefarm.cli')))))"
     )
     out = subprocess.run(
@@ -110,7 +111,8 @@ def test_the_guard_would_catch_a_cli_import():
 
 
 def _hide(folder, modules=CLI_ONLY) -> dict:
-    """Shim packages that raise ModuleNotFoundError on import, first on PYTHONPATH: as if `modules` were not installed."""
+    """Shim packages that raise ModuleNotFoundError on import, first on PYTHONPATH: as if `modules` were not
+    installed."""
     for module in modules:
         (folder / module).mkdir(parents=True, exist_ok=True)
         (folder / module / "__init__.py").write_text(
@@ -194,7 +196,8 @@ def test_the_public_face_names_its_parameters_and_stays_lazy():
 
     code = (
         "import sys, json, inspect, enginefarm; before = 'enginefarm.diffusion' in sys.modules; "
-        "p = enginefarm.Pipeline; print(json.dumps([before, 'enginefarm.diffusion' in sys.modules, enginefarm.Session.__name__]))"
+        "p = enginefarm.Pipeline; print(json.dumps([before, 'enginefarm.diffusion' in sys.modules, "
+        "enginefarm.Session.__name__]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [False, True, "Session"]

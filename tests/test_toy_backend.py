@@ -1,6 +1,6 @@
-"""A new backend is one module plus one registry line: a toy backend that lives in the test suite (tests/toy_backend.py),
-registered through ENGINEFARM_BACKENDS, goes through plan → build (in spawned build workers) → resolve → load → run
-without any product file knowing its name."""
+"""A new backend is one module plus one registry line: a toy backend that lives in the test suite
+(tests/toy_backend.py), registered through ENGINEFARM_BACKENDS, goes through plan → build (in spawned build workers) →
+resolve → load → run without any product file knowing its name."""
 
 from __future__ import annotations
 

@@ -155,7 +155,10 @@ def _read(path: Path) -> LoraFile:
     return LoraFile(Path(path), layers)
 
 
-FORMATS = "a kohya, PEFT or LyCORIS LoRA holds, per module, lora_down/lora_up (or lora_A/lora_B), hada_w1_a… (LoHa), lokr_w1… (LoKr) or diff, with optional alpha and dora_scale"
+FORMATS = (
+    "a kohya, PEFT or LyCORIS LoRA holds, per module, lora_down/lora_up (or lora_A/lora_B), hada_w1_a… (LoHa), "
+    "lokr_w1… (LoKr) or diff, with optional alpha and dora_scale"
+)
 
 
 def shown(problems: list[str]) -> str:
@@ -215,7 +218,10 @@ def _shapes(layer: Layer) -> str:
             if ("t1" in t) and (t["w1a"].shape[1], t["w1b"].shape[1]) != (t["w2a"].shape[1], t["w2b"].shape[1]):
                 return "w1 and w2 give different shapes"
             if "t1" not in t and (t["w1a"].shape[0], t["w1b"].shape[1]) != (t["w2a"].shape[0], t["w2b"].shape[1]):
-                return f"w1 {[t['w1a'].shape[0], t['w1b'].shape[1]]} and w2 {[t['w2a'].shape[0], t['w2b'].shape[1]]} differ in shape"
+                return (
+                    f"w1 {[t['w1a'].shape[0], t['w1b'].shape[1]]} and w2 {[t['w2a'].shape[0], t['w2b'].shape[1]]} "
+                    "differ in shape"
+                )
             if "t1" not in t and (t["w1a"].shape[1] != t["w1b"].shape[0] or t["w2a"].shape[1] != t["w2b"].shape[0]):
                 return "hada_w*_a and hada_w*_b disagree on the rank"
         elif layer.kind == "lokr":

@@ -3,9 +3,11 @@
 Formats, by the suffixes of a module's tensors (W is the weight, all products in the weight's torch layout):
 - LoRA / LoCon   `lora_down|lora_A` [r, in, (k, k)], `lora_up|lora_B` [out, r, (1, 1)], optional `lora_mid` [r, r, k, k]
                  (LoCon's Tucker form): ΔW = up @ down (through mid);
-- LoHa           `hada_w1_a` [out, r] `hada_w1_b` [r, in·k·k] and the same for w2; with `hada_t1/t2` [r, r, k, k] (Tucker,
+- LoHa           `hada_w1_a` [out, r] `hada_w1_b` [r, in·k·k] and the same for w2; with `hada_t1/t2` [r, r, k, k]
+(Tucker,
                  then w_a is [r, out] and w_b [r, in]): ΔW = (w1_a @ w1_b) ⊙ (w2_a @ w2_b);
-- LoKr           `lokr_w1` [a, c] or `lokr_w1_a @ lokr_w1_b`; `lokr_w2` [b, d, (k, k)] or `lokr_w2_a @ lokr_w2_b` or Tucker
+- LoKr           `lokr_w1` [a, c] or `lokr_w1_a @ lokr_w1_b`; `lokr_w2` [b, d, (k, k)] or `lokr_w2_a @ lokr_w2_b` or
+Tucker
                  with `lokr_t2`: ΔW = w1 ⊗ w2 (Kronecker, out = a·b, in = c·d);
 - full           `diff`: ΔW itself (LyCORIS' full fine-tune module).
 Scale: alpha / r where the file gives `alpha` and a rank (LoRA: down's rows; LoHa: w1_b's rows; LoKr: the rows of

@@ -1,9 +1,10 @@
 """Whole-model files as users download them, and the part each component takes.
 
 A file is recognised by its keys (`detect`): an SD 1.x / 2.x single-file checkpoint in the original LDM layout, an
-SDXL base or refiner one in the SGM layout, a Flux.1 or SD3/SD3.5 transformer as its publisher ships it, a VAE in the original layout or as a full diffusers AutoencoderKL, or
-none of these (a component's own file in diffusers names, read as it is). Each layout is a table: component → the
-file's section (key prefix) and the model part whose names it uses (`layouts.py`).
+SDXL base or refiner one in the SGM layout, a Flux.1 or SD3/SD3.5 transformer as its publisher ships it, a VAE in the
+original layout or as a full diffusers AutoencoderKL, or none of these (a component's own file in diffusers names, read
+as it is). Each layout is a table: component → the file's section (key prefix) and the model part whose names it uses
+(`layouts.py`).
 
 `component_part(path, component, wmap)` is that component's part as a read-only tensor view in diffusers names,
 checked against the component's weight map: a tensor of the part that has no place in the component, or the wrong
@@ -120,7 +121,8 @@ LAYOUTS = {
         ),
         FileLayout(
             "flux-ldm",
-            "a Flux.1 file (Black Forest Labs' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if any)",
+            "a Flux.1 file (Black Forest Labs' layout under model.diffusion_model., ComfyUI's text_encoders./vae. if "
+            "any)",
             _FLUX,
             {
                 "transformer": Section(FLUX, _LDM),
@@ -164,7 +166,8 @@ LAYOUTS = {
     )
 }
 
-# Not weights: scheduler buffers (top-level keys), EMA copies, SGM's sigmas, a VAE's training loss, position ids, logit scale.
+# Not weights: scheduler buffers (top-level keys), EMA copies, SGM's sigmas, a VAE's training loss, position ids, logit
+# scale.
 _NOT_WEIGHTS = re.compile(
     r"^(?:[^.]+|model_ema\..*|denoiser\..*|(?:first_stage_model\.)?loss\..*|.*\.position_ids|.*logit_scale)$"
 )
@@ -367,7 +370,8 @@ def component_part(
         parts = []
         if homeless:
             parts.append(
-                f"{len(homeless)} tensor(s) have no place in it ({', '.join(homeless[:3])}{', …' if len(homeless) > 3 else ''})"
+                f"{len(homeless)} tensor(s) have no place in it "
+                f"({', '.join(homeless[:3])}{', …' if len(homeless) > 3 else ''})"
             )
         if misfits:
             parts.append(

@@ -1,4 +1,5 @@
-"""The build process of the NVIDIA backends: `python -m enginefarm.backends.nvidia.build_process SPEC RESULT PARENT_PID`.
+"""The build process of the NVIDIA backends: `python -m enginefarm.backends.nvidia.build_process SPEC RESULT
+PARENT_PID`.
 
 It imports the SDK itself and writes RESULT (JSON: notes, or the error). If the SDK kills it instead (segfault,
 abort, out of memory), RESULT is missing and the parent reports how the process died.
@@ -25,7 +26,8 @@ from .sdk import KEPT_ERRORS, SdkError, capturing_logger
 
 
 def progress_monitor(trt, path: str):
-    """Writes the top-level build phase's steps ({done, total, phase}) as JSON lines; None where the SDK has no monitor."""
+    """Writes the top-level build phase's steps ({done, total, phase}) as JSON lines; None where the SDK has no
+    monitor."""
     base = getattr(trt, "IProgressMonitor", None)
     if base is None:
         return None

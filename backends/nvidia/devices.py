@@ -9,7 +9,8 @@ from enginefarm.hardware.device_info import nvidia_gpus
 
 
 def gpu_runs(device: str, gpu: dict[str, Any], family_floors: dict[str, tuple[int, int]]) -> bool:
-    """Whether a GPU (NVML description) runs plans for the device class: sm_XX exactly, or a family class from its floor."""
+    """Whether a GPU (NVML description) runs plans for the device class: sm_XX exactly, or a family class from its
+    floor."""
     if device.startswith("sm_"):
         return gpu["arch"] == device
     floor = family_floors.get(device)

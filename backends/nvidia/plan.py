@@ -107,7 +107,8 @@ def deserialize(trt, data: bytes, what: str, *, host_code: bool = False):
     engine = runtime.deserialize_cuda_engine(data)
     if engine is None:
         raise BackendUnavailable(
-            f"{what}: {trt.__name__} could not deserialize the plan (validity: {validity}): {logger.last_error() or 'no error logged'}"
+            f"{what}: {trt.__name__} could not deserialize the plan (validity: {validity}): "
+            f"{logger.last_error() or 'no error logged'}"
         )
     return engine, logger
 
@@ -156,7 +157,8 @@ def require_refittable(manifest, defaults: dict[str, Any], what: str) -> None:
     if not {**defaults, **manifest.options}["refittable"]:
         backend = manifest.parsed_target.backend
         raise ConfigError(
-            f"{manifest.ref} {manifest.target}: this {what} was not built refittable, so it cannot take custom weights or LoRAs",
+            f"{manifest.ref} {manifest.target}: this {what} was not built refittable, so it cannot take custom "
+            "weights or LoRAs",
             hint=f"set refittable = true in [components.{manifest.component}.options.{backend}] and rebuild",
         )
 

@@ -1,5 +1,6 @@
 """The NVIDIA SDKs (TensorRT, TensorRT-RTX) as the backends meet them: importing one with an install hint, and an
-ILogger that keeps the SDK's own error words, since its calls mostly answer None or False and explain only in its log."""
+ILogger that keeps the SDK's own error words, since its calls mostly answer None or False and explain only in its
+log."""
 
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ def cuda_devices() -> int:
 class _Cuda:
     def __init__(self, device_index: int) -> None:
         self.rt = cudart()
-        # NVML and CUDA number GPUs alike under CUDA_DEVICE_ORDER=PCI_BUS_ID; with one GPU, as on most user machines, always.
+        # NVML and CUDA number GPUs alike under CUDA_DEVICE_ORDER=PCI_BUS_ID; with one GPU, as on most user machines,
+        # always.
         self.call(self.rt.cudaSetDevice(device_index))
         self.stream = self.call(self.rt.cudaStreamCreate())
         self.buffers: dict[str, tuple[int, int]] = {}  # tensor name → (device pointer, capacity in bytes)
@@ -75,7 +76,8 @@ class _Cuda:
 
 
 class TrtSession:
-    """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address, execute_async_v3)."""
+    """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address,
+    execute_async_v3)."""
 
     def __init__(
         self, trt, engine, context, precision: str, *, how: str = "", after_run=None, device_index: int = 0

@@ -47,8 +47,8 @@ class Store(ABC):
     @abstractmethod
     def open_blob(self, digest: str, size: int | None = None, offset: int = 0) -> BlobReader:
         """A readable stream of the stored bytes from `offset` (to resume a download), never past `size` when
-        given. Raises ArtifactNotFoundError; a remote stream may raise BlobChanged, meaning: read it again from the start.
-        `size` is the whole blob's claimed size: where the store says it holds another (stat, the response's
+        given. Raises ArtifactNotFoundError; a remote stream may raise BlobChanged, meaning: read it again from the
+        start. `size` is the whole blob's claimed size: where the store says it holds another (stat, the response's
         Content-Length or Content-Range), IntegrityError before a byte is read, so a lying manifest (a 98 KB bomb
         claiming 3 GB) makes nothing decode."""
 

@@ -85,8 +85,9 @@ class HttpStore(Store):
             ) from None
 
     def _read_small(self, rel: str, *, fresh: bool = True) -> tuple[bytes, str | None] | None:
-        """(body, ETag) of a small object, or None if it is not there: paced, capped, length-checked, retried (small.py).
-        `fresh`: ask caches for the current version (the index and channel metadata change; manifests never do)."""
+        """(body, ETag) of a small object, or None if it is not there: paced, capped, length-checked, retried
+        (small.py). `fresh`: ask caches for the current version (the index and channel metadata change; manifests never
+        do)."""
         headers = {"Cache-Control": "no-cache"} if fresh else {}
         try:
             return read_whole(

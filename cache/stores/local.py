@@ -47,7 +47,8 @@ def open_regular(path: Path, refuse: Callable[[Path], Exception] | None = None) 
 
 
 def read_small(path: Path, limit: int = SMALL_LIMIT) -> bytes:
-    """A whole small store file, at most `limit` bytes (raises FileNotFoundError if absent, StoreError if special or larger)."""
+    """A whole small store file, at most `limit` bytes (raises FileNotFoundError if absent, StoreError if special or
+    larger)."""
     with open_regular(path) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:

@@ -132,7 +132,8 @@ class ResumableReader:
             rate = count / (now - since)
             if rate < self._limits.min_rate:
                 raise TransferTooSlow(
-                    f"{self._what}: {rate / 1024:.1f} KiB/s is below the {self._limits.min_rate / 1024:.0f} KiB/s floor",
+                    f"{self._what}: {rate / 1024:.1f} KiB/s is below the {self._limits.min_rate / 1024:.0f} KiB/s "
+                    "floor",
                     hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
                 )
             self._window = (now, 0)

@@ -106,7 +106,8 @@ class S3Store(Store):
         if isinstance(exc, botocore.exceptions.NoCredentialsError):  # not a network problem: say what to set
             return StoreError(
                 f"{self.url}: no AWS credentials found",
-                hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); for a public bucket use its https:// URL",
+                hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE); for a public bucket use its "
+                "https:// URL",
             )
         return StoreError(f"{self.url}: cannot reach the store: {exc}", hint="check AWS_ENDPOINT_URL and your network")
 

@@ -84,7 +84,8 @@ def read_whole(
         time.sleep(min(0.2 * 2**attempt, 1.0))
     raise StoreError(
         f"{what}: {tries[-1] if tries else 'no answer'} ({len(tries)} tries in {time.monotonic() - started:.0f} s)",
-        hint="the server stalls or cuts responses short; try again later (ENGINEFARM_HTTP_DEADLINE, _MIN_RATE tune the limits)",
+        hint="the server stalls or cuts responses short; try again later (ENGINEFARM_HTTP_DEADLINE, _MIN_RATE tune "
+        "the limits)",
     )
 
 
@@ -111,7 +112,8 @@ def _paced(response: Response, limit: int, limits: Limits, started: float, what:
         if now - since >= limits.window_s:
             if count / (now - since) < limits.min_rate:
                 raise TransferTooSlow(
-                    f"{what}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} KiB/s floor",
+                    f"{what}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} "
+                    "KiB/s floor",
                     hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
                 )
             since, count = now, 0

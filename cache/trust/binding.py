@@ -57,7 +57,10 @@ def check(data: bytes, channel: str, trusted: dict[str, str] | None, what: str) 
         return
     if not isinstance(signed, dict):
         return
-    hint = "nothing this device trusts was changed; the store holds metadata of another channel (copied or replayed): restore the channel's own files"
+    hint = (
+        "nothing this device trusts was changed; the store holds metadata of another channel (copied or replayed): "
+        "restore the channel's own files"
+    )
     if found is None:
         if trusted is not None:
             raise TrustError(

@@ -143,9 +143,11 @@ def refusal(exc: Exception, what: str) -> TrustError:
             "the channel's root has expired; nothing loads from it until its maintainers renew it",
         )
     hint = {
-        "expired": "the channel's maintainers must run `enginefarm release refresh`; if this device is offline, go online once",
-        "root-expired": "the channel's maintainers must renew the root with its keys: `enginefarm release refresh --role root` "
-        "(or `release rotate root`); apps follow the renewed root on their next load, with the root.json they ship",
+        "expired": "the channel's maintainers must run `enginefarm release refresh`; if this device is offline, go "
+        "online once",
+        "root-expired": "the channel's maintainers must renew the root with its keys: `enginefarm release refresh "
+        "--role root` (or `release rotate root`); apps follow the renewed root on their next load, with the root.json "
+        "they ship",
         "missing": "check the store URL and the channel name",
     }.get(reason, "nothing was loaded or cached; report it to whoever publishes this store")
     return TrustError(f"{what}: {text} ({exc})", hint=hint, reason=reason)
@@ -339,10 +341,12 @@ class ChannelClient:
             wrong = [f for f in CHECKED_FIELDS if getattr(manifest, f) != custom.get(f)]
             if wrong:
                 raise TrustError(
-                    f"{self.what}: the manifest at {info.path} is {manifest.ref} {manifest.target} {manifest.precision} "
-                    f"[{manifest.build_key[:12]}], but its release says otherwise ({', '.join(wrong)})",
+                    f"{self.what}: the manifest at {info.path} is {manifest.ref} {manifest.target} "
+                    f"{manifest.precision} [{manifest.build_key[:12]}], but its release says otherwise "
+                    f"({', '.join(wrong)})",
                     reason="mismatch",
-                    hint="nothing was loaded or cached; the channel's targets are inconsistent, report it to its maintainers",
+                    hint="nothing was loaded or cached; the channel's targets are inconsistent, report it to its "
+                    "maintainers",
                 )
         except Exception:
             path.unlink(missing_ok=True)

@@ -62,7 +62,8 @@ def role_files(keys_dir: Path, role: str) -> list[Path]:
 
 
 def retire(keys_dir: Path, keyid: str) -> None:
-    """Move a revoked key's files to KEYS/retired/ (kept, not deleted: a maintainer may need to audit old signatures)."""
+    """Move a revoked key's files to KEYS/retired/ (kept, not deleted: a maintainer may need to audit old
+    signatures)."""
     retired = keys_dir / "retired"
     for path in list(keys_dir.glob(f"*-{keyid[:8]}.key")) + list(keys_dir.glob(f"*-{keyid[:8]}.pub")):
         retired.mkdir(exist_ok=True, mode=0o700)

@@ -88,7 +88,8 @@ class Channel:
             raise TrustError(
                 f"channel {self.name} does not exist in {self.store.url}",
                 reason="missing",
-                hint=f"create it with `enginefarm release init --channel {self.name} --store {self.store.url} --keys DIR`",
+                hint=f"create it with `enginefarm release init --channel {self.name} --store {self.store.url} --keys "
+                "DIR`",
             ) from None
         timestamp = self._read("timestamp.json")
         snapshot = self._read(f"{timestamp.signed.snapshot_meta.version}.snapshot.json")
@@ -129,8 +130,8 @@ class Channel:
             have = [signers[k] for k in wanted.keyids if k in signers]
             if len(have) < wanted.threshold:
                 raise TrustError(
-                    f"signing {role} of channel {self.name} needs {wanted.threshold} of its {len(wanted.keyids)} key(s); "
-                    f"{len(have)} found in {self.keys_dir}",
+                    f"signing {role} of channel {self.name} needs {wanted.threshold} of its {len(wanted.keyids)} "
+                    f"key(s); {len(have)} found in {self.keys_dir}",
                     reason="keys",
                     hint=f"put the {role} key file(s) (from `release init`) into {self.keys_dir}",
                 )
@@ -242,7 +243,8 @@ def init(
 
 
 def promote(store: Store, channel: str, keys_dir: Path, build_keys: Iterable[str]) -> list[Manifest]:
-    """Add these artifacts to the channel's signed targets. Each manifest and every blob it names must be in the store."""
+    """Add these artifacts to the channel's signed targets. Each manifest and every blob it names must be in the
+    store."""
     from tuf.api.metadata import TargetFile
 
     ch = Channel(store, channel, keys_dir)
@@ -280,7 +282,8 @@ def yank(store: Store, channel: str, keys_dir: Path, keep: Callable[[dict], bool
 
 
 def refresh(store: Store, channel: str, keys_dir: Path, roles: Iterable[str] = ("timestamp",)) -> State:
-    """Re-sign with renewed expiry: the timestamp (all that CI's online key can do), or more roles when their keys are here."""
+    """Re-sign with renewed expiry: the timestamp (all that CI's online key can do), or more roles when their keys are
+    here."""
     ch = Channel(store, channel, keys_dir)
     state = ch.load()
     roles = set(roles)
@@ -292,7 +295,8 @@ def refresh(store: Store, channel: str, keys_dir: Path, roles: Iterable[str] = (
             binding.stamp(state.root.signed, binding.new(channel))
             roles |= {"targets", "snapshot"}
             log.warning(
-                "channel %s is now bound to its name and a new repository id; apps follow the new root on their next refresh",
+                "channel %s is now bound to its name and a new repository id; apps follow the new root on their next "
+                "refresh",
                 channel,
             )
         ch._renew(state.root, "root", state.root)

@@ -3,7 +3,8 @@
 A loop reads the same way for every scheduler:
 
     sched.set_timesteps(steps, strength)          # strength < 1: img2img
-    x = noise * sched.init_noise_sigma            # txt2img; img2img: x = sched.add_noise(image_latent, noise, sched.timesteps[0])
+    x = noise * sched.init_noise_sigma            # txt2img; img2img: x = sched.add_noise(image_latent, noise,
+    sched.timesteps[0])
     for t in sched.timesteps:
         out = unet(sched.scale_model_input(x, t), t)
         x = sched.step(out, t, x)
@@ -68,7 +69,8 @@ class Scheduler:
 
     def set_timesteps(self, steps: int, strength: float = 1.0) -> None:
         """Plan `steps` denoising steps. With `strength` < 1 (img2img) only the last `int(steps * strength)` run, as in
-        diffusers' img2img pipelines (`get_timesteps`); the loop then starts from `add_noise(image, noise, timesteps[0])`."""
+        diffusers' img2img pipelines (`get_timesteps`); the loop then starts from `add_noise(image, noise,
+        timesteps[0])`."""
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
             raise ConfigError(f"the number of steps must be a positive integer, not {steps!r}", hint="e.g. steps=20")
         if steps > self.config.num_train_timesteps:

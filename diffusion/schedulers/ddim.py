@@ -36,7 +36,8 @@ class DDIMScheduler(AlphaScheduler):
 
 
 def predict_x0_eps(prediction_type: str, model_output: np.ndarray, x: np.ndarray, alpha_bar: np.float32):
-    """The clean sample and the noise that the model's output implies at a timestep with cumulative alpha `alpha_bar`."""
+    """The clean sample and the noise that the model's output implies at a timestep with cumulative alpha
+    `alpha_bar`."""
     beta_bar = 1 - alpha_bar
     if prediction_type == "epsilon":
         return (x - beta_bar**0.5 * model_output) / alpha_bar**0.5, model_output

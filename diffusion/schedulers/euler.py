@@ -115,7 +115,8 @@ class EulerAncestralDiscreteScheduler(SigmaScheduler):
 
     def _step(self, model_output, x, noise):
         sigma, sigma_next = self.sigmas[self._index], self.sigmas[self._index + 1]
-        # step down to sigma_down deterministically, then add fresh noise of sigma_up: sigma_down^2 + sigma_up^2 = sigma_next^2
+        # step down to sigma_down deterministically, then add fresh noise of sigma_up: sigma_down^2 + sigma_up^2 =
+        # sigma_next^2
         sigma_up = (sigma_next**2 * (sigma**2 - sigma_next**2) / sigma**2) ** 0.5
         sigma_down = (sigma_next**2 - sigma_up**2) ** 0.5
         derivative = (x - self._x0(model_output, x, sigma)) / sigma

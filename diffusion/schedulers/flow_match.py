@@ -47,7 +47,8 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         sigmas: np.ndarray | list[float] | None = None,
     ) -> None:
         """`mu` is the resolution-dependent shift (log of the shift factor) that `use_dynamic_shifting` configs need:
-        see `dynamic_shift_mu`. `sigmas` replaces the evenly spaced ones (Flux's pipeline passes linspace(1, 1/steps))."""
+        see `dynamic_shift_mu`. `sigmas` replaces the evenly spaced ones (Flux's pipeline passes linspace(1,
+        1/steps))."""
         if self.config.use_dynamic_shifting and mu is None:
             raise ConfigError(
                 f"{self.name}: this config shifts sigmas by image size (use_dynamic_shifting): pass mu",

@@ -94,7 +94,8 @@ def test_tensorrt_rtx_builds_runs_and_keeps_its_runtime_cache(tiny_recipe, tiny_
 
 
 def test_a_streamable_tensorrt_rtx_plan_runs_within_its_weight_budget(tiny_recipe, tiny_sd, cli, tmp_path, monkeypatch):
-    """TensorRT-RTX only runs on RTX parts (SM 7.5, 8.6, 8.9, 12.0, 12.1): a datacenter GPU (the H100, SM 9.0) cannot."""
+    """TensorRT-RTX only runs on RTX parts (SM 7.5, 8.6, 8.9, 12.0, 12.1): a datacenter GPU (the H100, SM 9.0)
+    cannot."""
     arch = gpu_arch()
     if arch not in ("sm_75", "sm_86", "sm_89", "sm_120", "sm_121"):
         pytest.skip(f"TensorRT-RTX does not run on {arch}")

@@ -1,4 +1,5 @@
-"""Backends on hardware this CI does not have. Run them where it exists: ENGINEFARM_TEST_HARDWARE=intel-gpu make test."""
+"""Backends on hardware this CI does not have. Run them where it exists: ENGINEFARM_TEST_HARDWARE=intel-gpu make
+test."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Everything here is what the real SDK does on a machine without a GPU, where both can be observed: its enums, what
 its calls return (set_compute_capability answers False, it does not raise), what it refuses to build (weight
 stripping and refit, fp32 GEMMs for Turing, CURRENT), and what its runtime says about a good plan (INVALID, 0;
-deserialize_cuda_engine returns None). The build calls are our own (`nvidia/build_process.build_plan`), so what is checked
-is also what the farm sees. The real SDK is the version the test extra pins.
+deserialize_cuda_engine returns None). The build calls are our own (`nvidia/build_process.build_plan`), so what is
+checked is also what the farm sees. The real SDK is the version the test extra pins.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def test_builds_for_named_capabilities_without_a_gpu(rtx, models, tmp_path):
 def test_weight_stripping_and_refit_need_a_gpu(rtx, models, tmp_path, options):
     with pytest.raises(
         SdkError,
-        match=r"^build_serialized_network failed: .*MyelinCheckException: graph_jit.cpp:278: CHECK\(status == CUDA_SUCCESS\)",
+        match=r"^build_serialized_network failed: .*MyelinCheckException: graph_jit.cpp:278: CHECK\(status == "
+        r"CUDA_SUCCESS\)",
     ):
         build_plan(rtx, spec(models, tmp_path, **options), capturing_logger(rtx))
     assert not (tmp_path / "model.plan").exists()

@@ -73,7 +73,8 @@ def test_onnx_runtime_takes_new_weights_at_load_without_onnx(tmp_path):
         from enginefarm.backends.base import BuiltFile
         from enginefarm.cache.manifest import Target
 
-        manifest = manifest_of(Path({str(tmp_path)!r}), [BuiltFile("model.onnx", "model")], ConformanceJob(Target("onnxruntime", "cpu"), {{}}), {{}})
+        job = ConformanceJob(Target("onnxruntime", "cpu"), {{}})
+        manifest = manifest_of(Path({str(tmp_path)!r}), [BuiltFile("model.onnx", "model")], job, {{}})
         session = get_backend("onnxruntime").load_with_weights(Path({str(tmp_path)!r}), manifest, {{"w": 2 * W}}, "cpu")
         assert np.allclose(session.run({{"x": X}})["y"], X @ (2 * W) + B, atol=1e-5)
         print(sorted(m for m in sys.modules if m == "onnx" or m.startswith("onnx.")))

@@ -112,7 +112,8 @@ def _timestep_model(path):
 def test_the_fp16_keep_list_computes_in_f32_at_the_f16_hint(tmp_path):
     """OpenVINO computes an fp16 artifact in f16 where the CPU can; the recipe's keep-list (here the timestep's
     input path) is marked `precise` in the IR, so those nodes and their constants stay f32: the compiled model runs
-    them in f32, and a timestep of 751.3 embeds as in fp32, where f16 moves sin(t · f) by a tenth of a radian and more."""
+    them in f32, and a timestep of 751.3 embeds as in fp32, where f16 moves sin(t · f) by a tenth of a radian and
+    more."""
     from enginefarm.backends.openvino_precise import keep_fp32, precise_names
 
     core = ov.Core()

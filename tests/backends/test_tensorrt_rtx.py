@@ -133,8 +133,10 @@ def test_fp32_for_turing_is_refused_at_plan_time_naming_the_gemms(real_rtx, writ
     planned = {(p.job.precision, p.job.target.device): p for p in plan([load_recipe(path)], tmp_path / "dl")}
     refused = planned["fp32", "turing+"].status
     assert refused == (
-        "refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for MatMul(attn.q), "
-        'MatMul(attn.k), MatMul(attn.v) and 3 more; build tensorrt-rtx:turing+ in fp16 (precisions = ["fp16"]), or target ampere+ for fp32'
+        "refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75): 'FP32 GEMM is not supported' for "
+        "MatMul(attn.q), "
+        'MatMul(attn.k), MatMul(attn.v) and 3 more; build tensorrt-rtx:turing+ in fp16 (precisions = ["fp16"]), or '
+        "target ampere+ for fp32"
     )
     assert planned["fp32", "sm_75"].status.startswith(
         "refused: TensorRT-RTX cannot compile fp32 GEMMs for Turing (SM75)"
@@ -159,7 +161,8 @@ def test_fp32_for_turing_is_refused_at_plan_time_naming_the_gemms(real_rtx, writ
     workdir.mkdir(parents=True)
     with pytest.raises(
         BuildError,
-        match=r"build_serialized_network failed: .*Cannot compile operation '\w+' for Turing \(SM75\): FP32 GEMM is not supported",
+        match=r"build_serialized_network failed: .*Cannot compile operation '\w+' for Turing \(SM75\): FP32 GEMM is "
+        r"not supported",
     ) as caught:
         get_backend("tensorrt-rtx").build(prepare(tiny_sd, "fp32", tmp_path / "prep").path, job, workdir)
     assert caught.value.hint.startswith("Turing (SM75) runs GEMMs in fp16 only")
@@ -182,7 +185,8 @@ def test_gpu_only_options_go_to_gpu_runners_or_are_refused(real_rtx, write_recip
     (here,) = plan([load_recipe(path)], tmp_path / "dl")
     assert re.fullmatch(
         re.escape(
-            f"unavailable here: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or "
+            f"unavailable here: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no "
+            "weight-stripped or "
             "refittable engine without one), and this machine has none (NVML did not start: "
         )
         + r"[^)]+\); "
@@ -199,7 +203,8 @@ def test_gpu_only_options_go_to_gpu_runners_or_are_refused(real_rtx, write_recip
     rows = json.loads(cli("plan", str(path), "--runners", str(cpu_only), "--format", "json", check=True).stdout)
     assert rows[0]["status"] == (
         f"refused: {option} = true needs an NVIDIA GPU at build time (TensorRT-RTX builds no weight-stripped or "
-        f"refittable engine without one), and no runner with a GPU builds tensorrt-rtx:ampere+; set {option} = false in "
+        f"refittable engine without one), and no runner with a GPU builds tensorrt-rtx:ampere+; set {option} = false "
+        "in "
         "[components.decoder.options.tensorrt-rtx] to build on a CPU, or build on a runner with an NVIDIA GPU"
     )
     built = cli("build", str(path))
@@ -222,12 +227,15 @@ def test_the_sdks_last_error_is_the_jobs_failure_in_full(real_rtx, write_recipe,
     assert proc.returncode == 1
     sdk_words = (
         "IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error (ITopKLayer TopK_0: TopK_0: K exceeds the "
-        "maximum value allowed (3840). In processCheck at /_src/optimizer/shapeof/graphShapeAnalyzer.cpp:1066 In analyzeShapes at "
-        "/_src/optimizer/shapeof/graphShapeAnalyzer.cpp:2825)"
+        "maximum value allowed (3840). In processCheck at /_src/optimizer/shapeof/graphShapeAnalyzer.cpp:1066 In "
+        "analyzeShapes at /_src/optimizer/shapeof/graphShapeAnalyzer.cpp:2825)"
     )
     line = next(line for line in proc.stderr.splitlines() if line.startswith("failed: "))
     # The plan is streamed to disk, so the SDK names its streaming call (buildSerializedNetworkToStream).
-    prefix = "failed: topk/net fp32 default tensorrt-rtx:ampere+: tensorrt-rtx: build_serialized_network failed: IBuilder::buildSerializedNetwork"
+    prefix = (
+        "failed: topk/net fp32 default tensorrt-rtx:ampere+: tensorrt-rtx: build_serialized_network failed: "
+        "IBuilder::buildSerializedNetwork"
+    )
     assert line.startswith(prefix), line
     assert line.endswith(sdk_words.split(": ", 1)[1]), line
     (row,) = json.loads(report.read_text())

@@ -75,8 +75,10 @@ def test_a_crashing_build_process_fails_only_its_job(tiny_recipe, tmp_path):
         from enginefarm.builder.planner import plan
         from enginefarm.builder.recipe import load_recipe
 
-        planned = plan([load_recipe({str(tiny_recipe(targets=("openvino:cpu", "onnxruntime:cpu")))!r})], Path({str(tmp_path / "dl")!r}))
-        results = run_jobs([p.job for p in planned], {str(tmp_path / "store")!r}, Path({str(tmp_path / "work")!r}), parallel=2, bench=False)
+        recipe = load_recipe({str(tiny_recipe(targets=("openvino:cpu", "onnxruntime:cpu")))!r})
+        planned = plan([recipe], Path({str(tmp_path / "dl")!r}))
+        store, work = {str(tmp_path / "store")!r}, Path({str(tmp_path / "work")!r})
+        results = run_jobs([p.job for p in planned], store, work, parallel=2, bench=False)
         print("|".join(f"{{r.label}}={{r.status}}={{r.reason}}" for r in results))
     """)
     # Every spawned worker imports sitecustomize at start-up: with the switch set, its OpenVINO build dies.

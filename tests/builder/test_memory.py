@@ -26,7 +26,10 @@ block = bytearray(400 << 20)
 for i in range(0, len(block), 4096):
     block[i] = 1
 del block
-child = "import json, resource; from enginefarm.hardware import rss; print(json.dumps([rss.peak_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))"
+child = (
+    "import json, resource; from enginefarm.hardware import rss; "
+    "print(json.dumps([rss.peak_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))"
+)
 print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)
 """
 

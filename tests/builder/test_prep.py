@@ -319,7 +319,10 @@ def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recip
     assert fp16_blocked(model, ("input:t",))[1] == set()
 
     onnx.save(model, str(tmp_path / "t.onnx"))
-    text = '[model]\nname = "t"\nversion = "1"\n[components.c]\nsource = "t.onnx"\nprecisions = ["fp16"]\ntargets = ["onnxruntime:cpu"]\nKEEP\n'
+    text = (
+        '[model]\nname = "t"\nversion = "1"\n[components.c]\nsource = "t.onnx"\nprecisions = ["fp16"]\ntargets = '
+        '["onnxruntime:cpu"]\nKEEP\n'
+    )
     jobs = expand(load_recipe(write_recipe(text.replace("KEEP", 'fp16_keep_fp32 = ["input:t"]'))), tmp_path / "dl")
     assert jobs[0].fp16_keep == ("input:t",)
     with pytest.raises(RecipeError, match="no op or node named 'input:time'"):

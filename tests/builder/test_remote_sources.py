@@ -93,8 +93,8 @@ def recipe(tmp_path: Path, source: str, onnx_sha: str, pins: dict[str, str] | No
     )
     path = tmp_path / "recipe.toml"
     path.write_text(
-        f'[model]\nname = "remote"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\ntargets = ["onnxruntime:cpu"]\n\n'
-        f'[components.m]\nsource = "{source}"\nsha256 = "{onnx_sha}"\n{pinned}\n'
+        '[model]\nname = "remote"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\ntargets = '
+        f'["onnxruntime:cpu"]\n\n[components.m]\nsource = "{source}"\nsha256 = "{onnx_sha}"\n{pinned}\n'
         f"[components.m.profiles.default]\nbatch = [1, 1, 2]\n"
     )
     return path

@@ -99,7 +99,8 @@ def _file(tmp_path, header, data: bytes = b"", length: int | None = None):
             "cover 4 of the 12 bytes",
         ),  # bytes after it
         (
-            b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+            b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {"dtype": "F32", "shape": [1], '
+            b'"data_offsets": [4, 8]}}',
             b"\0" * 8,
             None,
             "appear more than once",

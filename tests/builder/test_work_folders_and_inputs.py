@@ -155,13 +155,14 @@ def test_a_samples_zip_bomb_does_not_blow_up_plan(tmp_path, write_recipe):
     assert (tmp_path / "samples.npz").stat().st_size < 4 << 20
     recipe = write_recipe(RECIPE_HEAD + '[components.lin.validate]\nsamples = "samples.npz"\n')
     code = (
-        "import resource, sys\nfrom enginefarm.builder.planner import expand\nfrom enginefarm.builder.recipe import load_recipe\n"
-        "from enginefarm.errors import RecipeError\n"
+        "import resource, sys\nfrom enginefarm.builder.planner import expand\nfrom enginefarm.builder.recipe import "
+        "load_recipe\nfrom enginefarm.errors import RecipeError\n"
         f"try:\n    expand(load_recipe({str(recipe)!r}), __import__('pathlib').Path({str(tmp_path / 'src')!r}))\n"
         "except RecipeError as exc:\n    print('refused:', exc)\n"
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so it would report the test runner's size
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
-        "print('rss_mb', int(hwm[0].split()[1]) // 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+        "print('rss_mb', int(hwm[0].split()[1]) // 1024 if hwm else "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -61,7 +61,8 @@ def test_write_once_never_overwrites(tmp_path):
 
 
 def test_killed_build_publishes_nothing(tiny_recipe, tmp_path):
-    """SIGKILL a real `enginefarm build` mid-way: the store has either no manifest, or manifests whose blobs all exist."""
+    """SIGKILL a real `enginefarm build` mid-way: the store has either no manifest, or manifests whose blobs all
+    exist."""
     recipe = tiny_recipe(precisions=("fp32", "fp16"), targets=("onnxruntime:cpu", "openvino:cpu"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "enginefarm.cli", "build", str(recipe), "--no-bench"],

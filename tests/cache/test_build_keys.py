@@ -78,7 +78,10 @@ def test_key_does_not_depend_on_the_host(tiny_recipe, tmp_path):
     """Another process, another cwd, home, cache dir, hostname and user: the same keys."""
     recipe = tiny_recipe(precisions=("fp32", "fp16"), targets=("onnxruntime:cpu", "openvino:cpu"))
     here = _planned_keys(recipe)
-    code = "import sys, json; from tests.cache.test_build_keys import _planned_keys; from pathlib import Path; print(json.dumps(_planned_keys(Path(sys.argv[1]))))"
+    code = (
+        "import sys, json; from tests.cache.test_build_keys import _planned_keys; from pathlib import Path; "
+        "print(json.dumps(_planned_keys(Path(sys.argv[1]))))"
+    )
     other_cwd = tmp_path / "elsewhere"
     other_cwd.mkdir()
     env = {

@@ -71,7 +71,8 @@ RACER = textwrap.dedent("""
         (base / f"ready{r}.{me}").touch()
         while len(list(base.glob(f"ready{r}.*"))) < racers:
             time.sleep(0.0005)
-        time.sleep(int(me) * (0.03 + (r % 10) * 0.01))  # racer 1 starts later each round: its listing meets racer 0's evictions
+        # racer 1 starts later each round: its listing meets racer 0's evictions
+        time.sleep(int(me) * (0.03 + (r % 10) * 0.01))
         os.environ["ENGINEFARM_HOME"] = str(base / f"home{r}")
         try:
             main(["cache", "gc", "--quota", "1" if r % 2 == 0 else "20K"])
@@ -181,7 +182,8 @@ def test_cache_verify_on_a_read_only_cache_checks_everything_and_says_nothing_wa
     ]
     assert (
         proc.stderr.strip()
-        == f"warning: the cache at {home} is read-only (read-only file system): every artifact was checked, nothing was evicted"
+        == f"warning: the cache at {home} is read-only (read-only file system): every artifact was checked, nothing "
+        "was evicted"
     )
     assert _snapshot(home) == before
     assert DeviceCache(home).problems(manifests[0].build_key) == []

@@ -67,7 +67,8 @@ PUBLISHER = textwrap.dedent("""
     from enginefarm.cache.artifacts import publish
     from enginefarm.cache.stores import open_store
     from tests.cache.test_fault_injection import make_artifact
-    store, folder, seed, writer, go = open_store(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    store, folder = open_store(sys.argv[1]), Path(sys.argv[2])
+    seed, writer, go = sys.argv[3], int(sys.argv[4]), sys.argv[5]
     manifest, blobs = make_artifact(folder, seed, big=int(sys.argv[6]), writer=writer)
     while go != "-" and not Path(go).exists():   # racers start together
         time.sleep(0.005)

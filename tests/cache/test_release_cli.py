@@ -103,7 +103,8 @@ def test_without_python_tuf_the_error_says_what_to_install(tmp_path):
         "import enginefarm\n"
         "from enginefarm.errors import TrustError\n"
         "try:\n"
-        f"    enginefarm.load('m/lin', device='cpu', store={str(tmp_path)!r}, channel='stable', trusted_root={str(tmp_path / 'root.json')!r})\n"
+        f"    enginefarm.load('m/lin', device='cpu', store={str(tmp_path)!r}, channel='stable', "
+        f"trusted_root={str(tmp_path / 'root.json')!r})\n"
         "except TrustError as exc:\n"
         "    print(exc.hint)\n"
     )

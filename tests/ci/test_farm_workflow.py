@@ -68,7 +68,8 @@ def test_the_workflow_runs_end_to_end_by_hand(tiny_recipe, tmp_path, cli):
     for index, entry in enumerate(cpu):  # the GPU entry would run on its own runner
         script = (
             f'args=""; for id in {entry["jobs"]}; do args="$args --job $id"; done; '
-            f"{shlex.quote(sys.executable)} -m enginefarm.cli build {entry['recipes']} $args --report report-{index}.json"
+            f"{shlex.quote(sys.executable)} -m enginefarm.cli build {entry['recipes']} $args --report "
+            f"report-{index}.json"
         )
         proc = subprocess.run(
             ["bash", "-c", script], cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True

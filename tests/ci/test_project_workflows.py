@@ -39,7 +39,8 @@ def test_the_installed_toolchain_is_the_pinned_one():
     installed = {normalise(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
     differ = {name: (version, installed.get(name)) for name, version in pins.items() if installed.get(name) != version}
     assert not differ, (
-        f"installed versions differ from {CONSTRAINTS} (pinned, installed): {differ}; run `make test` or `make constraints`"
+        f"installed versions differ from {CONSTRAINTS} (pinned, installed): {differ}; run `make test` or `make "
+        "constraints`"
     )
 
 

@@ -54,7 +54,8 @@ def _theirs_hidden(source: Path, files: list[tuple[Path, str]], prompt: str) -> 
 
 @pytest.mark.parametrize("target", [TARGET, "openvino:cpu"])
 def test_sd1_embeddings_match_diffusers_load_textual_inversion(built, tmp_path, target):
-    """A1111 (emb_params, 3 vectors, the word is the file's name) and diffusers (<token> key, 1 vector) files at once."""
+    """A1111 (emb_params, 3 vectors, the word is the file's name) and diffusers (<token> key, 1 vector) files at
+    once."""
     source, _, _ = built("sd1")
     a1111 = models.write_safetensors(tmp_path / "lhstyle.safetensors", {"emb_params": _vectors(1, 3, 768)})
     learned = models.write_safetensors(tmp_path / "learned_embeds.safetensors", {"<cat-toy>": _vectors(2, 1, 768)})

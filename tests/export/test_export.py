@@ -174,7 +174,8 @@ def test_a_standalone_controlnet_folder_exports_the_controlnet_alone(tiny_contro
 
 def test_vae_jobs_need_memory_for_their_largest_image(tiny, exported, tmp_path):
     """A VAE's memory is its activations: SDXL's decoder job peaked at 6.9 GB at 1024x1024 with 0.2 GB of weights
-    (docs/large-models.md, "SDXL at real size"), which the weight rule put at 3.5 GB. The export writes the need into the recipe."""
+    (docs/large-models.md, "SDXL at real size"), which the weight rule put at 3.5 GB. The export writes the need into
+    the recipe."""
     from enginefarm.builder.memory import job_need_bytes
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe

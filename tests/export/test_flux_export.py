@@ -116,7 +116,8 @@ def test_the_export_patches_are_undone_afterwards():
 
 def test_fp16_keeps_the_timestep_and_guidance_embeddings_fp32(tiny, exported):
     """What cost Flux its fp16 accuracy: the sinusoidal embeddings of t·1000 and guidance·1000, whose frequencies the
-    fp16 conversion rounds (as Constants) before sin/cos. The family's keep scopes hold them, and their Constants, fp32."""
+    fp16 conversion rounds (as Constants) before sin/cos. The family's keep scopes hold them, and their Constants,
+    fp32."""
     import onnxruntime as ort
 
     from enginefarm.builder.prep import _to_fp16

@@ -6,10 +6,10 @@ for, from the build subprocess too.
 Under the hood a 'plan' is a header plus the ONNX model, and 'executing' it runs ONNX Runtime on the graph with
 the engine's current weights, so refits and fp16 really change the numbers.
 
-Switches (environment): FAKE_TRT_CRASH=segfault|exit|oom|hang (hang writes its pid to FAKE_TRT_PIDFILE; in build_serialized_network; only for ONNX paths containing
-FAKE_TRT_CRASH_IF when set), FAKE_TRT_INVALID=1
-(get_engine_validity says INVALID), FAKE_TRT_NO_VALIDITY=1 (the Runtime has no get_engine_validity),
-FAKE_TRT_WRONG=1 (an engine that runs but computes wrong numbers, as a miscompiled one would).
+Switches (environment): FAKE_TRT_CRASH=segfault|exit|oom|hang (hang writes its pid to FAKE_TRT_PIDFILE; in
+build_serialized_network; only for ONNX paths containing FAKE_TRT_CRASH_IF when set), FAKE_TRT_INVALID=1
+(get_engine_validity says INVALID), FAKE_TRT_NO_VALIDITY=1 (the Runtime has no get_engine_validity), FAKE_TRT_WRONG=1
+(an engine that runs but computes wrong numbers, as a miscompiled one would).
 
 Where the real TensorRT-RTX can be observed on a machine without a GPU, the fake behaves the same (checked by
 tests/backends/test_nvidia_sdk_conformance.py against the real SDK): errors go to the ILogger the Builder or Runtime
@@ -338,15 +338,17 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 if not 0 <= index < self.num_compute_capabilities:
                     _error(
                         self.logger,
-                        "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
-                        "index >= 0 && index < std::ssize(mConfig.computeCapabilities). Index of compute capability is not in a valid range.)",
+                        "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, "
+                        "condition: index >= 0 && index < std::ssize(mConfig.computeCapabilities). Index of compute "
+                        "capability is not in a valid range.)",
                     )
                     return False
                 if ComputeCapability(capability) == ComputeCapability.NONE:
                     _error(
                         self.logger,
-                        "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, condition: "
-                        "computeCapability != ComputeCapability::kNONE. Compute capability cannot be kNONE.)",
+                        "IBuilderConfig::setComputeCapability: Error Code 3: API Usage Error (Parameter check failed, "
+                        "condition: computeCapability != ComputeCapability::kNONE. Compute capability cannot be "
+                        "kNONE.)",
                     )
                     return False
                 self.capabilities[index] = ComputeCapability(capability).name
@@ -419,7 +421,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return _HostMemory(MAGIC + text.ljust(HEADER - len(MAGIC)) + model.SerializeToString())
 
         def build_serialized_network_to_stream(self, network, config, writer):
-            """TensorRT 10.11+ and TensorRT-RTX: the plan goes to an IStreamWriter, a piece at a time; False on failure."""
+            """TensorRT 10.11+ and TensorRT-RTX: the plan goes to an IStreamWriter, a piece at a time; False on
+            failure."""
             plan = self.build_serialized_network(network, config)
             if plan is None:
                 return False
@@ -452,7 +455,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             if not data.startswith(MAGIC):
                 _error(
                     self.logger,
-                    "IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion header.magicTag == kEXPECTED_MAGIC_TAG failed.)",
+                    "IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion "
+                    "header.magicTag == kEXPECTED_MAGIC_TAG failed.)",
                 )
                 return None
             if rtx and not _has_gpu():
@@ -716,8 +720,9 @@ def _rtx_can_build(logger, network, config) -> bool:
         for node in _fp32_gemms(network.model):
             _error(
                 logger,
-                "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:337: check_turing_op_compatibility] Cannot compile "
-                f"operation '{node}' for Turing (SM75): FP32 GEMM is not supported. In compileGraph)",
+                "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([pass.cpp:337: "
+                f"check_turing_op_compatibility] Cannot compile operation '{node}' for Turing (SM75): FP32 GEMM is "
+                "not supported. In compileGraph)",
             )
             return False
     weights_flags = {"STRIP_PLAN", "REFIT", "REFIT_IDENTICAL"} & config.flags
@@ -728,8 +733,8 @@ def _rtx_can_build(logger, network, config) -> bool:
         )
         _error(
             logger,
-            "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([myelin_graph.h:1295: attachExceptionMsgToGraph] MyelinCheckException: "
-            "graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed.  In compileGraph)",
+            "IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([myelin_graph.h:1295: attachExceptionMsgToGraph] "
+            "MyelinCheckException: graph_jit.cpp:278: CHECK(status == CUDA_SUCCESS) failed.  In compileGraph)",
         )
         return False
     return True

@@ -163,13 +163,19 @@ def test_profiles_and_validation_ranges():
 
 
 def test_importing_the_families_loads_no_torch_and_no_numpy():
-    code = "import sys, json, enginefarm.families; print(json.dumps([m for m in ('torch', 'numpy', 'diffusers', 'onnx') if m in sys.modules]))"
+    code = (
+        "import sys, json, enginefarm.families; print(json.dumps([m for m in ('torch', 'numpy', 'diffusers', "
+        "'onnx') if m in sys.modules]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
 
 
 def test_importing_the_exporter_loads_no_torch():
-    code = "import sys, json, enginefarm.export; print(json.dumps([m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules]))"
+    code = (
+        "import sys, json, enginefarm.export; print(json.dumps([m for m in ('torch', 'diffusers', 'transformers') "
+        "if m in sys.modules]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
 

@@ -115,13 +115,15 @@ def test_an_artifact_that_misses_is_refused_with_the_numbers(write_recipe, tiny_
     from tests.conftest import TINY_RECIPE
 
     text = TINY_RECIPE.format(precisions='["fp16"]', targets='["onnxruntime:cpu"]')
-    text += "min_cosine = 0.99999999\nmax_abs_rel = 1e-9\nnoise_floor = 1e-12\n"  # fp16 cannot meet these: the device check must fail
+    # fp16 cannot meet these: the device check must fail
+    text += "min_cosine = 0.99999999\nmax_abs_rel = 1e-9\nnoise_floor = 1e-12\n"
     force_unvalidated(monkeypatch, "onnxruntime")
     (result,) = build_all(write_recipe(text), tmp_path)
     assert result.manifest.validation["golden"]["thresholds"]["min_cosine"] == 0.99999999
     with pytest.raises(
         ArtifactNotFoundError,
-        match=r"failed its golden samples on this device \(cpu-[^)]+\): sample@min: (cosine 0\.\d+ < 0\.99999999|max_abs \S+ > (1e-09 × range|noise floor))",
+        match=r"failed its golden samples on this device \(cpu-[^)]+\): sample@min: (cosine 0\.\d+ < "
+        r"0\.99999999|max_abs \S+ > (1e-09 × range|noise floor))",
     ):
         enginefarm.load("tiny-sd/decoder", target="onnxruntime:cpu")
     (verdict_file,) = (tmp_path / "home" / "verdicts" / result.key).glob("*.json")
@@ -152,10 +154,12 @@ def test_the_device_needs_neither_onnx_runtime_nor_the_source_model(tiny_recipe,
     assert list((tmp_path / "home" / "verdicts" / result.key).glob("*.json"))
 
 
-# TensorRT-RTX: built on a CPU (the fake, told there is no GPU), first loaded on an RTX 4090 ------------------------------
+# TensorRT-RTX: built on a CPU (the fake, told there is no GPU), first loaded on an RTX 4090
+# ------------------------------
 @pytest.fixture
 def rtx_farm(fake_nvidia, tiny_recipe, tmp_path):
-    """An RTX engine built without a GPU (unvalidated, with golden samples) and an ONNX Runtime artifact, in one store."""
+    """An RTX engine built without a GPU (unvalidated, with golden samples) and an ONNX Runtime artifact, in one
+    store."""
     fake_nvidia.set(FAKE_NVML_GPUS="")
     built = build_all(tiny_recipe(precisions=("fp32",), targets=("tensorrt-rtx:ampere+", "onnxruntime:cpu")), tmp_path)
     rtx = next(r for r in built if r.manifest.target == "tensorrt-rtx:ampere+")

@@ -140,7 +140,8 @@ def test_fp16_artifacts_merge_in_fp32_then_cast(store, tmp_path, target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_merge_past_fp16_is_refused_on_fp16_artifacts_only(store, tmp_path, target):
-    """Finite in float32, past float16's 65504: an fp16 artifact would compute with Inf, so it is refused in one line."""
+    """Finite in float32, past float16's 65504: an fp16 artifact would compute with Inf, so it is refused in one
+    line."""
     up, down = models.lora_pair((16, 8), 1, 9)
     loud = models.lora_file(tmp_path / "loud.safetensors", {"attn.to_q": (up * 3000, down * 3000, None)}, "peft")
     with pytest.raises(WeightsError, match="loud.safetensors: merging into attn.to_q.weight gives Inf or NaN"):

@@ -198,8 +198,8 @@ def test_a_newer_version_that_nothing_here_runs_is_named_and_the_older_one_serve
     chosen, resolution = pick([versioned("a", "1", ms=5.0), versioned("b", "2", target="tensorrt:sm_89")])
     assert chosen == "a" and resolution.version == "1"
     assert (
-        "model version 2 exists but none of its artifacts is usable here (no device here runs tensorrt:sm_89); serving version 1"
-        in resolution.explain()
+        "model version 2 exists but none of its artifacts is usable here (no device here runs tensorrt:sm_89); "
+        "serving version 1" in resolution.explain()
     )
 
 

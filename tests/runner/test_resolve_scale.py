@@ -68,7 +68,8 @@ import json, sys
 import enginefarm
 from enginefarm.hardware import rss
 session = enginefarm.load(sys.argv[1], device="cpu", store=sys.argv[2])
-print(json.dumps({"key": session.artifact.build_key, "explain": len(session.explain()), "peak_mb": rss.peak_bytes() / 2**20}))
+explained = len(session.explain())
+print(json.dumps({"key": session.artifact.build_key, "explain": explained, "peak_mb": rss.peak_bytes() / 2**20}))
 """
 
 

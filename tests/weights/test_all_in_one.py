@@ -202,7 +202,8 @@ def test_pipeline_with_a_comfyui_flux_file_matches_diffusers(built, tmp_path):
     stock.set_progress_bar_config(disable=True)
     moved, _ = compare(ours, stock)
     print(
-        f"comfyui flux all-in-one: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}"
+        f"comfyui flux all-in-one: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by "
+        f"{moved:.3f}"
     )
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)
 
@@ -257,6 +258,7 @@ def test_pipeline_with_a_chroma_file_matches_diffusers(built, tmp_path):
     span = float(want.max() - want.min())
     diff, moved = float(np.abs(got - want).max()) / span, float(np.abs(run(stock) - want).max()) / span
     print(
-        f"chroma transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by {moved:.3f}"
+        f"chroma transformer file: {diff:.2e} of the latent's range off diffusers; the fine-tune moves it by "
+        f"{moved:.3f}"
     )
     assert diff < 1e-4 and moved > 100 * max(diff, 1e-6), (diff, moved)

@@ -234,7 +234,8 @@ def test_original_layout_dotted_and_kohya_linear1_match_a_hand_merge(flux, tmp_p
 
 
 def test_a_lora_of_another_family_is_one_line(flux, tmp_path):
-    """A Flux LoRA on an SD model, an SD one on Flux: one line naming the file and both families, before anything loads."""
+    """A Flux LoRA on an SD model, an SD one on Flux: one line naming the file and both families, before anything
+    loads."""
     from enginefarm.families import FAMILIES
     from enginefarm.weights.lora import read, split
 

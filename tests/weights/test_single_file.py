@@ -166,7 +166,8 @@ def test_a_part_that_does_not_fit_names_the_file_and_what_it_is(tiny, tmp_path):
 
 
 def _tuned(source: Path, out: Path, seed: int, vae_only: bool = False) -> Path:
-    """A copy of the pipeline at `source` with every weight (or the VAE's) moved by seeded noise, as a diffusers folder."""
+    """A copy of the pipeline at `source` with every weight (or the VAE's) moved by seeded noise, as a diffusers
+    folder."""
     pipe = diffusers.DiffusionPipeline.from_pretrained(source)
     generator = torch.Generator().manual_seed(seed)
     modules = [pipe.vae] if vae_only else [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)]
@@ -242,8 +243,8 @@ def test_pipeline_with_a_single_file_matches_diffusers(built, tmp_path, family):
     error = float(np.abs(got - want).max())
     cosine = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
     print(
-        f"{family}: max abs {error:.2e}, cosine {cosine:.8f}, stock differs by {float(np.abs(stock - want).max()):.3f}; "
-        f"{time.perf_counter() - started:.1f} s after the shared build"
+        f"{family}: max abs {error:.2e}, cosine {cosine:.8f}, stock differs by "
+        f"{float(np.abs(stock - want).max()):.3f}; {time.perf_counter() - started:.1f} s after the shared build"
     )
     assert float(np.abs(stock - want).max()) > 20 * max(
         error, 1e-4

@@ -20,7 +20,8 @@ class cudaMemcpyKind(enum.IntEnum):
 
 
 def cudaGetDeviceCount():
-    """As the real bindings answer: the GPUs of FAKE_NVML_GPUS, or (cudaErrorInsufficientDriver, None) without a driver."""
+    """As the real bindings answer: the GPUs of FAKE_NVML_GPUS, or (cudaErrorInsufficientDriver, None) without a
+    driver."""
     count = len([g for g in os.environ.get("FAKE_NVML_GPUS", "").split(";") if g])
     return (cudaError_t.cudaSuccess, count) if count else (cudaError_t.cudaErrorInsufficientDriver, None)
 

@@ -78,9 +78,9 @@ def collect(
                 manifest.target,
                 "built",
                 key=key,
-                p50_ms=bench and bench.p50_ms,
-                p90_ms=bench and bench.p90_ms,
-                load_ms=bench and bench.load_ms,
+                p50_ms=bench.p50_ms if bench else None,
+                p90_ms=bench.p90_ms if bench else None,
+                load_ms=bench.load_ms if bench else None,
                 min_cosine=manifest.validation.get("min_cosine"),
                 min_psnr=manifest.validation.get("min_psnr"),
                 decided_by=", ".join(sorted({c.get("decided_by", "") for c in checks})),
@@ -92,8 +92,8 @@ def collect(
                 peak_rss_mb=manifest.provenance.get("peak_rss_mb"),
                 stages=tuple(manifest.provenance.get("stages", ())),
                 version=manifest.model_version,
-                spread=bench and bench.spread,
-                runs=bench and bench.runs,
+                spread=bench.spread if bench else None,
+                runs=bench.runs if bench else None,
             )
             ident = (row.model, row.component, row.precision, row.target)
             if ident not in rows or _newer_or_faster(row, rows[ident]):

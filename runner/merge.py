@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def merged_weights(
     return out
 
 
-def _overflow(name: str, deltas: Deltas):
+def _overflow(name: str, deltas: Deltas) -> NoReturn:
     files = ", ".join(sorted({str(layer.source) for layer, _ in deltas[name]}))
     raise WeightsError(
         f"{files}: merging into {name} gives Inf or NaN",

@@ -158,8 +158,8 @@ class Resolution:
     def _why(self, chosen: Candidate) -> str:
         rivals = [c for c in self.ranked if c is not chosen]
         if chosen.entry.build_key == self.preferred and chosen.on_device is not None:
-            timed = [c for c in rivals if c.on_device is not None]
-            against = ", ".join(f"{_ms(c.on_device.p50_ms)} ms for {c.label}" for c in timed)
+            timed = [(c.label, c.on_device) for c in rivals if c.on_device is not None]
+            against = ", ".join(f"{_ms(record.p50_ms)} ms for {label}" for label, record in timed)
             return f"timed fastest on this device at a first load: {_ms(chosen.on_device.p50_ms)} ms" + (
                 f" vs {against}" if against else ""
             )

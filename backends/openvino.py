@@ -247,10 +247,13 @@ class OpenVINO(Backend):
         "npu": _ov_bundle("NPU", "npu", "the Intel NPU driver from the system"),
     }
 
+    _spare_core = None  # the Core `available` opened, handed to the next `load`: a Core costs 20-60 ms to create
+
     def available(self, device: str) -> Availability:
         try:
             ov = self.sdk()
-            devices = ov.Core().available_devices
+            core = self._spare_core = self._spare_core or ov.Core()
+            devices = core.available_devices
         except BackendUnavailable as exc:
             return Availability.missing(str(exc))
         want = device.upper()
@@ -301,9 +304,14 @@ class OpenVINO(Backend):
         blob, notes = _maybe_blob(core, xml, job.precision, workdir)
         return Built(files + blob, {**notes, **kept})
 
+    def _core(self):
+        """The Core `available` just listed devices with (used once: no Core outlives the load that took it), else a
+        new one."""
+        core, self._spare_core = self._spare_core, None
+        return core or self.sdk().Core()
+
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
-        ov = self.sdk()
-        core = ov.Core()
+        core = self._core()
         dev = manifest.parsed_target.device.upper()
         config = inference_config(core, dev, manifest.precision)
         root = Path(artifact_dir)

@@ -21,19 +21,17 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefarm.errors import ConfigError, DiskFullError, IntegrityError, StoreError
 
-from . import origins, proof, resume, workdirs
+from . import origins, proof, workdirs
 from .atomic import aging_mtime, remove_tree, sha256_file
-from .blob_codecs import decode_stream
-from .faults import checkpoint
-from .locks import file_lock
 from .manifest import Manifest
 from .progress import ProgressLike, as_progress
-from .space import ensure_room, full_disk_as_error, mb
-from .stores.base import Store
-from .stores.ranged import BlobChanged
+
+if TYPE_CHECKING:
+    from .stores.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +248,12 @@ class DeviceCache:
         the manifest's sizes, so this bounds what a lying manifest can make the cache write. Free space is checked
         first. A damaged or truncated blob raises IntegrityError and leaves no cache entry behind; an interrupted
         download (a kill, a broken network) is resumed by the next fetch of the same artifact."""
+        # Imported here: a warm load finds its artifact cached and never downloads (time to first inference).
+        from . import resume
+        from .faults import checkpoint
+        from .locks import file_lock
+        from .space import ensure_room, full_disk_as_error, mb
+
         key = manifest.build_key
         report = as_progress(progress)
         total = sum(f.size for f in manifest.files)
@@ -313,6 +317,10 @@ class DeviceCache:
         return staging
 
     def _fetch_file(self, store: Store, entry, dest: Path, on_bytes, key: str) -> None:
+        from . import resume
+        from .blob_codecs import decode_stream
+        from .stores.ranged import BlobChanged
+
         dest.parent.mkdir(parents=True, exist_ok=True)
         resumed, offset = resume.plan(store, entry, dest)
         for attempt in range(RESTARTS + 2):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -311,5 +310,7 @@ def _swap_index(
             return
         if store.cas_index_bytes(model, index.to_json(), etag) and settled(read_index(store, model).entries):
             return
+        import random  # here: only a writer that lost a race backs off; a load never does
+
         time.sleep(random.uniform(0, 0.05 * (attempt + 1)))
     log.warning("index of %s kept changing under us; run `enginefarm index --store %s`", model, store.url)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -40,7 +39,8 @@ def own(parent: Path, stem: str) -> Path:
 
 def unique_name(parent: Path, stem: str, suffix: str = "") -> Path:
     """A new name for `stem` owned by this process, unique even among its threads (nothing is created)."""
-    return Path(parent) / f"{stem}.{owner_tag()}.{secrets.token_hex(6)}{suffix}"
+    # os.urandom: what secrets.token_hex reads, without importing secrets (hmac, base64)
+    return Path(parent) / f"{stem}.{owner_tag()}.{os.urandom(6).hex()}{suffix}"
 
 
 def fresh(parent: Path, stem: str, suffix: str = "") -> Path:

@@ -14,7 +14,6 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +131,8 @@ class ProbeCache:
         self._entries.update(found)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            import tempfile  # here: a warm load reads the cache and writes nothing (tempfile costs it ~1.5 ms)
+
             fd, tmp = tempfile.mkstemp(prefix=FILE + ".", suffix=".tmp", dir=self.path.parent)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from enginefarm.backends import get_backend
 from enginefarm.cache import precision_table
-from enginefarm.cache.artifacts import read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import IndexEntry, gc_paused, read_index
 from enginefarm.cache.manifest import Manifest, target_matches
@@ -249,6 +248,8 @@ def _materialize(candidate: Candidate, found: Lookup, report: Progress) -> tuple
             return manifest, path
     if found.store is None:
         raise ArtifactNotFoundError("not in the local cache and no store to fetch from")
+    from enginefarm.cache.artifacts import read_manifest  # the store's manifest: a warm load found its artifact cached
+
     manifest = released or read_manifest(found.store, key)
     if manifest is None:
         raise ArtifactNotFoundError(f"the index lists {key[:12]} but its manifest is missing (run `enginefarm index`)")

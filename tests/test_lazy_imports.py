@@ -60,9 +60,17 @@ def test_the_check_itself_would_catch_a_heavy_import():
 
 BUILD_TIME = ("enginefarm.builder", "onnx", "onnxsim")  # what an app that only fetches and runs never needs
 # What a warm load + first run of a built-in backend's artifact does without (OpenVINO imports the first two itself).
+# The download side of the cache (remote stores' resumable reads, codecs, resuming) too: a warm load finds its
+# artifact verified in the cache. ONNX Runtime imports neither tempfile nor secrets itself: a warm load only reads.
+FETCH_ONLY = (
+    "enginefarm.cache.artifacts",
+    "enginefarm.cache.stores.ranged",
+    "enginefarm.cache.blob_codecs",
+    "enginefarm.cache.resume",
+)
 WARM_UNNEEDED = {
-    "onnxruntime:cpu": ("importlib.metadata", "subprocess"),
-    "openvino:cpu": ("enginefarm.backends.openvino_ir", "xml.etree.ElementTree"),
+    "onnxruntime:cpu": ("importlib.metadata", "subprocess", "tempfile", "secrets", *FETCH_ONLY),
+    "openvino:cpu": ("enginefarm.backends.openvino_ir", "xml.etree.ElementTree", *FETCH_ONLY),
 }
 CLI_ONLY = ("click", "rich", "pygments")  # the `cli` extra: only the `enginefarm` command needs it
 

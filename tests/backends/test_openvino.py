@@ -148,3 +148,18 @@ def test_the_fp16_keep_list_computes_in_f32_at_the_f16_hint(tmp_path):
         precisions[keep] = runtime.get("/model/time_proj/Mul")
     assert precisions == {False: "f16", True: "f32"}
     assert errors[True] < 1e-2 and errors[False] > 1e-1, errors  # measured: 2.9e-3 kept, 0.22 not
+
+
+def test_load_takes_the_core_that_available_opened_and_keeps_none(built):
+    """Listing devices and compiling share one Core (creating one costs 20-60 ms of the first inference); the spare
+    is handed over once, so no Core outlives the load that took it."""
+    manifest, path = built("fp32")
+    assert backend.available("cpu").can_load
+    spare = backend._spare_core
+    assert isinstance(spare, ov.Core) and backend.available("cpu").can_load and backend._spare_core is spare
+    first = backend.load(path, manifest)
+    assert backend._spare_core is None
+    second = backend.load(path, manifest)  # nothing spare: a Core of its own
+    feed = {"latent": np.ones((1, 4, 8, 8), np.float32)}
+    np.testing.assert_array_equal(first.run(feed)["sample"], second.run(feed)["sample"])
+    assert backend._spare_core is None

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enginefarm.errors import ConfigError
 from enginefarm.hardware import device_info
 from enginefarm.hardware.devices import PROBES, Device, Probe, run_probe
+
+if TYPE_CHECKING:
+    from enginefarm.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +25,13 @@ def with_targets(device: Device) -> Device:
     return replace(device, targets=targets_for(device))
 
 
-def run_probes(names: tuple[str, ...] | None = None, cached: bool = True) -> list[Probe]:
-    """The probes' results, with their devices' targets, from the machine's probe cache where it has them. A probe
-    that raised is reported, not remembered."""
-    cache = _cache() if cached else None
+def run_probes(
+    names: tuple[str, ...] | None = None, cached: bool = True, settings: Settings | None = None
+) -> list[Probe]:
+    """The probes' results, with their devices' targets, from the machine's probe cache where it has them (in
+    `settings`' home: the one `load(settings=...)` was given, else the environment's). A probe that raised is
+    reported, not remembered."""
+    cache = _cache(settings) if cached else None
     results, fresh = [], {}
     for name in PROBES:
         if names is not None and name not in names:
@@ -50,12 +56,12 @@ def run_probes(names: tuple[str, ...] | None = None, cached: bool = True) -> lis
     return results
 
 
-def _cache():
+def _cache(settings: Settings | None):
     from enginefarm.hardware.probe_cache import ProbeCache
     from enginefarm.settings import load_settings
 
     try:
-        settings = load_settings()
+        settings = settings or load_settings()
         return ProbeCache(settings.home, _CODE) if settings.probe_cache else None
     except Exception:  # an unusable home or a strange host: probe as if nothing were remembered
         log.debug("no device probe cache", exc_info=True)
@@ -91,13 +97,15 @@ def _probe_from(data: dict[str, Any]) -> Probe:
     return Probe(str(data["name"]), devices, data["reason"])
 
 
-def detect(device: str = "auto", probes_needed: tuple[str, ...] | None = None) -> list[Device]:
+def detect(
+    device: str = "auto", probes_needed: tuple[str, ...] | None = None, settings: Settings | None = None
+) -> list[Device]:
     """Devices to consider. 'auto': everything found (GPUs first), or what the probes in `probes_needed` find (the
-    others are not run); 'cpu', 'nvidia', 'intel', ...: that kind only."""
+    others are not run); 'cpu', 'nvidia', 'intel', ...: that kind only. Remembered probes live in `settings`' home."""
     if device == "auto":
-        probes = run_probes(probes_needed)
+        probes = run_probes(probes_needed, settings=settings)
     elif device in PROBES:
-        probes = run_probes((device,))
+        probes = run_probes((device,), settings=settings)
     else:
         raise ConfigError(f"unknown device {device!r}", hint=f"use auto or one of: {', '.join(PROBES)}")
     found = [d for p in probes for d in p.devices]

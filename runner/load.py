@@ -128,7 +128,11 @@ def _lookup(
         return kept, left_out
 
     def devices_for(entries) -> list[Device]:
-        found = [d for d in detect(device, probes_for(entries)) if any(target_matches(t, selectors) for t in d.targets)]
+        found = [
+            d
+            for d in detect(device, probes_for(entries), settings)
+            if any(target_matches(t, selectors) for t in d.targets)
+        ]
         if not found:
             raise ConfigError(f"no device here runs {target or device}", hint="see `enginefarm doctor`")
         return found

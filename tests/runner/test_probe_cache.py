@@ -73,3 +73,17 @@ def test_an_unusable_home_probes_without_a_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "afile" / "home"))  # under a file: nothing can be written
     found = run_probes(("cpu",))
     assert found[0].devices and not (tmp_path / "afile" / "home").exists()
+
+
+def test_the_cache_lives_in_the_home_the_caller_gave(home, tmp_path):
+    """`load(settings=...)` with its own home: the probes are remembered there, not in the environment's home."""
+    from dataclasses import replace
+
+    from enginefarm.runner.detect import detect
+    from enginefarm.settings import load_settings
+
+    own = replace(load_settings(), home=tmp_path / "app-home")
+    assert detect("auto", ("cpu",), settings=own)
+    assert (tmp_path / "app-home" / FILE).is_file() and not (home / FILE).exists()
+    detect("auto", ("cpu",))
+    assert (home / FILE).is_file()

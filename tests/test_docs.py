@@ -47,6 +47,9 @@ def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_
     # The API reference came from the docstrings of the mapped layers (runner/ is enginefarm.runner: docs/_hooks).
     session = (site / "api" / "session" / "index.html").read_text()
     assert 'id="enginefarm.runner.session.Session.close"' in session and "Release the backend" in session
+    assert 'id="enginefarm.runner.session.Session.run"' in session and "Run the artifact once" in session
+    # A docstring's `<2>` outside backticks is read as an HTML tag and vanishes; the store layout keeps it.
+    assert "blobs/sha256/&lt;2&gt;/&lt;digest&gt;" in (site / "api" / "stores" / "index.html").read_text()
     assert 'id="enginefarm.load"' in (site / "api" / "enginefarm" / "index.html").read_text()
     # ARCHITECTURE.md is embedded, not copied: its first heading is on the page.
     first_heading = next(line for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines() if line.startswith("# "))

@@ -117,11 +117,11 @@ class Session:
         """Run the artifact once: `feeds` maps every input name to an array, the result maps every output name to a
         numpy array.
 
-        Inputs are checked before the backend sees them: a missing or unknown name, an integer array for a float
-        input, or a shape outside the artifact's profile raises `InputError` with the profile in its hint. float64 is
-        cast to float32, and int64 to int32 when every value fits. Inputs inside the profile that the backend still
-        refuses (a model's stride rule) come back as an `InputError` naming the rule. A closed session raises
-        `SessionClosed`."""
+        Inputs are checked before the backend sees them: a missing or unknown name, an integer array for a float input,
+        or a shape outside the artifact's profile raises `InputError`, whose hint names the inputs, the dtype or the
+        profile. float64 is cast to float32, and int64 to int32 when every value fits. Inputs inside the profile that
+        the backend still refuses (a model's stride rule) come back as an `InputError` naming the rule. A closed session
+        raises `SessionClosed`."""
         self._open()
         checked = self._checked(feeds)
         try:

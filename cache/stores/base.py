@@ -21,7 +21,7 @@ class Store(ABC):
     blobs/sha256/<2>/<digest>   immutable stored bytes, content-addressed
     manifests/<build-key>.json  immutable, written once after its blobs
     index/<model>.json          derived, updated by compare-and-swap
-    channels/<channel>/<name>   signed release metadata, written only by `enginefarm release`
+    channels/<channel>/<name>   signed release metadata, written only by enginefarm release
     caches/<kind>/.../<sha256>  shared build caches (TensorRT timing caches), write-once
     ```
     """

@@ -31,7 +31,7 @@ test: $(VENV)/.test-deps
 lint: $(VENV)/.test-deps
 	$(PY) ci/lint.py
 
-# Benchmarks need the SD VAE decoder ONNX: see "Benchmarks" in README.md.
+# Benchmarks need the SD VAE decoder ONNX: see docs/benchmarks.md.
 bench: $(VENV)/.test-deps
 	$(PY) bench/pick.py
 	$(PY) bench/ttfi.py

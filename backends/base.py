@@ -167,6 +167,7 @@ class Rank(enum.IntEnum):
 
     @property
     def label(self) -> str:
+        """The kind in words, as explanations and reports print it."""
         return {
             0: "exact-arch engine",
             1: "hardware-compatible engine",
@@ -230,6 +231,7 @@ class Backend:
                 raise TypeError(f"backend {cls.name} has {', '.join(written)} but does not declare {feature.value}")
 
     def has(self, feature: Feature) -> bool:
+        """Whether the backend declares `feature` (and so has its hooks: FEATURE_HOOKS, checked at class creation)."""
         return feature in self.features
 
     def bundle_probe(self, device_class: str) -> dict[str, Any]:
@@ -247,6 +249,8 @@ class Backend:
     # What every backend implements.
 
     def available(self, device: str) -> Availability:
+        """Whether this machine can build and load artifacts of the device class `device`, and why not: never raises
+        (a missing SDK is an Availability with the reason)."""
         raise NotImplementedError
 
     def versions(self) -> dict[str, str]:
@@ -263,6 +267,7 @@ class Backend:
         raise NotImplementedError
 
     def load(self, artifact_dir: Path, manifest, device: str) -> BackendSession:
+        """Open a verified artifact folder for the device class `device` and return a session that runs it."""
         raise NotImplementedError
 
     def device_classes(self, device: Device) -> tuple[str, ...]:
@@ -270,6 +275,8 @@ class Backend:
         raise NotImplementedError
 
     def rank(self, device_class: str) -> Rank:
+        """How specific the artifacts of this device class are; resolution prefers lower ranks when no benchmark
+        tells candidates apart."""
         raise NotImplementedError
 
     # What backends may refine; the defaults suit a backend that builds where its device is.

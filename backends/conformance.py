@@ -96,6 +96,9 @@ def manifest_of(folder: Path, files: list[BuiltFile], job: ConformanceJob, const
 
 
 class BackendConformance:
+    """The suite: subclass it in a test module and set `backend` (a registered name or a `Backend` instance) and
+    `device` (a device class it builds); `build_options` adds build options over the backend's defaults."""
+
     backend: str | Backend
     device: str
     build_options: dict[str, Any] = {}  # over the backend's defaults, e.g. {"refittable": True} to check refit
@@ -128,10 +131,12 @@ class BackendConformance:
         return workdir, result, manifest_of(workdir, result.files, job, subject.constraints(job))
 
     def loadable(self, subject, here) -> None:
+        """Skip the calling test, with the backend's reason, where this host cannot load the device class."""
         if not here.can_load:
             pytest.skip(f"{subject.name}:{self.device} cannot run here: {here.reason}")
 
     def run(self, session) -> np.ndarray:
+        """The tiny model's output `y` for the fixed input `x`; the session is closed afterwards."""
         try:
             return session.run({"x": X})["y"]
         finally:
@@ -201,6 +206,7 @@ class BackendConformance:
     # Custom weights, for the backends that declare them.
 
     def new_weights(self) -> dict[str, np.ndarray]:
+        """The replacement for the initializer `w` that the custom-weight tests apply (reversed and negated)."""
         return {"w": -W[::-1].copy()}
 
     def test_weights_at_load(self, subject, here, built):

@@ -24,7 +24,8 @@ BLOB_MIN_GAIN = 0.9  # ship the compiled blob only if importing it takes < 90% o
 # Above this many bytes of IR weights the blob trial is skipped: a compiled blob holds the weights again, so
 # importing it costs what reading them does, and it never won on SD 1.5 (import / compile: VAE decoder 198 MB
 # 296-486 / 202-211 ms, text encoder 492 MB 446-1214 / 459-566 ms), while the trial (two compiles, two imports,
-# the blob in memory) cost the UNet 17-36 s and doubled the text encoder's peak memory (README, "SD 1.5").
+# the blob in memory) cost the UNet 17-36 s and doubled the text encoder's peak memory
+# (docs/large-models.md, "Size rules").
 BLOB_TRIAL_MAX_BYTES = 128 << 20
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 

@@ -1,5 +1,5 @@
 """First load with a new LoRA against a stock load, and the device cache's growth per LoRA combination, on a built
-component with a weight map (the real-size SD 1.5 UNet: README, "Stable Diffusion 1.5").
+component with a weight map (the real-size SD 1.5 UNet: docs/large-models.md, "Stable Diffusion 1.5").
 
 Every load runs in a fresh process with the base artifact already cached (a warm start, as an app's second run):
   stock     enginefarm.load(ref) + the first run

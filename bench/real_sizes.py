@@ -1,7 +1,7 @@
 """What each real model's build jobs need, and where `plan --runners` sends them, without downloading or building
 anything: every component is built on torch's meta device from its published config (no memory for weights), its
 parameters counted, and the build's memory rule (`enginefarm.builder.memory`) and the farm's runners
-(`ci/runners.toml`) applied. One table, printed (add --markdown for the README's).
+(`ci/runners.toml`) applied. One table, printed (add --markdown for docs/large-models.md's).
 
     python bench/real_sizes.py [--runners ci/runners.toml] [--models flux-dev,sd3.5-medium] [--markdown]
 

@@ -1,7 +1,7 @@
 """What one build job needs in memory, known before it runs: the executor starts jobs only while their needs
 fit the machine, and `plan --runners` routes a job only to a runner with that much memory.
 
-A job's peak resident memory is bounded by its source's weights (README, "Stable Diffusion 1.5"): no stage
+A job's peak resident memory is bounded by its source's weights (docs/large-models.md, "Real sizes"): no stage
 holds more than the model twice over, the model and the artifact are never in memory in the same process, and
 a fixed part (the interpreter, onnx, ONNX Runtime, OpenVINO, onnxsim) stays the same for any model:
 

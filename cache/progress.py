@@ -14,10 +14,10 @@ class Progress:
     steps done of other work."""
 
     def message(self, text: str) -> None:
-        pass
+        """One line about what is happening ("fetching 3 files", "compiling on this device")."""
 
     def transfer(self, name: str, done: int, total: int) -> None:
-        pass
+        """Bytes of the named transfer so far (`done`, cumulative) out of `total`."""
 
     def work(self, name: str, done: int, total: int) -> None:
         """Steps of one named piece of work that is not bytes (an engine compiled on the device)."""

@@ -195,6 +195,7 @@ class Pipeline:
         )
 
     def disable_vae_tiling(self) -> None:
+        """Decode and encode whole images again (the default)."""
         self.vae_tiling = None
 
     def _text_encoders(self) -> list[str]:
@@ -426,6 +427,8 @@ class Pipeline:
 
     @property
     def latent_channels(self) -> int:
+        """Channels of the VAE's latent space (the VAE config's `latent_channels`: 4 for SD 1.x/2.x/XL, 16 for SD3
+        and Flux)."""
         return int(self.assets.configs.get("vae", {}).get("latent_channels", 4))
 
     def _noise(self, latents: np.ndarray | None, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

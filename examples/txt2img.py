@@ -1,6 +1,6 @@
 """Text to image from an app, on the runtime library alone: `enginefarm.diffusion.Pipeline` fetches, verifies and
 loads each component of a model the farm built (and its tokenizers and scheduler config, published beside it), then
-runs the family's own loop (SD 1.x/2.x, SDXL and its refiner, ControlNet; see the README's "Model families").
+runs the family's own loop (SD 1.x/2.x, SDXL and its refiner, ControlNet; see docs/pipelines.md, "Families").
 
     python examples/txt2img.py MODEL "a lighthouse at dawn" [--steps 25] [--seed 7] [--size 512] [--guidance 7.5]
                                [--scheduler euler_a] [--precision fp16] [--target openvino:cpu] [--budget 6G]

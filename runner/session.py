@@ -32,25 +32,33 @@ class Session:
     def __init__(self, backend_session: Any, manifest: Manifest, explanation: str) -> None:
         self._session = backend_session
         self.artifact = manifest
+        """The loaded artifact's manifest: its ref, target, precision, profile (min/opt/max per input) and files."""
         self._explanation = explanation
         self._inputs = {t["name"]: t for t in manifest.io.get("inputs", [])}
         self._bindings: list[Binding] = []  # closed with the session: each holds the backend session
 
     @property
     def input_names(self) -> list[str]:
+        """The names `run` takes, in the model's order."""
         return list(self._inputs) or list(getattr(self._session, "input_names", []))
 
     @property
     def output_names(self) -> list[str]:
+        """The names `run` returns, in the model's order (read from the manifest once the session is closed)."""
         if self._session is None:
             return [t["name"] for t in self.artifact.io.get("outputs", [])]
         return list(self._session.output_names)
 
     @property
     def compute_precision(self) -> str:
+        """What the backend really computes in ("fp32", "fp16", "bf16"), which can differ from the artifact's
+        precision (OpenVINO runs an fp16 or bf16 artifact in f32 on a CPU that lacks it); "unknown" when the backend
+        does not say."""
         return getattr(self._session, "compute_precision", "unknown")
 
     def explain(self) -> str:
+        """Why this artifact was chosen (the devices, the rule that chose it, the candidates also considered), what
+        it computes in, and how the backend opened it."""
         how = getattr(self._session, "how", "")  # how the backend opened it: "compiled IR", "streaming weights: …"
         return (
             self._explanation
@@ -60,6 +68,7 @@ class Session:
 
     @property
     def closed(self) -> bool:
+        """True after `close()`: the session then refuses to run."""
         return self._session is None
 
     def close(self) -> None:
@@ -105,6 +114,14 @@ class Session:
         return binding
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the artifact once: `feeds` maps every input name to an array, the result maps every output name to a
+        numpy array.
+
+        Inputs are checked before the backend sees them: a missing or unknown name, an integer array for a float input,
+        or a shape outside the artifact's profile raises `InputError`, whose hint names the inputs, the dtype or the
+        profile. float64 is cast to float32, and int64 to int32 when every value fits. Inputs inside the profile that
+        the backend still refuses (a model's stride rule) come back as an `InputError` naming the rule. A closed session
+        raises `SessionClosed`."""
         self._open()
         checked = self._checked(feeds)
         try:
@@ -266,6 +283,7 @@ class Binding:
             raise owner._refused({n: v for n, v in checked.items() if isinstance(v, np.ndarray)}, exc) from exc
 
     def close(self) -> None:
+        """Free what the binding holds on the device. Closing twice is harmless; the session stays open."""
         inner, self._inner = self._inner, None
         if inner is not None:
             inner.close()

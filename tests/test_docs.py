@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLE_MARK = "<!-- tests/test_docs.py runs this block"
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [README, ROOT / "ARCHITECTURE.md"]
-LAYERS = "(?:builder|runner|cache|backends|families|export|diffusion|weights)"  # enginefarm.<layer>
+LAYERS = "(?:builder|runner|cache|hardware|backends|families|export|diffusion|weights)"  # enginefarm.<layer>
 FOLDERS = LAYERS[:-1] + "|enginefarm|tests|bench|recipes|ci|examples|docs)"  # top-level folders
 FILE_TYPES = (
     "py",
@@ -47,6 +47,9 @@ def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_
     # The API reference came from the docstrings of the mapped layers (runner/ is enginefarm.runner: docs/_hooks).
     session = (site / "api" / "session" / "index.html").read_text()
     assert 'id="enginefarm.runner.session.Session.close"' in session and "Release the backend" in session
+    assert 'id="enginefarm.runner.session.Session.run"' in session and "Run the artifact once" in session
+    # A docstring's `<2>` outside backticks is read as an HTML tag and vanishes; the store layout keeps it.
+    assert "blobs/sha256/&lt;2&gt;/&lt;digest&gt;" in (site / "api" / "stores" / "index.html").read_text()
     assert 'id="enginefarm.load"' in (site / "api" / "enginefarm" / "index.html").read_text()
     # ARCHITECTURE.md is embedded, not copied: its first heading is on the page.
     first_heading = next(line for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines() if line.startswith("# "))
@@ -149,6 +152,20 @@ def test_the_docs_name_only_files_modules_and_names_that_exist():
                     if not source.is_file() or not _defines(source, m.group(2)):
                         stale.append(f"{page.name}: {m.group(0)}")
     assert not stale, "the docs name what is not there (renamed or moved?):\n" + "\n".join(stale)
+
+
+def test_the_code_layout_page_lists_every_module_of_the_product():
+    """docs/layout.md is where a newcomer finds a module's purpose: a module that is not there fails here (the stale
+    names test above catches the other way, a listed module that is gone). Product folders: pyproject's package-dir."""
+    import tomllib
+
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    modules = {p.relative_to(ROOT).as_posix() for folder in package_dir.values() for p in (ROOT / folder).rglob("*.py")}
+    assert len(modules) > 150 and "hardware/timing.py" in modules  # the mapping was read, hardware/ included
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    listed = set(re.findall(r"`([\w/]+\.py)`", layout))
+    missing = sorted(modules - listed)
+    assert not missing, "docs/layout.md does not list (one line: what it is for):\n" + "\n".join(missing)
 
 
 def test_the_readmes_pipeline_example_fits_the_api():

@@ -14,12 +14,16 @@ _CACHE_NAME = re.compile(r"[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*")
 
 
 class Store(ABC):
-    """Raw object access in the layout of DESIGN.md:
+    """Raw object access, in the layout every store shares (docs/stores.md; `<2>` is the digest's first two hex
+    characters):
 
+    ```text
     blobs/sha256/<2>/<digest>   immutable stored bytes, content-addressed
     manifests/<build-key>.json  immutable, written once after its blobs
     index/<model>.json          derived, updated by compare-and-swap
-    channels/<channel>/<name>   signed release metadata, written only by `enginefarm release`
+    channels/<channel>/<name>   signed release metadata, written only by enginefarm release
+    caches/<kind>/.../<sha256>  shared build caches (TensorRT timing caches), write-once
+    ```
     """
 
     url: str
@@ -27,7 +31,8 @@ class Store(ABC):
 
     # Blobs -----------------------------------------------------------------------------------------------
     @abstractmethod
-    def has_blob(self, digest: str) -> bool: ...
+    def has_blob(self, digest: str) -> bool:
+        """True if a blob with this sha256 hex digest is stored."""
 
     @abstractmethod
     def put_blob(self, digest: str, path: Path, progress: Callable[[int], None] | None = None) -> bool:
@@ -53,7 +58,8 @@ class Store(ABC):
         claiming 3 GB) makes nothing decode."""
 
     @abstractmethod
-    def delete_blob(self, digest: str) -> None: ...
+    def delete_blob(self, digest: str) -> None:
+        """Remove one blob; only `enginefarm gc` calls it, for blobs that no kept manifest names."""
 
     @abstractmethod
     def list_blobs(self) -> Iterator[tuple[str, float]]:
@@ -70,14 +76,16 @@ class Store(ABC):
 
     # Manifests -------------------------------------------------------------------------------------------
     @abstractmethod
-    def get_manifest_bytes(self, key: str) -> bytes | None: ...
+    def get_manifest_bytes(self, key: str) -> bytes | None:
+        """The manifest stored under this build key, or None."""
 
     @abstractmethod
     def put_manifest_bytes(self, key: str, data: bytes) -> bool:
         """Write once. False if a manifest with this key already exists (it is never rewritten)."""
 
     @abstractmethod
-    def list_manifest_keys(self) -> Iterator[str]: ...
+    def list_manifest_keys(self) -> Iterator[str]:
+        """The build key of every stored manifest."""
 
     @abstractmethod
     def delete_manifest(self, key: str) -> None:
@@ -93,7 +101,8 @@ class Store(ABC):
         """Replace the index if its etag is still `etag` (None: only if absent). False on conflict."""
 
     @abstractmethod
-    def list_models(self) -> Iterator[str]: ...
+    def list_models(self) -> Iterator[str]:
+        """The model name of every `index/<model>.json`."""
 
     def open_manifest(self, key: str) -> BinaryIO:
         """The manifest as a stream, so a verifier can stop reading at the length it trusts."""
@@ -107,11 +116,11 @@ class Store(ABC):
     # Release channels (signed metadata; rewritten only by `enginefarm release`) -----------------------------
     @abstractmethod
     def open_channel_file(self, channel: str, name: str) -> BinaryIO:
-        """A stream of channels/<channel>/<name>; raises ArtifactNotFoundError. The caller caps what it reads."""
+        """A stream of `channels/<channel>/<name>`; raises ArtifactNotFoundError. The caller caps what it reads."""
 
     @abstractmethod
     def put_channel_file(self, channel: str, name: str, data: bytes) -> None:
-        """Create or replace channels/<channel>/<name> atomically."""
+        """Create or replace `channels/<channel>/<name>` atomically."""
 
     # Shared build caches (TensorRT timing caches): write-once objects under caches/, merged by their readers.
     # Defaults for stores that keep none (HTTP is read-only and cannot list): builds then just start cold.
@@ -120,6 +129,7 @@ class Store(ABC):
         return False
 
     def get_cache_object(self, name: str) -> bytes | None:
+        """The bytes of `caches/<name>`, or None (absent, or this store keeps no caches)."""
         return None
 
     def list_cache_entries(self, prefix: str) -> list[tuple[str, float]]:
@@ -127,6 +137,7 @@ class Store(ABC):
         return []
 
     def list_cache_objects(self, prefix: str) -> list[str]:
+        """The names under `prefix`, sorted (`list_cache_entries` without the times)."""
         return sorted(name for name, _ in self.list_cache_entries(prefix))
 
     def delete_cache_object(self, name: str) -> None:

@@ -37,6 +37,10 @@ _TRANSIENT = (
 
 
 class HttpStore(Store):
+    """A read-only store over `http://` or `https://` (a CDN or a public bucket): readers go through
+    `index/<model>.json`, large blobs arrive in parallel ranged GETs pinned to one ETag, and every read has a deadline
+    and a minimum rate (ENGINEFARM_HTTP_DEADLINE, ENGINEFARM_HTTP_MIN_RATE)."""
+
     writable = False
 
     def __init__(

@@ -71,6 +71,9 @@ def check_model(model: str) -> str:
 
 
 class LocalStore(Store):
+    """A store in a local folder (a path or `file://` URL), the default: every write is atomic, blobs and manifests
+    are written once, the index is replaced under a lock with its etag checked."""
+
     def __init__(self, url: str | Path) -> None:
         text = str(url)
         self.root = Path(text.removeprefix("file://")).expanduser().resolve()

@@ -39,6 +39,10 @@ def _boto():
 
 
 class S3Store(Store):
+    """A store in an S3 bucket, `s3://BUCKET[/PREFIX]`, on any S3-compatible endpoint (AWS_ENDPOINT_URL for MinIO,
+    R2, Ceph). Large blobs go up in multipart uploads; `verify_uploads` (default ENGINEFARM_S3_VERIFY) reads each
+    upload back."""
+
     def __init__(
         self,
         url: str,

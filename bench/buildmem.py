@@ -8,9 +8,9 @@ where the build reports it, the job's own measurement (`stages` in the report: t
 inside the processes that did the work). The outside view double-counts pages shared between processes (a
 file mapped by two of them), so it is an upper bound; the job's own numbers are what it asserts on.
 
-    .venv/bin/python bench/buildmem.py --recipe recipes/models/sd15/recipe.toml --component unet [--target T]
-    [--precision P]
-                                       [--store DIR] [--home DIR] [--json OUT.json] [--no-bench]
+    .venv/bin/python bench/buildmem.py --recipe recipes/models/sd15/recipe.toml --component unet
+                                       [--target T] [--precision P] [--store DIR] [--home DIR] [--json OUT.json]
+                                       [--no-bench]
 
 The store and work folder default to .enginefarm/bench-store and .enginefarm/bench-home; a job whose key is
 already stored is skipped, so point --store at an empty folder to measure builds. A benchmark, not a test.

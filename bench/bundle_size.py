@@ -1,7 +1,7 @@
 """Installed sizes of an app's options, and the import time of the runtime:
 
-    python bench/bundle_size.py [--installs ",cli,onnxruntime,openvino"] [--targets
-    openvino:cpu,openvino:gpu,onnxruntime:cpu] [--runs 7]
+    python bench/bundle_size.py [--installs ",cli,onnxruntime,openvino"]
+                                [--targets openvino:cpu,openvino:gpu,onnxruntime:cpu] [--runs 7]
 
 - fresh venv installs of enginefarm with each extra (site-packages without pip and setuptools, from each RECORD:
   bench/install_size.py), MB;

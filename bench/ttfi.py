@@ -13,9 +13,9 @@ first inference returns. The kinds alternate, --repeats times each (default 3), 
 (so the OS file cache is warm for all). Inputs are seeded, at the profile's opt shape. Reports medians, the ratio
 enginefarm / bare, and each child's peak RSS (its own VmHWM). A benchmark, not a test: it never fails on numbers.
 
-    .venv/bin/python bench/ttfi.py [--ref sd15/unet --recipe recipes/models/sd15/recipe.toml] [--precision fp16]
-    [--cold]
-                                   [--repeats 3] [--store DIR] [--home DIR] [--bare-reads artifact|source]
+    .venv/bin/python bench/ttfi.py [--ref sd15/unet --recipe recipes/models/sd15/recipe.toml]
+                                   [--precision fp16] [--cold] [--repeats 3] [--store DIR] [--home DIR]
+                                   [--bare-reads artifact|source]
 """
 
 from __future__ import annotations

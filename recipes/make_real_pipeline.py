@@ -8,10 +8,12 @@ merges (tests/tiny_pipelines.py): prompts become real token ids, spelled out let
 not change what a build needs or how fast an artifact runs, so this folder measures `enginefarm export`, `build` and
 `generate` at SDXL's real size; its images are noise.
 
-    python recipes/make_real_pipeline.py sdxl --out /tmp/sdxl   # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB
-    peak enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128 python
-    recipes/make_real_pipeline.py sd15 --out /tmp/sd15   # 4.3 GB on disk; 23 s, 5.0 GB peak enginefarm export /tmp/sd15
-    --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64   # 9 min 53 s, 4.7 GB peak
+    # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
+    python recipes/make_real_pipeline.py sdxl --out /tmp/sdxl
+    enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
+    # 4.3 GB on disk; 23 s, 5.0 GB peak; the export: 9 min 53 s, 4.7 GB peak
+    python recipes/make_real_pipeline.py sd15 --out /tmp/sd15
+    enginefarm export /tmp/sd15 --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64
 
 Needs the `export` extra (torch, diffusers, transformers).
 """

@@ -143,7 +143,10 @@ def test_mypy_sees_every_package_under_its_installed_name(tmp_path, monkeypatch)
     for package in packages:
         init = tree.joinpath(*package.split("."), "__init__.py")
         assert init.is_file(), package
-    assert (tree / "enginefarm" / "cache" / "codec.py").resolve() == ROOT / "cache" / "codec.py"
-    assert lint.real_paths(f"{tree / 'enginefarm' / 'cache' / 'codec.py'}:3: error: x") == "cache/codec.py:3: error: x"
+    assert (tree / "enginefarm" / "cache" / "weight_codec.py").resolve() == ROOT / "cache" / "weight_codec.py"
+    assert (
+        lint.real_paths(f"{tree / 'enginefarm' / 'cache' / 'weight_codec.py'}:3: error: x")
+        == "cache/weight_codec.py:3: error: x"
+    )
     mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert mypy["mypy_path"] == "build/mypy" and mypy["packages"] == ["enginefarm"]

@@ -22,7 +22,7 @@ from enginefarm.backends.base import Feature
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.errors import BuildError, IntegrityError
 
-from .safetensors_io import FLOATS, SafeTensors
+from .safetensors_io import FLOATS, SafeTensors, TensorReader
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def base_digests(ckpt: SafeTensors, name: str) -> dict[str, str]:
     return {kind: _digest("float", entry.shape, _rounded(values, kind)) for kind in ("F32", "F16", "BF16")}
 
 
-def same_as_base(ckpt: SafeTensors, name: str, digests: dict[str, str]) -> bool:
+def same_as_base(ckpt: TensorReader, name: str, digests: dict[str, str]) -> bool:
     """Whether `name` in `ckpt` holds the base's values, at the precision `ckpt` stores it in."""
     entry = ckpt.entries[name]
     if entry.dtype not in FLOATS:

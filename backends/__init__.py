@@ -165,7 +165,7 @@ def availability(target: Target) -> Availability:
         return Availability.missing(f"{type(exc).__name__}: {exc}")
 
 
-def job_availability(job: BuildJob) -> Availability:
+def job_availability(job: PlannedJob) -> Availability:
     """`availability(job.target)`, narrowed by what this job's options need of the build host (a backend's
     optional `check_job(job)` says why not, e.g. TensorRT-RTX weight stripping without a GPU)."""
     here = availability(job.target)
@@ -173,7 +173,7 @@ def job_availability(job: BuildJob) -> Availability:
     return Availability(False, False, why) if why else here
 
 
-def job_refusal(job: BuildJob) -> tuple[str, str] | None:
+def job_refusal(job: PlannedJob) -> tuple[str, str] | None:
     """(why, fix) when the backend's SDK would refuse this job on any host."""
     return get_backend(job.target.backend).refusal(job)
 
@@ -185,7 +185,7 @@ def gpu_build_reason(job: PlannedJob) -> tuple[str, str] | None:
     return backend.gpu_build_reason(job) if backend.has(Feature.BUILDS_WITHOUT_DEVICE) else None
 
 
-def builds_on_cpu(job: BuildJob) -> bool:
+def builds_on_cpu(job: PlannedJob) -> bool:
     """Whether a runner without a GPU builds this job: CPU targets, and backends that build without their device
     (TensorRT-RTX) unless an option needs one."""
     if job.target.device == "cpu":

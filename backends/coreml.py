@@ -230,7 +230,9 @@ class CoreML(Backend):
     def constraints(self, job: BuildJob) -> dict:
         return {"os": ["darwin"], "macos": ">=" + job.options.get("deployment_target", "macOS13").removeprefix("macOS")}
 
-    def build(self, prepared_onnx: Path, job: PlannedJob, workdir: Path) -> Built:
+    def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
+        if not isinstance(job, PlannedJob):  # an engine compiled on a device from a stored artifact has no I/O specs
+            raise BuildError(f"{job.label}: Core ML converts from the planner's job (its inputs and outputs)")
         import torch
 
         from .coreml_convert import convert_to_mlprogram, to_traceable_torch
@@ -257,7 +259,8 @@ class CoreML(Backend):
         here = self.available(device)
         if not here.can_load:
             raise BackendUnavailable(
-                here.reason, hint=INSTALL if not here.can_build else "load Core ML packages on a Mac"
+                here.reason or "Core ML cannot load here",  # available() always says why
+                hint=INSTALL if not here.can_build else "load Core ML packages on a Mac",
             )
         ct = coremltools()
         # A fresh copy per session, extracted from the archive the device cache has just hashed.

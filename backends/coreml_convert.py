@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -199,7 +200,7 @@ def input_types(ct, job: PlannedJob, shapes: str) -> list:
     return types
 
 
-def convert_to_mlprogram(traced, job: PlannedJob) -> tuple[object, str]:
+def convert_to_mlprogram(traced, job: PlannedJob) -> tuple[Any, str]:  # coremltools' MLModel (untyped SDK)
     """(MLModel, how shapes were made flexible). Ranges that coremltools cannot convert fall back to the
     profile's enumerated min/opt/max shapes, and the build notes say so."""
 

@@ -17,7 +17,7 @@ import numpy as np
 from enginefarm.errors import IntegrityError
 
 # ONNX TensorProto.DataType codes of the float weights custom weights may replace, as numpy dtypes.
-FLOAT_TYPES = {1: np.dtype(np.float32), 10: np.dtype(np.float16)}
+FLOAT_TYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 10: np.dtype(np.float16)}  # ONNX data type → numpy's
 _GRAPH, _INITIALIZER = 7, 5  # ModelProto.graph, GraphProto.initializer
 _DIMS, _DATA_TYPE, _NAME = 1, 2, 8  # TensorProto fields
 

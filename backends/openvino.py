@@ -160,7 +160,7 @@ class OpenVinoBinding:
                 self._held[name] = array  # the tensor reads it in place: it must outlive the request's use of it
                 request.set_tensor(name, ov.Tensor(array, shared_memory=True))
         request.infer()
-        out = {}
+        out: dict[str, np.ndarray | DeviceTensor] = {}
         for name in self._outputs:
             tensor = request.get_tensor(name)
             if name in keep:

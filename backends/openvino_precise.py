@@ -15,12 +15,13 @@ and reads it back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 ATTRIBUTE = {"name": "precise", "version": "0"}
 
 
-def precise_names(onnx_path: Path, keep: tuple[str, ...]) -> set[str]:
+def precise_names(onnx_path: Path, keep: Sequence[str]) -> set[str]:
     """The OpenVINO layer names of what `keep` names in the ONNX file (fp16_rules.kept_nodes: op types, node names,
     scopes, input paths): the nodes, and the constants only they read (a Constant node is named by its output, an
     initializer by its own name)."""

@@ -312,9 +312,11 @@ def build(
         with stages.stage("publish"):
             files, blobs = pack_files(outdir, [(f.path, f.role) for f in manifest.files], outdir.parent / "blobs")
             manifest = replace(manifest, files=tuple(files))
-            note = repair(store, stored, manifest, blobs, lost) if lost else ""
-            if lost and not note.startswith("repaired: rebuilt"):
-                manifest = stored  # the same bytes again: the stored manifest stays, and its blobs are back
+            note = ""
+            if stored is not None and lost:  # (blobs are lost only from a stored artifact)
+                note = repair(store, stored, manifest, blobs, lost)
+                if not note.startswith("repaired: rebuilt"):
+                    manifest = stored  # the same bytes again: the stored manifest stays, and its blobs are back
             written = publish(store, manifest, blobs, progress=progress)
         if not written and not lost:  # another builder's manifest won the race: its artifact is the one stored
             return BuildResult.of(job, key, "exists", MEANWHILE, seconds=time.perf_counter() - started, stages=stages)

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .scales import QUANTIZE_OPS
 
 _FLOAT = 1
@@ -64,7 +66,7 @@ def input_path(nodes, inputs: tuple[str, ...]) -> set[str]:
     return found
 
 
-def kept_nodes(model, keep: tuple[str, ...]) -> tuple[set[str], set[str]]:
+def kept_nodes(model, keep: Sequence[str]) -> tuple[set[str], set[str]]:
     """(op types, node names) the recipe's keep entries name: op types, node names, scopes and input paths, with
     the Constant nodes only kept nodes read."""
     nodes = list(model.graph.node)

@@ -12,6 +12,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -114,7 +115,7 @@ def write_model(
     data_path = out.with_name(out.name + ".data")
     tensors = external_tensors(model)
     if tensors:
-        readers: dict[str, object] = {}
+        readers: dict[str, BinaryIO] = {}  # external data file → its open handle
         try:
             with open(data_path, "wb") as sink:
                 for tensor in tensors:
@@ -133,7 +134,7 @@ def write_model(
     onnx.save(model, str(out))  # only the graph: every tensor that is large is external by now
 
 
-def _copy(readers: dict, base_dir: Path, entry: dict[str, str], sink, convert) -> int:
+def _copy(readers: dict[str, BinaryIO], base_dir: Path, entry: dict[str, str], sink, convert) -> int:
     location = entry.get("location", "")
     handle = readers.get(location)
     if handle is None:

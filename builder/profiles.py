@@ -30,14 +30,14 @@ def resolve_profile(spec: ProfileSpec | None, inputs: list[TensorInfo], recipe: 
                     f"the model has no input {name!r}",
                     hint=f"model inputs: {', '.join(sorted(names))}",
                 )
-        for dim in spec.dims:
-            if dim not in dim_names:
+        for named in spec.dims:
+            if named not in dim_names:
                 hint = (
                     f"named dims: {', '.join(dim_names)}"
                     if dim_names
                     else "this model has no named dims; use inputs.NAME.min/opt/max"
                 )
-                raise RecipeError(recipe, f"{key}.{dim}", f"no model input has a dim named {dim!r}", hint=hint)
+                raise RecipeError(recipe, f"{key}.{named}", f"no model input has a dim named {named!r}", hint=hint)
 
     resolved: Resolved = {}
     for tensor in inputs:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from enginefarm.cache.locks import file_lock
 from enginefarm.errors import BuildError
 
 from .stages import Probe
+
+if TYPE_CHECKING:
+    from .validate import Reference
 
 Cases = list[tuple[str, dict[str, np.ndarray]]]
 FORMAT = "v2"  # v2: each case also keeps the magnitude each output carries (the gate's noise floor needs it)
@@ -43,7 +47,7 @@ def cases_digest(cases: Cases) -> str:
     return digest.hexdigest()
 
 
-class References(Sequence):
+class References(Sequence["Reference"]):
     """The outputs of each case, read from the .npz when asked for (one case in memory at a time)."""
 
     def __init__(self, path: Path, count: int) -> None:
@@ -84,6 +88,7 @@ def _compute_in_subprocess(model: Path, cases: Cases, out: Path) -> int:
     feeds_path = out.with_name(f".cases-{secrets.token_hex(4)}.npz")
     np.savez(
         feeds_path,
+        allow_pickle=False,  # numbers and names only; explicit, so no array name can set the flag
         **{f"c{i}_{name}": array for i, (_, feeds) in enumerate(cases) for name, array in feeds.items()},
         names=np.array(sorted({name for _, feeds in cases for name in feeds})),
         count=np.array(len(cases)),
@@ -165,7 +170,7 @@ def _main(model: str, feeds_path: str, out: str) -> None:
         }
     )
     with atomic_writer(Path(out)) as handle:
-        np.savez(handle, names=np.array(order), **arrays)
+        np.savez(handle, allow_pickle=False, names=np.array(order), **arrays)
     print(json.dumps({"peak_rss_bytes": rss.peak_bytes()}))
 
 

@@ -36,8 +36,7 @@ def revalidate(
     cache = DeviceCache(workdir / "fetched")  # a private cache: re-checking a farm's store does not fill the user's
     try:
         step("fetch")
-        cache.fetch(store, manifest)
-        path = cache.verified_dir(manifest.build_key)
+        path = cache.fetch(store, manifest)  # verified as it is fetched
         step("validate")
         with building():  # CPU-heavy like a build: no benchmark runs beside it
             report = validation_report(job, get_backend(job.target.backend), path, manifest, workroot)

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +42,20 @@ class TensorEntry:
     shape: tuple[int, ...]
     start: int  # absolute byte offsets in the file
     end: int
+
+
+class TensorReader(Protocol):
+    """What a reader of named tensors offers: a whole file (`SafeTensors`) or one component's part of a
+    single-file checkpoint (`enginefarm.weights.single_file.PartView`)."""
+
+    entries: dict[str, TensorEntry]
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def array(self, name: str) -> np.ndarray: ...
+
+    def raw(self, name: str) -> np.ndarray: ...
 
 
 class SafeTensors:

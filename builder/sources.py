@@ -37,16 +37,16 @@ def materialize(source: Source, downloads: Path, *, offline: bool = False) -> Lo
             )
         return LocalSource(path, source_digest(path))
     assert source.sha256, "remote sources are required to carry sha256 by the recipe parser"
-    return _remote(source, downloads / source.sha256, offline)
+    return _remote(source, source.sha256, downloads / source.sha256, offline)
 
 
-def _remote(source: Source, folder: Path, offline: bool) -> LocalSource:
+def _remote(source: Source, sha256: str, folder: Path, offline: bool) -> LocalSource:
     """The model and its external data files in `folder`, named as the model names them, each checked against its
     pin. A file already there and matching is not fetched again, so a failed download resumes at the file it stopped."""
     hf = source.url.startswith("hf://")
     url = hf_to_https(source.url) if hf else source.url
     model = folder / _file_name(url)
-    _fetch(url, model, source.sha256, offline, hf)
+    _fetch(url, model, sha256, offline, hf)
     pins = dict(source.external_sha256)
     locations = external_locations(load_header(model, external=False))
     check_external_locations(locations, model)
@@ -63,7 +63,7 @@ def _remote(source: Source, folder: Path, offline: bool) -> LocalSource:
         )
     # every file was just checked against its pin: the source's digest is made of those, not hashed again (GBs)
     known = {
-        model.resolve(): source.sha256,
+        model.resolve(): sha256,
         **{(folder / location).resolve(): pins[location] for location in locations},
     }
     return LocalSource(model, source_digest(model, known))

@@ -12,6 +12,7 @@ map of ~1e-8 computed from logits of ~20), and then a correct fp32 artifact fail
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,7 +248,7 @@ def _argmax_agreement(reference: np.ndarray, actual: np.ndarray) -> dict[str, fl
     return {"argmax_agreement": round(float(np.mean(ref.argmax(-1) == got.argmax(-1))), 6)}
 
 
-def validate(session, cases, references: list[Reference], limits: Thresholds) -> dict[str, Any]:
+def validate(session, cases, references: Sequence[Reference], limits: Thresholds) -> dict[str, Any]:
     checks = []
     for (corner, feeds), reference in zip(cases, references, strict=True):
         actual = session.run(feeds)

@@ -22,7 +22,7 @@ from enginefarm.backends.base import Feature
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.errors import BuildError, IntegrityError
 
-from .safetensors_io import FLOATS, SafeTensors
+from .safetensors_io import FLOATS, SafeTensors, TensorReader
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,10 @@ class Mapped:
         axis, start, stop = self.block
         return tuple(stop - start if i == axis else d for i, d in enumerate(self.onnx_shape))
 
-    def _where(self) -> tuple:
+    def _where(self) -> tuple[slice, ...]:
+        """Where in the initializer this tensor lies: its block of a fused one, or all of it."""
+        if self.block is None:
+            return tuple(slice(None) for _ in self.onnx_shape)
         axis, start, stop = self.block
         return tuple(slice(start, stop) if i == axis else slice(None) for i in range(len(self.onnx_shape)))
 
@@ -62,6 +65,15 @@ class Mapped:
 
     def write(self, whole: np.ndarray, part: np.ndarray) -> None:
         whole[self._where()] = part
+
+
+def _block(raw) -> tuple[int, int, int] | None:
+    """A stored block, (axis, start, stop); anything but three numbers is a damaged map (ValueError), refused as it
+    is read rather than when a merge first unpacks it."""
+    if not raw:
+        return None
+    axis, start, stop = (int(d) for d in raw)
+    return axis, start, stop
 
 
 @dataclass
@@ -103,7 +115,7 @@ class WeightMap:
                     bool(v["transpose"]),
                     tuple(int(d) for d in v["shape"]),
                     tuple(int(d) for d in v["onnx_shape"]),
-                    tuple(int(d) for d in v["block"]) if v["block"] else None,
+                    _block(v["block"]),
                 )
                 for k, v in data["mapped"].items()
             }
@@ -141,8 +153,8 @@ def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
         return values.astype(np.float16).astype(np.float32)
     if dtype == "BF16":  # round to nearest even, as torch does
         bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return bits.astype(np.uint32).view(np.float32)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return rounded.astype(np.uint32).view(np.float32)
     return values.astype(np.float32)
 
 
@@ -158,7 +170,7 @@ def base_digests(ckpt: SafeTensors, name: str) -> dict[str, str]:
     return {kind: _digest("float", entry.shape, _rounded(values, kind)) for kind in ("F32", "F16", "BF16")}
 
 
-def same_as_base(ckpt: SafeTensors, name: str, digests: dict[str, str]) -> bool:
+def same_as_base(ckpt: TensorReader, name: str, digests: dict[str, str]) -> bool:
     """Whether `name` in `ckpt` holds the base's values, at the precision `ckpt` stores it in."""
     entry = ckpt.entries[name]
     if entry.dtype not in FLOATS:

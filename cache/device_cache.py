@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enginefarm.errors import ConfigError, DiskFullError, IntegrityError, StoreError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, DiskFullError, IntegrityError, StoreError
 
 from . import origins, proof, workdirs
 from .atomic import aging_mtime, remove_tree, sha256_file
@@ -112,6 +112,20 @@ class DeviceCache:
             except ConfigError:  # a read-only cache: the entry stays, unused
                 pass
             return None
+
+    def manifest_in_use(self, key: str) -> Manifest:
+        """The manifest of an artifact this process just added, compiled or found here. Another process's gc may
+        evict it meanwhile (or a corrupt manifest was evicted just now): that is a one-line error to retry, not a
+        None that fails later."""
+        manifest = self.manifest(key)
+        if manifest is None:
+            raise ArtifactNotFoundError(
+                f"artifact {key[:12]} left the local cache ({self.artifacts}) while in use: evicted by another process "
+                "or found corrupt",
+                hint="run it again: it is fetched or compiled anew",
+                key=key,
+            )
+        return manifest
 
     def entries(self) -> Iterator[CachedArtifact]:
         if not self.artifacts.is_dir():

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from enginefarm.errors import ConfigError
+from enginefarm.errors import ConfigError, ModelError
 from enginefarm.families import ADDED_EMBEDS
 
 from .assets import ModelAssets
 from .embeddings import AddedRows, expand, refuse_known_words
 from .flux import text_mask
 from .prompts import TextConditioning
+
+HIDDEN, POOLED = 0, 1  # the parts of an encoder's outputs (_outputs)
 
 
 class JointTextEncoder:
@@ -92,7 +94,9 @@ class JointTextEncoder:
         component = self.family.component(name)
         tokens = length if component.tokenizer == "t5" else self.sizes.text_length(component)
         if name not in self.present:
-            hidden = np.zeros((len(prompts), tokens, self.sizes.text_widths[component.text_index]), np.float32)
+            hidden: np.ndarray | None = np.zeros(
+                (len(prompts), tokens, self.sizes.text_widths[component.text_index]), np.float32
+            )
             pooled = (
                 np.zeros((len(prompts), self.sizes.projection_widths[component.text_index]), np.float32)
                 if self.sizes.projection_widths
@@ -129,16 +133,32 @@ class JointTextEncoder:
         outputs = {name: self._outputs(name, prompts, length) for name in self.family.text_encoders}
         parts = []
         if joint.width:
-            side_by_side = np.concatenate([outputs[n][0] for n in joint.width], axis=-1)
+            side_by_side = np.concatenate([self._joined(outputs, n, HIDDEN) for n in joint.width], axis=-1)
             pad = self.sizes.cross_attention_dim - side_by_side.shape[-1]
             parts.append(np.pad(side_by_side, ((0, 0), (0, 0), (0, pad))))
-        parts += [outputs[n][0] for n in joint.tokens]
+        parts += [self._joined(outputs, n, HIDDEN) for n in joint.tokens]
         pooled = (
-            np.concatenate([outputs[n][1] for n in joint.pooled], axis=-1).astype(np.float32) if joint.pooled else None
+            np.concatenate([self._joined(outputs, n, POOLED) for n in joint.pooled], axis=-1).astype(np.float32)
+            if joint.pooled
+            else None
         )
         # Chroma: the transformer attends the prompt's tokens and the first padding one (flux.text_mask)
         mask = text_mask(next(iter(self.token_masks.values()))) if self.token_masks else None
         return TextConditioning(np.concatenate(parts, axis=1).astype(np.float32), pooled, mask)
+
+    def _joined(
+        self, outputs: dict[str, tuple[np.ndarray | None, np.ndarray | None]], name: str, part: int
+    ) -> np.ndarray:
+        """The hidden states (HIDDEN) or pooled output (POOLED) of encoder `name` that the family's joint text
+        reads; an artifact without that output is refused in one line, not at a concatenate."""
+        value = outputs[name][part]
+        if value is None:
+            what = "hidden states (a 3-dim output)" if part == HIDDEN else "pooled output (a 2-dim output)"
+            raise ModelError(
+                f"{self.family.id}'s {name} gives no {what}, which the family's joint text reads",
+                hint="export and build the text encoder with this enginefarm's family table",
+            )
+        return value
 
     def encode_pair(
         self, prompt: str, negative_prompt: str | None, guidance: bool, max_sequence_length: int | None = None

@@ -91,16 +91,20 @@ def wrap(component: Component, model, family_time_ids: int):
             super().__init__()
             self.model = model
             self.second = component.inputs[1].name if len(component.inputs) > 1 else None
-            self._ids = self._added = None
+            # The ids and added rows of the forward under way: set by forward before the table's hooks run.
+            self._ids: torch.Tensor | None = None
+            self._added: torch.Tensor | None = None
             if self.second == ADDED_EMBEDS:
                 table = model.get_input_embeddings()
                 self.rows = table.num_embeddings
                 table.register_forward_pre_hook(lambda _, args: (args[0].clamp(0, self.rows - 1), *args[1:]))
-                table.register_forward_hook(
-                    lambda _, args, out: torch.where(
-                        (self._ids >= self.rows).unsqueeze(-1), self._added.to(out.dtype), out
-                    )
-                )
+                table.register_forward_hook(lambda _, args, out: self._with_added(out))
+
+        def _with_added(self, out):
+            """The table's lookup with the added rows at the ids past the table."""
+            ids, added = self._ids, self._added
+            assert ids is not None and added is not None  # forward sets both before the table runs
+            return torch.where((ids >= self.rows).unsqueeze(-1), added.to(out.dtype), out)
 
         def forward(self, input_ids, *second):
             extra = {}
@@ -188,7 +192,7 @@ def wrap(component: Component, model, family_time_ids: int):
         if type(model).__name__ == "ChromaTransformer2DModel":
             return chroma_module(model)
         return flux_module(model, guidance=any(t.name == "guidance" for t in component.inputs))
-    wrapper = {
+    wrapper: type[torch.nn.Module] = {
         "text_encoder": TextEncoder,
         "transformer": Transformer,
         "unet": Denoiser,

@@ -38,7 +38,7 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
     ControlNet folder passes its config.json as `model_index` (its `_class_name` is ControlNetModel)."""
     cls = model_index.get("_class_name")
     if cls == "ControlNetModel":
-        return FAMILIES[_controlnet_base(model_index).controlnet]
+        return with_controlnet(_controlnet_base(model_index))
     unet = configs.get("unet", {})
     if unet.get("in_channels", 4) != 4:
         raise ConfigError(
@@ -80,8 +80,8 @@ def _present(entry: object) -> bool:
 
 
 def _sd(unet: dict, scheduler: dict) -> Family:
-    width = unet.get("cross_attention_dim")
-    found = _SD_BY_TEXT_WIDTH.get(width)
+    width = unet.get("cross_attention_dim")  # one number, or (in some configs) a list of one per block
+    found = _SD_BY_TEXT_WIDTH.get(width) if isinstance(width, int) else None
     if found is None:
         raise ConfigError(
             f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
+from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, TensorReader
 from enginefarm.builder.weightmap import WeightMap, same_as_base
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import WeightsError
@@ -24,8 +24,11 @@ def read_checkpoint(path: Path, wmap: WeightMap, manifest: Manifest) -> dict[str
     part = component_part(
         path, manifest.component, manifest.ref, {n: m.shape for n, m in wmap.mapped.items()}, wmap.names
     )
-    st = part if part is not None else SafeTensors(path)
-    problems, foreign, out, seen = [], 0, {}, {}
+    st: TensorReader = part if part is not None else SafeTensors(path)
+    problems: list[str] = []
+    foreign = 0
+    out: dict[str, np.ndarray] = {}
+    seen: dict[str, str] = {}  # the base's name → the first of the file's names placed there
     for name in st.names:
         entry, own = st.entries[name], wmap.own_name(name)
         if own is None:
@@ -66,7 +69,7 @@ def _not_sane(value: np.ndarray) -> str | None:
     return f"values up to {peak:.3g}, past any trained weight (±{ABSURD:g})" if peak > ABSURD else None
 
 
-def _refusal(path: Path, st: SafeTensors, problems: list[str], foreign: int) -> WeightsError:
+def _refusal(path: Path, st: TensorReader, problems: list[str], foreign: int) -> WeightsError:
     """One line: a file for another model says so, with one example; otherwise the problems, the first few shown."""
     if foreign * 2 > len(st.names):
         return WeightsError(

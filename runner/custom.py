@@ -169,7 +169,7 @@ def patched_artifact(
             )
             path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
             how = "patched and compiled on this device"
-    return cache.manifest(key), path, how
+    return cache.manifest_in_use(key), path, how
 
 
 def _read_mapped(stack: Stack, artifact_dir: Path, manifest: Manifest):

@@ -97,4 +97,4 @@ def compile_on_device(job: Job, cache: DeviceCache, step: Callable[[str], None])
     finally:  # only this process's folder: another build may be using the same ENGINEFARM_HOME
         shutil.rmtree(job_workdir(workroot, job.build_key), ignore_errors=True)
         prune(workroot)
-    return cache.manifest(manifest.build_key)
+    return cache.manifest_in_use(manifest.build_key)

@@ -40,6 +40,8 @@ from .resolve import Candidate, Resolution, resolve
 from .session import Session
 
 if TYPE_CHECKING:
+    from enginefarm.cache.trust.client import ChannelClient
+
     from .custom import Stack
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class Lookup:
     store: Store | None
     note: str
     settings: Settings
-    release: object = None  # the signed channel's client when resolving inside a release channel
+    release: ChannelClient | None = None  # the signed channel's client when resolving inside a release channel
     selectors: tuple[str, ...] = ()  # the caller's --target
     filtered_out: list = field(default_factory=list)  # index entries of the component that --target left out
     unreadable_index: str = ""  # why the store's index of the model could not be read (then nothing is listed)

@@ -58,6 +58,7 @@ CLOCK: Callable[[], float] = time.perf_counter  # what timings are measured with
 class Contenders:
     candidates: list[Candidate]
     why: str
+    device: Device  # the one they all run on (the leader's)
 
 
 def contenders(resolution: Resolution) -> Contenders | None:
@@ -65,17 +66,19 @@ def contenders(resolution: Resolution) -> Contenders | None:
     ranked = [c for c in resolution.ranked if c.device is not None]
     if len(ranked) < 2:
         return None
-    leader = ranked[0]
-    bucket = [c for c in ranked if c.rank[:3] == leader.rank[:3] and c.device is leader.device]
+    leader, device = ranked[0], ranked[0].device
+    assert device is not None  # ranked keeps only the candidates with a device
+    bucket = [c for c in ranked if c.rank[:3] == leader.rank[:3] and c.device is device]
     if len(bucket) < 2:
         return None
-    if leader.measured_on != "this device class":
+    leader_p50 = _farm_p50_here(leader)
+    if leader_p50 is None:
         where = leader.measured_on or "no device"
-        return Contenders(bucket[:MAX_CANDIDATES], f"the leader's number comes from {where}")
+        return Contenders(bucket[:MAX_CANDIDATES], f"the leader's number comes from {where}", device)
     rivals = [
         c
         for c in bucket[1:]
-        if c.measured_on != "this device class" or leader.is_tied_with(c) or c.p50_ms <= leader.p50_ms * (1 + CLOSE)
+        if (p50 := _farm_p50_here(c)) is None or leader.is_tied_with(c) or p50 <= leader_p50 * (1 + CLOSE)
     ]
     # The closest by the farm's numbers first (a tie's precision order says nothing about which is faster here).
     rivals.sort(
@@ -89,7 +92,12 @@ def contenders(resolution: Resolution) -> Contenders | None:
         if close
         else "a rival has no number for this device class"
     )
-    return Contenders([leader] + rivals[: MAX_CANDIDATES - 1], why)
+    return Contenders([leader] + rivals[: MAX_CANDIDATES - 1], why, device)
+
+
+def _farm_p50_here(c: Candidate) -> float | None:
+    """The farm's p50 measured on this device class; None where its number comes from another class or none."""
+    return c.p50_ms if c.measured_on == "this device class" else None
 
 
 def fingerprint(device: Device, candidates: list[Candidate]) -> dict[str, Any]:
@@ -163,7 +171,7 @@ def decide(
     if found is None:
         return {}
     keys = [c.entry.build_key for c in found.candidates]
-    memory = Memory(settings.home, fingerprint(found.candidates[0].device, found.candidates))
+    memory = Memory(settings.home, fingerprint(found.device, found.candidates))
     remembered = memory.get(keys)
     if remembered is not None:
         apply(resolution, remembered, f"remembered from {remembered.get('when', 'an earlier load')}")
@@ -221,7 +229,7 @@ def _time(
         feeds = _feeds(opened)
         if len(feeds) < 2:
             return opened
-        runs = {key: (lambda s=opened[key][1], f=feed: s.run(f)) for key, feed in feeds.items()}
+        runs = {key: _run(opened[key][1], feed) for key, feed in feeds.items()}
         for run in runs.values():
             run()  # warm-up, as the farm's benchmark does
         label = {c.entry.build_key: c.label for c in found.candidates}
@@ -276,6 +284,11 @@ def apply(resolution: Resolution, result: dict[str, Any], when: str) -> None:
         f"timed on this device ({when}; {result.get('why', '')}; {rounds} interleaved runs each): this device's "
         "own numbers decide among those it timed, the farm's rank the rest; ENGINEFARM_MEASURE=off ignores them"
     )
+
+
+def _run(session: Any, feed: dict[str, np.ndarray]) -> Callable[[], object]:
+    """One timed run of `session` on `feed` (a closure per contender, not over the loop's variables)."""
+    return lambda: session.run(feed)
 
 
 def _feeds(opened: dict[str, tuple[Any, Any]]) -> dict[str, dict[str, np.ndarray]]:

@@ -10,6 +10,8 @@ from enginefarm.cache.versions import by_age
 from enginefarm.errors import ArtifactNotFoundError, DiskFullError
 
 if TYPE_CHECKING:
+    from enginefarm.cache.trust.client import ChannelClient
+
     from .load import Lookup
 
 
@@ -30,7 +32,7 @@ def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
             "`enginefarm index --store URL`",
         )
     if found.release is not None and not failures and not any(c.usable for c in candidates):
-        yanked = _yanked(ref, found)
+        yanked = _yanked(ref, found, found.release)
         if yanked is not None:
             return yanked
     if found.filtered_out and not candidates:
@@ -68,14 +70,14 @@ def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
     return ArtifactNotFoundError(f"no artifact of {ref} fits this device: {why}", hint=hint)
 
 
-def _yanked(ref: str, found: Lookup) -> Exception | None:
+def _yanked(ref: str, found: Lookup, release: ChannelClient) -> Exception | None:
     """ "Yanked", where what was withdrawn is what the caller asked for (component, --target, precision): not when a
     filter left out what is released, nor naming yanked artifacts the filters would have left out anyway."""
     model, _, component = ref.partition("/")
     precision = found.resolution.precision
     yanked = [
         y
-        for y in found.release.yanked(model)
+        for y in release.yanked(model)
         if y.get("component") == component
         and target_matches(str(y.get("target")), found.selectors)
         and precision in (None, y.get("precision"))
@@ -93,6 +95,6 @@ def _yanked(ref: str, found: Lookup) -> Exception | None:
     else:
         rest = "nothing else of it is released"
     return ArtifactNotFoundError(
-        f"{ref} was yanked from channel {found.release.channel}: {what}; {rest}",
+        f"{ref} was yanked from channel {release.channel}: {what}; {rest}",
         hint="its maintainers withdrew it; wait for a new release, or load from another channel",
     )

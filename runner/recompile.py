@@ -101,7 +101,7 @@ def apply_stack(
                 lambda workdir, built, elapsed: stack_manifest(manifest, stack, key, workdir, built, (), elapsed),
             )
             how = f"compiled on this device in {seconds:.1f} s from {source} with the stack merged"
-    compiled = cache.manifest(key)
+    compiled = cache.manifest_in_use(key)
     return Applied(backend.load(path, compiled, manifest.parsed_target.device), compiled, how)
 
 
@@ -109,7 +109,7 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
     """The component's ONNX Runtime artifact built from the same source model in the same precision: from the
     local cache, or fetched from the store."""
     wanted = manifest.provenance.get("source_digest")
-    candidates: dict[str, str] = {}  # build key → where
+    candidates: dict[str, Store | None] = {}  # build key → the store it is in (None: the local cache)
     for cached in cache.entries():
         m = cached.manifest
         if (
@@ -119,16 +119,16 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
             and "stack" not in m.options
             and (store is None or cache.served_by(m.build_key, store.url))
         ):  # another store's never stands in for this one's
-            candidates[m.build_key] = "cache"
+            candidates[m.build_key] = None
     if store is not None:
         try:
             for key, entry in read_index(store, manifest.model).entries.items():
                 if entry.component == manifest.component and entry.target == ONNX_TARGET:
-                    candidates.setdefault(key, "store")
+                    candidates.setdefault(key, store)
         except StoreError as exc:
             log.warning("store unreachable while looking for %s's ONNX: %s", manifest.ref, exc)
-    for key, where in sorted(candidates.items(), key=lambda kv: kv[1] != "cache"):  # what is here first
-        found = cache.manifest(key) if where == "cache" else read_manifest(store, key)
+    for key, source in sorted(candidates.items(), key=lambda kv: kv[1] is not None):  # what is here first
+        found = cache.manifest(key) if source is None else read_manifest(source, key)
         if found is None or found.precision != manifest.precision or found.provenance.get("source_digest") != wanted:
             continue
         if not any(f.role == "map" for f in found.files) or (found.model, found.component, found.target) != (
@@ -137,7 +137,7 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
             ONNX_TARGET,
         ):
             continue
-        path = cache.verified_dir(key) if where == "cache" else cache.cached_as(found, store.url)
+        path = cache.verified_dir(key) if source is None else cache.cached_as(found, source.url)
         if path is None and store is not None:
             report.message(
                 f"fetching {manifest.ref}'s ONNX ({ONNX_TARGET} {found.precision} [{key[:12]}]) to compile "
@@ -166,7 +166,7 @@ def refittable_twin(
     with file_lock(cache.locks / f"{key}.lock"):
         path = cache.built_here_dir(key)
         if path is not None:
-            return cache.manifest(key), path, False
+            return cache.manifest_in_use(key), path, False
         report.message(
             f"compiling a refittable {manifest.target} engine of {manifest.ref} on this device (once: later stacks "
             "are refits)"
@@ -210,7 +210,7 @@ def refittable_twin(
             report,
             twin_manifest,
         )
-    return cache.manifest(key), path, True
+    return cache.manifest_in_use(key), path, True
 
 
 def _compile(

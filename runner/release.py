@@ -4,6 +4,7 @@ the one its target signs. The cache is reused only for artifacts identical to th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.index import IndexEntry
@@ -13,8 +14,11 @@ from enginefarm.cache.stores.base import Store
 from enginefarm.errors import ConfigError
 from enginefarm.settings import Settings
 
+if TYPE_CHECKING:
+    from enginefarm.cache.trust.client import ChannelClient
 
-def open_channel(store: str | None, settings: Settings):
+
+def open_channel(store: str | None, settings: Settings) -> tuple[ChannelClient, Store | None]:
     """(client, store to fetch blobs from or None offline). The app's shipped root is required."""
     from enginefarm.cache.trust.client import ChannelClient
 
@@ -29,11 +33,11 @@ def open_channel(store: str | None, settings: Settings):
     return client, (None if settings.offline else opened)
 
 
-def released_entries(client, model: str) -> list[tuple[IndexEntry, str]]:
+def released_entries(client: ChannelClient, model: str) -> list[tuple[IndexEntry, str]]:
     return [(entry, f"channel {client.channel}") for entry in client.entries(model)]
 
 
-def released_manifest(client, cache: DeviceCache, key: str) -> Manifest:
+def released_manifest(client: ChannelClient, cache: DeviceCache, key: str) -> Manifest:
     manifest = client.manifest(key)
     cached = cache.manifest(key)
     if cached is not None and cached != manifest:

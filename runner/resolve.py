@@ -100,6 +100,11 @@ class Candidate:
         return f"{e.target} {e.precision}{version} [{e.build_key[:12]}] {self.kind.label}{speed}"
 
 
+def _measured_label(c: Candidate) -> str:
+    """'cpu-x86 fp16 at 1.2 ms'; a tie holds only measured candidates (_rank), but the label says so if not."""
+    return c.label if c.p50_ms is None else f"{c.label} at {_ms(c.p50_ms)} ms"
+
+
 def _noise(record: Benchmark) -> str:
     """' (±1.2%, 12 runs)': the half-IQR around the median and the repetitions, where the record has them."""
     runs = record.runs
@@ -168,14 +173,14 @@ class Resolution:
         if chosen.p50_ms is not None:
             if chosen.tied_with:
                 tied = chosen.tied_with
-                others = ", ".join(f"{c.label} at {_ms(c.p50_ms)} ms" for c in tied[:LISTED])
+                others = ", ".join(_measured_label(c) for c in tied[:LISTED])
                 others += f" and {len(tied) - LISTED} more" if len(tied) > LISTED else ""
                 return f"tied with {others} (p50 {_ms(chosen.p50_ms)} ms; within each other's noise): {TIE_RULE}"
-            slower = [c for c in rivals if c.p50_ms is not None]
+            slower = [(c.p50_ms, c) for c in rivals if c.p50_ms is not None]
             if slower:
-                best_other = min(slower, key=lambda c: c.p50_ms)
+                best_p50, best_other = min(slower, key=lambda pair: pair[0])
                 return (
-                    f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_other.p50_ms)} ms for "
+                    f"fastest measured: {_ms(chosen.p50_ms)} ms vs {_ms(best_p50)} ms for "
                     f"{best_other.entry.target} {best_other.entry.precision}"
                 )
             return "the only usable artifact with a benchmark"
@@ -350,7 +355,7 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
     kind of source), measured candidates fall into tie clusters: the fastest remaining and everything within its
     noise, ordered by TIE_RULE."""
     tiers: dict[str, Rank] = {}
-    buckets: dict[tuple, list[Candidate]] = {}
+    buckets: dict[tuple, list[tuple[float, Candidate]]] = {}  # the measured usable ones, with their p50
     order: dict[int, int] = {}  # per device object, not per candidate (Device equality compares every field)
     for c in candidates:
         if id(c.device) not in order:
@@ -365,14 +370,14 @@ def _rank(candidates: list[Candidate], devices: list[Device]) -> None:
         )  # compiled engines: the most specific kind first
         precision = precision_table.tie_order(c.entry.precision)
         c.rank = bucket + (how_measured, 0, tier, precision)  # unmeasured: by kind, then precision
-        if how_measured < 2 and c.usable:
-            buckets.setdefault(bucket + (how_measured,), []).append(c)
+        if c.p50_ms is not None and c.usable:
+            buckets.setdefault(bucket + (how_measured,), []).append((c.p50_ms, c))
     for prefix, members in buckets.items():
-        for cluster, group in enumerate(clusters(members, lambda c: c.p50_ms, _noise_of)):
-            tie = Tie(group)
-            for c in group:
+        for cluster, group in enumerate(clusters(members, lambda m: m[0], lambda m: _noise_of(m[1]))):
+            tie = Tie([c for _, c in group])
+            for p50, c in group:
                 c.tie = tie
-                c.rank = prefix + (cluster, precision_table.tie_order(c.entry.precision), c.p50_ms, c.tier)
+                c.rank = prefix + (cluster, precision_table.tie_order(c.entry.precision), p50, c.tier)
 
 
 def _noise_of(c: Candidate) -> float:

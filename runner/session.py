@@ -195,7 +195,7 @@ class Session:
                 hint=f"inputs are: {', '.join(self.input_names)}"
                 + (f"; bound by bind(): {', '.join(bound)}" if bound else ""),
             )
-        out = {}
+        out: dict[str, np.ndarray | DeviceTensor] = {}
         for name, value in feeds.items():
             if isinstance(value, DeviceTensor):
                 bounds = self.artifact.profile.get(name)

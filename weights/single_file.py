@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from enginefarm.builder.safetensors_io import SafeTensors, TensorEntry
 from enginefarm.errors import WeightsError
 
@@ -276,7 +278,7 @@ class PartView:
         self.path = path
         self._tensors = tensors
         self._found = found  # diffusers name → (file key, how)
-        self.entries = {}
+        self.entries: dict[str, TensorEntry] = {}
         for name, (key, source) in found.items():
             entry = tensors.entries[key]
             self.entries[name] = TensorEntry(entry.dtype, source.shape(entry.shape), entry.start, entry.end)
@@ -288,11 +290,11 @@ class PartView:
     def __contains__(self, name: str) -> bool:
         return name in self._found
 
-    def array(self, name: str):
+    def array(self, name: str) -> np.ndarray:
         key, source = self._found[name]
         return source.convert(self._tensors.array(key))
 
-    def raw(self, name: str):
+    def raw(self, name: str) -> np.ndarray:
         key, source = self._found[name]
         return source.convert(self._tensors.raw(key))
 

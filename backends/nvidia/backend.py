@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,6 +20,8 @@ class NvidiaBackend(Backend, abstract=True):
     builds that hold the weights about three times (builder/memory.py)."""
 
     probes = ("nvidia",)
+    sdk_module: ClassVar[str]  # every NVIDIA backend has its SDK module (Backend's None is for those that have none)
+    extra: ClassVar[str]  # its pip extra: set from its name below
 
     def __init_subclass__(cls, **kwargs) -> None:
         if "name" in cls.__dict__:  # each NVIDIA SDK's pip extra is named after its backend

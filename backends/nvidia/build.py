@@ -164,7 +164,7 @@ def build_engine(
         sdk=sdk,
         onnx=str(prepared_onnx),
         plan=str(workdir / "model.plan"),
-        profile=job.profile,
+        profile={name: {k: list(dims) for k, dims in bounds.items()} for name, bounds in job.profile.items()},
         precision=job.precision,
         strip_weights=options["strip_weights"],
         refittable=options["refittable"],

@@ -28,7 +28,7 @@ from .sdk import KEPT_ERRORS, SdkError, capturing_logger
 def progress_monitor(trt, path: str):
     """Writes the top-level build phase's steps ({done, total, phase}) as JSON lines; None where the SDK has no
     monitor."""
-    base = getattr(trt, "IProgressMonitor", None)
+    base: Any = getattr(trt, "IProgressMonitor", None)  # the SDK's class (TensorRT ships no types)
     if base is None:
         return None
 

@@ -221,6 +221,19 @@ def test_loading_off_macos_says_why(tmp_path):
         coreml.BACKEND.load(tmp_path, None, "apple")
 
 
+def test_a_job_without_io_specs_is_refused_not_a_traceback(tmp_path):
+    """Core ML converts from the planner's job (its inputs and outputs); an on-device job (runner/recompile.py) has
+    neither, and reading them was an AttributeError."""
+    from enginefarm.backends import coreml
+    from enginefarm.cache.manifest import Target
+    from enginefarm.errors import BuildError
+    from enginefarm.runner.recompile import DeviceJob
+
+    job = DeviceJob("m/c fp16 on device", "c", Target.parse("coreml:apple"), "fp16", {"x": {"opt": [1]}})
+    with pytest.raises(BuildError, match="converts from the planner's job"):
+        coreml.BACKEND.build(tmp_path / "model.onnx", job, tmp_path)
+
+
 @pytest.mark.parametrize(
     "key,value,reason", [("shape", "range", "unknown key"), ("shapes", "ragged", "unknown value 'ragged'")]
 )

@@ -3,6 +3,8 @@ ambiguous tensors reported, never guessed; `checkpoint` in recipes, in the key a
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -59,6 +61,9 @@ def test_layout_round_trip():
     m = Mapped("onnx::MatMul_1", True, (16, 2), (2, 16))
     assert np.array_equal(m.to_onnx(found_w), found_w.T)
     assert np.array_equal(m.from_onnx(m.to_onnx(found_w)), found_w)
+    whole = np.zeros((2, 16), np.float32)
+    m.write(whole, m.to_onnx(found_w))  # not a block of a fused initializer: all of it
+    assert np.array_equal(whole, found_w.T)
 
 
 def test_tensors_sharing_values_are_ambiguous_not_guessed(tmp_path):
@@ -91,6 +96,13 @@ def test_a_name_kept_under_a_wrapper_prefix_breaks_a_tie(tmp_path):
 def test_a_damaged_map_is_an_integrity_error():
     with pytest.raises(IntegrityError, match="weight map is malformed"):
         WeightMap.from_json(b'{"format": 1, "mapped": {"a": {}}}')
+    # A fused block is (axis, start, stop): two numbers used to be read, and failed with a traceback at the merge.
+    entry = {"initializer": "w", "transpose": False, "shape": [2], "onnx_shape": [4], "block": [0, 2]}
+    stored = {"format": 1, "checkpoint_sha256": "0", "mapped": {"a": entry}, "unmatched": {}}
+    with pytest.raises(IntegrityError, match="weight map is malformed"):
+        WeightMap.from_json(json.dumps(stored).encode())
+    entry["block"] = [0, 2, 4]
+    assert WeightMap.from_json(json.dumps(stored).encode()).mapped["a"].block == (0, 2, 4)
 
 
 RECIPE = """

@@ -10,7 +10,7 @@ import pytest
 
 import enginefarm
 from enginefarm.cache.artifacts import read_index, read_manifest
-from enginefarm.cache.device_cache import DeviceCache
+from enginefarm.cache.device_cache import MANIFEST_NAME, DeviceCache
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import blob_relpath
 from enginefarm.errors import ArtifactNotFoundError, IntegrityError
@@ -38,6 +38,21 @@ def test_fetch_verifies_and_caches(published, tmp_path):
     path = cache_dir(tmp_path).fetch(store, manifest)
     assert (path / "model.onnx").is_file()
     assert cache_dir(tmp_path).problems(manifest.build_key) == []
+    assert cache_dir(tmp_path).manifest_in_use(manifest.build_key) == manifest
+
+
+def test_an_artifact_gone_while_in_use_is_a_one_line_error(tmp_path):
+    """After compiling on the device, the runner reads the manifest it just cached; another process's gc (or a
+    corrupt manifest, evicted on read) used to hand it None, and it failed later with an AttributeError."""
+    cache, key = cache_dir(tmp_path), "ab" * 32
+    with pytest.raises(ArtifactNotFoundError, match="left the local cache") as gone:
+        cache.manifest_in_use(key)
+    assert gone.value.key == key
+    cache.path_of(key).mkdir(parents=True)
+    (cache.path_of(key) / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ArtifactNotFoundError, match="left the local cache"):
+        cache.manifest_in_use(key)
+    assert not cache.path_of(key).exists()  # the corrupt entry was evicted, not left to fail again
 
 
 def _rewrite(path: Path, data: bytes) -> None:

@@ -66,6 +66,8 @@ def test_detect_family(index, configs, expected):
         ({"_class_name": "FluxFillPipeline"}, {}, "'FluxFillPipeline'"),
         ({}, {}, "None"),
         (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 512}}, "cross_attention_dim 512"),
+        # a width per block (a list) was looked up in a dict: TypeError (unhashable), a traceback, not this line
+        (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": [768, 768]}}, "dim [768, 768]"),
         (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "9-channel UNet"),
         ({"_class_name": "ControlNetModel", "cross_attention_dim": 1024}, {}, "cross_attention_dim 1024"),
     ],

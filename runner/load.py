@@ -195,10 +195,11 @@ def _lookup(
         if withdrawn:
             said.append(
                 f"{len(withdrawn)} cached artifact(s) of {model} are no longer in the store's index (it was "
-                "rebuilt or replaced since) and were not considered"
+                "rebuilt, replaced or pruned since) and were not considered"
             )
         note = "; ".join(said)
-        cached = [m for m in cached if m.build_key not in foreign | withdrawn]
+        left_out_here = foreign | withdrawn
+        cached = [m for m in cached if m.build_key not in left_out_here]
     else:  # no store to ask: the whole cache, less what every store that served it has withdrawn since
         cached = [m for m in cached if not cache.withdrawn(m.build_key)]
     entries, left_out = filtered([(IndexEntry.of(m), "cache") for m in cached] + stored)

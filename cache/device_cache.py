@@ -216,6 +216,20 @@ class DeviceCache:
         """True if the cached artifact is what `origin` (a store's URL) served, or was built on this device."""
         return bool(self.origins(key) & {origin, origins.THIS_DEVICE})
 
+    def withdraw(self, key: str, origin: str) -> bool:
+        """`origin` no longer lists the cached artifact (its index was read and lacks the key): forget that it served
+        it. True if the artifact is now withheld from loads from `origin`; False if this device built it (the store's
+        index never lists those)."""
+        if origins.THIS_DEVICE in self.origins(key):
+            return False
+        origins.discard(self.path_of(key), origin)
+        return True
+
+    def withdrawn(self, key: str) -> bool:
+        """True if every store that served the cached artifact has withdrawn it since (`withdraw`); such an artifact is
+        not offered even where the whole cache is (offline, no store named)."""
+        return origins.withdrawn(self.path_of(key))
+
     def built_here_dir(self, key: str) -> Path | None:
         """The verified folder of an artifact this device built (compiled, patched, refitted) under `key`; None if the
         cache holds none, or holds one a store served under that key (a store chooses its manifests' keys)."""

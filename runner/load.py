@@ -160,6 +160,7 @@ def _lookup(
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
     cached = [c.manifest for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
     note, opened, stored, origin, unreadable = "", None, [], None, ""
+    listed: set[str] | None = None  # the build keys the store's index lists now; None: its index was not read
     if settings.offline:
         note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
         origin = _url_of(store) if store else None  # a store the caller named: only what it served, even offline
@@ -170,6 +171,7 @@ def _lookup(
             index = read_index(opened, model)
             stored = [(e, "store") for e in index.entries.values()]
             unreadable = f"{opened.url}/index/{model}.json {index.unreadable}" if index.unreadable else ""
+            listed = None if index.unreadable else set(index.entries)  # a damaged index is no word on anything
         except StoreNotFound:
             raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
         except StoreError as exc:
@@ -178,18 +180,30 @@ def _lookup(
     if origin is not None:
         # What another store served never stands in for this one's: it is reached only through this store's own
         # entry of the same key, once the two manifests are equal (_materialize).
-        foreign = [m for m in cached if not cache.served_by(m.build_key, origin)]
+        foreign = {m.build_key for m in cached if not cache.served_by(m.build_key, origin)}
+        # What this store served but its index no longer lists (the store was rebuilt or replaced at the same URL,
+        # old versions were removed) is withdrawn: a warm cache serves what a fresh device would get from the store.
+        withdrawn = {
+            m.build_key
+            for m in cached
+            if listed is not None
+            and m.build_key not in foreign
+            and m.build_key not in listed
+            and cache.withdraw(m.build_key, origin)
+        }
+        said = [note] if note else []
         if foreign:
-            note = "; ".join(
-                filter(
-                    None,
-                    [
-                        note,
-                        f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered",
-                    ],
-                )
+            said.append(f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered")
+        if withdrawn:
+            said.append(
+                f"{len(withdrawn)} cached artifact(s) of {model} are no longer in the store's index (it was "
+                "rebuilt, replaced or pruned since) and were not considered"
             )
-        cached = [m for m in cached if m not in foreign]
+        note = "; ".join(said)
+        left_out_here = foreign | withdrawn
+        cached = [m for m in cached if m.build_key not in left_out_here]
+    else:  # no store to ask: the whole cache, less what every store that served it has withdrawn since
+        cached = [m for m in cached if not cache.withdrawn(m.build_key)]
     entries, left_out = filtered([(IndexEntry.of(m), "cache") for m in cached] + stored)
     devices = devices_for(entries)
     return Lookup(

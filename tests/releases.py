@@ -23,6 +23,7 @@ def artifact(
     precision: str = "fp32",
     p50: float | None = None,
     scale: float = 1.0,
+    version: str = "1",
 ) -> Manifest:
     """Publish a real, loadable ONNX Runtime artifact of m/lin (y = x @ W * scale) and return its manifest."""
     src = tmp_path / f"src-{seed}"
@@ -32,7 +33,7 @@ def artifact(
     manifest = Manifest(
         build_key=hashlib.sha256(seed.encode()).hexdigest(),
         model="m",
-        model_version="1",
+        model_version=version,
         component="lin",
         precision=precision,
         profile_name="default",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +16,6 @@ from enginefarm.cache.manifest import Manifest, target_matches
 from enginefarm.cache.names import NAME_CHARS
 from enginefarm.cache.progress import Progress, ProgressLike, as_progress
 from enginefarm.cache.stores import open_store
-from enginefarm.cache.stores.base import Store
 from enginefarm.cache.versions import same_version
 from enginefarm.errors import (
     ArtifactNotFoundError,
@@ -35,13 +34,12 @@ from enginefarm.settings import Settings, load_settings
 from . import golden_check, measure
 from .detect import detect
 from .identity import check_served
+from .lookup import Lookup
 from .not_found import not_found
-from .resolve import Candidate, Resolution, resolve
+from .resolve import Candidate, resolve
 from .session import Session
 
 if TYPE_CHECKING:
-    from enginefarm.cache.trust.client import ChannelClient
-
     from .custom import Stack
 
 log = logging.getLogger(__name__)
@@ -69,24 +67,6 @@ def parse_ref(ref: str) -> tuple[str, str]:
                 hint="check the name: it is the recipe's [model] name or component, as `enginefarm ls` lists them",
             )
     return model, component
-
-
-@dataclass
-class Lookup:
-    """Everything resolution saw: the ranked candidates, where to fetch from, and why anything was left out."""
-
-    resolution: Resolution
-    devices: list[Device]
-    cache: DeviceCache
-    store: Store | None
-    note: str
-    settings: Settings
-    release: ChannelClient | None = None  # the signed channel's client when resolving inside a release channel
-    selectors: tuple[str, ...] = ()  # the caller's --target
-    filtered_out: list = field(default_factory=list)  # index entries of the component that --target left out
-    unreadable_index: str = ""  # why the store's index of the model could not be read (then nothing is listed)
-    refusals: list[Exception] = field(default_factory=list)  # trust and integrity failures, raised if nothing loads
-    stack_refusals: list[Exception] = field(default_factory=list)  # artifacts that cannot take the user's stack
 
 
 def lookup(

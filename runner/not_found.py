@@ -12,7 +12,7 @@ from enginefarm.errors import ArtifactNotFoundError, DiskFullError
 if TYPE_CHECKING:
     from enginefarm.cache.trust.client import ChannelClient
 
-    from .load import Lookup
+    from .lookup import Lookup
 
 
 def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:

@@ -29,9 +29,10 @@ def test_the_product_package_has_no_import_circles():
     found = graph.edges()
     assert len(graph.modules()) > 100 and len(found) > 400  # the whole package was read, not an empty corner
     assert {"enginefarm.builder.job", "enginefarm.builder.gate"} <= set(graph.modules())
-    circles = graph.circles(found, "function")
+    # counting TYPE_CHECKING imports too: a type read in a circle is a module in the wrong place (runner/lookup.py)
+    circles = graph.circles(found, "typing")
     named = "; ".join(" <-> ".join(c) for c in circles)
-    assert circles == [], f"import circles (bench/import_graph.py --edges names each import): {named}"
+    assert circles == [], f"import circles (bench/import_graph.py --level typing --edges names each import): {named}"
 
 
 def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_path):

@@ -157,7 +157,7 @@ def parameters(cls_name: str, config: dict, component: str) -> int:
 
 def rows(models: list[str], runners_path: Path) -> list[dict]:
     from enginefarm.builder.ci_runners import load_runners, route
-    from enginefarm.builder.memory import gb, need_bytes
+    from enginefarm.builder.memory import gb, image_need_gb, need_bytes
     from enginefarm.builder.recipe import Resources
 
     runners = load_runners(runners_path)
@@ -166,6 +166,9 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
         for component, (cls_name, config) in MODELS[model].items():
             count = parameters(cls_name, config, component)
             fp32 = count * 4  # every job's need counts weights at fp32 (see builder/memory.py)
+            # a VAE's need is its activations: one image at the model's native size
+            pixels = 512 if model == "sd15" else 1024
+            activations = image_need_gb(pixels * pixels / 1e6) if component.startswith("vae") else 0.0
             row = {
                 "model": model,
                 "component": component,
@@ -175,7 +178,7 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
             }
             for target in TARGETS:
                 backend = target.split(":")[0]
-                needs = [gb(need_bytes(fp32, backend=backend, precision=p)) for p in ("fp32", "fp16")]
+                needs = [gb(need_bytes(fp32, activations, backend=backend, precision=p)) for p in ("fp32", "fp16")]
                 routes = [route(target, Resources(n, 0.0), runners, on_cpu=True) for n in needs]
                 row[target] = (needs, [r.name if r else "none" for r, _ in routes])
                 row.setdefault("why", routes[0][1])

@@ -17,6 +17,9 @@ An fp16 or bf16 job's artifact is half the size, and its measured peaks stay und
 1.74-1.86x (the highest: the source's fp32 reference run, shared by every job of the source), SDXL's UNet 1.53x (its
 OpenVINO validation), against 2.35x for OpenVINO's SD 1.5 fp32 job. HALF_FACTOR covers them with a margin.
 
+A VAE's activations, not its weights, decide its need (`image_need_gb`): the decoders' fp32 reference runs peaked at
+6.9 GB for SDXL's at 1024x1024 and 2.4 GB for SD 1.5's at 512x512, with 0.2 GB of weights.
+
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """
 
@@ -79,7 +82,36 @@ def _backend_factor(name: str) -> float:
 
 
 def job_need_bytes(job) -> int:
-    return need_bytes(job.weight_bytes, job.resources.host_ram_gb, job.target.backend, job.precision)
+    host_ram_gb = max(job.resources.host_ram_gb, image_need_gb(image_megapixels(job.inputs, job.outputs, job.profile)))
+    return need_bytes(job.weight_bytes, host_ram_gb, job.target.backend, job.precision)
+
+
+# Fitted to the two measured VAE decoder peaks above: about 1.5 GB plus 6 GB per megapixel (times the batch).
+IMAGE_GB_BASE, IMAGE_GB_PER_MEGAPIXEL = 1.5, 6.0
+LATENT_SCALE = 8  # image pixels per latent pixel, in every SD-class VAE
+
+
+def image_megapixels(inputs, outputs, profile) -> float:
+    """Batch x megapixels of the largest RGB image a VAE-like job (one input, one output, one of them an image
+    [batch, 3, H, W]) takes or makes at its profile's max; 0 for any other job. An image output is its latent input
+    scaled by LATENT_SCALE. A ControlNet's image input does not count: its activations at image size are few."""
+    if len(inputs) != 1 or len(outputs) != 1:
+        return 0.0
+    (source,), (result,) = inputs, outputs
+    largest = profile[source.name]["max"]
+    if _is_image(source):
+        return largest[0] * largest[2] * largest[3] / 1e6
+    if _is_image(result) and len(largest) == 4:
+        return largest[0] * largest[2] * largest[3] * LATENT_SCALE**2 / 1e6
+    return 0.0
+
+
+def _is_image(tensor) -> bool:
+    return len(tensor.dims) == 4 and tensor.dims[1] == 3
+
+
+def image_need_gb(megapixels: float) -> float:
+    return IMAGE_GB_BASE + IMAGE_GB_PER_MEGAPIXEL * megapixels if megapixels else 0.0
 
 
 def available_bytes() -> int:

@@ -12,9 +12,6 @@ from enginefarm.families import input_ranges, profile_dims
 from .source import ExportSource
 
 DEFAULT_TARGETS = ("openvino:cpu", "onnxruntime:cpu")
-# A VAE's activations, not its 0.2 GB of weights, decide its build's memory: SDXL's decoder job peaked at 6.9 GB at
-# 1024x1024 (its fp32 reference run), SD 1.5's at 2.4 GB at 512x512: about 1.5 GB plus 6 GB per megapixel decoded.
-VAE_GB_BASE, VAE_GB_PER_MEGAPIXEL = 1.5, 6.0
 DEFAULT_PRECISIONS = tuple(p.name for p in precision_table.TABLE.values() if p.exported_by_default)
 
 
@@ -36,15 +33,6 @@ def _list(items) -> str:
 
 def _key(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
-
-
-def vae_memory_gb(dims: dict[str, tuple[int, int, int]], scale: int) -> float:
-    """What a VAE job needs at its profile's largest image (batch x pixels), from the measured rule above."""
-    if "image_height" in dims:
-        pixels = dims["image_height"][2] * dims["image_width"][2]
-    else:
-        pixels = dims["height"][2] * dims["width"][2] * scale * scale
-    return round(VAE_GB_BASE + VAE_GB_PER_MEGAPIXEL * dims.get("batch", (1, 1, 1))[2] * pixels / 1e6, 1)
 
 
 def recipe_text(
@@ -91,13 +79,6 @@ def recipe_text(
         dims = profile_dims(family, component, sizes, batch=batch, latent=latent, text_length=text_length)
         lines += ["", f"[components.{component_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in dims.items()]
-        if component.kind.startswith("vae"):
-            lines += [
-                "",
-                f"[components.{component_name}.resources]",
-                f"host_ram_gb = {vae_memory_gb(dims, family.vae_scale_factor)}  # its activations at the largest "
-                "profile",
-            ]
         ranges = input_ranges(family, component, sizes, source.vae_scaling_factor)
         if ranges:
             spec = ", ".join(

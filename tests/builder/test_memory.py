@@ -199,3 +199,25 @@ def test_a_half_precision_source_needs_what_its_fp32_weights_would(tmp_path, sto
     assert (
         model(stored, "half2").parent / "model.onnx.data"
     ).stat().st_size == 256 * 1024 * 2  # stored at half the size
+
+
+def test_a_vae_needs_memory_for_its_largest_image_not_its_weights():
+    """Measured (docs/large-models.md): SDXL's VAE decoder job peaked at 6.9 GB at 1024x1024 and SD 1.5's at 2.4 GB
+    at 512x512, each with 0.2 GB of weights. A ControlNet's image input and a UNet's latents do not count."""
+    from enginefarm.builder.onnx_io import TensorInfo
+
+    latent = (TensorInfo("latent_sample", "float32", ("batch", 4, "height", "width")),)
+    image = (TensorInfo("sample", "float32", ("batch", 3, "image_height", "image_width")),)
+
+    def megapixels(inputs, outputs, largest):
+        profile = {t.name: {"min": largest, "opt": largest, "max": largest} for t in inputs}
+        return memory.image_megapixels(inputs, outputs, profile)
+
+    sdxl_decoder = memory.image_need_gb(megapixels(latent, image, [1, 4, 128, 128]))
+    sd15_decoder = memory.image_need_gb(megapixels(latent, image, [1, 4, 64, 64]))
+    assert 6.9 <= sdxl_decoder <= 1.3 * 6.9 and 2.4 <= sd15_decoder <= 1.3 * 2.4
+    assert megapixels(image, latent, [2, 3, 1024, 1024]) == 2 * 1024 * 1024 / 1e6  # an encoder, at batch 2
+    controlnet = (latent[0], TensorInfo("controlnet_cond", "float32", ("batch", 3, "image_height", "image_width")))
+    assert megapixels(controlnet, latent, [1, 3, 1024, 1024]) == 0
+    assert megapixels(latent, latent, [1, 4, 128, 128]) == 0
+    assert memory.image_need_gb(0) == 0

@@ -8,120 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.errors import BackendUnavailable
+from enginefarm.sessions.onnxruntime import PROVIDERS, OrtSession
 
 from . import onnx_weights
 from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
 from .manifest_files import role_file
-
-_PROVIDERS = {"cpu": "CPUExecutionProvider"}
-
-
-def _ort():
-    return BACKEND.sdk()
-
-
-class OrtSession:
-    def __init__(self, path: Path, device: str, precision: str, overrides: dict[str, np.ndarray] | None = None) -> None:
-        ort = _ort()
-        options = ort.SessionOptions()
-        options.log_severity_level = 4  # a failed run raises with the same text; ORT's own log line would repeat it
-        # initializers replaced at session creation (before graph optimization); ORT reads the arrays while the
-        # session lives, so they are kept
-        self._overrides = [(name, ort.OrtValue.ortvalue_from_numpy(value)) for name, value in (overrides or {}).items()]
-        for name, value in self._overrides:
-            options.add_initializer(name, value)
-        if self._overrides:
-            # ORT 1.32's layout passes (level ALL: NCHWc for fp32, NHWC for fp16) re-read Conv weights from the model
-            # file, so overridden Conv weights would be silently dropped: sessions with overrides stop at EXTENDED
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        self._session = ort.InferenceSession(
-            str(path), options, providers=[_PROVIDERS.get(device, "CPUExecutionProvider")]
-        )
-        self._run_options = _run_options(ort)
-        self.input_names = [i.name for i in self._session.get_inputs()]
-        self.output_names = [o.name for o in self._session.get_outputs()]
-        self.compute_precision = precision
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self._session.run(self.output_names, feeds, self._run_options)
-        return dict(zip(self.output_names, values, strict=True))
-
-    def bind(self, fixed: dict[str, np.ndarray]) -> OrtBinding:
-        return OrtBinding(self._session, fixed, self.output_names, self._run_options)
-
-    def close(self) -> None:
-        self._session = None
-
-
-class OrtBinding:
-    """An I/O binding: the fixed inputs are OrtValues bound once; outputs are allocated by ORT on the session's device
-    each run, so a kept one stays valid while later runs write new ones."""
-
-    name = "device"
-
-    def __init__(self, session, fixed: dict[str, np.ndarray], output_names: list[str], run_options) -> None:
-        ort = _ort()
-        self._session, self._outputs, self._run_options = session, output_names, run_options
-        self._binding = session.io_binding()
-        self._fixed = {
-            name: ort.OrtValue.ortvalue_from_numpy(array.copy()) for name, array in fixed.items()
-        }  # the device's own copy
-        for name, value in self._fixed.items():
-            self._binding.bind_ortvalue_input(name, value)
-
-    def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
-        from enginefarm.hardware.tensors import DeviceTensor
-
-        binding = self._binding
-        for name, value in feeds.items():
-            if isinstance(value, DeviceTensor) and value.backend == "onnxruntime":
-                binding.bind_ortvalue_input(name, value.value)
-            else:  # numpy (or another backend's tensor, through numpy): ORT reads the array where it lies on the CPU
-                binding.bind_cpu_input(name, np.ascontiguousarray(np.asarray(value)))
-        for name in self._outputs:
-            binding.bind_output(name, "cpu")
-        self._session.run_with_iobinding(binding, self._run_options)
-        values = binding.get_outputs()
-        out = {}
-        for name, value in zip(self._outputs, values, strict=True):
-            if name in keep:
-                out[name] = DeviceTensor(
-                    "onnxruntime", value, tuple(value.shape()), _np_dtype(value), lambda v: v.numpy()
-                )
-            else:
-                out[name] = value.numpy()
-        return out
-
-    def close(self) -> None:
-        self._binding = self._session = None
-        self._fixed = {}
-
-
-def _run_options(ort):
-    """Each run gives the CPU arena's free chunks back when it ends. Without it the arena keeps the largest run's
-    high-water mark and grows past it on the next: the real-size SD 1.5 UNet (fp16, 512², batch 2) peaked at 6.1 GB
-    on its first run and 8.4 GB from its second on; with shrinkage 6.2 GB on every run. Turning the arena off
-    instead peaked at 6.7 GB."""
-    options = ort.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    return options
-
-
-_ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(double)": np.float64,
-    "tensor(bool)": np.bool_,
-    "tensor(uint8)": np.uint8,
-    "tensor(int8)": np.int8,
-}
-
-
-def _np_dtype(value) -> np.dtype:
-    return np.dtype(_ORT_TYPES.get(value.data_type(), np.float32))
 
 
 # The artifact is its ONNX model (and the external data file beside it for large models).
@@ -167,7 +59,7 @@ class OnnxRuntime(Backend):
             ort = self.sdk()
         except BackendUnavailable as exc:
             return Availability.missing(str(exc))
-        provider = _PROVIDERS.get(device)
+        provider = PROVIDERS.get(device)
         if provider not in ort.get_available_providers():
             return Availability.missing(f"onnxruntime here has no {provider or device}")
         return Availability(True, True)
@@ -193,7 +85,14 @@ class OnnxRuntime(Backend):
 
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
         model = role_file(manifest, "model")
-        return OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
+        session = OrtSession(Path(artifact_dir) / model, manifest.parsed_target.device, manifest.precision)
+        session.reopen_plan = {
+            "module": "enginefarm.sessions.onnxruntime",
+            "model": model,
+            "device": manifest.parsed_target.device,
+            "precision": manifest.precision,
+        }
+        return session
 
     # Custom weights: the artifact is ONNX, so its weights are the initializers, by name (onnx_weights.py).
     def weight_shapes(self, artifact_dir: Path, manifest) -> dict[str, tuple[int, ...]]:

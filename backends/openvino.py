@@ -13,6 +13,7 @@ import numpy as np
 
 from enginefarm.errors import BackendUnavailable
 from enginefarm.hardware.device_info import cpu_description
+from enginefarm.sessions.openvino import OpenVinoSession
 
 from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
@@ -27,7 +28,6 @@ BLOB_MIN_GAIN = 0.9  # ship the compiled blob only if importing it takes < 90% o
 # the blob in memory) cost the UNet 17-36 s and doubled the text encoder's peak memory
 # (docs/large-models.md, "Size rules").
 BLOB_TRIAL_MAX_BYTES = 128 << 20
-_PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
 # The CPU instructions OpenVINO's CPU plugin computes bf16 with (it lists BF16 among its capabilities then).
@@ -89,92 +89,6 @@ def _best_of(n: int, fn):
         result = fn()
         best = min(best, (time.perf_counter() - start) * 1000)
     return best, result
-
-
-class OpenVinoSession:
-    def __init__(self, compiled, how: str, held: list | None = None) -> None:
-        self._compiled = compiled
-        self._held = (
-            held or []
-        )  # arrays the model's constants share (load_with_weights): kept while a request may read them
-        self._request = compiled.create_infer_request()
-        # (infer request, arrays its tensors read in place) of closed bindings, reused by the next. OpenVINO 2026.4's
-        # CPU plugin corrupts the heap when a second request of a dynamic-shape model is destroyed, or the memory its
-        # input tensors wrap is freed, while the model lives on: the session's own request then reads or writes freed
-        # memory (wrong values, then a crash). Both live as long as the compiled model.
-        self._spare: list = []
-        self.input_names = [p.get_any_name() for p in compiled.inputs]
-        self.output_names = [p.get_any_name() for p in compiled.outputs]
-        hint = compiled.get_property("INFERENCE_PRECISION_HINT")
-        name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
-        self.compute_precision = _PRECISION_NAMES.get(name, name)
-        self.how = how
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = self._request.infer(feeds)
-        return {
-            name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs, strict=True)
-        }
-
-    def bind(self, fixed: dict[str, np.ndarray]) -> OpenVinoBinding:
-        request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
-        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append, self._held)
-
-    def close(self) -> None:
-        self._request = self._compiled = None  # the request holds the compiled model: both go
-        self._spare.clear()
-        self._held = []  # a binding still open keeps its own reference
-
-
-class OpenVinoBinding:
-    """An infer request of its own whose fixed input tensors are set once. Other inputs are set as tensors over the
-    caller's arrays (no copy: the request reads them during infer). The request writes its outputs into tensors it
-    reuses, so a kept output is copied (device to device) into a tensor of its own."""
-
-    name = "device"
-
-    def __init__(
-        self, request, held: dict, fixed: dict[str, np.ndarray], output_names: list[str], give_back, weights=()
-    ) -> None:
-        ov = BACKEND.sdk()
-        self._request, self._give_back = request, give_back
-        self._weights = (
-            weights  # the session's shared constants (load_with_weights): the request may outlive the session
-        )
-        self._held: dict[str, np.ndarray] = (
-            held  # arrays the request's tensors read in place, kept while it may use them
-        )
-        self._outputs = output_names
-        for name, array in fixed.items():
-            self._request.set_tensor(name, ov.Tensor(array.copy()))  # the device's own copy
-
-    def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
-        from enginefarm.hardware.tensors import DeviceTensor
-
-        ov, request = BACKEND.sdk(), self._request
-        for name, value in feeds.items():
-            if isinstance(value, DeviceTensor) and value.backend == "openvino":
-                request.set_tensor(name, value.value)
-            else:
-                array = np.ascontiguousarray(np.asarray(value))
-                self._held[name] = array  # the tensor reads it in place: it must outlive the request's use of it
-                request.set_tensor(name, ov.Tensor(array, shared_memory=True))
-        request.infer()
-        out: dict[str, np.ndarray | DeviceTensor] = {}
-        for name in self._outputs:
-            tensor = request.get_tensor(name)
-            if name in keep:
-                own = ov.Tensor(tensor.element_type, tensor.shape)
-                tensor.copy_to(own)
-                out[name] = DeviceTensor("openvino", own, tuple(own.shape), own.data.dtype, lambda t: np.array(t.data))
-            else:
-                out[name] = np.array(tensor.data)
-        return out
-
-    def close(self) -> None:
-        if self._request is not None:
-            self._give_back((self._request, self._held))  # to the session, which drops it with the compiled model
-        self._request = None
 
 
 def blob_compatible(manifest) -> str | None:
@@ -316,14 +230,17 @@ class OpenVINO(Backend):
         dev = manifest.parsed_target.device.upper()
         config = inference_config(core, dev, manifest.precision)
         root = Path(artifact_dir)
+        plan = {"module": "enginefarm.sessions.openvino", "device": dev, "config": config}
         blob = next((f.path for f in manifest.files if f.role == "engine"), None)
         if blob and dev == "CPU":
             why_not = blob_compatible(manifest)
             if why_not is None:
                 try:
-                    return OpenVinoSession(
+                    session = OpenVinoSession(
                         core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob"
                     )
+                    session.reopen_plan = {**plan, "blob": blob}
+                    return session
                 except RuntimeError as exc:
                     log.warning(
                         "openvino: cannot import the compiled blob (%s); compiling the IR", str(exc).splitlines()[0]
@@ -331,7 +248,9 @@ class OpenVINO(Backend):
             else:
                 log.info("openvino: %s; compiling the IR", why_not)
         xml = role_file(manifest, "ir")
-        return OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
+        session = OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
+        session.reopen_plan = {**plan, "ir": xml}
+        return session
 
     def precision_refusal(self, precision: str, device: str) -> str | None:
         if precision == "bf16" and device == "gpu":

@@ -147,7 +147,11 @@ def circles(found: list[Edge], level: str = "function") -> list[list[str]]:
 # Layers that import only downward, every import counted (TYPE_CHECKING ones too). hardware/ is the machine: it may
 # import itself and enginefarm's leaves (errors, settings), nothing else of the package. backends/ and builder/ sit
 # below the runner.
-ONLY = {"enginefarm.hardware": ("enginefarm.hardware", "enginefarm.errors", "enginefarm.settings")}
+ONLY = {
+    "enginefarm.hardware": ("enginefarm.hardware", "enginefarm.errors", "enginefarm.settings"),
+    # what a warm load opens (runner/warm.py): nothing of the registry, the cache or the resolver
+    "enginefarm.sessions": ("enginefarm.sessions", "enginefarm.hardware", "enginefarm.errors"),
+}
 NEVER = {"enginefarm.backends": ("enginefarm.runner",), "enginefarm.builder": ("enginefarm.runner",)}
 
 

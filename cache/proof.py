@@ -16,8 +16,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .atomic import write_bytes_atomic
-
 PROOF_NAME = ".verified"
 _FORMAT = 1
 
@@ -30,6 +28,8 @@ def _stamp(path: Path) -> list[int]:
 def record(root: Path, files: Iterable[str]) -> None:
     """Remember the stat of each file (relative to `root`), just verified by hashing. Best effort: in a read-only
     cache nothing is recorded, and the files are hashed again next time."""
+    from .atomic import write_bytes_atomic  # here: a warm load only reads proofs (atomic brings shutil and hashlib)
+
     stamps = {rel: _stamp(root / rel) for rel in files}
     try:
         write_bytes_atomic(root / PROOF_NAME, json.dumps({"format": _FORMAT, "files": stamps}, sort_keys=True).encode())

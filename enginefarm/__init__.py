@@ -66,6 +66,16 @@ def load(
     signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT). version: the model version to serve
     (default the newest usable here). settings: overrides the environment's (`enginefarm.settings.load_settings`).
     """
+    if weights is None and not loras and channel is None and trusted_root is None:
+        from enginefarm.runner import warm  # a warm start: the pick made last time, if nothing it read has changed
+        from enginefarm.settings import load_settings
+
+        here = settings or load_settings()
+        if not (here.channel or here.trusted_root):
+            asked = warm.request(ref, precision, device, store, target, version, recipe, here)
+            session = warm.reopen(asked, here.home, warm.index_file(ref.partition("/")[0], store, here))
+            if session is not None:
+                return session
     from enginefarm.runner.load import load as _load
 
     return _load(

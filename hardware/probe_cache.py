@@ -8,16 +8,12 @@ The key is cheap on purpose: a few stats and small /proc and /sys reads, no SDK 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import platform
 import sys
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 FILE = "device-probes.json"
 SDK_PREFIXES = ("onnxruntime", "openvino", "tensorrt", "nvidia_ml_py", "pynvml", "coremltools", "migraphx", "psutil")
@@ -87,9 +83,28 @@ def _own_code(files: tuple[Path, ...]) -> list[int]:
     return [f.stat().st_mtime_ns if f.exists() else 0 for f in files]
 
 
+def probe_code() -> tuple[Path, ...]:
+    """The code that changes what a remembered probe says: the probes, the runtime's detection and the backend table
+    that gives the targets (by path: a warm load imports no backend it does not use)."""
+    root = Path(__file__).resolve().parents[1]  # the package's root, where hardware/, runner/ and backends/ live
+    return (
+        root / "hardware" / "devices.py",
+        root / "hardware" / "device_info.py",
+        root / "runner" / "detect.py",
+        root / "backends" / "__init__.py",
+    )
+
+
 def machine_key(code: tuple[Path, ...] = ()) -> str:
     """`code`: the files whose code shapes what is remembered (the caller's: the probes, and what adds to them)."""
-    parts = {
+    import hashlib  # here: a remembered pick (runner/warm.py) compares machine_state() without hashing it
+
+    return hashlib.sha256(json.dumps(machine_state(code), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def machine_state(code: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Everything a probe's result depends on, as JSON-able values."""
+    return {
         "kernel": platform.release(),
         "machine": platform.machine(),
         "system": platform.system(),
@@ -106,7 +121,6 @@ def machine_key(code: tuple[Path, ...] = ()) -> str:
             k: os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
         },
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class ProbeCache:
@@ -142,4 +156,6 @@ class ProbeCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:  # a read-only home: we probe each time, as before
-            log.debug("device probes not cached (%s)", exc)
+            import logging
+
+            logging.getLogger(__name__).debug("device probes not cached (%s)", exc)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from enginefarm.errors import ConfigError
@@ -57,26 +56,15 @@ def run_probes(
 
 
 def _cache(settings: Settings | None):
-    from enginefarm.hardware.probe_cache import ProbeCache
+    from enginefarm.hardware.probe_cache import ProbeCache, probe_code
     from enginefarm.settings import load_settings
 
     try:
         settings = settings or load_settings()
-        return ProbeCache(settings.home, _CODE) if settings.probe_cache else None
+        return ProbeCache(settings.home, probe_code()) if settings.probe_cache else None
     except Exception:  # an unusable home or a strange host: probe as if nothing were remembered
         log.debug("no device probe cache", exc_info=True)
         return None
-
-
-# The code that changes what a remembered probe says: the probes, this module, and the backend table that gives the
-# targets (by path: a warm load imports no backend it does not use).
-_HARDWARE = Path(device_info.__file__).resolve().parent
-_CODE = (
-    _HARDWARE / "devices.py",
-    _HARDWARE / "device_info.py",
-    Path(__file__).resolve(),
-    Path(__file__).resolve().parents[1] / "backends" / "__init__.py",
-)
 
 
 def _probe_to(probe: Probe) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from enginefarm.errors import (
 from enginefarm.hardware.devices import Device
 from enginefarm.settings import Settings, load_settings
 
-from . import golden_check, measure
+from . import golden_check, measure, warm
 from .detect import detect
 from .identity import check_served
 from .lookup import Lookup
@@ -347,6 +347,11 @@ def load(
 
         stack = Stack.parse(weights, loras)
     report = as_progress(progress)
+    memo = None
+    if stack is None and not (settings.channel or settings.trusted_root):  # the pick may be remembered (warm.py)
+        index_file = warm.index_file(ref.partition("/")[0], store, settings)
+        asked = warm.request(ref, precision, device, store, target, version, recipe, settings)
+        memo = (asked, index_file, warm.state(settings.home, index_file))
     found = lookup(ref, precision, device, store, target, settings, version)
 
     def timed(candidate: Candidate):
@@ -367,6 +372,9 @@ def load(
     candidate, session, failures = _first_usable(found, open_session)
     if candidate is not None:
         found.cache.gc(settings.cache_quota, keep={candidate.entry.build_key, session.artifact.build_key})
+        if memo is not None:
+            asked, index_file, before = memo
+            warm.remember(asked, settings.home, before, warm.state(settings.home, index_file), session)
         return session
 
     model, component = parse_ref(ref)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import EnginefarmError, SessionClosed
 from enginefarm.hardware.rss import give_back_memory
+
+if TYPE_CHECKING:
+    from enginefarm.cache.manifest import Manifest
 
 
 def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
@@ -31,11 +34,44 @@ class Session:
 
     def __init__(self, backend_session: Any, manifest: Manifest, explanation: str) -> None:
         self._session = backend_session
-        self.artifact = manifest
-        """The loaded artifact's manifest: its ref, target, precision, profile (min/opt/max per input) and files."""
+        self._artifact: Manifest | None = manifest
+        self._manifest_file: tuple[Path, str] | None = None
         self._explanation = explanation
-        self._inputs = {t["name"]: t for t in manifest.io.get("inputs", [])}
+        self._facts(manifest.ref, manifest.target, manifest.precision, manifest.profile, manifest.io)
         self._bindings: list[Binding] = []  # closed with the session: each holds the backend session
+
+    @classmethod
+    def reopened(
+        cls, backend_session: Any, facts: dict[str, Any], manifest_file: Path, build_key: str, explanation: str
+    ) -> Session:
+        """A session of a remembered pick (runner/warm.py): what runs and checks inputs comes from `facts` (ref,
+        target, precision, profile, io, as the manifest says them); the manifest itself is read when `artifact` is
+        first asked for."""
+        self = cls.__new__(cls)
+        self._session, self._artifact, self._explanation = backend_session, None, explanation
+        self._manifest_file = (manifest_file, build_key)
+        self._facts(facts["ref"], facts["target"], facts["precision"], facts["profile"], facts["io"])
+        self._bindings = []
+        return self
+
+    def _facts(self, ref: str, target: str, precision: str, profile: dict, io: dict) -> None:
+        self._ref, self._target, self._precision, self._profile, self._io = ref, target, precision, profile, io
+        self._inputs = {t["name"]: t for t in io.get("inputs", [])}
+
+    def _reopen_plan(self) -> dict | None:
+        """How the backend opens this session again (runner/warm.py); None when it cannot say."""
+        return getattr(self._session, "reopen_plan", None)
+
+    @property
+    def artifact(self) -> Manifest:
+        """The loaded artifact's manifest: its ref, target, precision, profile (min/opt/max per input) and files."""
+        if self._artifact is None:
+            from enginefarm.cache.manifest import Manifest
+
+            assert self._manifest_file is not None  # one of the two is always set
+            path, key = self._manifest_file
+            self._artifact = Manifest.from_json(path.read_bytes(), expect_key=key)
+        return self._artifact
 
     @property
     def input_names(self) -> list[str]:
@@ -46,7 +82,7 @@ class Session:
     def output_names(self) -> list[str]:
         """The names `run` returns, in the model's order (read from the manifest once the session is closed)."""
         if self._session is None:
-            return [t["name"] for t in self.artifact.io.get("outputs", [])]
+            return [t["name"] for t in self._io.get("outputs", [])]
         return list(self._session.output_names)
 
     @property
@@ -62,7 +98,7 @@ class Session:
         how = getattr(self._session, "how", "")  # how the backend opened it: "compiled IR", "streaming weights: …"
         return (
             self._explanation
-            + f"\nruns in {self.compute_precision} ({self.artifact.target}, {self.artifact.precision} artifact)"
+            + f"\nruns in {self.compute_precision} ({self._target}, {self._precision} artifact)"
             + (f"\nopened: {how}" if how else "")
         )
 
@@ -93,9 +129,7 @@ class Session:
 
     def _open(self) -> Any:
         if self._session is None:
-            raise SessionClosed(
-                f"{self.artifact.ref}: this session is closed", hint="load it again with enginefarm.load(...)"
-            )
+            raise SessionClosed(f"{self._ref}: this session is closed", hint="load it again with enginefarm.load(...)")
         return self._session
 
     def bind(self, fixed: Mapping[str, np.ndarray] | None = None) -> Binding:
@@ -134,7 +168,7 @@ class Session:
     def _refused(self, feeds: dict[str, np.ndarray], exc: Exception) -> InputError:
         """Inputs inside the profile can still break a model's own rules, a stride above all (a detector that halves
         its input five times wants multiples of 32). The profile's min/opt/max, which validation ran, show the rule."""
-        ref, shapes = self.artifact.ref, {name: list(array.shape) for name, array in feeds.items()}
+        ref, shapes = self._ref, {name: list(array.shape) for name, array in feeds.items()}
         # OpenVINO opens with lines that name its own source files ("Exception from src/…cpp:224:"): skip those.
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         first = next(
@@ -143,7 +177,7 @@ class Session:
         )
         broken = []
         for name, shape in shapes.items():
-            bounds = self.artifact.profile.get(name)
+            bounds = self._profile.get(name)
             if bounds is None:
                 continue
             for axis, (size, lo, opt, hi) in enumerate(
@@ -156,14 +190,14 @@ class Session:
                     broken.append(
                         f"{name} axis {axis} is {size}, every validated size is a multiple of {step} (try {nearest})"
                     )
-        validated = "; ".join(f"{n}: {b['min']}, {b['opt']}, {b['max']}" for n, b in self.artifact.profile.items())
+        validated = "; ".join(f"{n}: {b['min']}, {b['opt']}, {b['max']}" for n, b in self._profile.items())
         if broken:
             return InputError(
                 f"{ref}: the model cannot run inputs of shape {shapes}: {'; '.join(broken)}",
                 hint=f"the backend said: {first[:300]}",
             )
         return InputError(
-            f"{ref}: the {self.artifact.target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: "
+            f"{ref}: the {self._target} artifact cannot run inputs of shape {shapes} ({type(exc).__name__}: "
             f"{first[:300]})",
             hint=f"shapes validated when it was built: {validated}; the model may need sizes like those",
         )
@@ -173,7 +207,7 @@ class Session:
         binding already holds, which the feeds must not repeat. A DeviceTensor is checked by its shape only."""
         from enginefarm.hardware.tensors import DeviceTensor
 
-        ref = self.artifact.ref
+        ref = self._ref
         if not isinstance(feeds, Mapping):
             names = ", ".join(self.input_names)
             example = f'{{"{self.input_names[0]}": array}}' if self.input_names else "{name: array}"
@@ -198,7 +232,7 @@ class Session:
         out: dict[str, np.ndarray | DeviceTensor] = {}
         for name, value in feeds.items():
             if isinstance(value, DeviceTensor):
-                bounds = self.artifact.profile.get(name)
+                bounds = self._profile.get(name)
                 if bounds is not None:
                     self._check_shape(ref, name, value.shape, bounds)
                 out[name] = value
@@ -207,7 +241,7 @@ class Session:
             info = self._inputs.get(name)
             if info is not None:
                 array = self._cast(ref, name, array, info["dtype"])
-            bounds = self.artifact.profile.get(name)
+            bounds = self._profile.get(name)
             if bounds is not None:
                 self._check_shape(ref, name, array.shape, bounds)
             out[name] = np.ascontiguousarray(array)
@@ -264,14 +298,12 @@ class Binding:
         owner = self._owner
         owner._open()
         if self._inner is None:
-            raise SessionClosed(
-                f"{owner.artifact.ref}: this binding is closed", hint="make another with session.bind(...)"
-            )
+            raise SessionClosed(f"{owner._ref}: this binding is closed", hint="make another with session.bind(...)")
         keep = (keep,) if isinstance(keep, str) else tuple(keep)
         unknown = [name for name in keep if name not in owner.output_names]
         if unknown:
             raise InputError(
-                f"{owner.artifact.ref}: keep={unknown} names no output",
+                f"{owner._ref}: keep={unknown} names no output",
                 hint=f"outputs are: {', '.join(owner.output_names)}",
             )
         checked = owner._checked(feeds, bound=self.fixed)

@@ -60,8 +60,8 @@ def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_pa
 
 
 def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runner():
-    """hardware/ (devices, probes, timing, device tensors) sits below backends and builder, which sit below the runner:
-    every import counted, TYPE_CHECKING ones too, as bench/import_graph.py reports them."""
+    """hardware/ (devices, probes, timing, device tensors) sits below backends and builder, which sit below the runner;
+    sessions/ (what a load opens) imports only hardware/ and the errors: every import counted, TYPE_CHECKING ones too, as bench/import_graph.py reports them."""
     graph = _graph()
     found = graph.edges()
     used = {(e.source, e.target) for e in found}
@@ -70,6 +70,8 @@ def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runne
         ("enginefarm.backends.openvino", "enginefarm.hardware.device_info"),
         ("enginefarm.builder.bench", "enginefarm.hardware.timing"),
         ("enginefarm.runner.detect", "enginefarm.hardware.devices"),
+        ("enginefarm.backends.onnxruntime", "enginefarm.sessions.onnxruntime"),
+        ("enginefarm.sessions.openvino", "enginefarm.hardware.tensors"),
     } <= used
     wrong = [f"{e.source} -> {e.target} (line {e.line}, {e.level})" for e in graph.upward(found)]
     assert wrong == [], f"imports against the layers: {wrong}"

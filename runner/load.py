@@ -163,14 +163,11 @@ def _lookup(
         foreign = {m.build_key for m in cached if not cache.served_by(m.build_key, origin)}
         # What this store served but its index no longer lists (the store was rebuilt or replaced at the same URL,
         # old versions were removed) is withdrawn: a warm cache serves what a fresh device would get from the store.
-        withdrawn = {
-            m.build_key
-            for m in cached
-            if listed is not None
-            and m.build_key not in foreign
-            and m.build_key not in listed
-            and cache.withdraw(m.build_key, origin)
-        }
+        withdrawn: set[str] = set()
+        if listed is not None:
+            for m in cached:
+                if m.build_key not in foreign and m.build_key not in listed and cache.withdraw(m.build_key, origin):
+                    withdrawn.add(m.build_key)  # withdraw() also drops the store from the artifact's .origins
         said = [note] if note else []
         if foreign:
             said.append(f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered")

@@ -144,7 +144,9 @@ def remember(asked: dict[str, Any], home: Path, before: dict[str, Any], after: d
         "explanation": session._explanation,
     }
     path = _record_path(home, asked)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    import threading  # here: a warm load writes nothing
+
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # each writer its own
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(record, default=str), encoding="utf-8")

@@ -61,7 +61,8 @@ def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_pa
 
 def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runner():
     """hardware/ (devices, probes, timing, device tensors) sits below backends and builder, which sit below the runner;
-    sessions/ (what a load opens) imports only hardware/ and the errors: every import counted, TYPE_CHECKING ones too, as bench/import_graph.py reports them."""
+    sessions/ (what a load opens) imports only hardware/ and the errors: every import counted, TYPE_CHECKING ones
+    too, as bench/import_graph.py reports them."""
     graph = _graph()
     found = graph.edges()
     used = {(e.source, e.target) for e in found}

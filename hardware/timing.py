@@ -130,7 +130,15 @@ def time_interleaved(
             return done
 
 
+def within_noise(median_a: float, iqr_a: float, median_b: float, iqr_b: float) -> bool:
+    """Two timings are tied when their middle halves (median ± IQR/2) overlap: the one rule for a device's own runs
+    and for stored benchmark records (cache/records.py Benchmark.tied)."""
+    return abs(median_a - median_b) <= (iqr_a + iqr_b) / 2
+
+
 def _clear_winner(timings: dict[str, Timing]) -> bool:
     ordered = sorted(timings.values(), key=lambda t: t.median_ms)
-    # tied as records are (cache/records.py Benchmark.tied): the middle halves, median ± IQR/2, overlap
-    return len(ordered) < 2 or ordered[1].median_ms - ordered[0].median_ms > (ordered[0].iqr_ms + ordered[1].iqr_ms) / 2
+    if len(ordered) < 2:
+        return True
+    first, second = ordered[:2]
+    return not within_noise(first.median_ms, first.iqr_ms, second.median_ms, second.iqr_ms)

@@ -3,7 +3,9 @@ not the run; Ctrl-C or SIGTERM stops the run promptly, terminating the workers a
 Nothing half-built can be visible in the store, because manifests are written last.
 
 Jobs start only while their memory needs (memory.py) fit the budget together: `-j 4` on a 24 GB machine runs
-four small jobs at once but one SD UNet at a time. A job that needs more than the whole budget still runs, alone.
+four small jobs at once but one SD UNet at a time. A job that needs more than the whole budget still runs, alone;
+one that needs more than the machine has in all is not started unless `--memory` asks for it (memory.too_big_here
+says where it would fit: T5-XXL's fp16 job needs 38 GB).
 When the run ends, work-cache folders unused for a day are removed (workcache.py).
 """
 
@@ -21,7 +23,7 @@ from enginefarm.cache.workdirs import reclaim
 
 from .build import BuildResult, build
 from .job import Job
-from .memory import available_bytes, gb, job_need_bytes
+from .memory import available_bytes, gb, job_need_bytes, too_big_here, total_bytes
 from .workcache import prune
 
 # (job id, event, detail): event is "start", "step", "transfer" or "done"; detail is a step name,
@@ -77,6 +79,8 @@ def run_jobs(
     budget = memory if memory is not None else available_bytes()
     needs = {job.id: job_need_bytes(job) for job in jobs}
     told: set[str] = set()  # jobs already shown as waiting for memory
+    # Without an explicit budget, a job over the machine's whole memory is not started (an explicit one may try).
+    over = {} if memory is not None else {job.id: too_big_here(needs[job.id], total_bytes()) for job in jobs}
     context = mp.get_context("spawn")  # vendor SDKs hold threads and GPU contexts that do not survive fork
     waiting = list(jobs)
     # One pipe per worker, written from its main thread: a worker killed mid-message breaks only its own pipe. (A
@@ -89,6 +93,9 @@ def run_jobs(
         on_event(job.id, "done", result)
 
     try:
+        for job in [j for j in waiting if over.get(j.id)]:
+            waiting.remove(job)
+            finish(job, BuildResult.of(job, None, "failed", over[job.id]))
         while waiting or running:
             while waiting and len(running) < max(1, parallel):
                 in_use = sum(needs[job_id] for job_id in running)

@@ -114,6 +114,26 @@ def image_need_gb(megapixels: float) -> float:
     return IMAGE_GB_BASE + IMAGE_GB_PER_MEGAPIXEL * megapixels if megapixels else 0.0
 
 
+def total_bytes() -> int:
+    """The machine's memory in all."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def too_big_here(need: int, total: int | None = None) -> str:
+    """Why a job whose need is over the machine's whole memory is not started here (`build` without --memory), and
+    what it would take; "" when it fits. It would swap or be killed after its first stages, not fail at once."""
+    total = total_bytes() if total is None else total
+    if need <= total:
+        return ""
+    return (
+        f"needs {gb(need):g} GB, this machine has {gb(total):g} GB in all: build it on a runner with at least "
+        f"{gb(need):g} GB (`enginefarm plan --runners FILE` routes it), or pass "
+        "`build --memory` to try it here anyway"
+    )
+
+
 def available_bytes() -> int:
     """What the machine can give builds now: memory not in use by anything else."""
     import psutil

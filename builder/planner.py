@@ -24,7 +24,7 @@ from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
 from .ci_runners import Runner, route, runner_labels
 from .gate import stale
 from .job import Job
-from .memory import gb, job_need_bytes, source_weight_bytes
+from .memory import gb, job_need_bytes, source_weight_bytes, too_big_here
 from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .profiles import STATIC_PROFILE, is_static, resolve_profile
 from .recipe import Recipe, Resources, ValidateSpec
@@ -62,6 +62,9 @@ class PlannedJob:
         if not self.availability.can_build:
             where = f"; needs a runner with {', '.join(self.runs_on)}" if self.runs_on else ""
             return f"unavailable here: {self.availability.reason}{where}"
+        too_big = too_big_here(job_need_bytes(self.job))
+        if too_big:
+            return f"not here: {too_big}"
         if not self.availability.can_load:
             return f"to build here ({self.availability.reason})"
         return "to build"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -133,6 +134,26 @@ def test_a_job_larger_than_the_budget_still_runs_alone(tiny_recipe, tmp_path):
     (job,) = [p.job for p in plan([load_recipe(tiny_recipe())], tmp_path / "dl")]
     (result,) = run_jobs([job], str(tmp_path / "store"), tmp_path / "work", bench=False, memory=1)
     assert result.status == "built"
+
+
+def test_a_job_over_the_machines_whole_memory_is_refused_with_where_it_fits(tiny_recipe, tmp_path):
+    """T5-XXL's fp16 job needs 38 GB (bench/real_sizes.py): on a 24 GB machine it would swap or be killed after its
+    first stages. Without --memory it is not started, and plan and build say what it would take."""
+    (planned,) = plan([load_recipe(tiny_recipe())], tmp_path / "dl")
+    need = memory.job_need_bytes(planned.job)
+    said = memory.too_big_here(need, total=need - 1)
+    assert f"needs {memory.gb(need):g} GB" in said and "--runners" in said and "--memory" in said
+    assert memory.too_big_here(need, total=need) == ""
+    assert planned.status == "to build"  # a tiny job fits this machine
+    import psutil
+
+    weights = planned.job.weight_bytes
+    huge = replace(planned.job, weight_bytes=psutil.virtual_memory().total)  # a model as large as the machine
+    (result,) = run_jobs([huge], str(tmp_path / "store"), tmp_path / "work", bench=False)
+    assert result.status == "failed" and "this machine has" in result.reason and "--runners" in result.reason
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("manifests/*.json"))
+    assert replace(planned, job=huge).status.startswith("not here: needs")
+    assert weights < psutil.virtual_memory().total
 
 
 def test_build_reports_time_and_peak_memory_per_stage(tiny_recipe, tmp_path, cli):

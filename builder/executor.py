@@ -93,9 +93,9 @@ def run_jobs(
         on_event(job.id, "done", result)
 
     try:
-        for job in [j for j in waiting if over.get(j.id)]:
-            waiting.remove(job)
-            finish(job, BuildResult.of(job, None, "failed", over[job.id]))
+        for refused in [j for j in waiting if over.get(j.id)]:
+            waiting.remove(refused)
+            finish(refused, BuildResult.of(refused, None, "failed", over[refused.id]))
         while waiting or running:
             while waiting and len(running) < max(1, parallel):
                 in_use = sum(needs[job_id] for job_id in running)

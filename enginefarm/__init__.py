@@ -71,7 +71,7 @@ def load(
         from enginefarm.settings import load_settings
 
         here = settings or load_settings()
-        if not (here.channel or here.trusted_root):
+        if warm.remembers(store, here):
             asked = warm.request(ref, precision, device, store, target, version, recipe, here)
             session = warm.reopen(asked, here.home, warm.index_file(ref.partition("/")[0], store, here))
             if session is not None:

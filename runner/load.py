@@ -345,7 +345,7 @@ def load(
         stack = Stack.parse(weights, loras)
     report = as_progress(progress)
     memo = None
-    if stack is None and not (settings.channel or settings.trusted_root):  # the pick may be remembered (warm.py)
+    if stack is None and warm.remembers(store, settings):  # the pick may be remembered (warm.py)
         index_file = warm.index_file(ref.partition("/")[0], store, settings)
         asked = warm.request(ref, precision, device, store, target, version, recipe, settings)
         memo = (asked, index_file, warm.state(settings.home, index_file))

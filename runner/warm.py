@@ -189,12 +189,19 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
     return Session.reopened(backend_session, record["facts"], folder / "manifest.json", key, record["explanation"])
 
 
+def remembers(store: str | None, settings: Settings) -> bool:
+    """Whether a load with these settings may be remembered: not from a remote store, whose index can change with no
+    local trace (offline, or a directory store: yes), and not inside a release channel."""
+    if settings.channel or settings.trusted_root:
+        return False
+    url = store or settings.store
+    return settings.offline or "://" not in url or url.startswith("file://")
+
+
 def index_file(model: str, store: str | None, settings: Settings) -> str | None:
-    """The index file of `model` in a directory store, found without opening the store; None for a remote store and
-    offline (no index is read then)."""
+    """The index file of `model` in a directory store, found without opening the store; None offline (no index is
+    read then). Only for a load that `remembers`."""
     if settings.offline:
         return None
     url = store or settings.store
-    if "://" in url and not url.startswith("file://"):
-        return None
     return str(Path(url.removeprefix("file://")).expanduser().resolve() / "index" / f"{model}.json")

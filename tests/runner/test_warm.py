@@ -213,3 +213,18 @@ def test_a_home_where_no_record_can_be_written_still_loads(env, reopened):
         with _load() as session:
             assert session.run({"x": X})["y2"].shape == (2, WIDTH)
     assert reopened == [None, None, None]
+
+
+def test_a_remote_store_or_a_channel_is_never_remembered(store, tmp_path):
+    """A remote store's index can change with no trace here (tests/cache/test_replaced_store.py replaces one behind an
+    HTTP server): each load asks it. A release channel verifies its signed metadata each time."""
+    from enginefarm.settings import load_settings
+
+    settings = load_settings({"ENGINEFARM_HOME": str(tmp_path), "ENGINEFARM_STORE": str(store)})
+    assert warm.remembers(None, settings) and warm.remembers(f"file://{store}", settings)
+    for remote in ("https://example.com/store", "s3://bucket/store", "http://127.0.0.1:9/S"):
+        assert not warm.remembers(remote, settings)
+    offline = load_settings({"ENGINEFARM_HOME": str(tmp_path), "ENGINEFARM_OFFLINE": "1"})
+    assert warm.remembers("https://example.com/store", offline)  # offline, only the cache is read: it is all here
+    channel = load_settings({"ENGINEFARM_HOME": str(tmp_path), "ENGINEFARM_CHANNEL": "stable"})
+    assert not warm.remembers(None, channel)

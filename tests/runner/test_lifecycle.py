@@ -19,22 +19,23 @@ linux_only = pytest.mark.skipif(
 WIDTH, LAYERS = 1024, 12  # 48 MB of fp32 weights: well above the noise of a Python process's RSS
 
 
-def _chain(path):
+def _chain(path, width: int = WIDTH, layers: int = LAYERS):
+    """A chain of `layers` MatMuls of width x width fp32 weights (also tests/runner/test_warm.py's, smaller)."""
     import onnx
     import onnx.helper as h
     import onnx.numpy_helper as nh
 
     rng = np.random.default_rng(0)
     inits, nodes, prev = [], [], "x"
-    for i in range(LAYERS):
-        inits.append(nh.from_array((rng.standard_normal((WIDTH, WIDTH)) / WIDTH**0.5).astype(np.float32), f"w{i}"))
+    for i in range(layers):
+        inits.append(nh.from_array((rng.standard_normal((width, width)) / width**0.5).astype(np.float32), f"w{i}"))
         nodes.append(h.make_node("MatMul", [prev, f"w{i}"], [f"y{i}"]))
         prev = f"y{i}"
     graph = h.make_graph(
         nodes,
         "chain",
-        [h.make_tensor_value_info("x", 1, ["batch", WIDTH])],
-        [h.make_tensor_value_info(prev, 1, ["batch", WIDTH])],
+        [h.make_tensor_value_info("x", 1, ["batch", width])],
+        [h.make_tensor_value_info(prev, 1, ["batch", width])],
         inits,
     )
     path.parent.mkdir(parents=True, exist_ok=True)

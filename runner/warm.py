@@ -191,9 +191,9 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
 
 def remembers(store: str | None, settings: Settings) -> bool:
     """Whether a load with these settings may be remembered: not from a remote store, whose index can change with no
-    local trace (offline, or a directory store: yes), and not inside a release channel."""
-    if settings.channel or settings.trusted_root:
-        return False
+    local trace (offline, or a directory store: yes), not inside a release channel, not with the probe cache off."""
+    if settings.channel or settings.trusted_root or not settings.probe_cache:
+        return False  # ENGINEFARM_PROBE_CACHE=off: the device state is not to be remembered, nor the pick made on it
     url = store or settings.store
     return settings.offline or "://" not in url or url.startswith("file://")
 

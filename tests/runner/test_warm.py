@@ -197,7 +197,7 @@ def test_a_home_where_no_record_can_be_written_still_loads(env, reopened):
     assert reopened == [None, None, None]
 
 
-def test_a_remote_store_or_a_channel_is_never_remembered(store, tmp_path):
+def test_a_remote_store_a_channel_or_an_unremembered_probe_is_never_remembered(store, tmp_path):
     """A remote store's index can change with no trace here (tests/cache/test_replaced_store.py replaces one behind an
     HTTP server): each load asks it. A release channel verifies its signed metadata each time."""
     from enginefarm.settings import load_settings
@@ -210,3 +210,5 @@ def test_a_remote_store_or_a_channel_is_never_remembered(store, tmp_path):
     assert warm.remembers("https://example.com/store", offline)  # offline, only the cache is read: it is all here
     channel = load_settings({"ENGINEFARM_HOME": str(tmp_path), "ENGINEFARM_CHANNEL": "stable"})
     assert not warm.remembers(None, channel)
+    unprobed = load_settings({"ENGINEFARM_HOME": str(tmp_path), "ENGINEFARM_PROBE_CACHE": "off"})
+    assert not warm.remembers(None, unprobed)  # devices probed on every load: nothing picked on them is remembered

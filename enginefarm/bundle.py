@@ -42,6 +42,7 @@ RUNTIME_PACKAGES = {
     "enginefarm.cache.trust": "enginefarm/cache/trust",
     "enginefarm.hardware": "enginefarm/hardware",
     "enginefarm.runner": "enginefarm/runner",
+    "enginefarm.sessions": "enginefarm/sessions",
 }
 NOT_RUNTIME = ("cli*.py", "bundle*.py")  # the command (click, rich) and the bundler itself
 

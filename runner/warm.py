@@ -20,11 +20,12 @@ checked something writes none; the next one does).
 The next load of the same request compares it all (stats, and the probe state, about 1 ms) and checks the artifact's
 files against their proof exactly as the full path does (cache/proof.py: a file whose stat changed since it was
 hashed). Anything different, missing or unreadable takes the full path, which decides again and writes a new record;
-nothing here raises. Custom weights, LoRAs and release channels always take the full path.
+nothing here raises. Custom weights, LoRAs, release channels, remote stores and ENGINEFARM_PROBE_CACHE=off always
+take the full path (`remembers`), as do backends whose sessions live outside enginefarm.sessions.
 
 This module imports the standard library, the proof and the probe state; the backend's session module when it opens
 (enginefarm.sessions): not the resolver, the index, the manifest classes, the backend registry or logging
-(tests/test_lazy_imports.py)."""
+(tests/runner/test_warm.py)."""
 
 from __future__ import annotations
 
@@ -168,6 +169,8 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
         if record.get("request") != asked:
             return None
         key, plan = record["key"], record["plan"]
+        if not (_is_key(key) and plan["module"].startswith(_SESSIONS)):
+            return None  # a record this code did not write: only build keys and enginefarm's own session modules
         folder = home / _ARTIFACTS / key
         if record["state"] != state(home, index_file) or record["artifact"] != _artifact_state(home, key):
             return None
@@ -177,16 +180,30 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
             return None  # a file changed since it was hashed: the full path hashes it again
         from importlib import import_module
 
-        backend_session = import_module(plan["module"]).reopen(folder, plan)
+        from enginefarm.runner.session import Session
+
+        session = Session.reopened(
+            import_module(plan["module"]).reopen(folder, plan),
+            record["facts"],
+            folder / "manifest.json",
+            key,
+            record["explanation"],
+        )
     except Exception:  # anything unexpected here is a reason to decide again, never an error
         return None
-    from enginefarm.runner.session import Session
-
     try:
         os.utime(folder / ".last_used")  # the cache's LRU stamp, as the full path's verified_dir leaves it
     except OSError:
         pass
-    return Session.reopened(backend_session, record["facts"], folder / "manifest.json", key, record["explanation"])
+    return session
+
+
+_SESSIONS = "enginefarm.sessions."
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_key(key: Any) -> bool:
+    return isinstance(key, str) and len(key) == 64 and set(key) <= _HEX
 
 
 def remembers(store: str | None, settings: Settings) -> bool:

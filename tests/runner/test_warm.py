@@ -38,6 +38,7 @@ def store(tmp_path_factory):
 def env(store, tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ENGINEFARM_STORE", str(store))
+    monkeypatch.setenv("ENGINEFARM_PROBE_CACHE", "on")  # the suite turns it off (conftest): the short way needs it
     return tmp_path / "home"
 
 
@@ -167,7 +168,9 @@ def test_a_changed_file_is_hashed_again_by_the_full_path_and_replaced(env, reope
     assert model.read_bytes() != bytes(data)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "other request", "missing plan module"])
+@pytest.mark.parametrize(
+    "damage", ["garbage", "other request", "missing plan module", "a module outside sessions", "a path as key", "facts"]
+)
 def test_a_damaged_record_is_no_error(env, reopened, damage):
     for _ in range(2):
         _load().close()
@@ -179,7 +182,14 @@ def test_a_damaged_record_is_no_error(env, reopened, damage):
         data["request"]["args"][0] = "chain/other"
         record.write_text(json.dumps(data))
     else:
-        data["plan"]["module"] = "enginefarm.sessions.no_such_backend"
+        if damage == "missing plan module":
+            data["plan"]["module"] = "enginefarm.sessions.no_such_backend"
+        elif damage == "a module outside sessions":
+            data["plan"]["module"] = "os"  # imported, had it been trusted: os has no reopen, but another could
+        elif damage == "a path as key":
+            data["key"] = "../" + data["key"][3:]
+        else:
+            del data["facts"]["io"]
         record.write_text(json.dumps(data))
     with _load() as session:
         assert reopened[-1] is None

@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Write a Stable Diffusion 1.5 or XL (base) diffusers folder at real size, with seeded random weights.
+"""Write a Stable Diffusion 1.5, XL (base) or 3.5 Medium diffusers folder at real size, with seeded random weights.
 
 Every component has the published config (SD 1.5: CLIP ViT-L text encoder, the 0.86 B-parameter UNet; SDXL base 1.0:
-CLIP ViT-L and OpenCLIP ViT-bigG text encoders, the 2.6 B-parameter UNet; each with its VAE and scheduler); nothing is
+CLIP ViT-L and OpenCLIP ViT-bigG text encoders, the 2.6 B-parameter UNet; SD3.5 Medium: the same two CLIPs with
+projections, the 2.2 B-parameter MMDiT, the 16-channel VAE, flow matching with shift 3, and no T5-XXL, whose fp16 job
+needs 38 GB; each with its VAE and scheduler); nothing is
 downloaded (the farm reaches PyPI only). The tokenizers are CLIP tokenizers with a hand-written byte vocabulary and no
 merges (tests/tiny_pipelines.py): prompts become real token ids, spelled out letter by letter. What the weights are does
 not change what a build needs or how fast an artifact runs, so this folder measures `enginefarm export`, `build` and
-`generate` at SDXL's real size; its images are noise.
+`generate` at real size; its images are noise.
 
     # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
     python recipes/make_real_pipeline.py sdxl --out /tmp/sdxl
     enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
+    # 8.6 GB on disk (the transformer at fp16); 46 s, 10.9 GB peak; the export: 21 min, 17.4 GB peak,
+    # 27 GB on disk with its checkpoints (docs/large-models.md has the builds)
+    python recipes/make_real_pipeline.py sd35-medium --out /tmp/sd35
+    enginefarm export /tmp/sd35 --out /tmp/sd35-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
     # 4.3 GB on disk; 23 s, 5.0 GB peak; the export: 9 min 53 s, 4.7 GB peak
     python recipes/make_real_pipeline.py sd15 --out /tmp/sd15
     enginefarm export /tmp/sd15 --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64

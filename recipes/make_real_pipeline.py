@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Write a Stable Diffusion 1.5 or XL (base) diffusers folder at real size, with seeded random weights.
+"""Write a Stable Diffusion 1.5, XL (base) or 3.5 Medium diffusers folder at real size, with seeded random weights.
 
 Every component has the published config (SD 1.5: CLIP ViT-L text encoder, the 0.86 B-parameter UNet; SDXL base 1.0:
-CLIP ViT-L and OpenCLIP ViT-bigG text encoders, the 2.6 B-parameter UNet; each with its VAE and scheduler); nothing is
+CLIP ViT-L and OpenCLIP ViT-bigG text encoders, the 2.6 B-parameter UNet; SD3.5 Medium: the same two CLIPs with
+projections, the 2.2 B-parameter MMDiT, the 16-channel VAE, flow matching with shift 3, and no T5-XXL, whose fp16 job
+needs 38 GB; each with its VAE and scheduler); nothing is
 downloaded (the farm reaches PyPI only). The tokenizers are CLIP tokenizers with a hand-written byte vocabulary and no
 merges (tests/tiny_pipelines.py): prompts become real token ids, spelled out letter by letter. What the weights are does
 not change what a build needs or how fast an artifact runs, so this folder measures `enginefarm export`, `build` and
-`generate` at SDXL's real size; its images are noise.
+`generate` at real size; its images are noise.
 
     # 8.7 GB on disk (the UNet saved at fp16); 99 s, 14 GB peak
     python recipes/make_real_pipeline.py sdxl --out /tmp/sdxl
     enginefarm export /tmp/sdxl --out /tmp/sdxl-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
+    # 8.6 GB on disk (the transformer at fp16); 46 s, 10.9 GB peak; the export: 21 min, 17.4 GB peak,
+    # 27 GB on disk with its checkpoints (docs/large-models.md has the builds)
+    python recipes/make_real_pipeline.py sd35-medium --out /tmp/sd35
+    enginefarm export /tmp/sd35 --out /tmp/sd35-onnx --precisions fp16 --batch 1,2,2 --latent 64,96,128
     # 4.3 GB on disk; 23 s, 5.0 GB peak; the export: 9 min 53 s, 4.7 GB peak
     python recipes/make_real_pipeline.py sd15 --out /tmp/sd15
     enginefarm export /tmp/sd15 --out recipes/models/sd15 --batch 1,2,2 --latent 32,32,64
@@ -97,7 +103,33 @@ SCHEDULER = dict(
     steps_offset=1,
     timestep_spacing="leading",
 )
-FAMILIES = ("sd15", "sdxl")
+# stabilityai/stable-diffusion-3.5-medium: transformer/, vae/, scheduler/ config.json (its CLIPs are SDXL's, both
+# with projections; T5-XXL is left out, see make_sd35_medium)
+SD35_MEDIUM_TRANSFORMER = dict(
+    sample_size=128,
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    num_layers=24,
+    attention_head_dim=64,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    caption_projection_dim=1536,
+    pooled_projection_dim=2048,
+    pos_embed_max_size=384,
+    dual_attention_layers=tuple(range(13)),
+    qk_norm="rms_norm",
+)
+SD3_VAE = dict(
+    VAE,
+    latent_channels=16,
+    scaling_factor=1.5305,
+    shift_factor=0.0609,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+)
+FLOW_SHIFT = 3.0
+FAMILIES = ("sd15", "sdxl", "sd35-medium")
 
 
 def make_sd15(out: Path) -> Path:
@@ -159,6 +191,47 @@ def make_sdxl(out: Path) -> Path:
     return out
 
 
+def make_sd35_medium(out: Path) -> Path:
+    """SD3.5 Medium without its third text encoder: T5-XXL's fp16 job needs 38 GB (bench/real_sizes.py), past a
+    24 GB machine; diffusers' StableDiffusion3Pipeline runs without it (zeros in its place), as the family allows."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
+
+    from tests.tiny_pipelines import write_tokenizer
+
+    torch.manual_seed(SEED)
+    # first, and halved at once: 9.0 GB at fp32, so the other parts are made beside its 4.5 GB
+    transformer = SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER).half()
+    tokens = out.parent / f".{out.name}-tokenizers"
+    ids = dict(bos_token_id=512, eos_token_id=513)
+    pipeline = StableDiffusion3Pipeline(
+        transformer=transformer,
+        vae=AutoencoderKL(**SD3_VAE),
+        text_encoder=CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_L, **ids, pad_token_id=513)).eval(),
+        text_encoder_2=CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G, **ids, pad_token_id=ord("!"))).eval(),
+        text_encoder_3=None,
+        tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
+        tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),
+        tokenizer_3=None,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=FLOW_SHIFT),
+    )
+    pipeline.save_pretrained(out)
+    import shutil
+
+    shutil.rmtree(tokens)
+    return out
+
+
+MAKERS = {"sd15": make_sd15, "sdxl": make_sdxl, "sd35-medium": make_sd35_medium}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("family", choices=FAMILIES)
@@ -168,7 +241,7 @@ def main() -> int:
         print(f"error: {args.out} exists; choose a new folder", file=sys.stderr)
         return 2
     started = time.monotonic()
-    (make_sd15 if args.family == "sd15" else make_sdxl)(args.out)
+    MAKERS[args.family](args.out)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"wrote {args.out}: {size / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
     return 0

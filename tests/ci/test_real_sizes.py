@@ -37,3 +37,13 @@ def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
         flux["openvino:cpu"][1] == ["big-cpu"] * 2
         and by_component["sd15", "unet"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
     )
+
+
+def test_the_real_size_sd35_medium_folder_is_the_model_real_sizes_counts():
+    """recipes/make_real_pipeline.py sd35-medium writes the transformer whose jobs the plan sizes (2.24B parameters)."""
+    spec = importlib.util.spec_from_file_location("make_real_pipeline", ROOT / "recipes" / "make_real_pipeline.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    counted = dict(_bench().MODELS["sd3.5-medium"]["transformer"][1])
+    assert maker.SD35_MEDIUM_TRANSFORMER == counted
+    assert maker.SD3_VAE["latent_channels"] == 16 and not maker.SD3_VAE["use_post_quant_conv"]

@@ -159,8 +159,8 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
         bench=not no_bench,
         memory=budget,
     )
-    if not components or "assets" in components:
-        _publish_assets(console, recipes, opened)
+    if not components or "assets" in components or any(r.status == "built" for r in results):
+        _publish_assets(console, recipes, opened)  # a model built part by part still needs them to run
     revalidated = sum(r.status == "revalidated" for r in results)
     refused = sum(bool(p.refused) and not p.built for p in planned)
     unavailable = sum(not p.availability.can_build and not p.refused and not p.built for p in planned)

@@ -53,6 +53,29 @@ def test_build_publishes_the_assets_once(sd1_store, tmp_path):
     assert f"exists    {name}/assets v1:" in again  # building again stores nothing new
 
 
+def test_building_one_component_publishes_the_assets_too(sd1_store, tmp_path):
+    """A big model is built part by part (`--component`): whatever part is built first, an app needs the assets with
+    it. Before, only a build without a component filter (or with `--component assets`) published them."""
+    out, _, name, _ = sd1_store
+    fresh = tmp_path / "parts"
+    proc = run_cli(
+        "build",
+        str(out / "recipe.toml"),
+        "--store",
+        str(fresh),
+        "--component",
+        "vae_decoder",
+        "--target",
+        "onnxruntime:cpu",
+        "--precision",
+        "fp32",
+        "--no-bench",
+        check=True,
+    )
+    assert f"published {name}/assets v1:" in proc.stdout, proc.stdout
+    assert list((fresh / "index").glob("*.json"))  # the decoder and the assets, each in its model's index
+
+
 def test_a_pipeline_runs_from_the_store_alone_and_matches_the_folder(sd1_store, tmp_path, monkeypatch):
     from enginefarm.diffusion import Pipeline
 

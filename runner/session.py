@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,21 +34,21 @@ class Session:
     def __init__(self, backend_session: Any, manifest: Manifest, explanation: str) -> None:
         self._session = backend_session
         self._artifact: Manifest | None = manifest
-        self._manifest_file: tuple[Path, str] | None = None
+        self._manifest_bytes: tuple[bytes, str] | None = None
         self._explanation = explanation
         self._facts(manifest.ref, manifest.target, manifest.precision, manifest.profile, manifest.io)
         self._bindings: list[Binding] = []  # closed with the session: each holds the backend session
 
     @classmethod
     def reopened(
-        cls, backend_session: Any, facts: dict[str, Any], manifest_file: Path, build_key: str, explanation: str
+        cls, backend_session: Any, facts: dict[str, Any], manifest: bytes, build_key: str, explanation: str
     ) -> Session:
         """A session of a remembered pick (runner/warm.py): what runs and checks inputs comes from `facts` (ref,
-        target, precision, profile, io, as the manifest says them); the manifest itself is read when `artifact` is
-        first asked for."""
+        target, precision, profile, io, as the manifest says them); the manifest's bytes, read with the artifact, are
+        parsed when `artifact` is first asked for (an eviction meanwhile cannot take them away)."""
         self = cls.__new__(cls)
         self._session, self._artifact, self._explanation = backend_session, None, explanation
-        self._manifest_file = (manifest_file, build_key)
+        self._manifest_bytes = (manifest, build_key)
         self._facts(facts["ref"], facts["target"], facts["precision"], facts["profile"], facts["io"])
         self._bindings = []
         return self
@@ -68,9 +67,9 @@ class Session:
         if self._artifact is None:
             from enginefarm.cache.manifest import Manifest
 
-            assert self._manifest_file is not None  # one of the two is always set
-            path, key = self._manifest_file
-            self._artifact = Manifest.from_json(path.read_bytes(), expect_key=key)
+            assert self._manifest_bytes is not None  # one of the two is always set
+            raw, key = self._manifest_bytes
+            self._artifact = Manifest.from_json(raw, expect_key=key)
         return self._artifact
 
     @property

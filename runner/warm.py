@@ -185,7 +185,7 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
         session = Session.reopened(
             import_module(plan["module"]).reopen(folder, plan),
             record["facts"],
-            folder / "manifest.json",
+            (folder / "manifest.json").read_bytes(),
             key,
             record["explanation"],
         )

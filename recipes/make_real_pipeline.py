@@ -129,7 +129,22 @@ SD3_VAE = dict(
     use_post_quant_conv=False,
 )
 FLOW_SHIFT = 3.0
-FAMILIES = ("sd15", "sdxl", "sd35-medium")
+# google/t5-v1_1-xxl, SD3's text_encoder_3/config.json: 4.76 B parameters, 19 GB at fp32
+T5_XXL = dict(
+    vocab_size=32128,
+    d_model=4096,
+    d_kv=64,
+    d_ff=10240,
+    num_layers=24,
+    num_heads=64,
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+    feed_forward_proj="gated-gelu",
+    dropout_rate=0.0,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+FAMILIES = ("sd15", "sdxl", "sd35-medium", "t5xxl")
 
 
 def make_sd15(out: Path) -> Path:
@@ -229,19 +244,47 @@ def make_sd35_medium(out: Path) -> Path:
     return out
 
 
-MAKERS = {"sd15": make_sd15, "sdxl": make_sdxl, "sd35-medium": make_sd35_medium}
+def make_t5xxl(out: Path, t5_layers: int = T5_XXL["num_layers"]) -> Path:
+    """An SD3 pipeline whose T5-XXL is real-size and everything else the tiny test model's (a transformer whose text
+    width is T5's 4096): what `export` and `build --component text_encoder_3` do with SD3's largest text encoder,
+    on a machine with the memory for it (its fp16 job needs 38 GB). `t5_layers` fewer than 24 rehearses the same
+    steps small."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+    from transformers import T5Config, T5EncoderModel
+
+    from tests import tiny_transformers
+
+    with tiny_transformers.text_width(T5_XXL["d_model"]):
+        tiny = tiny_transformers.make_tiny_transformer_pipeline("sd3.5", out.parent / f".{out.name}-tiny", seed=SEED)
+    torch.manual_seed(SEED)
+    t5 = T5EncoderModel(T5Config(**{**T5_XXL, "num_layers": t5_layers})).eval().half()  # 9.5 GB: read back at fp32
+    pipeline = StableDiffusion3Pipeline.from_pretrained(tiny, text_encoder_3=t5, local_files_only=True)
+    pipeline.save_pretrained(out)
+    import shutil
+
+    shutil.rmtree(tiny)
+    return out
+
+
+MAKERS = {"sd15": make_sd15, "sdxl": make_sdxl, "sd35-medium": make_sd35_medium, "t5xxl": make_t5xxl}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("family", choices=FAMILIES)
     p.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist)")
+    p.add_argument("--t5-layers", type=int, default=T5_XXL["num_layers"], help="t5xxl: fewer layers, to rehearse")
     args = p.parse_args()
     if args.out.exists():
         print(f"error: {args.out} exists; choose a new folder", file=sys.stderr)
         return 2
     started = time.monotonic()
-    MAKERS[args.family](args.out)
+    if args.family == "t5xxl":
+        make_t5xxl(args.out, args.t5_layers)
+    else:
+        MAKERS[args.family](args.out)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"wrote {args.out}: {size / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
     return 0

@@ -8,6 +8,7 @@ Toy sizes: CLIPs 32 wide (pooled 32 + 32), T5 64 wide (the transformer's text wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -15,6 +16,18 @@ from pathlib import Path
 TRANSFORMER_FAMILIES = ("sd3", "sd3.5")
 SAMPLE_SIZE = 8  # latent pixels (64 image pixels through the 8x VAE)
 T5_WIDTH = 64
+
+
+@contextlib.contextmanager
+def text_width(width: int):
+    """Tiny pipelines whose transformer reads a T5 of `width` (recipes/make_real_pipeline.py t5xxl swaps in a
+    real-size T5-XXL beside the tiny parts)."""
+    global T5_WIDTH
+    saved, T5_WIDTH = T5_WIDTH, width
+    try:
+        yield
+    finally:
+        T5_WIDTH = saved
 
 
 def _t5(torch, vocab_size: int):

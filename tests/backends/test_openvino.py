@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import openvino as ov
@@ -179,6 +180,44 @@ def test_the_keep_list_stages_the_graph_not_the_weights(tmp_path, monkeypatch):
     *full, full_staging = final("full-copy")
     assert light == full
     assert full_staging >= 16 * 1024 * 4 > 20 * light_staging, (full_staging, light_staging)  # 65,612 B, 76 B
+
+
+def test_a_build_onto_a_full_disk_is_refused_before_openvino_writes(small_fs, tiny_recipe, cli, tmp_path):
+    """The job's work folder lacks room for the IR (an 8 MiB disk, under the reserve a write must leave): the fp16
+    keep-list job fails at once with one line that says how much is needed and free and where, and names the
+    setting that moves the work folder; nothing is left in it or in the store."""
+    recipe = tiny_recipe(precisions=("fp16",), targets=("openvino:cpu",))
+    source = 'source = "models/tiny_sd.onnx"'
+    recipe.write_text(recipe.read_text().replace(source, source + '\nfp16_keep_fp32 = ["Softmax"]'))
+    home = small_fs / "home"
+    proc = cli("build", str(recipe), "--no-bench", env={"ENGINEFARM_HOME": str(home)})
+    said = " ".join((proc.stdout + proc.stderr).split())  # the CLI's table may wrap the line
+    assert proc.returncode != 0, said
+    assert re.search(r"disk full: need [\d.,]+ MB at \S*small/home/build/jobs/\S+ \([\d.,]+ MB free\)", said), said
+    assert "ENGINEFARM_HOME" in said and "basic_ios" not in said and "Traceback" not in said, said
+    assert not any((home / "build" / "jobs").rglob("*"))
+    assert not list((tmp_path / "store").rglob("*.json"))
+
+
+def test_openvinos_stream_failure_is_a_full_disk_only_where_the_disk_is_full(small_fs, tmp_path):
+    """OpenVINO says `basic_ios::clear: iostream error`, no errno, when its save meets a full disk: that is a
+    DiskFullError where the folder lacks the room the save needed, and the SDK's own failure where it has it."""
+    from enginefarm.backends.openvino_disk import hint
+    from enginefarm.cache.space import sdk_writes
+    from enginefarm.errors import DiskFullError
+
+    weights = np.random.default_rng(0).standard_normal((1024, 4096)).astype(np.float32)  # 16 MiB, twice the disk
+    source = ov.op.Parameter(ov.Type.f32, ov.Shape([1, 1024]))
+    model = ov.Model([ov.opset13.matmul(source, ov.op.Constant(weights), False, False)], [source])
+    with pytest.raises(DiskFullError, match=r"disk full: need [\d.,]+ MB at \S*small \([\d.,]+ MB free\)") as full:
+        with sdk_writes(small_fs, weights.nbytes, hint(small_fs)):
+            ov.save_model(model, str(small_fs / "model.xml"), compress_to_fp16=False)
+    assert "iostream error" in str(full.value.__cause__) and "ENGINEFARM_HOME" in (full.value.hint or "")
+    assert list(small_fs.iterdir()) == []
+    with pytest.raises(RuntimeError, match="iostream error") as failed:  # its words, where the disk has room
+        with sdk_writes(tmp_path, weights.nbytes):
+            raise RuntimeError(str(full.value.__cause__))
+    assert not isinstance(failed.value, DiskFullError)
 
 
 def test_load_takes_the_core_that_available_opened_and_keeps_none(built):

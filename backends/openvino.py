@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from enginefarm.cache.space import ensure_room, sdk_writes
 from enginefarm.errors import BackendUnavailable
 from enginefarm.hardware.device_info import cpu_description
 from enginefarm.sessions.openvino import OpenVinoSession
@@ -18,6 +19,8 @@ from enginefarm.sessions.openvino import OpenVinoSession
 from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
 from .manifest_files import role_file
+from .openvino_disk import build_bytes
+from .openvino_disk import hint as disk_hint
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +207,21 @@ class OpenVINO(Backend):
         xml = workdir / "model.xml"
         kept: dict = {}
         staged: tuple = ()
-        if job.precision == "fp16" and job.fp16_keep:  # the recipe's keep-list, as the ONNX fp16 builds keep it
-            from .openvino_precise import keep_fp32, precise_names
+        fp16 = job.precision == "fp16"
+        names = None
+        if fp16 and job.fp16_keep:  # the recipe's keep-list, as the ONNX fp16 builds keep it
+            from .openvino_precise import precise_names
 
-            model, count, staged = keep_fp32(ov, core, model, precise_names(prepared_onnx, job.fp16_keep), workdir)
-            kept = {"fp16_kept_fp32": count}
-        ov.save_model(model, str(xml), compress_to_fp16=job.precision == "fp16")
+            names = precise_names(prepared_onnx, job.fp16_keep)
+        need = build_bytes(model, fp16, names)
+        ensure_room(workdir, need, hint=disk_hint(workdir))  # refused now, not after the SDK wrote most of it
+        with sdk_writes(workdir, need, disk_hint(workdir)):
+            if names is not None:
+                from .openvino_precise import keep_fp32
+
+                model, count, staged = keep_fp32(ov, core, model, names, workdir)
+                kept = {"fp16_kept_fp32": count}
+            ov.save_model(model, str(xml), compress_to_fp16=fp16)
         files = [BuiltFile("model.xml", "ir"), BuiltFile("model.bin", "weights")]
         del model  # the graph and its weights: the blob trial reads the saved IR
         for path in staged:

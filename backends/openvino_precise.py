@@ -11,6 +11,11 @@ The mark is the runtime attribute OpenVINO's `disable_fp16_compression` sets (na
 IR). Python cannot create it (setting that rt_info key from Python stores a plain string, which every transformation
 ignores: tried), but the IR reader does from the XML, so the build writes the IR, adds the attribute to the layers
 and reads it back.
+
+That staging IR holds the graph, not the weights: each constant of 64 KiB or more that the keep-list does not name
+is a Parameter of its type and shape there, and the marked model gets the original constant node back (its data
+shared, not copied). A full uncompressed copy made SD3.5 Medium's transformer job hold 9.9 GB more disk than its
+fp16 IR needs (docs/large-models.md); the final IR is byte for byte the one that copy gave (tests/backends).
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from .openvino_disk import constant_bytes
+
 ATTRIBUTE = {"name": "precise", "version": "0"}
+# Constants at least this big stand in the staging IR as placeholders. Weights are far bigger; what the graph's
+# shape inference reads as values (shapes, axes, indices) is far smaller, so every placeholder takes only its type and
+# shape, which a Parameter keeps.
+PLACEHOLDER_MIN_BYTES = 1 << 16
+_PLACEHOLDER = "enginefarm.weight."
 
 
 def precise_names(onnx_path: Path, keep: Sequence[str]) -> set[str]:
@@ -62,10 +74,44 @@ def mark_precise(xml: Path, names: set[str]) -> int:
     return marked
 
 
+def placeheld(op, names: set[str]) -> bool:
+    """Whether the staging IR holds a placeholder for `op` instead of its data."""
+    return (
+        op.get_type_name() == "Constant"
+        and op.get_friendly_name() not in names
+        and constant_bytes(op) >= PLACEHOLDER_MIN_BYTES
+    )
+
+
 def keep_fp32(ov, core, model, names: set[str], workdir: Path):
-    """`model` with the layers in `names` marked precise (through an uncompressed IR in `workdir`); the count."""
+    """`model` with the layers in `names` marked precise (through a weightless IR in `workdir`); the count, and the
+    staging files (the caller removes them once the final IR is saved). `model` itself is left as it was."""
+    weights = [op for op in model.get_ops() if placeheld(op, names)]
+    stand_ins = []
+    for i, constant in enumerate(weights):
+        stand_in = ov.op.Parameter(constant.get_output_element_type(0), constant.get_output_partial_shape(0))
+        stand_in.set_friendly_name(f"{_PLACEHOLDER}{i}")
+        constant.output(0).replace(stand_in.output(0))
+        stand_ins.append(stand_in)
+    model.add_parameters(stand_ins)
     staging = workdir / "unmarked.xml"
-    ov.save_model(model, str(staging), compress_to_fp16=False)
+    try:
+        ov.save_model(model, str(staging), compress_to_fp16=False)
+    finally:  # the caller's model gets its constants back
+        _restore(model, stand_ins, weights)
     marked = mark_precise(staging, names)
     marked_model = core.read_model(str(staging))
+    read_back = {p.get_friendly_name(): p for p in marked_model.get_parameters()}
+    missing = [f"{_PLACEHOLDER}{i}" for i in range(len(weights)) if f"{_PLACEHOLDER}{i}" not in read_back]
+    if missing:  # an enginefarm bug, not the user's: the IR reader renamed what the build wrote
+        raise RuntimeError(f"the staging IR lost its placeholders {missing[:3]}")
+    _restore(marked_model, [read_back[f"{_PLACEHOLDER}{i}"] for i in range(len(weights))], weights)
     return marked_model, marked, (staging, staging.with_suffix(".bin"))
+
+
+def _restore(model, stand_ins, weights) -> None:
+    """Each placeholder's readers read its constant again, and the placeholders leave the model's inputs."""
+    for stand_in, constant in zip(stand_ins, weights, strict=True):
+        stand_in.output(0).replace(constant.output(0))
+        model.remove_parameter(stand_in)
+    model.validate_nodes_and_infer_types()

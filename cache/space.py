@@ -28,7 +28,7 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def disk_full(path: Path, need: int | None, free: int | None = None) -> DiskFullError:
+def disk_full(path: Path, need: int | None, free: int | None = None, hint: str | None = None) -> DiskFullError:
     """`need` None: the write that failed had no known size (a build's work files)."""
     free = free_bytes(path) if free is None else free
     what = f"need {mb(need)} MB at {path}" if need else f"no space left at {path}"
@@ -37,16 +37,17 @@ def disk_full(path: Path, need: int | None, free: int | None = None) -> DiskFull
         path=str(path),
         need=need,
         free=free,
-        hint=f"free some space on the disk that holds {path}, or point ENGINEFARM_HOME (the cache) or the store "
+        hint=hint
+        or f"free some space on the disk that holds {path}, or point ENGINEFARM_HOME (the cache) or the store "
         "elsewhere",
     )
 
 
-def ensure_room(path: Path, need: int, reserve: int = RESERVE) -> None:
+def ensure_room(path: Path, need: int, reserve: int = RESERVE, hint: str | None = None) -> None:
     """Refuse before writing `need` bytes under `path` if that would leave less than `reserve` free."""
     free = free_bytes(path)
     if free < need + reserve:
-        raise disk_full(path, need + reserve, free)
+        raise disk_full(path, need + reserve, free, hint)
 
 
 def is_full(exc: BaseException) -> bool:
@@ -61,4 +62,26 @@ def full_disk_as_error(path: Path, need: int) -> Iterator[None]:
     except OSError as exc:
         if is_full(exc):
             raise disk_full(path, need) from None
+        raise
+
+
+# What a C++ SDK's output stream raises when a write fails (libstdc++'s words; OpenVINO's save_model says just this on
+# a full disk). It names no errno, so a full disk is told from other failures by the free space left.
+IOSTREAM_FAILURE = ("basic_ios::clear", "iostream error")
+
+
+@contextmanager
+def sdk_writes(path: Path, need: int, hint: str | None = None) -> Iterator[None]:
+    """Turn a full disk met by an SDK writing about `need` bytes under `path` into DiskFullError: ENOSPC/EDQUOT, or
+    the SDK's stream failure while less than `need` (and the reserve) is free there."""
+    try:
+        yield
+    except OSError as exc:
+        if is_full(exc):
+            raise disk_full(path, need, hint=hint) from None
+        raise
+    except RuntimeError as exc:
+        free = free_bytes(path)
+        if any(words in str(exc) for words in IOSTREAM_FAILURE) and free < need + RESERVE:
+            raise disk_full(path, need + RESERVE, free, hint) from exc
         raise

@@ -36,6 +36,22 @@ def isolated_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def small_fs(tmp_path):
+    """An 8 MiB tmpfs: a real filesystem that fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (the injected-ENOSPC tests cover the same paths without it)")
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+@pytest.fixture
 def tiny_sd(tmp_path) -> Path:
     return models.tiny_sd(tmp_path / "models" / "tiny_sd.onnx")
 

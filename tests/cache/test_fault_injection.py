@@ -277,22 +277,6 @@ def test_a_resumed_download_with_a_damaged_prefix_is_fetched_again(tmp_path):
 
 
 # Full disks ----------------------------------------------------------------------------------------------------
-@pytest.fixture
-def small_fs(tmp_path):
-    """An 8 MiB tmpfs: a real filesystem that fills up."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (the injected-ENOSPC tests cover the same paths without it)")
-    folder = tmp_path / "small"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
 def test_publishing_onto_a_full_disk_says_so_and_harms_nothing(small_fs, tmp_path, cli, monkeypatch):
     store = open_store(small_fs / "store")
     first, first_blobs = make_artifact(tmp_path, "small", big=0)

@@ -23,13 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from .openvino_disk import constant_bytes
+from .openvino_disk import placeheld
 
 ATTRIBUTE = {"name": "precise", "version": "0"}
-# Constants at least this big stand in the staging IR as placeholders. Weights are far bigger; what the graph's
-# shape inference reads as values (shapes, axes, indices) is far smaller, so every placeholder takes only its type and
-# shape, which a Parameter keeps.
-PLACEHOLDER_MIN_BYTES = 1 << 16
 _PLACEHOLDER = "enginefarm.weight."
 
 
@@ -72,15 +68,6 @@ def mark_precise(xml: Path, names: set[str]) -> int:
             marked += 1
     tree.write(xml, encoding="utf-8", xml_declaration=True)
     return marked
-
-
-def placeheld(op, names: set[str]) -> bool:
-    """Whether the staging IR holds a placeholder for `op` instead of its data."""
-    return (
-        op.get_type_name() == "Constant"
-        and op.get_friendly_name() not in names
-        and constant_bytes(op) >= PLACEHOLDER_MIN_BYTES
-    )
 
 
 def keep_fp32(ov, core, model, names: set[str], workdir: Path):

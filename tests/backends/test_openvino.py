@@ -157,7 +157,7 @@ def test_the_keep_list_stages_the_graph_not_the_weights(tmp_path, monkeypatch):
     """The staging IR that marks the keep-list holds placeholders for the weights (a full fp32 copy of them took 9.9
     GB of disk for SD3.5 Medium's transformer), and the fp16 IR saved after it is byte for byte the one a full copy
     gave; the caller's model keeps its constants."""
-    from enginefarm.backends import openvino_precise
+    from enginefarm.backends import openvino_disk, openvino_precise
 
     _timestep_model(tmp_path / "t.onnx")
     names = openvino_precise.precise_names(tmp_path / "t.onnx", ("input:timestep",))
@@ -176,7 +176,7 @@ def test_the_keep_list_stages_the_graph_not_the_weights(tmp_path, monkeypatch):
         return (folder / "m.xml").read_bytes(), (folder / "m.bin").read_bytes(), staged[1].stat().st_size
 
     *light, light_staging = final("placeholders")
-    monkeypatch.setattr(openvino_precise, "PLACEHOLDER_MIN_BYTES", 1 << 62)  # every constant staged: as before
+    monkeypatch.setattr(openvino_disk, "PLACEHOLDER_MIN_BYTES", 1 << 62)  # every constant staged: as before
     *full, full_staging = final("full-copy")
     assert light == full
     assert full_staging >= 16 * 1024 * 4 > 20 * light_staging, (full_staging, light_staging)  # 65,612 B, 76 B

@@ -157,7 +157,7 @@ def parameters(cls_name: str, config: dict, component: str) -> int:
 
 def rows(models: list[str], runners_path: Path) -> list[dict]:
     from enginefarm.builder.ci_runners import load_runners, route
-    from enginefarm.builder.memory import gb, image_need_gb, need_bytes
+    from enginefarm.builder.memory import PATCH, attention_bytes, gb, image_need_gb, need_bytes
     from enginefarm.builder.recipe import Resources
 
     runners = load_runners(runners_path)
@@ -169,6 +169,13 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
             # a VAE's need is its activations: one image at the model's native size
             pixels = 512 if model == "sd15" else 1024
             activations = image_need_gb(pixels * pixels / 1e6) if component.startswith("vae") else 0.0
+            # a transformer's attention at one 1024 px image: batch 2 where the family runs CFG as a batch (SD3,
+            # Chroma), the family's longest text (SD3: 77 CLIP + 512 T5 tokens; Flux and Chroma: 512 T5 tokens)
+            attention = 0
+            if component == "transformer":
+                batch, text = (1, 512) if model.startswith("flux") else (2, 512 if model == "chroma" else 589)
+                tokens = (pixels // 8 // PATCH) ** 2 + text
+                attention = attention_bytes(config["num_attention_heads"], batch, tokens)
             row = {
                 "model": model,
                 "component": component,
@@ -178,7 +185,10 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
             }
             for target in TARGETS:
                 backend = target.split(":")[0]
-                needs = [gb(need_bytes(fp32, activations, backend=backend, precision=p)) for p in ("fp32", "fp16")]
+                needs = [
+                    gb(need_bytes(fp32, activations, backend=backend, precision=p, activations=attention))
+                    for p in ("fp32", "fp16")
+                ]
                 routes = [route(target, Resources(n, 0.0), runners, on_cpu=True) for n in needs]
                 row[target] = (needs, [r.name if r else "none" for r, _ in routes])
                 row.setdefault("why", routes[0][1])

@@ -20,6 +20,13 @@ OpenVINO validation), against 2.35x for OpenVINO's SD 1.5 fp32 job. HALF_FACTOR 
 A VAE's activations, not its weights, decide its need (`image_need_gb`): the decoders' fp32 reference runs peaked at
 6.9 GB for SDXL's at 1024x1024 and 2.4 GB for SD 1.5's at 512x512, with 0.2 GB of weights.
 
+A diffusion transformer's attention, not only its weights, decides its need at large images (`attention_bytes`):
+the exported graph materializes every score matrix, batch x heads x tokens² fp32 values, and the fp32 reference holds
+about three at once. SD3.5 Medium's (24 heads, batch 2): at 768 px, 2,893 tokens, a matrix is 1.6 GB and the job
+peaked at 15.0 GB; at 1024 px, 4,685 tokens, 4.2 GB, and its reference passed 21.8 GB, over the 19.8 GB its weights
+alone asked for, before it was stopped. The need is then weights + BASE + the attention; the recipe names the heads
+(`[components.X.resources] attention_heads`, which `enginefarm export` writes) and the profile gives the tokens.
+
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """
 
@@ -64,14 +71,16 @@ def widening_bytes(header) -> int:
     return total
 
 
-def need_bytes(weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "", precision: str = "fp32") -> int:
+def need_bytes(
+    weight_bytes: int, host_ram_gb: float = 0.0, backend: str = "", precision: str = "fp32", activations: int = 0
+) -> int:
     # A backend states its own factor (Backend.build_memory_factor): NVIDIA's builders hold the parsed weights, the
     # engine's copy and its serialization at once (the SD 1.5 UNet fp32 peaks at 2.95x its weights in TensorRT-RTX,
     # fp16 at 1.74x).
     factor = _backend_factor(backend) if backend else FACTOR
     if precision_table.reduced(precision):
         factor = min(factor, HALF_FACTOR)
-    return max(int(factor * weight_bytes), weight_bytes + BASE, int(host_ram_gb * 1e9))
+    return max(int(factor * weight_bytes), weight_bytes + BASE + activations, int(host_ram_gb * 1e9))
 
 
 def _backend_factor(name: str) -> float:
@@ -83,7 +92,32 @@ def _backend_factor(name: str) -> float:
 
 def job_need_bytes(job) -> int:
     host_ram_gb = max(job.resources.host_ram_gb, image_need_gb(image_megapixels(job.inputs, job.outputs, job.profile)))
-    return need_bytes(job.weight_bytes, host_ram_gb, job.target.backend, job.precision)
+    attention = attention_bytes(job.resources.attention_heads, *attention_tokens(job.inputs, job.profile))
+    return need_bytes(job.weight_bytes, host_ram_gb, job.target.backend, job.precision, attention)
+
+
+ATTENTION_COPIES = 3  # the scores, their scaling and the softmax, alive at once in the fp32 reference
+PATCH = 2  # latent pixels per token side in every diffusion-transformer family (SD3, Flux, Chroma)
+
+
+def attention_tokens(inputs, profile) -> tuple[int, int]:
+    """(batch, tokens) at the profile's max of a diffusion transformer: image tokens from its 4-D latent input (2x2
+    patches), text tokens from its 3-D token sequence input [batch, tokens, width]; (0, 0) without a latent input."""
+    batch = image = text = 0
+    for tensor in inputs:
+        largest = profile.get(tensor.name, {}).get("max")
+        if not largest:
+            continue
+        if len(largest) == 4 and not _is_image(tensor):
+            batch, image = max(batch, largest[0]), max(image, (largest[2] // PATCH) * (largest[3] // PATCH))
+        elif len(largest) == 3:
+            text = max(text, largest[1])
+    return (batch, image + text) if image else (0, 0)
+
+
+def attention_bytes(heads: int, batch: int, tokens: int) -> int:
+    """What a transformer's attention holds at once: ATTENTION_COPIES score matrices of batch x heads x tokens² fp32."""
+    return ATTENTION_COPIES * batch * heads * tokens * tokens * 4
 
 
 # Fitted to the two measured VAE decoder peaks above: about 1.5 GB plus 6 GB per megapixel (times the batch).

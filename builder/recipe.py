@@ -67,6 +67,9 @@ class Resources:
 
     host_ram_gb: float = 0.0
     gpu_vram_gb: float = 0.0
+    # A diffusion transformer's attention heads: its need adds the attention scores at the profile's largest case
+    # (builder/memory.attention_bytes), which outgrow the weights at large images; `enginefarm export` writes it.
+    attention_heads: int = 0
 
 
 @dataclass(frozen=True)
@@ -418,10 +421,11 @@ def _validate(r: _Reader, value: Any, key: str) -> ValidateSpec:
 
 
 def _resources(r: _Reader, value: Any, key: str) -> Resources:
-    table = r.table(value, key, {"host_ram_gb", "gpu_vram_gb"})
+    table = r.table(value, key, {"host_ram_gb", "gpu_vram_gb", "attention_heads"})
     return Resources(
         host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
         gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
+        attention_heads=int(r.number(table.get("attention_heads", 0), f"{key}.attention_heads", 0, 1024)),
     )
 
 

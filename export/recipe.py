@@ -76,6 +76,13 @@ def recipe_text(
                 )
         if component.fp16_keep_fp32:
             lines.append(f"fp16_keep_fp32 = {_list(component.fp16_keep_fp32)}")
+        heads = int(source.configs.get(component.folder, {}).get("num_attention_heads") or 0)
+        if component.kind == "transformer" and heads:
+            lines += [
+                "",
+                f"[components.{component_name}.resources]",
+                f"attention_heads = {heads}  # its need adds the attention scores at the profile's largest case",
+            ]
         dims = profile_dims(family, component, sizes, batch=batch, latent=latent, text_length=text_length)
         lines += ["", f"[components.{component_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in dims.items()]

@@ -242,3 +242,60 @@ def test_a_vae_needs_memory_for_its_largest_image_not_its_weights():
     assert megapixels(controlnet, latent, [1, 3, 1024, 1024]) == 0
     assert megapixels(latent, latent, [1, 4, 128, 128]) == 0
     assert memory.image_need_gb(0) == 0
+
+
+def _transformer_profile(batch: int, latent: int, context: int):
+    from enginefarm.builder.onnx_io import TensorInfo
+
+    inputs = (
+        TensorInfo("hidden_states", "float32", ("batch", 16, "height", "width")),
+        TensorInfo("timestep", "float32", ("batch",)),
+        TensorInfo("encoder_hidden_states", "float32", ("batch", "context_tokens", 4096)),
+        TensorInfo("pooled_projections", "float32", ("batch", 2048)),
+    )
+    largest = {
+        "hidden_states": [batch, 16, latent, latent],
+        "timestep": [batch],
+        "encoder_hidden_states": [batch, context, 4096],
+        "pooled_projections": [batch, 2048],
+    }
+    return inputs, {n: {"min": s, "opt": s, "max": s} for n, s in largest.items()}
+
+
+def test_a_transformers_need_adds_its_attention_at_the_largest_profile():
+    """Measured on SD3.5 Medium's transformer (24 heads, 9.0 GB of fp32 weights, batch 2, 589 text tokens;
+    docs/large-models.md): its fp16 job peaked at 15.0 GB with a profile up to 768 px, and its fp32 reference at
+    1024 px passed 21.8 GB before it was stopped. The need covers the first and is over the second; the weights alone
+    (19.8 GB with the text encoders' share, 18 GB for the transformer) were under it."""
+    weights = int(9.0e9)
+    needs = {}
+    for pixels in (768, 1024):
+        inputs, profile = _transformer_profile(2, pixels // 8, 589)
+        batch, tokens = memory.attention_tokens(inputs, profile)
+        assert (batch, tokens) == (2, (pixels // 16) ** 2 + 589)
+        needs[pixels] = memory.need_bytes(weights, 0, "onnxruntime", "fp16", memory.attention_bytes(24, batch, tokens))
+    assert needs[768] >= 15.0e9 and needs[1024] > 21.8e9
+    assert needs[768] == memory.need_bytes(weights, 0, "onnxruntime", "fp16")  # the weights' rule still decides there
+    # a UNet's latents and a text encoder's sequence alone have no image tokens: nothing added
+    inputs, profile = _transformer_profile(2, 128, 77)
+    assert memory.attention_tokens(inputs[2:], profile) == (0, 0)
+    assert memory.attention_bytes(0, 2, 4685) == 0
+
+
+def test_plan_counts_the_attention_heads_a_recipe_names(tmp_path, tiny_recipe):
+    """`[components.X.resources] attention_heads` raises the job's need by the attention at its profile's max (the
+    tiny decoder's 4-D latent input as the image tokens); a value that is not a count is a one-line recipe error."""
+    from enginefarm.errors import RecipeError
+
+    path = tiny_recipe()
+    text = path.read_text()
+    (plain,) = plan([load_recipe(path)], tmp_path / "dl")
+    path.write_text(text + "\n[components.decoder.resources]\nattention_heads = 24\n")
+    (counted,) = plan([load_recipe(path)], tmp_path / "dl")
+    assert counted.job.resources.attention_heads == 24
+    tokens = (32 // memory.PATCH) ** 2  # the profile's max: 32 x 32 latent pixels, batch 2
+    added = memory.job_need_bytes(counted.job) - memory.job_need_bytes(plain.job)
+    assert added == memory.attention_bytes(24, 2, tokens) > 0
+    path.write_text(text + '\n[components.decoder.resources]\nattention_heads = "many"\n')
+    with pytest.raises(RecipeError, match="attention_heads"):
+        load_recipe(path)

@@ -134,6 +134,13 @@ def test_checkpoints_assets_and_recipe(tiny, exported):
     t5 = recipe.split("[components.text_encoder_3]")[1].split("[components.transformer]")[0]
     assert 'precisions = ["fp32"]' in t5 and "high = 690" in t5  # fp32 only; ids within T5's own vocabulary
     assert "height = [8, 8, 16]" in recipe.split("[components.transformer.profiles.default]")[1]
+    from enginefarm.builder.recipe import load_recipe
+
+    heads = {
+        name: c.resources.attention_heads for name, c in load_recipe(export.out / "recipe.toml").components.items()
+    }
+    config = json.loads((pipeline / "transformer" / "config.json").read_text())
+    assert heads.pop("transformer") == config["num_attention_heads"] and set(heads.values()) == {0}
 
 
 def test_a_model_without_t5_exports_without_it_and_a_mismatched_encoder_is_a_one_line_error(tiny, tmp_path, cli):

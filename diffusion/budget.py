@@ -14,8 +14,9 @@ from collections.abc import Callable
 from enginefarm.errors import ConfigError
 
 
-def parse_budget(budget: int | str | None) -> int | None:
-    """Bytes, a size ("6G"), "auto" (90% of the memory available now), or None (no budget: load everything once)."""
+def parse_budget(budget: int | str | None, name: str = "memory_budget") -> int | None:
+    """Bytes, a size ("6G"), "auto" (90% of the memory available now), or None (no budget: load everything once).
+    `name`: what the user wrote it as, for the error (`enginefarm generate --memory-budget`)."""
     if budget is None:
         return None
     if budget == "auto":
@@ -25,7 +26,10 @@ def parse_budget(budget: int | str | None) -> int | None:
     if isinstance(budget, str):
         from enginefarm.settings import parse_size
 
-        return parse_size("memory_budget", budget)
+        try:
+            return parse_size(name, budget)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), hint='a size such as "6G", or "auto"') from None
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
         raise ConfigError(f"memory_budget={budget!r}", hint='bytes (an int), a size such as "6G", or "auto"')
     return budget

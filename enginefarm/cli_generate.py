@@ -72,6 +72,13 @@ from enginefarm.cli_options import precision_option, store_option
     "--target", default=None, metavar="BACKEND:DEVICE", help="Use only artifacts of this target, e.g. openvino:cpu."
 )
 @click.option("--device", default="auto", show_default=True)
+@click.option(
+    "--memory-budget",
+    default=None,
+    metavar="SIZE|auto",
+    help="Keep the loaded components within SIZE (e.g. 12G) or 'auto' (90% of what is available): each is loaded "
+    "when a stage needs it and closed when the next would not fit. The image is the same; default: all loaded.",
+)
 @store_option()
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("image.png"), show_default=True)
 def generate_cmd(
@@ -93,12 +100,16 @@ def generate_cmd(
     precision,
     target,
     device,
+    memory_budget,
     store,
     out,
 ):
     """Generate an image of PROMPT with MODEL (built by `enginefarm build` from the recipe `enginefarm export`
     wrote)."""
     from enginefarm.diffusion import Pipeline, read_png, write_png
+    from enginefarm.diffusion.budget import parse_budget
+
+    parse_budget(memory_budget, "--memory-budget")  # a mistake is told before anything is fetched
 
     image = read_png(init_image) if init_image else None
     control = read_png(control_image) if control_image else None
@@ -113,6 +124,7 @@ def generate_cmd(
             version=version,
             controlnet=control is not None,
             progress=progress,
+            memory_budget=memory_budget,
         )
         result = pipe(
             prompt,
@@ -141,6 +153,12 @@ def generate_cmd(
         highlight=False,
         markup=False,
     )
+    if pipe.residency is not None:
+        shown.print(
+            f"memory budget {pipe.residency.budget / 1e9:.1f} GB: {pipe.residency.loads} loads",
+            highlight=False,
+            markup=False,
+        )
     for name, session in pipe.sessions.items():
         shown.print(
             f"  {name}: {session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]",

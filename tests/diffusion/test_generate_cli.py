@@ -49,7 +49,7 @@ def test_generate_writes_the_image_and_says_what_each_stage_took(sd1, tmp_path):
     for component in ("text_encoder", "unet", "vae_decoder"):
         assert f"  {component}: " in proc.stdout
     again = tmp_path / "again.png"
-    run_cli(
+    budgeted = run_cli(
         "generate",
         name,
         "a red fox",
@@ -63,9 +63,13 @@ def test_generate_writes_the_image_and_says_what_each_stage_took(sd1, tmp_path):
         "euler_a",
         "--out",
         str(again),
+        "--memory-budget",
+        "1M",  # below any component: each is loaded for its stage and closed before the next
         check=True,
     )
     assert again.read_bytes() == out.read_bytes()  # the seed decides everything, ancestral noise included
+    said = next(line for line in budgeted.stdout.splitlines() if line.startswith("memory budget"))
+    assert said == "memory budget 0.0 GB: 3 loads", budgeted.stdout  # text encoder, UNet, VAE decoder: each once
 
 
 @pytest.mark.parametrize(
@@ -74,6 +78,7 @@ def test_generate_writes_the_image_and_says_what_each_stage_took(sd1, tmp_path):
         (("--scheduler", "nope"), "error: unknown scheduler 'nope'"),
         (("--width", "60"), "is not a multiple of"),
         (("--steps", "0"), "Invalid value for '--steps'"),
+        (("--memory-budget", "lots"), "error: --memory-budget='lots' is not a size"),
     ],
 )
 def test_a_users_mistake_is_one_line(sd1, tmp_path, args, message):

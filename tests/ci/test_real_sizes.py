@@ -47,3 +47,6 @@ def test_the_real_size_sd35_medium_folder_is_the_model_real_sizes_counts():
     counted = dict(_bench().MODELS["sd3.5-medium"]["transformer"][1])
     assert maker.SD35_MEDIUM_TRANSFORMER == counted
     assert maker.SD3_VAE["latent_channels"] == 16 and not maker.SD3_VAE["use_post_quant_conv"]
+    # and the T5-XXL that `make_real_pipeline.py t5xxl` writes (bench/t5xxl_real.py) is the one the plan sizes
+    counted_t5 = dict(_bench().MODELS["sd3-medium"]["text_encoder_3"][1])
+    assert {k: maker.T5_XXL[k] for k in counted_t5} == counted_t5

@@ -6,13 +6,12 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from enginefarm.cache import precision_table
+from enginefarm.cache import precision_table, workdirs
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.locks import file_lock
 from enginefarm.errors import ModelError
@@ -108,8 +107,12 @@ def _once(workdir: Path, precision: str, make) -> Prepared:
         if failed.is_file():
             known = json.loads(failed.read_text())
             raise ModelError(known["message"], hint=known.get("hint"))
-        staging = workdir / f".staging-{precision}-{secrets.token_hex(4)}"
-        staging.mkdir()
+        # A prep killed while it wrote (kill -9, a runner's timeout) left its staging folder: a model's size each time,
+        # which nothing else would ever remove while the folder is in use. Its owner is gone, so it goes now.
+        freed = workdirs.reclaim(workdir, f".staging-{precision}")
+        if freed:
+            log.info("prep: removed %.1f GB a killed prep left in %s", freed / 1e9, workdir)
+        staging = workdirs.fresh(workdir, f".staging-{precision}")
         try:
             notes = make(staging / out.name)
             data = staging / f"{out.name}.data"

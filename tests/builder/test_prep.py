@@ -201,6 +201,30 @@ def test_each_source_is_prepared_once(tiny_sd, tmp_path, monkeypatch):
     assert fp16.notes[: len(fp32.notes)] == fp32.notes
 
 
+def test_a_prep_killed_while_it_wrote_leaves_nothing_the_next_one_keeps(tiny_sd, tmp_path):
+    """A prep killed mid-write (kill -9, a runner's timeout) leaves its staging folder, a model's size; the next prep
+    of that precision removes it and builds. Met at real size: T5-XXL's 17 GB staging stayed beside the new prep."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    killed = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from enginefarm.builder import prep\n"
+        "def half_written(out):\n"
+        "    Path(out).with_name(Path(out).name + '.data').write_bytes(os.urandom(1 << 20))\n"
+        "    os._exit(9)\n"
+        "prep._once(Path(sys.argv[1]), 'fp32', half_written)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", killed, str(work)]).returncode == 9
+    (left,) = [p for p in work.iterdir() if p.name.startswith(".staging-fp32")]
+    assert (left / "prepared-fp32.onnx.data").stat().st_size == 1 << 20
+    prepared = prep.prepare(tiny_sd, "fp32", work)
+    assert prepared.path.is_file() and not left.exists()
+    assert not [p for p in work.iterdir() if p.name.startswith(".staging")]
+
+
 def test_a_failed_prep_is_remembered_not_retried(tmp_path, monkeypatch):
     source = models.failing_checker(tmp_path / "bad.onnx")
     with pytest.raises(ModelError, match="fails the ONNX checker") as first:

@@ -75,12 +75,30 @@ def _bytes(raw: str) -> int:
     help="Write weights to <component>.onnx.data above this size (protobuf cannot hold 2 GiB in one file).",
 )
 @click.option(
+    "--memory",
+    metavar="SIZE",
+    help="Memory the export may use, e.g. 16G (default: the machine's total). It needs about twice its largest "
+    "component's weights at fp32, and refuses before loading anything when that is more.",
+)
+@click.option(
     "--overwrite",
     is_flag=True,
     help="Replace --out if it holds something (only once the new export passed its checks).",
 )
 def export_cmd(
-    source, out, name, base, controlnet, targets, precisions, batch, latent, text_length, external_data_above, overwrite
+    source,
+    out,
+    name,
+    base,
+    controlnet,
+    targets,
+    precisions,
+    batch,
+    latent,
+    text_length,
+    external_data_above,
+    memory,
+    overwrite,
 ):
     """Export the diffusers pipeline folder SOURCE (model_index.json) to ONNX, one file per component, each checked
     against torch on ONNX Runtime at two shapes, with its checkpoint (safetensors, diffusers names), the assets a
@@ -90,6 +108,7 @@ def export_cmd(
     single-file checkpoint (SD 1.x/2.x original layout, SDXL SGM layout) or VAE file, over --base DIR."""
     from enginefarm.cli_console import RichProgress, console
     from enginefarm.export import export_model
+    from enginefarm.settings import parse_size
 
     with RichProgress() as progress:
         result = export_model(
@@ -106,6 +125,7 @@ def export_cmd(
             external_data_above=_bytes(external_data_above),
             overwrite=overwrite,
             base=base,
+            memory=parse_size("--memory", memory) if memory else None,
         )
     from rich.table import Table
 

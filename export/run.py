@@ -23,6 +23,7 @@ from . import recipe as recipes
 from . import resume
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .memory import check_fits
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
 from .source import ExportSource, read_source
 
@@ -69,6 +70,7 @@ def export_model(
     overwrite: bool = False,
     base: Path | None = None,
     origin: str | None = None,
+    memory: int | None = None,
 ) -> ExportResult:
     """Export the diffusers pipeline (or standalone ControlNet) folder `source` to `out`: `<component>.onnx` (and
     `.onnx.data` for weights above `external_data_above` bytes), `<component>.safetensors`, `assets/`, `recipe.toml`.
@@ -76,7 +78,8 @@ def export_model(
     and `latent` (min, opt, max) replace the family's profile ranges; `text_length` the T5 token range (the transformer
     families': its opt becomes the pipeline's default count). Nothing is written to `out` unless every
     component matches torch on ONNX Runtime. `source` may be a single-file checkpoint (or VAE file) as model sites ship
-    it: `base`, the base model's diffusers folder, gives configs, tokenizers and the names its weights take."""
+    it: `base`, the base model's diffusers folder, gives configs, tokenizers and the names its weights take. `memory`:
+    bytes the export may use (default: the machine's whole memory); a model that needs more is refused first."""
     started = time.monotonic()
     if Path(source).is_file() or base is not None:
         return _export_single_file(
@@ -93,6 +96,7 @@ def export_model(
             text_length=text_length,
             external_data_above=external_data_above,
             overwrite=overwrite,
+            memory=memory,
         )
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
     if text_length is not None:
@@ -101,6 +105,7 @@ def export_model(
         found = dataclasses.replace(found, sizes=with_text_length(found.family, found.sizes, text_length))
     _check_recipe_choices(tuple(targets), tuple(precisions))
     check_shapes(found, latent, text_length)
+    check_fits(found, memory)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(

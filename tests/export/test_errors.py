@@ -162,3 +162,27 @@ def test_a_text_length_for_a_family_without_t5_or_past_512_is_a_one_line_error(t
         with_text_length(flux, flux.sizes, (16, 256, 1024))
     assert caught.value.hint
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_too_big_for_the_memory_is_refused_before_anything_loads(tiny, tmp_path):
+    """The export holds about twice its largest component at fp32 (export/memory.py): over --memory (default the
+    machine's total) it is refused at once, saying what it needs, instead of swapping or being killed minutes in. The
+    weights are counted from the safetensors headers, whatever dtype they are stored in, as torch loads them."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    from enginefarm.export.memory import FACTOR, export_need
+    from enginefarm.export.source import read_source
+
+    source = tiny("sd1")
+    need, largest, weights = export_need(read_source(source))
+    loaded = {
+        folder: 4 * sum(p.numel() for p in cls.from_pretrained(source / folder).parameters())
+        for folder, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel), ("vae", AutoencoderKL))
+    }
+    assert weights == max(loaded.values()) == loaded[largest]
+    assert need >= FACTOR * weights
+    out = tmp_path / "out"
+    err = _one_line_error(run_cli("export", str(source), "--out", str(out), "--memory", "1M"))
+    assert f"error: exporting {largest} needs about " in err
+    assert "hint: export on a machine with that much memory" in err and not out.exists()

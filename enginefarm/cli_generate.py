@@ -154,11 +154,19 @@ def generate_cmd(
         markup=False,
     )
     if pipe.residency is not None:
+        residency = pipe.residency
         shown.print(
-            f"memory budget {pipe.residency.budget / 1e9:.1f} GB: {pipe.residency.loads} loads",
-            highlight=False,
-            markup=False,
+            f"memory budget {residency.budget / 1e9:.1f} GB: {residency.loads} loads", highlight=False, markup=False
         )
+        held = {c: residency.held.get(c, 0) + residency.ran.get(c, 0) for c in residency.held}
+        largest = max(held, key=lambda c: held[c], default=None)
+        if largest is not None and held[largest] > residency.budget:  # closing others cannot help: say so
+            shown.print(
+                f"note: {largest} alone held {held[largest] / 1e9:.1f} GB while it ran, over the budget: no budget "
+                "keeps a run below its largest stage (a smaller image or batch does)",
+                highlight=False,
+                markup=False,
+            )
     for name, session in pipe.sessions.items():
         shown.print(
             f"  {name}: {session.artifact.target} {session.artifact.precision} [{session.artifact.build_key[:12]}]",

@@ -70,6 +70,7 @@ def test_generate_writes_the_image_and_says_what_each_stage_took(sd1, tmp_path):
     assert again.read_bytes() == out.read_bytes()  # the seed decides everything, ancestral noise included
     said = next(line for line in budgeted.stdout.splitlines() if line.startswith("memory budget"))
     assert said == "memory budget 0.0 GB: 3 loads", budgeted.stdout  # text encoder, UNet, VAE decoder: each once
+    assert "over the budget: no budget keeps a run below its largest stage" in budgeted.stdout  # 1M is below any
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ the model's size), and can cast float32 tensors to float16 on the way.
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 from contextlib import contextmanager
@@ -69,6 +70,7 @@ class Initializers:
         check_external_data(model, self.path)
         self._protos = {init.name: init for init in model.graph.initializer if init.data_type in self.FLOATS}
         self.shapes = {name: tuple(init.dims) for name, init in self._protos.items()}
+        self._files: dict[str, Path] = {}  # external data location → its resolved path
 
     def read(self, name: str) -> np.ndarray:
         from onnx import helper, numpy_helper
@@ -78,6 +80,29 @@ class Initializers:
             return numpy_helper.to_array(tensor)
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         return np.frombuffer(external_bytes(self.path, tensor), dtype=dtype).reshape(self.shapes[name])
+
+    def view(self, name: str) -> np.ndarray:
+        """`read(name)`, but an external tensor is memory-mapped from its file, not read: looking at a few values
+        reads a few pages, and dropping the array unmaps it. Read-only."""
+        from onnx import helper
+
+        tensor = self._protos[name]
+        if tensor.data_location != _EXTERNAL:
+            return self.read(name)
+        dtype, shape = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)), self.shapes[name]
+        entry = _entry(tensor)
+        size = int(np.prod(shape)) * dtype.itemsize
+        if "length" in entry and int(entry["length"]) != size:
+            raise ValueError(f"{name}: {entry['length']} bytes in its data file, {size} for its shape {list(shape)}")
+        if not size:
+            return np.zeros(shape, dtype)
+        if entry["location"] not in self._files:
+            self._files[entry["location"]] = (self.path.parent / entry["location"]).resolve()
+        offset = int(entry.get("offset", 0))
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
+        with open(self._files[entry["location"]], "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), offset + size - start, offset=start, access=mmap.ACCESS_READ)
+        return np.frombuffer(mapped, dtype, int(np.prod(shape)), offset - start).reshape(shape)
 
 
 def external_bytes(model_path: Path, tensor) -> bytes:

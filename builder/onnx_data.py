@@ -8,7 +8,6 @@ the model's size), and can cast float32 tensors to float16 on the way.
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 from contextlib import contextmanager
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+from .safetensors_io import map_bytes
 
 _ALIGN = 4096  # tensors start on page boundaries, so runtimes can map them instead of copying
 CHUNK = 64 << 20  # bytes moved (and converted) at a time: a multiple of 4, so float32 values never split
@@ -94,15 +95,10 @@ class Initializers:
         size = int(np.prod(shape)) * dtype.itemsize
         if "length" in entry and int(entry["length"]) != size:
             raise ValueError(f"{name}: {entry['length']} bytes in its data file, {size} for its shape {list(shape)}")
-        if not size:
-            return np.zeros(shape, dtype)
         if entry["location"] not in self._files:
             self._files[entry["location"]] = (self.path.parent / entry["location"]).resolve()
-        offset = int(entry.get("offset", 0))
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
-        with open(self._files[entry["location"]], "rb") as handle:
-            mapped = mmap.mmap(handle.fileno(), offset + size - start, offset=start, access=mmap.ACCESS_READ)
-        return np.frombuffer(mapped, dtype, int(np.prod(shape)), offset - start).reshape(shape)
+        whole = map_bytes(self._files[entry["location"]], int(entry.get("offset", 0)), size)
+        return whole.view(dtype).reshape(shape)
 
 
 def external_bytes(model_path: Path, tensor) -> bytes:

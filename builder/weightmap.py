@@ -170,8 +170,8 @@ def _digest(tag: str, shape, data: np.ndarray, rounding: str = "") -> str:
 def base_digests(ckpt: SafeTensors, name: str) -> dict[str, str]:
     entry = ckpt.entries[name]
     if entry.dtype not in FLOATS:
-        return {"raw": _digest(entry.dtype, entry.shape, ckpt.raw(name))}
-    values = ckpt.array(name)
+        return {"raw": _digest(entry.dtype, entry.shape, ckpt.raw(name, alone=True))}
+    values = ckpt.array(name, alone=True)
     return {kind: _digest("float", entry.shape, values, kind) for kind in ("F32", "F16", "BF16")}
 
 
@@ -202,9 +202,9 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
         if entry.dtype not in FLOATS:
             result.unmatched[name] = f"not a float tensor ({entry.dtype})"
             continue
-        # float32 as stored is compared where it lies in the file (as a plain array: np.memmap's Python-level
-        # slicing ran for every chunk compared); other floats are widened (one tensor's copy)
-        array = np.asarray(ckpt.raw(name)) if entry.dtype == "F32" else ckpt.array(name)
+        # float32 as stored is compared where it lies in the file, other floats widened (one tensor's copy); each
+        # tensor mapped alone, so its pages are let go with it
+        array = ckpt.raw(name, alone=True) if entry.dtype == "F32" else ckpt.array(name, alone=True)
         found = index.matches(array)
         if found:
             candidates[name] = found

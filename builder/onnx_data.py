@@ -16,6 +16,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .safetensors_io import map_bytes
+
 _ALIGN = 4096  # tensors start on page boundaries, so runtimes can map them instead of copying
 CHUNK = 64 << 20  # bytes moved (and converted) at a time: a multiple of 4, so float32 values never split
 _EXTERNAL = 1  # TensorProto.EXTERNAL
@@ -69,6 +71,7 @@ class Initializers:
         check_external_data(model, self.path)
         self._protos = {init.name: init for init in model.graph.initializer if init.data_type in self.FLOATS}
         self.shapes = {name: tuple(init.dims) for name, init in self._protos.items()}
+        self._files: dict[str, Path] = {}  # external data location → its resolved path
 
     def read(self, name: str) -> np.ndarray:
         from onnx import helper, numpy_helper
@@ -78,6 +81,24 @@ class Initializers:
             return numpy_helper.to_array(tensor)
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         return np.frombuffer(external_bytes(self.path, tensor), dtype=dtype).reshape(self.shapes[name])
+
+    def view(self, name: str) -> np.ndarray:
+        """`read(name)`, but an external tensor is memory-mapped from its file, not read: looking at a few values
+        reads a few pages, and dropping the array unmaps it. Read-only."""
+        from onnx import helper
+
+        tensor = self._protos[name]
+        if tensor.data_location != _EXTERNAL:
+            return self.read(name)
+        dtype, shape = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)), self.shapes[name]
+        entry = _entry(tensor)
+        size = int(np.prod(shape)) * dtype.itemsize
+        if "length" in entry and int(entry["length"]) != size:
+            raise ValueError(f"{name}: {entry['length']} bytes in its data file, {size} for its shape {list(shape)}")
+        if entry["location"] not in self._files:
+            self._files[entry["location"]] = (self.path.parent / entry["location"]).resolve()
+        whole = map_bytes(self._files[entry["location"]], int(entry.get("offset", 0)), size)
+        return whole.view(dtype).reshape(shape)
 
 
 def external_bytes(model_path: Path, tensor) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import sys
@@ -73,8 +74,16 @@ class SafeTensors:
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
-    def raw(self, name: str) -> np.ndarray:
+    def raw(self, name: str, alone: bool = False) -> np.ndarray:
+        """The tensor as stored. `alone`: mapped on its own, not through the file's one map (which holds every page
+        read through it), so a reader going through a large file tensor by tensor holds one tensor's pages."""
         entry = self.entries[name]
+        if alone:
+            return (
+                map_bytes(self.path, entry.start, entry.end - entry.start)
+                .view(_DTYPES[entry.dtype])
+                .reshape(entry.shape)
+            )
         if self._map is None:
             self._map = (
                 np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else np.zeros(0, np.uint8)
@@ -82,17 +91,28 @@ class SafeTensors:
         data = self._map[entry.start : entry.end].view(_DTYPES[entry.dtype])
         return data.reshape(entry.shape)
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str, alone: bool = False) -> np.ndarray:
         """The tensor as float32 (float dtypes only): F64 values past float32's range become ±Inf, which the readers
-        of custom weights refuse."""
+        of custom weights refuse. `alone`: as for `raw`."""
         entry = self.entries[name]
         if entry.dtype not in FLOATS:
             raise WeightsError(f"{self.path}: tensor {name!r} is {entry.dtype}, not a float tensor")
-        raw = self.raw(name)
+        raw = self.raw(name, alone)
         if entry.dtype == "BF16":
             return (raw.astype(np.uint32) << 16).view(np.float32)
         with np.errstate(over="ignore"):
             return raw.astype(np.float32)
+
+
+def map_bytes(path: Path, offset: int, size: int) -> np.ndarray:
+    """Bytes `offset` to `offset + size` of the file at `path`, memory-mapped on their own (read-only uint8): only the
+    pages looked at are read, and dropping the array unmaps them."""
+    if not size:
+        return np.zeros(0, np.uint8)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a page
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), offset + size - start, offset=start, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, np.uint8, size, offset - start)
 
 
 def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:

@@ -143,11 +143,6 @@ class WeightMap:
         return other if known(other) else None
 
 
-def _content_key(array: np.ndarray) -> tuple:
-    data = np.ascontiguousarray(array, dtype=np.float32)
-    return tuple(d for d in data.shape if d != 1), hashlib.blake2b(data.tobytes(), digest_size=16).digest()
-
-
 def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "F16":
         return values.astype(np.float16).astype(np.float32)
@@ -175,8 +170,8 @@ def _digest(tag: str, shape, data: np.ndarray, rounding: str = "") -> str:
 def base_digests(ckpt: SafeTensors, name: str) -> dict[str, str]:
     entry = ckpt.entries[name]
     if entry.dtype not in FLOATS:
-        return {"raw": _digest(entry.dtype, entry.shape, ckpt.raw(name))}
-    values = ckpt.array(name)
+        return {"raw": _digest(entry.dtype, entry.shape, ckpt.raw(name, alone=True))}
+    values = ckpt.array(name, alone=True)
     return {kind: _digest("float", entry.shape, values, kind) for kind in ("F32", "F16", "BF16")}
 
 
@@ -192,15 +187,13 @@ def same_as_base(ckpt: TensorReader, name: str, digests: dict[str, str]) -> bool
 def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightMap:
     """Match every tensor of `checkpoint` to the initializers of the (fp32) ONNX model at `onnx_path`."""
     from .onnx_data import Initializers
+    from .weightmatch import Index, blocks
 
-    # One initializer in memory at a time: holding the model and a float32 copy of its matrices peaked at 2.4x the
-    # SD 1.5 UNet's weights, over the job's need (and would be 25 GB for SDXL's).
+    # One initializer mapped at a time (but the last few a block search read, and small ones): holding the model and
+    # a float32 copy of its matrices peaked at 2.4x the SD 1.5 UNet's weights (and would be 25 GB for SDXL's).
     initializers = Initializers(onnx_path)
-    index: dict[tuple, list[str]] = {}
+    index = Index(initializers)  # by fingerprint; each candidate is compared in full
     shapes = initializers.shapes
-    for name in shapes:
-        index.setdefault(_content_key(initializers.read(name)), []).append(name)
-    matrices = _Matrices(initializers)  # 1-D and 2-D initializers, searched for fused blocks
     ckpt = SafeTensors(checkpoint)
     result = WeightMap(checkpoint_sha256)
     candidates: dict[str, list[tuple[str, bool]]] = {}
@@ -209,21 +202,20 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
         if entry.dtype not in FLOATS:
             result.unmatched[name] = f"not a float tensor ({entry.dtype})"
             continue
-        array = ckpt.array(name)
-        found = [(init, False) for init in index.get(_content_key(array), [])]
-        if array.ndim == 2:
-            found += [(init, True) for init in index.get(_content_key(array.T), [])]
+        # float32 as stored is compared where it lies in the file, other floats widened (one tensor's copy); each
+        # tensor mapped alone, so its pages are let go with it
+        array = ckpt.raw(name, alone=True) if entry.dtype == "F32" else ckpt.array(name, alone=True)
+        found = index.matches(array)
         if found:
             candidates[name] = found
         else:
-            blocks = _blocks(array, matrices)
-            if len(blocks) == 1:
-                result.mapped[name] = Mapped(
-                    blocks[0][0], blocks[0][1], entry.shape, shapes[blocks[0][0]], blocks[0][2]
-                )
-            elif blocks:
+            placed = blocks(array, index.views, shapes)
+            if len(placed) == 1:
+                init, transpose, block = placed[0]
+                result.mapped[name] = Mapped(init, transpose, entry.shape, shapes[init], block)
+            elif placed:
                 result.unmatched[name] = (
-                    f"ambiguous: a block of {', '.join(sorted({b[0] for b in blocks}))} in {len(blocks)} places"
+                    f"ambiguous: a block of {', '.join(sorted({b[0] for b in placed}))} in {len(placed)} places"
                 )
             else:
                 result.unmatched[name] = (
@@ -265,48 +257,6 @@ def derive(checkpoint: Path, checkpoint_sha256: str, onnx_path: Path) -> WeightM
     if result.unmatched:
         log.info("weight map: %d of %d checkpoint tensors unmatched", len(result.unmatched), len(ckpt.names))
     return result
-
-
-class _Matrices:
-    """The 1-D and 2-D initializers by shape, read (as float32) only when a block search needs them; the last few
-    stay, since to_q, to_k and to_v come one after another and look in the same fused weights."""
-
-    KEPT = 8
-
-    def __init__(self, initializers) -> None:
-        self._initializers = initializers
-        self.shapes = {name: shape for name, shape in initializers.shapes.items() if len(shape) in (1, 2)}
-        self._recent: dict[str, np.ndarray] = {}
-
-    def get(self, name: str) -> np.ndarray:
-        if name not in self._recent:
-            if len(self._recent) >= self.KEPT:
-                self._recent.pop(next(iter(self._recent)))
-            self._recent[name] = self._initializers.read(name).astype(np.float32)
-        return self._recent[name]
-
-
-def _blocks(array: np.ndarray, matrices: _Matrices) -> list[tuple[str, bool, tuple[int, int, int]]]:
-    """Where `array` (1-D, or 2-D in torch layout) is one aligned block of a fused initializer, such as the
-    [in, 3·out] MatMul weight onnxsim makes of to_q, to_k and to_v, or their concatenated bias."""
-    if array.ndim not in (1, 2):
-        return []
-    layouts = [(array, False)] + ([(array.T, True)] if array.ndim == 2 else [])
-    found = []
-    for init, shape in matrices.shapes.items():
-        if len(shape) != array.ndim or np.prod(shape) <= array.size:
-            continue
-        for part, transpose in layouts:
-            for axis in range(len(shape)):
-                other = [d for i, d in enumerate(shape) if i != axis]
-                size = part.shape[axis]
-                if other != [d for i, d in enumerate(part.shape) if i != axis] or shape[axis] % size:
-                    continue
-                whole = matrices.get(init)
-                for start in range(0, whole.shape[axis], size):
-                    if np.array_equal(np.take(whole, range(start, start + size), axis=axis), part):
-                        found.append((init, transpose, (axis, start, start + size)))
-    return found
 
 
 def _drop_shared_blocks(result: WeightMap) -> None:

@@ -166,3 +166,43 @@ def test_a_checkpoint_of_another_model_fails_the_job_and_stores_nothing(tmp_path
     assert "(hint: `checkpoint =` must be this component's own base weights" in proc.stderr  # the failure summary
     assert "Traceback" not in proc.stderr
     assert "0 artifacts" in cli("ls", check=True).stdout
+
+
+def _external_onnx(path, initializers: dict[str, np.ndarray]):
+    """A graph holding `initializers` in an external data file, as prep writes its fp32 models."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    inits = [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in initializers.items()]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y], inits)
+    onnx.save(helper.make_model(graph), str(path), save_as_external_data=True, location="w.data", size_threshold=0)
+    return path
+
+
+def test_a_tensor_the_fingerprint_cannot_tell_apart_is_compared_in_full(tmp_path):
+    from enginefarm.builder.weightmatch import SAMPLE, _positions, fingerprint
+
+    rng = np.random.default_rng(3)
+    w, q, k, v = (rng.normal(0, 0.3, (48, 64)).astype(np.float32) for _ in range(4))
+    unsampled = next(p for p in range(w.size) if p not in set(_positions(w.size).tolist()))
+    assert w.size > SAMPLE
+    q.reshape(-1)[unsampled] = 0.0
+    onnx_path = _external_onnx(
+        tmp_path / "m.onnx", {"onnx::MatMul_1": w.T, "plain": q, "onnx::MatMul_kv": np.concatenate([k.T, v.T], axis=1)}
+    )
+    near_w = w.copy()  # differs from onnx::MatMul_1 (transposed) at one value its fingerprint does not read
+    near_w[unsampled % 48, unsampled // 48] += 1.0
+    assert fingerprint(near_w, transpose=True) == fingerprint(w, transpose=True)
+    near_q = q.copy()  # differs from `plain` (as is) only in a zero's sign: equal numbers, not the same weight
+    near_q.reshape(-1)[unsampled] = -0.0
+    assert fingerprint(near_q) == fingerprint(q) and np.array_equal(near_q, q)
+    near_k = k.copy()  # differs from its block of the fused onnx::MatMul_kv at the very last value
+    near_k[-1, -1] += 1.0
+    ckpt = {"w": w, "near_w": near_w, "near_q": near_q, "k": k, "near_k": near_k}
+    found = derive(models.write_safetensors(tmp_path / "c.safetensors", ckpt), "d", onnx_path)
+    assert (found.mapped["w"].initializer, found.mapped["w"].transpose) == ("onnx::MatMul_1", True)
+    assert found.mapped["k"].block == (1, 0, 48)
+    for name in ("near_w", "near_q", "near_k"):
+        assert "no initializer holds these values" in found.unmatched[name], name

@@ -168,7 +168,7 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
             fp32 = count * 4  # every job's need counts weights at fp32 (see builder/memory.py)
             # a VAE's need is its activations: one image at the model's native size
             pixels = 512 if model == "sd15" else 1024
-            activations = image_need_gb(pixels * pixels / 1e6) if component.startswith("vae") else 0.0
+            image_gb = image_need_gb(pixels * pixels / 1e6) if component.startswith("vae") else 0.0
             # a transformer's attention at one 1024 px image: batch 2 where the family runs CFG as a batch (SD3,
             # Chroma), the family's longest text (SD3: 77 CLIP + 512 T5 tokens; Flux and Chroma: 512 T5 tokens)
             attention = 0
@@ -186,7 +186,7 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
             for target in TARGETS:
                 backend = target.split(":")[0]
                 needs = [
-                    gb(need_bytes(fp32, activations, backend=backend, precision=p, activations=attention))
+                    gb(need_bytes(fp32, image_gb, backend=backend, precision=p, activations=attention))
                     for p in ("fp32", "fp16")
                 ]
                 routes = [route(target, Resources(n, 0.0), runners, on_cpu=True) for n in needs]

@@ -55,13 +55,13 @@ def is_full(exc: BaseException) -> bool:
 
 
 @contextmanager
-def full_disk_as_error(path: Path, need: int) -> Iterator[None]:
+def full_disk_as_error(path: Path, need: int, hint: str | None = None) -> Iterator[None]:
     """Turn ENOSPC/EDQUOT raised inside the block into DiskFullError for `need` bytes at `path`."""
     try:
         yield
     except OSError as exc:
         if is_full(exc):
-            raise disk_full(path, need) from None
+            raise disk_full(path, need, hint=hint) from None
         raise
 
 
@@ -75,11 +75,8 @@ def sdk_writes(path: Path, need: int, hint: str | None = None) -> Iterator[None]
     """Turn a full disk met by an SDK writing about `need` bytes under `path` into DiskFullError: ENOSPC/EDQUOT, or
     the SDK's stream failure while less than `need` (and the reserve) is free there."""
     try:
-        yield
-    except OSError as exc:
-        if is_full(exc):
-            raise disk_full(path, need, hint=hint) from None
-        raise
+        with full_disk_as_error(path, need, hint):
+            yield
     except RuntimeError as exc:
         free = free_bytes(path)
         if any(words in str(exc) for words in IOSTREAM_FAILURE) and free < need + RESERVE:

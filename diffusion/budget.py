@@ -82,6 +82,10 @@ class Residency:
         for component, weight in zip(ran, weights, strict=True):
             self.ran[component] = max(self.ran.get(component, 0), int(grown * weight / sum(weights)))
 
+    def measured(self) -> dict[str, int]:
+        """What each component loaded here held: once loaded, plus what its stage grew by while it ran."""
+        return {c: self._bytes(c) for c in self.held}
+
     def _bytes(self, component: str) -> int:
         if component in self.held:
             return self.held[component] + self.ran.get(component, 0)

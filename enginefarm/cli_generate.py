@@ -158,7 +158,7 @@ def generate_cmd(
         shown.print(
             f"memory budget {residency.budget / 1e9:.1f} GB: {residency.loads} loads", highlight=False, markup=False
         )
-        held = {c: residency.held.get(c, 0) + residency.ran.get(c, 0) for c in residency.held}
+        held = residency.measured()
         largest = max(held, key=lambda c: held[c], default=None)
         if largest is not None and held[largest] > residency.budget:  # closing others cannot help: say so
             shown.print(

@@ -7,6 +7,7 @@ word; it is refused before anything loads."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from enginefarm.builder.memory import BASE, gb
@@ -27,17 +28,10 @@ def folder_fp32_bytes(folder: Path) -> int:
     for path in sorted(folder.rglob("*")):
         if path.suffix == ".safetensors":
             entries = SafeTensors(path).entries.values()
-            total += sum(4 * _count(e.shape) for e in entries if e.dtype in FLOATS)
+            total += sum(4 * math.prod(e.shape) for e in entries if e.dtype in FLOATS)
         elif path.suffix in _OTHER_WEIGHTS:
             total += path.stat().st_size
     return total
-
-
-def _count(shape) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
 
 
 def export_need(found: ExportSource) -> tuple[int, str, int]:

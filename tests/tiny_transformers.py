@@ -8,7 +8,6 @@ Toy sizes: CLIPs 32 wide (pooled 32 + 32), T5 64 wide (the transformer's text wi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -18,24 +17,12 @@ SAMPLE_SIZE = 8  # latent pixels (64 image pixels through the 8x VAE)
 T5_WIDTH = 64
 
 
-@contextlib.contextmanager
-def text_width(width: int):
-    """Tiny pipelines whose transformer reads a T5 of `width` (recipes/make_real_pipeline.py t5xxl swaps in a
-    real-size T5-XXL beside the tiny parts)."""
-    global T5_WIDTH
-    saved, T5_WIDTH = T5_WIDTH, width
-    try:
-        yield
-    finally:
-        T5_WIDTH = saved
-
-
-def _t5(torch, vocab_size: int):
+def _t5(torch, vocab_size: int, width: int):
     from transformers import T5Config, T5EncoderModel
 
     config = T5Config(
         vocab_size=vocab_size,
-        d_model=T5_WIDTH,
+        d_model=width,
         d_kv=8,
         d_ff=64,
         num_layers=2,
@@ -50,7 +37,7 @@ def _t5(torch, vocab_size: int):
     return T5EncoderModel(config).eval()
 
 
-def _transformer(family: str):
+def _transformer(family: str, text_width: int):
     from diffusers import SD3Transformer2DModel
 
     extra = dict(qk_norm="rms_norm", dual_attention_layers=(0,)) if family == "sd3.5" else {}
@@ -61,7 +48,7 @@ def _transformer(family: str):
         num_layers=2,
         attention_head_dim=8,
         num_attention_heads=4,
-        joint_attention_dim=T5_WIDTH,
+        joint_attention_dim=text_width,
         caption_projection_dim=32,
         pooled_projection_dim=64,
         out_channels=16,
@@ -91,7 +78,9 @@ def _vae():
     )
 
 
-def make_tiny_transformer_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
+def make_tiny_transformer_pipeline(family: str, folder: Path, seed: int = 0, t5_width: int = T5_WIDTH) -> Path:
+    """`t5_width`: the T5's width and the transformer's text width (recipes/make_real_pipeline.py t5xxl swaps a
+    real-size T5-XXL, 4096 wide, in beside the tiny parts)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5TokenizerFast
@@ -112,9 +101,9 @@ def make_tiny_transformer_pipeline(family: str, folder: Path, seed: int = 0) -> 
         tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),
         text_encoder=CLIPTextModelWithProjection(_text_config(32, projection=32)).eval(),
         text_encoder_2=CLIPTextModelWithProjection(_text_config(32, projection=32, pad_token="!")).eval(),
-        text_encoder_3=_t5(torch, len(vocab) + 8),
+        text_encoder_3=_t5(torch, len(vocab) + 8, t5_width),
         tokenizer_3=t5_tokenizer,
-        transformer=_transformer(family),
+        transformer=_transformer(family, t5_width),
         vae=_vae(),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
     )

@@ -15,6 +15,9 @@ from tests.conftest import run_cli
 pytest.importorskip("diffusers")
 
 
+ORT_FP32 = ("--target", "onnxruntime:cpu", "--precision", "fp32", "--no-bench")  # the one job each build here needs
+
+
 @pytest.fixture(scope="module")
 def sd1_store(built):
     """The session's sd1 build (tests/conftest.py: built), and what building its recipe again says."""
@@ -24,11 +27,7 @@ def sd1_store(built):
         str(out / "recipe.toml"),
         "--store",
         str(store),
-        "--target",
-        "onnxruntime:cpu",
-        "--precision",
-        "fp32",
-        "--no-bench",
+        *ORT_FP32,
         check=True,
     )
     name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
@@ -65,11 +64,7 @@ def test_building_one_component_publishes_the_assets_too(sd1_store, tmp_path):
         str(fresh),
         "--component",
         "vae_decoder",
-        "--target",
-        "onnxruntime:cpu",
-        "--precision",
-        "fp32",
-        "--no-bench",
+        *ORT_FP32,
         check=True,
     )
     assert f"published {name}/assets v1:" in proc.stdout, proc.stdout

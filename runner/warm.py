@@ -217,8 +217,13 @@ def remembers(store: str | None, settings: Settings) -> bool:
 
 def index_file(model: str, store: str | None, settings: Settings) -> str | None:
     """The index file of `model` in a directory store, found without opening the store; None offline (no index is
-    read then). Only for a load that `remembers`."""
+    read then) or for what is not a model name. Only for a load that `remembers`."""
     if settings.offline:
         return None
-    url = store or settings.store
-    return str(Path(url.removeprefix("file://")).expanduser().resolve() / "index" / f"{model}.json")
+    from enginefarm.cache.stores.base import index_relpath, local_root
+    from enginefarm.errors import StoreError
+
+    try:
+        return str(local_root(store or settings.store) / index_relpath(model))
+    except StoreError:  # not a model name: the lookup says so in its own words
+        return None

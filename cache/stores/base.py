@@ -160,6 +160,25 @@ def check_cache_name(name: str) -> str:
     return name
 
 
+_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_model(model: str) -> str:
+    if not isinstance(model, str) or not _MODEL.fullmatch(model):
+        raise StoreError(f"{model!r} is not a valid model name")
+    return model
+
+
+def index_relpath(model: str) -> str:
+    return f"index/{check_model(model)}.json"
+
+
+def local_root(url: str | Path) -> Path:
+    """The folder of a directory store, named by a path or a file:// URL (a warm load finds its index file here
+    without opening the store: runner/warm.py)."""
+    return Path(str(url).removeprefix("file://")).expanduser().resolve()
+
+
 def blob_relpath(digest: str) -> str:
     return f"blobs/sha256/{digest[:2]}/{digest}"
 

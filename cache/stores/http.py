@@ -14,8 +14,8 @@ from typing import BinaryIO, NoReturn
 
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
-from .base import BlobReader, Store, blob_relpath, channel_relpath
-from .local import check_digest, check_model
+from .base import BlobReader, Store, blob_relpath, channel_relpath, index_relpath
+from .local import check_digest
 from .ranged import BlobChanged, Limits, Opened, ResumableReader, declared_total
 from .small import Unreachable, read_whole, small_limits
 
@@ -207,7 +207,7 @@ class HttpStore(Store):
 
     # Index -----------------------------------------------------------------------------------------------
     def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
-        got = self._read_small(f"index/{check_model(model)}.json")
+        got = self._read_small(index_relpath(model))
         return (None, None) if got is None else got
 
     def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:

@@ -16,10 +16,19 @@ from ..atomic import aging_mtime, atomic_writer, sha256_bytes, temp_sibling, wri
 from ..faults import checkpoint
 from ..locks import file_lock
 from ..space import full_disk_as_error
-from .base import BlobReader, CappedReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
+from .base import (
+    BlobReader,
+    CappedReader,
+    Store,
+    blob_relpath,
+    cache_folder,
+    channel_relpath,
+    check_cache_name,
+    index_relpath,
+    local_root,
+)
 
 _HEX = re.compile(r"[0-9a-f]{64}")
-_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _PARTIAL = re.compile(r"\.[^/]+\.[0-9a-f]{12}\.incomplete")  # atomic.temp_sibling's names
 
 
@@ -64,19 +73,12 @@ def check_digest(digest: str) -> str:
     return digest
 
 
-def check_model(model: str) -> str:
-    if not isinstance(model, str) or not _MODEL.fullmatch(model):
-        raise StoreError(f"{model!r} is not a valid model name")
-    return model
-
-
 class LocalStore(Store):
     """A store in a local folder (a path or `file://` URL), the default: every write is atomic, blobs and manifests
     are written once, the index is replaced under a lock with its etag checked."""
 
     def __init__(self, url: str | Path) -> None:
-        text = str(url)
-        self.root = Path(text.removeprefix("file://")).expanduser().resolve()
+        self.root = local_root(url)
         self.url = str(self.root)
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"store {self.root} is not a directory")
@@ -201,7 +203,7 @@ class LocalStore(Store):
 
     # Index -----------------------------------------------------------------------------------------------
     def _index(self, model: str) -> Path:
-        return self.root / "index" / f"{check_model(model)}.json"
+        return self.root / index_relpath(model)
 
     def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
         try:

@@ -17,8 +17,8 @@ from typing import BinaryIO
 from enginefarm.errors import ArtifactNotFoundError, StoreError
 
 from ..atomic import sha256_file
-from .base import BlobReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name
-from .local import check_digest, check_model
+from .base import BlobReader, Store, blob_relpath, cache_folder, channel_relpath, check_cache_name, index_relpath
+from .local import check_digest
 from .ranged import Limits, Opened, ResumableReader, declared_total
 
 log = logging.getLogger(__name__)
@@ -409,13 +409,13 @@ class S3Store(Store):
 
     # Index -----------------------------------------------------------------------------------------------
     def get_index_bytes(self, model: str) -> tuple[bytes | None, str | None]:
-        got = self._get(f"index/{check_model(model)}.json")
+        got = self._get(index_relpath(model))
         return (None, None) if got is None else got
 
     def cas_index_bytes(self, model: str, data: bytes, etag: str | None) -> bool:
         conditions = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
         return self._put(
-            f"index/{check_model(model)}.json",
+            index_relpath(model),
             data,
             ContentType="application/json",
             CacheControl="no-cache",

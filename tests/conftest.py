@@ -125,7 +125,8 @@ def cli():
 
 # The most the whole suite holds in its temporary folder at once, with passed tests' folders removed as they end
 # (tmp_path_retention_policy): 1.7 GB measured on 2026-11-27 (df sampled every 5 s; it held 6.3 GB at the end before),
-# with room to spare. A run of a few tests needs far less, but not nothing: the biggest single test writes 360 MB.
+# with room to spare; the 2 GB model's test writes 6.5 GB more for a minute and checks for its own room. A run of a few
+# tests needs far less, but not nothing: the biggest single test writes 360 MB.
 SUITE_TMP_BYTES = 3 << 30
 FEW_TESTS_TMP_BYTES = 512 << 20
 FEW_TESTS = 200

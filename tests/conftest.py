@@ -155,6 +155,25 @@ def pytest_collection_finish(session):
         )
 
 
+# Below this, the next test could not even make its folder: the run stops there rather than erroring every test after.
+RUN_OUT_OF_DISK = 128 << 20
+
+
+def pytest_runtest_setup(item):
+    """A disk that fills while the suite runs (something else writing to it) stops the run at the next test, in one
+    line: CI's run that filled its disk went on to 1145 setup errors and then pytest's own traceback."""
+    from enginefarm.cache.space import free_bytes, mb
+
+    root = tmp_root(item.config)
+    free = free_bytes(root)
+    if free < RUN_OUT_OF_DISK:
+        pytest.exit(
+            f"disk full: {mb(free)} MB free at {root} before {item.nodeid}; hint: free some space there, or point "
+            "TMPDIR at a bigger disk",
+            returncode=pytest.ExitCode.TESTS_FAILED,
+        )
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `hardware(kind)` run only where ENGINEFARM_TEST_HARDWARE lists that kind."""
     enabled = {k.strip() for k in os.environ.get("ENGINEFARM_TEST_HARDWARE", "").split(",") if k.strip()}

@@ -137,22 +137,26 @@ def tmp_root(config) -> Path:
     return Path(config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir())
 
 
+def _stop_if_short(root: Path, need: int, reserve: int, what: str, code: pytest.ExitCode) -> None:
+    """Stop the run in one line (the project's own disk-full message and hint) when `root` has less than `need` and
+    `reserve` free."""
+    from enginefarm.cache.space import ensure_room
+    from enginefarm.errors import DiskFullError
+
+    try:
+        ensure_room(root, need, reserve, hint="free some space there, or point TMPDIR at a bigger disk")
+    except DiskFullError as exc:
+        pytest.exit(f"{exc} {what}; hint: {exc.hint}", returncode=code)
+
+
 def pytest_collection_finish(session):
     """A run on a disk too small for it stops before the first test, in one line, instead of failing a tenth of the way
     in with a thousand errors (as a CI run most likely did on a disk with too little free)."""
     if session.config.option.collectonly or not session.items:
         return
-    from enginefarm.cache.space import free_bytes, mb
-
-    root = tmp_root(session.config)
     need = SUITE_TMP_BYTES if len(session.items) > FEW_TESTS else FEW_TESTS_TMP_BYTES
-    free = free_bytes(root)
-    if free < need:
-        pytest.exit(
-            f"disk full: {len(session.items)} tests need about {mb(need)} MB of temporary files at {root} "
-            f"({mb(free)} MB free); hint: free some space there, or point TMPDIR at a bigger disk",
-            returncode=pytest.ExitCode.USAGE_ERROR,
-        )
+    what = f"for the temporary files of {len(session.items)} tests"
+    _stop_if_short(tmp_root(session.config), need, 0, what, pytest.ExitCode.USAGE_ERROR)
 
 
 # Below this, the next test could not even make its folder: the run stops there rather than erroring every test after.
@@ -162,16 +166,7 @@ RUN_OUT_OF_DISK = 128 << 20
 def pytest_runtest_setup(item):
     """A disk that fills while the suite runs (something else writing to it) stops the run at the next test, in one
     line: CI's run that filled its disk went on to 1145 setup errors and then pytest's own traceback."""
-    from enginefarm.cache.space import free_bytes, mb
-
-    root = tmp_root(item.config)
-    free = free_bytes(root)
-    if free < RUN_OUT_OF_DISK:
-        pytest.exit(
-            f"disk full: {mb(free)} MB free at {root} before {item.nodeid}; hint: free some space there, or point "
-            "TMPDIR at a bigger disk",
-            returncode=pytest.ExitCode.TESTS_FAILED,
-        )
+    _stop_if_short(tmp_root(item.config), 0, RUN_OUT_OF_DISK, f"before {item.nodeid}", pytest.ExitCode.TESTS_FAILED)
 
 
 def pytest_collection_modifyitems(config, items):

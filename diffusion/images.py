@@ -34,8 +34,10 @@ def to_image(decoded: np.ndarray) -> np.ndarray:
     return np.clip(decoded[0].transpose(1, 2, 0) / 2 + 0.5, 0.0, 1.0).astype(np.float32)
 
 
-def write_png(path: str | Path, image: np.ndarray) -> Path:
-    """An 8-bit RGB PNG (no filters) from float [H, W, 3] in [0, 1]."""
+def write_png(path: str | Path, image: np.ndarray, text: dict[str, str] | None = None) -> Path:
+    """An 8-bit RGB PNG (no filters) from float [H, W, 3] in [0, 1]. `text`: keyword → value, written as text
+    chunks before the pixels (tEXt where the value is Latin-1, else UTF-8 iTXt), as SD apps store an image's
+    generation parameters; `read_png_text` reads them back."""
     pixels = (np.clip(image, 0, 1) * 255 + 0.5).astype(np.uint8)
     height, width, _ = pixels.shape
     rows = np.concatenate([np.zeros((height, 1), np.uint8), pixels.reshape(height, width * 3)], axis=1)
@@ -43,12 +45,49 @@ def write_png(path: str | Path, image: np.ndarray) -> Path:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(
-        b"IDAT", zlib.compress(rows.tobytes(), 6)
-    )
+    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    for keyword, value in (text or {}).items():
+        body += chunk(*_text_chunk(keyword, value))
+    body += chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
     path = Path(path)
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + body + chunk(b"IEND", b""))
     return path
+
+
+def _text_chunk(keyword: str, value: str) -> tuple[bytes, bytes]:
+    key = keyword.encode("latin-1")
+    if not 1 <= len(key) <= 79 or b"\0" in key:
+        raise ValueError(f"a PNG text keyword is 1 to 79 Latin-1 characters, not {keyword!r}")
+    try:
+        return b"tEXt", key + b"\0" + value.encode("latin-1")
+    except UnicodeEncodeError:  # iTXt: uncompressed, no language tag, no translated keyword
+        return b"iTXt", key + b"\0\0\0\0\0" + value.encode("utf-8")
+
+
+def read_png_text(path: str | Path) -> dict[str, str]:
+    """The text chunks of a PNG (tEXt, iTXt, zTXt): keyword → value; {} when it has none."""
+    data = Path(path).read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ConfigError(f"{path}: not a PNG file", hint="give a PNG that enginefarm or an SD app wrote")
+    found: dict[str, str] = {}
+    pos = 8
+    while pos + 8 <= len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, payload = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        key, _, rest = payload.partition(b"\0")
+        try:
+            if kind == b"tEXt":
+                found[key.decode("latin-1")] = rest.decode("latin-1")
+            elif kind == b"zTXt":
+                found[key.decode("latin-1")] = zlib.decompress(rest[1:]).decode("latin-1")
+            elif kind == b"iTXt":
+                compressed, body = rest[0], rest[2:]
+                body = body.split(b"\0", 2)[2]  # past the language tag and the translated keyword
+                found[key.decode("latin-1")] = (zlib.decompress(body) if compressed else body).decode("utf-8")
+        except (IndexError, UnicodeDecodeError, zlib.error):
+            continue  # a damaged text chunk does not make the image unreadable
+    return found
 
 
 def read_png(path: str | Path) -> np.ndarray:

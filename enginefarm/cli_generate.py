@@ -12,8 +12,8 @@ from enginefarm.cli_options import precision_option, store_option
 
 
 @click.command("generate")
-@click.argument("model")
-@click.argument("prompt")
+@click.argument("model", required=False)
+@click.argument("prompt", required=False)
 @click.option(
     "--assets",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -79,69 +79,115 @@ from enginefarm.cli_options import precision_option, store_option
     help="Keep the loaded components within SIZE (e.g. 12G) or 'auto' (90% of what is available): each is loaded "
     "when a stage needs it and closed when the next would not fit. The image is the same; default: all loaded.",
 )
+@click.option(
+    "--lora",
+    "loras",
+    multiple=True,
+    metavar="FILE[:STRENGTH]",
+    help="A LoRA as model sites ship it (.safetensors), at STRENGTH (default 1). Repeatable.",
+)
+@click.option(
+    "--weights",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A whole-model checkpoint or a UNet file (a fine-tune) applied to the built engines, no rebuild.",
+)
+@click.option(
+    "--vae",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A VAE file (diffusers or the original layout) in place of the model's own.",
+)
+@click.option(
+    "--embedding",
+    "embeddings",
+    multiple=True,
+    metavar="FILE[:WORD]",
+    help="A textual-inversion file; the prompt names it by WORD (default: the file's stem). Repeatable.",
+)
+@click.option(
+    "--again",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PNG",
+    help="Make an image written by `enginefarm generate` again: its stored parameters are the defaults of every "
+    "option not given (MODEL and PROMPT too).",
+)
 @store_option()
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("image.png"), show_default=True)
-def generate_cmd(
-    model,
-    prompt,
-    assets,
-    version,
-    negative_prompt,
-    steps,
-    guidance_scale,
-    seed,
-    width,
-    height,
-    scheduler,
-    init_image,
-    strength,
-    control_image,
-    controlnet_scale,
-    precision,
-    target,
-    device,
-    memory_budget,
-    store,
-    out,
-):
+@click.pass_context
+def generate_cmd(ctx, model, prompt, **opts):
     """Generate an image of PROMPT with MODEL (built by `enginefarm build` from the recipe `enginefarm export`
-    wrote)."""
+    wrote). The PNG holds the parameters it was made with (`--again` reads them)."""
     from enginefarm.diffusion import Pipeline, read_png, write_png
     from enginefarm.diffusion.budget import parse_budget
+    from enginefarm.diffusion.metadata import png_text
 
-    parse_budget(memory_budget, "--memory-budget")  # a mistake is told before anything is fetched
+    from .cli_generate_args import again_defaults, embedding_specs, lora_specs
 
-    image = read_png(init_image) if init_image else None
-    control = read_png(control_image) if control_image else None
+    if opts["again"] is not None:
+        model, prompt, opts = again_defaults(ctx, opts["again"], model, prompt, opts)
+    if model is None or prompt is None:
+        raise click.UsageError("give MODEL and PROMPT (or --again PNG)")
+    parse_budget(opts["memory_budget"], "--memory-budget")  # a mistake is told before anything is fetched
+    loras = lora_specs(opts["loras"])
+    embeddings = embedding_specs(opts["embeddings"])
+
+    out = opts["out"]
+    image = read_png(opts["init_image"]) if opts["init_image"] else None
+    control = read_png(opts["control_image"]) if opts["control_image"] else None
     with RichProgress() as progress:
         pipe = Pipeline.load(
             model,
-            store=store,
-            precision=precision,
-            target=target,
-            device=device,
-            assets=assets,
-            version=version,
+            store=opts["store"],
+            precision=opts["precision"],
+            target=opts["target"],
+            device=opts["device"],
+            assets=opts["assets"],
+            version=opts["version"],
             controlnet=control is not None,
             progress=progress,
-            memory_budget=memory_budget,
+            memory_budget=opts["memory_budget"],
+            weights=opts["weights"],
+            vae=opts["vae"],
+            loras=loras,
+            embeddings=embeddings,
         )
+        call = dict(
+            steps=opts["steps"],
+            guidance_scale=opts["guidance_scale"],
+            width=opts["width"],
+            height=opts["height"],
+            seed=opts["seed"],
+            scheduler=opts["scheduler"],
+        )
+        if image is not None:
+            call["strength"] = opts["strength"]
         result = pipe(
             prompt,
-            negative_prompt,
-            steps=steps,
-            guidance_scale=guidance_scale,
-            width=width,
-            height=height,
-            seed=seed,
-            scheduler=scheduler,
+            opts["negative_prompt"],
             image=image,
-            strength=strength,
             control_image=control,
-            controlnet_conditioning_scale=controlnet_scale,
+            controlnet_conditioning_scale=opts["controlnet_scale"],
             on_step=lambda done, total: progress.work("denoising", done, total),
+            **call,
         )
-    write_png(out, result)
+    record = {
+        "model": model,
+        "version": opts["version"],
+        "prompt": prompt,
+        "negative_prompt": opts["negative_prompt"],
+        **call,
+        "width": result.shape[1],
+        "height": result.shape[0],
+        "precision": opts["precision"],
+        "loras": [[str(f), s] for f, s in loras],
+        "embeddings": [str(e) if isinstance(e, Path) else [str(e[0]), e[1]] for e in embeddings],
+        "weights": str(opts["weights"]) if opts["weights"] else None,
+        "vae": str(opts["vae"]) if opts["vae"] else None,
+        "engines": {name: session.artifact.build_key for name, session in pipe.sessions.items()},
+    }
+    write_png(out, result, png_text({k: v for k, v in record.items() if v not in (None, [])}))
     shown = console()
     times = pipe.timings
     loads = sum(v for k, v in times.items() if k.startswith("load "))

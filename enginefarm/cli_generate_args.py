@@ -1,0 +1,81 @@
+"""`enginefarm generate`'s values that need more than click's types: LoRA and embedding specs as a user types them,
+and `--again`, which takes every option not given from the parameters stored in an earlier image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+from enginefarm.errors import ConfigError
+
+
+def _file_and_rest(spec: str, option: str, what: str) -> tuple[Path, str | None]:
+    """`FILE` or `FILE:REST`; a path that itself holds a colon (C:\\loras\\x.safetensors) is taken whole when it
+    exists."""
+    if Path(spec).is_file():
+        return Path(spec), None
+    head, sep, rest = spec.rpartition(":")
+    if sep and Path(head).is_file():
+        return Path(head), rest
+    raise ConfigError(
+        f"{option} {spec}: no such file", hint=f"give {option} FILE or {option} FILE:{what} with an existing FILE"
+    )
+
+
+def lora_specs(specs: tuple[str, ...]) -> list[tuple[Path, float]]:
+    """--lora FILE[:STRENGTH] → [(file, strength)], strength 1 when left out."""
+    loras = []
+    for spec in specs:
+        path, rest = _file_and_rest(spec, "--lora", "STRENGTH")
+        try:
+            strength = 1.0 if rest is None else float(rest)
+        except ValueError:
+            raise ConfigError(
+                f"--lora {spec}: {rest!r} is not a strength", hint="give --lora FILE:0.8 (a number; default 1)"
+            ) from None
+        loras.append((path, strength))
+    return loras
+
+
+def embedding_specs(specs: tuple[str, ...]) -> list[Path | tuple[Path, str]]:
+    """--embedding FILE[:WORD] → what Pipeline.load's `embeddings` takes."""
+    found: list[Path | tuple[Path, str]] = []
+    for spec in specs:
+        path, word = _file_and_rest(spec, "--embedding", "WORD")
+        found.append(path if not word else (path, word))
+    return found
+
+
+def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> tuple[str, str, dict]:
+    """MODEL, PROMPT and the options, each from the command line where given, else from `png`'s stored
+    parameters (`enginefarm.diffusion.metadata`)."""
+    from enginefarm.diffusion.metadata import read_parameters
+
+    record = read_parameters(png)
+    given = lambda name: ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)  # noqa: E731
+    opts = dict(opts)
+    for key in (
+        "steps",
+        "guidance_scale",
+        "width",
+        "height",
+        "seed",
+        "scheduler",
+        "negative_prompt",
+        "version",
+        "strength",
+    ):
+        if not given(key) and record.get(key) is not None:
+            opts[key] = record[key]
+    if not given("precision") and record.get("precision"):
+        opts["precision"] = record["precision"]
+    if not given("loras") and record.get("loras"):
+        opts["loras"] = tuple(f"{f}:{s}" for f, s in record["loras"])
+    if not given("embeddings") and record.get("embeddings"):
+        opts["embeddings"] = tuple(e if isinstance(e, str) else f"{e[0]}:{e[1]}" for e in record["embeddings"])
+    for key in ("weights", "vae"):
+        if not given(key) and record.get(key):
+            opts[key] = Path(record[key])
+    return model or record.get("model"), prompt or record.get("prompt"), opts

@@ -39,8 +39,10 @@ def denoiser_of(parsed) -> tuple[str, str] | None:
     return None
 
 
-def same_family(parsed, family) -> None:
-    """Raises, in one line naming the file and both families, when the file's denoiser layers are another family's."""
+def same_family(parsed, family, text_width: int | None = None) -> None:
+    """Raises, in one line naming the file and both families, when the file's denoiser layers are another family's.
+    `text_width`: the model's UNet cross-attention width (its config's cross_attention_dim), which tells the UNet
+    families apart: an SDXL LoRA on an SD 1.x model is named as such, not as layers that name no module."""
     found = denoiser_of(parsed)
     if found is None:
         return
@@ -50,6 +52,28 @@ def same_family(parsed, family) -> None:
             f"{parsed.path}: a {kind} LoRA (e.g. {example}); this model is {family.title} ({family.id})",
             hint=f"use a LoRA trained for {family.title}",
         )
+    theirs = cross_attention_width(parsed) if kind == UNET_KIND and text_width else None
+    if theirs is not None and theirs != text_width:
+        named = _UNET_BY_TEXT_WIDTH.get(theirs)
+        what = f"an {named} LoRA" if named else "a LoRA"
+        raise WeightsError(
+            f"{parsed.path}: {what} (its UNet layers read {theirs}-wide text); this model is {family.title}, "
+            f"whose UNet reads {text_width}-wide text",
+            hint=f"use a LoRA trained for {family.title}",
+        )
+
+
+# The real UNets' cross-attention widths (their text encoders' output), which a LoRA's attn2.to_k/to_v layers read.
+_UNET_BY_TEXT_WIDTH = {768: "SD 1.x", 1024: "SD 2.x", 2048: "SDXL", 1280: "SDXL refiner"}
+
+
+def cross_attention_width(parsed) -> int | None:
+    """The text width a UNet LoRA's cross-attention key/value layers read, or None when it has none."""
+    for layer in parsed.layers:
+        dotted = layer.local.replace("_", ".")
+        if layer.part == "unet" and "attn2" in dotted and (dotted.endswith("to.k") or dotted.endswith("to.v")):
+            return layer.out_in()[1]
+    return None
 
 
 def kind_of_component(names) -> str | None:

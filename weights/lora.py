@@ -79,6 +79,7 @@ class LoraFile:
 
 
 _READ: dict[tuple, LoraFile] = {}  # (path, size, mtime) → the file as read: a pipeline's components share one read
+reads = 0  # files parsed in this process (a read served from _READ is not one): what the tests count
 
 
 def read(path: Path) -> LoraFile:
@@ -88,8 +89,10 @@ def read(path: Path) -> LoraFile:
         key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
     except OSError:
         key = None
+    global reads
     if key is not None and key in _READ:
         return _READ[key]
+    reads += 1
     found = _read(Path(path))
     if key is not None:
         if len(_READ) >= 8:
@@ -98,16 +101,17 @@ def read(path: Path) -> LoraFile:
     return found
 
 
-def split(loras, components, family=None) -> tuple[dict[str, list[tuple[Path, float]]], str]:
+def split(loras, components, family=None, text_width=None) -> tuple[dict[str, list[tuple[Path, float]]], str]:
     """A pipeline's LoRAs, [(path, strength)], dealt to its components: component → the files that hold layers
     for it. Also one line naming the layers no component takes ('' when every layer has a taker). A file with
-    nothing for any of them, or for another family's denoiser, is an error."""
+    nothing for any of them, or for another family's denoiser (`text_width`: the UNet's cross-attention width), is
+    an error."""
     dealt: dict[str, list[tuple[Path, float]]] = {}
     left: list[str] = []
     for path, strength in loras:
         parsed = read(path)
         if family is not None:
-            same_family(parsed, family)
+            same_family(parsed, family, text_width)
         taken = 0
         for component in components:
             if mine := parsed.for_component(component) if component in TAKERS else []:

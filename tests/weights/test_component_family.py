@@ -47,3 +47,26 @@ def test_a_flux_file_on_an_sd_unet_is_refused_naming_both_families(built, tiny, 
     cached = _cached(home)
     stock = enginefarm.load(ref, store=str(store), target="onnxruntime:cpu", device="cpu")
     assert "stack" not in stock.artifact.options and _cached(home) == cached and len(cached) <= 1
+
+
+def test_an_sdxl_lora_on_an_sd1_pipeline_is_named_as_such(built, tmp_path):
+    """Both are UNet LoRAs; the width their cross-attention keys read (2048 for SDXL, 768 for SD 1.x) tells them
+    apart before anything loads."""
+    from enginefarm.diffusion import Pipeline
+
+    _, out, store = built("sd1")
+    name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+    rng = np.random.default_rng(0)
+    tensors = {
+        **lora_pair(
+            rng, "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k", 640, 2048, 4, scale=0.1
+        ),
+        **lora_pair(rng, "lora_te2_text_model_encoder_layers_0_self_attn_q_proj", 1280, 1280, 4, scale=0.1),
+    }
+    lora = write_safetensors(tmp_path / "sdxl-style.safetensors", tensors)
+    with pytest.raises(WeightsError) as caught:
+        Pipeline.load(name, store=str(store), device="cpu", assets=out / "assets", loras=[(lora, 0.7)])
+    message = str(caught.value)
+    assert "\n" not in message and str(lora) in message, message
+    assert "an SDXL LoRA (its UNet layers read 2048-wide text); this model is Stable Diffusion 1.x" in message
+    assert caught.value.hint == "use a LoRA trained for Stable Diffusion 1.x"

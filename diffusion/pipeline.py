@@ -18,9 +18,8 @@ import numpy as np
 
 from enginefarm.errors import ConfigError, SessionClosed
 
-from . import flux, transformer_step
+from . import batch, flux, transformer_step
 from .assets import ModelAssets
-from .denoiser import BoundDenoiser
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
 from .prompts import PromptEncoder, TextConditioning
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
+PreviewCallback = Callable[[int, np.ndarray], None]  # (steps done, the predicted image(s): see Pipeline.__call__)
 
 
 class Pipeline:
@@ -60,6 +60,9 @@ class Pipeline:
         self.bind_steps = (
             True  # the step loop's fixed inputs bound once (diffusion/denoiser.py); False: Session.run each step
         )
+        self.denoiser_batch: int | None = None  # most rows per denoiser call; None: its engine profile's max batch
+        # on_preview's decoder: model-space latents [N, C, h, w] → [N, H, W, 3] in [0, 1]; None: the linear map
+        self.preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None
         self._load_timings: dict[str, float] = {}
         self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
 
@@ -255,6 +258,8 @@ class Pipeline:
         on_step: StepCallback | None = None,
         step_noise: list[np.ndarray] | None = None,
         max_sequence_length: int | None = None,
+        num_images_per_prompt: int = 1,
+        on_preview: PreviewCallback | None = None,
     ) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
@@ -267,7 +272,21 @@ class Pipeline:
         output size, no crop); aesthetic scores: the refiner's. step_noise: the fresh noise of each ancestral step
         (default drawn from `seed`), for reproducing another implementation's run. max_sequence_length: the T5 token
         count of the transformer families (diffusers' argument; default the export's: SD3 and schnell 256, Flux dev
-        and Chroma 512), within what the engines were built for (`enginefarm export --text-length`)."""
+        and Chroma 512), within what the engines were built for (`enginefarm export --text-length`).
+
+        num_images_per_prompt=N: N images of the prompt, [N, H, W, 3] (latents [N, C, H/f, W/f]); one image stays
+        [H, W, 3]. Image i is the image of a one-image call with seed + i: its start noise is drawn from
+        `default_rng(seed + i)` and an ancestral scheduler's fresh noise from `default_rng([seed + i, 1])`, the
+        streams a one-image call uses. `latents` may be [N, C, H/f, W/f] (or [1, ...]: one noise for every image);
+        `step_noise[k]` is then [N, C, H/f, W/f]; an image= is used for every image. The denoiser runs the batch (2N
+        rows under classifier-free guidance) in calls of at most its engine profile's max batch (or
+        `pipe.denoiser_batch`, when set lower); the VAE decodes image by image.
+
+        on_preview(step, preview): called after each step's model call with the image the step predicts (the
+        scheduler's predicted clean latent where it gives one, else the latent itself), mapped to RGB by the family's
+        linear latent-to-RGB factors (`enginefarm.diffusion.preview`): float [h, w, 3] in [0, 1] at the latent's
+        resolution (H/f × W/f; `np.repeat` it f times on both axes for full size), [N, h, w, 3] for a batch.
+        `pipe.preview_decoder`, when set, replaces the linear map."""
         from .schedulers import make_scheduler
 
         if self.closed:
@@ -293,8 +312,10 @@ class Pipeline:
                 f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}"
             )
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
-        rng = np.random.default_rng(seed)
-        sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=np.random.default_rng([seed, 1]))
+        count = batch.check_count(num_images_per_prompt)
+        seeds = batch.seeds_for(seed, count)
+        rng = batch.SeedNoise(seeds)  # image i's start noise: default_rng(seed + i), a one-image call's stream
+        sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=batch.SeedNoise(seeds, 1))
         if self.transformer:
             transformer_step.check_scheduler(sched)
         default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
@@ -310,7 +331,7 @@ class Pipeline:
         )
         timings["text"] = time.perf_counter() - start
 
-        shape = (1, self.latent_channels, height // factor, width // factor)
+        shape = (count, self.latent_channels, height // factor, width // factor)
         noise = self._noise(latents, shape, rng)
         if self.transformer:
             if flux.is_flux_like(self.family):
@@ -323,7 +344,8 @@ class Pipeline:
             sched.set_timesteps(steps, strength if image is not None else 1.0)
         if image is not None:  # set_timesteps refused a strength that leaves no step
             start = time.perf_counter()
-            x = sched.add_noise(self._encode_image(image, height, width), noise, sched.timesteps[0])
+            encoded = batch.per_image(self._encode_image(image, height, width), count)
+            x = sched.add_noise(encoded, noise, sched.timesteps[0])
             timings["encode image"] = time.perf_counter() - start
         else:
             x = (noise * np.float32(sched.init_noise_sigma)).astype(np.float32)
@@ -339,14 +361,17 @@ class Pipeline:
             text,
             use_guidance,
         )
+        extra = {name: batch.per_image(value, count) for name, value in extra.items()}  # [negative × N, positive × N]
+        text = batch.per_image_text(text, count)
+        control = batch.per_image(control, count)
         if control is not None and use_guidance:
             control = np.concatenate([control, control])
 
         start = time.perf_counter()
         self._stage(self._denoisers())
         total = len(sched.timesteps)
-        with BoundDenoiser(
-            self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps
+        with batch.ChunkedDenoiser(
+            self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps, self._denoiser_rows()
         ) as denoiser:
             x = self._denoise_loop(
                 sched,
@@ -360,8 +385,10 @@ class Pipeline:
                 denoiser,
                 step_noise,
                 on_step,
+                on_preview,
+                timings,
             )
-        timings["denoise"] = time.perf_counter() - start
+        timings["denoise"] = time.perf_counter() - start - timings.get("preview", 0.0)
         timings["steps"] = total
         self.timings = {**self._load_timings, **timings}
         if output_type == "latent":
@@ -370,9 +397,10 @@ class Pipeline:
         latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(
             np.float32
         )
-        decoded = self._vae("vae_decoder", "latent_sample", "sample", latent)
+        # image by image (diffusers' VAE slicing): the decoder's memory and profile are those of one image
+        images = [to_image(self._vae("vae_decoder", "latent_sample", "sample", one)) for one in np.split(latent, count)]
         self.timings["decode"] = time.perf_counter() - start
-        return to_image(decoded)
+        return images[0] if count == 1 else np.stack(images)
 
     def _denoise_loop(
         self,
@@ -387,6 +415,8 @@ class Pipeline:
         denoiser,
         step_noise,
         on_step,
+        on_preview=None,
+        timings=None,
     ) -> np.ndarray:
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
@@ -406,12 +436,25 @@ class Pipeline:
                     "encoder_hidden_states": text.hidden,
                     **extra,
                 }
-                predicted = (
-                    denoiser(feeds) if control is None else self._denoise(feeds, control, controlnet_conditioning_scale)
-                )
-            if use_guidance:
-                uncond, cond = predicted[:1], predicted[1:]
+                if control is None:
+                    predicted = denoiser(feeds)
+                else:  # the control image is cut into chunks with the rows it conditions
+                    predicted = denoiser(
+                        {**feeds, "controlnet_cond": control},
+                        run=lambda part: self._denoise(
+                            {n: v for n, v in part.items() if n != "controlnet_cond"},
+                            part["controlnet_cond"],
+                            controlnet_conditioning_scale,
+                        ),
+                    )
+            if use_guidance:  # rows are [negative × N, positive × N]
+                uncond, cond = np.split(predicted, 2)
                 predicted = uncond + np.float32(guidance) * (cond - uncond)
+            if on_preview is not None:
+                started = time.perf_counter()
+                on_preview(done, self._preview(sched, predicted, x))
+                if timings is not None:
+                    timings["preview"] = timings.get("preview", 0.0) + time.perf_counter() - started
             x = sched.step(predicted, t, x, None if step_noise is None else step_noise[done - 1]).astype(np.float32)
             if on_step is not None:
                 on_step(done, total)
@@ -435,12 +478,34 @@ class Pipeline:
         if latents is None:
             return rng.standard_normal(shape).astype(np.float32)
         latents = np.asarray(latents, dtype=np.float32)
+        if latents.shape[0] == 1 and latents.shape[1:] == shape[1:]:
+            return np.repeat(latents, shape[0], axis=0)  # one noise for every image of the batch
         if latents.shape != shape:
             raise ConfigError(
-                f"latents have shape {list(latents.shape)}, this image needs {list(shape)}",
-                hint="latents are [1, channels, height / f, width / f] for an image of height × width",
+                f"latents have shape {list(latents.shape)}, this call needs {list(shape)}",
+                hint="latents are [images, channels, height / f, width / f] for images of height × width",
             )
         return latents
+
+    def _denoiser_rows(self) -> int | None:
+        """The most rows one denoiser call takes: its engines' profile, or `denoiser_batch` where that is lower."""
+        rows = batch.row_limit([self.sessions[name] for name in self._denoisers() if name in self.sessions])
+        if self.denoiser_batch is not None:
+            rows = self.denoiser_batch if rows is None else min(rows, self.denoiser_batch)
+        return rows
+
+    def _preview(self, sched, predicted: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """on_preview's image of this step: the predicted clean latent (else x) through the preview decoder."""
+        from . import preview
+
+        denoised = sched.denoised(predicted, x)
+        latent = x if denoised is None else denoised
+        if self.preview_decoder is not None:
+            images = self.preview_decoder(latent)
+        else:
+            factors, bias = preview.latent_rgb(self.family.vae_scaling_factor, latent.shape[1])
+            images = preview.linear_preview(latent, factors, bias)
+        return images[0] if images.shape[0] == 1 else images
 
     def _control(self, control_image: np.ndarray | None, height: int, width: int) -> np.ndarray | None:
         if self.controlnet is None:

@@ -108,6 +108,11 @@ class Scheduler:
         """`original` noised to timestep `t`: img2img's start latent."""
         raise NotImplementedError
 
+    def denoised(self, model_output: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+        """The clean latent that this step's model output predicts from `x` (call it before `step`), for previews;
+        None where the scheduler cannot say."""
+        return None
+
     # -- for subclasses
 
     def _schedule(self, steps: int, strength: float) -> tuple[np.ndarray, int]:
@@ -168,6 +173,12 @@ class AlphaScheduler(Scheduler):
     def add_noise(self, original: np.ndarray, noise: np.ndarray, t: float) -> np.ndarray:
         a = self.alphas_cumprod[int(np.asarray(t).reshape(-1)[0])]
         return (a**0.5 * np.asarray(original, F32) + (1 - a) ** 0.5 * np.asarray(noise, F32)).astype(F32)
+
+    def denoised(self, model_output, x):
+        from .ddim import predict_x0_eps
+
+        t = int(self._all_timesteps[min(self._index, len(self._all_timesteps) - 1)])
+        return predict_x0_eps(self.config.prediction_type, np.asarray(model_output, F32), x, self.alphas_cumprod[t])[0]
 
     def _alpha_prev(self, t_prev: int) -> np.float32:
         return self.alphas_cumprod[t_prev] if t_prev >= 0 else self.final_alpha_cumprod

@@ -58,6 +58,9 @@ class SigmaScheduler(Scheduler):
             return model_output * (-sigma / (sigma**2 + 1) ** 0.5) + x / (sigma**2 + 1)
         return model_output
 
+    def denoised(self, model_output, x):
+        return self._x0(np.asarray(model_output, F32), x, self.sigmas[self._index])
+
 
 class EulerDiscreteScheduler(SigmaScheduler):
     name = "EulerDiscreteScheduler"

@@ -101,6 +101,10 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         sigma, sigma_next = self.sigmas[self._index], self.sigmas[self._index + 1]
         return (x + (sigma_next - sigma) * model_output).astype(F32)
 
+    def denoised(self, model_output, x):
+        # x_sigma = (1 - sigma) x0 + sigma noise and the model predicts noise - x0
+        return (x - self.sigmas[self._index] * np.asarray(model_output, F32)).astype(F32)
+
 
 def dynamic_shift_mu(config, image_seq_len: int) -> float:
     """Flux's `calculate_shift`: mu grows linearly with the latent's token count, from base_shift at

@@ -26,6 +26,7 @@ from .errors import (
     SessionClosed,
     StoreError,
     TrustError,
+    UnknownModelError,
     WeightsError,
 )
 
@@ -53,6 +54,7 @@ def load(
     channel: str | None = None,
     trusted_root: str | Path | None = None,
     version: str | None = None,
+    tiling: str | None = None,
 ) -> Session:
     """The best artifact of `ref` ("model/component") for this device, verified and loaded; close it (or use it in a
     `with` block) to give its memory back.
@@ -65,8 +67,10 @@ def load(
     trusted_root=PATH (the channel's root.json, shipped with the app): load only what the maintainers released and
     signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT). version: the model version to serve
     (default the newest usable here). settings: overrides the environment's (`enginefarm.settings.load_settings`).
+    tiling: "x", "y" or "xy": the artifact's seamless variant (every 2D convolution padding circularly in those axes),
+    derived on this device at the first such load and cached.
     """
-    if weights is None and not loras and channel is None and trusted_root is None:
+    if weights is None and not loras and channel is None and trusted_root is None and tiling is None:
         from enginefarm.runner import warm  # a warm start: the pick made last time, if nothing it read has changed
         from enginefarm.settings import load_settings
 
@@ -92,6 +96,7 @@ def load(
         channel=channel,
         trusted_root=trusted_root,
         version=version,
+        tiling=tiling,
     )
 
 
@@ -121,6 +126,7 @@ __all__ = [
     "SessionClosed",
     "StoreError",
     "TrustError",
+    "UnknownModelError",
     "WeightsError",
     "__version__",
     "load",

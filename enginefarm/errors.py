@@ -65,6 +65,12 @@ class ArtifactNotFoundError(EnginefarmError, FileNotFoundError):
     """No stored artifact matches what was asked."""
 
 
+class UnknownModelError(ArtifactNotFoundError):
+    """The store holds no model of that name at all (the message lists the names it holds)."""
+
+    closest: str | None = None  # the stored name nearest to the one asked for, if any is near
+
+
 class IntegrityError(EnginefarmError):
     """Bytes do not hash to what the manifest says: tampered, truncated or corrupt."""
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from enginefarm.cache.manifest import target_matches
 from enginefarm.cache.versions import by_age
-from enginefarm.errors import ArtifactNotFoundError, DiskFullError
+from enginefarm.errors import ArtifactNotFoundError, DiskFullError, UnknownModelError
 
 if TYPE_CHECKING:
     from enginefarm.cache.trust.client import ChannelClient
@@ -42,6 +42,10 @@ def not_found(ref: str, found: Lookup, failures: list[str]) -> Exception:
             f"no artifact of {ref} in {where} is for --target {', '.join(found.selectors)}: there are {have}",
             hint="leave --target out to let the best one be picked, or name one of those",
         )
+    if not candidates and not failures and found.store is not None and found.release is None:
+        unknown = _unknown_model(ref, found.store)
+        if unknown is not None:
+            return unknown
     unusable = [c for c in candidates if c.reason]
     rejected = [f"{c.entry.label}: {c.reason}" for c in unusable]
     reasons = failures or rejected
@@ -97,4 +101,30 @@ def _yanked(ref: str, found: Lookup, release: ChannelClient) -> Exception | None
     return ArtifactNotFoundError(
         f"{ref} was yanked from channel {release.channel}: {what}; {rest}",
         hint="its maintainers withdrew it; wait for a new release, or load from another channel",
+    )
+
+
+def _unknown_model(ref: str, store) -> Exception | None:
+    """ "No model of that name", with the names the store holds and the closest one, when the model is not in the
+    store at all (a typo is the likely cause, not a missing build); None when it is, or the store cannot list."""
+    import difflib
+
+    from enginefarm.errors import StoreError
+
+    model, _, component = ref.partition("/")
+    try:
+        models = sorted(store.list_models())
+    except (StoreError, OSError, NotImplementedError):
+        return None
+    if model in models:
+        return None
+    if not models:
+        return None  # an empty store: nothing built yet, which the general message says
+    close = difflib.get_close_matches(model, models, n=1, cutoff=0.6)
+    shown = ", ".join(models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
+    hint = f"did you mean {close[0]}{'/' + component if component else ''}?" if close else "use one of those names"
+    return UnknownModelError(
+        f"no model {model!r} in the store {store.url}; it holds {shown}",
+        hint=hint,
+        closest=close[0] if close else None,
     )

@@ -133,3 +133,23 @@ w = [8, 16, 32]
     assert proc.returncode == 1 and proc.stderr.startswith("error: strided/c: the model cannot run inputs of shape"), (
         proc.stderr
     )
+
+
+def test_a_mistyped_model_name_lists_what_the_store_holds(cli, tmp_path, tiny_recipe):
+    """A typo is not 'nothing built': the error names the models the store holds and the closest one, for
+    `enginefarm run` and for a pipeline alike."""
+    import pytest
+
+    from enginefarm.diffusion import Pipeline
+    from enginefarm.errors import UnknownModelError
+
+    cli("build", str(tiny_recipe()), "--no-bench", check=True)
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 8), np.float32))
+    proc = cli("run", "tiny-sdd/decoder", "--input", str(tmp_path / "in.npz"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    error, hint = proc.stderr.splitlines()[-2:]
+    assert error.startswith("error: no model 'tiny-sdd' in the store ") and error.endswith("; it holds tiny-sd"), error
+    assert hint == "hint: did you mean tiny-sd/decoder?", hint
+    with pytest.raises(UnknownModelError) as raised:
+        Pipeline.load("tiny-sdd", device="cpu")
+    assert raised.value.hint == "did you mean tiny-sd?"

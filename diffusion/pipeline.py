@@ -18,7 +18,7 @@ import numpy as np
 
 from enginefarm.errors import ConfigError, SessionClosed
 
-from . import batch, flux, transformer_step
+from . import batch, flux, inpaint, transformer_step
 from .assets import ModelAssets
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
@@ -208,7 +208,7 @@ class Pipeline:
     def _denoisers(self) -> list[str]:
         """The denoising stage's components: the UNet (and ControlNet) or the transformer."""
         names = _components(self.assets, self.controlnet is not None)
-        return [n for n in names[:-1] if n not in self.family.text_encoders]
+        return [n for n in names[:-1] if n not in self.family.text_encoders and not n.startswith("vae")]
 
     def _stage(self, components) -> None:
         """Make a stage's components loaded: within the memory budget if there is one, else on first use."""
@@ -246,7 +246,8 @@ class Pipeline:
         latents: np.ndarray | None = None,
         scheduler: str | None = None,
         image: np.ndarray | None = None,
-        strength: float = 0.8,
+        mask_image: np.ndarray | None = None,
+        strength: float | None = None,
         control_image: np.ndarray | None = None,
         controlnet_conditioning_scale: float = 1.0,
         original_size: tuple[int, int] | None = None,
@@ -286,7 +287,13 @@ class Pipeline:
         scheduler's predicted clean latent where it gives one, else the latent itself), mapped to RGB by the family's
         linear latent-to-RGB factors (`enginefarm.diffusion.preview`): float [h, w, 3] in [0, 1] at the latent's
         resolution (H/f × W/f; `np.repeat` it f times on both axes for full size), [N, h, w, 3] for a batch.
-        `pipe.preview_decoder`, when set, replaces the linear map."""
+        `pipe.preview_decoder`, when set, replaces the linear map.
+
+        image + mask_image: inpainting, as diffusers' StableDiffusion(XL)InpaintPipeline (`diffusion/inpaint.py`):
+        mask_image float [H, W] in [0, 1] at the image's size, 1 = repaint (binarized at 0.5). An inpainting model
+        (9-channel UNet) sees the mask and the masked image; any other UNet model keeps the unmasked region by
+        blending the image, re-noised, back in after each step. strength: default 0.8 for image to image, 1.0 for
+        inpainting (SDXL families: 0.9999, diffusers' default); `latents` is the start noise, as for image to image."""
         from .schedulers import make_scheduler
 
         if self.closed:
@@ -312,6 +319,8 @@ class Pipeline:
                 f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}"
             )
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
+        mask = inpaint.check_mask(self.family, image, mask_image, height, width)
+        strength = inpaint.default_strength(self.family, strength, mask is not None)
         count = batch.check_count(num_images_per_prompt)
         seeds = batch.seeds_for(seed, count)
         rng = batch.SeedNoise(seeds)  # image i's start noise: default_rng(seed + i), a one-image call's stream
@@ -342,7 +351,14 @@ class Pipeline:
                 )
         else:
             sched.set_timesteps(steps, strength if image is not None else 1.0)
-        if image is not None:  # set_timesteps refused a strength that leaves no step
+        painter = None
+        if mask is not None:
+            start = time.perf_counter()
+            encode = lambda pixels: self._encode_image(pixels, height, width)  # noqa: E731
+            painter = inpaint.Inpainting.prepare(self.family, encode, image, mask, factor, strength, noise)
+            x = painter.start(sched, strength)
+            timings["encode image"] = time.perf_counter() - start
+        elif image is not None:  # set_timesteps refused a strength that leaves no step
             start = time.perf_counter()
             encoded = batch.per_image(self._encode_image(image, height, width), count)
             x = sched.add_noise(encoded, noise, sched.timesteps[0])
@@ -387,6 +403,7 @@ class Pipeline:
                 on_step,
                 on_preview,
                 timings,
+                inpainting=painter,
             )
         timings["denoise"] = time.perf_counter() - start - timings.get("preview", 0.0)
         timings["steps"] = total
@@ -417,11 +434,14 @@ class Pipeline:
         on_step,
         on_preview=None,
         timings=None,
+        inpainting: inpaint.Inpainting | None = None,
     ) -> np.ndarray:
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
             x_in = np.concatenate([x, x]) if use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
+            if inpainting is not None:  # an inpainting UNet's mask and masked image beside the latents
+                x_in = inpainting.model_input(x_in)
             if self.transformer:
                 feeds = (
                     flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance)
@@ -456,6 +476,8 @@ class Pipeline:
                 if timings is not None:
                     timings["preview"] = timings.get("preview", 0.0) + time.perf_counter() - started
             x = sched.step(predicted, t, x, None if step_noise is None else step_noise[done - 1]).astype(np.float32)
+            if inpainting is not None:  # any other UNet: the known region is the image, noised to the next step
+                x = inpainting.blend(sched, x, done - 1)
             if on_step is not None:
                 on_step(done, total)
         return x
@@ -626,4 +648,5 @@ def _components(assets: ModelAssets, controlnet: bool) -> list[str]:
         names += ["controlnet", "unet_controlnet"]
     else:
         names.append("unet")
-    return names + ["vae_decoder"]  # the VAE encoder loads at the first image-to-image call
+    # The VAE encoder loads at the first image-to-image call; an inpainting model's every call needs it.
+    return names + (["vae_encoder"] if family.inpainting else []) + ["vae_decoder"]

@@ -184,7 +184,9 @@ def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
     return Sizes(
         text_widths=widths,
         cross_attention_dim=cross,
-        latent_channels=int(denoiser.get("in_channels", 4)),
+        # An inpainting UNet takes 9 channels (latents, mask, masked-image latents) and predicts the latent's 4.
+        latent_channels=int(denoiser.get("out_channels", denoiser.get("in_channels", 4))),
+        sample_channels=int(denoiser.get("in_channels", 4)) if family.inpainting else 0,
         pooled_width=pooled,
         residuals=residuals,
         mid_residual=mid,

@@ -10,6 +10,8 @@ from .table import FAMILIES
 _HINT = f"known families: {', '.join(FAMILIES)}"
 # SD 1.x and 2.x share a pipeline class; their UNets differ in the text width they attend to.
 _SD_BY_TEXT_WIDTH = {768: "sd1", 1024: "sd2"}
+_SD_PIPELINES = ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline", "StableDiffusionInpaintPipeline")
+_INPAINT_CHANNELS = 9  # latents, mask, masked-image latents
 
 
 def family(family_id: str) -> Family:
@@ -40,15 +42,18 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
     if cls == "ControlNetModel":
         return with_controlnet(_controlnet_base(model_index))
     unet = configs.get("unet", {})
-    if unet.get("in_channels", 4) != 4:
+    channels = unet.get("in_channels", 4)
+    if channels == _INPAINT_CHANNELS:
+        return _inpainting(cls, unet, configs.get("scheduler", {}))
+    if channels != 4:
         raise ConfigError(
-            f"{cls} with a {unet['in_channels']}-channel UNet (an inpainting or depth model) is not a supported "
+            f"{cls} with a {channels}-channel UNet (a depth or other image-conditioned model) is not a supported "
             "family yet",
-            hint=_HINT,
+            hint=f"{_HINT}; UNets with 4 channels, or 9 (inpainting)",
         )
-    if cls in ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"):
+    if cls in _SD_PIPELINES:
         return _sd(unet, configs.get("scheduler", {}))
-    if cls == "StableDiffusionXLPipeline":
+    if cls in ("StableDiffusionXLPipeline", "StableDiffusionXLInpaintPipeline"):
         return FAMILIES["sdxl"]
     if cls == "StableDiffusionXLImg2ImgPipeline":
         # The refiner is saved as the img2img pipeline without the first text encoder, conditioned on aesthetics.
@@ -71,6 +76,19 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
     raise ConfigError(
         f"unknown model family: model_index.json's _class_name is {cls!r}",
         hint=f"supported pipelines: {', '.join(sorted({p for f in FAMILIES.values() for p in f.pipelines}))}",
+    )
+
+
+def _inpainting(cls: str, unet: dict, scheduler: dict) -> Family:
+    """The inpainting family of a 9-channel UNet, saved as an inpaint pipeline or (some fine-tunes) a plain one."""
+    if cls in _SD_PIPELINES:
+        base = _sd(unet, scheduler).id
+        return FAMILIES["sd1-inpaint" if base == "sd1" else "sd2-inpaint"]  # the scheduler config says v or epsilon
+    if cls in ("StableDiffusionXLPipeline", "StableDiffusionXLInpaintPipeline"):
+        return FAMILIES["sdxl-inpaint"]
+    raise ConfigError(
+        f"{cls} with a 9-channel (inpainting) UNet is not a supported family",
+        hint="an inpainting UNet is supported in StableDiffusion(XL)InpaintPipeline or StableDiffusion(XL)Pipeline",
     )
 
 

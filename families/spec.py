@@ -52,6 +52,9 @@ class Sizes:
     text_widths: tuple[int, ...]
     cross_attention_dim: int
     latent_channels: int = 4
+    # The UNet's `sample` channels where they differ from the latent's (inpainting: latents, mask and masked-image
+    # latents, 4 + 1 + 4 = 9); 0: the latent's.
+    sample_channels: int = 0
     pooled_width: int = 0
     residuals: tuple[tuple[int, int], ...] = ()
     mid_residual: tuple[int, int] = (0, 0)
@@ -83,6 +86,8 @@ class Sizes:
             return self.projection_widths[component.text_index]
         if name == "latent_moments":  # the VAE encoder's mean and log-variance, stacked on the channel axis
             return 2 * self.latent_channels
+        if name == "sample_channels":
+            return self.sample_channels or self.latent_channels
         return getattr(self, name)
 
     def text_length(self, component: Component) -> int:
@@ -250,6 +255,11 @@ class Family:
         """(min, opt, max) latent pixels of the recipe profiles: the pixel range and the native size, over 8."""
         low, high = self.pixel_range
         return low // self.vae_scale_factor, self.native_pixels // self.vae_scale_factor, high // self.vae_scale_factor
+
+    @property
+    def inpainting(self) -> bool:
+        """An inpainting family: its UNet takes the mask and the masked image's latents beside the latents."""
+        return any(c.kind == "unet" and c.inputs[0].shape[1] == "sample_channels" for c in self.components)
 
     @property
     def is_controlnet(self) -> bool:

@@ -14,6 +14,8 @@ from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlne
 F32, I64 = "float32", "int64"
 ADDED_EMBEDS = "added_embeds"  # the text encoders' rows for added tokens (textual inversion)
 LATENT = ("batch", "latent_channels", "height", "width")
+# An inpainting UNet's sample: the latents, the mask and the masked image's latents on the channel axis.
+INPAINT_SAMPLE = ("batch", "sample_channels", "height", "width")
 IMAGE = ("batch", 3, "image_height", "image_width")
 
 # Validation ranges shared by the denoisers: scaled latents of unit spread, any training timestep, text states.
@@ -55,9 +57,9 @@ def _clip_penultimate(name: str, index: int, pooled: bool) -> Component:
     return _text_encoder(name, index, outputs)
 
 
-def _denoiser_inputs(time_ids: int) -> tuple[Tensor, ...]:
+def _denoiser_inputs(time_ids: int, sample: tuple[str, ...] = LATENT) -> tuple[Tensor, ...]:
     inputs: tuple[Tensor, ...] = (
-        Tensor("sample", F32, LATENT),
+        Tensor("sample", F32, sample),
         Tensor("timestep", F32, ("batch",)),
         Tensor("encoder_hidden_states", F32, ("batch", TOKENS, "cross_attention_dim")),
     )
@@ -66,14 +68,14 @@ def _denoiser_inputs(time_ids: int) -> tuple[Tensor, ...]:
     return inputs
 
 
-def _unet(time_ids: int, *, controlnet: bool = False) -> Component:
+def _unet(time_ids: int, *, controlnet: bool = False, inpaint: bool = False) -> Component:
     """`unet_controlnet` is the same UNet taking the ControlNet's residuals: a second export, so the plain UNet
-    stays as fast as a model without ControlNet."""
+    stays as fast as a model without ControlNet. `inpaint`: the sample has the inpainting UNet's 9 channels."""
     return Component(
         "unet_controlnet" if controlnet else "unet",
         "unet_controlnet" if controlnet else "unet",
         "unet",
-        _denoiser_inputs(time_ids),
+        _denoiser_inputs(time_ids, INPAINT_SAMPLE if inpaint else LATENT),
         (Tensor("out_sample", F32, LATENT),),
         residuals="inputs" if controlnet else None,
         value_ranges=_DENOISER_RANGES,
@@ -308,6 +310,29 @@ CONTROLNET_SDXL = Family(
     controlnet="sdxl",
 )
 
+# Inpainting models (SD 1.5, SD 2 and SDXL inpainting): the base family's UNet with 9 input channels (the latents,
+# the mask at latent size and the masked image's latents), saved as the inpaint pipelines or, by some fine-tunes, as
+# the plain ones (detect.py tells them apart by the UNet's in_channels). The VAE encoder is part of every call.
+_INPAINT_CHANNELS = 9
+
+
+def _inpainting(base: Family, family_id: str, title: str, pipeline: str) -> Family:
+    components = tuple(_unet(base.time_ids, inpaint=True) if c.kind == "unet" else c for c in base.components)
+    return replace(
+        base,
+        id=family_id,
+        title=title,
+        pipelines=(pipeline,),
+        components=components,
+        sizes=replace(base.sizes, sample_channels=_INPAINT_CHANNELS, residuals=(), mid_residual=(0, 0)),
+        controlnet=None,
+    )
+
+
+SD1_INPAINT = _inpainting(SD1, "sd1-inpaint", "Stable Diffusion 1.x inpainting", "StableDiffusionInpaintPipeline")
+SD2_INPAINT = _inpainting(SD2, "sd2-inpaint", "Stable Diffusion 2.x inpainting", "StableDiffusionInpaintPipeline")
+SDXL_INPAINT = _inpainting(SDXL, "sdxl-inpaint", "Stable Diffusion XL inpainting", "StableDiffusionXLInpaintPipeline")
+
 # SD3 and SD3.5 share the pipeline class and the transformer class; 3.5 adds RMS-normalized attention (qk_norm) and,
 # in Medium, dual attention layers. Their ONNX contracts are the same: two entries so a model says what it is.
 _SD3_TEXT = JointText(
@@ -529,6 +554,9 @@ FAMILIES: dict[str, Family] = {
         SDXL_REFINER,
         CONTROLNET_SD1,
         CONTROLNET_SDXL,
+        SD1_INPAINT,
+        SD2_INPAINT,
+        SDXL_INPAINT,
         SD3,
         SD3_5,
         FLUX,

@@ -316,6 +316,10 @@ FAMILY_BUILDS = {
     "sdxl-refiner": NARROW_BUILD,
     "controlnet-sd1": NARROW_BUILD,
     "controlnet-sdxl": NARROW_BUILD,
+    # inpainting models (9-channel UNet; every call encodes with the VAE): SD 1.x on both backends and precisions,
+    # SDXL (the same UNet contract with its added conditioning) on ONNX Runtime fp32
+    "sd1-inpaint": (),
+    "sdxl-inpaint": NARROW_BUILD,
     "sd3": _SD3_TXT2IMG,
     "sd3.5": NARROW_BUILD,
     # Flux dev: text to image on both backends and precisions; Chroma (the same transformer with a mask and

@@ -28,6 +28,8 @@ FAMILIES = (
     "sdxl-refiner",
     "controlnet-sd1",
     "controlnet-sdxl",
+    "sd1-inpaint",
+    "sdxl-inpaint",
     "sd3",
     "sd3.5",
     *FLUX_FAMILIES,
@@ -82,8 +84,9 @@ def _text_config(hidden: int, *, projection: int | None = None, pad_token: str =
     )
 
 
-def _unet(torch, *, cross_attention_dim: int, text_time: tuple[int, int] | None = None):
-    """text_time: (time ids, pooled text width) for SDXL's added conditioning."""
+def _unet(torch, *, cross_attention_dim: int, text_time: tuple[int, int] | None = None, in_channels: int = 4):
+    """text_time: (time ids, pooled text width) for SDXL's added conditioning; in_channels 9: an inpainting UNet
+    (latents, mask, masked-image latents)."""
     from diffusers import UNet2DConditionModel
 
     extra = {}
@@ -100,7 +103,7 @@ def _unet(torch, *, cross_attention_dim: int, text_time: tuple[int, int] | None 
     return UNet2DConditionModel(
         **{
             "sample_size": SAMPLE_SIZE,
-            "in_channels": 4,
+            "in_channels": in_channels,
             "out_channels": 4,
             "layers_per_block": 1,
             "block_out_channels": (32, 64),
@@ -170,9 +173,11 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
     import torch
     from diffusers import (
         StableDiffusionControlNetPipeline,
+        StableDiffusionInpaintPipeline,
         StableDiffusionPipeline,
         StableDiffusionXLControlNetPipeline,
         StableDiffusionXLImg2ImgPipeline,
+        StableDiffusionXLInpaintPipeline,
         StableDiffusionXLPipeline,
     )
     from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
@@ -186,7 +191,8 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
     folder = Path(folder)
     tokens = folder.parent / f".{folder.name}-tokenizers"
     torch.manual_seed(seed)
-    xl = family in ("sdxl", "sdxl-refiner", "controlnet-sdxl")
+    xl = family in ("sdxl", "sdxl-refiner", "controlnet-sdxl", "sdxl-inpaint")
+    in_channels = 9 if family.endswith("-inpaint") else 4
     vae = _vae(0.13025 if xl else 0.18215)
     scheduler = _scheduler(family)
     if not xl:
@@ -194,7 +200,7 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
         pad = "!" if family.startswith("sd2") else "<|endoftext|>"
         tokenizer = CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer", pad_token=pad))
         text_encoder = CLIPTextModel(_text_config(width, pad_token=pad)).eval()
-        unet = _unet(torch, cross_attention_dim=width)
+        unet = _unet(torch, cross_attention_dim=width, in_channels=in_channels)
         parts = dict(
             vae=vae,
             text_encoder=text_encoder,
@@ -207,6 +213,8 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
         )
         if family == "controlnet-sd1":
             pipeline = StableDiffusionControlNetPipeline(**parts, controlnet=_controlnet(torch, unet, seed))
+        elif family == "sd1-inpaint":
+            pipeline = StableDiffusionInpaintPipeline(**parts)
         else:
             pipeline = StableDiffusionPipeline(**parts)
     else:
@@ -228,7 +236,7 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
         else:
             tokenizer = CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer"))
             text_encoder = CLIPTextModel(_text_config(32)).eval()
-            unet = _unet(torch, cross_attention_dim=64, text_time=(6, 32))
+            unet = _unet(torch, cross_attention_dim=64, text_time=(6, 32), in_channels=in_channels)
             parts = dict(
                 vae=vae,
                 text_encoder=text_encoder,
@@ -240,6 +248,8 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
             )
             if family == "controlnet-sdxl":
                 pipeline = StableDiffusionXLControlNetPipeline(**parts, controlnet=_controlnet(torch, unet, seed))
+            elif family == "sdxl-inpaint":
+                pipeline = StableDiffusionXLInpaintPipeline(**parts)
             else:
                 pipeline = StableDiffusionXLPipeline(**parts)
     pipeline.save_pretrained(folder)

@@ -54,6 +54,23 @@ def _index(cls: str, **extra) -> dict:
         (_index("StableDiffusionXLControlNetPipeline"), {}, "controlnet-sdxl"),
         (CN_SD1, {}, "controlnet-sd1"),
         (CN_SDXL, {}, "controlnet-sdxl"),
+        # inpainting: a 9-channel UNet, saved as the inpaint pipeline or (some fine-tunes) as the plain one
+        (
+            _index("StableDiffusionInpaintPipeline"),
+            {"unet": {"cross_attention_dim": 768, "in_channels": 9}},
+            "sd1-inpaint",
+        ),
+        (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "sd1-inpaint"),
+        (
+            _index("StableDiffusionInpaintPipeline"),
+            {"unet": {"cross_attention_dim": 1024, "in_channels": 9}},
+            "sd2-inpaint",
+        ),
+        (_index("StableDiffusionXLInpaintPipeline"), {"unet": {"in_channels": 9}}, "sdxl-inpaint"),
+        (_index("StableDiffusionXLPipeline"), {"unet": {"in_channels": 9}}, "sdxl-inpaint"),
+        # an inpaint pipeline around a 4-channel UNet is the plain family (diffusers blends the known region)
+        (_index("StableDiffusionInpaintPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 4}}, "sd1"),
+        (_index("StableDiffusionXLInpaintPipeline"), {"unet": {"in_channels": 4}}, "sdxl"),
     ],
 )
 def test_detect_family(index, configs, expected):
@@ -68,7 +85,12 @@ def test_detect_family(index, configs, expected):
         (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 512}}, "cross_attention_dim 512"),
         # a width per block (a list) was looked up in a dict: TypeError (unhashable), a traceback, not this line
         (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": [768, 768]}}, "dim [768, 768]"),
-        (_index("StableDiffusionPipeline"), {"unet": {"cross_attention_dim": 768, "in_channels": 9}}, "9-channel UNet"),
+        (
+            _index("StableDiffusionDepth2ImgPipeline"),
+            {"unet": {"cross_attention_dim": 1024, "in_channels": 5}},
+            "5-channel UNet",
+        ),
+        (_index("StableDiffusionXLImg2ImgPipeline"), {"unet": {"in_channels": 9}}, "9-channel (inpainting) UNet"),
         ({"_class_name": "ControlNetModel", "cross_attention_dim": 1024}, {}, "cross_attention_dim 1024"),
     ],
 )
@@ -142,18 +164,42 @@ def test_the_onnx_contract_per_family():
     assert sd1.component("unet").io(sd1.sizes)[0][1].dtype == "float32"  # fractional timesteps (Euler)
 
 
+def test_the_inpainting_unet_takes_9_channels_and_the_vae_stays_at_the_latents():
+    for family_id, base in (("sd1-inpaint", "sd1"), ("sd2-inpaint", "sd2"), ("sdxl-inpaint", "sdxl")):
+        inpainting, plain = FAMILIES[family_id], FAMILIES[base]
+        assert inpainting.inpainting and not plain.inpainting and inpainting.component_names == plain.component_names
+        unet_in, unet_out = inpainting.component("unet").io(inpainting.sizes)
+        assert unet_in[0].shape == ("batch", 9, "height", "width") and unet_out[0].shape == (
+            "batch",
+            4,
+            "height",
+            "width",
+        )
+        assert [t.name for t in unet_in] == [t.name for t in plain.component("unet").io(plain.sizes)[0]]
+        assert (
+            inpainting.component("vae_encoder").io(inpainting.sizes)[1][0].shape[1] == 8
+        )  # 4 latent channels' moments
+        assert inpainting.component("vae_decoder").io(inpainting.sizes)[0][0].shape[1] == 4
+    # a family without inpainting reads its sample channels from the latent's (SD3: 16)
+    assert FAMILIES["sd3"].sizes.value("sample_channels", FAMILIES["sd3"].component("transformer")) == 16
+
+
 def test_profiles_and_validation_ranges():
     sd1, sdxl = FAMILIES["sd1"], FAMILIES["sdxl"]
-    assert sd1.latent_range == (32, 64, 128) and FAMILIES["sd2-v"].latent_range[1] == 96 and sdxl.latent_range[1] == 128
+    # the default profiles fit a 24 GB machine (tests/builder/test_memory.py): SD 1.x 256-768 px, SDXL 512-1024 px,
+    # batch 1-2 (one image with guidance), the VAE an image at a time
+    assert sd1.latent_range == (32, 64, 96) and FAMILIES["sd2-v"].latent_range == (64, 96, 96)
+    assert sdxl.latent_range == (64, 128, 128)
     assert profile_dims(sd1, sd1.component("unet"), sd1.sizes) == {
-        "batch": (1, 2, 4),
-        "height": (32, 64, 128),
-        "width": (32, 64, 128),
+        "batch": (1, 2, 2),
+        "height": (32, 64, 96),
+        "width": (32, 64, 96),
     }
-    encoder = profile_dims(sd1, sd1.component("vae_encoder"), sd1.sizes, latent=(8, 8, 16))
+    assert profile_dims(sd1, sd1.component("vae_decoder"), sd1.sizes)["batch"] == (1, 1, 1)
+    encoder = profile_dims(sd1, sd1.component("vae_encoder"), sd1.sizes, latent=(8, 8, 16), batch=(1, 1, 2))
     assert encoder == {"batch": (1, 1, 2), "image_height": (64, 64, 128), "image_width": (64, 64, 128)}
     cn = FAMILIES["controlnet-sd1"]
-    assert profile_dims(cn, cn.component("unet_controlnet"), cn.sizes)["height_div8"] == (4, 8, 16)
+    assert profile_dims(cn, cn.component("unet_controlnet"), cn.sizes)["height_div8"] == (4, 8, 12)
     ranges = input_ranges(sdxl, sdxl.component("unet"), sdxl.sizes, 0.13025)
     assert ranges["timestep"] == (0, 999) and ranges["time_ids"] == (0, 1024)
     assert input_ranges(sd1, sd1.component("text_encoder"), sd1.sizes, 0.18215) == {

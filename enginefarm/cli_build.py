@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -241,6 +242,7 @@ def _run_jobs(
     """Run jobs in worker processes with a live line each; returns their results."""
     from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
     from enginefarm.builder.executor import run_jobs
 
@@ -252,18 +254,28 @@ def _run_jobs(
         overall = bar.add_task(title, total=len(todo))
         rows = {job.id: bar.add_task(f"[dim]queued[/]   {job.label}", total=None) for job in todo}
         labels = {job.id: job.label for job in todo}
+        started = time.monotonic()
+        live = console.is_terminal  # a log file or a pipe gets a line per stage and job: bars draw nothing there
+
+        def show(task, description: str, **fields) -> None:
+            bar.update(task, description=description, **fields)
+            if not live:
+                plain = Text.from_markup(description).plain
+                console.print(f"[{time.monotonic() - started:6.0f} s] {plain}", markup=False, highlight=False)
 
         def on_event(job_id, kind, detail):
             task = rows.get(job_id)
             if task is None:
                 return
             if kind == "step":
-                bar.update(task, description=f"[cyan]{detail:<9}[/] {labels[job_id]}")
+                show(task, f"[cyan]{detail:<9}[/] {labels[job_id]}")
             elif kind == "transfer":
                 _name, done, total = detail
-                bar.update(
-                    task, description=f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}"
-                )
+                description = f"[cyan]upload {done / 2**20:.1f}/{total / 2**20:.1f} MiB[/] {labels[job_id]}"
+                if live:
+                    bar.update(task, description=description)
+                elif done >= total:  # one line per upload, not one per chunk
+                    show(task, description)
             elif kind == "done":
                 color = {
                     "built": "green",
@@ -281,9 +293,7 @@ def _run_jobs(
                     if reason
                     else ""
                 )
-                bar.update(
-                    task, description=f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1
-                )
+                show(task, f"[{color}]{detail.status:<9}[/] {labels[job_id]}{extra}", total=1, completed=1)
                 bar.advance(overall)
 
         return run_jobs(

@@ -33,6 +33,7 @@ from .gate import stale, thresholds, validation_report
 from .golden_samples import attach as attach_golden
 from .hostlock import building
 from .job import Job
+from .oom import asked_bytes, out_of_memory
 from .prep import prepare
 from .references import reference_outputs_cached
 from .revalidate import revalidate
@@ -200,6 +201,9 @@ def _built_and_validated(
         except EnginefarmError:
             raise
         except Exception as exc:  # an SDK failure is the job's failure, not the farm's
+            asked = asked_bytes(f"{type(exc).__name__}: {exc}")
+            if asked is not None:
+                raise out_of_memory(job, f"{job.target.backend}'s build", asked) from exc
             raise BuildError(f"{job.label}: {job.target.backend} failed: {sdk_text(exc, workroot)}") from exc
         build_s = time.perf_counter() - started
         build_notes = built.notes

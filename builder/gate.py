@@ -18,6 +18,7 @@ from enginefarm.errors import BuildError, EnginefarmError
 from enginefarm.hardware import rss
 
 from .job import Job
+from .oom import OutOfMemory, asked_bytes, out_of_memory
 from .references import reference_outputs_cached
 from .sdk_errors import sdk_text
 from .stages import Stages
@@ -80,7 +81,7 @@ def validation_report(
     references = None
     if backend.available(job.target.device).can_load:
         with stages.stage("reference") as probe:
-            references = reference_outputs_cached(job.source.path, cases, folder, probe)
+            references = _references(job, cases, folder, probe)
     with stages.stage("validate") as probe:
         try:
             if backend.has(Feature.OWN_VALIDATION):
@@ -90,14 +91,25 @@ def validation_report(
             if session is None:
                 return {"passed": None, "executed": False, "settings": settings, **note}
             if references is None:  # a stand-in runs here though the artifact cannot (Core ML's traced module)
-                references = reference_outputs_cached(job.source.path, cases, folder, probe)
+                references = _references(job, cases, folder, probe)
             checked = validate(session, cases, references, thresholds(job))
             report = {**checked, "executed": True, "settings": settings, **note}
         except EnginefarmError:
             raise
         except Exception as exc:  # the SDK could not load or run what it built: the job fails, not the farm
+            asked = asked_bytes(f"{type(exc).__name__}: {exc}")
+            if asked is not None:
+                raise out_of_memory(job, "validation", asked) from exc
             why = sdk_text(exc, workroot)
             raise BuildError(f"{job.label}: the built artifact does not load or run: {why}") from exc
         del session
         rss.give_back_memory()  # the artifact's memory goes back to the system before the benchmark process starts
     return report
+
+
+def _references(job: Job, cases, folder: Path, probe):
+    """The reference outputs; a reference run that runs out of memory is the profile's size, said with the job."""
+    try:
+        return reference_outputs_cached(job.source.path, cases, folder, probe)
+    except OutOfMemory as exc:
+        raise out_of_memory(job, "the fp32 reference run (ONNX Runtime)", exc.asked) from exc

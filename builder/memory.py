@@ -17,15 +17,22 @@ An fp16 or bf16 job's artifact is half the size, and its measured peaks stay und
 1.74-1.86x (the highest: the source's fp32 reference run, shared by every job of the source), SDXL's UNet 1.53x (its
 OpenVINO validation), against 2.35x for OpenVINO's SD 1.5 fp32 job. HALF_FACTOR covers them with a margin.
 
-A VAE's activations, not its weights, decide its need (`image_need_gb`): the decoders' fp32 reference runs peaked at
-6.9 GB for SDXL's at 1024x1024 and 2.4 GB for SD 1.5's at 512x512, with 0.2 GB of weights.
+Attention, not only the weights, decides the need at large images (`attention_bytes`): the exported graphs
+materialize every score matrix, batch x heads x tokens² fp32 values, and the fp32 reference holds about three at
+once. A diffusion transformer's tokens are its 2x2 latent patches plus the text; SD3.5 Medium's (24 heads, batch 2):
+at 768 px, 2,893 tokens, a matrix is 1.6 GB and the job peaked at 15.0 GB; at 1024 px, 4,685 tokens, 4.2 GB, and
+its reference passed 21.8 GB, over the 19.8 GB its weights alone asked for, before it was stopped. A UNet's largest is
+its self-attention at the highest resolution that has attention: every latent pixel a token in SD 1.x and 2.x (so SD
+1.5 at batch 4 and 1024 px holds 34 GB per matrix), every 2x2 in SDXL. A VAE's mid-block attends over its latent
+pixels with one head. The need is then weights + BASE + the attention; the recipe names the heads and the tokens'
+size (`[components.X.resources] attention_heads`, `attention_downscale`, which `enginefarm export` writes from the
+component's config) and the profile gives the tokens.
 
-A diffusion transformer's attention, not only its weights, decides its need at large images (`attention_bytes`):
-the exported graph materializes every score matrix, batch x heads x tokens² fp32 values, and the fp32 reference holds
-about three at once. SD3.5 Medium's (24 heads, batch 2): at 768 px, 2,893 tokens, a matrix is 1.6 GB and the job
-peaked at 15.0 GB; at 1024 px, 4,685 tokens, 4.2 GB, and its reference passed 21.8 GB, over the 19.8 GB its weights
-alone asked for, before it was stopped. The need is then weights + BASE + the attention; the recipe names the heads
-(`[components.X.resources] attention_heads`, which `enginefarm export` writes) and the profile gives the tokens.
+A VAE's activations, not its weights, decide the rest of its need (`image_activation_bytes`): its widest level,
+in channels at full image resolution (`activation_channels`, from its config's block_out_channels: SD's VAE 256),
+ACTIVATION_COPIES times at the profile's largest image. The decoders' fp32 reference runs peaked at 6.9 GB for
+SDXL's at 1024x1024 and 2.4 GB for SD 1.5's at 512x512, with 0.2 GB of weights; the rule says 9.9 and 4.4 GB. A
+VAE recipe without `activation_channels` gets the rule fitted to those two peaks (`image_need_gb`).
 
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """
@@ -91,36 +98,62 @@ def _backend_factor(name: str) -> float:
 
 
 def job_need_bytes(job) -> int:
-    host_ram_gb = max(job.resources.host_ram_gb, image_need_gb(image_megapixels(job.inputs, job.outputs, job.profile)))
-    attention = attention_bytes(job.resources.attention_heads, *attention_tokens(job.inputs, job.profile))
-    return need_bytes(job.weight_bytes, host_ram_gb, job.target.backend, job.precision, attention)
+    resources = job.resources
+    megapixels = image_megapixels(job.inputs, job.outputs, job.profile)
+    activations = image_activation_bytes(resources.activation_channels, megapixels)
+    # Without the VAE's own widths (a hand-written recipe), the rule fitted to the real SD VAEs' measured peaks.
+    fitted = 0.0 if resources.activation_channels else image_need_gb(megapixels)
+    host_ram_gb = max(resources.host_ram_gb, fitted)
+    tokens = attention_tokens(job.inputs, job.profile, resources.attention_downscale)
+    attention = attention_bytes(resources.attention_heads, *tokens)
+    return need_bytes(job.weight_bytes, host_ram_gb, job.target.backend, job.precision, attention + activations)
 
 
 ATTENTION_COPIES = 3  # the scores, their scaling and the softmax, alive at once in the fp32 reference
 PATCH = 2  # latent pixels per token side in every diffusion-transformer family (SD3, Flux, Chroma)
 
 
-def attention_tokens(inputs, profile) -> tuple[int, int]:
-    """(batch, tokens) at the profile's max of a diffusion transformer: image tokens from its 4-D latent input (2x2
-    patches), text tokens from its 3-D token sequence input [batch, tokens, width]; (0, 0) without a latent input."""
+def attention_tokens(inputs, profile, downscale: int = 0) -> tuple[int, int]:
+    """(batch, tokens) of the largest attention at the profile's max.
+
+    `downscale` 0: a diffusion transformer's joint attention: image tokens from its 4-D latent input (2x2 patches)
+    plus text tokens from its 3-D token sequence input [batch, tokens, width]. `downscale` n: self-attention over
+    the image tokens alone, one per n x n latent pixels (a UNet's attention at its highest resolution: SD 1.x n = 1,
+    SDXL n = 2; a VAE's mid-block at its latent resolution, n = 1), from a latent input or an image input (at
+    LATENT_SCALE). (0, 0) without such an input."""
+    patch = downscale or PATCH
     batch = image = text = 0
     for tensor in inputs:
         largest = profile.get(tensor.name, {}).get("max")
         if not largest:
             continue
-        if len(largest) == 4 and not _is_image(tensor):
-            batch, image = max(batch, largest[0]), max(image, (largest[2] // PATCH) * (largest[3] // PATCH))
-        elif len(largest) == 3:
+        if len(largest) == 4 and (downscale or not _is_image(tensor)):
+            scale = LATENT_SCALE if _is_image(tensor) else 1
+            tokens = (largest[2] // scale // patch) * (largest[3] // scale // patch)
+            batch, image = max(batch, largest[0]), max(image, tokens)
+        elif len(largest) == 3 and not downscale:
             text = max(text, largest[1])
     return (batch, image + text) if image else (0, 0)
 
 
 def attention_bytes(heads: int, batch: int, tokens: int) -> int:
-    """What a transformer's attention holds at once: ATTENTION_COPIES score matrices of batch x heads x tokens² fp32."""
+    """What one attention holds at once: ATTENTION_COPIES score matrices of batch x heads x tokens² fp32 (the
+    exported graphs materialize them: no fused attention on the CPU backends)."""
     return ATTENTION_COPIES * batch * heads * tokens * tokens * 4
 
 
-# Fitted to the two measured VAE decoder peaks above: about 1.5 GB plus 6 GB per megapixel (times the batch).
+# A VAE's convolutions at its widest level: the input, the normalized copy and the output of a resnet at once.
+ACTIVATION_COPIES = 3
+
+
+def image_activation_bytes(channels: int, megapixels: float) -> int:
+    """A VAE's activations at the profile's largest image (batch x megapixels), from its widest level in channels
+    at full image resolution (`Resources.activation_channels`, from its config's block_out_channels); 0 without."""
+    return int(ACTIVATION_COPIES * channels * 4 * megapixels * 1e6)
+
+
+# Fitted to the two measured VAE decoder peaks above, for a VAE recipe that does not state its widths: about 1.5 GB
+# plus 6 GB per megapixel (times the batch).
 IMAGE_GB_BASE, IMAGE_GB_PER_MEGAPIXEL = 1.5, 6.0
 LATENT_SCALE = 8  # image pixels per latent pixel, in every SD-class VAE
 

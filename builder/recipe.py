@@ -67,9 +67,14 @@ class Resources:
 
     host_ram_gb: float = 0.0
     gpu_vram_gb: float = 0.0
-    # A diffusion transformer's attention heads: its need adds the attention scores at the profile's largest case
-    # (builder/memory.attention_bytes), which outgrow the weights at large images; `enginefarm export` writes it.
+    # The heads of the component's largest attention: its need adds the attention scores at the profile's largest
+    # case (builder/memory.attention_bytes), which outgrow the weights at large images; `attention_downscale`: latent
+    # pixels per token side there (0: a diffusion transformer's 2x2 patches plus its text tokens; a UNet's highest
+    # attention level, a VAE's mid-block). `activation_channels`: a VAE's widest level, in channels at full image
+    # resolution (memory.image_activation_bytes). `enginefarm export` writes them from the component's config.
     attention_heads: int = 0
+    attention_downscale: int = 0
+    activation_channels: int = 0
 
 
 @dataclass(frozen=True)
@@ -421,11 +426,15 @@ def _validate(r: _Reader, value: Any, key: str) -> ValidateSpec:
 
 
 def _resources(r: _Reader, value: Any, key: str) -> Resources:
-    table = r.table(value, key, {"host_ram_gb", "gpu_vram_gb", "attention_heads"})
+    table = r.table(
+        value, key, {"host_ram_gb", "gpu_vram_gb", "attention_heads", "attention_downscale", "activation_channels"}
+    )
     return Resources(
         host_ram_gb=r.number(table.get("host_ram_gb", 0), f"{key}.host_ram_gb", 0, 4096),
         gpu_vram_gb=r.number(table.get("gpu_vram_gb", 0), f"{key}.gpu_vram_gb", 0, 4096),
         attention_heads=int(r.number(table.get("attention_heads", 0), f"{key}.attention_heads", 0, 1024)),
+        attention_downscale=int(r.number(table.get("attention_downscale", 0), f"{key}.attention_downscale", 0, 64)),
+        activation_channels=int(r.number(table.get("activation_channels", 0), f"{key}.activation_channels", 0, 65536)),
     )
 
 

@@ -108,6 +108,10 @@ def _compute_in_subprocess(model: Path, cases: Cases, out: Path) -> int:
 
 def _reference_failure(proc: subprocess.CompletedProcess) -> BuildError:
     """The job's error, blaming the model only when ONNX Runtime also fails on the bare source (checked once)."""
+    from .oom import KILLED, OutOfMemory, asked_bytes
+
+    if proc.returncode == KILLED:  # the kernel's OOM killer sends SIGKILL and leaves no word
+        return OutOfMemory("the fp32 reference run (ONNX Runtime, original model) was killed (SIGKILL)", asked=0)
     lines = (proc.stdout or "").strip().splitlines()
     try:
         report = json.loads(lines[-1])
@@ -117,6 +121,10 @@ def _reference_failure(proc: subprocess.CompletedProcess) -> BuildError:
             f"the fp32 reference run (ONNX Runtime, original model) failed: {tail[0][:300]}",
             hint="the reference process died; check free memory and the model's size",
         )
+    for said in (report.get("error") or "", report.get("bare_error") or ""):
+        asked = asked_bytes(said)
+        if asked is not None:  # the profile's largest case, not the model or enginefarm
+            return OutOfMemory(f"the fp32 reference run ran out of memory: {said[:300]}", asked=asked)
     if report.get("bare_error"):
         return BuildError(
             f"the source model does not run on ONNX Runtime's CPU provider: {report['bare_error'][:300]}",

@@ -18,14 +18,17 @@ import numpy as np
 
 from enginefarm.errors import ConfigError, SessionClosed
 
-from . import batch, flux, inpaint, transformer_step
+from . import batch, flux, inpaint, seamless, transformer_step
 from .assets import ModelAssets
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
-from .prompts import PromptEncoder, TextConditioning
+from .prompts import PromptEncoder, TextConditioning, check_prompt_options, check_prompt_tokens
+from .sizes import check_image_size
 
 if TYPE_CHECKING:
     from .budget import Residency
+    from .embedding_folder import EmbeddingFolder
+    from .live_loras import LiveLoras
     from .tiles import Tiling
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,8 @@ class Pipeline:
         self.preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None
         self._load_timings: dict[str, float] = {}
         self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
+        self._loras: LiveLoras | None = None  # the LoRA stack (set by load; changed by set_loras)
+        self.embedding_folder: EmbeddingFolder | None = None  # embeddings_dir: files loaded when a prompt names them
 
     @classmethod
     def load(
@@ -82,6 +87,7 @@ class Pipeline:
         vae: str | Path | None = None,
         loras=(),
         embeddings=(),
+        embeddings_dir: str | Path | None = None,
         progress=None,
         memory_budget: int | str | None = None,
     ) -> Pipeline:
@@ -102,12 +108,19 @@ class Pipeline:
         them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`);
         None: all loaded up front. embeddings:
         textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
-        `enginefarm.diffusion.embeddings`)."""
+        `enginefarm.diffusion.embeddings`). embeddings_dir: a folder of embedding files, each loaded when a prompt first
+        names its stem, as Easy Diffusion does (`enginefarm.diffusion.embedding_folder`). loras: changed later, without
+        a reload, by `pipe.set_loras`."""
         from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself; the package root imports us
 
         from .budget import Residency, artifact_bytes, parse_budget
 
         budget = parse_budget(memory_budget)
+        folder = None
+        if embeddings_dir is not None:
+            from .embedding_folder import EmbeddingFolder
+
+            folder = EmbeddingFolder(embeddings_dir)  # checked before anything is fetched
         if assets is None:
             assets = _fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
@@ -119,15 +132,33 @@ class Pipeline:
             from enginefarm.weights.routing import route
 
             files = route(family, list(family.component_names), weights, vae)
-        dealt: dict[str, list[tuple[Path, float]]] = {}
-        ignored = ""
-        if loras:
+
+        def deal(asked):
             from enginefarm.runner.custom import Stack
             from enginefarm.weights.lora import split
 
-            dealt, ignored = split(Stack.parse(None, loras).loras, _components(found, controlnet), family)
+            width = found.configs.get("unet", {}).get("cross_attention_dim")
+            dealt, ignored = split(
+                Stack.parse(None, asked).loras,
+                _components(found, controlnet),
+                family,
+                width if isinstance(width, int) else None,
+            )
             if ignored:
                 log.warning("%s", ignored)
+            return dealt, ignored
+
+        from .live_loras import LiveLoras
+
+        def fetch_component(component: str):
+            from enginefarm.runner.load import fetch
+
+            ref = f"{name}/{component}"
+            chosen = chosen_precision(component)
+            return fetch(ref, chosen, device, store, target=target, progress=progress, version=version)
+
+        live = LiveLoras(deal, fetch_component, lambda c, stack: load_component(c, stack=stack), set(files))
+        ignored = live.start(loras)  # the files read and dealt: a bad one costs nothing, nothing is loaded yet
 
         def chosen_precision(component: str) -> str | None:
             spec = family.component(component)
@@ -150,9 +181,13 @@ class Pipeline:
             )
             return artifact_bytes(manifest)
 
-        def load_component(component: str):
+        def load_component(component: str, tiling: str | None = None, stack=None):
             chosen = chosen_precision(component)
             start = time.perf_counter()
+            if tiling is None and stack is None and live.takes(component):  # weights set_loras can change in place
+                session = live.session(component)
+                timings[f"load {component}"] = time.perf_counter() - start
+                return session
             session = load_session(
                 f"{name}/{component}",
                 precision=chosen,
@@ -162,9 +197,10 @@ class Pipeline:
                 progress=progress,
                 version=version,
                 weights=files.get(component),
-                loras=dealt.get(component, ()),
+                loras=live.dealt.get(component, ()) if stack is None else stack,
+                tiling=tiling,  # its seamless variant (diffusion/seamless.py)
             )
-            timings[f"load {component}"] = time.perf_counter() - start
+            timings[f"load {component}" + (f" (tiling {tiling})" if tiling else "")] = time.perf_counter() - start
             return session
 
         wanted = _components(found, controlnet)
@@ -173,8 +209,12 @@ class Pipeline:
             name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component
         )
         pipe.prompts.add_embeddings(read)
+        if folder is not None:
+            folder.loaded.update(e.word for e in read)  # given by name already
+            pipe.embedding_folder = folder
         pipe.timings = pipe._load_timings = timings
         pipe.notes = [ignored] if ignored else []
+        pipe._loras = live
         if budget is not None:
             pipe.residency = Residency(budget, load_component, pipe.sessions, lambda component: _estimate(component))
         return pipe
@@ -186,6 +226,26 @@ class Pipeline:
                 raise ConfigError(f"this pipeline has no {component}", hint="load it with Pipeline.load")
             self.sessions[component] = self._load_component(component)
         return self.sessions[component]
+
+    def set_loras(self, loras) -> None:
+        """Replace the whole LoRA stack for the next call: [(file, strength), ...] as `Pipeline.load(loras=)` takes
+        it; [] for none. Only what changed is redone: files read before are not read again, a strength change
+        merges the weights it touches and copies them into the running sessions (no session is opened again unless
+        the stack touches weights the last one did not; `enginefarm.diffusion.live_loras`). A bad file is one line
+        and leaves the previous stack in use. `pipe.timings` says where the time went ("set_loras read/merge/apply")."""
+        if self.closed:
+            raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
+        if self._loras is None:
+            raise ConfigError("this pipeline was not made by Pipeline.load", hint="load it with Pipeline.load(...)")
+        self._loras.set(loras, self.sessions)
+        self.notes = [n for n in self.notes if not n.startswith("ignored,")] + (
+            [self._loras.ignored] if self._loras.ignored else []
+        )
+        self._load_timings = {
+            **self._load_timings,
+            **{f"set_loras {stage}": s for stage, s in self._loras.timings.items()},
+        }
+        self.timings = dict(self._load_timings)
 
     def enable_vae_tiling(self, tile_pixels: int | None = None, overlap: float = 0.25) -> None:
         """Decode and encode images larger than a tile in overlapping tiles (diffusers' `enable_vae_tiling()`: tiles
@@ -224,6 +284,8 @@ class Pipeline:
         self._load_component = self.residency = None
         while self.sessions:
             self.sessions.popitem()[1].close()
+        for session in self.__dict__.pop("_seamless_sessions", {}).values():  # diffusion/seamless.py's
+            session.close()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -233,6 +295,7 @@ class Pipeline:
 
     # -- one image
 
+    @seamless.tiling_call  # tiling=: the call runs inside seamless.tiled
     def __call__(
         self,
         prompt: str,
@@ -261,6 +324,9 @@ class Pipeline:
         max_sequence_length: int | None = None,
         num_images_per_prompt: int = 1,
         on_preview: PreviewCallback | None = None,
+        tiling: str | None = None,
+        prompt_syntax: str = "a1111",
+        clip_skip: int | None = None,
     ) -> np.ndarray:
         """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
 
@@ -274,6 +340,12 @@ class Pipeline:
         (default drawn from `seed`), for reproducing another implementation's run. max_sequence_length: the T5 token
         count of the transformer families (diffusers' argument; default the export's: SD3 and schnell 256, Flux dev
         and Chroma 512), within what the engines were built for (`enginefarm export --text-length`).
+
+        prompt_syntax: how prompt weights are written: "a1111" (`(word:1.3)`, `(word)`, `[word]`, `\\(`; A1111's
+        emphasis), "compel" (`word+`, `word--`, `(words)1.3`; as the compel package computes it) or "none"; prompts
+        past 75 tokens are encoded in chunks of 77 (`enginefarm.diffusion.weighted_text`). SD3, Flux and Chroma read
+        the prompt as written. clip_skip: diffusers' meaning (1: the layer before the one the pipeline reads), for
+        SD 1.x, 2.x and SDXL.
 
         num_images_per_prompt=N: N images of the prompt, [N, H, W, 3] (latents [N, C, H/f, W/f]); one image stays
         [H, W, 3]. Image i is the image of a one-image call with seed + i: its start noise is drawn from
@@ -293,11 +365,22 @@ class Pipeline:
         mask_image float [H, W] in [0, 1] at the image's size, 1 = repaint (binarized at 0.5). An inpainting model
         (9-channel UNet) sees the mask and the masked image; any other UNet model keeps the unmasked region by
         blending the image, re-noised, back in after each step. strength: default 0.8 for image to image, 1.0 for
-        inpainting (SDXL families: 0.9999, diffusers' default); `latents` is the start noise, as for image to image."""
+        inpainting (SDXL families: 0.9999, diffusers' default); `latents` is the start noise, as for image to image.
+
+        tiling="x" | "y" | "xy": a seamless texture, as diffusers with every Conv2d of the UNet and VAE padding
+        circularly in those axes (Easy Diffusion's `tiling`): the UNet families' UNet (and ControlNet) and VAE run as
+        their seamless variants, made on this device from the stored artifacts at the first call with that setting
+        and kept per setting (`enginefarm.diffusion.seamless`); VAE tiling is off for the call."""
         from .schedulers import make_scheduler
 
         if self.closed:
             raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
+        if self.embedding_folder is not None:  # the folder's files these prompts name (embedding_folder.py)
+            self.embedding_folder.load_named(
+                [prompt, negative_prompt],
+                lambda items: _read_embeddings(items, self.assets),
+                self.prompts.add_embeddings,
+            )
         if output_type not in ("np", "latent"):
             raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
         steps = self.family.default_steps if steps is None else steps
@@ -318,6 +401,15 @@ class Pipeline:
             raise ConfigError(
                 f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}"
             )
+        denoiser_name = "transformer" if self.transformer else "unet"
+        check_image_size(
+            self.sessions.get(denoiser_name),
+            "hidden_states" if self.transformer else "sample",
+            height,
+            width,
+            factor,
+            self.family.title,
+        )
         control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         mask = inpaint.check_mask(self.family, image, mask_image, height, width)
         strength = inpaint.default_strength(self.family, strength, mask is not None)
@@ -331,13 +423,15 @@ class Pipeline:
         guidance = guidance_scale if guidance_scale is not None else default_guidance
         use_guidance = guidance > 1.0 and self.family.true_cfg  # Flux: no negative pass (dev feeds the scale instead)
 
+        check_prompt_options(self.family, [prompt, negative_prompt], prompt_syntax, clip_skip)
         start = time.perf_counter()
         self._stage(self._text_encoders())
         text = (
             self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length)
             if isinstance(self.prompts, JointTextEncoder)
-            else self.prompts.encode_pair(prompt, negative_prompt, use_guidance)
+            else self.prompts.encode_pair(prompt, negative_prompt, use_guidance, prompt_syntax, clip_skip)
         )
+        check_prompt_tokens(self.family, self.sessions, text)
         timings["text"] = time.perf_counter() - start
 
         shape = (count, self.latent_channels, height // factor, width // factor)
@@ -616,11 +710,14 @@ def _read_embeddings(embeddings, assets: ModelAssets) -> list:
 
 
 def _fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
-    from enginefarm.errors import ArtifactNotFoundError
+    from enginefarm.errors import ArtifactNotFoundError, UnknownModelError
     from enginefarm.runner.load import fetch
 
     try:
         _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
+    except UnknownModelError as exc:  # a typo: its message lists the models the store holds
+        hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
+        raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
     except ArtifactNotFoundError as exc:
         raise ConfigError(
             f"{name} has no assets in the store ({exc})",

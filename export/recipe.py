@@ -9,6 +9,7 @@ import re
 from enginefarm.cache import precision_table
 from enginefarm.families import input_ranges, profile_dims
 
+from .resources import component_resources
 from .source import ExportSource
 
 DEFAULT_TARGETS = ("openvino:cpu", "onnxruntime:cpu")
@@ -76,13 +77,10 @@ def recipe_text(
                 )
         if component.fp16_keep_fp32:
             lines.append(f"fp16_keep_fp32 = {_list(component.fp16_keep_fp32)}")
-        heads = int(source.configs.get(component.folder, {}).get("num_attention_heads") or 0)
-        if component.kind == "transformer" and heads:
-            lines += [
-                "",
-                f"[components.{component_name}.resources]",
-                f"attention_heads = {heads}  # its need adds the attention scores at the profile's largest case",
-            ]
+        resources = component_resources(component, source.configs.get(component.folder, {}))
+        if resources:
+            lines += ["", f"[components.{component_name}.resources]"]
+            lines += [f"{key} = {value}  # {why}" for key, (value, why) in resources.items()]
         dims = profile_dims(family, component, sizes, batch=batch, latent=latent, text_length=text_length)
         lines += ["", f"[components.{component_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in dims.items()]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from enginefarm.cache.progress import ProgressLike, as_progress
 from enginefarm.errors import ConfigError
-from enginefarm.families import Family, input_ranges, text_length_range
+from enginefarm.families import TOKENS, Family, input_ranges, text_length_range
 
 from . import recipe as recipes
 from . import resume
@@ -104,6 +104,7 @@ def export_model(
 
         found = dataclasses.replace(found, sizes=with_text_length(found.family, found.sizes, text_length))
     _check_recipe_choices(tuple(targets), tuple(precisions))
+    latent = model_latent_range(found, latent)
     check_shapes(found, latent, text_length)
     check_fits(found, memory)
     out = Path(out)
@@ -235,6 +236,34 @@ def latent_multiple(found: ExportSource) -> int:
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
 
+def latent_limit(found: ExportSource) -> int | None:
+    """The largest latent side the model itself runs: an SD3 transformer's position embedding covers
+    `pos_embed_max_size` patches a side (diffusers raises past it); None where nothing in the configs limits it."""
+    transformer = found.configs.get("transformer", {})
+    patches = transformer.get("pos_embed_max_size")
+    return int(patches) * int(transformer.get("patch_size", 1)) if patches else None
+
+
+def model_latent_range(found: ExportSource, latent: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """The profile's latent range: `latent` as asked (refused past what the model runs), else the family's default
+    cut to the model's limit (None when the default fits: the family's range is used)."""
+    limit = latent_limit(found)
+    if limit is None:
+        return latent
+    if latent is not None:
+        if latent[2] > limit:
+            px = found.family.vae_scale_factor
+            raise ConfigError(
+                f"--latent {','.join(map(str, latent))} goes past {limit} latent pixels ({limit * px} px), the largest "
+                f"this transformer's position embedding covers (pos_embed_max_size "
+                f"{found.configs['transformer']['pos_embed_max_size']})",
+                hint=f"e.g. --latent {min(latent[0], limit)},{min(latent[1], limit)},{limit}",
+            )
+        return latent
+    low, opt, high = found.family.latent_range
+    return None if high <= limit else (min(low, limit), min(opt, limit), limit)
+
+
 def check_shapes(
     found: ExportSource, latent: tuple[int, int, int] | None, text_length: tuple[int, int, int] | None = None
 ) -> tuple[Shape, Shape]:
@@ -258,7 +287,10 @@ def check_shapes(
             return {}
         return dict(text_length=n, context_tokens=found.sizes.context_for(found.family, n))
 
-    return Shape(2, opt, opt, **text(tokens)), Shape(1, max(step, opt - step), opt + step, **text(other))
+    wider = opt + step if opt + step <= ranges[2] else opt  # inside the profile (and the model's limit)
+    # the second shape runs a UNet at two prompt chunks too, so its text-token axis is shown to be dynamic
+    second = Shape(1, max(step, opt - step), wider, **text(other), prompt_tokens=2 * TOKENS)
+    return Shape(2, opt, opt, **text(tokens)), second
 
 
 def _check_recipe_choices(targets: tuple[str, ...], precisions: tuple[str, ...]) -> None:

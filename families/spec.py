@@ -20,6 +20,10 @@ TOKENS = 77  # CLIP's context: every prompt is padded or cut to it, so CLIP's te
 # TEXT_LENGTH_MIN (below it nearly every prompt would be cut) to TEXT_LENGTH_MAX, the family's default as the opt.
 TEXT_DIMS = ("text_length", "context_tokens")
 TEXT_LENGTH_MIN, TEXT_LENGTH_MAX = 16, 512
+# The UNet's text tokens: one prompt chunk of CLIP's 77, or several for a long prompt (diffusion/weighted_text.py).
+# The profile's opt is one chunk (the default path's speed); its max 4 chunks, 300 words' worth.
+PROMPT_TOKENS = "prompt_tokens"
+PROMPT_CHUNKS_MAX = 4
 
 LATENT_DIMS = ("height", "width")
 IMAGE_DIMS = ("image_height", "image_width")
@@ -32,7 +36,9 @@ def downscaled(dim: str, factor: int) -> str:
 
 def is_dynamic(dim: int | str) -> bool:
     return isinstance(dim, str) and (
-        dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS, *TEXT_DIMS) or dim.split("_div")[0] in LATENT_DIMS and "_div" in dim
+        dim in ("batch", *LATENT_DIMS, *IMAGE_DIMS, *TEXT_DIMS, PROMPT_TOKENS)
+        or dim.split("_div")[0] in LATENT_DIMS
+        and "_div" in dim
     )
 
 
@@ -67,6 +73,7 @@ class Sizes:
     vocab_sizes: tuple[int, ...] = ()
     projection_widths: tuple[int, ...] = ()  # each encoder's pooled output (SD3: CLIP-L 768, CLIP-G 1280; 0: none)
     context_tokens: int = TOKENS
+    text_layers: tuple[int, ...] = ()  # each CLIP encoder's num_hidden_layers (its layer_states hold one more)
 
     @classmethod
     def from_json(cls, data: dict) -> Sizes:
@@ -84,6 +91,8 @@ class Sizes:
             return self.text_lengths[component.text_index] if self.text_lengths else TOKENS
         if name == "projection_width":
             return self.projection_widths[component.text_index]
+        if name == "text_layers":
+            return self.text_layers[component.text_index] + 1
         if name == "latent_moments":  # the VAE encoder's mean and log-variance, stacked on the channel axis
             return 2 * self.latent_channels
         if name == "sample_channels":
@@ -210,8 +219,11 @@ class Family:
     time_ids: int = 0  # the UNet's time_ids width: 0 (none), 6 (SDXL), 5 (refiner: aesthetic score)
     aesthetic_score: bool = False
     controlnet: str | None = None  # the id of this family with ControlNet, or (for a ControlNet family) its base
-    batch_range: tuple[int, int, int] = (1, 2, 4)  # text and denoising: opt 2 is classifier-free guidance
-    vae_batch_range: tuple[int, int, int] = (1, 1, 2)
+    # The default profiles (`enginefarm export --batch/--latent` widen them): what a farm runner and a consumer GPU
+    # build and hold. Text and denoising batch: opt 2 is classifier-free guidance, so max 2 is one image per pass
+    # (more images run in chunks; --batch 1,2,4 makes two a pass). The VAE decodes a batch an image at a time.
+    batch_range: tuple[int, int, int] = (1, 2, 2)
+    vae_batch_range: tuple[int, int, int] = (1, 1, 1)
     notes: tuple[str, ...] = field(default=())
     # Transformer families (a `transformer` component instead of a `unet`):
     joint_text: JointText | None = None  # how the prompt becomes the transformer's text inputs
@@ -287,6 +299,8 @@ def profile_dims(
             ranges[dim] = _triple(batch)
         elif dim in IMAGE_DIMS:
             ranges[dim] = _triple(n * family.vae_scale_factor for n in latent)
+        elif dim == PROMPT_TOKENS:
+            ranges[dim] = (TOKENS, TOKENS, TOKENS * PROMPT_CHUNKS_MAX)
         elif dim in TEXT_DIMS:
             lengths = text_length or text_length_range(family, sizes)
             ranges[dim] = lengths if dim == "text_length" else _triple(sizes.context_for(family, n) for n in lengths)

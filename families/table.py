@@ -43,9 +43,25 @@ def _text_encoder(name: str, index: int, outputs: tuple[Tensor, ...]) -> Compone
     )
 
 
+# The UNet families' CLIP encoders also give every layer's states for clip_skip (`layer_states`: [batch, layers + 1,
+# 77, width], the embeddings first; SD 1.x/2.x's through the final layer norm, as diffusers' clip_skip reads them,
+# SDXL's raw) and take compel's `attention_mask` (1: attend; compel masks down-weighted words out).
+LAYER_STATES = "layer_states"
+
+
+def _weighted_clip(component: Component) -> Component:
+    return replace(
+        component,
+        inputs=component.inputs + (Tensor("attention_mask", I64, ("batch", TOKENS)),),
+        outputs=component.outputs + (Tensor(LAYER_STATES, F32, ("batch", "text_layers", TOKENS, "text_width")),),
+        value_ranges=component.value_ranges + (("attention_mask", 1, 1),),
+    )
+
+
 def _clip(name: str = "text_encoder") -> Component:
     """SD 1.x / 2.x: the pipeline reads the final layer (after its layer norm), `text_encoder(ids)[0]`."""
-    return _text_encoder(name, 0, (Tensor("last_hidden_state", F32, ("batch", TOKENS, "text_width")),))
+    plain = _text_encoder(name, 0, (Tensor("last_hidden_state", F32, ("batch", TOKENS, "text_width")),))
+    return _weighted_clip(plain)
 
 
 def _clip_penultimate(name: str, index: int, pooled: bool) -> Component:
@@ -54,14 +70,15 @@ def _clip_penultimate(name: str, index: int, pooled: bool) -> Component:
     outputs: tuple[Tensor, ...] = (Tensor("hidden_states", F32, ("batch", TOKENS, "text_width")),)
     if pooled:
         outputs += (Tensor("text_embeds", F32, ("batch", "pooled_width")),)
-    return _text_encoder(name, index, outputs)
+    return _weighted_clip(_text_encoder(name, index, outputs))
 
 
 def _denoiser_inputs(time_ids: int, sample: tuple[str, ...] = LATENT) -> tuple[Tensor, ...]:
     inputs: tuple[Tensor, ...] = (
         Tensor("sample", F32, sample),
         Tensor("timestep", F32, ("batch",)),
-        Tensor("encoder_hidden_states", F32, ("batch", TOKENS, "cross_attention_dim")),
+        # a long prompt is several chunks of CLIP's 77 tokens (spec.PROMPT_TOKENS)
+        Tensor("encoder_hidden_states", F32, ("batch", "prompt_tokens", "cross_attention_dim")),
     )
     if time_ids:
         inputs += (Tensor("text_embeds", F32, ("batch", "pooled_width")), Tensor("time_ids", F32, ("batch", time_ids)))
@@ -204,10 +221,14 @@ SD1 = Family(
     pipelines=("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"),
     components=(_clip(), _unet(0), *_vae()),
     sizes=Sizes(
-        text_widths=(768,), cross_attention_dim=768, residuals=_SD1_RESIDUALS[0], mid_residual=_SD1_RESIDUALS[1]
+        text_widths=(768,),
+        cross_attention_dim=768,
+        residuals=_SD1_RESIDUALS[0],
+        mid_residual=_SD1_RESIDUALS[1],
+        text_layers=(12,),
     ),
     native_pixels=512,
-    pixel_range=(256, 1024),
+    pixel_range=(256, 768),
     default_scheduler="PNDMScheduler",
     controlnet="controlnet-sd1",
 )
@@ -217,9 +238,9 @@ SD2 = Family(
     title="Stable Diffusion 2.x (512 px, epsilon)",
     pipelines=SD1.pipelines,
     components=SD1.components,
-    sizes=Sizes(text_widths=(1024,), cross_attention_dim=1024),
+    sizes=Sizes(text_widths=(1024,), cross_attention_dim=1024, text_layers=(23,)),
     native_pixels=512,
-    pixel_range=(256, 1024),
+    pixel_range=(256, 768),
     default_scheduler="PNDMScheduler",
 )
 
@@ -230,7 +251,7 @@ SD2_V = Family(
     components=SD1.components,
     sizes=SD2.sizes,
     native_pixels=768,
-    pixel_range=(512, 1024),
+    pixel_range=(512, 768),
     default_scheduler="DDIMScheduler",
     prediction_type="v_prediction",
 )
@@ -250,11 +271,12 @@ SDXL = Family(
         text_widths=(768, 1280),
         cross_attention_dim=2048,
         pooled_width=1280,
+        text_layers=(12, 32),
         residuals=_SDXL_RESIDUALS[0],
         mid_residual=_SDXL_RESIDUALS[1],
     ),
     native_pixels=1024,
-    pixel_range=(512, 1536),
+    pixel_range=(512, 1024),
     vae_scaling_factor=0.13025,
     default_scheduler="EulerDiscreteScheduler",
     text_encoders=("text_encoder", "text_encoder_2"),
@@ -269,9 +291,9 @@ SDXL_REFINER = Family(
     title="Stable Diffusion XL refiner",
     pipelines=("StableDiffusionXLImg2ImgPipeline",),
     components=(_clip_penultimate("text_encoder_2", 0, pooled=True), _unet(5), *_vae(fp32_only=True)),
-    sizes=Sizes(text_widths=(1280,), cross_attention_dim=1280, pooled_width=1280),
+    sizes=Sizes(text_widths=(1280,), cross_attention_dim=1280, pooled_width=1280, text_layers=(32,)),
     native_pixels=1024,
-    pixel_range=(512, 1536),
+    pixel_range=(512, 1024),
     vae_scaling_factor=0.13025,
     default_scheduler="EulerDiscreteScheduler",
     text_encoders=("text_encoder_2",),
@@ -362,7 +384,7 @@ SD3 = Family(
         context_tokens=TOKENS + _SD3_T5_TOKENS,
     ),
     native_pixels=1024,
-    pixel_range=(512, 1536),
+    pixel_range=(512, 1024),
     vae_scaling_factor=1.5305,
     vae_shift_factor=0.0609,
     default_scheduler="FlowMatchEulerDiscreteScheduler",
@@ -381,7 +403,7 @@ SD3_5 = Family(
     components=SD3.components,
     sizes=SD3.sizes,
     native_pixels=1024,
-    pixel_range=(512, 1536),
+    pixel_range=(512, 1024),
     vae_scaling_factor=1.5305,
     vae_shift_factor=0.0609,
     default_scheduler=SD3.default_scheduler,
@@ -485,7 +507,7 @@ _FLUX_SIZES = Sizes(
 )
 _FLUX_COMMON: dict[str, Any] = dict(
     native_pixels=1024,
-    pixel_range=(512, 1536),
+    pixel_range=(512, 1024),
     vae_scaling_factor=0.3611,
     vae_shift_factor=0.1159,
     default_scheduler="FlowMatchEulerDiscreteScheduler",
@@ -504,7 +526,7 @@ FLUX = Family(
     joint_text=JointText(tokens=("text_encoder_2",), pooled=("text_encoder",)),
     guidance_scale=3.5,
     true_cfg=False,
-    batch_range=(1, 1, 4),
+    batch_range=(1, 1, 2),
 )
 
 FLUX_SCHNELL = Family(
@@ -519,7 +541,7 @@ FLUX_SCHNELL = Family(
     joint_text=FLUX.joint_text,
     guidance_scale=0.0,
     true_cfg=False,
-    batch_range=(1, 1, 4),
+    batch_range=(1, 1, 2),
     default_steps=4,  # timestep-distilled: its model card samples 4 steps
 )
 

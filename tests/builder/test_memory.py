@@ -299,3 +299,66 @@ def test_plan_counts_the_attention_heads_a_recipe_names(tmp_path, tiny_recipe):
     path.write_text(text + '\n[components.decoder.resources]\nattention_heads = "many"\n')
     with pytest.raises(RecipeError, match="attention_heads"):
         load_recipe(path)
+
+
+def _unet_profile(batch: int, latent: int):
+    from enginefarm.builder.onnx_io import TensorInfo
+
+    inputs = (
+        TensorInfo("sample", "float32", ("batch", 4, "height", "width")),
+        TensorInfo("timestep", "float32", ("batch",)),
+        TensorInfo("encoder_hidden_states", "float32", ("batch", 77, 768)),
+    )
+    largest = {"sample": [batch, 4, latent, latent], "timestep": [batch], "encoder_hidden_states": [batch, 77, 768]}
+    return inputs, {n: {"min": s, "opt": s, "max": s} for n, s in largest.items()}
+
+
+_SD15_UNET = {"down_block_types": ["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"], "attention_head_dim": 8}
+_SDXL_UNET = {
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "attention_head_dim": [5, 10, 20],
+}
+
+
+def test_a_unets_need_counts_its_attention_at_the_full_latent_resolution():
+    """The issue's case: a real-layout SD 1.5 exported with the old default profile (batch 4, 1024 px) holds 34 GB in
+    one score matrix of its first level's self-attention, where the plan said 3.3 GB. The heads and the level come
+    from the UNet's config (SD 1.x: every latent pixel a token, 8 heads; SDXL: every 2x2, 10 heads); the default
+    profile now fits a 24 GB machine with SD 1.5's 3.44 GB of fp32 weights."""
+    from enginefarm.export.resources import unet_attention
+    from enginefarm.families import FAMILIES, profile_dims
+
+    assert unet_attention(_SD15_UNET) == (8, 1) and unet_attention(_SDXL_UNET) == (10, 2)
+    assert unet_attention({}) == (8, 1)  # diffusers' defaults are SD 1.x's
+    assert unet_attention({"down_block_types": ["DownBlock2D"] * 2, "mid_block_type": "UNetMidBlock2D"}) == (0, 0)
+    inputs, profile = _unet_profile(4, 128)
+    batch, tokens = memory.attention_tokens(inputs, profile, 1)
+    assert (batch, tokens) == (4, 128 * 128)
+    assert memory.attention_bytes(8, batch, tokens) / memory.ATTENTION_COPIES > 34e9
+    assert memory.attention_tokens(inputs, profile, 2) == (4, 64 * 64)  # SDXL's first attention is a level down
+    sd1 = FAMILIES["sd1"]
+    dims = profile_dims(sd1, sd1.component("unet"), sd1.sizes)
+    inputs, profile = _unet_profile(dims["batch"][2], dims["height"][2])
+    attention = memory.attention_bytes(8, *memory.attention_tokens(inputs, profile, 1))
+    need = memory.need_bytes(int(3.44e9), 0, "onnxruntime", "fp32", attention)
+    assert need > memory.need_bytes(int(3.44e9)) and need <= 24e9
+
+
+def test_a_vaes_need_comes_from_its_own_widths():
+    """A VAE's need is read from its config (block_out_channels, its mid-block's attention), not fitted to the real
+    SD VAE: the tiny SDXL exported with the defaults was refused as "needs 29.9 GB" (6 GB per megapixel x the
+    profile's batch). Real VAEs stay above their measured peaks: SDXL's decoder 6.9 GB at 1024 px, SD 1.5's 2.4 GB at
+    512 px (0.2 GB of weights each)."""
+    from enginefarm.export.resources import vae_activation_channels
+
+    real, tiny = (vae_activation_channels({"block_out_channels": c}) for c in ([128, 256, 512, 512], [8, 16, 16, 16]))
+    assert (real, tiny) == (256, 16)
+
+    def decoder_need(channels: int, pixels: int) -> int:
+        latent = pixels // memory.LATENT_SCALE
+        attention = memory.attention_bytes(1, 1, latent * latent)  # the mid-block: one head over the latent pixels
+        activations = memory.image_activation_bytes(channels, pixels * pixels / 1e6)
+        return memory.need_bytes(int(0.2e9), 0, "onnxruntime", "fp32", attention + activations)
+
+    assert 6.9e9 <= decoder_need(real, 1024) <= 1.5 * 6.9e9 and decoder_need(real, 512) >= 2.4e9
+    assert decoder_need(tiny, 1024) < 8e9 < 29.9e9

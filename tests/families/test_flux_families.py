@@ -48,8 +48,8 @@ def test_the_contracts():
         "attention_mask": (0, 1),
     }
     # no true CFG for Flux: one latent per image is the profile's optimum; Chroma guides with a negative prompt
-    assert profile_dims(flux, flux.component("transformer"), flux.sizes)["batch"] == (1, 1, 4) and not flux.true_cfg
-    assert profile_dims(chroma, chroma.component("transformer"), chroma.sizes)["batch"] == (1, 2, 4) and chroma.true_cfg
+    assert profile_dims(flux, flux.component("transformer"), flux.sizes)["batch"] == (1, 1, 2) and not flux.true_cfg
+    assert profile_dims(chroma, chroma.component("transformer"), chroma.sizes)["batch"] == (1, 2, 2) and chroma.true_cfg
     # the T5 token count is dynamic (diffusers' max_sequence_length, up to 512); the default is the profile's opt:
     # dev and Chroma 512 (diffusers' default), schnell 256 (what it was trained with); the transformer's text follows
     schnell = FAMILIES["flux-schnell"]

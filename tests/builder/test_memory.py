@@ -362,3 +362,62 @@ def test_a_vaes_need_comes_from_its_own_widths():
 
     assert 6.9e9 <= decoder_need(real, 1024) <= 1.5 * 6.9e9 and decoder_need(real, 512) >= 2.4e9
     assert decoder_need(tiny, 1024) < 8e9 < 29.9e9
+
+
+_SCORES_RECIPE = """
+[model]
+name = "scores"
+version = "1"
+
+[defaults]
+precisions = ["fp32"]
+targets = ["onnxruntime:cpu"]
+
+[components.scores]
+source = "models/scores.onnx"
+
+[components.scores.profiles.default]
+batch = [1, 1, 1]
+tokens = [4, 8, 300000]
+"""
+
+
+def test_a_job_out_of_memory_names_the_size_the_profile_and_the_options(tmp_path, write_recipe, cli):
+    """An attention-like score matrix (x @ xᵀ) at the profile's max asks ONNX Runtime for 360 GB at once; the
+    build says so with that size, names the profile as the cause and the options that shrink it, and does not
+    blame enginefarm (its reference run's error was cut at `AllocateRawInternal(size` and its hint said "a bug in
+    enginefarm's reference run")."""
+    import onnx
+    import onnx.helper as h
+
+    graph = h.make_graph(
+        [
+            h.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+            h.make_node("MatMul", ["x", "xt"], ["scores"]),
+            h.make_node("ReduceSum", ["scores", "axes"], ["y"], keepdims=0),
+        ],
+        "scores",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "tokens", 8])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch"])],
+        [h.make_tensor("axes", onnx.TensorProto.INT64, [2], [1, 2])],
+    )
+    (tmp_path / "models").mkdir()
+    onnx.save(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=9), tmp_path / "models/scores.onnx"
+    )
+    report = tmp_path / "report.json"
+    proc = cli(
+        "build",
+        str(write_recipe(_SCORES_RECIPE)),
+        "--store",
+        str(tmp_path / "store"),
+        "--no-bench",
+        "--report",
+        str(report),
+    )
+    assert proc.returncode != 0
+    (row,) = json.loads(report.read_text())
+    said = f"{row['reason']} {proc.stdout} {proc.stderr}"
+    assert "asked for 360 GB at once" in said and "x [1, 300000, 8]" in said, said
+    assert "profile 'default' is too large" in said and "enginefarm export --batch" in said, said
+    assert "bug in enginefarm" not in said

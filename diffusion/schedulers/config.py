@@ -70,6 +70,9 @@ class SchedulerConfig:
     shift_terminal: float | None = None
     time_shift_type: str = "exponential"
     stochastic_sampling: bool = False
+    # UniPC
+    predict_x0: bool = True
+    disable_corrector: tuple[int, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -108,6 +111,10 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         if isinstance(value, (str, bytes)) or not all(isinstance(b, (int, float)) for b in value):
             raise TypeError("trained_betas must be a list of numbers")
         return tuple(float(b) for b in value)
+    if key == "disable_corrector":
+        if isinstance(value, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise TypeError("disable_corrector must be a list of step indices")
+        return tuple(value)
     if annotation.startswith("bool"):
         if not isinstance(value, bool):
             raise TypeError(f"{key} must be true or false, not {value!r}")

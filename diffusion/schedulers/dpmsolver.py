@@ -28,6 +28,7 @@ class DPMSolverMultistepScheduler(LogSNRScheduler):
         require(cfg, self.name, "timestep_spacing", ("leading", "trailing", "linspace"))
         require(cfg, self.name, "final_sigmas_type", ("zero", "sigma_min"))
         require(cfg, self.name, "variance_type", (None,))
+        require(cfg, self.name, "use_lu_lambdas", (False,))
         if cfg.algorithm_type == "dpmsolver" and cfg.final_sigmas_type == "zero":
             raise ConfigError(
                 f"{self.name}: algorithm_type 'dpmsolver' cannot end at sigma 0 (final_sigmas_type 'zero')",

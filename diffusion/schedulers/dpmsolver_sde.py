@@ -70,6 +70,10 @@ class DPMSolverSDEScheduler(SigmaScheduler):
         sigma = self.sigmas[index] if self._start is None else self._mid_sigma
         return (np.asarray(x, F32) / (sigma**2 + 1) ** 0.5).astype(F32)
 
+    def denoised(self, model_output, x):
+        sigma = self.sigmas[self._index] if self._start is None else self._mid_sigma
+        return self._x0(np.asarray(model_output, F32), np.asarray(x, F32), sigma)
+
     def _step(self, model_output, x, noise):
         i, first = self._index, self._start is None
         sigma, sigma_next = (self.sigmas[i], self.sigmas[i + 1]) if first else (self.sigmas[i - 1], self.sigmas[i])

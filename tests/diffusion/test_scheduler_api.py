@@ -45,7 +45,7 @@ def test_none_means_the_models_own_scheduler():
     assert make_scheduler(None, LCM).name == "LCMScheduler"
 
 
-@pytest.mark.parametrize("own", ["UniPCMultistepScheduler", None])
+@pytest.mark.parametrize("own", ["CMStochasticIterativeScheduler", None])
 def test_a_class_we_do_not_implement_falls_back_to_ddim_with_the_models_settings(own):
     config = {**SD21V, "_class_name": own}
     sched = make_scheduler(None, config)

@@ -138,7 +138,12 @@ def _lookup(
             left_out,
         )
     # Artifacts patched with a user's weights are reached only through their stack, never picked by themselves.
-    cached = [c.manifest for c in cache.entries() if c.manifest.model == model and "stack" not in c.manifest.options]
+    # Seamless variants likewise, through their tiling (runner/seamless.py).
+    cached = [
+        c.manifest
+        for c in cache.entries()
+        if c.manifest.model == model and "stack" not in c.manifest.options and "tiling" not in c.manifest.options
+    ]
     note, opened, stored, origin, unreadable = "", None, [], None, ""
     listed: set[str] | None = None  # the build keys the store's index lists now; None: its index was not read
     if settings.offline:
@@ -333,11 +338,17 @@ def load(
     channel: str | None = None,
     trusted_root: str | Path | None = None,
     version: str | None = None,
+    tiling: str | None = None,
 ) -> Session:
     """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json.
     version: serve this model version (the recipe's `model.version`); default the newest with an artifact usable
-    here."""
+    here. tiling: "x", "y" or "xy": the artifact's seamless variant, every 2D convolution padding circularly in those
+    axes (derived on this device once and cached: runner/seamless.py)."""
     settings = with_channel(settings or load_settings(), channel, trusted_root)
+    if tiling is not None:
+        from .seamless import check_tiling
+
+        tiling = check_tiling(tiling)
     stack = None
     if weights is not None or loras:  # custom weights and LoRAs bring their own code (and the builder's readers)
         from .custom import Stack
@@ -345,7 +356,7 @@ def load(
         stack = Stack.parse(weights, loras)
     report = as_progress(progress)
     memo = None
-    if stack is None and warm.remembers(store, settings):  # the pick may be remembered (warm.py)
+    if stack is None and tiling is None and warm.remembers(store, settings):  # the pick may be remembered (warm.py)
         index_file = warm.index_file(ref.partition("/")[0], store, settings)
         asked = warm.request(ref, precision, device, store, target, version, recipe, settings)
         memo = (asked, index_file, warm.state(settings.home, index_file))
@@ -359,12 +370,14 @@ def load(
 
     def open_session(candidate: Candidate) -> Session:
         key = candidate.entry.build_key
-        if stack is None and key in opened:  # loaded already to time it here
+        if stack is None and tiling is None and key in opened:  # loaded already to time it here
             manifest, backend_session = opened.pop(key)
             opened.clear()
             return Session(backend_session, manifest, found.resolution.explain(candidate, note=found.note))
         manifest, path = _materialize(candidate, found, report)
-        return _session(manifest, path, stack, found, found.resolution.explain(candidate, note=found.note), report)
+        return _session(
+            manifest, path, stack, found, found.resolution.explain(candidate, note=found.note), report, tiling
+        )
 
     candidate, session, failures = _first_usable(found, open_session)
     if candidate is not None:
@@ -393,12 +406,24 @@ def load(
     explanation = found.resolution.explain(
         chosen, note=f"compiled on this device from {recipe_found.path}: nothing stored fit"
     )
-    return _session(manifest, path, stack, found, explanation, report)
+    return _session(manifest, path, stack, found, explanation, report, tiling)
 
 
 def _session(
-    manifest: Manifest, path: Path, stack: Stack | None, found: Lookup, explanation: str, report: Progress
+    manifest: Manifest,
+    path: Path,
+    stack: Stack | None,
+    found: Lookup,
+    explanation: str,
+    report: Progress,
+    tiling: str | None = None,
 ) -> Session:
+    if tiling is not None:  # the seamless variant stands in for the artifact, custom weights included
+        from .seamless import seamless_artifact
+
+        base = manifest.build_key
+        manifest, path = seamless_artifact(manifest, path, tiling, found.cache, found.store, report)
+        explanation += f"\nseamless ({tiling}): derived on this device from [{base[:12]}] [{manifest.build_key[:12]}]"
     backend = get_backend(manifest.parsed_target.backend)
     if stack is None:
         loaded = backend.load(path, manifest, manifest.parsed_target.device)

@@ -117,6 +117,7 @@ def onnx_source(manifest: Manifest, cache: DeviceCache, store: Store | None, rep
             and m.component == manifest.component
             and m.target == ONNX_TARGET
             and "stack" not in m.options
+            and "tiling" not in m.options
             and (store is None or cache.served_by(m.build_key, store.url))
         ):  # another store's never stands in for this one's
             candidates[m.build_key] = None

@@ -17,11 +17,15 @@ from enginefarm.errors import ConfigError
 from .base import Scheduler
 from .config import SchedulerConfig
 from .ddim import DDIMScheduler
+from .deis import DEISMultistepScheduler
 from .dpmsolver import DPMSolverMultistepScheduler
+from .dpmsolver_sde import DPMSolverSDEScheduler
+from .dpmsolver_singlestep import DPMSolverSinglestepScheduler
 from .euler import EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
 from .flow_match import FlowMatchEulerDiscreteScheduler, dynamic_shift_mu
 from .lcm import LCMScheduler
 from .pndm import PNDMScheduler
+from .unipc import UniPCMultistepScheduler
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     cls.name: cls
@@ -33,6 +37,10 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
         DPMSolverMultistepScheduler,
         LCMScheduler,
         FlowMatchEulerDiscreteScheduler,
+        DPMSolverSinglestepScheduler,
+        DPMSolverSDEScheduler,
+        DEISMultistepScheduler,
+        UniPCMultistepScheduler,
     )
 }
 
@@ -53,6 +61,33 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "lcm": ("LCMScheduler", {}),
     "flow_euler": ("FlowMatchEulerDiscreteScheduler", {}),
+    # Easy Diffusion's DPM-Solver family, with sdkit's settings (its "dpmpp_2m" is our "dpmpp_2m_karras")
+    "dpmpp_2s_a": ("DPMSolverSinglestepScheduler", {"use_karras_sigmas": True}),
+    "dpmpp_sde": ("DPMSolverSDEScheduler", {"use_karras_sigmas": True}),
+    "dpmpp_2m_sde": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "use_karras_sigmas": True}),
+    "dpm_solver_stability": (
+        "DPMSolverMultistepScheduler",
+        {"algorithm_type": "dpmsolver", "final_sigmas_type": "sigma_min"},
+    ),
+    "dpm": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver", "final_sigmas_type": "sigma_min"}),
+    "deis": ("DEISMultistepScheduler", {}),
+    "unipc": ("UniPCMultistepScheduler", {}),
+    # sdkit's time-uniform UniPC variants (it switches unipc_tu to unipc_tu_2 below 10 steps). unipc_tu_2's bh1 ends
+    # at the smallest training sigma, as diffusers did when sdkit chose it: bh1 down to sigma 0 is NaN in diffusers
+    "unipc_tu": (
+        "UniPCMultistepScheduler",
+        {"solver_type": "bh2", "solver_order": 2, "lower_order_final": True, "thresholding": False},
+    ),
+    "unipc_tu_2": (
+        "UniPCMultistepScheduler",
+        {
+            "solver_type": "bh1",
+            "solver_order": 2,
+            "lower_order_final": True,
+            "thresholding": False,
+            "final_sigmas_type": "sigma_min",
+        },
+    ),
 }
 
 

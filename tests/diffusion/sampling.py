@@ -112,6 +112,10 @@ MODULES = {
     "DPMSolverMultistepScheduler": "scheduling_dpmsolver_multistep",
     "LCMScheduler": "scheduling_lcm",
     "FlowMatchEulerDiscreteScheduler": "scheduling_flow_match_euler_discrete",
+    "DPMSolverSinglestepScheduler": "scheduling_dpmsolver_singlestep",
+    "DPMSolverSDEScheduler": "scheduling_dpmsolver_sde",
+    "DEISMultistepScheduler": "scheduling_deis_multistep",
+    "UniPCMultistepScheduler": "scheduling_unipc_multistep",
 }
 
 
@@ -179,6 +183,9 @@ def run_diffusers(case: Case, monkeypatch) -> Run:
     draws = iter(step_noise)
     module = importlib.import_module(f"diffusers.schedulers.{MODULES[case.cls]}")
     monkeypatch.setattr(module, "randn_tensor", lambda shape, **kw: torch.from_numpy(next(draws).copy()), raising=False)
+    if hasattr(module, "BrownianTreeNoiseSampler"):  # DPMSolverSDE: the same draws instead of a torchsde Brownian tree
+        sampler = lambda *a, **kw: lambda sigma, sigma_next: torch.from_numpy(next(draws).copy())  # noqa: E731
+        monkeypatch.setattr(module, "BrownianTreeNoiseSampler", sampler)
     sched = getattr(diffusers, case.cls).from_config(case.config)
     if case.cls == "LCMScheduler":
         sched.set_timesteps(case.steps, strength=case.strength)

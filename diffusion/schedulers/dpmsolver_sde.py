@@ -18,7 +18,7 @@ import numpy as np
 from .base import F32
 from .config import SchedulerConfig, require
 from .euler import SigmaScheduler
-from .noise_schedule import exponential_sigmas, karras_sigmas, leading, sigma_to_t, trailing
+from .noise_schedule import exponential_sigmas, karras_sigmas, sigma_to_t
 
 
 class DPMSolverSDEScheduler(SigmaScheduler):
@@ -40,12 +40,7 @@ class DPMSolverSDEScheduler(SigmaScheduler):
 
     def _timesteps_for(self, steps):
         cfg = self.config
-        if cfg.timestep_spacing == "linspace":
-            timesteps = np.linspace(0, cfg.num_train_timesteps - 1, steps)[::-1].copy()
-        elif cfg.timestep_spacing == "leading":
-            timesteps = leading(cfg, steps).astype(np.float64)
-        else:
-            timesteps = trailing(cfg, steps).astype(np.float64)
+        timesteps = self._spaced(steps).astype(np.float64)
         log_sigmas = np.log(self._train_sigmas)
         sigmas = self._interpolated_sigmas(timesteps)
         if cfg.use_karras_sigmas or cfg.use_exponential_sigmas:

@@ -17,13 +17,17 @@ from enginefarm.errors import ConfigError
 from .base import Scheduler
 from .config import SchedulerConfig
 from .ddim import DDIMScheduler
+from .ddpm import DDPMScheduler
 from .deis import DEISMultistepScheduler
 from .dpmsolver import DPMSolverMultistepScheduler
 from .dpmsolver_sde import DPMSolverSDEScheduler
 from .dpmsolver_singlestep import DPMSolverSinglestepScheduler
 from .euler import EulerAncestralDiscreteScheduler, EulerDiscreteScheduler
 from .flow_match import FlowMatchEulerDiscreteScheduler, dynamic_shift_mu
+from .heun import HeunDiscreteScheduler
+from .kdpm2 import KDPM2AncestralDiscreteScheduler, KDPM2DiscreteScheduler
 from .lcm import LCMScheduler
+from .lms import LMSDiscreteScheduler
 from .pndm import PNDMScheduler
 from .unipc import UniPCMultistepScheduler
 
@@ -37,6 +41,11 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
         DPMSolverMultistepScheduler,
         LCMScheduler,
         FlowMatchEulerDiscreteScheduler,
+        HeunDiscreteScheduler,
+        KDPM2DiscreteScheduler,
+        KDPM2AncestralDiscreteScheduler,
+        LMSDiscreteScheduler,
+        DDPMScheduler,
         DPMSolverSinglestepScheduler,
         DPMSolverSDEScheduler,
         DEISMultistepScheduler,
@@ -61,6 +70,17 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "lcm": ("LCMScheduler", {}),
     "flow_euler": ("FlowMatchEulerDiscreteScheduler", {}),
+    # Easy Diffusion's (sdkit's) names; its PLMS is PNDM without the Runge-Kutta warm-up
+    "plms": ("PNDMScheduler", {"skip_prk_steps": True}),
+    "heun": ("HeunDiscreteScheduler", {"use_karras_sigmas": False}),
+    "heun_karras": ("HeunDiscreteScheduler", {"use_karras_sigmas": True}),
+    "dpm2": ("KDPM2DiscreteScheduler", {"use_karras_sigmas": False}),
+    "dpm2_karras": ("KDPM2DiscreteScheduler", {"use_karras_sigmas": True}),
+    "dpm2_a": ("KDPM2AncestralDiscreteScheduler", {"use_karras_sigmas": False}),
+    "dpm2_a_karras": ("KDPM2AncestralDiscreteScheduler", {"use_karras_sigmas": True}),
+    "lms": ("LMSDiscreteScheduler", {"use_karras_sigmas": False}),
+    "lms_karras": ("LMSDiscreteScheduler", {"use_karras_sigmas": True}),
+    "ddpm": ("DDPMScheduler", {}),
     # Easy Diffusion's DPM-Solver family, with sdkit's settings (its "dpmpp_2m" is our "dpmpp_2m_karras")
     "dpmpp_2s_a": ("DPMSolverSinglestepScheduler", {"use_karras_sigmas": True}),
     "dpmpp_sde": ("DPMSolverSDEScheduler", {"use_karras_sigmas": True}),

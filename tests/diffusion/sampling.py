@@ -6,7 +6,10 @@ draw are the same arrays: whatever differs at the end comes from the schedulers.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,6 +115,11 @@ MODULES = {
     "DPMSolverMultistepScheduler": "scheduling_dpmsolver_multistep",
     "LCMScheduler": "scheduling_lcm",
     "FlowMatchEulerDiscreteScheduler": "scheduling_flow_match_euler_discrete",
+    "HeunDiscreteScheduler": "scheduling_heun_discrete",
+    "KDPM2DiscreteScheduler": "scheduling_k_dpm_2_discrete",
+    "KDPM2AncestralDiscreteScheduler": "scheduling_k_dpm_2_ancestral_discrete",
+    "LMSDiscreteScheduler": "scheduling_lms_discrete",
+    "DDPMScheduler": "scheduling_ddpm",
     "DPMSolverSinglestepScheduler": "scheduling_dpmsolver_singlestep",
     "DPMSolverSDEScheduler": "scheduling_dpmsolver_sde",
     "DEISMultistepScheduler": "scheduling_deis_multistep",
@@ -176,17 +184,20 @@ def run_ours(case: Case, name: str | None = None) -> Run:
 
 def run_diffusers(case: Case, monkeypatch) -> Run:
     """As diffusers' pipelines drive the scheduler: SD's img2img get_timesteps, LCM's and SD3/Flux's own."""
-    import diffusers
     import torch
 
     image, start_noise, step_noise = case.inputs()
-    draws = iter(step_noise)
+    # a draw during the k-th step call gets step_noise[k], the noise ours is given there (order-2 ancestral
+    # schedulers draw on every second call only)
+    call = [0]
     module = importlib.import_module(f"diffusers.schedulers.{MODULES[case.cls]}")
-    monkeypatch.setattr(module, "randn_tensor", lambda shape, **kw: torch.from_numpy(next(draws).copy()), raising=False)
+    monkeypatch.setattr(
+        module, "randn_tensor", lambda shape, **kw: torch.from_numpy(step_noise[call[0]].copy()), raising=False
+    )
     if hasattr(module, "BrownianTreeNoiseSampler"):  # DPMSolverSDE: the same draws instead of a torchsde Brownian tree
-        sampler = lambda *a, **kw: lambda sigma, sigma_next: torch.from_numpy(next(draws).copy())  # noqa: E731
+        sampler = lambda *a, **kw: lambda sigma, sigma_next: torch.from_numpy(step_noise[call[0]].copy())  # noqa: E731
         monkeypatch.setattr(module, "BrownianTreeNoiseSampler", sampler)
-    sched = getattr(diffusers, case.cls).from_config(case.config)
+    sched = _reference_scheduler(case.cls, json.dumps(case.config, sort_keys=True))
     if case.cls == "LCMScheduler":
         sched.set_timesteps(case.steps, strength=case.strength)
         timesteps = sched.timesteps
@@ -209,11 +220,24 @@ def run_diffusers(case: Case, monkeypatch) -> Run:
     else:
         x = torch.from_numpy(start_noise) * init_sigma
     start = x.numpy().copy()
-    for t in timesteps:
+    for call[0], t in enumerate(timesteps):
         x_in = x if case.flow else sched.scale_model_input(x, t)
         out = torch.from_numpy(fake_model(x_in.numpy(), float(t)))
         x = sched.step(out, t, x).prev_sample
     return Run(timesteps.numpy(), init_sigma, start, x.numpy())
+
+
+@functools.cache
+def _built_reference(cls: str, config: str):
+    import diffusers
+
+    return getattr(diffusers, cls).from_config(json.loads(config))
+
+
+def _reference_scheduler(cls: str, config: str):
+    """A fresh diffusers scheduler: a copy of one built once per class and config (building the k-diffusion ports
+    plans 1000 steps and takes a quarter of a second)."""
+    return copy.deepcopy(_built_reference(cls, config))
 
 
 def deviation(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -19,9 +19,20 @@ def _ort():
 
 
 class OrtSession:
-    def __init__(self, path: Path, device: str, precision: str, overrides: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: str,
+        precision: str,
+        overrides: dict[str, np.ndarray] | None = None,
+        model_bytes: bytes | None = None,
+    ) -> None:
+        """model_bytes: the model itself, a variant of the one at `path` (runner/live_weights.py), whose external
+        data is read from `path`'s folder."""
         ort = _ort()
         options = ort.SessionOptions()
+        if model_bytes is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         options.log_severity_level = 4  # a failed run raises with the same text; ORT's own log line would repeat it
         # initializers replaced at session creation (before graph optimization); ORT reads the arrays while the
         # session lives, so they are kept
@@ -33,7 +44,9 @@ class OrtSession:
             # file, so overridden Conv weights would be silently dropped: sessions with overrides stop at EXTENDED
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         self._session = ort.InferenceSession(
-            str(path), options, providers=[PROVIDERS.get(device, "CPUExecutionProvider")]
+            str(path) if model_bytes is None else model_bytes,
+            options,
+            providers=[PROVIDERS.get(device, "CPUExecutionProvider")],
         )
         self._run_options = _run_options(ort)
         self.input_names = [i.name for i in self._session.get_inputs()]

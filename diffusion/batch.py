@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import cast, overload
 
 import numpy as np
 
@@ -39,6 +40,14 @@ class SeedNoise:
         raise AttributeError(f"SeedNoise draws standard_normal only (asked for {name!r} with a batch)")
 
 
+def noise_streams(seeds: list[int], stream: int | None = None) -> np.random.Generator:
+    """The generator a call draws from: one image's own `default_rng(seed)` (or `[seed, stream]`), as before batches
+    existed; for a batch, a `SeedNoise` over every image's (duck-typed: schedulers call `standard_normal` only)."""
+    if len(seeds) == 1:
+        return np.random.default_rng(seeds[0] if stream is None else [seeds[0], stream])
+    return cast(np.random.Generator, SeedNoise(seeds, stream))
+
+
 def seeds_for(seed: int, count: int) -> list[int]:
     """The seed of each image of a batch: seed, seed + 1, …"""
     return [seed + i for i in range(count)]
@@ -50,6 +59,10 @@ def check_count(count) -> int:
     return int(count)
 
 
+@overload
+def per_image(array: np.ndarray, count: int) -> np.ndarray: ...
+@overload
+def per_image(array: None, count: int) -> None: ...
 def per_image(array: np.ndarray | None, count: int) -> np.ndarray | None:
     """Rows repeated per image, in order: [negative, positive] → [negative × N, positive × N] (diffusers' layout
     under classifier-free guidance: the unconditional half first)."""

@@ -415,8 +415,8 @@ class Pipeline:
         strength = inpaint.default_strength(self.family, strength, mask is not None)
         count = batch.check_count(num_images_per_prompt)
         seeds = batch.seeds_for(seed, count)
-        rng = batch.SeedNoise(seeds)  # image i's start noise: default_rng(seed + i), a one-image call's stream
-        sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=batch.SeedNoise(seeds, 1))
+        rng = batch.noise_streams(seeds)  # image i's start noise: default_rng(seed + i), a one-image call's stream
+        sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=batch.noise_streams(seeds, 1))
         if self.transformer:
             transformer_step.check_scheduler(sched)
         default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5

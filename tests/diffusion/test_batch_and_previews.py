@@ -93,7 +93,15 @@ def test_a_batch_matches_diffusers_num_images_per_prompt(built, family):
         guidance_scale=6.0,
         output_type="latent",
     ).images.numpy()
-    got = ours(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, output_type="latent")
+    got = ours(
+        PROMPT,
+        NEGATIVE,
+        steps=STEPS,
+        latents=latents,
+        guidance_scale=6.0,
+        num_images_per_prompt=2,
+        output_type="latent",
+    )
     assert got.shape == reference.shape == latents.shape
     assert _relative(got, reference) < 1e-4
 

@@ -187,3 +187,32 @@ def test_order_two_schedules_call_the_model_twice_per_step():
         assert len(sched.timesteps) == 2 * 10 - 1  # the last step, to sigma 0, is a single Euler call
         sched.set_timesteps(10, strength=0.5)
         assert len(sched.timesteps) == 2 * 5 - 1
+
+
+@pytest.mark.parametrize("cls", sorted({cls for cls, _ in NAMES.values()} - {"PNDMScheduler"}))
+def test_previews_are_diffusers_predicted_clean_latents(cls, monkeypatch):
+    """`denoised` (called before `step`, for previews) is what diffusers' step returns as pred_original_sample, on
+    either call of an order-2 step (DPM2's second call sees the midpoint sigma)."""
+    import importlib
+
+    import diffusers
+    import torch
+
+    from tests.diffusion.sampling import MODULES, fake_model
+
+    _, start, noise = Case(cls, SD15, 4).inputs()
+    call = [0]
+    module = importlib.import_module(f"diffusers.schedulers.{MODULES[cls]}")
+    monkeypatch.setattr(module, "randn_tensor", lambda *a, **k: torch.from_numpy(noise[call[0]].copy()), raising=False)
+    theirs, ours = getattr(diffusers, cls).from_config(SD15), make_scheduler(cls, SD15)
+    theirs.set_timesteps(4)
+    ours.set_timesteps(4)
+    x = start * np.float32(ours.init_noise_sigma)
+    for call[0], t in enumerate(ours.timesteps):
+        out = fake_model(ours.scale_model_input(x, t), t)
+        preview = ours.denoised(out, x)
+        their_t = theirs.timesteps[call[0]]
+        theirs.scale_model_input(torch.from_numpy(x), their_t)  # sets diffusers' step index on the first call
+        expected = theirs.step(torch.from_numpy(out), their_t, torch.from_numpy(x)).pred_original_sample.numpy()
+        assert deviation(preview, expected) <= 1e-5, call[0]
+        x = ours.step(out, t, x, noise=noise[call[0]])

@@ -42,7 +42,6 @@ def load(loras=()):
     pipe = Pipeline.load(name, target=target, precision="fp16", device="cpu", assets=assets, loras=loras)
     return pipe, time.perf_counter() - start
 def one_step(pipe):
-    size = pipe.assets.native_pixels // pipe.vae_scale_factor
     start = np.random.default_rng(0).standard_normal((1, 4, 16, 16)).astype(np.float32)
     begin = time.perf_counter()
     latent = pipe("a lighthouse", steps=1, latents=start, width=128, height=128, output_type="latent")
@@ -50,6 +49,8 @@ def one_step(pipe):
 found = {}
 if a == "-":
     pipe, found["stock"] = load()
+    _, found["first_call_stock"] = one_step(pipe)
+    _, found["second_call_stock"] = one_step(pipe)
 elif b == "-":  # the reference: a fresh load with A at 0.5
     pipe, found["fresh_05"] = load([(a, 0.5)])
     latent, _ = one_step(pipe)
@@ -62,6 +63,7 @@ else:
     found["strength"] = time.perf_counter() - start
     found["strength_stages"] = {k: v for k, v in pipe.timings.items() if k.startswith("set_loras")}
     latent, found["first_call_after"] = one_step(pipe)
+    _, found["second_call_after"] = one_step(pipe)
     np.save(out, latent)
     start = time.perf_counter()
     pipe.set_loras([(a, 0.5), (b, 0.7)])
@@ -121,8 +123,11 @@ def main() -> None:
             ("fresh", "Pipeline.load, LoRA A"),
             ("strength", "set_loras: A's strength"),
             ("new_lora", "set_loras: + LoRA B"),
+            ("first_call_stock", "one step, stock"),
+            ("second_call_stock", "again, stock"),
             ("first_call_fresh", "one step after the load"),
             ("first_call_after", "one step after set_loras"),
+            ("second_call_after", "again, after set_loras"),
         ]:
             print(f"  {label:28s} {median[key]:7.2f} s   {median[key] / fresh:.3f}x the fresh load")
         print(f"  set_loras stages (last run): {', '.join(f'{k} {v:.2f} s' for k, v in stages[-1].items())}")

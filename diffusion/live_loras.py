@@ -160,6 +160,7 @@ class LiveComponent:
         """The stack merged (raises on a bad file or an overflow, changing nothing)."""
         from enginefarm.runner.merge import merged_weights
 
+        assert self.wmap is not None, "only fed components prepare"
         stacked = [(self._placed(path), strength) for path, strength in loras]
         merged = merged_weights(
             self.wmap, _CachedBase(self), self.folder, self.manifest, {}, stacked, every=False, stored=True
@@ -211,6 +212,7 @@ class LiveComponent:
 
         key = _file_key(Path(path))
         if key not in self._layers:
+            assert self.wmap is not None, "only fed components place layers"
             ref = f"{self.manifest.ref}"
             self._layers[key] = read_lora(Path(path), self.wmap, self.component, lora_files.read(Path(path)), ref=ref)
         return self._layers[key]

@@ -90,8 +90,10 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
         {"algorithm_type": "dpmsolver", "final_sigmas_type": "sigma_min"},
     ),
     "dpm": ("DPMSolverMultistepScheduler", {"algorithm_type": "dpmsolver", "final_sigmas_type": "sigma_min"}),
-    "deis": ("DEISMultistepScheduler", {}),
-    "unipc": ("UniPCMultistepScheduler", {}),
+    "deis": ("DEISMultistepScheduler", {"use_karras_sigmas": False}),
+    "deis_karras": ("DEISMultistepScheduler", {"use_karras_sigmas": True}),
+    "unipc": ("UniPCMultistepScheduler", {"use_karras_sigmas": False}),
+    "unipc_karras": ("UniPCMultistepScheduler", {"use_karras_sigmas": True}),
     # sdkit's time-uniform UniPC variants (it switches unipc_tu to unipc_tu_2 below 10 steps). unipc_tu_2's bh1 ends
     # at the smallest training sigma, as diffusers did when sdkit chose it: bh1 down to sigma 0 is NaN in diffusers
     "unipc_tu": (

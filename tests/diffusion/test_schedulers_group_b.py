@@ -35,7 +35,9 @@ NAMES = {
     SDE: (SDE, {}),
     "dpmpp_sde": (SDE, {"use_karras_sigmas": True}),
     DEIS: (DEIS, {}),
+    "deis_karras": (DEIS, {"use_karras_sigmas": True}),
     UNIPC: (UNIPC, {}),
+    "unipc_karras": (UNIPC, {"use_karras_sigmas": True}),
     # sdkit's bh1 ends at sigma 0, which is NaN in diffusers 0.42: ours ends at the smallest training sigma
     "unipc_tu_2": (
         UNIPC,
@@ -46,8 +48,11 @@ NAMES = {
 }
 # the spacings the real configs give these classes: SD 1.5's (no timestep_spacing: linspace), SDXL's leading, trailing
 CONFIGS = {"sd15": SD15, "sdxl": SDXL, "sdxl_trailing": SDXL_TRAILING}
-# the singlestep solver has no timestep_spacing (always linspace): one config is all
-NAME_CONFIGS = [(n, c) for n in NAMES for c in CONFIGS if NAMES[n][0] != SINGLESTEP or c == "sd15"]
+# one config where the spacing does not matter: the singlestep solver has none (always linspace), Karras sigmas
+# replace the spaced timesteps (checked on every config through dpmpp_sde, whose range depends on them)
+NAME_CONFIGS = [
+    (n, c) for n in NAMES for c in CONFIGS if c == "sd15" or (NAMES[n][0] != SINGLESTEP and not n.endswith("_karras"))
+]
 
 
 @pytest.mark.parametrize("strength", [1.0, 0.5])
@@ -200,7 +205,33 @@ def test_easy_diffusion_names_resolve_to_sdkits_settings():
             assert ALIASES[name][0] == cls and changes.items() <= ALIASES[name][1].items(), name
     assert ALIASES["unipc_tu"][0] == UNIPC and ALIASES["unipc_tu"][1]["solver_type"] == "bh2"
     assert ALIASES["dpm"] == ALIASES["dpm_solver_stability"]
-    assert ALIASES["deis"] == (DEIS, {})
+    assert ALIASES["deis"] == (DEIS, {"use_karras_sigmas": False})
     for refused in ("unipc_snr", "unipc_tq", "unipc_snr_2"):
         with pytest.raises(ConfigError):
             make_scheduler(refused, SD15)
+
+
+@pytest.mark.parametrize("prediction", ["epsilon", "v_prediction"])
+def test_sde_preview_is_diffusers_pred_original_sample_on_every_call(prediction, monkeypatch):
+    """Scheduler.denoised (the live preview) before each step call equals the pred_original_sample diffusers' step
+    returns, the midpoint call (another sigma than the timestep's) included."""
+    import diffusers
+    import torch
+
+    config = {**SDXL, "use_karras_sigmas": True, "prediction_type": prediction}
+    draws = iter(Case(SDE, config, 4).inputs()[2])
+    module = __import__("diffusers.schedulers.scheduling_dpmsolver_sde", fromlist=["BrownianTreeNoiseSampler"])
+    monkeypatch.setattr(
+        module, "BrownianTreeNoiseSampler", lambda *a, **k: lambda s, s_next: torch.from_numpy(next(draws))
+    )
+    theirs, ours = diffusers.DPMSolverSDEScheduler.from_config(config), make_scheduler(SDE, config)
+    theirs.set_timesteps(4)
+    ours.set_timesteps(4)
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8), dtype=np.float32) * np.float32(ours.init_noise_sigma)
+    for k, t in enumerate(ours.timesteps):
+        out = np.tanh(ours.scale_model_input(x, t))
+        preview = ours.denoised(out, x)
+        reference = theirs.step(torch.from_numpy(out), theirs.timesteps[k], torch.from_numpy(x))
+        np.testing.assert_allclose(preview, reference.pred_original_sample.numpy(), rtol=1e-5, atol=1e-5)
+        ours.step(out, t, x)  # advances ours to the same state; diffusers' result goes on, so both see the same x
+        x = reference.prev_sample.numpy()

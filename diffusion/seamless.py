@@ -56,20 +56,23 @@ def tiled(pipe: Pipeline, tiling: str | None, encodes: bool):
         yield
         return
     names = components(pipe, encodes)
-    kept = pipe.__dict__.setdefault("_seamless_sessions", {})  # (component, axes) → its seamless session
+    kept = pipe.__dict__.setdefault("_seamless_sessions", {})  # (component, axes, LoRAs) → its seamless session
     plain = {name: pipe.sessions.get(name) for name in names}
     swapped = {}
     vae_tiling, pipe.vae_tiling = pipe.vae_tiling, None
     try:
         for name in names:
-            session = kept.get((name, axes))
+            key = (name, axes, _loras(pipe, name))
+            for stale in [k for k in kept if k[:2] == key[:2] and k != key]:  # set_loras changed them since
+                kept.pop(stale).close()
+            session = kept.get(key)
             if session is None or session.closed:
                 if pipe.residency is not None and plain[name] is not None:  # within the budget: one of the two
                     pipe.sessions.pop(name).close()
                     plain[name] = None
                 session = _load(pipe, name, axes)
                 if pipe.residency is None:
-                    kept[(name, axes)] = session
+                    kept[key] = session
             pipe.sessions[name] = swapped[name] = session
         yield
     finally:
@@ -82,6 +85,12 @@ def tiled(pipe: Pipeline, tiling: str | None, encodes: bool):
                     session.close()
             if plain[name] is not None:
                 pipe.sessions[name] = plain[name]
+
+
+def _loras(pipe: Pipeline, component: str) -> tuple:
+    """The component's LoRA stack now (`set_loras` may change it between calls): part of a kept variant's key."""
+    live = getattr(pipe, "_loras", None)
+    return tuple(live.dealt.get(component, ())) if live is not None else ()
 
 
 def _load(pipe: Pipeline, component: str, axes: str):

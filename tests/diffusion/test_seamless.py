@@ -89,13 +89,17 @@ def test_seamless_image_wraps_around(built):
     the image rolled by k·8 pixels, its right edge continuing into its left; along y (not tiled), and without tiling,
     it does not."""
     ours = _ours(built("sd1"), "onnxruntime:cpu", "fp32")
-    latents = _latents(ours, seed=3)
     levels = len(ours.assets.configs["unet"]["block_out_channels"])
     shift = 2 ** (levels - 1)  # a whole step of the UNet's coarsest grid: every down and up block shifts alike
     factor = ours.vae_scale_factor
+    size = 2 * shift  # latent pixels: two steps of the coarsest grid (the tiny profile's largest, 16)
+    latents = np.random.default_rng(3).standard_normal((1, 4, size, size)).astype(np.float32)
 
     def image(noise, tiling):
-        return ours(PROMPT, NEGATIVE, steps=2, latents=noise, guidance_scale=6.0, tiling=tiling)
+        pixels = size * factor
+        return ours(
+            PROMPT, NEGATIVE, steps=2, latents=noise, guidance_scale=6.0, tiling=tiling, width=pixels, height=pixels
+        )
 
     base = image(latents, "x")
     shifted = image(np.roll(latents, shift, axis=3), "x")
@@ -113,3 +117,23 @@ def test_tiling_is_checked_before_any_work(built):
     for bad in ("z", "xx", "", "horizontal"):
         with pytest.raises(ConfigError, match="tiling"):
             ours(PROMPT, steps=1, tiling=bad)
+
+
+@pytest.mark.slow
+def test_a_seamless_variant_is_made_once_and_never_picked_by_a_plain_load(built):
+    import enginefarm
+
+    from .test_pipeline_matches_diffusers import _model_name
+
+    _, out, store = built("sd1")
+    ref = f"{_model_name(out)}/vae_decoder"
+    args = dict(store=str(store), precision="fp32", target="onnxruntime:cpu", device="cpu")
+    tiled = enginefarm.load(ref, tiling="yx", **args)
+    assert tiled.artifact.options["tiling"]["axes"] == "xy" and tiled.artifact.options["tiling"]["convolutions"] > 0
+    again = enginefarm.load(ref, tiling="xy", **args)
+    assert again.artifact.build_key == tiled.artifact.build_key  # the cached variant
+    plain = enginefarm.load(ref, **args)
+    assert "tiling" not in plain.artifact.options
+    assert plain.artifact.build_key == tiled.artifact.options["tiling"]["base"]
+    with pytest.raises(ConfigError, match="tiling"):
+        enginefarm.load(ref, tiling="z", **args)

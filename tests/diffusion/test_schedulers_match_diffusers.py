@@ -43,6 +43,13 @@ FINAL_TOLERANCE = 1e-5  # of the final latent's range
 START_TOLERANCE = 1e-6
 
 
+# Zero-SNR schedules start at sigma = sqrt((1 - 2^-24) / 2^-24), just under 4096 and within half an ulp of it: a
+# correctly rounded square root gives 4095.99976 (ours, numpy), torch's vectorized pow on AVX2-only CPUs 4096.0. That
+# one ulp of the reference's first sigma moves a 4-step v-prediction Euler loop's final latent by 4.9e-5 of its range
+# (measured on an AMD EPYC VM; within 1e-5 where torch rounds the same way).
+ZERO_SNR_TOLERANCE = 1e-4
+
+
 def compare(case: Case, monkeypatch, name: str | None = None) -> float:
     try:
         ref = run_diffusers(case, monkeypatch)
@@ -57,7 +64,8 @@ def compare(case: Case, monkeypatch, name: str | None = None) -> float:
     assert deviation(ours.start, ref.start) <= START_TOLERANCE
     assert np.isfinite(ours.final).all()
     dev = deviation(ours.final, ref.final)
-    assert dev <= FINAL_TOLERANCE, f"final latent off by {dev:.3g} of its range"
+    tolerance = ZERO_SNR_TOLERANCE if case.config.get("rescale_betas_zero_snr") else FINAL_TOLERANCE
+    assert dev <= tolerance, f"final latent off by {dev:.3g} of its range"
     return dev
 
 

@@ -155,9 +155,44 @@ def parameters(cls_name: str, config: dict, component: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _activations(model: str, component: str, config: dict) -> tuple[float, int]:
+    """(host GB, activation bytes) a job adds to its weights at the family's default profile's largest case, by the
+    build's rule (builder/memory.py) from the component's own config: a UNet's attention at its highest-resolution
+    attention level, a VAE's widest activations and mid-block attention at batch 1, a transformer's joint attention."""
+    from enginefarm.builder.memory import PATCH, attention_bytes, image_activation_bytes
+    from enginefarm.export.resources import unet_attention, vae_activation_channels
+    from enginefarm.families import FAMILIES
+
+    family = FAMILIES[_FAMILY[model]]
+    pixels, batch = family.pixel_range[1], family.batch_range[2]
+    latent = pixels // 8
+    if component.startswith("vae"):
+        activations = image_activation_bytes(vae_activation_channels(config), pixels * pixels / 1e6)
+        return 0.0, activations + attention_bytes(1, 1, latent * latent)
+    if component == "unet":
+        heads, downscale = unet_attention(config)
+        return 0.0, attention_bytes(heads, batch, (latent // downscale) ** 2)
+    if component == "transformer":  # the family's longest text: SD3 77 CLIP + 512 T5 tokens; Flux, Chroma 512
+        text = 589 if model.startswith("sd3") else 512
+        return 0.0, attention_bytes(config["num_attention_heads"], batch, (latent // PATCH) ** 2 + text)
+    return 0.0, 0
+
+
+_FAMILY = {
+    "sd15": "sd1",
+    "sdxl": "sdxl",
+    "sd3-medium": "sd3",
+    "sd3.5-medium": "sd3.5",
+    "sd3.5-large": "sd3.5",
+    "flux-dev": "flux",
+    "flux-schnell": "flux-schnell",
+    "chroma": "chroma",
+}
+
+
 def rows(models: list[str], runners_path: Path) -> list[dict]:
     from enginefarm.builder.ci_runners import load_runners, route
-    from enginefarm.builder.memory import PATCH, attention_bytes, gb, image_need_gb, need_bytes
+    from enginefarm.builder.memory import gb, need_bytes
     from enginefarm.builder.recipe import Resources
 
     runners = load_runners(runners_path)
@@ -166,16 +201,7 @@ def rows(models: list[str], runners_path: Path) -> list[dict]:
         for component, (cls_name, config) in MODELS[model].items():
             count = parameters(cls_name, config, component)
             fp32 = count * 4  # every job's need counts weights at fp32 (see builder/memory.py)
-            # a VAE's need is its activations: one image at the model's native size
-            pixels = 512 if model == "sd15" else 1024
-            image_gb = image_need_gb(pixels * pixels / 1e6) if component.startswith("vae") else 0.0
-            # a transformer's attention at one 1024 px image: batch 2 where the family runs CFG as a batch (SD3,
-            # Chroma), the family's longest text (SD3: 77 CLIP + 512 T5 tokens; Flux and Chroma: 512 T5 tokens)
-            attention = 0
-            if component == "transformer":
-                batch, text = (1, 512) if model.startswith("flux") else (2, 512 if model == "chroma" else 589)
-                tokens = (pixels // 8 // PATCH) ** 2 + text
-                attention = attention_bytes(config["num_attention_heads"], batch, tokens)
+            image_gb, attention = _activations(model, component, config)
             row = {
                 "model": model,
                 "component": component,

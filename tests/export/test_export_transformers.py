@@ -163,3 +163,21 @@ def test_a_model_without_t5_exports_without_it_and_a_mismatched_encoder_is_a_one
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "text_encoder_3 is 48 wide, the transformer's joint_attention_dim is 64" in proc.stderr + proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_the_default_profile_stays_inside_sd3s_position_embedding(tiny):
+    """An SD3 whose pos_embed_max_size is 32 failed at export with diffusers' raw `ValueError: Height (64) cannot be
+    greater than pos_embed_max_size: 32`: the default profile (up to 1024 px) went past it. The tiny SD3's is 16
+    patches of 2: 32 latent pixels, 256 px; the default stops there, a --latent past it is one line."""
+    from enginefarm.errors import ConfigError
+    from enginefarm.export.run import check_shapes, model_latent_range
+    from enginefarm.export.source import read_source
+
+    found = read_source(tiny("sd3"))
+    assert found.configs["transformer"]["pos_embed_max_size"] == 16
+    assert model_latent_range(found, None) == (32, 32, 32)
+    assert all(max(s.height, s.width) <= 32 for s in check_shapes(found, (32, 32, 32)))
+    assert model_latent_range(found, (8, 8, 16)) == (8, 8, 16)
+    with pytest.raises(ConfigError, match=r"goes past 32 latent pixels \(256 px\)") as caught:
+        model_latent_range(found, (8, 16, 64))
+    assert "--latent 8,16,32" in caught.value.hint

@@ -337,7 +337,9 @@ class Pipeline:
         added to it. scheduler: a diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the
         model's own. original_size, crops_coords_top_left, target_size: SDXL's micro-conditioning (default: the
         output size, no crop); aesthetic scores: the refiner's. step_noise: the fresh noise of each ancestral step
-        (default drawn from `seed`), for reproducing another implementation's run. max_sequence_length: the T5 token
+        (default drawn from `seed`), for reproducing another implementation's run: one entry per denoiser call
+        (`len(sched.timesteps)`: order-2 schedulers such as heun and dpm2_a call it twice per step), each used by
+        the step call that adds noise, if it does. max_sequence_length: the T5 token
         count of the transformer families (diffusers' argument; default the export's: SD3 and schnell 256, Flux dev
         and Chroma 512), within what the engines were built for (`enginefarm export --text-length`).
 

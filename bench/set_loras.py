@@ -104,6 +104,7 @@ def main() -> None:
         rows: dict[str, list[float]] = {}
         stages: list[dict] = []
         equal = []
+        run(args, name, target, "-", "-", work / "x.npy")  # the artifacts into the cache
         for i in range(args.repeats):
             a = make_lora(checkpoint, work / f"a-{target}-{i}.safetensors", seed=1000 * i + 1)
             b = make_lora(checkpoint, work / f"b-{target}-{i}.safetensors", seed=1000 * i + 2)

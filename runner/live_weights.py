@@ -48,8 +48,8 @@ class FedSession:
         return self._inner.run({**feeds, **self.values})
 
     def bind(self, fixed: dict[str, np.ndarray]):
-        # the binding keeps a copy of its fixed inputs for the call's steps; a stack changes between calls only
-        return self._inner.bind({**fixed, **self.values})
+        # the weights are bound over the fed arrays, not copied: an update between calls is seen by a binding kept
+        return self._inner.bind(fixed, shared=self.values)
 
     def close(self) -> None:
         self._inner.close()

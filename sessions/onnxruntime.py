@@ -58,8 +58,15 @@ class OrtSession:
         values = self._session.run(self.output_names, feeds, self._run_options)
         return dict(zip(self.output_names, values, strict=True))
 
-    def bind(self, fixed: dict[str, np.ndarray]) -> OrtBinding:
-        return OrtBinding(self._session, fixed, self.output_names, self._run_options)
+    def bind(self, fixed: dict[str, np.ndarray], shared: dict[str, np.ndarray] | None = None) -> OrtBinding:
+        """shared: inputs bound over the caller's arrays, read in place (weights fed as inputs:
+        runner/live_weights.py), not copied like `fixed`."""
+        binding = OrtBinding(self._session, fixed, self.output_names, self._run_options)
+        for name, array in (shared or {}).items():
+            value = _ort().OrtValue.ortvalue_from_numpy(array)  # over the array's memory on the CPU
+            binding._fixed[name] = value
+            binding._binding.bind_ortvalue_input(name, value)
+        return binding
 
     def close(self) -> None:
         self._session = None

@@ -44,9 +44,15 @@ class OpenVinoSession:
             name: np.array(result[port]) for name, port in zip(self.output_names, self._compiled.outputs, strict=True)
         }
 
-    def bind(self, fixed: dict[str, np.ndarray]) -> OpenVinoBinding:
+    def bind(self, fixed: dict[str, np.ndarray], shared: dict[str, np.ndarray] | None = None) -> OpenVinoBinding:
+        """shared: inputs the request reads in place, for as long as the session lives (weights fed as inputs:
+        runner/live_weights.py), not copied like `fixed`."""
         request, held = self._spare.pop() if self._spare else (self._compiled.create_infer_request(), {})
-        return OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append, self._held)
+        binding = OpenVinoBinding(request, held, fixed, self.output_names, self._spare.append, self._held)
+        for name, array in (shared or {}).items():
+            held[name] = array
+            request.set_tensor(name, _ov().Tensor(array, shared_memory=True))
+        return binding
 
     def close(self) -> None:
         self._request = self._compiled = None  # the request holds the compiled model: both go

@@ -5,7 +5,7 @@ built for each backend at fp32 (`--unet-width W`: its UNet swapped for SD 1.5's 
 costs more than the per-call overhead). Medians of REPEATS; the first call of each kind is a warm-up. A benchmark,
 not a test: it never fails on numbers.
 
-    .venv/bin/python bench/batch.py [--images 4] [--latent 32] [--steps 4] [--repeats 3] [--unet-width 80] [--work DIR]
+    .venv/bin/python bench/batch.py [--images 4] [--latent 32] [--steps 4] [--repeats 3] [--unet-width 64] [--work DIR]
 """
 
 from __future__ import annotations
@@ -123,7 +123,12 @@ def main() -> int:
     p.add_argument("--latent", type=int, default=32, help="latent side (image side / 8)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--unet-width", type=int, default=None, help="SD 1.5's UNet layout at this first width (320: real)")
+    p.add_argument(
+        "--unet-width",
+        type=int,
+        default=None,
+        help="SD 1.5's UNet layout at this first width, a multiple of 32 (320: real)",
+    )
     p.add_argument("--work", type=Path, default=None, help="folder to build in (default: a temporary one)")
     args = p.parse_args()
     for label, ms in preview_cost():

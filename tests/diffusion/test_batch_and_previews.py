@@ -110,8 +110,14 @@ def test_a_batch_matches_diffusers_num_images_per_prompt(built, family):
 def test_a_transformer_batch_is_the_single_calls_with_seed_plus_i(built):
     ours = _ours(built("sd3"), "onnxruntime:cpu", "fp32")
     kwargs = dict(steps=2, guidance_scale=6.0, output_type="latent")
-    batch = ours(PROMPT, NEGATIVE, seed=3, num_images_per_prompt=2, **kwargs)
+    previews: list[np.ndarray] = []
+    batch = ours(
+        PROMPT, NEGATIVE, seed=3, num_images_per_prompt=2, on_preview=lambda _, image: previews.append(image), **kwargs
+    )
     assert batch.shape[:2] == (2, 16)
+    # flow matching's last step lands on its predicted clean latent; SD3's 16-channel map
+    factors, bias = latent_rgb(ours.family.vae_scaling_factor, 16)
+    assert len(previews) == 2 and np.abs(previews[-1] - linear_preview(batch, factors, bias)).max() < 1e-5
     for i in range(2):
         assert _close(batch[i : i + 1], ours(PROMPT, NEGATIVE, seed=3 + i, **kwargs)), i
 

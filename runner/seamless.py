@@ -28,7 +28,7 @@ from enginefarm.cache.locks import file_lock
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress
 from enginefarm.cache.stores.base import Store
-from enginefarm.errors import ConfigError, IntegrityError
+from enginefarm.errors import ArtifactNotFoundError, ConfigError, IntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,15 @@ def _compiled(
 
     from .recompile import DeviceJob, onnx_source
 
-    onnx_manifest, onnx_dir = onnx_source(manifest, cache, store, report)
+    try:
+        onnx_manifest, onnx_dir = onnx_source(manifest, cache, store, report)
+    except ArtifactNotFoundError:
+        raise ArtifactNotFoundError(
+            f"{manifest.ref} {manifest.target} cannot be made seamless here: its engine has no graph to rewrite, and "
+            f"no onnxruntime:cpu {manifest.precision} artifact of the same source model is stored to compile one from",
+            hint="add onnxruntime:cpu to the component's targets and build it, or load with target='openvino' or "
+            "'onnxruntime' (their artifacts are rewritten directly)",
+        ) from None
     model = role_entry(onnx_manifest, "model")
     source = workdir / "onnx"
     changed = write_seamless(onnx_dir / model.path, source, tiling)

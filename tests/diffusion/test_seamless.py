@@ -80,7 +80,10 @@ def test_seamless_images_match_diffusers_with_circular_convolutions(built, targe
     }
     fp16 = _ours(built("sd1"), target, "fp16")
     got = fp16(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0, tiling="xy")
-    assert np.abs(got - want).max() < 2e-2, target
+    # fp16's own error: the plain fp16 image against the plain fp32 one (the tiny real-layout UNet's fp16 alone can
+    # pass 2e-2); tiling must add no more than half as much again
+    own = np.abs(fp16(PROMPT, NEGATIVE, steps=STEPS, latents=latents, guidance_scale=6.0) - plain).max()
+    assert np.abs(got - want).max() < max(2e-2, 1.5 * own), (target, own)
 
 
 @pytest.mark.slow

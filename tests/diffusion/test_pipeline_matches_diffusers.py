@@ -63,7 +63,14 @@ def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "family, scheduler",
-    [("sd1", None), ("sd1", "euler_a"), ("sd2-v", None), ("sdxl", None), ("sdxl", "dpmpp_2m_karras")],
+    [
+        ("sd1", None),
+        ("sd1", "euler_a"),
+        ("sd1", "dpm2_a"),  # order 2: two UNet calls a step, noise on every second one
+        ("sd2-v", None),
+        ("sdxl", None),
+        ("sdxl", "dpmpp_2m_karras"),
+    ],
 )
 @pytest.mark.parametrize("target", BACKENDS)
 def test_text_to_image_matches_diffusers(built, family, scheduler, target):
@@ -105,15 +112,15 @@ def test_text_to_image_matches_diffusers(built, family, scheduler, target):
 
 
 def _ancestral_noise(scheduler: str | None, latents: np.ndarray) -> list[np.ndarray] | None:
-    """The fresh noise of each ancestral step, given to both pipelines (diffusers draws it from torch's generator)."""
-    if scheduler != "euler_a":
+    """The fresh noise of each UNet call, given to both pipelines (diffusers draws it from torch's generator)."""
+    if scheduler not in ("euler_a", "dpm2_a"):
         return None
     rng = np.random.default_rng(11)
-    return [rng.standard_normal(latents.shape).astype(np.float32) for _ in range(STEPS)]
+    return [rng.standard_normal(latents.shape).astype(np.float32) for _ in range(2 * STEPS)]  # order 2: 2 calls/step
 
 
 class _injected_noise:
-    """Makes diffusers' scheduler draw the given noise for its ancestral steps."""
+    """Makes diffusers' scheduler draw noise[k] during its k-th step call, as ours is given step_noise[k]."""
 
     def __init__(self, pipe, noise):
         self.pipe, self.noise = pipe, noise
@@ -121,16 +128,29 @@ class _injected_noise:
     def __enter__(self):
         if self.noise is None:
             return self
-        import diffusers.schedulers.scheduling_euler_ancestral_discrete as module
+        import sys
 
-        queue = [torch.from_numpy(n) for n in self.noise]
-        self.module, self.original = module, module.randn_tensor
-        module.randn_tensor = lambda *a, **k: queue.pop(0)
+        sched = self.pipe.scheduler
+        calls: list[None] = []
+        step = sched.step
+
+        def counted_step(*args, **kwargs):
+            calls.append(None)
+            return step(*args, **kwargs)
+
+        self.module = sys.modules[type(sched).__module__]
+        self.original = getattr(self.module, "randn_tensor", None)  # deterministic schedulers' modules have none
+        sched.step = counted_step
+        self.module.randn_tensor = lambda *a, **k: torch.from_numpy(self.noise[len(calls) - 1])
         return self
 
     def __exit__(self, *exc):
         if self.noise is not None:
-            self.module.randn_tensor = self.original
+            if self.original is None:
+                del self.module.randn_tensor
+            else:
+                self.module.randn_tensor = self.original
+            del self.pipe.scheduler.step  # the instance's wrapper: the class's step again
 
 
 @pytest.mark.slow

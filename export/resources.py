@@ -26,7 +26,7 @@ def component_resources(component: Component, config: dict) -> dict[str, tuple[i
         heads, downscale = unet_attention(config)
         if not heads:
             return {}
-        where = "every latent pixel" if downscale == 1 else f"every {downscale}x{downscale} latent pixels"
+        where = "latent pixel" if downscale == 1 else f"{downscale}x{downscale} latent pixels"
         return {
             "attention_heads": (heads, "its highest-resolution attention's; its scores count at the profile's max"),
             "attention_downscale": (downscale, f"one token per {where} there"),

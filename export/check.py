@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enginefarm.errors import ExportError
-from enginefarm.families import Tensor
+from enginefarm.families import TOKENS, Tensor
 
 # Max |ONNX Runtime - torch| over the reference's range, per output: fp32 kernels differ in summation order only,
 # which grows with depth and output size (tiny models: under 2e-6; SDXL at real size: UNet 8.5e-7, VAE decoder
@@ -28,11 +28,14 @@ class Shape:
     width: int
     text_length: int = 0
     context_tokens: int = 0
+    prompt_tokens: int = TOKENS  # the UNet families' text tokens (chunks of 77)
 
     @property
     def label(self) -> str:
-        return f"batch {self.batch}, latent {self.height}x{self.width}" + (
-            f", {self.text_length} T5 tokens" if self.text_length else ""
+        return (
+            f"batch {self.batch}, latent {self.height}x{self.width}"
+            + (f", {self.text_length} T5 tokens" if self.text_length else "")
+            + (f", {self.prompt_tokens} prompt tokens" if self.prompt_tokens != TOKENS else "")
         )
 
     def resolve(self, tensor: Tensor, scale: int) -> list[int]:
@@ -45,6 +48,7 @@ class Shape:
             "image_width": self.width * scale,
             "text_length": self.text_length,
             "context_tokens": self.context_tokens,
+            "prompt_tokens": self.prompt_tokens,
         }
         return [
             d if isinstance(d, int) else dims.get(d) or dims[d.partition("_div")[0]] // int(d.partition("_div")[2])

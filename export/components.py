@@ -85,12 +85,19 @@ def wrap(component: Component, model, family_time_ids: int):
         The CLIP encoders take `added_embeds`: ids past the token table (textual-inversion tokens the pipeline added)
         take their row from it; the table's lookup sees them clamped, and its result is replaced at those positions.
         The model itself still sees the ids, so the pooled output picks its token as transformers does with a grown
-        table. Chroma's T5 takes the tokenizer's `attention_mask` instead; the other T5s read ids alone."""
+        table. Chroma's T5 takes the tokenizer's `attention_mask` instead; the other T5s read ids alone. The UNet
+        families' CLIPs take an `attention_mask` too (compel's down-weighting) and give `layer_states`, every layer's
+        states stacked for clip_skip: through the final layer norm where the pipeline's own output is (SD 1.x/2.x's
+        last_hidden_state), raw where it is not (SDXL's penultimate hidden_states)."""
 
         def __init__(self) -> None:
             super().__init__()
             self.model = model
-            self.second = component.inputs[1].name if len(component.inputs) > 1 else None
+            self.extra_inputs = [t.name for t in component.inputs[1:]]
+            self.second = ADDED_EMBEDS if ADDED_EMBEDS in self.extra_inputs else None
+            self.norm = None
+            if "layer_states" in output_names and "last_hidden_state" in output_names:
+                self.norm = getattr(model, "final_layer_norm", None) or model.text_model.final_layer_norm
             # The ids and added rows of the forward under way: set by forward before the table's hooks run.
             self._ids: torch.Tensor | None = None
             self._added: torch.Tensor | None = None
@@ -106,17 +113,25 @@ def wrap(component: Component, model, family_time_ids: int):
             assert ids is not None and added is not None  # forward sets both before the table runs
             return torch.where((ids >= self.rows).unsqueeze(-1), added.to(out.dtype), out)
 
-        def forward(self, input_ids, *second):
+        def forward(self, input_ids, *rest):
+            given = dict(zip(self.extra_inputs, rest, strict=True))
             extra = {}
-            if self.second == ADDED_EMBEDS:
-                self._ids, self._added = input_ids, second[0]
-            elif self.second == "attention_mask":
-                extra["attention_mask"] = second[0]
-            out = self.model(input_ids=input_ids, output_hidden_states="hidden_states" in output_names, **extra)
-            results = [
-                out.hidden_states[-2] if name == "hidden_states" else getattr(out, name) for name in output_names
-            ]
+            if ADDED_EMBEDS in given:
+                self._ids, self._added = input_ids, given[ADDED_EMBEDS]
+            if "attention_mask" in given:
+                extra["attention_mask"] = given["attention_mask"]
+            layers = "hidden_states" in output_names or "layer_states" in output_names
+            out = self.model(input_ids=input_ids, output_hidden_states=layers, **extra)
+            results = [self._output(out, name) for name in output_names]
             return tuple(results) if len(results) > 1 else results[0]
+
+        def _output(self, out, name: str):
+            if name == "hidden_states":
+                return out.hidden_states[-2]
+            if name == "layer_states":
+                states = [self.norm(h) if self.norm is not None else h for h in out.hidden_states]
+                return torch.stack(states, dim=1)
+            return getattr(out, name)
 
     class Transformer(torch.nn.Module):
         """A diffusion transformer (SD3's MMDiT, Flux, Chroma): the family table names its inputs as the model's

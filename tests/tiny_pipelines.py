@@ -84,6 +84,18 @@ def _text_config(hidden: int, *, projection: int | None = None, pad_token: str =
     )
 
 
+def _trained_norm(torch, text_encoder, seed: int):
+    """SD 1.x/2.x read the final layer norm's output: a trained one has gains and a bias, a fresh one (1, 0) makes
+    every token's state average 0 over its channels, which A1111's emphasis divides by. Drawn from a generator of its
+    own, so the other weights stay as they were."""
+    generator = torch.Generator().manual_seed(seed + 7)
+    norm = text_encoder.final_layer_norm
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.2 * torch.randn(norm.weight.shape, generator=generator))
+        norm.bias.copy_(0.2 * torch.randn(norm.bias.shape, generator=generator))
+    return text_encoder
+
+
 def _unet(torch, *, cross_attention_dim: int, text_time: tuple[int, int] | None = None, in_channels: int = 4):
     """text_time: (time ids, pooled text width) for SDXL's added conditioning; in_channels 9: an inpainting UNet
     (latents, mask, masked-image latents)."""
@@ -199,7 +211,7 @@ def make_tiny_pipeline(family: str, folder: Path, seed: int = 0) -> Path:
         width = 1024 if family.startswith("sd2") else 768
         pad = "!" if family.startswith("sd2") else "<|endoftext|>"
         tokenizer = CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer", pad_token=pad))
-        text_encoder = CLIPTextModel(_text_config(width, pad_token=pad)).eval()
+        text_encoder = _trained_norm(torch, CLIPTextModel(_text_config(width, pad_token=pad)).eval(), seed)
         unet = _unet(torch, cross_attention_dim=width, in_channels=in_channels)
         parts = dict(
             vae=vae,

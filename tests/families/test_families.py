@@ -133,16 +133,18 @@ def test_the_onnx_contract_per_family():
     assert [(t.name, t.dtype, t.shape) for t in te2_in] == [
         ("input_ids", "int64", ("batch", 77)),
         ("added_embeds", "float32", ("batch", 77, 1280)),
+        ("attention_mask", "int64", ("batch", 77)),  # compel's down-weighting masks words out
     ]
     assert [(t.name, t.shape) for t in te2_out] == [
         ("hidden_states", ("batch", 77, 1280)),
         ("text_embeds", ("batch", 1280)),
+        ("layer_states", ("batch", 33, 77, 1280)),  # clip_skip: the embeddings and each of CLIP-G's 32 layers
     ]
     unet_in, unet_out = sdxl.component("unet").io(sdxl.sizes)
     assert [(t.name, t.shape) for t in unet_in] == [
         ("sample", ("batch", 4, "height", "width")),
         ("timestep", ("batch",)),
-        ("encoder_hidden_states", ("batch", 77, 2048)),
+        ("encoder_hidden_states", ("batch", "prompt_tokens", 2048)),  # long prompts: chunks of 77
         ("text_embeds", ("batch", 1280)),
         ("time_ids", ("batch", 6)),
     ]
@@ -206,7 +208,9 @@ def test_profiles_and_validation_ranges():
     assert input_ranges(sd1, sd1.component("text_encoder"), sd1.sizes, 0.18215) == {
         "input_ids": (0, 49407),
         "added_embeds": (-0.1, 0.1),
+        "attention_mask": (1, 1),  # validated at all ones; masking is checked against compel (tests/diffusion)
     }
+    assert unet["prompt_tokens"] == (77, 77, 308)  # a long prompt: up to 4 chunks of 77, one at the opt
     assert "text_embeds" not in input_ranges(sd1, sd1.component("unet"), sd1.sizes, 0.18215)
     assert sdxl.component("vae_decoder").precisions == ("fp32",) and sd1.component("vae_decoder").precisions is None
 

@@ -282,6 +282,7 @@ class Pipeline:
         a closed pipeline refuses to generate."""
         self.closed = True
         self._load_component = self.residency = None
+        self._loras = None  # with the base values it kept
         while self.sessions:
             self.sessions.popitem()[1].close()
         for session in self.__dict__.pop("_seamless_sessions", {}).values():  # diffusion/seamless.py's

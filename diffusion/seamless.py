@@ -17,12 +17,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from enginefarm.errors import ConfigError
 
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
+Pipeline = Any  # diffusion/pipeline.py's, which imports this module (named here without importing it back)
 
 
 def check(pipe: Pipeline, tiling: str | None) -> str | None:

@@ -20,6 +20,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from enginefarm.backends.manifest_files import role_entry
 from enginefarm.cache.build_keys import build_key
@@ -147,7 +148,7 @@ def _compiled(
 ) -> Manifest:
     """An engine of a backend that runs no rewritten graph of its own, compiled here from the component's stored ONNX
     rewritten."""
-    from enginefarm.backends import get_backend
+    from enginefarm.backends import Feature, get_backend
     from enginefarm.builder.build import plain_file
     from enginefarm.builder.seamless_onnx import write_seamless
 
@@ -175,12 +176,14 @@ def _compiled(
     )
     outdir = workdir / "artifact"
     outdir.mkdir()
-    built = get_backend(manifest.parsed_target.backend).build(
-        source / Path(model.path).name,
-        job,
-        outdir,
-        progress=lambda done, total, _phase: report.work("compiling a seamless engine", done, total),
+    backend = get_backend(manifest.parsed_target.backend)
+    build: Any = backend.build  # those that compile stacks on a device report their phases (Backend.build)
+    extra = (
+        {"progress": lambda done, total, _phase: report.work("compiling a seamless engine", done, total)}
+        if backend.has(Feature.COMPILES_STACKS_ON_DEVICE)
+        else {}
     )
+    built = build(source / Path(model.path).name, job, outdir, **extra)
     # the artifact's own folder is what add_local copies: move the engine's files up
     for item in outdir.iterdir():
         item.rename(workdir / item.name)

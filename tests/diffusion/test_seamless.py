@@ -140,3 +140,34 @@ def test_a_seamless_variant_is_made_once_and_never_picked_by_a_plain_load(built)
     assert plain.artifact.build_key == tiled.artifact.options["tiling"]["base"]
     with pytest.raises(ConfigError, match="tiling"):
         enginefarm.load(ref, tiling="z", **args)
+
+
+@pytest.mark.slow
+def test_a_backend_without_its_own_rewrite_compiles_from_the_stored_onnx(built, tmp_path):
+    """The path TensorRT and the other engine backends take (runner/seamless.py `_compiled`), run here with OpenVINO
+    standing in: the component's stored ONNX Runtime artifact rewritten and an engine built from it on this device."""
+    import enginefarm
+    from enginefarm.backends import get_backend
+    from enginefarm.cache.device_cache import DeviceCache
+    from enginefarm.cache.progress import as_progress
+    from enginefarm.cache.stores import open_store
+    from enginefarm.runner import seamless
+    from enginefarm.settings import load_settings
+
+    from .test_pipeline_matches_diffusers import _model_name
+
+    _, out, store = built("sd1")
+    ref = f"{_model_name(out)}/vae_decoder"
+    args = dict(store=str(store), precision="fp32", device="cpu")
+    plain = enginefarm.load(ref, target="openvino:cpu", **args)
+    cache = DeviceCache(load_settings().home)
+    variant = seamless._compiled(
+        plain.artifact, "xy", "0" * 64, tmp_path, cache, open_store(str(store)), as_progress(None)
+    )
+    assert variant.options["tiling"]["axes"] == "xy" and any(f.role == "ir" for f in variant.files)
+    compiled = get_backend("openvino").load(tmp_path, variant, "cpu")
+    rewritten = enginefarm.load(ref, target="onnxruntime:cpu", tiling="xy", **args)
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    got, want = compiled.run({"latent_sample": x})["sample"], rewritten.run({"latent_sample": x})["sample"]
+    assert np.abs(got - want).max() < 1e-4
+    assert np.abs(plain.run({"latent_sample": x})["sample"] - want).max() > 1e-3

@@ -435,6 +435,11 @@ def _session(
     from .custom import apply, check_stackable
 
     if stack.active and recompile.applies(backend, manifest):  # an engine that cannot be refitted: compile one here
+        if tiling is not None:  # its stack would be compiled from the plain ONNX: the wrap would be lost
+            raise ConfigError(
+                f"{manifest.ref} {manifest.target}: tiling with custom weights or LoRAs needs a refittable engine",
+                hint="load it with target='onnxruntime' or 'openvino', or without the LoRAs",
+            )
         try:
             applied = recompile.apply_stack(stack, manifest, backend, found.cache, found.store, report)
         except (

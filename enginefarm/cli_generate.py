@@ -47,8 +47,9 @@ from enginefarm.cli_options import precision_option, store_option
     "--scheduler",
     default=None,
     metavar="NAME",
-    help="A diffusers scheduler class or an alias: ddim, euler, euler_a, dpmpp_2m, "
-    "dpmpp_2m_karras, lcm (default: the model's own).",
+    help="A diffusers scheduler class or Easy Diffusion's name for it: ddim, plms, euler, euler_a, heun, dpm2, "
+    "dpm2_a, lms, dpmpp_2m, dpmpp_2m_sde, dpmpp_2s_a, dpmpp_sde, dpm_solver_stability, ddpm, deis, unipc, unipc_tu, "
+    "unipc_tu_2, lcm (*_karras: Karras sigmas; default: the model's own).",
 )
 @click.option(
     "--image",
@@ -58,7 +59,16 @@ from enginefarm.cli_options import precision_option, store_option
     help="A PNG to start from (image to image).",
 )
 @click.option(
-    "--strength", type=click.FloatRange(0.0, 1.0), default=0.8, show_default=True, help="How much of --image to redraw."
+    "--strength",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="How much of --image to redraw (default 0.8; with --mask 1, SDXL 0.9999).",
+)
+@click.option(
+    "--mask",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Inpainting: a PNG the size of --image, white where to repaint, black where to keep.",
 )
 @click.option(
     "--control-image",
@@ -106,6 +116,39 @@ from enginefarm.cli_options import precision_option, store_option
     help="A textual-inversion file; the prompt names it by WORD (default: the file's stem). Repeatable.",
 )
 @click.option(
+    "--num-images",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Images of the prompt in one call; image i is the one --seed SEED+i makes alone. Written as OUT-i.png.",
+)
+@click.option(
+    "--prompt-syntax",
+    type=click.Choice(["a1111", "compel", "none"]),
+    default="a1111",
+    show_default=True,
+    help="How weights are written in the prompt: a1111 (word:1.3), compel word+ / (words)1.3, or none.",
+)
+@click.option(
+    "--clip-skip",
+    type=click.IntRange(0, 10),
+    default=None,
+    help="Skip the text encoder's last K layers (SD 1.x/2.x/XL).",
+)
+@click.option("--tiling", type=click.Choice(["x", "y", "xy"]), default=None, help="A seamless texture in these axes.")
+@click.option(
+    "--preview-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write a preview PNG of each step here (step-001.png, ...), as an app shows live previews.",
+)
+@click.option(
+    "--embeddings-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A folder of textual-inversion files: each is loaded when the prompt names its file's stem.",
+)
+@click.option(
     "--again",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
@@ -123,7 +166,7 @@ def generate_cmd(ctx, model, prompt, **opts):
     from enginefarm.diffusion.budget import parse_budget
     from enginefarm.diffusion.metadata import png_text
 
-    from .cli_generate_args import again_defaults, embedding_specs, lora_specs
+    from .cli_generate_args import again_defaults, embedding_specs, lora_specs, read_mask, write_previews
 
     if opts["again"] is not None:
         model, prompt, opts = again_defaults(ctx, opts["again"], model, prompt, opts)
@@ -135,6 +178,9 @@ def generate_cmd(ctx, model, prompt, **opts):
 
     out = opts["out"]
     image = read_png(opts["init_image"]) if opts["init_image"] else None
+    mask = read_mask(opts["mask"], opts["init_image"]) if opts["mask"] else None
+    if opts["preview_dir"] is not None:
+        opts["preview_dir"].mkdir(parents=True, exist_ok=True)
     control = read_png(opts["control_image"]) if opts["control_image"] else None
     with RichProgress() as progress:
         pipe = Pipeline.load(
@@ -152,6 +198,7 @@ def generate_cmd(ctx, model, prompt, **opts):
             vae=opts["vae"],
             loras=loras,
             embeddings=embeddings,
+            embeddings_dir=opts["embeddings_dir"],
         )
         call = dict(
             steps=opts["steps"],
@@ -160,13 +207,20 @@ def generate_cmd(ctx, model, prompt, **opts):
             height=opts["height"],
             seed=opts["seed"],
             scheduler=opts["scheduler"],
+            prompt_syntax=opts["prompt_syntax"],
+            clip_skip=opts["clip_skip"],
+            tiling=opts["tiling"],
         )
-        if image is not None:
+        if image is not None and opts["strength"] is not None:
             call["strength"] = opts["strength"]
+        previews = write_previews(opts["preview_dir"], pipe.vae_scale_factor) if opts["preview_dir"] else None
         result = pipe(
             prompt,
             opts["negative_prompt"],
             image=image,
+            mask_image=mask,
+            num_images_per_prompt=opts["num_images"],
+            on_preview=previews,
             control_image=control,
             controlnet_conditioning_scale=opts["controlnet_scale"],
             on_step=lambda done, total: progress.work("denoising", done, total),
@@ -178,16 +232,22 @@ def generate_cmd(ctx, model, prompt, **opts):
         "prompt": prompt,
         "negative_prompt": opts["negative_prompt"],
         **call,
-        "width": result.shape[1],
-        "height": result.shape[0],
+        "width": result.shape[-2],
+        "height": result.shape[-3],
         "precision": opts["precision"],
         "loras": [[str(f), s] for f, s in loras],
         "embeddings": [str(e) if isinstance(e, Path) else [str(e[0]), e[1]] for e in embeddings],
         "weights": str(opts["weights"]) if opts["weights"] else None,
         "vae": str(opts["vae"]) if opts["vae"] else None,
-        "engines": {name: session.artifact.build_key for name, session in pipe.sessions.items()},
+        "target": opts["target"],
     }
-    write_png(out, result, png_text({k: v for k, v in record.items() if v not in (None, [])}))
+    images = result if result.ndim == 4 else result[None]
+    paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
+    for i, (path, one) in enumerate(zip(paths, images, strict=True)):
+        own = {**record, "seed": record["seed"] + i}  # image i is the one-image call with seed + i
+        write_png(path, one, png_text({k: v for k, v in own.items() if v not in (None, [], "a1111")}))
+    result = images[0]
+    out = paths[0] if len(paths) == 1 else f"{paths[0]} … {paths[-1].name}"
     shown = console()
     times = pipe.timings
     loads = sum(v for k, v in times.items() if k.startswith("load "))

@@ -79,3 +79,28 @@ def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> 
         if not given(key) and record.get(key):
             opts[key] = Path(record[key])
     return model or record.get("model"), prompt or record.get("prompt"), opts
+
+
+def read_mask(path: Path, image: Path | None):
+    """--mask PNG → float [H, W] in [0, 1] (its channels' mean: white repaints, black keeps)."""
+    from enginefarm.diffusion import read_png
+
+    if image is None:
+        raise ConfigError("--mask needs the image it masks", hint="give --image PNG with --mask PNG")
+    return read_png(path).mean(axis=-1)
+
+
+def write_previews(folder: Path, scale: int):
+    """An on_preview callback writing each step's preview as folder/step-NNN.png (-i for a batch's image i), at the
+    image's size."""
+    import numpy as np
+
+    from enginefarm.diffusion import write_png
+
+    def write(step: int, preview) -> None:
+        batch = preview if preview.ndim == 4 else preview[None]
+        for i, one in enumerate(batch):
+            name = f"step-{step:03d}.png" if len(batch) == 1 else f"step-{step:03d}-{i}.png"
+            write_png(folder / name, np.repeat(np.repeat(one, scale, axis=0), scale, axis=1))
+
+    return write

@@ -64,6 +64,7 @@ def ls_cmd(store, model, as_json):
                     },
                     "p50_ms": p50_ms,
                     "validation": _verdict_text(entry.validation),
+                    "sizes": _sizes_text(entry.profile),
                 }
             )
     from enginefarm.cache.versions import version_key
@@ -88,6 +89,7 @@ def ls_cmd(store, model, as_json):
         "stored MiB",
         "p50 ms",
         "validation",
+        "sizes",
     )
     cells = (
         (
@@ -101,6 +103,7 @@ def ls_cmd(store, model, as_json):
             f"{(r['stored_size'] or 0) / 2**20:.2f}",
             f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
             r["validation"],
+            r["sizes"] or "-",
         )
         for r in rows
     )
@@ -113,6 +116,18 @@ def ls_cmd(store, model, as_json):
     for row in cells:
         table.add_row(*row)
     console().print(table)
+
+
+def _sizes_text(profile: dict) -> str | None:
+    """The image sizes and batch a denoiser's or VAE's engine takes, in pixels (every family's VAE scales by 8);
+    None for a component without a latent image input (text encoders, assets)."""
+    from enginefarm.diffusion.sizes import pixel_range
+
+    for name in ("sample", "hidden_states", "latent_sample"):
+        covered = pixel_range(profile, name, 8)
+        if covered is not None:
+            return str(covered)
+    return None
 
 
 def _verdict_text(verdict: Verdict) -> str:

@@ -48,7 +48,7 @@ def embedding_specs(specs: tuple[str, ...]) -> list[Path | tuple[Path, str]]:
     return found
 
 
-def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> tuple[str, str, dict]:
+def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> tuple[str | None, str | None, dict]:
     """MODEL, PROMPT and the options, each from the command line where given, else from `png`'s stored
     parameters (`enginefarm.diffusion.metadata`)."""
     from enginefarm.diffusion.metadata import read_parameters

@@ -145,10 +145,12 @@ def test_sdxl_conditioning_sizes_come_from_the_configs(tiny, exported):
 
 
 def test_controlnet_residual_counts_follow_the_config(tiny, exported):
-    # The tiny UNet has 2 blocks of 1 layer: conv_in, block 0's resnet and downsampler, block 1's resnet = 4.
-    for family in ("controlnet-sd1", "controlnet-sdxl"):
-        sizes = exported(tiny(family)).family_json["sizes"]
-        assert sizes["residuals"] == [[32, 1], [32, 1], [32, 2], [64, 2]] and sizes["mid_residual"] == [64, 2]
+    # The tiny SDXL UNet has 2 blocks of 1 layer: conv_in, block 0's resnet and downsampler, block 1's resnet = 4;
+    # the tiny SD 1.x UNet 3 blocks (32, 64, 64): block 1's downsampler and block 2's resnet at 1/4 besides.
+    sdxl = exported(tiny("controlnet-sdxl")).family_json["sizes"]
+    assert sdxl["residuals"] == [[32, 1], [32, 1], [32, 2], [64, 2]] and sdxl["mid_residual"] == [64, 2]
+    sd1 = exported(tiny("controlnet-sd1")).family_json["sizes"]
+    assert sd1["residuals"] == [[32, 1], [32, 1], [32, 2], [64, 2], [64, 4], [64, 4]] and sd1["mid_residual"] == [64, 4]
 
 
 def test_a_pipeline_with_a_controlnet_folder_exports_as_one_controlnet_model(tiny, tiny_controlnet, exported):

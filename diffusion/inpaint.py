@@ -87,13 +87,14 @@ class Inpainting:
         cls,
         family: Family,
         encode: Callable[[np.ndarray], np.ndarray],
-        image: np.ndarray,
+        image: np.ndarray | None,
         mask: np.ndarray,
         factor: int,
         strength: float,
         noise: np.ndarray,
     ) -> Inpainting:
         """`encode`: an image float [H, W, 3] in [0, 1] → its scaled latents [1, C, h, w]; `mask`: `check_mask`'s."""
+        assert image is not None, "check_mask refuses a mask without an image"
         pixels = np.asarray(image, dtype=F32)
         if pixels.ndim == 4:  # [1, 3, H, W], as to_nchw takes it too
             pixels = pixels[0].transpose(1, 2, 0)

@@ -79,7 +79,7 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
     )
 
 
-def _inpainting(cls: str, unet: dict, scheduler: dict) -> Family:
+def _inpainting(cls: str | None, unet: dict, scheduler: dict) -> Family:
     """The inpainting family of a 9-channel UNet, saved as an inpaint pipeline or (some fine-tunes) a plain one."""
     if cls in _SD_PIPELINES:
         base = _sd(unet, scheduler).id

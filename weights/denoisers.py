@@ -21,7 +21,18 @@ DENOISERS = {
     ),
 }
 UNET_KIND = "UNet (SD 1.x/2.x/SDXL)"
-_UNET_FAMILIES = ("sd1", "sd2", "sd2-v", "sdxl", "sdxl-refiner", "controlnet-sd1", "controlnet-sdxl")
+_UNET_FAMILIES = (
+    "sd1",
+    "sd2",
+    "sd2-v",
+    "sdxl",
+    "sdxl-refiner",
+    "controlnet-sd1",
+    "controlnet-sdxl",
+    "sd1-inpaint",
+    "sd2-inpaint",
+    "sdxl-inpaint",
+)
 
 
 def families_of(kind: str) -> tuple[str, ...]:

@@ -182,6 +182,10 @@ def test_the_inpainting_unet_takes_9_channels_and_the_vae_stays_at_the_latents()
             inpainting.component("vae_encoder").io(inpainting.sizes)[1][0].shape[1] == 8
         )  # 4 latent channels' moments
         assert inpainting.component("vae_decoder").io(inpainting.sizes)[0][0].shape[1] == 4
+    # an SD 1.x/2.x/SDXL UNet LoRA applies to the inpainting UNets too (the same module names)
+    from enginefarm.weights.denoisers import UNET_KIND, families_of
+
+    assert {"sd1-inpaint", "sd2-inpaint", "sdxl-inpaint"} <= set(families_of(UNET_KIND))
     # a family without inpainting reads its sample channels from the latent's (SD3: 16)
     assert FAMILIES["sd3"].sizes.value("sample_channels", FAMILIES["sd3"].component("transformer")) == 16
 

@@ -94,6 +94,11 @@ def test_inpainting_model_matches_diffusers(built, family, target, precisions, m
         deviation = _compare(ours, theirs, image, mask, noise, precision)
         record_property(f"deviation {precision}", deviation)
         assert deviation < _limit(precision), (family, target, precision, deviation)
+        if precision == "fp32" and target == BACKENDS[0]:  # a batch: image i is the one-image call with seed + i
+            call = dict(image=image, mask_image=mask, steps=2, output_type="latent")
+            both = ours(PROMPT, seed=4, num_images_per_prompt=2, **call)
+            for i in range(2):
+                np.testing.assert_array_equal(both[i : i + 1], ours(PROMPT, seed=4 + i, **call))
     with pytest.raises(ConfigError, match="mask_image has shape"):  # before any engine runs
         ours(PROMPT, image=image, mask_image=mask[:8])
 

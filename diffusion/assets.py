@@ -58,6 +58,14 @@ class ModelAssets:
         return tuple(self.description.get("components") or self.family.component_names)
 
     @property
+    def latent_multiple(self) -> int:
+        """What each latent side must be a multiple of: a transformer's patch size; for a UNet, 2 ** its downsampling
+        levels (its exported graph concatenates skips at the sizes it was traced with; diffusers' eager UNet passes
+        odd sizes through `upsample_size`, an export cannot)."""
+        levels = self.configs.get("unet", {}).get("block_out_channels")
+        return self.patch_size * (2 ** (len(levels) - 1) if levels and self.family.denoiser != "transformer" else 1)
+
+    @property
     def patch_size(self) -> int:
         """Latent pixels per transformer token side (1 for UNets; Flux and Chroma: 2, their 2x2 packing)."""
         from .flux import PATCH, is_flux_like

@@ -399,10 +399,12 @@ class Pipeline:
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
-        multiple = factor * self.assets.patch_size  # a transformer's latent is cut into patches
+        multiple = factor * self.assets.latent_multiple  # patches of a transformer, a UNet's halvings
         if height % multiple or width % multiple:
+            near = f"{_nearest(width, multiple)}×{_nearest(height, multiple)}"
             raise ConfigError(
-                f"{width}×{height} is not a multiple of {multiple}", hint=f"use sizes divisible by {multiple}"
+                f"{width}×{height} is not a multiple of {multiple}",
+                hint=f"use sizes divisible by {multiple}, e.g. {near}",
             )
         denoiser_name = "transformer" if self.transformer else "unet"
         check_image_size(
@@ -698,6 +700,10 @@ class Pipeline:
             )
             feeds[key] = (value * np.float32(scale)).astype(np.float32)
         return self.sessions["unet_controlnet"].run(feeds)["out_sample"]
+
+
+def _nearest(size: int, multiple: int) -> int:
+    return max(multiple, round(size / multiple) * multiple)
 
 
 def _read_embeddings(embeddings, assets: ModelAssets) -> list:

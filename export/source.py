@@ -191,6 +191,7 @@ def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:
         residuals=residuals,
         mid_residual=mid,
         vocab_size=int(encoders[0]["vocab_size"]) if encoders else family.sizes.vocab_size,
-        text_layers=tuple(int(c["num_hidden_layers"]) for c in encoders),
+        # transformers' CLIPTextConfig default when a config leaves it out, as diffusers would load it
+        text_layers=tuple(int(c.get("num_hidden_layers", 12)) for c in encoders),
         num_train_timesteps=int(configs.get("scheduler", {}).get("num_train_timesteps", 1000)),
     )

@@ -12,7 +12,14 @@ def feeds_for(session, batch: int, height: int, width: int, seed: int = 0) -> di
     """Inputs for an onnxruntime session at a latent batch×height×width (pixel dims 8x): token ids in the tiny
     vocabulary, fractional timesteps, unit noise elsewhere, images in [0, 1] for the ControlNet's condition."""
     rng = np.random.default_rng(seed)
-    dims = {"batch": batch, "height": height, "width": width, "image_height": 8 * height, "image_width": 8 * width}
+    dims = {
+        "batch": batch,
+        "height": height,
+        "width": width,
+        "image_height": 8 * height,
+        "image_width": 8 * width,
+        "prompt_tokens": 77,
+    }
     feeds = {}
     for arg in session.get_inputs():
         shape = [
@@ -21,6 +28,8 @@ def feeds_for(session, batch: int, height: int, width: int, seed: int = 0) -> di
         ]
         if arg.name == "input_ids":
             feeds[arg.name] = rng.integers(0, 1000, size=shape).astype(np.int64)
+        elif arg.name == "attention_mask":  # every token attended, as the pipelines feed it by default
+            feeds[arg.name] = np.ones(shape, np.int64)
         elif arg.name == "timestep":
             feeds[arg.name] = rng.uniform(0, 999, size=shape).astype(np.float32)
         elif arg.name == "controlnet_cond":
@@ -52,6 +61,10 @@ def torch_reference(
             )
             out = model(t["input_ids"], output_hidden_states=True)
             result = {"last_hidden_state": out.last_hidden_state, "hidden_states": out.hidden_states[-2]}
+            # clip_skip's states: every layer's, through the final layer norm for SD 1.x/2.x, raw for SDXL
+            index = (pipeline / "model_index.json").read_text()
+            norm = (lambda h: h) if "XL" in index else model.final_layer_norm
+            result["layer_states"] = torch.stack([norm(h) for h in out.hidden_states], dim=1)
             if projected:
                 result["text_embeds"] = out.text_embeds
         elif component in ("unet", "unet_controlnet"):

@@ -12,6 +12,8 @@ from enginefarm.diffusion import make_scheduler
 from enginefarm.diffusion.schedulers.lms import lms_coefficient
 from enginefarm.errors import ConfigError
 from tests.diffusion.sampling import CONFIGS, SD15, SD21V, SDXL, Case, deviation, run_diffusers, run_ours
+from tests.diffusion.test_schedulers_match_diffusers import FINAL_TOLERANCE
+from tests.diffusion.test_schedulers_match_diffusers import compare as compare_loops
 
 pytest.importorskip("diffusers")
 # diffusers' own numpy-2 deprecation noise, not ours (recording ~200 warnings per loop also costs time)
@@ -34,8 +36,6 @@ NAMES = {
     "plms": ("PNDMScheduler", {"skip_prk_steps": True}),
 }
 
-FINAL_TOLERANCE = 1e-5  # of the final latent's range
-START_TOLERANCE = 1e-6
 # DPM2 ancestral's midpoint sigma is sqrt(sigma * sigma_down), with sigma_down from a float32 difference of near-equal
 # squares: an ulp of difference in the training schedule (torch's float32 cumprod vs ours) grows to ~3e-4 in a
 # midpoint timestep, far below anything a UNet resolves (the final latents still agree to 1e-5)
@@ -43,21 +43,7 @@ TIMESTEP_ATOL = 1e-3
 
 
 def compare(case: Case, monkeypatch, name: str | None = None) -> float:
-    try:
-        ref = run_diffusers(case, monkeypatch)
-    except (ValueError, NotImplementedError):
-        with pytest.raises(ConfigError):
-            run_ours(case, name)
-        return 0.0
-    ours = run_ours(case, name)
-    assert ours.timesteps.dtype == np.float32
-    np.testing.assert_allclose(ours.timesteps, ref.timesteps.astype(np.float32), rtol=1e-6, atol=TIMESTEP_ATOL)
-    assert ours.init_noise_sigma == pytest.approx(ref.init_noise_sigma, rel=1e-6)
-    assert deviation(ours.start, ref.start) <= START_TOLERANCE
-    assert np.isfinite(ours.final).all()
-    dev = deviation(ours.final, ref.final)
-    assert dev <= FINAL_TOLERANCE, f"final latent off by {dev:.3g} of its range"
-    return dev
+    return compare_loops(case, monkeypatch, name, timestep_atol=TIMESTEP_ATOL)
 
 
 @pytest.mark.parametrize("strength", [1.0, 0.5])

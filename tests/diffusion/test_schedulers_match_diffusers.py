@@ -50,7 +50,7 @@ START_TOLERANCE = 1e-6
 ZERO_SNR_TOLERANCE = 1e-4
 
 
-def compare(case: Case, monkeypatch, name: str | None = None) -> float:
+def compare(case: Case, monkeypatch, name: str | None = None, timestep_atol: float = 0.0) -> float:
     try:
         ref = run_diffusers(case, monkeypatch)
     except (ValueError, NotImplementedError):
@@ -59,7 +59,7 @@ def compare(case: Case, monkeypatch, name: str | None = None) -> float:
         return 0.0
     ours = run_ours(case, name)
     assert ours.timesteps.dtype == np.float32
-    np.testing.assert_allclose(ours.timesteps, ref.timesteps.astype(np.float32), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(ours.timesteps, ref.timesteps.astype(np.float32), rtol=1e-6, atol=timestep_atol)
     assert ours.init_noise_sigma == pytest.approx(ref.init_noise_sigma, rel=1e-6)
     assert deviation(ours.start, ref.start) <= START_TOLERANCE
     assert np.isfinite(ours.final).all()

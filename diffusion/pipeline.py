@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from . import batch, flux, inpaint, seamless, transformer_step
 from .assets import ModelAssets
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
+from .loading import components, read_embeddings
 from .prompts import PromptEncoder, TextConditioning, check_prompt_options, check_prompt_tokens
 from .sizes import check_image_size
 
@@ -29,12 +31,37 @@ if TYPE_CHECKING:
     from .budget import Residency
     from .embedding_folder import EmbeddingFolder
     from .live_loras import LiveLoras
+    from .schedulers import Scheduler
     from .tiles import Tiling
 
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
 PreviewCallback = Callable[[int, np.ndarray], None]  # (steps done, the predicted image(s): see Pipeline.__call__)
+
+
+@dataclass
+class _Call:
+    """One call's settings, resolved and checked, and what its stages hand the denoising loop."""
+
+    height: int
+    width: int
+    steps: int
+    count: int  # images
+    rng: np.random.Generator
+    sched: Scheduler
+    guidance: float
+    use_guidance: bool
+    mask: np.ndarray | None
+    strength: float
+    painter: inpaint.Inpainting | None = None
+    control: np.ndarray | None = None
+    controlnet_scale: float = 1.0
+    text: TextConditioning | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    step_noise: list[np.ndarray] | None = None
+    on_step: StepCallback | None = None
+    on_preview: PreviewCallback | None = None
 
 
 class Pipeline:
@@ -111,9 +138,8 @@ class Pipeline:
         `enginefarm.diffusion.embeddings`). embeddings_dir: a folder of embedding files, each loaded when a prompt first
         names its stem, as Easy Diffusion does (`enginefarm.diffusion.embedding_folder`). loras: changed later, without
         a reload, by `pipe.set_loras`."""
-        from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself; the package root imports us
-
-        from .budget import Residency, artifact_bytes, parse_budget
+        from .budget import Residency, parse_budget
+        from .loading import ComponentLoader, components, fetch_assets, read_embeddings
 
         budget = parse_budget(memory_budget)
         folder = None
@@ -122,101 +148,34 @@ class Pipeline:
 
             folder = EmbeddingFolder(embeddings_dir)  # checked before anything is fetched
         if assets is None:
-            assets = _fetch_assets(name, store, device, version, progress)
+            assets = fetch_assets(name, store, device, version, progress)
         found = ModelAssets.from_folder(assets)
-        family = found.family
-        read = _read_embeddings(embeddings, found)  # a bad file costs nothing: nothing is fetched or loaded yet
-        timings: dict[str, float] = {}
-        files = {}
-        if weights is not None or vae is not None:
-            from enginefarm.weights.routing import route
-
-            files = route(family, list(family.component_names), weights, vae)
-
-        def deal(asked):
-            from enginefarm.runner.custom import Stack
-            from enginefarm.weights.lora import split
-
-            width = found.configs.get("unet", {}).get("cross_attention_dim")
-            dealt, ignored = split(
-                Stack.parse(None, asked).loras,
-                _components(found, controlnet),
-                family,
-                width if isinstance(width, int) else None,
-            )
-            if ignored:
-                log.warning("%s", ignored)
-            return dealt, ignored
-
-        from .live_loras import LiveLoras
-
-        def fetch_component(component: str):
-            from enginefarm.runner.load import fetch
-
-            ref = f"{name}/{component}"
-            chosen = chosen_precision(component)
-            return fetch(ref, chosen, device, store, target=target, progress=progress, version=version)
-
-        live = LiveLoras(deal, fetch_component, lambda c, stack: load_component(c, stack=stack), set(files))
-        ignored = live.start(loras)  # the files read and dealt: a bad one costs nothing, nothing is loaded yet
-
-        def chosen_precision(component: str) -> str | None:
-            spec = family.component(component)
-            return (
-                precision
-                if precision is None or spec.precisions is None or precision in spec.precisions
-                else spec.precisions[0]
-            )
-
-        def _estimate(component: str) -> int:
-            from enginefarm.runner.load import fetch
-
-            manifest, _, _ = fetch(
-                f"{name}/{component}",
-                precision=chosen_precision(component),
-                device=device,
-                store=store,
-                target=target,
-                version=version,
-            )
-            return artifact_bytes(manifest)
-
-        def load_component(component: str, tiling: str | None = None, stack=None):
-            chosen = chosen_precision(component)
-            start = time.perf_counter()
-            if tiling is None and stack is None and live.takes(component):  # weights set_loras can change in place
-                session = live.session(component)
-                timings[f"load {component}"] = time.perf_counter() - start
-                return session
-            session = load_session(
-                f"{name}/{component}",
-                precision=chosen,
-                device=device,
-                store=store,
-                target=target,
-                progress=progress,
-                version=version,
-                weights=files.get(component),
-                loras=live.dealt.get(component, ()) if stack is None else stack,
-                tiling=tiling,  # its seamless variant (diffusion/seamless.py)
-            )
-            timings[f"load {component}" + (f" (tiling {tiling})" if tiling else "")] = time.perf_counter() - start
-            return session
-
-        wanted = _components(found, controlnet)
-        sessions = {component: load_component(component) for component in wanted} if budget is None else {}
-        pipe = cls(
-            name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=load_component
+        read = read_embeddings(embeddings, found)  # a bad file costs nothing: nothing is fetched or loaded yet
+        loader = ComponentLoader(
+            name,
+            found,
+            controlnet,
+            store=store,
+            precision=precision,
+            target=target,
+            device=device,
+            version=version,
+            progress=progress,
         )
+        loader.route_weights(weights, vae)
+        ignored = loader.start_loras(loras)
+        wanted = components(found, controlnet)
+        sessions = {component: loader(component) for component in wanted} if budget is None else {}
+        pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=loader)
         pipe.prompts.add_embeddings(read)
         if folder is not None:
             folder.loaded.update(e.word for e in read)  # given by name already
             pipe.embedding_folder = folder
-        pipe.timings = pipe._load_timings = timings
+        pipe.timings = pipe._load_timings = loader.timings
         pipe.notes = [ignored] if ignored else []
-        pipe._loras = live
+        pipe._loras = loader.live
         if budget is not None:
-            pipe.residency = Residency(budget, load_component, pipe.sessions, lambda component: _estimate(component))
+            pipe.residency = Residency(budget, loader, pipe.sessions, loader.estimate)
         return pipe
 
     def session(self, component: str):
@@ -263,11 +222,11 @@ class Pipeline:
 
     def _text_encoders(self) -> list[str]:
         """The text stage's components: the family's encoders this model was exported with (SD3 may lack T5)."""
-        return [n for n in _components(self.assets, self.controlnet is not None) if n in self.family.text_encoders]
+        return [n for n in components(self.assets, self.controlnet is not None) if n in self.family.text_encoders]
 
     def _denoisers(self) -> list[str]:
         """The denoising stage's components: the UNet (and ControlNet) or the transformer."""
-        names = _components(self.assets, self.controlnet is not None)
+        names = components(self.assets, self.controlnet is not None)
         return [n for n in names[:-1] if n not in self.family.text_encoders and not n.startswith("vae")]
 
     def _stage(self, components) -> None:
@@ -374,28 +333,88 @@ class Pipeline:
         circularly in those axes (Easy Diffusion's `tiling`): the UNet families' UNet (and ControlNet) and VAE run as
         their seamless variants, made on this device from the stored artifacts at the first call with that setting
         and kept per setting (`enginefarm.diffusion.seamless`); VAE tiling is off for the call."""
-        from .schedulers import make_scheduler
-
         if self.closed:
             raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
         if self.embedding_folder is not None:  # the folder's files these prompts name (embedding_folder.py)
             self.embedding_folder.load_named(
                 [prompt, negative_prompt],
-                lambda items: _read_embeddings(items, self.assets),
+                lambda items: read_embeddings(items, self.assets),
                 self.prompts.add_embeddings,
             )
         if output_type not in ("np", "latent"):
             raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
-        steps = self.family.default_steps if steps is None else steps
-        if steps < 1:
-            raise ConfigError(f"steps={steps}", hint="use one step or more")
         if max_sequence_length is not None and not self.transformer:
             raise ConfigError(
                 f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads "
                 "CLIP's 77 tokens",
                 hint="leave max_sequence_length out",
             )
+        # the user's mistakes surface before any work is done
+        call = self._plan(
+            steps, guidance_scale, width, height, seed, scheduler, image, mask_image, strength, num_images_per_prompt
+        )
+        call.control = self._control(control_image, call.height, call.width)
+        call.controlnet_scale = controlnet_conditioning_scale
+        call.step_noise, call.on_step, call.on_preview = step_noise, on_step, on_preview
+        check_prompt_options(self.family, [prompt, negative_prompt], prompt_syntax, clip_skip)
+
         timings: dict[str, float] = {}
+        start = time.perf_counter()
+        self._stage(self._text_encoders())
+        text = (
+            self.prompts.encode_pair(prompt, negative_prompt, call.use_guidance, max_sequence_length)
+            if isinstance(self.prompts, JointTextEncoder)
+            else self.prompts.encode_pair(prompt, negative_prompt, call.use_guidance, prompt_syntax, clip_skip)
+        )
+        check_prompt_tokens(self.family, self.sessions, text)
+        timings["text"] = time.perf_counter() - start
+
+        x = self._start_latents(call, image, latents, timings)
+        extra = self._added_conditioning(
+            call.height,
+            call.width,
+            original_size,
+            crops_coords_top_left,
+            target_size,
+            aesthetic_score,
+            negative_aesthetic_score,
+            text,
+            call.use_guidance,
+        )
+        # [negative × N, positive × N]
+        call.extra = {name: batch.per_image(value, call.count) for name, value in extra.items()}
+        call.text = batch.per_image_text(text, call.count)
+        control = batch.per_image(call.control, call.count)
+        call.control = np.concatenate([control, control]) if control is not None and call.use_guidance else control
+
+        start = time.perf_counter()
+        self._stage(self._denoisers())
+        with batch.ChunkedDenoiser(
+            self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps, self._denoiser_rows()
+        ) as denoiser:
+            x = self._denoise_loop(call, x, denoiser, timings)
+        timings["denoise"] = time.perf_counter() - start - timings.get("preview", 0.0)
+        timings["steps"] = len(call.sched.timesteps)
+        self.timings = {**self._load_timings, **timings}
+        if output_type == "latent":
+            return x
+        start = time.perf_counter()
+        latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(
+            np.float32
+        )
+        # image by image (diffusers' VAE slicing): the decoder's memory and profile are those of one image
+        decoded = [self._vae("vae_decoder", "latent_sample", "sample", one) for one in np.split(latent, call.count)]
+        images = [to_image(one) for one in decoded]
+        self.timings["decode"] = time.perf_counter() - start
+        return images[0] if call.count == 1 else np.stack(images)
+
+    def _plan(self, steps, guidance_scale, width, height, seed, scheduler, image, mask_image, strength, count) -> _Call:
+        """A call's settings resolved (the family's defaults, the image's size) and checked, before any work."""
+        from .schedulers import make_scheduler
+
+        steps = self.family.default_steps if steps is None else steps
+        if steps < 1:
+            raise ConfigError(f"steps={steps}", hint="use one step or more")
         factor = self.vae_scale_factor
         height = height or (image.shape[0] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
         width = width or (image.shape[1] if image is not None and np.ndim(image) == 3 else self.assets.native_pixels)
@@ -415,135 +434,69 @@ class Pipeline:
             factor,
             self.family.title,
         )
-        control = self._control(control_image, height, width)  # the user's mistakes surface before any work is done
         mask = inpaint.check_mask(self.family, image, mask_image, height, width)
         strength = inpaint.default_strength(self.family, strength, mask is not None)
-        count = batch.check_count(num_images_per_prompt)
+        count = batch.check_count(count)
         seeds = batch.seeds_for(seed, count)
-        rng = batch.noise_streams(seeds)  # image i's start noise: default_rng(seed + i), a one-image call's stream
         sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=batch.noise_streams(seeds, 1))
         if self.transformer:
             transformer_step.check_scheduler(sched)
         default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
         guidance = guidance_scale if guidance_scale is not None else default_guidance
-        use_guidance = guidance > 1.0 and self.family.true_cfg  # Flux: no negative pass (dev feeds the scale instead)
-
-        check_prompt_options(self.family, [prompt, negative_prompt], prompt_syntax, clip_skip)
-        start = time.perf_counter()
-        self._stage(self._text_encoders())
-        text = (
-            self.prompts.encode_pair(prompt, negative_prompt, use_guidance, max_sequence_length)
-            if isinstance(self.prompts, JointTextEncoder)
-            else self.prompts.encode_pair(prompt, negative_prompt, use_guidance, prompt_syntax, clip_skip)
+        return _Call(
+            height=height,
+            width=width,
+            steps=steps,
+            count=count,
+            # image i's start noise: default_rng(seed + i), a one-image call's stream
+            rng=batch.noise_streams(seeds),
+            sched=sched,
+            guidance=guidance,
+            use_guidance=guidance > 1.0 and self.family.true_cfg,  # Flux: no negative pass (dev feeds the scale)
+            mask=mask,
+            strength=strength,
         )
-        check_prompt_tokens(self.family, self.sessions, text)
-        timings["text"] = time.perf_counter() - start
 
-        shape = (count, self.latent_channels, height // factor, width // factor)
-        noise = self._noise(latents, shape, rng)
-        if self.transformer:
-            if flux.is_flux_like(self.family):
-                flux.set_timesteps(sched, steps, strength if image is not None else 1.0, shape)
-            else:
-                transformer_step.set_timesteps(
-                    sched, steps, strength if image is not None else 1.0, shape, self.assets.patch_size
-                )
+    def _start_latents(self, call: _Call, image, latents, timings: dict[str, float]) -> np.ndarray:
+        """The scheduler's timesteps set, and the loop's first latent: noise (txt2img), the image noised to the first
+        timestep (img2img), or an inpainting start."""
+        factor = self.vae_scale_factor
+        shape = (call.count, self.latent_channels, call.height // factor, call.width // factor)
+        noise = self._noise(latents, shape, call.rng)
+        sched, strength = call.sched, call.strength if image is not None else 1.0
+        if not self.transformer:
+            sched.set_timesteps(call.steps, strength)
+        elif flux.is_flux_like(self.family):
+            flux.set_timesteps(sched, call.steps, strength, shape)
         else:
-            sched.set_timesteps(steps, strength if image is not None else 1.0)
-        painter = None
-        if mask is not None:
-            start = time.perf_counter()
-            encode = lambda pixels: self._encode_image(pixels, height, width)  # noqa: E731
-            painter = inpaint.Inpainting.prepare(self.family, encode, image, mask, factor, strength, noise)
-            x = painter.start(sched, strength)
-            timings["encode image"] = time.perf_counter() - start
-        elif image is not None:  # set_timesteps refused a strength that leaves no step
-            start = time.perf_counter()
-            encoded = batch.per_image(self._encode_image(image, height, width), count)
-            x = sched.add_noise(encoded, noise, sched.timesteps[0])
-            timings["encode image"] = time.perf_counter() - start
-        else:
-            x = (noise * np.float32(sched.init_noise_sigma)).astype(np.float32)
-
-        extra = self._added_conditioning(
-            height,
-            width,
-            original_size,
-            crops_coords_top_left,
-            target_size,
-            aesthetic_score,
-            negative_aesthetic_score,
-            text,
-            use_guidance,
-        )
-        extra = {name: batch.per_image(value, count) for name, value in extra.items()}  # [negative × N, positive × N]
-        text = batch.per_image_text(text, count)
-        control = batch.per_image(control, count)
-        if control is not None and use_guidance:
-            control = np.concatenate([control, control])
-
+            transformer_step.set_timesteps(sched, call.steps, strength, shape, self.assets.patch_size)
         start = time.perf_counter()
-        self._stage(self._denoisers())
-        total = len(sched.timesteps)
-        with batch.ChunkedDenoiser(
-            self.sessions.get("transformer" if self.transformer else "unet"), self.bind_steps, self._denoiser_rows()
-        ) as denoiser:
-            x = self._denoise_loop(
-                sched,
-                x,
-                text,
-                extra,
-                control,
-                controlnet_conditioning_scale,
-                guidance,
-                use_guidance,
-                denoiser,
-                step_noise,
-                on_step,
-                on_preview,
-                timings,
-                inpainting=painter,
+        if call.mask is not None:
+            encode = lambda pixels: self._encode_image(pixels, call.height, call.width)  # noqa: E731
+            call.painter = inpaint.Inpainting.prepare(
+                self.family, encode, image, call.mask, factor, call.strength, noise
             )
-        timings["denoise"] = time.perf_counter() - start - timings.get("preview", 0.0)
-        timings["steps"] = total
-        self.timings = {**self._load_timings, **timings}
-        if output_type == "latent":
-            return x
-        start = time.perf_counter()
-        latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(
-            np.float32
-        )
-        # image by image (diffusers' VAE slicing): the decoder's memory and profile are those of one image
-        images = [to_image(self._vae("vae_decoder", "latent_sample", "sample", one)) for one in np.split(latent, count)]
-        self.timings["decode"] = time.perf_counter() - start
-        return images[0] if count == 1 else np.stack(images)
+            x = call.painter.start(sched, call.strength)
+        elif image is not None:  # set_timesteps refused a strength that leaves no step
+            encoded = batch.per_image(self._encode_image(image, call.height, call.width), call.count)
+            x = sched.add_noise(encoded, noise, sched.timesteps[0])
+        else:
+            return (noise * np.float32(sched.init_noise_sigma)).astype(np.float32)
+        timings["encode image"] = time.perf_counter() - start
+        return x
 
-    def _denoise_loop(
-        self,
-        sched,
-        x,
-        text,
-        extra,
-        control,
-        controlnet_conditioning_scale,
-        guidance,
-        use_guidance,
-        denoiser,
-        step_noise,
-        on_step,
-        on_preview=None,
-        timings=None,
-        inpainting: inpaint.Inpainting | None = None,
-    ) -> np.ndarray:
+    def _denoise_loop(self, call: _Call, x: np.ndarray, denoiser, timings: dict[str, float]) -> np.ndarray:
+        sched, text, control, painter = call.sched, call.text, call.control, call.painter
+        assert text is not None  # set by __call__ before the loop
         total = len(sched.timesteps)
         for done, t in enumerate(sched.timesteps, 1):
-            x_in = np.concatenate([x, x]) if use_guidance else x
+            x_in = np.concatenate([x, x]) if call.use_guidance else x
             x_in = sched.scale_model_input(x_in, t).astype(np.float32)
-            if inpainting is not None:  # an inpainting UNet's mask and masked image beside the latents
-                x_in = inpainting.model_input(x_in)
+            if painter is not None:  # an inpainting UNet's mask and masked image beside the latents
+                x_in = painter.model_input(x_in)
             if self.transformer:
                 feeds = (
-                    flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, guidance)
+                    flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, call.guidance)
                     if flux.is_flux_like(self.family)
                     else transformer_step.feeds(x_in, t, text)
                 )
@@ -553,7 +506,7 @@ class Pipeline:
                     "sample": x_in,
                     "timestep": np.full((x_in.shape[0],), t, np.float32),
                     "encoder_hidden_states": text.hidden,
-                    **extra,
+                    **call.extra,
                 }
                 if control is None:
                     predicted = denoiser(feeds)
@@ -563,22 +516,22 @@ class Pipeline:
                         run=lambda part: self._denoise(
                             {n: v for n, v in part.items() if n != "controlnet_cond"},
                             part["controlnet_cond"],
-                            controlnet_conditioning_scale,
+                            call.controlnet_scale,
                         ),
                     )
-            if use_guidance:  # rows are [negative × N, positive × N]
+            if call.use_guidance:  # rows are [negative × N, positive × N]
                 uncond, cond = np.split(predicted, 2)
-                predicted = uncond + np.float32(guidance) * (cond - uncond)
-            if on_preview is not None:
+                predicted = uncond + np.float32(call.guidance) * (cond - uncond)
+            if call.on_preview is not None:
                 started = time.perf_counter()
-                on_preview(done, self._preview(sched, predicted, x))
-                if timings is not None:
-                    timings["preview"] = timings.get("preview", 0.0) + time.perf_counter() - started
-            x = sched.step(predicted, t, x, None if step_noise is None else step_noise[done - 1]).astype(np.float32)
-            if inpainting is not None:  # any other UNet: the known region is the image, noised to the next step
-                x = inpainting.blend(sched, x, done - 1)
-            if on_step is not None:
-                on_step(done, total)
+                call.on_preview(done, self._preview(sched, predicted, x))
+                timings["preview"] = timings.get("preview", 0.0) + time.perf_counter() - started
+            noise = None if call.step_noise is None else call.step_noise[done - 1]
+            x = sched.step(predicted, t, x, noise).astype(np.float32)
+            if painter is not None:  # any other UNet: the known region is the image, noised to the next step
+                x = painter.blend(sched, x, done - 1)
+            if call.on_step is not None:
+                call.on_step(done, total)
         return x
 
     # -- pieces
@@ -704,55 +657,3 @@ class Pipeline:
 
 def _nearest(size: int, multiple: int) -> int:
     return max(multiple, round(size / multiple) * multiple)
-
-
-def _read_embeddings(embeddings, assets: ModelAssets) -> list:
-    from .embeddings import read_embedding
-
-    if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
-        raise ConfigError(
-            f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]'
-        )
-    t5 = tuple(n for n in assets.family.text_encoders if assets.family.component(n).tokenizer == "t5")
-    clips = {n: w for n, w in assets.text_widths.items() if n not in t5}
-    return [read_embedding(item, clips, t5) for item in embeddings or ()]
-
-
-def _fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
-    from enginefarm.errors import ArtifactNotFoundError, UnknownModelError
-    from enginefarm.runner.load import fetch
-
-    try:
-        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
-    except UnknownModelError as exc:  # a typo: its message lists the models the store holds
-        hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
-        raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
-    except ArtifactNotFoundError as exc:
-        raise ConfigError(
-            f"{name} has no assets in the store ({exc})",
-            hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass '
-            "assets=FOLDER",
-        ) from None
-    return folder
-
-
-def _components(assets: ModelAssets, controlnet: bool) -> list[str]:
-    family = assets.family
-    names = [name for name in family.text_encoders if name in assets.components]  # SD3 may ship without T5
-    if family.denoiser == "transformer":
-        if controlnet:
-            raise ConfigError(
-                f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True"
-            )
-        return names + ["transformer", "vae_decoder"]
-    if controlnet:
-        if not family.is_controlnet:
-            raise ConfigError(
-                f"{family.title} has no ControlNet in this model",
-                hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)",
-            )
-        names += ["controlnet", "unet_controlnet"]
-    else:
-        names.append("unet")
-    # The VAE encoder loads at the first image-to-image call; an inpainting model's every call needs it.
-    return names + (["vae_encoder"] if family.inpainting else []) + ["vae_decoder"]

@@ -1,0 +1,167 @@
+"""How `Pipeline.load` gets a model's components: its assets, the user's files checked before anything loads, and
+each component's session through `enginefarm.load` (with the precision the family builds, the user's weights, the
+LoRA stack's live weights, a seamless variant) when a stage needs it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from enginefarm.errors import ConfigError
+
+from .assets import ModelAssets
+from .live_loras import LiveLoras
+
+log = logging.getLogger(__name__)
+
+
+class ComponentLoader:
+    """One model's components as `enginefarm.load` serves them, with the settings `Pipeline.load` was given; loads
+    on demand (`__call__`), so a memory budget can close and reload them."""
+
+    def __init__(
+        self, name: str, found: ModelAssets, controlnet: bool, *, store, precision, target, device, version, progress
+    ) -> None:
+        self.name, self.found, self.controlnet = name, found, controlnet
+        self.store, self.precision, self.target, self.device = store, precision, target, device
+        self.version, self.progress = version, progress
+        self.files: dict = {}  # component → the user's weights file for it
+        self.timings: dict[str, float] = {}
+        self.live: LiveLoras | None = None
+
+    def route_weights(self, weights, vae) -> None:
+        """The user's whole-model or UNet file and VAE file, each component's part, checked against the family."""
+        if weights is not None or vae is not None:
+            from enginefarm.weights.routing import route
+
+            family = self.found.family
+            self.files = route(family, list(family.component_names), weights, vae)
+
+    def start_loras(self, loras) -> str:
+        """The LoRA files read and dealt to the components (a bad one costs nothing: nothing is loaded yet); returns
+        the line naming layers no component takes ('' when none)."""
+        self.live = LiveLoras(self._deal, self._fetch, lambda c, stack: self(c, stack=stack), set(self.files))
+        return self.live.start(loras)
+
+    def chosen_precision(self, component: str) -> str | None:
+        """The asked precision where the family builds it for this component, else the component's first."""
+        spec = self.found.family.component(component)
+        asked = self.precision
+        return asked if asked is None or spec.precisions is None or asked in spec.precisions else spec.precisions[0]
+
+    def estimate(self, component: str) -> int:
+        """The bytes a component's artifact holds, from its manifest (for a memory budget)."""
+        from .budget import artifact_bytes
+
+        manifest, _, _ = self._fetch(component, progress=None)
+        return artifact_bytes(manifest)
+
+    def __call__(self, component: str, tiling: str | None = None, stack=None):
+        """A component's session: its live-LoRA session where `set_loras` can change its weights in place, else
+        `enginefarm.load` with its weights, its LoRA stack (or `stack`) and its seamless variant (`tiling`)."""
+        from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself
+
+        start = time.perf_counter()
+        live = self.live
+        if tiling is None and stack is None and live is not None and live.takes(component):
+            session = live.session(component)
+            self.timings[f"load {component}"] = time.perf_counter() - start
+            return session
+        session = load_session(
+            f"{self.name}/{component}",
+            precision=self.chosen_precision(component),
+            device=self.device,
+            store=self.store,
+            target=self.target,
+            progress=self.progress,
+            version=self.version,
+            weights=self.files.get(component),
+            loras=(live.dealt.get(component, ()) if live is not None else ()) if stack is None else stack,
+            tiling=tiling,  # its seamless variant (diffusion/seamless.py)
+        )
+        self.timings[f"load {component}" + (f" (tiling {tiling})" if tiling else "")] = time.perf_counter() - start
+        return session
+
+    def _fetch(self, component: str, progress=...):
+        from enginefarm.runner.load import fetch
+
+        return fetch(
+            f"{self.name}/{component}",
+            precision=self.chosen_precision(component),
+            device=self.device,
+            store=self.store,
+            target=self.target,
+            progress=self.progress if progress is ... else progress,
+            version=self.version,
+        )
+
+    def _deal(self, asked):
+        from enginefarm.runner.custom import Stack
+        from enginefarm.weights.lora import split
+
+        width = self.found.configs.get("unet", {}).get("cross_attention_dim")
+        dealt, ignored = split(
+            Stack.parse(None, asked).loras,
+            components(self.found, self.controlnet),
+            self.found.family,
+            width if isinstance(width, int) else None,
+        )
+        if ignored:
+            log.warning("%s", ignored)
+        return dealt, ignored
+
+
+def read_embeddings(embeddings, assets: ModelAssets) -> list:
+    """Textual-inversion files (FILE or (FILE, WORD)) read and checked against the model's text encoders."""
+    from .embeddings import read_embedding
+
+    if isinstance(embeddings, (str, Path)):  # iterating it would read each character as a file
+        raise ConfigError(
+            f"embeddings={str(embeddings)!r} is one path, not a list", hint=f'embeddings=["{embeddings}"]'
+        )
+    t5 = tuple(n for n in assets.family.text_encoders if assets.family.component(n).tokenizer == "t5")
+    clips = {n: w for n, w in assets.text_widths.items() if n not in t5}
+    return [read_embedding(item, clips, t5) for item in embeddings or ()]
+
+
+def fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
+    """The model's assets folder from the store (`MODEL/assets`, fetched and verified like any artifact)."""
+    from enginefarm.errors import ArtifactNotFoundError, UnknownModelError
+    from enginefarm.runner.load import fetch
+
+    try:
+        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
+    except UnknownModelError as exc:  # a typo: its message lists the models the store holds
+        hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
+        raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
+    except ArtifactNotFoundError as exc:
+        raise ConfigError(
+            f"{name} has no assets in the store ({exc})",
+            hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass '
+            "assets=FOLDER",
+        ) from None
+    return folder
+
+
+def components(assets: ModelAssets, controlnet: bool) -> list[str]:
+    """The components a generation loads, in stage order: text encoders, denoiser(s), VAE."""
+    family = assets.family
+    names = [name for name in family.text_encoders if name in assets.components]  # SD3 may ship without T5
+    if family.denoiser == "transformer":
+        if controlnet:
+            raise ConfigError(
+                f"ControlNet is not supported for {family.title} yet", hint="load it without controlnet=True"
+            )
+        return names + ["transformer", "vae_decoder"]
+    if controlnet:
+        if not family.is_controlnet:
+            raise ConfigError(
+                f"{family.title} has no ControlNet in this model",
+                hint="export the model with a ControlNet (`enginefarm export … --controlnet DIR`)",
+            )
+        names += ["controlnet", "unet_controlnet"]
+    else:
+        names.append("unet")
+    # The VAE encoder loads at the first image-to-image call; an inpainting model's every call needs it.
+    return names + (["vae_encoder"] if family.inpainting else []) + ["vae_decoder"]

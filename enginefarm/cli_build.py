@@ -248,14 +248,14 @@ def _run_jobs(
 
     if not todo:
         return []
+    live = console.is_terminal  # a log file or a pipe gets a line per stage and job: bars draw nothing there
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=not live
     ) as bar:
         overall = bar.add_task(title, total=len(todo))
         rows = {job.id: bar.add_task(f"[dim]queued[/]   {job.label}", total=None) for job in todo}
         labels = {job.id: job.label for job in todo}
         started = time.monotonic()
-        live = console.is_terminal  # a log file or a pipe gets a line per stage and job: bars draw nothing there
 
         def show(task, description: str, **fields) -> None:
             bar.update(task, description=description, **fields)

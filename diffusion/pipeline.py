@@ -95,6 +95,7 @@ class Pipeline:
         self.preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None
         self._load_timings: dict[str, float] = {}
         self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
+        self.last_settings: dict[str, object] = {}  # the last call's steps, guidance, scheduler, size (resolved)
         self._loras: LiveLoras | None = None  # the LoRA stack (set by load; changed by set_loras)
         self.embedding_folder: EmbeddingFolder | None = None  # embeddings_dir: files loaded when a prompt names them
 
@@ -355,6 +356,14 @@ class Pipeline:
         )
         call.control = self._control(control_image, call.height, call.width)
         call.controlnet_scale = controlnet_conditioning_scale
+        self.last_settings = {  # what the call's defaults resolved to, for an image's stored parameters
+            "steps": call.steps,
+            "guidance_scale": call.guidance,
+            "scheduler": scheduler or type(call.sched).__name__,
+            "width": call.width,
+            "height": call.height,
+            **({"strength": call.strength} if image is not None else {}),
+        }
         call.step_noise, call.on_step, call.on_preview = step_noise, on_step, on_preview
         check_prompt_options(self.family, [prompt, negative_prompt], prompt_syntax, clip_skip)
 

@@ -232,8 +232,7 @@ def generate_cmd(ctx, model, prompt, **opts):
         "prompt": prompt,
         "negative_prompt": opts["negative_prompt"],
         **call,
-        "width": result.shape[-2],
-        "height": result.shape[-3],
+        **pipe.last_settings,  # the defaults the call resolved (steps, guidance, scheduler, size)
         "precision": opts["precision"],
         "loras": [[str(f), s] for f, s in loras],
         "embeddings": [str(e) if isinstance(e, Path) else [str(e[0]), e[1]] for e in embeddings],

@@ -42,6 +42,10 @@ def test_generate_writes_the_image_and_says_what_each_stage_took(sd1, tmp_path):
     )
     image = read_png(out)
     assert image.ndim == 3 and image.shape[2] == 3 and image.std() > 0.01
+    from enginefarm.diffusion.metadata import read_parameters
+
+    stored = read_parameters(out)  # the defaults as they resolved, so other apps read the real values
+    assert stored["guidance_scale"] == 7.5 and (stored["width"], stored["height"]) == image.shape[1::-1]
     assert (
         f"wrote {out} ({image.shape[1]}×{image.shape[0]}): load " in proc.stdout
         and "3 steps" in proc.stdout

@@ -23,7 +23,7 @@ import numpy as np
 from enginefarm.errors import ConfigError
 
 from .config import SchedulerConfig
-from .noise_schedule import train_alphas_cumprod
+from .noise_schedule import predict_x0_eps, train_alphas_cumprod
 
 F32 = np.float32
 
@@ -175,8 +175,6 @@ class AlphaScheduler(Scheduler):
         return (a**0.5 * np.asarray(original, F32) + (1 - a) ** 0.5 * np.asarray(noise, F32)).astype(F32)
 
     def denoised(self, model_output, x):
-        from .ddim import predict_x0_eps
-
         t = int(self._all_timesteps[min(self._index, len(self._all_timesteps) - 1)])
         return predict_x0_eps(self.config.prediction_type, np.asarray(model_output, F32), x, self.alphas_cumprod[t])[0]
 

@@ -7,8 +7,7 @@ import numpy as np
 
 from .base import F32, AlphaScheduler
 from .config import require
-from .ddim import predict_x0_eps
-from .noise_schedule import clip_or_threshold, leading, trailing
+from .noise_schedule import clip_or_threshold, integer_timesteps, predict_x0_eps
 
 
 class DDPMScheduler(AlphaScheduler):
@@ -24,12 +23,7 @@ class DDPMScheduler(AlphaScheduler):
         require(cfg, self.name, "variance_type", (None, "fixed_small", "fixed_small_log", "fixed_large"))
 
     def _timesteps_for(self, steps: int) -> np.ndarray:
-        cfg = self.config
-        if cfg.timestep_spacing == "linspace":
-            return np.linspace(0, cfg.num_train_timesteps - 1, steps).round()[::-1].astype(np.int64)
-        if cfg.timestep_spacing == "leading":
-            return leading(cfg, steps)
-        return trailing(cfg, steps)
+        return integer_timesteps(self.config, steps)
 
     def _step(self, model_output, x, noise):
         i, schedule = self._index, self._all_timesteps

@@ -9,8 +9,7 @@ from enginefarm.errors import ConfigError
 
 from .base import F32, AlphaScheduler
 from .config import require
-from .ddim import predict_x0_eps
-from .noise_schedule import clip_or_threshold
+from .noise_schedule import clip_or_threshold, predict_x0_eps
 
 
 class LCMScheduler(AlphaScheduler):

@@ -121,3 +121,24 @@ def clip_or_threshold(x0: np.ndarray, cfg: SchedulerConfig) -> np.ndarray:
     if cfg.clip_sample:
         return np.clip(x0, -cfg.clip_sample_range, cfg.clip_sample_range).astype(x0.dtype)
     return x0
+
+
+def integer_timesteps(cfg: SchedulerConfig, steps: int) -> np.ndarray:
+    """The integer training timesteps of DDIM and DDPM for `steps`, by the config's spacing."""
+    if cfg.timestep_spacing == "linspace":
+        return np.linspace(0, cfg.num_train_timesteps - 1, steps).round()[::-1].astype(np.int64)
+    if cfg.timestep_spacing == "leading":
+        return leading(cfg, steps)
+    return trailing(cfg, steps)
+
+
+def predict_x0_eps(prediction_type: str, model_output: np.ndarray, x: np.ndarray, alpha_bar: np.float32):
+    """The clean sample and the noise that the model's output implies at a timestep with cumulative alpha
+    `alpha_bar`."""
+    beta_bar = 1 - alpha_bar
+    if prediction_type == "epsilon":
+        return (x - beta_bar**0.5 * model_output) / alpha_bar**0.5, model_output
+    if prediction_type == "sample":
+        return model_output, (x - alpha_bar**0.5 * model_output) / beta_bar**0.5
+    # v_prediction (Salimans & Ho 2022): v = sqrt(a) * eps - sqrt(1 - a) * x0
+    return alpha_bar**0.5 * x - beta_bar**0.5 * model_output, alpha_bar**0.5 * model_output + beta_bar**0.5 * x

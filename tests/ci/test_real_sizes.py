@@ -33,10 +33,12 @@ def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
         for target in bench.TARGETS:
             _, runners = row[target]
             assert "none" not in runners, f"{row['model']}/{row['component']} on {target}: {row['why']}"
-    assert (
-        flux["openvino:cpu"][1] == ["big-cpu"] * 2
-        and by_component["sd15", "unet"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
-    )
+    # SD 1.5's UNet at its default profile (up to 768 px, batch 2): 3 attention score matrices of 9216 tokens at the
+    # full latent resolution beside the weights, more than a 16 GB hosted runner, within a 24 GB machine
+    sd15 = by_component["sd15", "unet"]
+    assert all(16 < need < 24 for need in sd15["openvino:cpu"][0]), sd15["openvino:cpu"]
+    assert flux["openvino:cpu"][1] == ["big-cpu"] * 2 and sd15["openvino:cpu"][1] == ["big-cpu"] * 2
+    assert by_component["sd15", "vae_decoder"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
 
 
 def test_the_real_size_sd35_medium_folder_is_the_model_real_sizes_counts():

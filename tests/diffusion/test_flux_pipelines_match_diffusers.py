@@ -199,5 +199,5 @@ def test_the_t5_token_count_is_the_callers_choice(built):
     assert np.abs(results[24] - results[TOKENS]).max() > 1e-3
     for wrong in (8, 600):
         with pytest.raises(ConfigError, match="outside what .* built for \\(16..512 T5 tokens\\)") as caught:
-            ours(PROMPT, steps=1, max_sequence_length=wrong)
+            ours(PROMPT, steps=1, height=SIZE, width=SIZE, max_sequence_length=wrong)
         assert "--text-length" in caught.value.hint

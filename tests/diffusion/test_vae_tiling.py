@@ -16,8 +16,8 @@ TILE_PIXELS, LATENT_TILE = 64, 8
 
 @pytest.fixture(scope="module")
 def small_tile_vae(tiny, tmp_path_factory):
-    """The tiny SD 1.x VAE built with a profile down to 2 latent pixels, so every tile of diffusers' grid (its last
-    ones are smaller) runs as diffusers runs it."""
+    """The tiny SD 1.x VAE built with a profile down to 4 latent pixels (its UNet's multiple), so every tile of
+    diffusers' grid (the last ones are 4) runs as diffusers runs it."""
     root = tmp_path_factory.mktemp("vae-tiling")
     source = tiny("sd1")
     run_cli(
@@ -26,7 +26,7 @@ def small_tile_vae(tiny, tmp_path_factory):
         "--out",
         str(root / "export"),
         "--latent",
-        "2,8,16",
+        "4,8,16",
         "--batch",
         "1,1,1",
         "--name",

@@ -57,7 +57,11 @@ def test_a_fine_tuned_text_encoder_matches_transformers_in_either_naming(built, 
     tuned = _fine_tune(out, prefix)
     path = models.write_safetensors(tmp_path / "tuned.safetensors", tuned)
     ids = np.random.default_rng(0).integers(0, 1000, (2, 77)).astype(np.int64)
-    feeds = {"input_ids": ids, "added_embeds": np.zeros((2, 77, 768), np.float32)}
+    feeds = {
+        "input_ids": ids,
+        "added_embeds": np.zeros((2, 77, 768), np.float32),
+        "attention_mask": np.ones((2, 77), np.int64),
+    }
     ours = _load(built("sd1"), weights=path).run(feeds)["last_hidden_state"]
     theirs = _transformers(source, tuned, ids)
     base = _load(built("sd1")).run(feeds)["last_hidden_state"]

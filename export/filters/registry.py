@@ -1,0 +1,64 @@
+"""The contract between the filter exporter and each architecture it knows.
+
+An architecture module (esrgan.py, taesd.py, safety.py, gfpgan.py, …) defines one or more `Architecture` values and is
+listed in `MODULES`; the exporter reads the user's file into a `Source`, asks each architecture whether it `matches`,
+and `build`s the first that does into `Parts`: torch modules with their ONNX inputs and profiles, the details the
+runtime's kind class reads (`filter.json`), and any extra asset files."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# the architecture modules of this package, in the order they are asked (a more specific layout first)
+MODULES: list[str] = []
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the exporter read from the user's file or folder."""
+
+    path: Path
+    state: dict[str, Any]  # tensor name → torch.Tensor, unwrapped from "params_ema"/"state_dict"-style nesting
+    config: dict[str, Any] | None = None  # a folder's config.json (diffusers AutoencoderTiny, the safety checker)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One ONNX component of a filter."""
+
+    module: Any  # torch.nn.Module, in eval mode, fp32
+    inputs: dict[str, tuple[str | int, ...]]  # input name → dims: an int is fixed, a str names a profile dim
+    outputs: dict[str, tuple[str | int, ...]]
+    profile: dict[str, tuple[int, int, int]]  # profile dim → (min, opt, max), written to the recipe
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # validation input ranges per input
+    precisions: tuple[str, ...] | None = None  # None: the recipe's; else the precisions this part builds at
+
+
+@dataclass(frozen=True)
+class Parts:
+    architecture: str  # what was recognised, e.g. "RRDBNet", "SRVGGNetCompact", "AutoencoderTiny"
+    kind: str  # one of enginefarm.filters.KINDS
+    parts: dict[str, Part]  # component name → part
+    details: dict[str, Any] = field(default_factory=dict)  # filter.json "details" (JSON values only)
+    assets: dict[str, bytes] = field(default_factory=dict)  # extra files for the assets folder, by relative path
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str  # what users call it, in messages: "ESRGAN / RealESRGAN (RRDBNet)"
+    kind: str
+    matches: Callable[[Source], bool]  # from keys, shapes and config only: cheap, never raises on foreign files
+    build: Callable[[Source], Parts]  # may raise ConfigError naming what is off
+
+
+def architectures() -> list[Architecture]:
+    """Every architecture the exporter knows, in the order to ask them."""
+    found: list[Architecture] = []
+    for name in MODULES:
+        module = importlib.import_module(f"{__package__}.{name}")
+        found.extend(module.ARCHITECTURES)
+    return found

@@ -1,0 +1,94 @@
+"""`enginefarm.filters.load`: a filter's description from the store, its components loaded like any artifact, and
+the kind's class around them."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from enginefarm.errors import ConfigError
+
+from .base import Filter
+from .info import FilterInfo
+
+# kind → "module:Class" in this package, imported only when a filter of that kind loads
+KIND_CLASSES = {
+    "upscaler": "upscale:Upscaler",
+    "face_restorer": "faces:FaceRestorer",
+    "face_detector": "faces:FaceDetector",
+    "preview_decoder": "preview:PreviewDecoder",
+    "safety_checker": "safety:SafetyChecker",
+    "preprocessor": "preprocess:Preprocessor",
+}
+
+
+def kind_class(kind: str) -> type[Filter]:
+    module_name, _, class_name = KIND_CLASSES[kind].partition(":")
+    try:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.{module_name}":
+            raise
+        raise ConfigError(f"this enginefarm cannot run {kind} filters yet", hint="update enginefarm") from None
+    return getattr(module, class_name)
+
+
+def load(
+    name: str,
+    *,
+    store: str | None = None,
+    precision: str | None = None,
+    target: str | None = None,
+    device: str = "auto",
+    version: str | None = None,
+    progress=None,
+    assets: str | Path | None = None,
+) -> Filter:
+    """The filter `name` from the store, its engines picked for this device (as `enginefarm.load` picks), verified
+    and loaded. precision/target/device/version: as `enginefarm.load`. assets: the folder `enginefarm export` wrote
+    (`DIR/assets`), to skip fetching it from the store. Close it (or use `with`) to give its memory back."""
+    import enginefarm
+
+    folder = Path(assets) if assets is not None else fetch_filter_assets(name, store, device, version, progress)
+    info = FilterInfo.from_folder(folder, name)
+    cls = kind_class(info.kind)
+    uses: dict[str, Filter] = {}
+    sessions: dict = {}
+    try:
+        for role, other in dict(info.details.get("uses", {})).items():
+            uses[role] = load(other, store=store, precision=precision, target=target, device=device, progress=progress)
+        for component in info.components:
+            sessions[component] = enginefarm.load(
+                f"{name}/{component}",
+                precision=precision,
+                device=device,
+                store=store,
+                target=target,
+                progress=progress,
+                version=version,
+            )
+        return cls(info, sessions, uses)
+    except BaseException:
+        for session in sessions.values():
+            session.close()
+        for other_filter in uses.values():
+            other_filter.close()
+        raise
+
+
+def fetch_filter_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
+    """The filter's assets folder (`NAME/assets`: filter.json and what its kind reads), fetched and verified."""
+    from enginefarm.errors import ArtifactNotFoundError, UnknownModelError
+    from enginefarm.runner.load import fetch
+
+    try:
+        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
+    except UnknownModelError as exc:
+        hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
+        raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
+    except ArtifactNotFoundError as exc:
+        raise ConfigError(
+            f"{name} has no assets in the store ({exc})",
+            hint="build the recipe `enginefarm export FILE` wrote for it: its assets say what kind of filter it is",
+        ) from None
+    return folder

@@ -164,16 +164,20 @@ def remember(asked: dict[str, Any], home: Path, before: dict[str, Any], after: d
 def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session | None:
     """The remembered pick of `asked`, opened, if nothing it was made from has changed; else None (the full path)."""
     home = Path(home)
+    path = _record_path(home, asked)
     try:
-        record = json.loads(_record_path(home, asked).read_bytes())
+        record = json.loads(path.read_bytes())
         if record.get("request") != asked:
             return None
         key, plan = record["key"], record["plan"]
         if not (_is_key(key) and plan["module"].startswith(_SESSIONS)):
-            return None  # a record this code did not write: only build keys and enginefarm's own session modules
+            return _forget(path)  # a record this code did not write: only build keys and enginefarm's own sessions
         folder = home / _ARTIFACTS / key
         if record["state"] != state(home, index_file) or record["artifact"] != _artifact_state(home, key):
             return None
+        raw = (folder / "manifest.json").read_bytes()
+        if not _vouched(record, asked, folder, json.loads(raw)):
+            return _forget(path)  # the record names what the cache did not verify for this request
         from enginefarm.cache.proof import unproven
 
         if unproven(folder, record["files"]):
@@ -183,11 +187,7 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
         from enginefarm.runner.session import Session
 
         session = Session.reopened(
-            import_module(plan["module"]).reopen(folder, plan),
-            record["facts"],
-            (folder / "manifest.json").read_bytes(),
-            key,
-            record["explanation"],
+            import_module(plan["module"]).reopen(folder, plan), record["facts"], raw, key, record["explanation"]
         )
     except Exception:  # anything unexpected here is a reason to decide again, never an error
         return None
@@ -196,6 +196,51 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
     except OSError:
         pass
     return session
+
+
+def _forget(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+# The plan's entries that name a file the backend opens (backends/onnxruntime.py, backends/openvino.py).
+_PLAN_FILES = ("model", "ir", "blob")
+
+
+def _vouched(record: dict[str, Any], asked: dict[str, Any], folder: Path, manifest: Any) -> bool:
+    """Whether the record opens only what the cache verified for this request: its key, ref, target and precision
+    are those of the manifest in the artifact's own folder and of the request, its facts are the manifest's, and
+    every file its plan opens is one of that manifest's files, inside that folder. A writer of the home cannot make
+    the short way serve a file the full path would not have (an absolute path, `../<other key>/`, another key)."""
+    ref, precision, _device, _store, target, _version, _recipe = asked["args"]
+    named = [f["path"] for f in manifest["files"]]
+    facts = record["facts"]
+    mine = {
+        "ref": f"{manifest['model']}/{manifest['component']}",
+        "target": manifest["target"],
+        "precision": manifest["precision"],
+        "profile": manifest["profile"],
+        "io": manifest.get("io", {}),
+    }
+    if manifest["build_key"] != record["key"] or facts != mine or record["files"] != named:
+        return False
+    backend = manifest["target"].partition(":")[0]
+    if mine["ref"] != ref or (target is not None and target not in (mine["target"], backend)):
+        return False
+    if precision is not None and precision != mine["precision"]:
+        return False
+    plan = record["plan"]
+    opened = [plan[name] for name in _PLAN_FILES if name in plan]
+    root = os.path.realpath(folder)
+    for rel in opened:
+        if not (isinstance(rel, str) and rel in named) or os.path.isabs(rel) or ".." in rel.split("/"):
+            return False
+        inside = os.path.normpath(os.path.join(root, rel))
+        if os.path.realpath(inside) != inside:
+            return False  # a link on the way: the cache writes none
+    return bool(opened)
 
 
 _SESSIONS = "enginefarm.sessions."

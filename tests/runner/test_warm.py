@@ -25,10 +25,13 @@ def store(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("warm")
     _chain(root / "models" / "chain.onnx", WIDTH, LAYERS)
+    _chain(root / "models" / "twin.onnx", WIDTH, LAYERS - 1)  # another artifact of the model: its output is y1
     (root / "recipe.toml").write_text(
         '[model]\nname = "chain"\nversion = "1"\n\n[defaults]\nprecisions = ["fp32"]\n'
         'targets = ["onnxruntime:cpu", "openvino:cpu"]\n\n[components.net]\nsource = "models/chain.onnx"\n\n'
-        "[components.net.profiles.default]\nbatch = [1, 1, 4]\n"
+        "[components.net.profiles.default]\nbatch = [1, 1, 4]\n\n"
+        '[components.twin]\nsource = "models/twin.onnx"\ntargets = ["onnxruntime:cpu"]\n\n'
+        "[components.twin.profiles.default]\nbatch = [1, 1, 4]\n"
     )
     run_cli("build", str(root / "recipe.toml"), "--store", str(root / "store"), "--no-bench", check=True)
     return root / "store"
@@ -197,6 +200,41 @@ def test_a_damaged_record_is_no_error(env, reopened, damage):
         assert session.run({"x": X})["y2"].shape == (2, WIDTH)
     with _load() as again:  # rewritten by that full load
         assert reopened[-1] is again
+
+
+@pytest.mark.parametrize("forged", ["an absolute path", "a path into another artifact", "another artifact's key"])
+def test_a_forged_record_never_serves_another_file_and_is_removed(env, reopened, forged, tmp_path):
+    """A writer of the home cannot make the short way open bytes the cache did not verify for this request: every
+    path in the plan is one of the manifest's files in the artifact's folder, and that manifest is the request's."""
+    enginefarm.load("chain/twin", device="cpu", target="onnxruntime:cpu").close()  # cached: another artifact
+    for _ in range(2):
+        _load().close()
+    (record,) = (env / warm.FOLDER).glob("*.json")
+    data = json.loads(record.read_text())
+    own = data["key"]
+    (twin,) = [p.parent for p in (env / "artifacts").glob("*/manifest.json") if p.parent.name != own]
+    twin_model = next(twin.glob("*.onnx"))
+    if forged == "an absolute path":
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        shutil.copyfile(twin_model, outside / twin_model.name)
+        data["plan"]["model"] = str(outside / twin_model.name)
+    elif forged == "a path into another artifact":
+        data["plan"]["model"] = f"../{twin.name}/{twin_model.name}"
+    else:  # the record's facts still say chain/net
+        data["key"], data["plan"]["model"] = twin.name, twin_model.name
+        data["files"] = [f["path"] for f in json.loads((twin / "manifest.json").read_text())["files"]]
+        data["artifact"] = warm._artifact_state(env, twin.name)
+    record.write_text(json.dumps(data))
+    index = data["state"]["index"][0]
+    assert warm.reopen(data["request"], env, index) is None  # the full path
+    assert not record.exists()  # removed
+    record.write_text(json.dumps(data))
+    with _load() as session:
+        assert reopened[-1] is None
+        assert session.artifact.build_key == own and session.output_names == ["y2"]
+    with _load() as again:  # the full path wrote a true record
+        assert reopened[-1] is again and again.output_names == ["y2"]
 
 
 def test_a_home_where_no_record_can_be_written_still_loads(env, reopened):

@@ -244,7 +244,7 @@ def generate_cmd(ctx, model, prompt, **opts):
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
     for i, (path, one) in enumerate(zip(paths, images, strict=True)):
         own = {**record, "seed": record["seed"] + i}  # image i is the one-image call with seed + i
-        write_png(path, one, png_text({k: v for k, v in own.items() if v not in (None, [], "a1111")}))
+        write_png(path, one, png_text({k: v for k, v in own.items() if _recorded(k, v)}))
     result = images[0]
     out = paths[0] if len(paths) == 1 else f"{paths[0]} … {paths[-1].name}"
     shown = console()
@@ -281,3 +281,11 @@ def generate_cmd(ctx, model, prompt, **opts):
 
 
 COMMANDS = (generate_cmd,)
+
+
+def _recorded(key: str, value) -> bool:
+    """What the PNG's record keeps: every setting given, except the default prompt syntax (a prompt that reads
+    "a1111" is kept)."""
+    if key == "prompt_syntax":
+        return value != "a1111"
+    return value is not None and value != []

@@ -268,3 +268,11 @@ def test_ls_shows_the_sizes_each_engine_takes_in_pixels(sd1):
     assert next(r for r in rows if r["component"] == "text_encoder")["sizes"] is None
     table = run_cli("ls", "--store", str(store), "--model", name, env={"COLUMNS": "400"}, check=True).stdout
     assert "sizes" in table and unet["sizes"] in table
+
+
+def test_the_png_record_drops_only_the_default_prompt_syntax_not_a_prompt_that_reads_a1111():
+    from enginefarm.cli_generate import _recorded
+
+    assert _recorded("prompt", "a1111") and _recorded("negative_prompt", "a1111")
+    assert not _recorded("prompt_syntax", "a1111") and _recorded("prompt_syntax", "compel")
+    assert not _recorded("vae", None) and not _recorded("loras", []) and _recorded("seed", 0)

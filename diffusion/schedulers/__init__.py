@@ -60,9 +60,10 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "pndm": ("PNDMScheduler", {}),
     "euler": ("EulerDiscreteScheduler", {"use_karras_sigmas": False}),
     "euler_a": ("EulerAncestralDiscreteScheduler", {}),
+    # Easy Diffusion's "dpmpp_2m" has Karras sigmas (sdkit's setting); plain DPM++ 2M is the class by name
     "dpmpp_2m": (
         "DPMSolverMultistepScheduler",
-        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": False},
+        {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True},
     ),
     "dpmpp_2m_karras": (
         "DPMSolverMultistepScheduler",
@@ -81,7 +82,7 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "lms": ("LMSDiscreteScheduler", {"use_karras_sigmas": False}),
     "lms_karras": ("LMSDiscreteScheduler", {"use_karras_sigmas": True}),
     "ddpm": ("DDPMScheduler", {}),
-    # Easy Diffusion's DPM-Solver family, with sdkit's settings (its "dpmpp_2m" is our "dpmpp_2m_karras")
+    # Easy Diffusion's DPM-Solver family, with sdkit's settings
     "dpmpp_2s_a": ("DPMSolverSinglestepScheduler", {"use_karras_sigmas": True}),
     "dpmpp_sde": ("DPMSolverSDEScheduler", {"use_karras_sigmas": True}),
     "dpmpp_2m_sde": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "use_karras_sigmas": True}),

@@ -63,11 +63,12 @@ def test_an_unknown_name_is_a_config_error_listing_the_names():
 
 def test_aliases_pin_the_sampler_whatever_the_config_says():
     karras_config = {**SDXL, "_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": True, "solver_order": 3}
-    assert make_scheduler("dpmpp_2m", karras_config).config.use_karras_sigmas is False
+    plain_config = {**SDXL, "_class_name": "DPMSolverMultistepScheduler", "use_karras_sigmas": False, "solver_order": 3}
+    assert make_scheduler("dpmpp_2m", plain_config).config.use_karras_sigmas is True  # Easy Diffusion's dpmpp_2m
     assert make_scheduler("dpmpp_2m", karras_config).config.solver_order == 2
     assert make_scheduler("dpmpp_2m_karras", SDXL).config.use_karras_sigmas is True
     assert make_scheduler("DPMSolverMultistepScheduler", karras_config).config.solver_order == 3
-    plain, karras = make_scheduler("dpmpp_2m", SDXL), make_scheduler("dpmpp_2m_karras", SDXL)
+    plain, karras = make_scheduler("DPMSolverMultistepScheduler", SDXL), make_scheduler("dpmpp_2m", SDXL)
     plain.set_timesteps(20)
     karras.set_timesteps(20)
     assert not np.array_equal(plain.timesteps, karras.timesteps)

@@ -34,7 +34,7 @@ NAMES = {
     "PNDMScheduler": ("PNDMScheduler", {}),
     "EulerDiscreteScheduler": ("EulerDiscreteScheduler", {}),
     "EulerAncestralDiscreteScheduler": ("EulerAncestralDiscreteScheduler", {}),
-    "dpmpp_2m": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": False}),
+    "dpmpp_2m": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),  # sdkit's dpmpp_2m
     "dpmpp_2m_karras": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
     "LCMScheduler": ("LCMScheduler", {}),
 }

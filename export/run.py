@@ -21,6 +21,7 @@ from enginefarm.families import TOKENS, Family, input_ranges, text_length_range
 
 from . import recipe as recipes
 from . import resume
+from .asset_files import check_assets, copy_file, copy_folder, roots_of, trusted_roots
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .memory import check_fits
@@ -107,6 +108,8 @@ def export_model(
     latent = model_latent_range(found, latent)
     check_shapes(found, latent, text_length)
     check_fits(found, memory)
+    if found.pipeline is not None:
+        check_assets(found.pipeline, ASSET_FOLDERS)  # their bytes are published as they are: the source's own only
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(
@@ -187,11 +190,14 @@ def _export_single_file(
         source, read_source(Path(base), options.get("controlnet")).family.id
     )  # a file for another family: one line
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_assets(Path(base), ASSET_FOLDERS)  # the staged folder links into --base: checked here
     holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.single-file-", dir=out.parent))
+    trusted = trusted_roots.set(tuple(Path(r) for r in roots_of(Path(base))))
     try:
         staged = stage(source, Path(base), holder / "pipeline")
         return export_model(staged, out, name or source.stem, progress, origin=f"{source} over {base}", **options)
     finally:
+        trusted_roots.reset(trusted)
         shutil.rmtree(holder, ignore_errors=True)
 
 
@@ -391,15 +397,19 @@ def _copy_assets(found: ExportSource, assets: Path) -> None:
     component's config.json in the diffusers layout, and family.json (the family and the sizes the configs decided)."""
     assets.mkdir()
     if found.pipeline is not None:
+        roots = roots_of(found.pipeline)  # regular files inside the source only (export/asset_files.py)
         for folder in ASSET_FOLDERS:
             if (found.pipeline / folder).is_dir():
-                shutil.copytree(found.pipeline / folder, assets / folder)
+                copy_folder(found.pipeline / folder, assets / folder, folder, roots)
         if (found.pipeline / "scheduler" / "scheduler_config.json").is_file():
             (assets / "scheduler").mkdir()
-            shutil.copy2(
-                found.pipeline / "scheduler" / "scheduler_config.json", assets / "scheduler" / "scheduler_config.json"
+            copy_file(
+                found.pipeline / "scheduler" / "scheduler_config.json",
+                assets / "scheduler" / "scheduler_config.json",
+                "scheduler/scheduler_config.json",
+                roots,
             )
-        shutil.copy2(found.pipeline / "model_index.json", assets / "model_index.json")
+        copy_file(found.pipeline / "model_index.json", assets / "model_index.json", "model_index.json", roots)
     for folder, config in found.configs.items():
         if folder != "scheduler":
             (assets / folder).mkdir(exist_ok=True)

@@ -257,14 +257,42 @@ def collect(target: str) -> tuple[Target, BundleSpec, list[tuple[Part, list[tupl
     return parsed, spec, planned
 
 
+def earlier_bundle(folder: Path) -> bool:
+    """Whether `folder` is a bundle this command wrote, and nothing more: its bundle.json is one `write_bundle`
+    writes, and every file in the folder is listed there (byte code an app's runs wrote in `__pycache__/` aside).
+    Only such a folder may be replaced, since replacing deletes all it holds."""
+    try:
+        listing = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+        if not (
+            isinstance(listing, dict) and listing.get("format") == FORMAT and isinstance(listing.get("target"), str)
+        ):
+            return False
+        listed = {str(f["path"]) for part in listing["parts"] for f in part["files"]}
+        for root, dirs, files in os.walk(folder):
+            here = Path(root).relative_to(folder)
+            for name in files:
+                rel = (here / name).as_posix()
+                if (
+                    rel != "bundle.json"
+                    and rel not in listed
+                    and not (here.name == "__pycache__" and name.endswith(".pyc"))
+                ):
+                    return False
+            if any(os.path.islink(os.path.join(root, d)) for d in dirs):
+                return False  # the command writes no links
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
+
+
 def write_bundle(target: str, out: Path) -> Bundle:
     """Copy the bundle of `target` into `out` (a new or empty folder, or an earlier bundle, which is replaced whole:
     the new one is written beside it and renamed into place, so `out` is never half a bundle)."""
     out = Path(out).absolute()
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "bundle.json").is_file())):
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not earlier_bundle(out))):
         raise ConfigError(
-            f"--out {out} exists and is not a bundle",
-            hint="give a new or empty folder (an earlier bundle there is replaced)",
+            f"--out {out} exists and is not a bundle (or holds files its bundle.json does not list)",
+            hint="give a new or empty folder (an earlier bundle there is replaced whole; move your own files out)",
         )
     parsed, spec, planned = collect(target)
     out.parent.mkdir(parents=True, exist_ok=True)

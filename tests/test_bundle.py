@@ -165,6 +165,41 @@ def test_a_folder_that_is_not_a_bundle_is_never_overwritten(cli, tmp_path):
     assert (tmp_path / "app" / "main.py").is_file()
 
 
+@pytest.mark.parametrize("listing", ["{}", "a listing missing a file", "not JSON"])
+def test_a_folder_with_a_bundle_json_it_did_not_write_or_files_it_does_not_list_is_never_deleted(tmp_path, listing):
+    """Only an earlier bundle is replaced: a bundle.json this command wrote, and nothing in the folder it does not
+    list (an app's src/ beside a `{}` bundle.json was deleted whole)."""
+    from enginefarm.errors import ConfigError
+
+    app = tmp_path / "app"
+    (app / "src").mkdir(parents=True)
+    (app / "src" / "main.py").write_text("print('my app')\n")
+    (app / "numpy").mkdir()
+    (app / "numpy" / "__init__.py").write_text("")
+    written = {
+        "format": 1,
+        "target": "onnxruntime:cpu",
+        "parts": [{"part": "enginefarm", "name": "numpy", "files": [{"path": "numpy/__init__.py", "size": 0}]}],
+    }
+    text = {"{}": "{}", "not JSON": "{", "a listing missing a file": json.dumps(written)}[listing]
+    (app / "bundle.json").write_text(text)
+    with pytest.raises(ConfigError, match="exists and is not a bundle") as refused:
+        write_bundle("onnxruntime:cpu", app)
+    assert refused.value.hint and "\n" not in str(refused.value)
+    assert (app / "src" / "main.py").read_text() == "print('my app')\n" and (app / "bundle.json").read_text() == text
+    (app / "src" / "main.py").unlink()
+    (app / "src").rmdir()
+    (app / "numpy" / "__pycache__").mkdir()
+    (app / "numpy" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"")  # an app ran from it
+    from enginefarm.bundle import earlier_bundle
+
+    assert earlier_bundle(app) is (listing == "a listing missing a file")  # now it lists all there is
+    if listing == "{}":  # a bundle this command wrote is replaced by the next
+        real = tmp_path / "real"
+        write_bundle("onnxruntime:cpu", real)
+        assert earlier_bundle(real) and write_bundle("onnxruntime:cpu", real).folder == real
+
+
 def test_a_runtime_that_is_not_installed_names_its_install():
     spec = SUPPORT["numpy"].__class__(("no-such-runtime-dist",))
     with pytest.raises(BackendUnavailable, match="no-such-runtime-dist is not installed here") as missing:

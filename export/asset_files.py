@@ -101,3 +101,25 @@ def check_assets(pipeline: Path, folders: Iterable[str]) -> None:
     for rel in ("scheduler/scheduler_config.json", "model_index.json"):
         if os.path.lexists(pipeline / rel):
             checked_file(pipeline / rel, rel, roots)
+
+
+def check_out_apart(out: Path, sources: Iterable[Path]) -> None:
+    """Refuse an --out that is a source folder, holds one or lies inside one: replacing --out (--overwrite, or the
+    move into place) would delete the source, or the folder's other files."""
+    there = os.path.realpath(out)
+    for source in sources:
+        real = os.path.realpath(source)
+        how = (
+            "is"
+            if there == real
+            else "holds"
+            if _inside(real, [there])
+            else "is inside"
+            if _inside(there, [real])
+            else None
+        )
+        if how is not None:
+            raise ConfigError(
+                f"--out {out} {how} the source {source}: the export replaces --out whole",
+                hint="choose an --out folder apart from the source, e.g. beside it",
+            )

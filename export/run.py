@@ -21,7 +21,7 @@ from enginefarm.families import TOKENS, Family, input_ranges, text_length_range
 
 from . import recipe as recipes
 from . import resume
-from .asset_files import check_assets, copy_file, copy_folder, roots_of, trusted_roots
+from .asset_files import check_assets, check_out_apart, copy_file, copy_folder, roots_of, trusted_roots
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .memory import check_fits
@@ -100,6 +100,7 @@ def export_model(
             memory=memory,
         )
     found = read_source(Path(source), controlnet)  # JSON only: a wrong folder fails before torch is imported
+    check_out_apart(Path(out), [Path(source), *([Path(controlnet)] if controlnet else [])])
     if text_length is not None:
         from .transformer_sizes import with_text_length
 
@@ -189,6 +190,7 @@ def _export_single_file(
     same_family(
         source, read_source(Path(base), options.get("controlnet")).family.id
     )  # a file for another family: one line
+    check_out_apart(out, [source, Path(base)])
     out.parent.mkdir(parents=True, exist_ok=True)
     check_assets(Path(base), ASSET_FOLDERS)  # the staged folder links into --base: checked here
     holder = Path(tempfile.mkdtemp(prefix=f".{out.name}.single-file-", dir=out.parent))

@@ -186,3 +186,25 @@ def test_a_model_too_big_for_the_memory_is_refused_before_anything_loads(tiny, t
     err = _one_line_error(run_cli("export", str(source), "--out", str(out), "--memory", "1M"))
     assert f"error: exporting {largest} needs about " in err
     assert "hint: export on a machine with that much memory" in err and not out.exists()
+
+
+def test_an_out_that_is_holds_or_is_inside_the_source_is_refused(tmp_path):
+    """--overwrite replaces --out whole: an --out that is the source, holds it or lies inside it would delete it."""
+    source = tmp_path / "models" / "sd"
+    for folder in ("unet", "text_encoder", "vae"):
+        (source / folder).mkdir(parents=True)
+    (source / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    (source / "unet" / "config.json").write_text(json.dumps({"cross_attention_dim": 768}))
+    (tmp_path / "models" / "other.txt").write_text("mine")
+    for out in (source, tmp_path / "models", source / "export"):
+        err = _one_line_error(run_cli("export", str(source), "--out", str(out), "--overwrite"))
+        assert "error: --out" in err and "the source" in err and "hint: " in err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "models").rglob("*")) == [
+        "models/other.txt",
+        "models/sd",
+        "models/sd/model_index.json",
+        "models/sd/text_encoder",
+        "models/sd/unet",
+        "models/sd/unet/config.json",
+        "models/sd/vae",
+    ]

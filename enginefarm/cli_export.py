@@ -105,11 +105,26 @@ def export_cmd(
     runtime needs (tokenizers, scheduler, configs) and recipe.toml, which `enginefarm build` builds.
 
     SOURCE may also be a standalone ControlNet folder (config.json): only `controlnet` is exported then; or a
-    single-file checkpoint (SD 1.x/2.x original layout, SDXL SGM layout) or VAE file, over --base DIR."""
+    single-file checkpoint (SD 1.x/2.x original layout, SDXL SGM layout) or VAE file, over --base DIR.
+
+    A filter's file or folder (an upscaler's .pth, a TAESD folder; see docs/filters.md) is exported as a filter:
+    its ONNX parts, assets/filter.json and recipe.toml (--name, --targets, --precisions, --overwrite apply)."""
     from enginefarm.cli_console import RichProgress, console
     from enginefarm.export import export_model
+    from enginefarm.export.filters.run import is_filter_source
     from enginefarm.settings import parse_size
 
+    if is_filter_source(source, base=base, controlnet=controlnet):
+        diffusion_only = {"--batch": batch, "--latent": latent, "--text-length": text_length, "--memory": memory}
+        given = [option for option, value in diffusion_only.items() if value is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for diffusion models; {source} is exported "
+                "as a filter",
+                hint="a filter's profile is in the recipe it writes: edit it there",
+            )
+        _export_filter(source, out, name, _items(targets), _items(precisions), overwrite)
+        return
     with RichProgress() as progress:
         result = export_model(
             source,
@@ -140,6 +155,27 @@ def export_cmd(
             f"{c.seconds:.1f}",
             f"{max(c.deviations.values()):.1e}",
         )
+    console().print(table)
+    click.echo(f"wrote {result.out}; build it with: enginefarm build {result.recipe}")
+
+
+def _export_filter(source: Path, out: Path, name, targets, precisions, overwrite: bool) -> None:
+    from enginefarm.cli_console import RichProgress, console
+    from enginefarm.export.filters.run import export_filter
+
+    with RichProgress() as progress:
+        result = export_filter(
+            source, out, name, targets=targets, precisions=precisions, overwrite=overwrite, progress=progress
+        )
+    from rich.table import Table
+
+    kind = result.kind.replace("_", " ")
+    table = Table(title=f"{result.name}: {result.architecture} ({kind}), {result.seconds:.1f} s")
+    for column in ("part", "ONNX", "MB", "seconds", "max deviation from torch"):
+        table.add_column(column)
+    for part in result.parts:
+        deviation = max(part.deviations.values())
+        table.add_row(part.name, part.onnx.name, f"{part.size / 1e6:.1f}", f"{part.seconds:.1f}", f"{deviation:.1e}")
     console().print(table)
     click.echo(f"wrote {result.out}; build it with: enginefarm build {result.recipe}")
 

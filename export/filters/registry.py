@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # the architecture modules of this package, in the order they are asked (a more specific layout first)
-MODULES: list[str] = []
+MODULES: list[str] = ["esrgan", "gfpgan", "depth"]
 
 
 @dataclass(frozen=True)

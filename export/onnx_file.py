@@ -34,6 +34,7 @@ def export_onnx(
     import torch
 
     raw = path.parent / f".raw-{path.stem}"
+    shutil.rmtree(raw, ignore_errors=True)  # left by an export killed while tracing (no `finally` ran): ours to redo
     raw.mkdir()
     try:
         with warnings.catch_warnings(), torch.no_grad():

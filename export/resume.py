@@ -25,15 +25,16 @@ def partial_folder(out: Path) -> Path:
 
 
 def export_key(folders: list[Path], options: dict) -> str:
-    """What decides the exported files: every source file's path, size and modification time, the options, and the
-    exporter's version. A changed checkpoint, another --latent or a new enginefarm starts over."""
+    """What decides the exported files: every source file's path and stat (size, mtime, and the ctime and inode that
+    no `cp -p` or `rsync -t` can keep: a file written in place or replaced changes them, as in cache/proof.py), the
+    options, and the exporter's version. A changed checkpoint, another --latent or a new enginefarm starts over."""
     from enginefarm import __version__
 
     files = []
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             stat = path.stat()
-            files.append([str(path), stat.st_size, stat.st_mtime_ns])
+            files.append([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev])
     payload = {"format": FORMAT, "version": __version__, "files": files, "options": options}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -45,6 +45,9 @@ def test_an_interrupted_export_resumes_where_it_stopped(source, tmp_path):
     )
     names = [c.name for c in read_source(source, None).family.components][:2]
     stamps = {n: (kept / f"{n}.onnx").stat().st_mtime_ns for n in names}
+    third = read_source(source, None).family.components[2].name
+    (kept / f".raw-{third}").mkdir()  # what a kill while tracing the third leaves (no `finally` runs)
+    (kept / f".raw-{third}" / f"{third}.onnx").write_bytes(b"half a graph")
 
     again = CtrlC(at=-1)
     result = export_model(source, out, latent=LATENT, progress=again)
@@ -75,3 +78,24 @@ def test_a_failure_before_any_component_finished_leaves_nothing(source, tmp_path
     with pytest.raises(KeyboardInterrupt):
         export_model(source, tmp_path / "out", latent=LATENT, progress=CtrlC(at=0))
     assert [p.name for p in tmp_path.iterdir() if p.name != "store"] == []
+
+
+def test_the_resume_key_sees_a_same_size_change_with_the_mtime_kept(tmp_path):
+    """`cp -p` or `rsync -t` of another checkpoint of the same size keeps the mtime: the key must still change."""
+    import os
+
+    from enginefarm.export.resume import export_key
+
+    folder = tmp_path / "src"
+    (folder / "unet").mkdir(parents=True)
+    weights = folder / "unet" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(b"\x01" * 4096)
+    before = export_key([folder], {"latent": None})
+    stat = weights.stat()
+    with open(weights, "r+b") as f:  # in place, as `cp -p` over it does
+        f.seek(2048)
+        f.write(b"\x02")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_size == stat.st_size and weights.stat().st_mtime_ns == stat.st_mtime_ns
+    assert export_key([folder], {"latent": None}) != before
+    assert export_key([folder], {"latent": None}) == export_key([folder], {"latent": None})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from enginefarm import cli_build, cli_bundle, cli_export, cli_generate, cli_run, cli_store
+from enginefarm import cli_build, cli_bundle, cli_catalog, cli_export, cli_generate, cli_run, cli_store
 from enginefarm.cli_cache import cache_group
 from enginefarm.cli_console import console
 from enginefarm.cli_release import release_group
@@ -85,6 +85,7 @@ def _interrupt(signum, frame) -> None:
 
 for command in (
     *cli_build.COMMANDS,
+    *cli_catalog.COMMANDS,
     *cli_store.COMMANDS,
     *cli_run.COMMANDS,
     *cli_bundle.COMMANDS,

@@ -70,7 +70,11 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     per runner), the job count, and the jobs no runner can build."""
     from enginefarm.builder.ci_matrix import github_matrix
     from enginefarm.cache.build_keys import short
+    from enginefarm.cli_catalog import has_catalog, print_catalog_plan
 
+    if has_catalog(recipes):  # catalog recipes plan offline, from their pins and published parameter counts
+        print_catalog_plan(recipes, runners)
+        return
     labels = tuple(filter(None, (label.strip() for label in runner_labels.split(","))))
     planned, _, _ = _plan(recipes, store, targets, precisions, components, runners=runners, runner_labels=labels)
     if fmt == "json":
@@ -134,6 +138,9 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
 
     budget = parse_size("--memory", memory)
     console = _console()
+    from enginefarm.cli_catalog import exported_recipes
+
+    recipes = exported_recipes(recipes)  # a catalog recipe: downloaded, verified and exported first
     if components and set(components) == {"assets"} and not jobs:  # only the assets: nothing to plan or compile
         from enginefarm.cache.stores import open_store
 

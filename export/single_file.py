@@ -27,20 +27,42 @@ _FOLDERS = {
 _WEIGHTS = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json", ".ckpt", ".pt")
 
 
-def _base_tensors(folder: Path) -> dict[str, tuple[SafeTensors, tuple[int, ...]]]:
+def _base_tensors(folder: Path) -> dict[str, tuple[SafeTensors | None, tuple[int, ...]]]:
     files = sorted(p for p in folder.glob("*.safetensors") if ".fp16." not in p.name) or sorted(
         folder.glob("*.safetensors")
     )
+    if not files and (folder / "config.json").is_file() and (folder.parent / "model_index.json").is_file():
+        return {name: (None, shape) for name, shape in _config_shapes(folder).items()}
     if not files:
         raise SourceError(
             f"{folder} holds no .safetensors weights: the base folder gives each component's tensor names",
             hint="use the base model's full diffusers folder (as `save_pretrained` or a model hub download writes it)",
         )
-    out = {}
+    out: dict[str, tuple[SafeTensors | None, tuple[int, ...]]] = {}
     for path in files:
         st = SafeTensors(path)
         out.update({name: (st, st.entries[name].shape) for name in st.names})
     return out
+
+
+def _config_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """A component folder with its config but no weights (a catalog recipe's shipped configs): the tensor names and
+    shapes of its class built from the config on torch's meta device (nothing allocated). The checkpoint must then
+    hold every tensor; none has a base value to keep."""
+    import importlib
+    import json
+
+    import torch
+
+    library, class_name = json.loads((folder.parent / "model_index.json").read_text())[folder.name]
+    cls = getattr(importlib.import_module(library), class_name)
+    config = json.loads((folder / "config.json").read_text())
+    with torch.device("meta"):
+        if library == "transformers":
+            model = cls(cls.config_class(**config))
+        else:
+            model = cls.from_config(config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def stage(checkpoint: Path, base: Path, into: Path) -> Path:
@@ -69,7 +91,7 @@ def stage(checkpoint: Path, base: Path, into: Path) -> Path:
                 os.symlink(item.resolve(), into / entry.name / item.name)
         base_tensors = _base_tensors(entry)
         names = {n: shape for n, (_, shape) in base_tensors.items()}
-        values = {n: st.array(n) for n, (st, _) in base_tensors.items()}
+        values = {n: st.array(n) for n, (st, _) in base_tensors.items() if st is not None}
         for component in gathers[0]:
             if component not in parts:
                 continue

@@ -1,0 +1,216 @@
+"""Catalog recipes: every published model's recipe parses, plans offline, routes and carries pins of the right shape;
+`lock` and the verified, resumable download run against a real HTTP server on loopback (Range requests included)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from enginefarm.builder.catalog import CHECKPOINT, catalog_paths, load_catalog_recipe, lock_path
+from enginefarm.builder.catalog_fetch import check_locked, fetch_file, lock
+from enginefarm.builder.catalog_plan import PARAMETERS, _components, plan_catalog
+from enginefarm.errors import ConfigError, RecipeError, SourceError
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = ROOT / "recipes" / "catalog"
+RUNNERS = ROOT / "ci" / "runners.toml"
+
+
+def test_every_catalog_recipe_parses_with_pins_of_the_right_shape():
+    paths = catalog_paths([CATALOG])
+    names = {load_catalog_recipe(p).name for p in paths}
+    assert {"sd-1.5", "sdxl-base-1.0", "flux.1-dev", "sd3.5-large", "chroma", "realesrgan-x4plus"} <= names
+    pinned = 0
+    for path in paths:
+        recipe = load_catalog_recipe(path)
+        assert recipe.licence and isinstance(recipe.gated, bool)
+        for f in recipe.files:
+            if f.pinned:
+                pinned += 1
+                assert re.fullmatch(r"[0-9a-f]{64}", f.sha256 or ""), f
+                assert isinstance(f.size, int) and f.size > 0, f
+                if f.url.startswith("hf://"):
+                    assert re.fullmatch(r"[0-9a-f]{40}", f.revision or ""), f
+            else:
+                assert f.url.startswith("hf://") and f.revision or f.url.startswith("https://"), f
+            text = path.read_text()
+            assert ("UNLOCKED" in text) or all(g.pinned for g in recipe.files if g.path == CHECKPOINT), path
+    assert pinned >= 7  # SD 1.5, SDXL base, refiner, Turbo; Real-ESRGAN x4plus and anime, GFPGAN 1.4
+
+
+def test_the_catalog_plans_offline_and_every_job_routes():
+    planned = plan_catalog(catalog_paths([CATALOG]), RUNNERS)
+    assert planned.jobs and not planned.unroutable
+    sdxl_unet = [j for j in planned.jobs if j.model == "sdxl-base-1.0" and j.component == "unet"]
+    assert {j.target for j in sdxl_unet} == {"onnxruntime:cpu", "openvino:cpu", "tensorrt-rtx:ampere+"}
+    # 2.567 B parameters: 10.3 GB at fp32, stored at fp16 as half; its need (20.6 GB) is over the 16 GB hosted runner
+    assert all(j.weight_bytes == 4 * 2_567_463_684 and j.stored_bytes == j.weight_bytes // 2 for j in sdxl_unet)
+    assert all(j.runner == "big-cpu" and j.need_gb > 16 for j in sdxl_unet)
+    assert sum(planned.jobs_per_runner().values()) == len(planned.jobs)
+    flux = next(j for j in planned.jobs if j.model == "flux.1-dev" and j.component == "transformer")
+    assert flux.need_gb > 90 and flux.seconds > sdxl_unet[0].seconds
+    assert {p.name for p in CATALOG.glob("taes*.toml")} <= {Path(u).name for u in planned.unknown}
+
+
+def test_a_runner_too_small_for_a_job_is_named_with_what_it_needs(tmp_path):
+    runners = tmp_path / "runners.toml"
+    runners.write_text('[[runner]]\nname = "small"\nlabels = ["x"]\ntargets = ["onnxruntime:cpu"]\nram_gb = 8\n')
+    planned = plan_catalog([CATALOG / "sd-1.5.toml"], runners)
+    unet = [j for j in planned.unroutable if j.component == "unet" and j.target == "onnxruntime:cpu"]
+    assert unet and "needs" in unet[0].why and "GB RAM" in unet[0].why
+    assert all(j.runner is None and "no runner builds" in j.why for j in planned.jobs if j.target != "onnxruntime:cpu")
+
+
+def test_the_shipped_parameter_counts_are_the_configs_counts():
+    """The offline plan's table equals the meta-device count of the configs shipped for the export."""
+    import importlib
+
+    torch = pytest.importorskip("torch")
+    from enginefarm.builder.catalog_configs import CONFIGS
+
+    for name in ("sd-1.5", "sdxl-refiner-1.0"):
+        files = CONFIGS[name]
+        for relative, config in files.items():
+            folder = relative.split("/")[0]
+            if folder not in ("unet", "text_encoder", "text_encoder_2"):
+                continue
+            library, cls_name = files["model_index.json"][folder]
+            cls = getattr(importlib.import_module(library), cls_name)
+            with torch.device("meta"):
+                model = cls(cls.config_class(**config)) if library == "transformers" else cls.from_config(config)
+            assert sum(p.numel() for p in model.parameters()) == PARAMETERS[name][folder], (name, folder)
+
+
+def _recipe(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "model.toml"
+    path.write_text(
+        '[model]\nname = "m"\nversion = "1"\n[export]\nfamily = "sd1"\nconfigs = "sd-1.5"\nlicence = "x"\n'
+        f'gated = false\n{body}\n[defaults]\ntargets = ["onnxruntime:cpu"]\n'
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "reason"),
+    [
+        (
+            '[export.checkpoint]\nsource = "hf://a/b/c.safetensors@main"\nsha256 = "' + "0" * 64 + '"\nsize = 1',
+            "source",
+            "40 hex",
+        ),
+        (
+            '[export.checkpoint]\nsource = "https://x/c.safetensors"\nsha256 = "' + "0" * 64 + '"',
+            "checkpoint",
+            "together",
+        ),
+        ('[export.checkpoint]\nsource = "https://x/c"\nsha256 = "abc"\nsize = 1', "sha256", "64"),
+        ('[export.checkpoint]\nsource = "ftp://x/c"', "source", "hf://"),
+        ('[export.files]\n"../x" = { source = "https://x/y" }', "files", "relative"),
+    ],
+)
+def test_a_wrong_pin_is_a_one_line_recipe_error(tmp_path, body, key, reason):
+    with pytest.raises(RecipeError) as error:
+        load_catalog_recipe(_recipe(tmp_path, body))
+    assert key in str(error.value) and reason in str(error.value)
+
+
+class _Server:
+    """Files by URL path, with HTTP Range requests (206), as the Hub's CDN answers them."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.ranges: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = server.files.get(self.path)
+                header = self.headers.get("Range")
+                server.ranges.append(header)
+                if body is None:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                start = int(header.split("=")[1].rstrip("-")) if header else 0
+                self.send_response(206 if header else 200)
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                self.wfile.write(body[start:])
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    server = _Server()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    yield server
+    server.http.shutdown()
+
+
+REV = "a" * 40
+
+
+def test_lock_records_the_digests_and_build_refuses_unlocked_sources_in_ci(hub, tmp_path, monkeypatch):
+    weights, vocab = b"weights" * 1000, b'{"a": 1}'
+    hub.files[f"/org/repo/resolve/{REV}/model.safetensors"] = weights
+    hub.files["/org/repo/resolve/main/tokenizer/vocab.json"] = vocab
+    path = _recipe(
+        tmp_path,
+        f'[export.checkpoint]\nsource = "hf://org/repo/model.safetensors@{REV}"\n'
+        '[export.files]\n"tokenizer/vocab.json" = { source = "hf://org/repo/tokenizer/vocab.json@main" }\n',
+    )
+    recipe = load_catalog_recipe(path)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(ConfigError, match="not locked"):
+        check_locked(recipe)
+    monkeypatch.delenv("CI")
+    done = lock(recipe, tmp_path / "downloads")
+    assert {f.url: (f.sha256, f.size) for f in done} == {
+        f"hf://org/repo/model.safetensors@{REV}": (hashlib.sha256(weights).hexdigest(), len(weights)),
+        "hf://org/repo/tokenizer/vocab.json@main": (hashlib.sha256(vocab).hexdigest(), len(vocab)),
+    }
+    assert lock_path(path).is_file()
+    locked = load_catalog_recipe(path)  # the lock file's pins are the recipe's now
+    assert not locked.unlocked and locked.checkpoint and locked.checkpoint.size == len(weights)
+    monkeypatch.setenv("CI", "true")
+    check_locked(locked)
+
+
+def test_a_download_resumes_and_a_changed_file_is_refused_before_use(hub, tmp_path):
+    data = bytes(range(256)) * 4096
+    hub.files["/f.bin"] = data
+    path = _recipe(
+        tmp_path,
+        f'[export.checkpoint]\nsource = "{hub.url.replace("http", "https", 1)}/f.bin"\n'
+        f'sha256 = "{hashlib.sha256(data).hexdigest()}"\nsize = {len(data)}\n',
+    )
+    pin = load_catalog_recipe(path).checkpoint
+    assert pin is not None
+    from dataclasses import replace
+
+    pin = replace(pin, url=f"{hub.url}/f.bin")  # plain http on loopback; the recipe parser asks for https://
+    folder = tmp_path / "downloads"
+    part = folder / pin.sha256 / "f.bin.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(data[:100_000])  # an interrupted download
+    got, _ = fetch_file(pin, folder)
+    assert got.read_bytes() == data and hub.ranges[-1] == "bytes=100000-" and not part.exists()
+    hub.files["/g.bin"] = data[:-1] + b"\x00"  # the publisher's file changed
+    with pytest.raises(SourceError, match="does not match its pin"):
+        fetch_file(replace(pin, url=f"{hub.url}/g.bin", sha256="1" * 64), folder)
+    assert not any((folder / ("1" * 64)).iterdir())  # nothing left to be used
+    assert _components(load_catalog_recipe(CATALOG / "realesrgan-x4plus.toml")) == {"filter": 67040989}

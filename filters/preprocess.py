@@ -1,0 +1,110 @@
+"""ControlNet preprocessors: a photo → the control image a ControlNet was trained on (depth today; lines and poses
+are the same shape of filter). The network is a farm-built model; what surrounds it is numpy, as controlnet-aux and
+diffusers' ControlNet examples do it in torch: resize to the detect resolution, normalise, run, resize back to the
+photo's size, min-max to [0, 1], three channels.
+
+    depth = enginefarm.filters.load("depth-anything-v2-small", store=STORE)
+    control = depth(photo)  # float [H, W, 3] in [0, 1] → float32 [H, W, 3] in [0, 1], white is near
+    image = pipe(prompt, control_image=control)
+
+Canny needs no network: `enginefarm.filters.canny.canny_control(photo)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from enginefarm.errors import ConfigError
+
+from .base import Filter
+
+
+class Preprocessor(Filter):
+    """`f(image, detect_resolution=None)` → control image. `task`: what it finds ("depth")."""
+
+    kind = "preprocessor"
+
+    @property
+    def task(self) -> str:
+        return str(self.info.details.get("task", "depth"))
+
+    def detect_size(self, height: int, width: int, detect_resolution: int | None = None) -> tuple[int, int]:
+        """The size the network sees: the short side at `detect_resolution` (default the model's), each side
+        rounded to the model's multiple, the long side shrunk to the engine's largest when it would pass it."""
+        details = self.info.details
+        resolution = int(detect_resolution or details.get("resolution", 512))
+        multiple = int(details.get("multiple", 1))
+        largest = int(details.get("max_side", 1 << 30))
+        if resolution < multiple:
+            raise ConfigError(
+                f"{self.name}: detect resolution {resolution} is below its {multiple}-pixel step",
+                hint=f"give detect_resolution={details.get('resolution', 512)} (its default) or more",
+            )
+        scale = resolution / min(height, width)
+        scale = min(scale, largest / max(height, width))
+        rounded = (max(multiple, int(round(side * scale / multiple)) * multiple) for side in (height, width))
+        return next(rounded), next(rounded)
+
+    def __call__(self, image: np.ndarray, detect_resolution: int | None = None) -> np.ndarray:
+        """A photo float [H, W, 3] in [0, 1] → its control image float32 [H, W, 3] in [0, 1]."""
+        image = np.asarray(image, dtype=np.float32)
+        if image.ndim != 3 or image.shape[2] not in (3, 4):
+            raise ConfigError(
+                f"{self.name} takes an image [H, W, 3], got shape {list(image.shape)}", hint="give an RGB image"
+            )
+        height, width = image.shape[:2]
+        details = self.info.details
+        size = self.detect_size(height, width, detect_resolution)
+        x = resize(image[:, :, :3], size, details.get("resample", "bicubic"))
+        x = (x - np.asarray(details["mean"], np.float32)) / np.asarray(details["std"], np.float32)
+        (output,) = self.sessions[self.info.components[0]].run({"image": x.transpose(2, 0, 1)[None]}).values()
+        found = resize(np.asarray(output, np.float32).reshape(size)[:, :, None], (height, width), "bilinear")[:, :, 0]
+        return np.repeat(min_max(found)[:, :, None], 3, axis=2)
+
+
+def min_max(values: np.ndarray) -> np.ndarray:
+    """Values scaled to [0, 1] by their own minimum and maximum (all 0 when they are one value)."""
+    low, high = float(values.min()), float(values.max())
+    if high <= low:
+        return np.zeros_like(values, dtype=np.float32)
+    return ((values - low) / (high - low)).astype(np.float32)
+
+
+def resize(image: np.ndarray, size: tuple[int, int], mode: str = "bicubic") -> np.ndarray:
+    """[H, W, C] → [h, w, C] as `torch.nn.functional.interpolate(mode, antialias=True, align_corners=False)`
+    (and PIL) resample: a separable filter widened by the shrink factor, its weights normalised over the taps
+    inside the image."""
+    height, width = size
+    rows = _weights(image.shape[0], height, mode)
+    cols = _weights(image.shape[1], width, mode)
+    out = np.einsum("hy,yxc->hxc", rows, image.astype(np.float64), optimize=True)
+    return np.einsum("wx,hxc->hwc", cols, out, optimize=True).astype(np.float32)
+
+
+def _cubic(x: np.ndarray) -> np.ndarray:
+    a = -0.5  # the antialiased (PIL) Keys kernel; plain bicubic in torch uses -0.75
+    x = np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def _linear(x: np.ndarray) -> np.ndarray:
+    return np.clip(1 - np.abs(x), 0, None)
+
+
+_KERNELS = {"bicubic": (_cubic, 2.0), "bilinear": (_linear, 1.0)}
+
+
+def _weights(size_in: int, size_out: int, mode: str) -> np.ndarray:
+    """[size_out, size_in]: row i holds output pixel i's weights over the input pixels."""
+    kernel, reach = _KERNELS[mode]
+    scale = size_in / size_out
+    stretch = max(scale, 1.0)
+    centers = scale * (np.arange(size_out) + 0.5)
+    first = np.maximum((centers - reach * stretch + 0.5).astype(np.int64), 0)  # torch truncates toward zero
+    last = np.minimum((centers + reach * stretch + 0.5).astype(np.int64), size_in)
+    taps = np.arange(size_in)
+    weights = kernel((taps[None, :] - centers[:, None] + 0.5) / stretch)
+    weights *= (taps[None, :] >= first[:, None]) & (taps[None, :] < last[:, None])
+    return weights / weights.sum(axis=1, keepdims=True)

@@ -165,3 +165,37 @@ def components(assets: ModelAssets, controlnet: bool) -> list[str]:
         names.append("unet")
     # The VAE encoder loads at the first image-to-image call; an inpainting model's every call needs it.
     return names + (["vae_encoder"] if family.inpainting else []) + ["vae_decoder"]
+
+
+def preview_filters(found: ModelAssets, preview, decoder, **load_options) -> tuple[dict, list]:
+    """`Pipeline.load(preview=, decoder=)`: {"preview": filter, "decoder": filter} for those given, each a filter
+    name in the store (loaded with `load_options`, once when both name the same) or a loaded PreviewDecoder, checked
+    against the model's latent space before any component loads; and the filters loaded here (the pipeline closes
+    those)."""
+    from enginefarm.filters import load as load_filter
+    from enginefarm.filters.preview import PreviewDecoder
+
+    chosen: dict = {}
+    loaded: dict[str, PreviewDecoder] = {}
+    try:
+        for role, spec in (("preview", preview), ("decoder", decoder)):
+            if spec is None:
+                continue
+            if isinstance(spec, str):
+                if spec not in loaded:
+                    loaded[spec] = load_filter(spec, **load_options)
+                spec = loaded[spec]
+            if not isinstance(spec, PreviewDecoder):
+                what = spec.kind if hasattr(spec, "kind") else type(spec).__name__
+                raise ConfigError(
+                    f"{role}= takes a preview decoder (TAESD-class); {getattr(spec, 'name', spec)!r} is a {what}",
+                    hint="export a TAESD decoder with `enginefarm export taesd_decoder.safetensors --out DIR`",
+                )
+            channels = int(found.configs.get("vae", {}).get("latent_channels", 4))
+            spec.check_fits(channels, found.family.vae_scaling_factor, found.family.title)
+            chosen[role] = spec
+    except BaseException:
+        for one in loaded.values():
+            one.close()
+        raise
+    return chosen, list(loaded.values())

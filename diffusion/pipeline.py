@@ -93,6 +93,9 @@ class Pipeline:
         self.denoiser_batch: int | None = None  # most rows per denoiser call; None: its engine profile's max batch
         # on_preview's decoder: model-space latents [N, C, h, w] → [N, H, W, 3] in [0, 1]; None: the linear map
         self.preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None
+        # the final decode's replacement for the VAE (Pipeline.load(decoder=)): the same contract; None: the VAE
+        self.image_decoder: Callable[[np.ndarray], np.ndarray] | None = None
+        self._owned_filters: list = []  # filters Pipeline.load loaded for preview=/decoder=: closed with the pipeline
         self._load_timings: dict[str, float] = {}
         self.notes: list[str] = []  # what loading left out (LoRA layers no component takes)
         self.last_settings: dict[str, object] = {}  # the last call's steps, guidance, scheduler, size (resolved)
@@ -118,6 +121,8 @@ class Pipeline:
         embeddings_dir: str | Path | None = None,
         progress=None,
         memory_budget: int | str | None = None,
+        preview=None,
+        decoder=None,
     ) -> Pipeline:
         """Load every component of model `name` a generation needs through `enginefarm.load`.
 
@@ -138,9 +143,14 @@ class Pipeline:
         textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
         `enginefarm.diffusion.embeddings`). embeddings_dir: a folder of embedding files, each loaded when a prompt first
         names its stem, as Easy Diffusion does (`enginefarm.diffusion.embedding_folder`). loras: changed later, without
-        a reload, by `pipe.set_loras`."""
+        a reload, by `pipe.set_loras`.
+
+        preview: a preview decoder (TAESD-class filter: its name in the store, or a loaded
+        `enginefarm.filters.PreviewDecoder`) that turns on_preview's latents into full-size images; decoder: one that
+        decodes the final images instead of the VAE (which is then not loaded). Each is checked against the model's
+        latent space (channels, and the family where the decoder's name tells it) before anything loads."""
         from .budget import Residency, parse_budget
-        from .loading import ComponentLoader, components, fetch_assets, read_embeddings
+        from .loading import ComponentLoader, components, fetch_assets, preview_filters, read_embeddings
 
         budget = parse_budget(memory_budget)
         folder = None
@@ -166,13 +176,28 @@ class Pipeline:
         loader.route_weights(weights, vae)
         ignored = loader.start_loras(loras)
         wanted = components(found, controlnet)
-        sessions = {component: loader(component) for component in wanted} if budget is None else {}
+        if decoder is not None:  # the preview decoder makes the final images: no VAE decoder
+            wanted.remove("vae_decoder")
+        filters, owned = preview_filters(
+            found, preview, decoder, store=store, precision=precision, target=target, device=device, progress=progress
+        )
+        try:
+            sessions = {component: loader(component) for component in wanted} if budget is None else {}
+        except BaseException:
+            for one in owned:
+                one.close()
+            raise
         pipe = cls(name, found, sessions, controlnet="controlnet" if controlnet else None, load_component=loader)
         pipe.prompts.add_embeddings(read)
         if folder is not None:
             folder.loaded.update(e.word for e in read)  # given by name already
             pipe.embedding_folder = folder
         pipe.timings = pipe._load_timings = loader.timings
+        pipe._owned_filters = owned
+        if "preview" in filters:
+            pipe.preview_decoder = filters["preview"].decode
+        if "decoder" in filters:
+            pipe.image_decoder = filters["decoder"].decode
         pipe.notes = [ignored] if ignored else []
         pipe._loras = loader.live
         if budget is not None:
@@ -245,6 +270,8 @@ class Pipeline:
         self._loras = None  # with the base values it kept
         while self.sessions:
             self.sessions.popitem()[1].close()
+        while self._owned_filters:
+            self._owned_filters.pop().close()
         for session in self.__dict__.pop("_seamless_sessions", {}).values():  # diffusion/seamless.py's
             session.close()
 
@@ -412,8 +439,11 @@ class Pipeline:
             np.float32
         )
         # image by image (diffusers' VAE slicing): the decoder's memory and profile are those of one image
-        decoded = [self._vae("vae_decoder", "latent_sample", "sample", one) for one in np.split(latent, call.count)]
-        images = [to_image(one) for one in decoded]
+        if self.image_decoder is not None:  # a preview decoder takes the model-space latent
+            images = list(self.image_decoder(x))
+        else:
+            decoded = [self._vae("vae_decoder", "latent_sample", "sample", one) for one in np.split(latent, call.count)]
+            images = [to_image(one) for one in decoded]
         self.timings["decode"] = time.perf_counter() - start
         return images[0] if call.count == 1 else np.stack(images)
 

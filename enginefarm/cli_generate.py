@@ -77,6 +77,31 @@ from enginefarm.cli_options import precision_option, store_option
     help="A PNG conditioning the ControlNet (the model must be exported with one).",
 )
 @click.option("--controlnet-scale", type=float, default=1.0, show_default=True)
+@click.option(
+    "--control-from",
+    default=None,
+    metavar="canny|NAME",
+    help="Make the control image from --control-image as a photo: canny (edges, in numpy) or a preprocessor filter "
+    "in the store (e.g. a depth model). The image takes the photo's size unless --width/--height are given.",
+)
+@click.option(
+    "--safety",
+    default=None,
+    metavar="NAME",
+    help="Check each image with this safety checker filter first; see --on-flagged for what a flagged image becomes.",
+)
+@click.option(
+    "--on-flagged",
+    type=click.Choice(["blur", "black", "refuse"]),
+    default="blur",
+    show_default=True,
+    help="A flagged image: blurred (Easy Diffusion), black (diffusers) or not written; it gets no face fix or upscale.",
+)
+@click.option("--face-fix", default=None, metavar="NAME", help="Restore faces with this face restoration filter.")
+@click.option(
+    "--face-strength", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True, help="How much of the fix."
+)
+@click.option("--upscale", default=None, metavar="NAME", help="Enlarge each image with this upscaler filter, last.")
 @precision_option(repeatable=False)
 @click.option(
     "--target", default=None, metavar="BACKEND:DEVICE", help="Use only artifacts of this target, e.g. openvino:cpu."
@@ -166,13 +191,23 @@ def generate_cmd(ctx, model, prompt, **opts):
     from enginefarm.diffusion.budget import parse_budget
     from enginefarm.diffusion.metadata import png_text
 
-    from .cli_generate_args import again_defaults, embedding_specs, lora_specs, read_mask, write_previews
+    from .cli_generate_args import (
+        again_defaults,
+        check_filters,
+        control_image,
+        embedding_specs,
+        lora_specs,
+        read_mask,
+        run_filters,
+        write_previews,
+    )
 
     if opts["again"] is not None:
         model, prompt, opts = again_defaults(ctx, opts["again"], model, prompt, opts)
     if model is None or prompt is None:
         raise click.UsageError("give MODEL and PROMPT (or --again PNG)")
     parse_budget(opts["memory_budget"], "--memory-budget")  # a mistake is told before anything is fetched
+    check_filters(opts)  # a filter missing from the store is told before anything is generated
     loras = lora_specs(opts["loras"])
     embeddings = embedding_specs(opts["embeddings"])
 
@@ -181,8 +216,8 @@ def generate_cmd(ctx, model, prompt, **opts):
     mask = read_mask(opts["mask"], opts["init_image"]) if opts["mask"] else None
     if opts["preview_dir"] is not None:
         opts["preview_dir"].mkdir(parents=True, exist_ok=True)
-    control = read_png(opts["control_image"]) if opts["control_image"] else None
     with RichProgress() as progress:
+        control = control_image(opts, progress)
         pipe = Pipeline.load(
             model,
             store=opts["store"],
@@ -226,6 +261,8 @@ def generate_cmd(ctx, model, prompt, **opts):
             on_step=lambda done, total: progress.work("denoising", done, total),
             **call,
         )
+        generated = result if result.ndim == 4 else result[None]
+        images, flagged_notes = run_filters(opts, generated, progress)
     record = {
         "model": model,
         "version": opts["version"],
@@ -239,15 +276,22 @@ def generate_cmd(ctx, model, prompt, **opts):
         "weights": str(opts["weights"]) if opts["weights"] else None,
         "vae": str(opts["vae"]) if opts["vae"] else None,
         "target": opts["target"],
+        **{key: opts[key] for key in ("control_from", "safety", "face_fix", "upscale")},
     }
-    images = result if result.ndim == 4 else result[None]
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
     for i, (path, one) in enumerate(zip(paths, images, strict=True)):
+        if one is None:  # refused by --on-flagged refuse
+            continue
         own = {**record, "seed": record["seed"] + i}  # image i is the one-image call with seed + i
         write_png(path, one, png_text({k: v for k, v in own.items() if _recorded(k, v)}))
-    result = images[0]
+    result = next((one for one in images if one is not None), generated[0])
     out = paths[0] if len(paths) == 1 else f"{paths[0]} … {paths[-1].name}"
     shown = console()
+    for note in flagged_notes:
+        shown.print(f"note: {note}", highlight=False, markup=False)
+    if all(one is None for one in images):
+        shown.print("no image written: every image was flagged (--on-flagged refuse)", highlight=False, markup=False)
+        ctx.exit(1)
     times = pipe.timings
     loads = sum(v for k, v in times.items() if k.startswith("load "))
     per_step = times["denoise"] / max(times["steps"], 1)

@@ -66,6 +66,9 @@ def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> 
         "negative_prompt",
         "version",
         "strength",
+        "safety",
+        "face_fix",
+        "upscale",
     ):
         if not given(key) and record.get(key) is not None:
             opts[key] = record[key]
@@ -104,3 +107,81 @@ def write_previews(folder: Path, scale: int):
             write_png(folder / name, np.repeat(np.repeat(one, scale, axis=0), scale, axis=1))
 
     return write
+
+
+def control_image(opts: dict, progress=None):
+    """--control-image PNG as the control image; with --control-from canny|NAME, the PNG is a photo made into one
+    (numpy canny, or the preprocessor NAME from the store). Without --width/--height the image takes the photo's
+    size; with them, the photo is resized to it first."""
+    from enginefarm.diffusion import read_png
+
+    source = opts.get("control_from")
+    if opts["control_image"] is None:
+        if source:
+            raise ConfigError("--control-from needs a photo", hint="give --control-image PHOTO.png --control-from NAME")
+        return None
+    image = read_png(opts["control_image"])
+    if not source:
+        return image
+    from enginefarm.filters import control_from
+    from enginefarm.filters.preprocess import resize
+
+    height, width = image.shape[:2]
+    size = (opts["height"] or height, opts["width"] or width)
+    if size != (height, width):
+        image = resize(image, size, "bicubic")
+    opts["height"], opts["width"] = size
+    return control_from(
+        image,
+        source,
+        store=opts["store"],
+        precision=opts["precision"],
+        target=opts["target"],
+        device=opts["device"],
+        progress=progress,
+    )
+
+
+FILTER_OPTIONS = {  # opts key → (option, kind)
+    "safety": ("--safety", "safety_checker"),
+    "face_fix": ("--face-fix", "face_restorer"),
+    "upscale": ("--upscale", "upscaler"),
+}
+
+
+def check_filters(opts: dict) -> None:
+    """Each filter option names a filter of its kind in the store (one line if not), before anything is generated."""
+    from enginefarm.filters.apply import find
+
+    chosen = {key: (*FILTER_OPTIONS[key], opts[key]) for key in FILTER_OPTIONS if opts.get(key)}
+    source = opts.get("control_from")
+    if source and source != "canny":
+        chosen["control_from"] = ("--control-from", "preprocessor", source)
+    for option, kind, name in chosen.values():
+        find(name, kind, option, store=opts["store"], device=opts["device"])
+
+
+def run_filters(opts: dict, images, progress=None) -> tuple[list, list[str]]:
+    """--safety, --face-fix and --upscale on each generated image, in that order, each filter loaded once from the
+    store: (the images, None where --on-flagged refuse dropped one; a note per flagged image)."""
+    from contextlib import ExitStack
+
+    from enginefarm.filters import apply
+    from enginefarm.filters.apply import load_named
+
+    chosen = {key: opts[key] for key in FILTER_OPTIONS if opts.get(key)}
+    if not chosen:
+        return list(images), []
+    load = dict(store=opts["store"], precision=opts["precision"], target=opts["target"], device=opts["device"])
+    results, notes = [], []
+    with ExitStack() as stack:
+        loaded = {}
+        for key, name in chosen.items():
+            loaded[key] = stack.enter_context(load_named(name, FILTER_OPTIONS[key][0], progress=progress, **load))
+        for i, image in enumerate(images):
+            done = apply(image, **loaded, on_flagged=opts["on_flagged"], face_strength=opts["face_strength"])
+            if done.flagged:
+                what = "refused: not written" if done.image is None else f"{opts['on_flagged']} image written"
+                notes.append(f"image {i} was flagged by the safety checker {opts['safety']} ({what})")
+            results.append(done.image)
+    return results, notes

@@ -9,8 +9,9 @@ and picked on the device. This package is their runtime face: numpy only, no tor
 
 from __future__ import annotations
 
+from .apply import Filtered, apply, control_from
 from .base import Filter
 from .info import INFO_FILE, KINDS, FilterInfo
 from .loading import load
 
-__all__ = ["INFO_FILE", "KINDS", "Filter", "FilterInfo", "load"]
+__all__ = ["INFO_FILE", "KINDS", "Filter", "FilterInfo", "Filtered", "apply", "control_from", "load"]

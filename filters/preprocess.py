@@ -34,7 +34,7 @@ class Preprocessor(Filter):
         details = self.info.details
         resolution = int(detect_resolution or details.get("resolution", 512))
         multiple = int(details.get("multiple", 1))
-        largest = int(details.get("max_side", 1 << 30))
+        largest = min(int(details.get("max_side", 1 << 30)), self._engine_largest())
         if resolution < multiple:
             raise ConfigError(
                 f"{self.name}: detect resolution {resolution} is below its {multiple}-pixel step",
@@ -44,6 +44,14 @@ class Preprocessor(Filter):
         scale = min(scale, largest / max(height, width))
         rounded = (max(multiple, int(round(side * scale / multiple)) * multiple) for side in (height, width))
         return next(rounded), next(rounded)
+
+    def _engine_largest(self) -> int:
+        """The longest side the built engine's profile takes (its recipe may narrow the export's)."""
+        try:
+            session = self.sessions[self.info.components[0]]
+            return int(min(session.artifact.profile["image"]["max"][2:]))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return 1 << 30
 
     def __call__(self, image: np.ndarray, detect_resolution: int | None = None) -> np.ndarray:
         """A photo float [H, W, 3] in [0, 1] → its control image float32 [H, W, 3] in [0, 1]."""

@@ -107,3 +107,12 @@ def test_depth_preprocessor_built_matches_torch(depth_folder, tmp_path):
             measured[target, precision] = float(np.abs(control - expected).max())
             assert measured[target, precision] < tolerance, measured
     print(json.dumps({f"{t} {p}": f"{d:.1e}" for (t, p), d in measured.items()}))
+
+    # the app-facing helpers load it by name from the same store; a wrong kind or a missing name is one line
+    options = dict(store=str(store), precision="fp32", target="onnxruntime:cpu")
+    control = enginefarm.filters.control_from(photo, "depth-tiny", detect_resolution=DETECT, **options)
+    assert np.abs(control - expected).max() < 1e-3
+    with pytest.raises(ConfigError, match="--upscale depth-tiny: a preprocessor, not an upscaler"):
+        enginefarm.filters.apply(photo, upscale="depth-tiny", **options)
+    with pytest.raises(ConfigError, match="--safety nsfw: nsfw is not in the store"):
+        enginefarm.filters.apply(photo, safety="nsfw", **options)

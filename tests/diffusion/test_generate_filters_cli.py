@@ -1,0 +1,89 @@
+"""`enginefarm generate` with filters from the model's store: a control image made from a photo (--control-from
+canny), the result upscaled (--upscale), and a missing or wrong filter told in one line before anything runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tomllib
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+from ..export.filters.upscaler_files import save, srvgg_state
+from ..filters.scenes import scene
+
+pytest.importorskip("diffusers")
+
+
+@pytest.fixture(scope="module")
+def with_upscaler(built, tmp_path_factory):
+    """(model name, a store holding the tiny controlnet-sd1 and a tiny x2 upscaler "up-x2"): the shared build's store
+    copied as hard links (a build replaces files, never writes into them), the upscaler exported and built into it."""
+    from enginefarm.export.filters.run import export_filter
+
+    _, out, shared = built("controlnet-sd1")
+    name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+    root = tmp_path_factory.mktemp("generate-filters")
+    store = root / "store"
+    shutil.copytree(shared, store, copy_function=os.link)
+    upscaler = save(srvgg_state(features=8, convs=2, scale=2), root / "up-x2.pth")
+    export_filter(upscaler, root / "up-export", name="up-x2", targets=("onnxruntime:cpu",), precisions=("fp32",))
+    run_cli("build", str(root / "up-export" / "recipe.toml"), "--store", str(store), "--no-bench", check=True)
+    return name, store
+
+
+def _generate(name, store, out, *args):
+    return run_cli("generate", name, "a red fox", "--store", str(store), "--steps", "2", "--out", str(out), *args)
+
+
+@pytest.mark.slow
+def test_control_from_canny_and_upscale(with_upscaler, tmp_path):
+    import enginefarm.filters
+    from enginefarm.diffusion import read_png, write_png
+    from enginefarm.filters.canny import canny_control
+
+    name, store = with_upscaler
+    photo = tmp_path / "photo.png"
+    write_png(photo, scene(3, height=64, width=64))
+    filtered = _generate(
+        name, store, tmp_path / "a.png", "--control-image", str(photo), "--control-from", "canny", "--upscale", "up-x2"
+    )
+    assert filtered.returncode == 0, filtered.stderr
+    # the same image by hand: the photo's edges as the control image, no filters
+    edges = tmp_path / "edges.png"
+    write_png(edges, canny_control(read_png(photo)))
+    plain = _generate(name, store, tmp_path / "b.png", "--control-image", str(edges))
+    assert plain.returncode == 0, plain.stderr
+    generated, upscaled = read_png(tmp_path / "b.png"), read_png(tmp_path / "a.png")
+    assert generated.shape == (64, 64, 3) and upscaled.shape == (128, 128, 3)
+    with enginefarm.filters.load("up-x2", store=str(store)) as up:
+        expected = up(generated)
+    # b.png holds the generated image in 8 bits, a.png was upscaled from its floats: the PNGs' rounding apart
+    assert np.abs(upscaled - expected).max() < 2e-2
+    assert np.abs(upscaled - np.repeat(np.repeat(generated, 2, 0), 2, 1)).mean() > 1e-2  # the network, not a resize
+    from enginefarm.diffusion.metadata import read_parameters
+
+    stored = read_parameters(tmp_path / "a.png")
+    assert stored["upscale"] == "up-x2" and stored["control_from"] == "canny"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--face-fix", "gfpgan"), "error: --face-fix gfpgan: gfpgan is not in the store"),
+        (("--upscale", "CONTROLNET"), "error: CONTROLNET is not a filter: its assets have no filter.json"),
+        (("--face-fix", "up-x2"), "error: --face-fix up-x2: an upscaler, not a face restorer"),
+        (("--control-from", "canny"), "error: --control-from needs a photo"),
+    ],
+)
+def test_a_missing_or_wrong_filter_is_one_line_before_generating(with_upscaler, tmp_path, args, message):
+    name, store = with_upscaler
+    args = tuple(name if a == "CONTROLNET" else a for a in args)
+    proc = _generate(name, store, tmp_path / "x.png", *args)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-2] == message.replace("CONTROLNET", name), proc.stderr
+    assert not (tmp_path / "x.png").exists()

@@ -83,9 +83,9 @@ class Upscaler(Filter):
 
 
 def _axis_tiles(side: int, tile: int, overlap: int, multiple: int, scale: int) -> list[tuple[int, int, np.ndarray]]:
-    """The tiles along one axis: (start, size, blending weight per output pixel). Each tile's weight ramps up
-    linearly across its overlap with the one before and down across the next; the weights are then divided by their
-    sum, so along the axis they add up to 1 at every pixel, and their products do over the image."""
+    """The tiles along one axis: (start, size, blending weight per output pixel). Each tile's weight ramps up across
+    its overlap with the one before and down across the next (`_ramp`); the weights are then divided by their sum, so
+    along the axis they add up to 1 at every pixel, and their products do over the image."""
     if side <= tile:
         return [(0, side, np.ones(side * scale, np.float32))]
     count = math.ceil((side - overlap) / (tile - overlap))
@@ -99,15 +99,24 @@ def _axis_tiles(side: int, tile: int, overlap: int, multiple: int, scale: int) -
         position = np.arange(tile * scale) + 0.5
         weight = np.ones(tile * scale)
         if index > 0:
-            weight = np.minimum(weight, position / ((starts[index - 1] + tile - start) * scale))
+            weight = np.minimum(weight, _ramp(position, (starts[index - 1] + tile - start) * scale))
         if index < len(starts) - 1:
-            weight = np.minimum(weight, (tile * scale - position) / ((start + tile - starts[index + 1]) * scale))
+            weight = np.minimum(weight, _ramp(tile * scale - position, (start + tile - starts[index + 1]) * scale))
         total[start * scale : (start + tile) * scale] += weight
         ramps.append(weight)
     return [
         (start, tile, (weight / total[start * scale : (start + tile) * scale]).astype(np.float32))
         for start, weight in zip(starts, ramps, strict=True)
     ]
+
+
+def _ramp(distance: np.ndarray, overlap: int) -> np.ndarray:
+    """A tile's weight at `distance` from its edge inside an overlap of `overlap` pixels: 0 across the outer quarter
+    (where the model saw the tile's edge instead of the image around it), rising linearly to 1 across the middle
+    half; the neighbouring tile's weight is its mirror image, so the two add up to 1."""
+    if overlap <= 0:
+        return np.ones_like(distance)
+    return np.clip((distance - overlap / 4) / (overlap / 2), 0.0, 1.0)
 
 
 def _ceil(n: int, multiple: int) -> int:

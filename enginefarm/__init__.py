@@ -100,6 +100,14 @@ def load(
     )
 
 
+def models(store: str | None = None, device: str = "auto") -> list:
+    """Every model in `store` with its family, versions, built targets and the bytes this device would download to
+    run it, from the store's index alone (`enginefarm.runner.models.ModelSummary` each)."""
+    from enginefarm.runner.models import models as _models
+
+    return _models(store, device)
+
+
 def __getattr__(name: str):
     """`enginefarm.Session` and `enginefarm.Pipeline`, imported when first named (the pipeline brings its
     tokenizers)."""
@@ -130,4 +138,5 @@ __all__ = [
     "WeightsError",
     "__version__",
     "load",
+    "models",
 ]

@@ -31,12 +31,18 @@ RICH_ROWS = 1000  # longer listings are printed as plain aligned text
 @store_option()
 @model_option()
 @json_option()
-def ls_cmd(store, model, as_json):
+@click.option(
+    "--models", "by_model", is_flag=True, help="One line per model: family, versions, targets, download size here."
+)
+def ls_cmd(store, model, as_json, by_model):
     """List the artifacts in a store (through each model's index)."""
     from rich.table import Table
 
     from enginefarm.cache.index import read_index
 
+    if by_model:
+        _ls_models(store, model, as_json)
+        return
     settings = load_settings()
     opened = open_store_to_read(store, settings)
     rows = []
@@ -116,6 +122,28 @@ def ls_cmd(store, model, as_json):
     for row in cells:
         table.add_row(*row)
     console().print(table)
+
+
+def _ls_models(store, model, as_json) -> None:
+    """`ls --models`: what an app shows before a download (enginefarm.models)."""
+    from enginefarm.runner.models import models
+
+    found = [m for m in models(store) if not model or m.name == model]
+    if as_json:
+        click.echo(json.dumps([m.to_dict() for m in found], indent=1))
+        return
+    columns = ("model", "family", "versions", "targets", "download here")
+    cells = [
+        (
+            m.name,
+            m.family or "?",
+            ", ".join(m.versions) or "?",
+            ", ".join(m.targets),
+            f"{m.download_bytes / 1e6:.1f} MB" + (f" (nothing runs {', '.join(m.missing)} here)" if m.missing else ""),
+        )
+        for m in found
+    ]
+    click.echo(plain_table(f"{len(found)} models", columns, cells))
 
 
 def _sizes_text(profile: dict) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from enginefarm.errors import ConfigError
 from enginefarm.families import Family, Sizes, detect_family, family
+from enginefarm.families.config_bounds import check_configs, check_sizes
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,19 @@ class ModelAssets:
             if p.name in ("config.json", "scheduler_config.json")
         }
         described = folder / "family.json"
-        found = family(_read_json(described)["family"]) if described.is_file() else detect_family(model_index, configs)
+        description = _read_json(described) if described.is_file() else None
+        if description is not None and not isinstance(description.get("family"), str):
+            raise ConfigError(f"{described}: no family named", hint="re-export the model with `enginefarm export`")
+        found = family(description["family"]) if description is not None else detect_family(model_index, configs)
+        check_configs(configs, found)  # before any size read from them is allocated (families/config_bounds.py)
+        if description is not None and "sizes" in description:
+            check_sizes(description["sizes"])
+            try:
+                Sizes.from_json(description["sizes"])
+            except TypeError as exc:
+                raise ConfigError(
+                    f"{described}: sizes: {exc}", hint="re-export the model with `enginefarm export`"
+                ) from None
         return cls(folder, found, model_index, configs)
 
     @cached_property

@@ -9,16 +9,10 @@ from pathlib import Path
 
 from enginefarm.families import ADDED_EMBEDS, Component
 
+from .config_size import model_class
 from .source import ExportSource
 
 log = logging.getLogger(__name__)
-
-_DIFFUSERS_CLASSES = {
-    "unet": "UNet2DConditionModel",
-    "vae": "AutoencoderKL",
-    "controlnet": "ControlNetModel",
-    "transformer": "SD3Transformer2DModel",
-}
 
 
 # Transformers whose export packs latents into 2x2 patches inside the graph (export/flux.py).
@@ -52,22 +46,10 @@ def _load(source: ExportSource, folder: str):
     """A component's model, fp32, from its local folder; nothing is fetched from a hub."""
     import torch
 
-    path = source.folder(folder)
-    if folder.startswith("text_encoder"):
-        import transformers
-
-        _, cls_name = source.model_index.get(folder) or [None, None]
-        cls = getattr(transformers, cls_name or "CLIPTextModel")
-        model = cls.from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
-    else:
-        import diffusers
-
-        # The pipeline's model_index.json names each folder's class (SD3Transformer2DModel, FluxTransformer2DModel…)
-        library, cls_name = source.model_index.get(folder) or [None, None]
-        if library != "diffusers" or not hasattr(diffusers, cls_name or ""):
-            cls_name = _DIFFUSERS_CLASSES[folder]
-        model = getattr(diffusers, cls_name).from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
-    return model.eval()
+    # The pipeline's model_index.json names each folder's class (SD3Transformer2DModel, FluxTransformer2DModel…),
+    # checked to be a model class of its library (export/config_size.py)
+    cls = model_class(source, folder)
+    return cls.from_pretrained(source.folder(folder), torch_dtype=torch.float32, local_files_only=True).eval()
 
 
 def wrap(component: Component, model, family_time_ids: int):

@@ -56,3 +56,23 @@ def check_fits(found: ExportSource, limit: int | None = None) -> None:
             hint="export on a machine with that much memory (the files it writes are the same anywhere), or pass "
             "--memory SIZE to try with less",
         )
+
+
+def check_built_fits(found: ExportSource, limit: int | None = None) -> None:
+    """Refuse an export whose models, as their configs build them (export/config_size.py: torch is imported by now),
+    need more than `limit` bytes; the files' weights were checked by `check_fits` before torch loaded."""
+    from enginefarm.builder.memory import total_bytes
+
+    from .config_size import config_fp32_bytes
+
+    limit = total_bytes() if limit is None else limit
+    for folder in sorted({found.family.component(name).folder for name in found.components}):
+        weights = config_fp32_bytes(found, folder)
+        need = max(int(FACTOR * weights), weights + BASE)
+        if need > limit:
+            raise ConfigError(
+                f"exporting {folder} needs about {gb(need):g} GB ({FACTOR:g}x the {gb(weights):g} GB of weights its "
+                f"config.json builds at fp32), over the {gb(limit):g} GB this export may use",
+                hint="check that config.json is the one saved with the weights; or export on a machine with that much "
+                "memory, or pass --memory SIZE",
+            )

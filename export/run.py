@@ -24,7 +24,7 @@ from . import resume
 from .asset_files import check_assets, check_out_apart, copy_file, copy_folder, roots_of, trusted_roots
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
-from .memory import check_fits
+from .memory import check_built_fits, check_fits
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
 from .source import ExportSource, read_source
 
@@ -117,6 +117,7 @@ def export_model(
             f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it"
         )
     _require_export_modules()
+    check_built_fits(found, memory)  # the models as their configs build them (files may hold fewer weights)
     name = recipes.model_name(name or Path(source).resolve().name)
     report = as_progress(progress)
     report.message(f"{found.family.title} ({found.family.id}): {', '.join(found.components)}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from enginefarm.errors import ConfigError, SourceError
 from enginefarm.families import Family, Sizes, controlnet_residuals, detect_family, with_controlnet
+from enginefarm.families.config_bounds import check_configs
 
 CONFIG_FOLDERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae", "controlnet")
 
@@ -128,6 +129,7 @@ def _standalone_controlnet(folder: Path) -> ExportSource:
 def _with_sizes(
     family: Family, pipeline: Path | None, controlnet: Path | None, model_index: dict, configs: dict[str, dict]
 ) -> ExportSource:
+    check_configs(configs, family)  # every size torch or the runtime will allocate from, bounded first
     scheduler = configs.get("scheduler", {})
     vae = configs.get("vae", {})
     if vae and 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1) != family.vae_scale_factor:
@@ -142,10 +144,26 @@ def _with_sizes(
         controlnet=controlnet,
         model_index=model_index,
         configs=configs,
-        sizes=read_sizes(family, configs),
+        sizes=_sizes(family, configs),
         vae_scaling_factor=family.scaling_factor(vae),
         prediction_type=family.prediction(scheduler),
     )
+
+
+def _sizes(family: Family, configs: dict[str, dict]) -> Sizes:
+    """`read_sizes`, a config lacking a size the family needs (or holding text for one) said in one line."""
+    try:
+        return read_sizes(family, configs)
+    except KeyError as exc:
+        raise ConfigError(
+            f"a config of this {family.title} model lacks {exc.args[0]!r}, which its export needs",
+            hint="use the configs save_pretrained wrote (each component folder's config.json)",
+        ) from None
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ConfigError(
+            f"a config of this {family.title} model has a size that is not a number ({exc})",
+            hint="use the configs save_pretrained wrote (each component folder's config.json)",
+        ) from None
 
 
 def read_sizes(family: Family, configs: dict[str, dict]) -> Sizes:

@@ -16,6 +16,8 @@ from typing import Any
 
 from enginefarm.errors import ConfigError
 
+MAX_TRAIN_TIMESTEPS = 100_000  # the tables a scheduler builds have this many rows; diffusers' models train with 1000
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -98,6 +100,13 @@ class SchedulerConfig:
             raise ConfigError(
                 f"scheduler config: {e}", hint="check the model's scheduler/scheduler_config.json"
             ) from None
+        for key in ("num_train_timesteps", "original_inference_steps"):  # each sizes the scheduler's tables
+            if key in values and not 1 <= values[key] <= MAX_TRAIN_TIMESTEPS:
+                raise ConfigError(
+                    f"scheduler config: {key} {values[key]} is not in 1-{MAX_TRAIN_TIMESTEPS} (diffusers' models "
+                    "train with 1000)",
+                    hint="check the model's scheduler/scheduler_config.json",
+                )
         return cls(**values, extra=extra)
 
     def replace(self, **changes: Any) -> SchedulerConfig:

@@ -1,0 +1,65 @@
+"""A model's assets are read from a store or a folder a user may not control: every size read from their configs is
+bounded against the family before anything is allocated from it (diffusion/assets.py), one line and a hint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from enginefarm.diffusion.assets import ModelAssets
+from enginefarm.diffusion.schedulers.config import SchedulerConfig
+from enginefarm.errors import ConfigError
+
+
+def _assets(folder, **configs):
+    """An SD 1.x assets folder whose configs are the real model's, with `configs` (folder → fields) over them."""
+    real = {
+        "unet": {"cross_attention_dim": 768, "in_channels": 4, "sample_size": 64, "block_out_channels": [320, 640]},
+        "vae": {"sample_size": 512, "latent_channels": 4, "block_out_channels": [128, 256, 512, 512]},
+        "text_encoder": {"hidden_size": 768, "vocab_size": 49408},
+        "scheduler": {"num_train_timesteps": 1000},
+    }
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+    for name, fields in real.items():
+        (folder / name).mkdir()
+        file = "scheduler_config.json" if name == "scheduler" else "config.json"
+        (folder / name / file).write_text(json.dumps({**fields, **configs.get(name, {})}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("configs", "says"),
+    [
+        ({"unet": {"sample_size": 10000}}, "unet/config.json: sample_size 10000"),
+        ({"unet": {"sample_size": "64"}}, "unet/config.json: sample_size '64'"),
+        ({"text_encoder": {"hidden_size": 1e9}}, "text_encoder/config.json: hidden_size 1000000000.0"),
+        ({"scheduler": {"num_train_timesteps": 3e9}}, "scheduler/scheduler_config.json: num_train_timesteps"),
+        ({"vae": {"block_out_channels": [128] * 40}}, "vae/config.json: block_out_channels"),
+        ({"vae": {"block_out_channels": [128, -4]}}, "vae/config.json: block_out_channels"),
+        ({"vae": {"latent_channels": 1 << 30}}, "vae/config.json: latent_channels"),
+        ({"vae": {"sample_size": 1 << 20}}, "vae/config.json: sample_size"),
+    ],
+    ids=["sample size", "a string", "hidden size", "timesteps", "40 levels", "negative", "latent channels", "tile"],
+)
+def test_a_size_past_what_the_family_holds_is_refused_when_the_assets_are_read(tmp_path, configs, says):
+    with pytest.raises(ConfigError) as refused:
+        ModelAssets.from_folder(_assets(tmp_path / "assets", **configs))
+    assert says in str(refused.value) and "\n" not in str(refused.value) and refused.value.hint
+
+
+def test_the_real_sizes_and_a_family_json_are_read(tmp_path):
+    assets = ModelAssets.from_folder(_assets(tmp_path / "assets"))
+    assert assets.native_pixels == 512 and assets.text_widths == {"text_encoder": 768}
+    (tmp_path / "assets" / "family.json").write_text(
+        json.dumps({"family": "sd1", "sizes": {"text_widths": [10**12], "cross_attention_dim": 768}})
+    )
+    with pytest.raises(ConfigError, match="family.json: sizes.text_widths"):
+        ModelAssets.from_folder(tmp_path / "assets")
+
+
+def test_a_scheduler_config_given_directly_is_bounded_too():
+    with pytest.raises(ConfigError, match="num_train_timesteps 3000000000 is not in 1-100000"):
+        SchedulerConfig.parse({"num_train_timesteps": 3e9})
+    assert SchedulerConfig.parse({"num_train_timesteps": 1000}).num_train_timesteps == 1000

@@ -151,19 +151,20 @@ class SafetyChecker(Filter):
             tuple(self.info.details.get("image_std", CLIP_STD)),
         )
 
-    def similarities(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(special-care cosines [N, 3], concept cosines [N, 17]) of images [N, H, W, 3], one engine run each."""
+    def similarities(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(special-care cosines [N, 3], concept cosines [N, 17]) of CLIP pixel_values [N, 3, S, S] (`pixels`), one
+        engine run per image."""
         session = self.sessions["checker"]
         special, concept = [], []
-        for image in images:
-            out = session.run({"pixel_values": self.pixels(image)[None]})
+        for one in np.asarray(pixels, np.float32):
+            out = session.run({"pixel_values": one[None]})
             special.append(out["special_cos"][0])
             concept.append(out["concept_cos"][0])
         return np.asarray(special, np.float32), np.asarray(concept, np.float32)
 
     def check(self, images) -> list[tuple[bool, dict]]:
         """(flagged, scores) for each image of images [N, H, W, 3] (or a list of [H, W, 3])."""
-        special, concept = self.similarities(images)
+        special, concept = self.similarities(np.stack([self.pixels(image) for image in images]))
         special_thresholds = self._detail("special_thresholds")
         concept_thresholds = self._detail("concept_thresholds")
         return [decide(s, c, special_thresholds, concept_thresholds) for s, c in zip(special, concept, strict=True)]

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from enginefarm.cache.atomic import atomic_writer
+from enginefarm.cache import workdirs
+from enginefarm.cache.stores.ranged import Limits
 from enginefarm.errors import SourceError
 
 log = logging.getLogger(__name__)
 
 HUB = "https://huggingface.co"
 TIMEOUT = 60  # seconds without a byte before a download is given up
+UNPINNED_CAP = 64 << 30  # bytes a source may have with no size pinned and no Content-Length (the largest: T5-XXL 19 GB)
 
 
 def hf_to_https(url: str) -> str:
@@ -55,24 +58,103 @@ def beside(url: str, location: str) -> str:
     return f"{folder}/{urllib.parse.quote(location)}"
 
 
-def download(url: str, dest: Path, *, hf: bool) -> None:
-    """`url` to `dest`, whole or not at all (written beside it, renamed when complete)."""
+def source_limits() -> Limits:
+    """The HTTP store's limits (ENGINEFARM_HTTP_DEADLINE, ENGINEFARM_HTTP_MIN_RATE), for recipe sources too."""
+    from enginefarm.settings import load_settings
+
+    settings = load_settings()
+    return Limits(deadline_s=settings.http_deadline_s, min_rate=settings.http_min_rate)
+
+
+def download(url: str, dest: Path, *, hf: bool, size: int | None = None, limits: Limits | None = None) -> None:
+    """`url` to `dest`, whole or not at all (written beside it, renamed when complete), under the HTTP store's
+    `limits`: a deadline for the whole file, a rate floor, a stall timeout, and at most `size` bytes (the recipe's
+    pin; else the Content-Length, else UNPINNED_CAP). A leftover of a killed download beside `dest` is removed."""
+    limits = limits or source_limits()
     request = urllib.request.Request(url, headers={"User-Agent": "enginefarm"})
     token = hf_token() if hf else None
     if token:
         request.add_unredirected_header("Authorization", f"Bearer {token}")
     log.info("downloading %s", url)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for left in workdirs.leftovers(dest.parent, f".{dest.name}"):  # their owner was killed: nothing resumes them
+        left.unlink(missing_ok=True)
+    tmp = workdirs.unique_name(dest.parent, f".{dest.name}", ".incomplete")
+    stall = min(TIMEOUT, limits.window_s)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response, atomic_writer(dest) as out:
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
+        with urllib.request.urlopen(request, timeout=stall) as response, open(tmp, "wb") as out:
+            declared = str(response.headers.get("Content-Length") or "")
+            if size is not None and declared.isdigit() and int(declared) != size:
+                raise _size_error(url, f"is {declared} bytes", size)
+            cap = size if size is not None else int(declared) if declared.isdigit() else UNPINNED_CAP
+            got = _paced_copy(response, out, url, cap, size is not None, limits)
+            if size is not None and got != size:
+                raise _size_error(url, f"ended at {got} bytes", size)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400 and exc.headers is not None and exc.headers.get("Location"):
+            raise SourceError(  # urllib follows http(s) redirects only: a file:// or ftp:// one arrives here
+                f"cannot download {url}: it redirects to {exc.headers['Location'][:200]}, which is not https://",
+                hint="sources are fetched over http(s) only; use the file's own URL",
+            ) from None
         raise _http_error(url, exc.code, hf, token is not None) from None
+    except TimeoutError:
+        raise SourceError(
+            f"cannot download {url}: no data for {stall:.0f} s (the server stalls)",
+            hint="try again later (ENGINEFARM_HTTP_DEADLINE and ENGINEFARM_HTTP_MIN_RATE tune the limits)",
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         raise SourceError(
             f"cannot download {url}: {getattr(exc, 'reason', exc)}", hint="check the URL and your network"
         ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _size_error(url: str, what: str, size: int) -> SourceError:
+    return SourceError(
+        f"{url} {what}, not its pinned size of {size} bytes: refused",
+        hint="the remote file changed or the pin is wrong: verify it, then update size and sha256",
+    )
+
+
+def _paced_copy(response, out, url: str, cap: int, pinned: bool, limits: Limits) -> int:
+    """Copy the body to `out` a socket read at a time (the checks run even on a trickle); the bytes copied."""
+    started = since = time.monotonic()
+    got = count = 0
+    reader = getattr(response, "read1", None) or response.read
+    while chunk := reader(min(1 << 20, cap + 1 - got)):
+        got += len(chunk)
+        if got > cap:
+            if pinned:
+                raise SourceError(
+                    f"{url} is larger than its pinned size of {cap} bytes: refused",
+                    hint="the remote file changed or the pin is wrong: verify it, then update size and sha256",
+                )
+            raise SourceError(
+                f"{url} is larger than {cap >> 20} MiB (its Content-Length, or the cap for a source with no size "
+                "pinned): refused",
+                hint="pin its size in the recipe (size = BYTES beside sha256)",
+            )
+        out.write(chunk)
+        now = time.monotonic()
+        if now - started > limits.deadline_s:
+            raise SourceError(
+                f"{url}: not downloaded within its {limits.deadline_s:.0f} s deadline ({got} bytes)",
+                hint="set ENGINEFARM_HTTP_DEADLINE for very large files on slow links",
+            )
+        count += len(chunk)
+        if now - since >= limits.window_s:
+            if count / (now - since) < limits.min_rate:
+                raise SourceError(
+                    f"{url}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} KiB/s "
+                    "floor",
+                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
+                )
+            since, count = now, 0
+    return got
 
 
 def _http_error(url: str, code: int, hf: bool, had_token: bool) -> SourceError:

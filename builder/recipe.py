@@ -59,6 +59,7 @@ class Source:
     external_sha256: tuple[
         tuple[str, str], ...
     ] = ()  # remote sources: (external data file, its sha256), pinned like the .onnx
+    size: int | None = None  # remote sources: the .onnx's bytes, pinned beside sha256 (a download stops past it)
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ def parse_recipe(data: dict[str, Any], path: Path, digest: str = "") -> Recipe:
             {
                 "source",
                 "sha256",
+                "size",
                 "external_sha256",
                 "checkpoint",
                 "precisions",
@@ -335,7 +337,10 @@ def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
                 f"is required for a {scheme}:// source",
                 hint="run `sha256sum` on the file and paste the digest",
             )
-        return Source(url, sha, None, _external_pins(r, comp.get("external_sha256", {}), f"{key}.external_sha256"))
+        pins = _external_pins(r, comp.get("external_sha256", {}), f"{key}.external_sha256")
+        return Source(url, sha, None, pins, _size_pin(r, comp.get("size"), f"{key}.size"))
+    if "size" in comp:
+        raise r.fail(f"{key}.size", "is for https:// and hf:// sources", hint="a local model's size is its file's")
     if "external_sha256" in comp:
         raise r.fail(
             f"{key}.external_sha256",
@@ -353,6 +358,14 @@ def _source(r: _Reader, comp: dict[str, Any], key: str) -> Source:
     if not local.is_file():
         raise r.fail(f"{key}.source", f"file not found: {local}", hint="paths are relative to the recipe file")
     return Source(url, sha, local)
+
+
+def _size_pin(r: _Reader, value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise r.fail(key, f"must be the file's size in bytes, not {value!r}", hint="run `stat -c %s FILE`")
+    return value
 
 
 def _external_pins(r: _Reader, value: Any, key: str) -> tuple[tuple[str, str], ...]:

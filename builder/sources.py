@@ -46,7 +46,7 @@ def _remote(source: Source, sha256: str, folder: Path, offline: bool) -> LocalSo
     hf = source.url.startswith("hf://")
     url = hf_to_https(source.url) if hf else source.url
     model = folder / _file_name(url)
-    _fetch(url, model, sha256, offline, hf)
+    _fetch(url, model, sha256, offline, hf, source.size)
     pins = dict(source.external_sha256)
     locations = external_locations(load_header(model, external=False))
     check_external_locations(locations, model)
@@ -77,7 +77,7 @@ def _file_name(url: str) -> str:
     return name if name.endswith(".onnx") else f"{name}.onnx"
 
 
-def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool) -> None:
+def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool, size: int | None = None) -> None:
     if dest.is_file() and (sha256 is None or sha256_file(dest) == sha256):
         return
     if offline:
@@ -85,7 +85,7 @@ def _fetch(url: str, dest: Path, sha256: str | None, offline: bool, hf: bool) ->
             f"{url} is not downloaded and ENGINEFARM_OFFLINE is set",
             hint="unset ENGINEFARM_OFFLINE once to download it",
         )
-    download(url, dest, hf=hf)
+    download(url, dest, hf=hf, size=size)
     if sha256 is not None and sha256_file(dest) != sha256:
         dest.unlink(missing_ok=True)
         raise SourceError(

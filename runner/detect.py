@@ -79,10 +79,23 @@ def _probe_to(probe: Probe) -> dict[str, Any]:
 
 
 def _probe_from(data: dict[str, Any]) -> Probe:
-    devices = tuple(
-        Device(d["kind"], d["name"], d["bench_class"], tuple(d["targets"]), dict(d["info"])) for d in data["devices"]
-    )
-    return Probe(str(data["name"]), devices, data["reason"])
+    """A remembered probe, every field of the type `_probe_to` wrote (a ValueError, and so a new probe, otherwise:
+    a `targets` string would be read as its characters, and no device would run anything until the file went)."""
+
+    def text(value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"{value!r} is not text")
+        return value
+
+    def device(d: Any) -> Device:
+        targets, info = d["targets"], d["info"]
+        if not (isinstance(targets, list) and isinstance(info, dict)):
+            raise ValueError("targets must be a list, info an object")
+        return Device(text(d["kind"]), text(d["name"]), text(d["bench_class"]), tuple(map(text, targets)), dict(info))
+
+    if not isinstance(data["devices"], list) or not (data["reason"] is None or isinstance(data["reason"], str)):
+        raise ValueError("devices must be a list, reason text or null")
+    return Probe(text(data["name"]), tuple(device(d) for d in data["devices"]), data["reason"])
 
 
 def detect(

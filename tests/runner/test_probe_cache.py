@@ -68,6 +68,28 @@ def test_an_entry_of_another_shape_is_probed_again(home):
     assert run_probes(("cpu",))[0].devices
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        ("targets", "onnxruntime:cpu"),  # a string: read as its characters, no device ran anything
+        ("targets", [5]),
+        ("info", []),
+        ("kind", None),
+    ],
+    ids=["targets a string", "targets not text", "info a list", "no kind"],
+)
+def test_a_probe_entry_of_wrong_types_is_probed_again_and_rewritten(home, damage):
+    probed = run_probes(("cpu",))
+    data = json.loads((home / FILE).read_text())
+    data["probes"]["cpu"]["devices"][0][damage[0]] = damage[1]
+    (home / FILE).write_text(json.dumps(data))
+    again = run_probes(("cpu",))
+    assert again[0].devices[0].targets == probed[0].devices[0].targets and again[0].devices[0].kind == "cpu"
+    assert json.loads((home / FILE).read_text())["probes"]["cpu"]["devices"][0]["targets"] == list(
+        probed[0].devices[0].targets
+    )
+
+
 def test_an_unusable_home_probes_without_a_cache(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("ENGINEFARM_HOME", str(tmp_path / "afile" / "home"))  # under a file: nothing can be written

@@ -77,6 +77,34 @@ def _mismatch(entry, store: Store, key: str, detail: str) -> IntegrityError:
     )
 
 
+_LEASE = ".in-use"  # `.in-use.<pid>-<start>` in an artifact's folder: a live process reads it; no gc evicts it
+
+
+def hold(folder: Path) -> None:
+    """Mark the cached artifact at `folder` as in use by this process until it exits: no gc, of this process or
+    another, evicts it meanwhile (a pipeline reads its assets long after fetching them). Best effort: a read-only
+    cache is evicted by no one either."""
+    try:
+        (Path(folder) / f"{_LEASE}.{workdirs.owner_tag()}").touch()
+    except OSError:
+        pass
+
+
+def _held(folder: Path) -> bool:
+    """Whether a live process holds the artifact at `folder` (the leases of processes that are gone are removed)."""
+    held = False
+    try:
+        leases = [p for p in folder.iterdir() if p.name.startswith(f"{_LEASE}.")]
+    except OSError:
+        return False
+    for lease in leases:
+        if workdirs.owner_alive(lease) is True:
+            held = True
+        else:
+            lease.unlink(missing_ok=True)
+    return held
+
+
 def _last_used(path: Path) -> float | None:
     """When the artifact at `path` was last used; None if it is gone."""
     for candidate in (path / _USED_STAMP, path):
@@ -496,7 +524,7 @@ class DeviceCache:
         for entry in entries:
             if total <= quota:
                 break
-            if entry.manifest.build_key in keep:
+            if entry.manifest.build_key in keep or _held(entry.path):
                 continue
             self.evict(entry.manifest.build_key)
             total -= entry.size

@@ -25,6 +25,8 @@ class ModelAssets:
     def from_folder(cls, folder: str | Path) -> ModelAssets:
         folder = Path(folder)
         index_path = folder / "model_index.json"
+        if not folder.exists() and folder.parent.name == "artifacts":
+            raise _evicted(folder)
         if not index_path.is_file():
             raise ConfigError(
                 f"{folder}: no model_index.json: not a model's assets folder",
@@ -123,12 +125,21 @@ class ModelAssets:
         """text_encoder → tokenizer, text_encoder_2 → tokenizer_2, text_encoder_3 → tokenizer_3 (diffusers' pairing)."""
         name = "tokenizer" + text_encoder.removeprefix("text_encoder")
         folder = self.folder / name
+        if not self.folder.exists() and self.folder.parent.name == "artifacts":
+            raise _evicted(self.folder)
         if not folder.is_dir():
             raise ConfigError(
                 f"{self.folder}: the tokenizer folder {name}/ is missing",
                 hint="re-export the model with `enginefarm export`",
             )
         return folder
+
+
+def _evicted(folder: Path) -> ConfigError:
+    return ConfigError(
+        f"the model's assets ({folder}) were evicted from the device cache while in use (another process's gc)",
+        hint="run it again: they are fetched anew (a quota that small evicts what a load needs)",
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

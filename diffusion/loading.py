@@ -141,6 +141,9 @@ def fetch_assets(name: str, store: str | None, device: str, version: str | None,
             hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass '
             "assets=FOLDER",
         ) from None
+    from enginefarm.cache.device_cache import hold
+
+    hold(folder)  # read after the engines load: no gc evicts it meanwhile (engines are read as they load)
     return folder
 
 

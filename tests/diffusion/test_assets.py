@@ -63,3 +63,38 @@ def test_a_scheduler_config_given_directly_is_bounded_too():
     with pytest.raises(ConfigError, match="num_train_timesteps 3000000000 is not in 1-100000"):
         SchedulerConfig.parse({"num_train_timesteps": 3e9})
     assert SchedulerConfig.parse({"num_train_timesteps": 1000}).num_train_timesteps == 1000
+
+
+def test_a_gc_while_a_pipeline_loads_leaves_its_assets_and_says_so_if_they_went(tmp_path, monkeypatch):
+    """`enginefarm cache gc --quota 1` (another process) between the assets' fetch and the tokenizers' read evicted
+    them: the load then said "the tokenizer folder is missing… re-export". The fetched assets are held as in use
+    until this process ends; assets gone all the same are said to be evicted, with a hint to retry."""
+    from enginefarm.cache.device_cache import DeviceCache
+    from enginefarm.diffusion.loading import fetch_assets
+    from tests.conftest import run_cli
+    from tests.runner.test_lifecycle import _chain
+
+    (tmp_path / "src").mkdir()
+    assets = _assets(tmp_path / "src" / "assets")
+    (assets / "tokenizer").mkdir()
+    (assets / "tokenizer" / "vocab.json").write_text("{}")
+    _chain(tmp_path / "src" / "net.onnx", 8, 1)
+    (tmp_path / "src" / "recipe.toml").write_text(
+        '[model]\nname = "held"\nversion = "1"\nassets = "assets"\n\n[defaults]\nprecisions = ["fp32"]\n'
+        'targets = ["onnxruntime:cpu"]\n\n[components.net]\nsource = "net.onnx"\n\n'
+        "[components.net.profiles.default]\nbatch = [1, 1, 2]\n"
+    )
+    store, home = tmp_path / "store", tmp_path / "home"
+    run_cli("build", str(tmp_path / "src" / "recipe.toml"), "--store", str(store), "--component", "assets", check=True)
+    monkeypatch.setenv("ENGINEFARM_HOME", str(home))
+    folder = fetch_assets("held", str(store), "cpu", None, None)
+    run_cli("cache", "gc", "--quota", "1", env={"ENGINEFARM_HOME": str(home)}, check=True)  # another process
+    found = ModelAssets.from_folder(folder)
+    assert found.tokenizer_folder("text_encoder").is_dir()  # held: still there
+
+    for lease in folder.glob(".in-use.*"):  # as if the load had not held them (or a gc raced the hold)
+        lease.unlink()
+    DeviceCache(home).gc(1)
+    with pytest.raises(ConfigError, match="evicted .* while in use") as gone:
+        found.tokenizer_folder("text_encoder")
+    assert "run it again" in gone.value.hint

@@ -123,6 +123,7 @@ def prove(
             from enginefarm.settings import load_settings
 
             store = load_settings().store
+        store = _absolute(str(store))  # the child runs in its own folder: a relative path would name another store
         request["model"] = model
         env["ENGINEFARM_STORE"] = str(store)
         result = _child(bundle_dir, request, env, work)
@@ -200,6 +201,13 @@ def _probed(result: dict, parsed, spec, backend, seconds: float) -> Proof:
             )
     line = f"{probe['line']}; running an artifact on a {parsed.device.upper()} was not proven here (no such device)"
     return Proof(False, True, line, result["from_bundle"], seconds)
+
+
+def _absolute(store: str) -> str:
+    """A local store's path (or file:// URL) made absolute; other URLs as they are."""
+    if store.startswith("file://"):
+        return "file://" + str(Path(store[len("file://") :]).expanduser().absolute())
+    return store if "://" in store else str(Path(store).expanduser().absolute())
 
 
 def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, artifact: dict) -> tuple[dict, str]:

@@ -20,7 +20,7 @@ from .base import Filter
 
 
 class Preprocessor(Filter):
-    """`f(image, detect_resolution=None)` → control image. `task`: what it finds ("depth")."""
+    """`f(image, detect_resolution=None)` → control image. `task`: what it finds ("depth", "softedge")."""
 
     kind = "preprocessor"
 
@@ -67,7 +67,9 @@ class Preprocessor(Filter):
         x = (x - np.asarray(details["mean"], np.float32)) / np.asarray(details["std"], np.float32)
         (output,) = self.sessions[self.info.components[0]].run({"image": x.transpose(2, 0, 1)[None]}).values()
         found = resize(np.asarray(output, np.float32).reshape(size)[:, :, None], (height, width), "bilinear")[:, :, 0]
-        return np.repeat(min_max(found)[:, :, None], 3, axis=2)
+        # depth is relative: scaled by its own range; an edge map is a probability already
+        found = min_max(found) if details.get("output", "min_max") == "min_max" else np.clip(found, 0, 1)
+        return np.repeat(found[:, :, None], 3, axis=2)
 
 
 def min_max(values: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ matched torch on ONNX Runtime."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import shutil
 import tempfile
@@ -51,12 +52,15 @@ def export_filter(
     precisions=recipes.DEFAULT_PRECISIONS,
     overwrite: bool = False,
     progress: ProgressLike = None,
+    profile: dict[str, tuple[int, int, int]] | None = None,
 ) -> FilterExport:
     """Export the filter file or folder `source_path` (an upscaler's .pth, a TAESD folder…) to `out`: one
     `<part>.onnx` per part of its architecture, each checked against its torch module on ONNX Runtime at two shapes,
     `assets/filter.json` (what the runtime's `enginefarm.filters.load` reads) with the architecture's extra files,
     and `recipe.toml`. `name`: the model name in the recipe (default: the file's stem). Nothing is written to `out`
-    unless every part passed; an existing non-empty `out` is replaced only with `overwrite`."""
+    unless every part passed; an existing non-empty `out` is replaced only with `overwrite`. `profile`: dim name →
+    (min, opt, max) replacing the architecture's range for that dim in every part that has it (e.g. an upscaler's
+    `height` and `width`); the parts are checked and the recipe written at those."""
     from ..run import _check_recipe, _check_recipe_choices, _move_into_place, _usual_permissions
 
     started = time.monotonic()
@@ -68,7 +72,7 @@ def export_filter(
         )
     source = read_filter_source(source_path)
     architecture = recognise(source)
-    parts = architecture.build(source)
+    parts = with_profile(architecture.build(source), profile or {})
     del source  # the parts hold the weights they use
     name = recipes.model_name(name or (source_path.stem if source_path.is_file() else source_path.resolve().name))
     report = as_progress(progress)
@@ -98,6 +102,23 @@ def export_filter(
     return FilterExport(
         name, parts.architecture, parts.kind, out, out / "recipe.toml", moved, time.monotonic() - started
     )
+
+
+def with_profile(parts: Parts, profile: dict[str, tuple[int, int, int]]) -> Parts:
+    """`parts` with the named dims' ranges replaced; ConfigError for a dim no part has or a range out of order."""
+    known = {dim for part in parts.parts.values() for dim in part.profile}
+    for dim, triple in profile.items():
+        if dim not in known:
+            raise ConfigError(
+                f"{parts.architecture} has no profile dim {dim!r}", hint=f"its dims: {', '.join(sorted(known))}"
+            )
+        if len(triple) != 3 or not 0 < triple[0] <= triple[1] <= triple[2]:
+            raise ConfigError(f"profile {dim} {list(triple)} is not MIN, OPT, MAX", hint="e.g. (64, 256, 512)")
+    replaced = {
+        name: dataclasses.replace(part, profile={dim: tuple(profile.get(dim, r)) for dim, r in part.profile.items()})
+        for name, part in parts.parts.items()
+    }
+    return dataclasses.replace(parts, parts=replaced)
 
 
 def is_filter_source(path: str | Path, *, base: Path | None = None, controlnet: Path | None = None) -> bool:

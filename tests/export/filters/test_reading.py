@@ -107,6 +107,7 @@ def test_a_pickle_that_needs_code_is_refused_without_running_it(tmp_path, zipped
     assert not marker.exists()
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_the_command_refuses_such_a_file_in_one_line(tmp_path):
     import torch
 

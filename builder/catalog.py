@@ -15,6 +15,8 @@
     sha256 = "…"                       # both, or neither (unlocked: `enginefarm lock` records them)
     size = 4265146304
 
+    # batch = [1, 2, 2], latent = [64, 96, 128]: the export's profile ranges (`enginefarm export --batch/--latent`)
+
     [export.files]                     # diffusers-folder files, by their path in the folder
     "tokenizer/vocab.json" = { source = "hf://org/repo/tokenizer/vocab.json@<revision>" }
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,8 @@ class CatalogRecipe:
     targets: tuple[str, ...]
     precisions: tuple[str, ...]
     defaults: dict[str, Any]  # the [defaults] table as written, handed to the exported recipe
+    # `enginefarm export --batch/--latent` (min, opt, max), replacing the family's default profile ranges
+    ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def checkpoint(self) -> PinnedFile | None:
@@ -131,7 +135,7 @@ def load_catalog_recipe(path: str | Path) -> CatalogRecipe:
         fail,
         data["export"],
         "export",
-        {"kind", "family", "configs", "licence", "gated", "checkpoint", "files"},
+        {"kind", "family", "configs", "licence", "gated", "checkpoint", "files", "batch", "latent"},
         ("licence", "gated"),
     )
     kind = export.get("kind", "pipeline")
@@ -181,6 +185,7 @@ def load_catalog_recipe(path: str | Path) -> CatalogRecipe:
         targets=targets,
         precisions=precisions,
         defaults=dict(defaults),
+        ranges={name: _range(fail, export[name], f"export.{name}") for name in ("batch", "latent") if name in export},
     )
     return with_lock(recipe)
 
@@ -274,6 +279,17 @@ def _file(fail, spec: Any, key: str, path: str, commit: bool = True) -> PinnedFi
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
         raise fail(f"{key}.size", "must be a positive number of bytes")
     return PinnedFile(path, url, sha, size)
+
+
+def _range(fail, value: Any, key: str) -> tuple[int, int, int]:
+    if (
+        not isinstance(value, list)
+        or len(value) != 3
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        or not value[0] <= value[1] <= value[2]
+    ):
+        raise fail(key, f"must be [min, opt, max] positive integers in order, got {value!r}")
+    return (value[0], value[1], value[2])
 
 
 def _check_matrix(fail, targets: tuple[str, ...], precisions: tuple[str, ...]) -> None:

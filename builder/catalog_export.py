@@ -41,6 +41,7 @@ def export_key(recipe: CatalogRecipe) -> str:
                 "configs": recipe.configs,
                 "defaults": recipe.defaults,
                 "name": recipe.name,
+                "ranges": sorted(recipe.ranges.items()),
             }
         )
     ).hexdigest()
@@ -57,7 +58,7 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
         return Exported(out / "recipe.toml", downloaded, 0.0)
     from enginefarm.export.run import export_model
 
-    options = {"targets": recipe.targets, "precisions": recipe.precisions, "overwrite": True}
+    options = {"targets": recipe.targets, "precisions": recipe.precisions, "overwrite": True, **recipe.ranges}
     started = time.monotonic()
     if recipe.kind == "filter":  # the filter exporter recognises the architecture from the file's keys
         export_model(files[CHECKPOINT], out, recipe.name, progress, **options)
@@ -77,8 +78,8 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
 
 
 def assemble(recipe: CatalogRecipe, files: dict[str, Path], folder: Path) -> Path:
-    """The diffusers folder: the shipped config set, then each downloaded file linked at its path (a recipe's own
-    config file replaces the shipped one)."""
+    """The diffusers folder: the shipped config set, then each downloaded file hard-linked at its path (a recipe's
+    own config file replaces the shipped one)."""
     from .catalog_configs import write_configs
 
     folder.mkdir(parents=True)
@@ -90,7 +91,10 @@ def assemble(recipe: CatalogRecipe, files: dict[str, Path], folder: Path) -> Pat
         dest = folder / relative
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.unlink(missing_ok=True)
-        os.symlink(path.resolve(), dest)
+        try:  # a hard link: the folder's own file (the exporter copies no link that leaves it), no second copy of GBs
+            os.link(path, dest)
+        except OSError:  # another file system
+            shutil.copyfile(path, dest)
     return folder
 
 

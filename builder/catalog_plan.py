@@ -225,8 +225,10 @@ def _activations(recipe: CatalogRecipe, component: str) -> tuple[int, float]:
     from enginefarm.families import FAMILIES
 
     family = FAMILIES[recipe.family or ""]
-    pixels, batch = family.pixel_range[1], family.batch_range[2]
-    latent = pixels // family.vae_scale_factor
+    latent = (
+        recipe.ranges["latent"][2] if "latent" in recipe.ranges else family.pixel_range[1] // family.vae_scale_factor
+    )
+    pixels, batch = latent * family.vae_scale_factor, recipe.ranges.get("batch", family.batch_range)[2]
     if component.startswith("vae"):
         megapixels = family.vae_batch_range[2] * pixels * pixels / 1e6
         return image_activation_bytes(VAE_CHANNELS, megapixels) + attention_bytes(1, 1, latent * latent), megapixels

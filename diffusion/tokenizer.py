@@ -13,7 +13,8 @@ the text encoders were exported and validated with:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,40 @@ def _added_token(tk, spec: dict, *, special: bool):
     )
 
 
+@contextmanager
+def _panics_said() -> Iterator[None]:
+    """The tokenizers package panics on some inputs (a pre-tokenizer regex past its backtrack limit): pyo3's
+    PanicException, a BaseException that escapes every `except Exception`. Said in one line instead."""
+    try:
+        yield
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(
+            f"the tokenizer failed on this prompt ({first})",
+            hint="its tokenizer.json's pre-tokenizer pattern cannot handle this text: shorten or change the prompt, "
+            "or re-export the model with its original tokenizer",
+        ) from None
+
+
+def load_tokenizer_file(path: Path):
+    """tokenizers' Tokenizer from a tokenizer.json; a file it cannot read (cut short, not JSON, a pattern it cannot
+    compile) is a one-line SourceError naming it, not `Exception: EOF while parsing`."""
+    tk = _tokenizers()
+    try:
+        with _panics_said():
+            return tk.Tokenizer.from_file(str(path))
+    except ConfigError as exc:
+        raise SourceError(f"{path}: {exc.message}", hint="re-export the model with `enginefarm export`") from None
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise SourceError(
+            f"{path}: not a tokenizer file the tokenizers package can read ({first})",
+            hint="the file is damaged or cut short: re-export the model with `enginefarm export`",
+        ) from None
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -124,7 +159,8 @@ class _Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """The ids of `text` alone: no start or end token, no truncation, no padding (for long-prompt chunking)."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        with _panics_said():
+            return self.backend.encode(text, add_special_tokens=False).ids
 
     def __call__(self, texts: str | Sequence[str], max_length: int | None = None) -> np.ndarray:
         """int64 ids [batch, max_length]: start token (CLIP), the text's ids truncated to fit, end token, padding."""
@@ -138,7 +174,9 @@ class _Tokenizer:
         if room < 0:
             raise ConfigError(f"max_length {length} leaves no room for the start and end tokens", hint="use 77")
         out = np.full((len(texts), length), self.pad_id, dtype=np.int64)
-        for row, encoding in enumerate(self.backend.encode_batch(list(texts), add_special_tokens=False)):
+        with _panics_said():
+            encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        for row, encoding in enumerate(encodings):
             ids = head + encoding.ids[:room] + [self.eos_id]
             out[row, : len(ids)] = ids
         return out
@@ -166,7 +204,7 @@ class ClipTokenizer(_Tokenizer):
         bos, eos = cfg.token("bos_token", "<|startoftext|>"), cfg.token("eos_token", "<|endoftext|>")
         unk, pad = cfg.token("unk_token", "<|endoftext|>"), cfg.token("pad_token", "<|endoftext|>")
         if (folder / "tokenizer.json").is_file():
-            backend = tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
+            backend = load_tokenizer_file(folder / "tokenizer.json")
         elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
             backend = _clip_backend(tk, folder, unk or "<|endoftext|>")
         else:
@@ -216,7 +254,7 @@ class T5Tokenizer(_Tokenizer):
 
     @classmethod
     def from_folder(cls, folder: str | Path, max_length: int | None = None) -> T5Tokenizer:
-        tk = _tokenizers()
+        _tokenizers()  # the extra's install hint first
         folder = Path(folder)
         if not (folder / "tokenizer.json").is_file():
             hint = (
@@ -225,7 +263,7 @@ class T5Tokenizer(_Tokenizer):
             )
             raise SourceError(f"{folder}: no tokenizer.json", hint=hint)
         cfg = _FolderConfig(folder)
-        backend = tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        backend = load_tokenizer_file(folder / "tokenizer.json")
         cfg.register(backend)
         eos, pad = (
             backend.token_to_id(cfg.token("eos_token", "</s>")),

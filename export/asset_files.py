@@ -123,3 +123,18 @@ def check_out_apart(out: Path, sources: Iterable[Path]) -> None:
                 f"--out {out} {how} the source {source}: the export replaces --out whole",
                 hint="choose an --out folder apart from the source, e.g. beside it",
             )
+
+
+def check_tokenizers(found) -> None:
+    """Load each tokenizer folder of `found` (an ExportSource) as the runtime will (diffusion/tokenizer.py): a
+    tokenizer.json cut short or a config it cannot use is refused now, in one line, not at the first load of the
+    published model."""
+    from enginefarm.diffusion.tokenizer import ClipTokenizer, T5Tokenizer
+
+    if found.pipeline is None:
+        return
+    for name in found.family.text_encoders:
+        folder = found.pipeline / ("tokenizer" + name.removeprefix("text_encoder"))
+        if name in found.components and folder.is_dir():
+            t5 = found.family.component(name).tokenizer == "t5"
+            (T5Tokenizer if t5 else ClipTokenizer).from_folder(folder)

@@ -21,7 +21,15 @@ from enginefarm.families import TOKENS, Family, input_ranges, text_length_range
 
 from . import recipe as recipes
 from . import resume
-from .asset_files import check_assets, check_out_apart, copy_file, copy_folder, roots_of, trusted_roots
+from .asset_files import (
+    check_assets,
+    check_out_apart,
+    check_tokenizers,
+    copy_file,
+    copy_folder,
+    roots_of,
+    trusted_roots,
+)
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .memory import check_built_fits, check_fits
@@ -111,6 +119,7 @@ def export_model(
     check_fits(found, memory)
     if found.pipeline is not None:
         check_assets(found.pipeline, ASSET_FOLDERS)  # their bytes are published as they are: the source's own only
+        check_tokenizers(found)  # read as the runtime reads them: a damaged one fails now, not at the first load
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(

@@ -218,3 +218,33 @@ def test_t5_needs_a_tokenizer_json(tmp_path):
     (tmp_path / "spiece.model").write_bytes(b"\0")
     with pytest.raises(SourceError, match="tokenizer.json"):
         T5Tokenizer.from_folder(tmp_path)
+
+
+def test_a_truncated_tokenizer_json_is_one_line(tmp_path):
+    """Before: `Exception: EOF while parsing` from the tokenizers package, at the first load of a published model."""
+    folder = write_clip_tokenizer(tmp_path / "tok", tokenizer_json=True)
+    whole = (folder / "tokenizer.json").read_bytes()
+    (folder / "tokenizer.json").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(SourceError, match="tokenizer.json") as refused:
+        ClipTokenizer.from_folder(folder)
+    assert "\n" not in str(refused.value) and refused.value.hint
+
+
+def test_a_pre_tokenizer_regex_past_the_backtrack_limit_is_one_line(tmp_path):
+    """The tokenizers package panics (pyo3's PanicException, a BaseException that escapes `except Exception`)."""
+    import tokenizers as tk
+
+    from enginefarm.errors import ConfigError
+
+    vocab = {"a": 0, "c": 1, "<|startoftext|>": 2, "<|endoftext|>": 3}
+    backend = tk.Tokenizer(tk.models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.Split(tk.Regex(r"(a|a)+b|(a+)+$x"), behavior="isolated")
+    (tmp_path / "tok").mkdir()
+    backend.save(str(tmp_path / "tok" / "tokenizer.json"))
+    tokenizer = ClipTokenizer.from_folder(tmp_path / "tok")
+    assert tokenizer(["a c"]).shape == (1, 77)  # an ordinary prompt is tokenized
+    with pytest.raises(ConfigError, match="the tokenizer failed on this prompt") as refused:
+        tokenizer(["a" * 5000 + "c"])
+    assert refused.value.hint
+    with pytest.raises(ConfigError, match="the tokenizer failed on this prompt"):
+        tokenizer.encode("a" * 5000 + "c")

@@ -71,3 +71,13 @@ def test_links_inside_the_source_and_a_snapshots_blobs_are_copied(tiny, tmp_path
     assert not any(p.is_symlink() for p in copied.iterdir())
     assert (copied / "copy.json").read_bytes() == (repo / "blobs" / "blob-tokenizer.json").read_bytes()
     assert (copied / "tokenizer.json").read_bytes() == (tiny("sd1") / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_a_tokenizer_cut_short_is_refused_at_export_not_at_the_first_load(tiny, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(tiny("sd1"), source)
+    whole = (source / "tokenizer" / "tokenizer.json").read_bytes()
+    (source / "tokenizer" / "tokenizer.json").write_bytes(whole[: len(whole) // 2])
+    out = tmp_path / "out"
+    err = _one_line_error(run_cli("export", str(source), "--out", str(out)))
+    assert "tokenizer.json: not a tokenizer file" in err and not out.exists()

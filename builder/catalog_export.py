@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from enginefarm.cache.build_keys import canonical_json
 from enginefarm.errors import ConfigError
@@ -58,7 +59,12 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
         return Exported(out / "recipe.toml", downloaded, 0.0)
     from enginefarm.export.run import export_model
 
-    options = {"targets": recipe.targets, "precisions": recipe.precisions, "overwrite": True, **recipe.ranges}
+    options: dict[str, Any] = {
+        "targets": recipe.targets,
+        "precisions": recipe.precisions,
+        "overwrite": True,
+        **recipe.ranges,
+    }
     started = time.monotonic()
     if recipe.kind == "filter":  # the filter exporter recognises the architecture from the file's keys
         export_model(files[CHECKPOINT], out, recipe.name, progress, **options)

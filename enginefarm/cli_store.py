@@ -133,7 +133,7 @@ def _ls_models(store, model, as_json) -> None:
         click.echo(json.dumps([m.to_dict() for m in found], indent=1))
         return
     columns = ("model", "family", "versions", "targets", "download here")
-    cells = [
+    cells: list[tuple[str, ...]] = [
         (
             m.name,
             m.family or "?",

@@ -40,7 +40,7 @@ def test_every_catalog_recipe_parses_with_pins_of_the_right_shape():
                 assert f.url.startswith("hf://") and f.revision or f.url.startswith("https://"), f
             text = path.read_text()
             assert ("UNLOCKED" in text) or all(g.pinned for g in recipe.files if g.path == CHECKPOINT), path
-    assert pinned >= 7  # SD 1.5, SDXL base, refiner, Turbo; Real-ESRGAN x4plus and anime, GFPGAN 1.4
+    assert pinned >= 9  # SD 1.5, SDXL base, refiner, Turbo, Flux.1 schnell and dev; Real-ESRGAN x4plus and anime, GFPGAN 1.4
 
 
 def test_the_catalog_plans_offline_and_every_job_routes():

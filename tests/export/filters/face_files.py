@@ -27,6 +27,7 @@ def _randomise(module, seed: int) -> None:
 def tiny_gfpgan(narrow: float = 1 / 16, style_size: int = 64, seed: int = 0):
     """spandrel's GFPGANv1Clean at GFPGANv1.4's settings (512², channel multiplier 2, different_w, sft_half), its
     widths × narrow, eval mode, seeded random weights."""
+    import torch
     from spandrel.architectures.GFPGAN import GFPGAN
 
     model = GFPGAN(
@@ -39,6 +40,10 @@ def tiny_gfpgan(narrow: float = 1 / 16, style_size: int = 64, seed: int = 0):
         input_is_latent=True,
     )
     _randomise(model, seed)
+    with torch.no_grad():  # the RGB heads scaled down so faces come out mostly inside [-1, 1], as trained ones do
+        for name, tensor in model.stylegan_decoder.named_parameters():
+            if name.startswith(("to_rgb1.", "to_rgbs.")):
+                tensor.mul_(0.15)
     return model.eval()
 
 
@@ -58,6 +63,7 @@ def facexlib_retinaface(body: str = "mobile0.25", seed: int = 0):
     import types
 
     import pytest
+    import torch
 
     if "facexlib" not in sys.modules:
         spec = importlib.util.find_spec("facexlib")
@@ -70,6 +76,11 @@ def facexlib_retinaface(body: str = "mobile0.25", seed: int = 0):
 
     model = RetinaFace(network_name=body, device="cpu")
     _randomise(model, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # BatchNorm scales near 1, so the image still shows after 30 layers
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.BatchNorm2d):
+                layer.weight.copy_(1 + 0.2 * torch.randn(layer.weight.shape, generator=generator))
     return model.eval()
 
 

@@ -73,7 +73,7 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     from enginefarm.cli_catalog import has_catalog, print_catalog_plan
 
     if has_catalog(recipes):  # catalog recipes plan offline, from their pins and published parameter counts
-        print_catalog_plan(recipes, runners)
+        print_catalog_plan(recipes, runners, fmt)
         return
     labels = tuple(filter(None, (label.strip() for label in runner_labels.split(","))))
     planned, _, _ = _plan(recipes, store, targets, precisions, components, runners=runners, runner_labels=labels)

@@ -18,8 +18,11 @@ def has_catalog(paths) -> bool:
     return any(Path(p).is_dir() or is_catalog_recipe(Path(p)) for p in paths)
 
 
-def print_catalog_plan(paths, runners: Path | None) -> None:
-    """`plan FOLDER|CATALOG_RECIPE… [--runners FILE]`: every job, offline, with totals."""
+def print_catalog_plan(paths, runners: Path | None, fmt: str = "table") -> None:
+    """`plan FOLDER|CATALOG_RECIPE… [--runners FILE] [--format json]`: every job, offline, with totals."""
+    import dataclasses
+    import json
+
     from rich.markup import escape
     from rich.table import Table
 
@@ -29,6 +32,11 @@ def print_catalog_plan(paths, runners: Path | None) -> None:
     started = time.monotonic()
     planned = plan_catalog(catalog_paths(list(paths)), runners)
     seconds = time.monotonic() - started
+    if fmt == "json":
+        totals = {"stored_gb_per_target": planned.stored_gb_per_target(), "jobs_per_runner": planned.jobs_per_runner()}
+        jobs = [dataclasses.asdict(job) for job in planned.jobs]
+        click.echo(json.dumps({"jobs": jobs, **totals, "sizes_unknown": list(planned.unknown)}, indent=1))
+        return
     table = Table(title=f"{len(planned.jobs)} jobs of {len(planned.models)} catalog recipes (planned offline)")
     for column in ("model/component", "target", "precision", "memory", "build (est.)", "stored", "runs on"):
         table.add_column(column)

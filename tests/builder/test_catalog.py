@@ -40,7 +40,9 @@ def test_every_catalog_recipe_parses_with_pins_of_the_right_shape():
                 assert f.url.startswith("hf://") and f.revision or f.url.startswith("https://"), f
             text = path.read_text()
             assert ("UNLOCKED" in text) or all(g.pinned for g in recipe.files if g.path == CHECKPOINT), path
-    assert pinned >= 9  # SD 1.5, SDXL base, refiner, Turbo, Flux.1 schnell and dev; Real-ESRGAN x4plus and anime, GFPGAN 1.4
+    assert (
+        pinned >= 9
+    )  # SD 1.5, SDXL base, refiner, Turbo, Flux.1 schnell and dev; Real-ESRGAN x4plus and anime, GFPGAN 1.4
 
 
 def test_the_catalog_plans_offline_and_every_job_routes():
@@ -55,6 +57,17 @@ def test_the_catalog_plans_offline_and_every_job_routes():
     flux = next(j for j in planned.jobs if j.model == "flux.1-dev" and j.component == "transformer")
     assert flux.need_gb > 90 and flux.seconds > sdxl_unet[0].seconds
     assert {p.name for p in CATALOG.glob("taes*.toml")} <= {Path(u).name for u in planned.unknown}
+
+
+def test_plan_of_the_catalog_folder_prints_every_job_and_the_totals(cli):
+    import json
+
+    shown = json.loads(cli("plan", str(CATALOG), "--runners", str(RUNNERS), "--format", "json", check=True).stdout)
+    planned = plan_catalog(catalog_paths([CATALOG]), RUNNERS)
+    assert len(shown["jobs"]) == len(planned.jobs) and shown["jobs_per_runner"] == planned.jobs_per_runner()
+    assert {"model", "component", "target", "precision", "need_gb", "seconds", "stored_bytes", "runner"} <= set(
+        shown["jobs"][0]
+    )
 
 
 def test_a_runner_too_small_for_a_job_is_named_with_what_it_needs(tmp_path):

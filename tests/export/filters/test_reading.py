@@ -25,7 +25,14 @@ LAYOUTS = {
     "RealESRGAN_x2plus.pth": (lambda: rrdb_state(unshuffle=2, seed=1), "params_ema", RRDB, 2, 2),
     "x1-unshuffle4.pth": (lambda: rrdb_state(unshuffle=4, seed=2), "params", RRDB, 1, 4),
     "RealESRGAN_x4plus_anime_6B.safetensors": (lambda: rrdb_state(blocks=6, seed=3), None, RRDB, 4, 1),
-    "4x-UltraSharp.pth": (lambda: old_esrgan_state(blocks=3, seed=4), None, RRDB, 4, 1),
+    # community files are often saved in half precision
+    "4x-UltraSharp.pth": (
+        lambda: {k: v.half() for k, v in old_esrgan_state(blocks=3, seed=4).items()},
+        None,
+        RRDB,
+        4,
+        1,
+    ),
     "realesr-animevideov3.pth": (lambda: srvgg_state(convs=4, scale=4, seed=5), "params", SRVGG, 4, 1),
     "realesr-general-x2.pth": (lambda: srvgg_state(convs=6, scale=2, seed=6), "params", SRVGG, 2, 1),
 }

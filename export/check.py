@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from enginefarm.errors import ExportError
+from enginefarm.errors import ConfigError, ExportError
 from enginefarm.families import TOKENS, Tensor
 
 # Max |ONNX Runtime - torch| over the reference's range, per output: fp32 kernels differ in summation order only,
@@ -124,6 +124,12 @@ def compare_with_torch(
                 raise ExportError(
                     f"{name}: output {tensor.name} is {list(have.shape)} on ONNX Runtime, {list(want.shape)} on torch, "
                     f"{declared} by the family table at {shape.label}"
+                )
+            if not np.all(np.isfinite(want)):  # torch's own output: the weights or config, not the exporter
+                raise ConfigError(
+                    f"{name}: torch's own output {tensor.name} holds NaN or inf at {shape.label}: its weights (or "
+                    "config) are broken, not the export",
+                    hint="check the checkpoint (a fp16 overflow, a damaged download): re-save or re-download it",
                 )
             spread = float(np.ptp(want)) or 1.0
             error = float(np.max(np.abs(want.astype(np.float64) - have))) / spread

@@ -69,3 +69,23 @@ def config_fp32_bytes(source: ExportSource, folder: str) -> int:
         ) from None
     tensors = [*model.parameters(), *model.buffers()]
     return sum(4 * t.numel() for t in tensors if t.is_floating_point())
+
+
+PICKLES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def check_weight_files(source: ExportSource) -> None:
+    """Refuse a component folder whose weights are pickles only, before torch reads them (torch.load's own text,
+    three chained tracebacks): an export reads safetensors."""
+    for folder in sorted({source.family.component(name).folder for name in source.components}):
+        try:
+            names = [p.name for p in source.folder(folder).iterdir() if p.is_file()]
+        except OSError:
+            continue  # read_source named what is missing
+        if not any(n.endswith(".safetensors") for n in names) and any(n.endswith(PICKLES) for n in names):
+            raise ConfigError(
+                f"{folder} holds only pickle weights ({', '.join(sorted(n for n in names if n.endswith(PICKLES)))}): "
+                "exports read safetensors",
+                hint="save it as safetensors: load it with diffusers or transformers (from_pretrained) and "
+                "save_pretrained(FOLDER, safe_serialization=True)",
+            )

@@ -32,6 +32,7 @@ from .asset_files import (
 )
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
 from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .config_size import check_weight_files
 from .memory import check_built_fits, check_fits
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
 from .source import ExportSource, read_source
@@ -116,6 +117,7 @@ def export_model(
     _check_recipe_choices(tuple(targets), tuple(precisions))
     latent = model_latent_range(found, latent)
     check_shapes(found, latent, text_length)
+    check_weight_files(found)  # pickles only: refused before torch.load reads them
     check_fits(found, memory)
     if found.pipeline is not None:
         check_assets(found.pipeline, ASSET_FOLDERS)  # their bytes are published as they are: the source's own only

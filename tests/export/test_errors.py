@@ -208,3 +208,33 @@ def test_an_out_that_is_holds_or_is_inside_the_source_is_refused(tmp_path):
         "models/sd/unet/config.json",
         "models/sd/vae",
     ]
+
+
+def test_pickle_only_weights_are_refused_before_torch_reads_them(tiny, tmp_path):
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny("sd1"), source)
+    for path in (source / "unet").glob("*.safetensors"):
+        path.rename(path.with_suffix(".bin"))  # as older pipelines shipped: pickles only
+    err = _one_line_error(run_cli("export", str(source), "--out", str(tmp_path / "out")))
+    assert "unet holds only pickle weights" in err and "safetensors" in err and not (tmp_path / "out").exists()
+
+
+def test_nan_weights_are_said_to_be_the_weights_not_an_exporter_bug(tiny, tmp_path):
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny("sd1"), source)
+    (weights,) = (source / "text_encoder").glob("*.safetensors")
+    tensors = load_file(str(weights))
+    name = next(n for n in tensors if n.endswith("final_layer_norm.bias"))
+    tensors[name] = np.full_like(tensors[name], np.nan)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    proc = run_cli("export", str(source), "--out", str(tmp_path / "out"), "--latent", "8,8,16")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr  # after the progress lines: one error, one hint
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert "NaN or inf" in error and "bug in the exporter" not in proc.stderr and not (tmp_path / "out").exists()

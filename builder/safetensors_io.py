@@ -138,7 +138,9 @@ def _read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
             if len(head) < 8:
                 raise bad("shorter than its 8-byte header length")
             (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER or 8 + length > size:
+            if length > MAX_HEADER:
+                raise bad(f"its header claims {length} bytes, more than the {MAX_HEADER >> 20} MiB safetensors allows")
+            if 8 + length > size:
                 raise bad(f"header claims {length} bytes, the file has {size}")
             text = handle.read(length)
     except FileNotFoundError:

@@ -62,8 +62,8 @@ def _file(tmp_path, header, data: bytes = b"", length: int | None = None):
 @pytest.mark.parametrize(
     "header, data, length, message",
     [
-        (b"", b"", 2**63, "header claims"),
-        (b"{}", b"", MAX_HEADER + 1, "header claims"),
+        (b"", b"", 2**63, "more than the 100 MiB safetensors allows"),
+        (b"{}", b"", MAX_HEADER + 1, "more than the 100 MiB safetensors allows"),  # not "the file has N" alone
         (b"not json", b"", None, "not JSON"),
         (b"[1, 2]", b"", None, "not a JSON object"),
         ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None, "outside"),

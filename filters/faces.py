@@ -119,12 +119,15 @@ class FaceRestorer(Filter):
 
     def __call__(self, image, strength: float = 1.0) -> np.ndarray:
         image = _check_image(image)
-        if "detector" not in self.uses:
+        detector = self.uses.get("detector")
+        if not isinstance(detector, FaceDetector):
+            what = f"a {detector.kind} filter" if detector is not None else "none"
             raise ConfigError(
-                f"{self.name} has no face detector to find faces with",
-                hint="its filter.json names one under details.uses.detector; export and build it into the same store",
+                f"{self.name} needs a face detector to find faces with; its details.uses.detector is {what}",
+                hint="export a RetinaFace file (detection_Resnet50_Final.pth) under the name its filter.json names, "
+                "and build it into the same store",
             )
-        faces = self.uses["detector"](image, threshold=RESTORE_THRESHOLD)
+        faces = detector(image, threshold=RESTORE_THRESHOLD)
         eyes = [f.landmarks for f in faces if np.linalg.norm(f.landmarks[0] - f.landmarks[1]) >= MIN_EYE_DISTANCE]
         return self.restore(image, eyes, strength)
 

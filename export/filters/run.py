@@ -115,10 +115,15 @@ def with_profile(parts: Parts, profile: dict[str, tuple[int, int, int]]) -> Part
         if len(triple) != 3 or not 0 < triple[0] <= triple[1] <= triple[2]:
             raise ConfigError(f"profile {dim} {list(triple)} is not MIN, OPT, MAX", hint="e.g. (64, 256, 512)")
     replaced = {
-        name: dataclasses.replace(part, profile={dim: tuple(profile.get(dim, r)) for dim, r in part.profile.items()})
+        name: dataclasses.replace(part, profile={dim: _triple(profile.get(dim, r)) for dim, r in part.profile.items()})
         for name, part in parts.parts.items()
     }
     return dataclasses.replace(parts, parts=replaced)
+
+
+def _triple(values) -> tuple[int, int, int]:
+    low, opt, high = (int(v) for v in values)
+    return low, opt, high
 
 
 def is_filter_source(path: str | Path, *, base: Path | None = None, controlnet: Path | None = None) -> bool:

@@ -24,7 +24,8 @@
     targets = ["onnxruntime:cpu"]
     precisions = ["fp16"]
 
-A filter (`kind = "filter"`, no family) is one checkpoint the filter exporter turns into a filter recipe. Pins
+A filter (`kind = "filter"`, no family) is one checkpoint, or a folder's files (a TAESD folder, named after the
+model: its latent space is read from that name), that the filter exporter turns into a filter recipe. Pins
 missing from the recipe are read from the lock file beside it (`<recipe>.lock`, written by `enginefarm lock`)."""
 
 from __future__ import annotations
@@ -161,8 +162,8 @@ def load_catalog_recipe(path: str | Path) -> CatalogRecipe:
         files.append(_file(fail, spec, f"export.files.{relative}", relative))
     if not files:
         raise fail("export", "no source files", "add [export.checkpoint] or [export.files]")
-    if kind == "filter" and (len(files) != 1 or files[0].path != CHECKPOINT):
-        raise fail("export", "a filter is one [export.checkpoint] file")
+    if kind == "filter" and CHECKPOINT in (f.path for f in files) and len(files) > 1:
+        raise fail("export", "a filter is one [export.checkpoint] file, or its folder's [export.files]")
     if configs is None and CHECKPOINT in (f.path for f in files) and kind == "pipeline" and len(files) == 1:
         raise fail("export.configs", "a single-file checkpoint needs a config set", 'name one, e.g. configs = "sd-1.5"')
     defaults = _keys(fail, data.get("defaults", {}), "defaults", None)

@@ -66,12 +66,23 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
         **recipe.ranges,
     }
     started = time.monotonic()
-    if recipe.kind == "filter":  # the filter exporter recognises the architecture from the file's keys
-        export_model(files[CHECKPOINT], out, recipe.name, progress, **options)
-        return Exported(out / "recipe.toml", downloaded, time.monotonic() - started)
     out.parent.mkdir(parents=True, exist_ok=True)
     holder = Path(tempfile.mkdtemp(prefix=f".{recipe.name}-folder-", dir=out.parent))
     try:
+        if recipe.kind == "filter":  # the filter exporter recognises the architecture from the file's keys
+            from enginefarm.export.filters.run import export_filter
+
+            source = files[CHECKPOINT] if CHECKPOINT in files else assemble(recipe, files, holder / recipe.name)
+            export_filter(
+                source,
+                out,
+                recipe.name,
+                targets=recipe.targets,
+                precisions=recipe.precisions,
+                overwrite=True,
+                progress=progress,
+            )
+            return Exported(out / "recipe.toml", downloaded, time.monotonic() - started)
         folder = assemble(recipe, files, holder / recipe.name)
         _check_family(recipe, folder)
         if CHECKPOINT in files:

@@ -144,10 +144,9 @@ def plan_catalog(paths: list[Path], runners_path: Path | None) -> CatalogPlan:
 
 
 def _components(recipe: CatalogRecipe) -> dict[str, int]:
-    """Component → fp32 weight bytes. A filter's: its pinned file's size (filters ship fp32 weights)."""
+    """Component → fp32 weight bytes. A filter's: its pinned files' size (filters ship fp32 weights)."""
     if recipe.kind == "filter":
-        checkpoint = recipe.checkpoint
-        return {"filter": checkpoint.size} if checkpoint and checkpoint.size else {}
+        return {"filter": recipe.download_bytes} if not recipe.unlocked else {}
     from enginefarm.families import FAMILIES
 
     family = FAMILIES[recipe.family or ""]

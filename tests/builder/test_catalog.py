@@ -227,3 +227,31 @@ def test_a_download_resumes_and_a_changed_file_is_refused_before_use(hub, tmp_pa
         fetch_file(replace(pin, url=f"{hub.url}/g.bin", sha256="1" * 64), folder)
     assert not any((folder / ("1" * 64)).iterdir())  # nothing left to be used
     assert _components(load_catalog_recipe(CATALOG / "realesrgan-x4plus.toml")) == {"filter": 67040989}
+
+
+def test_a_filter_folder_downloads_and_goes_to_the_filter_exporter(hub, tmp_path):
+    """TAESD as its diffusers folder, file by file: assembled under the recipe's name (the latent space's)."""
+    import json
+
+    from enginefarm.builder.catalog_export import export_catalog
+    from tests.filters.tiny_filters import write_taesd_folder
+
+    folder = write_taesd_folder(tmp_path / "served")
+    lines = []
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        hub.files[f"/madebyollin/taesdxl/resolve/{REV}/{path.name}"] = data
+        lines.append(
+            f'"{path.name}" = {{ source = "hf://madebyollin/taesdxl/{path.name}@{REV}", '
+            f'sha256 = "{hashlib.sha256(data).hexdigest()}", size = {len(data)} }}'
+        )
+    recipe = tmp_path / "taesdxl.toml"
+    recipe.write_text(
+        '[model]\nname = "taesdxl"\nversion = "1"\n[export]\nkind = "filter"\nlicence = "MIT"\ngated = false\n'
+        "[export.files]\n" + "\n".join(lines) + '\n[defaults]\ntargets = ["onnxruntime:cpu"]\nprecisions = ["fp32"]\n'
+    )
+    done = export_catalog(load_catalog_recipe(recipe), tmp_path / "home")
+    assert done.recipe.is_file() and done.export_seconds > 0
+    described = json.loads((done.recipe.parent / "assets" / "filter.json").read_text())
+    assert described["kind"] == "preview_decoder" and described["details"]["latent_scaling_factor"] == 0.13025
+    assert export_catalog(load_catalog_recipe(recipe), tmp_path / "home").export_seconds == 0  # kept, not redone

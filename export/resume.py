@@ -72,6 +72,26 @@ class Partial:
         )
 
 
+def refuse_if_busy(out: Path) -> None:
+    """Refuse at once an export to `out` while another holds it: before torch is imported (24 s here), not after.
+    The lock itself is taken by `staging`; this only asks whether it is free now."""
+    lock = out.parent / f".{out.name}.export-lock"
+    if not out.parent.is_dir():
+        return  # no export is writing there: nothing holds the lock
+    existed = lock.exists()
+    with file_lock(lock, timeout=0) as taken:
+        if not taken and existed:
+            raise _busy(out)
+    if not existed:
+        lock.unlink(missing_ok=True)
+
+
+def _busy(out: Path) -> ConfigError:
+    return ConfigError(
+        f"another `enginefarm export` is writing {out}", hint="wait for it to finish, or choose another --out"
+    )
+
+
 @contextmanager
 def staging(out: Path, key: str, report) -> Iterator[Partial]:
     """The export's staging folder: the kept one if it was made by the same command, else a new one. It is removed if
@@ -80,9 +100,7 @@ def staging(out: Path, key: str, report) -> Iterator[Partial]:
     lock = out.parent / f".{out.name}.export-lock"
     with file_lock(lock, timeout=0) as taken:
         if not taken:
-            raise ConfigError(
-                f"another `enginefarm export` is writing {out}", hint="wait for it to finish, or choose another --out"
-            )
+            raise _busy(out)
         try:
             partial = _open(folder, key, report)
             try:

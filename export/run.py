@@ -127,6 +127,7 @@ def export_model(
         raise ConfigError(
             f"{out} exists and is not empty", hint="choose a new --out folder, or pass --overwrite to replace it"
         )
+    resume.refuse_if_busy(out)  # before torch's import
     _require_export_modules()
     check_built_fits(found, memory)  # the models as their configs build them (files may hold fewer weights)
     name = recipes.model_name(name or Path(source).resolve().name)

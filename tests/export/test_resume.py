@@ -99,3 +99,22 @@ def test_the_resume_key_sees_a_same_size_change_with_the_mtime_kept(tmp_path):
     assert weights.stat().st_size == stat.st_size and weights.stat().st_mtime_ns == stat.st_mtime_ns
     assert export_key([folder], {"latent": None}) != before
     assert export_key([folder], {"latent": None}) == export_key([folder], {"latent": None})
+
+
+def test_a_second_export_to_the_same_out_is_refused_before_torch_is_imported(source, tmp_path):
+    """Before, the second waited for torch's import (24 s on the shared VM) before the lock refused it."""
+    import subprocess
+    import sys
+
+    from enginefarm.cache.locks import file_lock
+
+    out = tmp_path / "out"
+    code = (
+        "import sys\nfrom enginefarm.errors import ConfigError\nfrom enginefarm.export import export_model\n"
+        f"try:\n    export_model({str(source)!r}, {str(out)!r})\nexcept ConfigError as e:\n"
+        "    print(e.message, 'torch' in sys.modules)\n"
+    )
+    with file_lock(tmp_path / ".out.export-lock", timeout=0) as taken:  # another export is writing `out`
+        assert taken
+        said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    assert said.strip() == f"another `enginefarm export` is writing {out} False"

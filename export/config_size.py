@@ -8,6 +8,7 @@ the meta device."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from enginefarm.errors import ConfigError
 
@@ -22,7 +23,7 @@ DIFFUSERS_CLASSES = {
 }
 
 
-def model_class(source: ExportSource, folder: str) -> type:
+def model_class(source: ExportSource, folder: str) -> Any:
     """The torch model class of `folder`: model_index.json's, if it is a model class of transformers (text encoders)
     or diffusers; a one-line ConfigError for any other attribute (`5`, `__class__`, `pipeline`, `Trainer`)."""
     entry = source.model_index.get(folder)
@@ -45,7 +46,7 @@ def model_class(source: ExportSource, folder: str) -> type:
             f"model_index.json: {folder}'s class {name!r} is not a {module.__name__} model class",
             hint=f"name the class save_pretrained wrote there, e.g. {usual}",
         )
-    return found
+    return found  # a model class: typed Any, as diffusers' and transformers' classes are not known to mypy here
 
 
 def config_fp32_bytes(source: ExportSource, folder: str) -> int:

@@ -171,13 +171,15 @@ def reopen(asked: dict[str, Any], home: Path, index_file: str | None) -> Session
             return None
         key, plan = record["key"], record["plan"]
         if not (_is_key(key) and plan["module"].startswith(_SESSIONS)):
-            return _forget(path)  # a record this code did not write: only build keys and enginefarm's own sessions
+            _forget(path)  # a record this code did not write: only build keys and enginefarm's own sessions
+            return None
         folder = home / _ARTIFACTS / key
         if record["state"] != state(home, index_file) or record["artifact"] != _artifact_state(home, key):
             return None
         raw = (folder / "manifest.json").read_bytes()
         if not _vouched(record, asked, folder, json.loads(raw)):
-            return _forget(path)  # the record names what the cache did not verify for this request
+            _forget(path)  # the record names what the cache did not verify for this request
+            return None
         from enginefarm.cache.proof import unproven
 
         if unproven(folder, record["files"]):

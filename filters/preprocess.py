@@ -20,7 +20,7 @@ from .base import Filter
 
 
 class Preprocessor(Filter):
-    """`f(image, detect_resolution=None)` → control image. `task`: what it finds ("depth", "softedge")."""
+    """`f(image, detect_resolution=None)` → control image. `task`: what it finds ("depth", "softedge", "lineart")."""
 
     kind = "preprocessor"
 
@@ -67,8 +67,12 @@ class Preprocessor(Filter):
         x = (x - np.asarray(details["mean"], np.float32)) / np.asarray(details["std"], np.float32)
         (output,) = self.sessions[self.info.components[0]].run({"image": x.transpose(2, 0, 1)[None]}).values()
         found = resize(np.asarray(output, np.float32).reshape(size)[:, :, None], (height, width), "bilinear")[:, :, 0]
-        # depth is relative: scaled by its own range; an edge map is a probability already
-        found = min_max(found) if details.get("output", "min_max") == "min_max" else np.clip(found, 0, 1)
+        # depth is relative: scaled by its own range; edges and lines are probabilities already (line art's
+        # control image is white lines on black: the inverse of its network's dark lines on white)
+        output = details.get("output", "min_max")
+        found = min_max(found) if output == "min_max" else np.clip(found, 0, 1)
+        if output == "inverted":
+            found = 1 - found
         return np.repeat(found[:, :, None], 3, axis=2)
 
 

@@ -28,9 +28,11 @@ def store_with_filters(tmp_path_factory):
     checker = write_safety_folder(root / "checker", images)
     flags = diffusers_flags(checker, images)
     save(srvgg_state(features=8, convs=2, scale=2), root / "up-x2.pth")
-    for source, name in ((root / "checker", "checker"), (root / "up-x2.pth", "up-x2")):
-        export = export_filter(source, root / f"{name}-export", name=name, **ONE_BUILD)
-        run_cli("build", str(export.recipe), "--store", str(root / "store"), "--no-bench", check=True)
+    recipes = [
+        str(export_filter(source, root / f"{name}-export", name=name, **ONE_BUILD).recipe)
+        for source, name in ((root / "checker", "checker"), (root / "up-x2.pth", "up-x2"))
+    ]
+    run_cli("build", *recipes, "--store", str(root / "store"), "--no-bench", "-j", "2", check=True)
     return str(root / "store"), images, flags
 
 

@@ -86,3 +86,75 @@ def hed_reference(network, image: np.ndarray, size: tuple[int, int]) -> np.ndarr
     edge = torch.from_numpy(1 / (1 + np.exp(-np.mean(edges, axis=2).astype(np.float64)))).float()
     edge = functional.interpolate(edge[None, None], size=(height, width), mode="bilinear", antialias=True)
     return edge[0, 0, :, :, None].repeat(1, 1, 3).numpy()
+
+
+def lineart_reference_network(width: int = 8, blocks: int = 2):
+    """controlnet-aux's line-art Generator(3, 1, blocks) at `width` channels (the published: 64, 3 blocks)."""
+    from torch import nn
+
+    def norm_relu(channels):
+        return [nn.InstanceNorm2d(channels), nn.ReLU(inplace=True)]
+
+    class ResidualBlock(nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.conv_block = nn.Sequential(
+                nn.ReflectionPad2d(1),
+                nn.Conv2d(features, features, 3),
+                *norm_relu(features),
+                nn.ReflectionPad2d(1),
+                nn.Conv2d(features, features, 3),
+                nn.InstanceNorm2d(features),
+            )
+
+        def forward(self, x):
+            return x + self.conv_block(x)
+
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model0 = nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(3, width, 7), *norm_relu(width))
+            down, features = [], width
+            for _ in range(2):
+                down += [nn.Conv2d(features, features * 2, 3, stride=2, padding=1), *norm_relu(features * 2)]
+                features *= 2
+            self.model1 = nn.Sequential(*down)
+            self.model2 = nn.Sequential(*(ResidualBlock(features) for _ in range(blocks)))
+            up = []
+            for _ in range(2):
+                up += [
+                    nn.ConvTranspose2d(features, features // 2, 3, stride=2, padding=1, output_padding=1),
+                    *norm_relu(features // 2),
+                ]
+                features //= 2
+            self.model3 = nn.Sequential(*up)
+            self.model4 = nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(width, 1, 7), nn.Sigmoid())
+
+        def forward(self, x):
+            return self.model4(self.model3(self.model2(self.model1(self.model0(x)))))
+
+    return Generator()
+
+
+def write_lineart_file(path: Path, seed: int = 0):
+    """A seeded narrow line-art generator saved as sk_model.pth (a bare state dict); its torch module."""
+    import torch
+
+    torch.manual_seed(seed)
+    network = lineart_reference_network().eval()
+    torch.save(network.state_dict(), str(path))
+    return network
+
+
+def lineart_reference(network, image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """LineartDetector's steps on a float photo: resized to `size` (antialiased bicubic), [0, 1] into the network,
+    its line map back to the photo's size (antialiased bilinear) and inverted, three channels."""
+    import torch
+
+    functional = torch.nn.functional
+    x = torch.from_numpy(image).permute(2, 0, 1)[None]
+    x = functional.interpolate(x, size=size, mode="bicubic", antialias=True, align_corners=False)
+    with torch.no_grad():
+        line = network(x)
+    line = functional.interpolate(line, size=image.shape[:2], mode="bilinear", antialias=True)
+    return (1 - line[0, 0, :, :, None]).repeat(1, 1, 3).numpy()

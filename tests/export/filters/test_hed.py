@@ -1,5 +1,6 @@
-"""HED soft edges (ControlNetHED.pth) as a ControlNet preprocessor: recognised from its keys, built, and its control
-image against controlnet-aux's HEDdetector steps re-created around the same torch network."""
+"""HED soft edges (ControlNetHED.pth) and line art (sk_model.pth) as ControlNet preprocessors: recognised from their
+keys, built (one build for both), and their control images against controlnet-aux's HEDdetector and LineartDetector
+steps re-created around the same torch networks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from enginefarm.errors import ConfigError
 
 from ...conftest import run_cli
 from ...filters.scenes import scene
-from .hed_files import hed_reference, write_hed_file
+from .hed_files import hed_reference, lineart_reference, write_hed_file, write_lineart_file
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cv2")
@@ -32,26 +33,46 @@ def test_hed_is_recognised_and_a_wrong_layout_is_one_line(tmp_path):
         build_hed(type(source)(source.path, state))
 
 
+def test_lineart_is_recognised_with_its_width_and_blocks(tmp_path):
+    from enginefarm.export.filters.reading import read_filter_source, recognise
+
+    network = write_lineart_file(tmp_path / "sk_model.pth")
+    source = read_filter_source(tmp_path / "sk_model.pth")
+    parts = recognise(source).build(source)
+    assert parts.kind == "preprocessor" and parts.details["task"] == "lineart"
+    assert (parts.details["width"], parts.details["blocks"], parts.details["output"]) == (8, 2, "inverted")
+    x = torch.rand(1, 3, 64, 128)
+    with torch.no_grad():
+        assert torch.equal(parts.parts["lines"].module(x), network(x)[:, 0])
+
+
 @pytest.mark.slow
-def test_hed_built_matches_controlnet_aux_steps(tmp_path):
+def test_hed_and_lineart_built_match_controlnet_aux_steps(tmp_path):
     import enginefarm.filters
     from enginefarm.export.filters.run import export_filter
 
-    network = write_hed_file(tmp_path / "ControlNetHED.pth")
-    out = tmp_path / "export"
-    export_filter(tmp_path / "ControlNetHED.pth", out, name="hed-tiny", targets=("onnxruntime:cpu",))
-    recipe = (out / "recipe.toml").read_text().replace("[64, 512, 1024]", "[64, 128, 256]")
-    (out / "recipe.toml").write_text(recipe)
-    run_cli("build", str(out / "recipe.toml"), "--store", str(tmp_path / "store"), "--no-bench", check=True)
+    networks = {
+        "hed-tiny": (write_hed_file(tmp_path / "ControlNetHED.pth"), hed_reference, "softedge"),
+        "lineart-tiny": (write_lineart_file(tmp_path / "sk_model.pth"), lineart_reference, "lineart"),
+    }
+    recipes = []
+    for name, source in (("hed-tiny", "ControlNetHED.pth"), ("lineart-tiny", "sk_model.pth")):
+        out = tmp_path / name
+        export_filter(tmp_path / source, out, name=name, targets=("onnxruntime:cpu",))
+        recipe = (out / "recipe.toml").read_text().replace("[64, 512, 1024]", "[64, 128, 256]")
+        (out / "recipe.toml").write_text(recipe)
+        recipes.append(str(out / "recipe.toml"))
+    run_cli("build", *recipes, "--store", str(tmp_path / "store"), "--no-bench", "-j", "2", check=True)
 
     photo = scene(11, height=96, width=128)
-    expected = hed_reference(network, photo, (128, 192))  # the short side at 128, sides multiples of 64
-    assert expected.std() > 0.02
-    for precision, tolerance in (("fp32", 1e-3), ("fp16", 2e-2)):
-        with enginefarm.filters.load("hed-tiny", store=str(tmp_path / "store"), precision=precision) as hed:
-            assert hed.task == "softedge" and hed.detect_size(96, 128, 128) == (128, 192)
-            control = hed(photo, detect_resolution=128)
-        assert control.shape == (96, 128, 3)
-        deviation = float(np.abs(control - expected).max())
-        assert deviation < tolerance, (precision, deviation)
-        print(f"hed {precision}: {deviation:.1e}")
+    for name, (network, reference, task) in networks.items():
+        expected = reference(network, photo, (128, 192))  # the short side at 128, sides multiples of 64
+        assert expected.std() > 0.02
+        for precision, tolerance in (("fp32", 1e-3), ("fp16", 2e-2)):
+            with enginefarm.filters.load(name, store=str(tmp_path / "store"), precision=precision) as preprocessor:
+                assert preprocessor.task == task and preprocessor.detect_size(96, 128, 128) == (128, 192)
+                control = preprocessor(photo, detect_resolution=128)
+            assert control.shape == (96, 128, 3)
+            deviation = float(np.abs(control - expected).max())
+            assert deviation < tolerance, (name, precision, deviation)
+            print(f"{name} {precision}: {deviation:.1e}")

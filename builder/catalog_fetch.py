@@ -18,7 +18,7 @@ from pathlib import Path
 from enginefarm.errors import ConfigError, OfflineError, SourceError
 
 from .catalog import CatalogRecipe, PinnedFile, lock_path
-from .downloads import TIMEOUT, _http_error, hf_to_https, hf_token
+from .downloads import _http_error, hf_to_https, hf_token, paced, source_limits, stall_timeout
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
@@ -89,11 +89,12 @@ def _download(file: PinnedFile, dest: Path) -> tuple[str, int]:
         request.add_unredirected_header("Authorization", f"Bearer {token}")
     log.info("downloading %s%s", url, f" from byte {have}" if have else "")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        limits = source_limits()  # the HTTP store's deadline, rate floor and stall timeout
+        with urllib.request.urlopen(request, timeout=stall_timeout(limits)) as response:
             if have and response.status != 206:  # the server ignored the range: start over
                 digest, have = hashlib.sha256(), 0
             with part.open("ab" if have else "wb") as out:
-                while chunk := response.read(CHUNK):
+                for chunk in paced(response, file.url, limits):
                     have += len(chunk)
                     if file.size is not None and have > file.size:
                         out.close()

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from enginefarm.cache import workdirs
@@ -80,7 +81,7 @@ def download(url: str, dest: Path, *, hf: bool, size: int | None = None, limits:
     for left in workdirs.leftovers(dest.parent, f".{dest.name}"):  # their owner was killed: nothing resumes them
         left.unlink(missing_ok=True)
     tmp = workdirs.unique_name(dest.parent, f".{dest.name}", ".incomplete")
-    stall = min(TIMEOUT, limits.window_s)
+    stall = stall_timeout(limits)
     try:
         with urllib.request.urlopen(request, timeout=stall) as response, open(tmp, "wb") as out:
             declared = str(response.headers.get("Content-Length") or "")
@@ -122,10 +123,8 @@ def _size_error(url: str, what: str, size: int) -> SourceError:
 
 def _paced_copy(response, out, url: str, cap: int, pinned: bool, limits: Limits) -> int:
     """Copy the body to `out` a socket read at a time (the checks run even on a trickle); the bytes copied."""
-    started = since = time.monotonic()
-    got = count = 0
-    reader = getattr(response, "read1", None) or response.read
-    while chunk := reader(min(1 << 20, cap + 1 - got)):
+    got = 0
+    for chunk in paced(response, url, limits, cap):
         got += len(chunk)
         if got > cap:
             if pinned:
@@ -139,6 +138,19 @@ def _paced_copy(response, out, url: str, cap: int, pinned: bool, limits: Limits)
                 hint="pin its size in the recipe (size = BYTES beside sha256)",
             )
         out.write(chunk)
+    return got
+
+
+def paced(response, url: str, limits: Limits, most: int | None = None) -> Iterator[bytes]:
+    """The body's chunks, one socket read each, under `limits`: past the deadline or below the rate floor over a
+    window, a one-line SourceError (the stall timeout is the socket's: `stall_timeout`). With `most`, no read goes
+    past `most` + 1 bytes in all (the caller sees an overrun without reading an endless body)."""
+    started = since = time.monotonic()
+    got = count = 0
+    reader = getattr(response, "read1", None) or response.read
+    while chunk := reader(1 << 20 if most is None else max(1, min(1 << 20, most + 1 - got))):
+        yield chunk
+        got += len(chunk)
         now = time.monotonic()
         if now - started > limits.deadline_s:
             raise SourceError(
@@ -154,7 +166,11 @@ def _paced_copy(response, out, url: str, cap: int, pinned: bool, limits: Limits)
                     hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
                 )
             since, count = now, 0
-    return got
+
+
+def stall_timeout(limits: Limits) -> float:
+    """Seconds a socket read may wait for a byte: the rate window, at most TIMEOUT."""
+    return min(TIMEOUT, limits.window_s)
 
 
 def _http_error(url: str, code: int, hf: bool, had_token: bool) -> SourceError:

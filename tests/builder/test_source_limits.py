@@ -173,3 +173,14 @@ def test_a_pinned_size_is_checked_and_a_killed_downloads_leftover_is_reclaimed(s
 def test_a_redirect_to_a_local_file_is_refused_in_words(server, tmp_path):
     said = _one_line(_within(10, lambda: download(f"{server.url}/to-file.onnx", tmp_path / "dl" / "r.onnx", hf=False)))
     assert "redirect" in said and "file:///etc/hostname" in said
+
+
+def test_a_catalog_source_that_trickles_is_given_up_and_kept_to_resume(server, tmp_path, monkeypatch):
+    """Catalog recipes fetch their pinned files resumably (builder/catalog_fetch.py): under the same limits."""
+    from enginefarm.builder.catalog import PinnedFile
+    from enginefarm.builder.catalog_fetch import fetch_file
+
+    monkeypatch.setenv("ENGINEFARM_HTTP_DEADLINE", "2")
+    pinned = PinnedFile("unet/w.safetensors", f"{server.url}/trickle.onnx", "0" * 64, 1 << 20)
+    said = _one_line(_within(15, lambda: fetch_file(pinned, tmp_path / "dl")))
+    assert "2 s deadline" in said

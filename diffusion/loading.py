@@ -29,6 +29,7 @@ class ComponentLoader:
         self.files: dict = {}  # component → the user's weights file for it
         self.timings: dict[str, float] = {}
         self.live: LiveLoras | None = None
+        self.notes: list[str] = []  # what the user's files leave to the stored weights (pipe.notes)
 
     def route_weights(self, weights, vae) -> None:
         """The user's whole-model or UNet file and VAE file, each component's part, checked against the family."""
@@ -37,6 +38,10 @@ class ComponentLoader:
 
             family = self.found.family
             self.files = route(family, list(family.component_names), weights, vae)
+            denoiser = "transformer" if "transformer" in family.component_names else "unet"
+            if weights is not None and denoiser in family.component_names and denoiser not in self.files:
+                self.notes.append(f"weights={weights}: it holds no {denoiser} part; the model's own {denoiser} runs")
+                log.warning("%s", self.notes[-1])
 
     def start_loras(self, loras) -> str:
         """The LoRA files read and dealt to the components (a bad one costs nothing: nothing is loaded yet); returns

@@ -198,7 +198,7 @@ class Pipeline:
             pipe.preview_decoder = filters["preview"].decode
         if "decoder" in filters:
             pipe.image_decoder = filters["decoder"].decode
-        pipe.notes = [ignored] if ignored else []
+        pipe.notes = ([ignored] if ignored else []) + loader.notes
         pipe._loras = loader.live
         if budget is not None:
             pipe.residency = Residency(budget, loader, pipe.sessions, loader.estimate)

@@ -98,3 +98,31 @@ def test_a_gc_while_a_pipeline_loads_leaves_its_assets_and_says_so_if_they_went(
     with pytest.raises(ConfigError, match="evicted .* while in use") as gone:
         found.tokenizer_folder("text_encoder")
     assert "run it again" in gone.value.hint
+
+
+def test_a_whole_model_file_without_a_unet_part_says_the_stored_unet_runs(tmp_path):
+    """weights= a whole-model checkpoint whose UNet part is missing: its text encoder and VAE load over the stored
+    ones, and the stored UNet runs; `pipe.notes` (from the loader) says so, instead of nothing."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from enginefarm.diffusion.loading import ComponentLoader
+
+    path = tmp_path / "no-unet.safetensors"
+    save_file(
+        {
+            "cond_stage_model.transformer.text_model.embeddings.token_embedding.weight": np.zeros((9, 768), "f4"),
+            "first_stage_model.decoder.conv_in.weight": np.zeros((4, 4, 3, 3), np.float32),
+            "first_stage_model.encoder.conv_in.weight": np.zeros((4, 3, 3, 3), np.float32),
+        },
+        str(path),
+    )
+    found = ModelAssets.from_folder(_assets(tmp_path / "assets"))
+    options = dict(store=None, precision=None, target=None, device="cpu", version=None, progress=None)
+    loader = ComponentLoader("m", found, False, **options)
+    loader.route_weights(path, None)
+    assert sorted(loader.files) == ["text_encoder", "vae_decoder", "vae_encoder"]
+    assert loader.notes == [f"weights={path}: it holds no unet part; the model's own unet runs"]
+    whole = ComponentLoader("m", found, False, **options)
+    whole.route_weights(None, None)
+    assert whole.notes == []

@@ -146,9 +146,9 @@ class Pipeline:
         a reload, by `pipe.set_loras`.
 
         preview: a preview decoder (TAESD-class filter: its name in the store, or a loaded
-        `enginefarm.filters.PreviewDecoder`) that turns on_preview's latents into full-size images; decoder: one that
-        decodes the final images instead of the VAE (which is then not loaded). Each is checked against the model's
-        latent space (channels, and the family where the decoder's name tells it) before anything loads."""
+        `enginefarm.filters.preview.PreviewDecoder`) that turns on_preview's latents into full-size images; decoder:
+        one that decodes the final images instead of the VAE (which is then not loaded). Each is checked against the
+        model's latent space (channels, and the family where the decoder's name tells it) before anything loads."""
         from .budget import Residency, parse_budget
         from .loading import ComponentLoader, components, fetch_assets, preview_filters, read_embeddings
 

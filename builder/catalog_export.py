@@ -84,7 +84,8 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
             )
             return Exported(out / "recipe.toml", downloaded, time.monotonic() - started)
         folder = assemble(recipe, files, holder / recipe.name)
-        _check_family(recipe, folder)
+        options["controlnet"] = split_controlnet(folder)
+        _check_family(recipe, folder, options["controlnet"])
         if CHECKPOINT in files:
             export_model(files[CHECKPOINT], out, recipe.name, progress, base=folder, **options)
         else:
@@ -115,10 +116,20 @@ def assemble(recipe: CatalogRecipe, files: dict[str, Path], folder: Path) -> Pat
     return folder
 
 
-def _check_family(recipe: CatalogRecipe, folder: Path) -> None:
+def split_controlnet(folder: Path) -> Path | None:
+    """A pipeline's `controlnet/` files, moved beside its folder: the ControlNet the export adds to the pipeline (as
+    `enginefarm export … --controlnet DIR`), so the model has the UNet that takes its residuals. None without."""
+    if not (folder / "controlnet" / "config.json").is_file() or not (folder / "model_index.json").is_file():
+        return None
+    moved = folder.with_name(f"{folder.name}-controlnet")
+    (folder / "controlnet").rename(moved)
+    return moved
+
+
+def _check_family(recipe: CatalogRecipe, folder: Path, controlnet: Path | None = None) -> None:
     from enginefarm.export.source import read_source
 
-    found = read_source(folder).family.id
+    found = read_source(folder, controlnet).family.id
     if found != recipe.family:
         raise ConfigError(
             f"{recipe.path}: its configs and files make a {found} model, the recipe says family = {recipe.family!r}",

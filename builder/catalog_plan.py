@@ -150,8 +150,11 @@ def _components(recipe: CatalogRecipe) -> dict[str, int]:
     from enginefarm.families import FAMILIES
 
     family = FAMILIES[recipe.family or ""]
-    counts = PARAMETERS.get(parameters_key(recipe), {})
-    if family.is_controlnet and not any(f.path.startswith("unet/") for f in recipe.files):
+    counts = dict(PARAMETERS.get(parameters_key(recipe), {}))
+    standalone = family.is_controlnet and not any(f.path.startswith("controlnet/") for f in recipe.files)
+    if family.is_controlnet and not standalone:  # the base pipeline with its ControlNet: the UNet twice, as exported
+        counts.update(controlnet=PARAMETERS[family.id]["controlnet"], unet_controlnet=counts.get("unet", 0))
+    if standalone:
         names: tuple[str, ...] = ("controlnet",)  # a ControlNet on its own: the pipeline it plugs into is built apart
     else:
         names = tuple(c.name for c in family.components if c.name not in family.optional or _ships(recipe, c.folder))
@@ -232,7 +235,7 @@ def _activations(recipe: CatalogRecipe, component: str) -> tuple[int, float]:
         megapixels = family.vae_batch_range[2] * pixels * pixels / 1e6
         return image_activation_bytes(VAE_CHANNELS, megapixels) + attention_bytes(1, 1, latent * latent), megapixels
     heads, downscale = ATTENTION.get(parameters_key(recipe), (0, 1))
-    if component in ("unet", "controlnet") and heads:
+    if component in ("unet", "unet_controlnet", "controlnet") and heads:
         return attention_bytes(heads, batch, (latent // downscale) ** 2), 0.0
     if component == "transformer" and heads:
         text = TEXT_TOKENS.get(recipe.family or "", 512)

@@ -255,3 +255,32 @@ def test_a_filter_folder_downloads_and_goes_to_the_filter_exporter(hub, tmp_path
     described = json.loads((done.recipe.parent / "assets" / "filter.json").read_text())
     assert described["kind"] == "preview_decoder" and described["details"]["latent_scaling_factor"] == 0.13025
     assert export_catalog(load_catalog_recipe(recipe), tmp_path / "home").export_seconds == 0  # kept, not redone
+
+
+def test_a_controlnet_recipe_exports_its_controlnet_with_the_base_pipeline(tmp_path):
+    """The ControlNet's files go beside the base's folder, as `export --controlnet DIR` takes them: the model is of the
+    ControlNet family, with the UNet that takes its residuals, which the plan counts."""
+    import json
+
+    from enginefarm.builder.catalog_configs import CONFIGS
+    from enginefarm.builder.catalog_export import _check_family, assemble, split_controlnet
+    from enginefarm.export.source import read_source
+
+    recipe = load_catalog_recipe(CATALOG / "controlnet-sd1.5-canny.toml")
+    unet = CONFIGS["sd-1.5"]["unet/config.json"]
+    controlnet_config = {k: v for k, v in unet.items() if k not in ("up_block_types", "out_channels", "sample_size")}
+    files = {}
+    for f in recipe.files:  # stand-ins for the downloads: only the configs are read here
+        path = tmp_path / "downloads" / f.path.replace("/", "_")
+        path.parent.mkdir(exist_ok=True)
+        config = {**controlnet_config, "_class_name": "ControlNetModel"}
+        path.write_text(json.dumps(config) if f.path == "controlnet/config.json" else "{}")
+        files[f.path] = path
+    folder = assemble(recipe, files, tmp_path / "holder" / recipe.name)
+    controlnet = split_controlnet(folder)
+    assert controlnet is not None and not (folder / "controlnet").exists()
+    assert read_source(folder, controlnet).family.id == "controlnet-sd1"
+    _check_family(recipe, folder, controlnet)
+    components = _components(recipe)
+    assert components["unet_controlnet"] == components["unet"] == 4 * 859_520_964
+    assert components["controlnet"] == 4 * PARAMETERS["controlnet-sd1"]["controlnet"]

@@ -157,6 +157,9 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
             console.print(f"[green]exists[/]   {p.job.label}")
         elif p.refused or not p.availability.can_build:
             console.print(f"[dim]skipped[/]  {p.job.label}: {escape(p.status)}")
+    published = bool(todo)
+    if published:  # before the first job: a build killed midway still leaves what its artifacts need to run
+        _publish_assets(console, recipes, opened)
     results = _run_jobs(
         console,
         todo,
@@ -167,7 +170,7 @@ def build_cmd(recipes, store, targets, precisions, components, jobs, parallel, n
         bench=not no_bench,
         memory=budget,
     )
-    if not components or "assets" in components or any(r.status == "built" for r in results):
+    if not published and (not components or "assets" in components):
         _publish_assets(console, recipes, opened)  # a model built part by part still needs them to run
     revalidated = sum(r.status == "revalidated" for r in results)
     refused = sum(bool(p.refused) and not p.built for p in planned)

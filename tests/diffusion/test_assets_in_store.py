@@ -155,3 +155,37 @@ def test_a_model_without_assets_in_the_store_says_how_to_publish_them(tmp_path, 
     with pytest.raises(ConfigError, match="tiny-sd has no assets in the store") as raised:
         Pipeline.load("tiny-sd", device="cpu")
     assert "[model] assets" in raised.value.hint
+
+
+def test_the_assets_are_published_before_the_first_job_runs(tmp_path):
+    """A build killed (or failing) before its last job left component artifacts and no MODEL/assets, and
+    `Pipeline.load` said the model has no assets: they are published before any job runs now."""
+    import json
+
+    import onnx
+    import onnx.helper as h
+
+    from enginefarm.cache.stores import open_store
+
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    graph = h.make_graph(
+        [h.make_node("NoSuchOp", ["x"], ["y"], domain="no.such.domain")],
+        "broken",
+        [h.make_tensor_value_info("x", 1, ["batch", 4])],
+        [h.make_tensor_value_info("y", 1, ["batch", 4])],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("no.such.domain", 1)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "net.onnx"))
+    (tmp_path / "recipe.toml").write_text(
+        '[model]\nname = "early"\nversion = "1"\nassets = "assets"\n\n[defaults]\nprecisions = ["fp32"]\n'
+        'targets = ["onnxruntime:cpu"]\n\n[components.net]\nsource = "net.onnx"\n\n'
+        "[components.net.profiles.default]\nbatch = [1, 1, 2]\n"
+    )
+    proc = run_cli(
+        "build", str(tmp_path / "recipe.toml"), "--store", str(tmp_path / "store"), "--component", "net", "--no-bench"
+    )
+    assert proc.returncode == 1 and "0 built, 1 failed" in proc.stdout, proc.stdout + proc.stderr
+    index = json.loads(open_store(str(tmp_path / "store")).get_index_bytes("early")[0])
+    assert "assets" in json.dumps(index) and '"net"' not in json.dumps(index)  # the assets only: net failed

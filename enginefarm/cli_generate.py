@@ -285,7 +285,8 @@ def generate_cmd(ctx, model, prompt, **opts):
         own = {**record, "seed": record["seed"] + i}  # image i is the one-image call with seed + i
         write_png(path, one, png_text({k: v for k, v in own.items() if _recorded(k, v)}))
     result = next((one for one in images if one is not None), generated[0])
-    out = paths[0] if len(paths) == 1 else f"{paths[0]} … {paths[-1].name}"
+    written = [path for path, one in zip(paths, images, strict=True) if one is not None] or paths
+    out = written[0] if len(written) == 1 else f"{written[0]} … {written[-1].name}"
     shown = console()
     for note in flagged_notes:
         shown.print(f"note: {note}", highlight=False, markup=False)

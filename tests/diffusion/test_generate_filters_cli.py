@@ -1,5 +1,6 @@
 """`enginefarm generate` with filters from the model's store: a control image made from a photo (--control-from
-canny), the result upscaled (--upscale), and a missing or wrong filter told in one line before anything runs."""
+canny), the result upscaled (--upscale), a flagged image refused or made black (--safety, --on-flagged), and a
+missing or wrong filter told in one line before anything runs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..export.filters.upscaler_files import save, srvgg_state
 from ..filters.scenes import scene
 
 pytest.importorskip("diffusers")
+ONE_BUILD = dict(targets=("onnxruntime:cpu",), precisions=("fp32",))
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,29 @@ def with_upscaler(built, tmp_path_factory):
     store = root / "store"
     shutil.copytree(shared, store, copy_function=os.link)
     upscaler = save(srvgg_state(features=8, convs=2, scale=2), root / "up-x2.pth")
-    export_filter(upscaler, root / "up-export", name="up-x2", targets=("onnxruntime:cpu",), precisions=("fp32",))
-    run_cli("build", str(root / "up-export" / "recipe.toml"), "--store", str(store), "--no-bench", check=True)
+    checker = _flagging_checker(root / "flag-all")
+    recipes = [
+        str(export_filter(source, root / f"{name}-export", name=name, **ONE_BUILD).recipe)
+        for source, name in ((upscaler, "up-x2"), (checker, "flag-all"))
+    ]
+    run_cli("build", *recipes, "--store", str(store), "--no-bench", "-j", "2", check=True)
     return name, store
+
+
+def _flagging_checker(folder):
+    """A tiny safety checker whose thresholds (-1, below any cosine) flag every image."""
+    import torch
+    from transformers import CLIPImageProcessor
+
+    from ..filters.tiny_filters import safety_checker
+
+    checker = safety_checker()
+    with torch.no_grad():
+        checker.concept_embeds_weights.fill_(-1.0)
+        checker.special_care_embeds_weights.fill_(-1.0)
+    checker.save_pretrained(folder)
+    CLIPImageProcessor().save_pretrained(folder)
+    return folder
 
 
 def _generate(name, store, out, *args):
@@ -68,6 +90,15 @@ def test_control_from_canny_and_upscale(with_upscaler, tmp_path):
 
     stored = read_parameters(tmp_path / "a.png")
     assert stored["upscale"] == "up-x2" and stored["control_from"] == "canny"
+
+    # a flagged image: refused (nothing written, exit 1), or made black and not upscaled
+    common = ("--control-image", str(edges), "--safety", "flag-all", "--upscale", "up-x2")
+    refused = _generate(name, store, tmp_path / "c.png", *common, "--on-flagged", "refuse")
+    assert refused.returncode == 1 and not (tmp_path / "c.png").exists(), refused.stderr
+    assert "flagged by the safety checker flag-all (refused: not written)" in refused.stdout
+    black = _generate(name, store, tmp_path / "d.png", *common, "--on-flagged", "black")
+    assert black.returncode == 0 and "(black image written)" in black.stdout, black.stderr
+    assert np.array_equal(read_png(tmp_path / "d.png"), np.zeros((64, 64, 3), np.float32))
 
 
 @pytest.mark.slow

@@ -59,9 +59,9 @@ def _uint8(image: np.ndarray) -> np.ndarray:
 
 
 def _gradient(pixels: np.ndarray, l2: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sobel dx, dy and magnitude (int64 [H, W]); per pixel the channel with the largest magnitude (the first on a
-    tie)."""
-    p = np.pad(pixels.astype(np.int64), ((1, 1), (1, 1), (0, 0)), mode="edge")
+    """Sobel dx, dy and magnitude (int32 [H, W]: |dx| ≤ 1020, so OpenCV's fixed-point products stay below 2^27);
+    per pixel the channel with the largest magnitude (the first on a tie)."""
+    p = np.pad(pixels.astype(np.int32), ((1, 1), (1, 1), (0, 0)), mode="edge")
     # separable 3x3 Sobel: smooth [1 2 1] across, difference [-1 0 1] along
     rows = p[:-2] + 2 * p[1:-1] + p[2:]  # smoothed vertically: [H, W+2, C]
     cols = p[:, :-2] + 2 * p[:, 1:-1] + p[:, 2:]  # smoothed horizontally: [H+2, W, C]

@@ -99,7 +99,11 @@ from enginefarm.cli_options import precision_option, store_option
 )
 @click.option("--face-fix", default=None, metavar="NAME", help="Restore faces with this face restoration filter.")
 @click.option(
-    "--face-strength", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True, help="How much of the fix."
+    "--face-strength",
+    type=click.FloatRange(0.0, 1.0),
+    default=1.0,
+    show_default=True,
+    help="How much of the restored faces to blend in (1: all of it, as Easy Diffusion's GFPGAN).",
 )
 @click.option("--upscale", default=None, metavar="NAME", help="Enlarge each image with this upscaler filter, last.")
 @precision_option(repeatable=False)

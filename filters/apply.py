@@ -48,7 +48,7 @@ def apply(
     face_fix: str | Filter | None = None,
     upscale: str | Filter | None = None,
     on_flagged: str = "blur",
-    face_strength: float = 0.5,
+    face_strength: float = 1.0,
     tile: int | None = None,
     store: str | None = None,
     precision: str | None = None,
@@ -56,7 +56,8 @@ def apply(
     device: str = "auto",
     progress=None,
 ) -> Filtered:
-    """Run the filters given on one image float [H, W, 3] in [0, 1]: safety check → face fix (at `face_strength`)
+    """Run the filters given on one image float [H, W, 3] in [0, 1]: safety check → face fix (at `face_strength`:
+    1, the default, pastes the restored faces whole, as Easy Diffusion's GFPGAN does; 0 keeps the image)
     → upscale (in `tile`-pixel tiles when given). Names are loaded from `store` with `precision`, `target` and
     `device` as `enginefarm.filters.load` takes them; a name the store lacks is one ConfigError line."""
     if on_flagged not in ON_FLAGGED:

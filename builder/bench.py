@@ -28,6 +28,15 @@ PAUSE_S = 2.0
 MIN_WINDOW_S = 1.0
 
 
+def _label(manifest_path: Path) -> str:
+    """What a build waiting for the host is told holds it: "benchmark of MODEL/COMPONENT PRECISION TARGET"."""
+    try:
+        m = json.loads(Path(manifest_path).read_text())
+        return f"benchmark of {m['model']}/{m['component']} {m['precision']} {m['target']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a benchmark"
+
+
 def measure_in_subprocess(
     artifact_dir: Path, manifest_path: Path, feeds: dict[str, np.ndarray], workdir: Path
 ) -> dict[str, Any]:
@@ -36,7 +45,7 @@ def measure_in_subprocess(
     feeds_path = workdir / "bench-feeds.npz"
     np.savez(feeds_path, allow_pickle=False, **feeds)  # explicit: a feed named allow_pickle is a feed, not the flag
     try:
-        with alone() as host:
+        with alone(what=_label(manifest_path)) as host:
             proc = subprocess.run(
                 [
                     sys.executable,

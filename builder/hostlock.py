@@ -64,6 +64,27 @@ def _flock(fd: int, mode: int, timeout: float) -> bool:
             return False
 
 
+HOLDER = "holder.json"  # who holds the host alone now: {"pid", "what"}, for a build's "waiting for" line
+
+
+def _holder() -> str:
+    import json
+
+    try:
+        held = json.loads((lock_dir() / HOLDER).read_text())
+        return f"pid {int(held['pid'])} ({str(held['what'])[:120]})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a benchmark (or one waiting to run)"
+
+
+def _flock_saying(fd: int, mode: int, timeout: float) -> bool:
+    """`_flock`, with one warning naming the holder when the lock is not free at once (a wait of minutes)."""
+    if _flock(fd, mode, 0):
+        return True
+    log.warning("waiting for the host lock held by %s", _holder())
+    return _flock(fd, mode, timeout)
+
+
 @contextmanager
 def building() -> Iterator[None]:
     """Hold the host shared while building: waits while a benchmark runs or waits to run."""
@@ -75,9 +96,9 @@ def building() -> Iterator[None]:
     turnstile, host = _open("turnstile.lock"), _open("host.lock")
     try:
         if turnstile is not None:
-            _flock(turnstile, fcntl.LOCK_EX, MAX_WAIT_S)
+            _flock_saying(turnstile, fcntl.LOCK_EX, MAX_WAIT_S)
         if host is not None:
-            _flock(host, fcntl.LOCK_SH, MAX_WAIT_S)
+            _flock_saying(host, fcntl.LOCK_SH, MAX_WAIT_S)
         if turnstile is not None:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield
@@ -88,9 +109,10 @@ def building() -> Iterator[None]:
 
 
 @contextmanager
-def alone(timeout: float = MAX_WAIT_S) -> Iterator[dict]:
+def alone(timeout: float = MAX_WAIT_S, what: str = "a benchmark") -> Iterator[dict]:
     """Hold the host exclusively: no build and no other benchmark runs meanwhile. Yields what the benchmark record
-    keeps: `alone` (True: had alone; False: not within `timeout`; None: this host cannot lock) and `waited_s`."""
+    keeps: `alone` (True: had alone; False: not within `timeout`; None: this host cannot lock) and `waited_s`.
+    `what` is what a waiting build says holds the host."""
     started = time.monotonic()
     try:
         import fcntl
@@ -98,6 +120,7 @@ def alone(timeout: float = MAX_WAIT_S) -> Iterator[dict]:
         yield {"alone": None, "waited_s": 0.0}
         return
     turnstile, host = _open("turnstile.lock"), _open("host.lock")
+    got = False
     try:
         if turnstile is None or host is None:
             yield {"alone": None, "waited_s": 0.0}
@@ -107,8 +130,26 @@ def alone(timeout: float = MAX_WAIT_S) -> Iterator[dict]:
         fcntl.flock(turnstile, fcntl.LOCK_UN)  # builds now queue on the host lock itself
         if not got:
             log.warning("could not have the host alone within %.0f s", timeout)
+        else:
+            _say_holder(what)
         yield {"alone": got, "waited_s": round(time.monotonic() - started, 2)}
     finally:
+        if got:  # ours: another's is left alone
+            try:
+                (lock_dir() / HOLDER).unlink(missing_ok=True)
+            except OSError:
+                pass
         for fd in (host, turnstile):
             if fd is not None:
                 os.close(fd)
+
+
+def _say_holder(what: str) -> None:
+    import json
+
+    try:
+        tmp = lock_dir() / f"{HOLDER}.{os.getpid()}"
+        tmp.write_text(json.dumps({"pid": os.getpid(), "what": what}))
+        os.replace(tmp, lock_dir() / HOLDER)
+    except OSError:
+        pass  # a folder we may lock but not write: the waiting line says less

@@ -153,3 +153,33 @@ def test_parallel_builds_record_benchmarks_measured_alone(tiny_recipe, cli, tmp_
         if record["cpu_share"] is not None:  # measured over at least a second
             assert 0 < record["cpu_share"] <= 1.2 and 0 <= record["others_share"] <= 1.2
     assert {p.name for p in (tmp_path / "host-locks").iterdir()} == {"host.lock", "turnstile.lock"}
+
+
+def test_a_build_waiting_for_a_benchmark_says_whose_it_is(holders, caplog):
+    """`build` waiting for the host lock printed nothing for minutes: it names the benchmark holding it now."""
+    import logging
+    import threading
+
+    from enginefarm.builder.hostlock import building
+
+    holders.start("alone", "t1")
+    holders.wait_for("t1 in")
+    entered = threading.Event()
+
+    def build():
+        with building():
+            entered.set()
+
+    with caplog.at_level(logging.WARNING, logger="enginefarm.builder.hostlock"):
+        thread = threading.Thread(target=build)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while "waiting for the host lock" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        assert not entered.is_set()
+        holders.release("t1")
+        thread.join(60)
+    assert entered.is_set()
+    pid = holders.procs[-1].pid
+    assert f"waiting for the host lock held by pid {pid} (a benchmark)" in caplog.text

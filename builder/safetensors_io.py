@@ -6,12 +6,15 @@ Tensors are memory-mapped; `array()` returns float32 copies (bf16 is widened exa
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
 import os
 import struct
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -79,15 +82,13 @@ class SafeTensors:
         read through it), so a reader going through a large file tensor by tensor holds one tensor's pages."""
         entry = self.entries[name]
         if alone:
-            return (
-                map_bytes(self.path, entry.start, entry.end - entry.start)
-                .view(_DTYPES[entry.dtype])
-                .reshape(entry.shape)
-            )
+            with _mapping(self.path, entry.end - entry.start):
+                mapped = map_bytes(self.path, entry.start, entry.end - entry.start)
+            return mapped.view(_DTYPES[entry.dtype]).reshape(entry.shape)
         if self._map is None:
-            self._map = (
-                np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else np.zeros(0, np.uint8)
-            )
+            size = self.path.stat().st_size
+            with _mapping(self.path, size):
+                self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
         data = self._map[entry.start : entry.end].view(_DTYPES[entry.dtype])
         return data.reshape(entry.shape)
 
@@ -102,6 +103,22 @@ class SafeTensors:
             return (raw.astype(np.uint32) << 16).view(np.float32)
         with np.errstate(over="ignore"):
             return raw.astype(np.float32)
+
+
+@contextmanager
+def _mapping(path: Path, size: int) -> Iterator[None]:
+    """A mapping refused for want of address space (`ulimit -v`: ENOMEM) said in one line, not as an OSError that a
+    load reports as "no artifact fits this device"."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.ENOMEM:
+            raise
+        raise WeightsError(
+            f"{path}: cannot map {size / 2**30:.2f} GiB of it into memory: the process's address space is limited "
+            "(ulimit -v) or exhausted",
+            hint="raise the limit (ulimit -v unlimited), or use a smaller file",
+        ) from None
 
 
 def map_bytes(path: Path, offset: int, size: int) -> np.ndarray:

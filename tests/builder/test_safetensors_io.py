@@ -118,3 +118,35 @@ def test_truncated_and_missing_files(tmp_path):
         SafeTensors(tmp_path / "short.safetensors")
     with pytest.raises(WeightsError, match="not found"):
         SafeTensors(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_tensor_past_the_address_space_limit_is_a_weights_error(tmp_path, alone):
+    """Under `ulimit -v`, mapping a 1 GiB tensor fails with ENOMEM: a one-line WeightsError naming the limit, not
+    an OSError that a load reports as "no artifact fits this device: OSError"."""
+    import json
+    import struct
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1 << 28], "data_offsets": [0, 1 << 30]}}).encode()
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header)
+        handle.truncate(8 + len(header) + (1 << 30))  # sparse: no disk used
+    code = (
+        "import resource, sys\n"
+        "from enginefarm.builder.safetensors_io import SafeTensors\n"
+        "from enginefarm.errors import WeightsError\n"
+        "st = SafeTensors(sys.argv[1])\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), resource.RLIM_INFINITY))\n"
+        "try:\n"
+        f"    st.raw('w', alone={alone})\n"
+        "except WeightsError as e:\n"
+        "    print('WeightsError', e.message)\n"
+        "except BaseException as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith("WeightsError") and "address space" in out and "ulimit -v" in out, out

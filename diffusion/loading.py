@@ -184,7 +184,7 @@ def preview_filters(found: ModelAssets, preview, decoder, **load_options) -> tup
     from enginefarm.filters.preview import PreviewDecoder
 
     chosen: dict = {}
-    loaded: dict[str, PreviewDecoder] = {}
+    loaded: dict = {}  # name → the filter loaded for it
     try:
         for role, spec in (("preview", preview), ("decoder", decoder)):
             if spec is None:

@@ -47,7 +47,7 @@ def load(
     """The filter `name` from the store, its engines picked for this device (as `enginefarm.load` picks), verified
     and loaded. precision/target/device/version: as `enginefarm.load`. assets: the folder `enginefarm export` wrote
     (`DIR/assets`), to skip fetching it from the store. Close it (or use `with`) to give its memory back."""
-    import enginefarm
+    from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself, without the root package
 
     folder = Path(assets) if assets is not None else fetch_filter_assets(name, store, device, version, progress)
     info = FilterInfo.from_folder(folder, name)
@@ -58,7 +58,7 @@ def load(
         for role, other in dict(info.details.get("uses", {})).items():
             uses[role] = load(other, store=store, precision=precision, target=target, device=device, progress=progress)
         for component in info.components:
-            sessions[component] = enginefarm.load(
+            sessions[component] = load_session(
                 f"{name}/{component}",
                 precision=precision,
                 device=device,

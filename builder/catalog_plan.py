@@ -4,7 +4,9 @@ nothing imports torch). `enginefarm plan FOLDER --runners ci/runners.toml` print
 
 A job's need follows the build's own rule (builder/memory.py: need_bytes over the component's fp32 weights, plus
 the attention at the family's default profile's largest case and a VAE's activations); its stored size is the
-weights at the job's precision. The build-time estimate is fitted to measured CPU builds (docs/large-models.md:
+weights at the job's precision. A job is routed by the larger of its need and its model's export need (`build`
+downloads and exports on the runner that builds). The build-time estimate is fitted to measured CPU builds
+(docs/large-models.md:
 SDXL's UNet fp16 311 s for 10.3 GB of fp32 weights, SD3.5 Medium's transformer 888 s for 9.9 GB, SDXL's VAE
 decoder 633 s and encoder 484 s at 1024 px): 60 s + 70 s per GB of fp32 weights + 550 s per megapixel a VAE
 validates at; it is a planning figure, within about 2x of those."""
@@ -86,11 +88,14 @@ class CatalogJob:
     target: str
     precision: str
     weight_bytes: int  # fp32
-    need_gb: float
+    need_gb: float  # the job's own (builder/memory.py), routed together with export_gb
     stored_bytes: int
     seconds: float
     runner: str | None  # None: no runner can hold it
     why: str = ""  # what it needs, when no runner can
+    # What exporting its model needs (export/memory.py: 2x the largest diffusers folder's fp32 weights): `build` of a
+    # catalog recipe exports on the runner that builds, so a job goes only where both fit.
+    export_gb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,9 @@ def plan_catalog(paths: list[Path], runners_path: Path | None) -> CatalogPlan:
         components = _components(recipe)
         if not components:
             unknown.append(str(recipe.path))
+        export = export_need_gb(recipe, components)
         for component, weights in components.items():
-            jobs += _jobs(recipe, component, weights, runners)
+            jobs += _jobs(recipe, component, weights, runners, export)
     return CatalogPlan(tuple(jobs), recipes, tuple(unknown))
 
 
@@ -165,7 +171,26 @@ def _ships(recipe: CatalogRecipe, folder: str) -> bool:
     return any(f.path.startswith(f"{folder}/") for f in recipe.files) or any(f.path == CHECKPOINT for f in recipe.files)
 
 
-def _jobs(recipe: CatalogRecipe, component: str, weights: int, runners) -> list[CatalogJob]:
+def export_need_gb(recipe: CatalogRecipe, components: dict[str, int]) -> float:
+    """The export's need by its own rule (export/memory.py), from the largest diffusers folder: a VAE's two halves
+    are one folder; a ControlNet model's unet_controlnet is its UNet again. A filter's: its weights' rule alike."""
+    from enginefarm.export.memory import FACTOR
+
+    from .memory import BASE, gb
+
+    if not components:
+        return 0.0
+    folders: dict[str, int] = {}
+    for name, weights in components.items():
+        if name == "unet_controlnet":
+            continue
+        folder = "vae" if name.startswith("vae_") else name
+        folders[folder] = folders.get(folder, 0) + weights
+    largest = max(folders.values())
+    return gb(max(int(FACTOR * largest), largest + BASE))
+
+
+def _jobs(recipe: CatalogRecipe, component: str, weights: int, runners, export_gb: float = 0.0) -> list[CatalogJob]:
     from enginefarm.cache import precision_table
 
     from .ci_runners import route
@@ -185,7 +210,7 @@ def _jobs(recipe: CatalogRecipe, component: str, weights: int, runners) -> list[
             reduced = precision_table.reduced(precision)
             seconds = SECONDS_BASE + SECONDS_PER_GB * weights / 1e9 + SECONDS_PER_MEGAPIXEL * megapixels
             runner, why = (
-                route(target, Resources(need, 0.0), runners, on_cpu=backend == "tensorrt-rtx" or None)
+                route(target, Resources(max(need, export_gb), 0.0), runners, on_cpu=backend == "tensorrt-rtx" or None)
                 if runners
                 else (None, "")
             )
@@ -201,6 +226,7 @@ def _jobs(recipe: CatalogRecipe, component: str, weights: int, runners) -> list[
                     round(seconds),
                     runner.name if runner else None,
                     why,
+                    export_gb,
                 )
             )
     return out

@@ -38,14 +38,14 @@ def print_catalog_plan(paths, runners: Path | None, fmt: str = "table") -> None:
         click.echo(json.dumps({"jobs": jobs, **totals, "sizes_unknown": list(planned.unknown)}, indent=1))
         return
     table = Table(title=f"{len(planned.jobs)} jobs of {len(planned.models)} catalog recipes (planned offline)")
-    for column in ("model/component", "target", "precision", "memory", "build (est.)", "stored", "runs on"):
+    for column in ("model/component", "target", "precision", "memory (export)", "build (est.)", "stored", "runs on"):
         table.add_column(column)
     for job in planned.jobs:
         table.add_row(
             f"{job.model}/{job.component}",
             job.target,
             job.precision,
-            f"{job.need_gb:g} GB",
+            f"{job.need_gb:g} GB ({job.export_gb:g})",
             f"{job.seconds / 60:.0f} min",
             f"{job.stored_bytes / 1e9:.2f} GB",
             escape(job.runner or f"none: {job.why}") if runners else "-",

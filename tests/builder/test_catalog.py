@@ -284,3 +284,12 @@ def test_a_controlnet_recipe_exports_its_controlnet_with_the_base_pipeline(tmp_p
     components = _components(recipe)
     assert components["unet_controlnet"] == components["unet"] == 4 * 859_520_964
     assert components["controlnet"] == 4 * PARAMETERS["controlnet-sd1"]["controlnet"]
+
+
+def test_a_job_goes_where_its_model_also_exports():
+    """`build` exports on the runner that builds: SDXL's text encoder goes where its 20.6 GB export fits."""
+    planned = plan_catalog([CATALOG / "sdxl-base-1.0.toml", CATALOG / "sd-1.5.toml"], RUNNERS)
+    sdxl_text = [j for j in planned.jobs if j.model == "sdxl-base-1.0" and j.component == "text_encoder"]
+    assert sdxl_text and all(j.need_gb < 16 < j.export_gb and j.runner == "big-cpu" for j in sdxl_text)
+    sd15_text = [j for j in planned.jobs if j.model == "sd-1.5" and j.component == "text_encoder"]
+    assert all(j.export_gb < 16 and j.runner == "hosted-cpu" for j in sd15_text)  # 2 x the 3.4 GB UNet: 6.9 GB

@@ -112,12 +112,13 @@ def nms(boxes: np.ndarray, threshold: float) -> np.ndarray:
 
 
 class FaceRestorer(Filter):
-    """GFPGAN (or another 512² face restorer): `restorer(image, strength=1.0)` → the image with every face its
-    detector (`uses["detector"]`) finds restored and pasted back. strength 0 is the image, 1 the restored faces."""
+    """GFPGAN or CodeFormer: `restorer(image, strength=1.0)` → the image with every face its detector
+    (`uses["detector"]`) finds restored and pasted back. strength 0 is the image, 1 the restored faces. CodeFormer
+    also takes `fidelity` (its `w`: 0 the most restored, 1 closest to the input; default its export's, 0.5)."""
 
     kind: ClassVar[str] = "face_restorer"
 
-    def __call__(self, image, strength: float = 1.0) -> np.ndarray:
+    def __call__(self, image, strength: float = 1.0, fidelity: float | None = None) -> np.ndarray:
         image = _check_image(image)
         detector = self.uses.get("detector")
         if not isinstance(detector, FaceDetector):
@@ -129,25 +130,43 @@ class FaceRestorer(Filter):
             )
         faces = detector(image, threshold=RESTORE_THRESHOLD)
         eyes = [f.landmarks for f in faces if np.linalg.norm(f.landmarks[0] - f.landmarks[1]) >= MIN_EYE_DISTANCE]
-        return self.restore(image, eyes, strength)
+        return self.restore(image, eyes, strength, fidelity)
 
-    def restore(self, image, landmarks: list[np.ndarray], strength: float = 1.0) -> np.ndarray:
+    def restore(
+        self, image, landmarks: list[np.ndarray], strength: float = 1.0, fidelity: float | None = None
+    ) -> np.ndarray:
         """`image` with the faces at the given 5-point `landmarks` ([5, 2] each) restored and pasted back in turn."""
         image = _check_image(image)
         if not 0.0 <= strength <= 1.0:
             raise ConfigError(f"strength {strength} is outside [0, 1]", hint="0 keeps the image, 1 the restored faces")
+        feeds = self._fidelity_feed(fidelity)
         if not landmarks or strength == 0.0:
             return image.copy()
         size = int(self.info.details.get("face_size", 512))
         out = image
         for points in landmarks:
             face, matrix = face_align.align_face(image, np.asarray(points, np.float64), size)
-            restored = self.restore_face(face)
+            restored = self.restore_face(face, feeds)
             out = face_align.paste_face(out, restored, matrix)
         return (strength * out + (1.0 - strength) * image).astype(np.float32)
 
-    def restore_face(self, face: np.ndarray) -> np.ndarray:
-        """One aligned face [size, size, 3] in [0, 1] through the network (which reads [-1, 1]) → the same range."""
+    def _fidelity_feed(self, fidelity: float | None) -> dict[str, np.ndarray]:
+        default = self.info.details.get("fidelity")
+        if default is None:
+            if fidelity is not None:
+                raise ConfigError(
+                    f"{self.name} ({self.info.architecture}) has no fidelity setting",
+                    hint="fidelity is CodeFormer's; use strength to blend the restored faces with the image",
+                )
+            return {}
+        w = float(default if fidelity is None else fidelity)
+        if not 0.0 <= w <= 1.0:
+            raise ConfigError(f"fidelity {w} is outside [0, 1]", hint="0: the most restored, 1: closest to the input")
+        return {"w": np.array([w], np.float32)}
+
+    def restore_face(self, face: np.ndarray, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One aligned face [size, size, 3] in [0, 1] through the network (which reads [-1, 1]) → the same range.
+        extra: the network's other inputs (CodeFormer's `w`)."""
         feed = (face.transpose(2, 0, 1)[None] * 2.0 - 1.0).astype(np.float32)
-        restored = self.sessions["restorer"].run({"face": feed})["restored"][0]
+        restored = self.sessions["restorer"].run({"face": feed, **(extra or {})})["restored"][0]
         return ((np.clip(restored.astype(np.float32), -1.0, 1.0) + 1.0) / 2.0).transpose(1, 2, 0)

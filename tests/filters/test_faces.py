@@ -62,6 +62,8 @@ def test_strength_outside_its_range_is_one_line():
     image = np.zeros((8, 8, 3), np.float32)
     with pytest.raises(ConfigError, match="strength 1.5"):
         restorer.restore(image, [np.zeros((5, 2))], strength=1.5)
+    with pytest.raises(ConfigError, match="no fidelity setting"):
+        restorer.restore(image, [np.zeros((5, 2))], fidelity=0.3)
     with pytest.raises(ConfigError, match="needs a face detector"):
         restorer(image)
     with pytest.raises(ConfigError, match=r"float image \[height, width, 3\]"):

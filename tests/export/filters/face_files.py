@@ -90,3 +90,41 @@ def save_retinaface(model, path: Path) -> Path:
 
     torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, path)
     return path
+
+
+def tiny_codeformer(seed: int = 0):
+    """spandrel_extra_arches' CodeFormer (the reference) at the published block layout, narrowed: its VQGAN at 32
+    channels on every level (the published one is 64·[1, 2, 2, 4, 4, 8]), a 2-layer transformer of width 64 and a
+    64-entry codebook. The class fixes the VQGAN's widths, so a subclass passes narrow ones to it and rebuilds the
+    fuse blocks at that width; every forward is the reference's own."""
+    import pytest
+    import torch
+
+    arch = pytest.importorskip("spandrel_extra_arches.architectures.CodeFormer.__arch.codeformer")
+
+    class NarrowVQGAN(arch.VQAutoEncoder):
+        def __init__(self, img_size, nf, ch_mult, quantizer, res_blocks, attn_resolutions, codebook_size):
+            super().__init__(img_size, 32, [1] * 6, quantizer, res_blocks, attn_resolutions, codebook_size)
+
+    class NarrowCodeFormer(arch.CodeFormer, NarrowVQGAN):
+        def __init__(self):
+            super().__init__(dim_embd=64, n_head=8, n_layers=2, codebook_size=64)
+            self.fuse_convs_dict = torch.nn.ModuleDict({s: arch.Fuse_sft_block(32, 32) for s in self.connect_list})
+
+    torch.manual_seed(seed)
+    model = NarrowCodeFormer()
+    _randomise(model, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # norms' scales near 1 (a random scale would wash the face out over 40 blocks)
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.GroupNorm | torch.nn.LayerNorm):
+                layer.weight.copy_(1 + 0.2 * torch.randn(layer.weight.shape, generator=generator))
+    return model.eval()
+
+
+def save_codeformer(model, path: Path) -> Path:
+    """As codeformer.pth is: {"params_ema": state dict}."""
+    import torch
+
+    torch.save({"params_ema": model.state_dict()}, path)
+    return path

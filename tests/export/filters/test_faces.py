@@ -9,7 +9,14 @@ from enginefarm.errors import ConfigError
 from enginefarm.export.filters import gfpgan, retinaface
 from enginefarm.export.filters.reading import read_filter_source, recognise
 from enginefarm.export.filters.registry import Source
-from tests.export.filters.face_files import facexlib_retinaface, save_gfpgan, save_retinaface, tiny_gfpgan
+from tests.export.filters.face_files import (
+    facexlib_retinaface,
+    save_codeformer,
+    save_gfpgan,
+    save_retinaface,
+    tiny_codeformer,
+    tiny_gfpgan,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -73,3 +80,19 @@ def test_retinaface_with_other_anchors_is_refused():
     state = {k: (v.repeat(2, *([1] * (v.ndim - 1))) if k.startswith("ClassHead.0.") else v) for k, v in state.items()}
     with pytest.raises(ConfigError, match="anchors"):
         retinaface.build_module(state)
+
+
+@pytest.mark.slow
+def test_codeformer_file_is_recognised_and_matches_spandrel_extra_arches(tmp_path):
+    model = tiny_codeformer()
+    source = read_filter_source(save_codeformer(model, tmp_path / "codeformer.pth"))
+    architecture = recognise(source)
+    assert architecture.kind == "face_restorer" and architecture.name == "CodeFormer"
+    parts = architecture.build(source)
+    assert parts.details["fidelity"] == 0.5 and list(parts.parts["restorer"].inputs) == ["face", "w"]
+    face = torch.rand(1, 3, 512, 512, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    with torch.no_grad():
+        want = model(face, weight=0.7)[0]
+        got = parts.parts["restorer"].module(face, torch.tensor([0.7]))
+    assert want.std() > 0.1
+    assert float((got - want).abs().max() / (want.max() - want.min())) < 1e-5

@@ -82,6 +82,12 @@ class HttpStore(Store):
                 ) from None
             if exc.code in (412, 416):  # a failed If-Match, or a range the object no longer has: it changed
                 raise BlobChanged(f"{self._url(rel)} changed during the transfer") from None
+            location = exc.headers.get("Location") if exc.headers is not None else None
+            if 300 <= exc.code < 400 and location:  # urllib follows http(s) redirects only: file://, ftp:// land here
+                raise StoreError(
+                    f"{self._url(rel)}: redirects to {location[:200]}, which is not http(s): refused",
+                    hint="a store serves its files over http(s); fix the server's redirect",
+                ) from None
             raise StoreError(f"{self._url(rel)}: HTTP {exc.code} {exc.reason}") from None
         except _TRANSIENT as exc:
             raise Unreachable(

@@ -386,3 +386,30 @@ def test_a_store_file_that_is_special_or_endless_is_refused(what, special, tmp_p
     )
     assert proc.returncode == 0 and proc.stdout.startswith("refused:"), proc.stdout + proc.stderr[-500:]
     assert ("not a regular file" if special != "too-large" else "larger than") in proc.stdout
+
+
+def test_an_http_store_that_redirects_to_a_local_file_says_so(tmp_path):
+    """urllib follows http(s) redirects only: a redirect to file:// read "HTTP 302 Found"."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from enginefarm.errors import StoreError
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", "file:///etc/hostname")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = open_store(f"http://127.0.0.1:{server.server_address[1]}/store")
+        with pytest.raises(StoreError, match="redirects to file:///etc/hostname") as refused:
+            store.get_index_bytes("m")
+        assert refused.value.hint and "\n" not in str(refused.value)
+    finally:
+        server.shutdown()

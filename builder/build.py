@@ -147,7 +147,7 @@ def compile_artifact(
     outdir = workdir / "artifact"
     outdir.mkdir(parents=True)
 
-    with building():
+    with building(say=step):  # a wait for another process's benchmark is said on the job's line
         manifest = _built_and_validated(job, backend, toolchain, key, outdir, workroot, step, store, stages)
     here = backend.available(job.target.device) if bench else None
     if here is not None and not here.can_load:  # resolution then ranks it by kind, as for --no-bench

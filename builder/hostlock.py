@@ -18,7 +18,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -77,17 +77,21 @@ def _holder() -> str:
         return "a benchmark (or one waiting to run)"
 
 
-def _flock_saying(fd: int, mode: int, timeout: float) -> bool:
-    """`_flock`, with one warning naming the holder when the lock is not free at once (a wait of minutes)."""
+def _flock_saying(fd: int, mode: int, timeout: float, say: Callable[[str], None] | None) -> bool:
+    """`_flock`, with one line naming the holder when the lock is not free at once (a wait of minutes): a warning,
+    and `say` (a build job's progress line)."""
     if _flock(fd, mode, 0):
         return True
-    log.warning("waiting for the host lock held by %s", _holder())
+    line = f"waiting for the host lock held by {_holder()}"
+    log.warning("%s", line)
+    if say is not None:
+        say(line)
     return _flock(fd, mode, timeout)
 
 
 @contextmanager
-def building() -> Iterator[None]:
-    """Hold the host shared while building: waits while a benchmark runs or waits to run."""
+def building(say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the host shared while building: waits while a benchmark runs or waits to run (saying whose, to `say`)."""
     try:
         import fcntl
     except ImportError:
@@ -96,9 +100,9 @@ def building() -> Iterator[None]:
     turnstile, host = _open("turnstile.lock"), _open("host.lock")
     try:
         if turnstile is not None:
-            _flock_saying(turnstile, fcntl.LOCK_EX, MAX_WAIT_S)
+            _flock_saying(turnstile, fcntl.LOCK_EX, MAX_WAIT_S, say)
         if host is not None:
-            _flock_saying(host, fcntl.LOCK_SH, MAX_WAIT_S)
+            _flock_saying(host, fcntl.LOCK_SH, MAX_WAIT_S, say)
         if turnstile is not None:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield

@@ -166,8 +166,10 @@ def test_a_build_waiting_for_a_benchmark_says_whose_it_is(holders, caplog):
     holders.wait_for("t1 in")
     entered = threading.Event()
 
+    said: list[str] = []
+
     def build():
-        with building():
+        with building(say=said.append):  # a build job's progress line
             entered.set()
 
     with caplog.at_level(logging.WARNING, logger="enginefarm.builder.hostlock"):
@@ -183,3 +185,4 @@ def test_a_build_waiting_for_a_benchmark_says_whose_it_is(holders, caplog):
     assert entered.is_set()
     pid = holders.procs[-1].pid
     assert f"waiting for the host lock held by pid {pid} (a benchmark)" in caplog.text
+    assert said == [f"waiting for the host lock held by pid {pid} (a benchmark)"]

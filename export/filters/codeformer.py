@@ -45,9 +45,9 @@ def build_module(state):
 def build(source: Source) -> Parts:
     part = Part(
         module=build_module(source.state),
-        inputs={"face": (1, 3, FACE_SIZE, FACE_SIZE), "w": (1,)},
-        outputs={"restored": (1, 3, FACE_SIZE, FACE_SIZE)},
-        profile={},
+        inputs={"face": ("batch", 3, FACE_SIZE, FACE_SIZE), "w": ("batch",)},
+        outputs={"restored": ("batch", 3, FACE_SIZE, FACE_SIZE)},
+        profile={"batch": (1, 1, 1)},  # one face at a time, as CodeFormer's own script runs them
         ranges={"face": (-1.0, 1.0), "w": (0.0, 1.0)},
     )
     details = {

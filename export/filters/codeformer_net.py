@@ -146,7 +146,7 @@ def _mean_std(x):
 
 
 class CodeFormerRestorer(nn.Module):
-    """face [1, 3, 512, 512] in [-1, 1], w [1] in [0, 1] → restored, the same range."""
+    """face [1, 3, 512, 512] in [-1, 1], w [1] in [0, 1] → restored, the same range (one face per call)."""
 
     def __init__(self, state):
         super().__init__()
@@ -183,6 +183,7 @@ class CodeFormerRestorer(nn.Module):
         quant_mean, quant_std = _mean_std(quant)
         x_mean, x_std = _mean_std(x)
         x = (quant - quant_mean) / quant_std * x_std + x_mean
+        w = w.reshape(-1, 1, 1, 1)
         fuses = {GENERATOR_FUSES[s]: s for s in self.connect}
         for i, block in enumerate(self.generator.blocks):
             x = block(x)

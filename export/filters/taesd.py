@@ -47,10 +47,21 @@ def _is_decoder_file(source: Source) -> bool:
     )
 
 
+def _is_encoder_file(source: Source) -> bool:
+    keys = _keys(source)
+    return (
+        source.config is None
+        and {"0.weight", "14.weight"} <= keys
+        and "19.weight" not in keys
+        and all(_FILE_KEY.match(k) for k in keys)
+        and tuple(source.state["0.weight"].shape[:2]) == (64, 3)
+    )
+
+
 def matches(source: Source) -> bool:
-    """A diffusers AutoencoderTiny folder, or madebyollin's single decoder file."""
+    """A diffusers AutoencoderTiny folder, or madebyollin's single decoder (or encoder, to say so) file."""
     try:
-        return _is_folder(source) or _is_decoder_file(source)
+        return _is_folder(source) or _is_decoder_file(source) or _is_encoder_file(source)
     except Exception:  # a foreign file's odd shapes: not ours
         return False
 
@@ -140,10 +151,15 @@ class PreviewDecoderModule:
 
 def build(source: Source) -> Parts:
     """The `decoder` component and the facts a pipeline checks before it uses it."""
+    if not _is_folder(source) and _is_encoder_file(source):
+        raise ConfigError(
+            f"{source.path} is a TAESD encoder (image to latent); enginefarm exports the decoder, for previews",
+            hint="give the matching taesd*_decoder file, or the diffusers AutoencoderTiny folder",
+        )
     model, scaling, shift = _folder_model(source) if _is_folder(source) else _file_model(source)
     model.eval()
     channels = int(model.config.latent_channels)
-    upscale = 2 ** (len(model.config.decoder_block_out_channels) - 1)
+    upscale = int(model.config.upsampling_scaling_factor) ** (len(model.config.decoder_block_out_channels) - 1)
     part = Part(
         module=PreviewDecoderModule.make(model, scaling, shift),
         inputs={"latent": (1, channels, "latent_height", "latent_width")},

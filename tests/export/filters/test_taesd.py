@@ -69,7 +69,7 @@ def test_a_folder_follows_its_configs_scaling_and_shift(tmp_path):
     assert parts.details["latent_scaling_factor"] == 1.5305
 
 
-def test_a_decoder_file_of_another_layout_is_one_line(tmp_path):
+def test_a_decoder_file_of_another_layout_or_an_encoder_is_one_line(tmp_path):
     from safetensors.torch import save_file
 
     model = taesd(narrow=False)
@@ -80,6 +80,10 @@ def test_a_decoder_file_of_another_layout_is_one_line(tmp_path):
     save_file(cut, str(tmp_path / "cut.safetensors"))
     with pytest.raises(ConfigError, match="not a TAESD decoder of the published layout"):
         taesd_export.build(read_filter_source(tmp_path / "cut.safetensors"))
+    encoder = {f"{k.split('.', 1)[1]}": v.contiguous() for k, v in model.encoder.state_dict().items()}
+    save_file({k.removeprefix("layers."): v for k, v in encoder.items()}, str(tmp_path / "taesd_encoder.safetensors"))
+    with pytest.raises(ConfigError, match="is a TAESD encoder"):
+        taesd_export.build(read_filter_source(tmp_path / "taesd_encoder.safetensors"))
     grouped = {**source.state, "3.pool.0.weight": torch.zeros(256, 64, 1, 1)}  # TAEF2's mid-block group norms
     save_file(grouped, str(tmp_path / "taef2_decoder.safetensors"))
     with pytest.raises(ConfigError, match="mid-block group norms"):

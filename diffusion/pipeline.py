@@ -349,7 +349,8 @@ class Pipeline:
         scheduler's predicted clean latent where it gives one, else the latent itself), mapped to RGB by the family's
         linear latent-to-RGB factors (`enginefarm.diffusion.preview`): float [h, w, 3] in [0, 1] at the latent's
         resolution (H/f × W/f; `np.repeat` it f times on both axes for full size), [N, h, w, 3] for a batch.
-        `pipe.preview_decoder`, when set, replaces the linear map.
+        `pipe.preview_decoder` (a TAESD from `Pipeline.load(preview=)`), when set, replaces the linear map: its
+        images are full size.
 
         image + mask_image: inpainting, as diffusers' StableDiffusion(XL)InpaintPipeline (`diffusion/inpaint.py`):
         mask_image float [H, W] in [0, 1] at the image's size, 1 = repaint (binarized at 0.5). An inpainting model

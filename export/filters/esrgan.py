@@ -235,6 +235,7 @@ def _upscaler_parts(architecture: str, model, scale: int, multiple: int, details
         outputs={"upscaled": ("batch", 3, "upscaled_height", "upscaled_width")},
         profile={"batch": (1, 1, 1), "height": (low, opt, high), "width": (low, opt, high)},
         ranges={"image": IMAGE_RANGE},
+        resources={"activation_channels": int(details["features"]) * scale * scale},
     )
     return Parts(architecture, "upscaler", {"upscaler": part}, details)
 

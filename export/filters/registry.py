@@ -36,6 +36,9 @@ class Part:
     profile: dict[str, tuple[int, int, int]]  # profile dim → (min, opt, max), written to the recipe
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # validation input ranges per input
     precisions: tuple[str, ...] | None = None  # None: the recipe's; else the precisions this part builds at
+    # the recipe's [resources] for the builder's memory rule, e.g. {"activation_channels": N}: the channels held at
+    # the input image's resolution (an upscaler's width x scale², since its last layers run at the output's size)
+    resources: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -306,6 +306,9 @@ def recipe_text(parts: Parts, name: str, *, targets, precisions, origin: str) ->
             kept = [p for p in precisions if p in part.precisions] or list(part.precisions)
             if kept != list(precisions):
                 lines.append(f"precisions = {_list(kept)}  # what the architecture builds at")
+        if part.resources:
+            lines += ["", f"[components.{part_name}.resources]"]
+            lines += [f"{_key(key)} = {int(value)}" for key, value in part.resources.items()]
         lines += ["", f"[components.{part_name}.profiles.default]"]
         lines += [f"{_key(dim)} = {_list(r)}" for dim, r in part.profile.items()]
         if part.ranges:

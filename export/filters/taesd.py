@@ -166,6 +166,8 @@ def build(source: Source) -> Parts:
         outputs={"image": (1, 3, "image_height", "image_width")},
         profile={"latent_height": LATENT_PROFILE, "latent_width": LATENT_PROFILE},
         ranges={"latent": (-3.0, 3.0)},
+        # its widest level, held at the image's size (the builder's VAE rule would assume SD's 6 GB per megapixel)
+        resources={"activation_channels": int(max(model.config.decoder_block_out_channels))},
     )
     details = {
         "latent_channels": channels,

@@ -7,6 +7,7 @@ import tomllib
 
 import pytest
 
+from enginefarm.builder.memory import BASE, image_activation_bytes, job_need_bytes
 from enginefarm.errors import ConfigError
 from enginefarm.export.filters.run import export_filter
 from tests.conftest import run_cli
@@ -29,6 +30,14 @@ def test_the_command_writes_onnx_recipe_and_filter_json(tmp_path):
     assert component["source"] == "upscaler.onnx" and (out / "upscaler.onnx").is_file()
     assert component["profiles"]["default"] == {"batch": [1, 1, 1], "height": [64, 256, 512], "width": [64, 256, 512]}
     assert component["validate"]["inputs"] == {"image": {"low": 0.0, "high": 1.0}}
+    # its memory need follows its width at the output's size (16 features x 4²), not SD's VAE rule
+    assert component["resources"] == {"activation_channels": 16 * 4 * 4}
+    from enginefarm.builder.planner import expand
+    from enginefarm.builder.recipe import load_recipe
+
+    (job,) = expand(load_recipe(out / "recipe.toml"), tmp_path / "downloads")
+    held = image_activation_bytes(16 * 4 * 4, 512 * 512 / 1e6)  # at the profile's largest tile
+    assert abs(job_need_bytes(job) - (BASE + held)) < 50e6  # + the tiny weights; not SD's fitted VAE rule
     info = json.loads((out / "assets" / "filter.json").read_text())
     assert info == {
         "kind": "upscaler",

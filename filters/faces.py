@@ -107,7 +107,8 @@ def nms(boxes: np.ndarray, threshold: float) -> np.ndarray:
         kept.append(i)
         lo, hi = np.maximum(boxes[i, :2], boxes[:, :2]), np.minimum(boxes[i, 2:], boxes[:, 2:])
         inter = np.prod(np.clip(hi - lo, 0, None), axis=1)
-        suppressed |= inter / (areas[i] + areas - inter) > threshold
+        with np.errstate(divide="ignore", invalid="ignore"):  # two empty boxes: 0/0 is no overlap, as in torchvision
+            suppressed |= inter / (areas[i] + areas - inter) > threshold
     return np.array(kept, np.int64)
 
 

@@ -99,16 +99,16 @@ def nms(boxes: np.ndarray, threshold: float) -> np.ndarray:
     """Indices of `boxes` (sorted most confident first) that no earlier kept box overlaps by IoU > threshold
     (torchvision.ops.nms, which facexlib runs)."""
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    suppressed = np.zeros(len(boxes), bool)
+    remaining = np.arange(len(boxes))
     kept = []
-    for i in range(len(boxes)):
-        if suppressed[i]:
-            continue
+    while len(remaining):
+        i, rest = remaining[0], remaining[1:]
         kept.append(i)
-        lo, hi = np.maximum(boxes[i, :2], boxes[:, :2]), np.minimum(boxes[i, 2:], boxes[:, 2:])
+        lo, hi = np.maximum(boxes[i, :2], boxes[rest, :2]), np.minimum(boxes[i, 2:], boxes[rest, 2:])
         inter = np.prod(np.clip(hi - lo, 0, None), axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):  # two empty boxes: 0/0 is no overlap, as in torchvision
-            suppressed |= inter / (areas[i] + areas - inter) > threshold
+            overlaps = inter / (areas[i] + areas[rest] - inter) > threshold
+        remaining = rest[~overlaps]
     return np.array(kept, np.int64)
 
 

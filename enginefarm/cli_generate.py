@@ -172,6 +172,18 @@ from enginefarm.cli_options import precision_option, store_option
     help="Write a preview PNG of each step here (step-001.png, ...), as an app shows live previews.",
 )
 @click.option(
+    "--preview",
+    default=None,
+    metavar="NAME",
+    help="Make --preview-dir's previews with this preview decoder filter (TAESD-class; default: a linear map).",
+)
+@click.option(
+    "--decoder",
+    default=None,
+    metavar="NAME",
+    help="Decode the final images with this preview decoder filter instead of the model's VAE (quick drafts).",
+)
+@click.option(
     "--embeddings-dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
@@ -238,6 +250,8 @@ def generate_cmd(ctx, model, prompt, **opts):
             loras=loras,
             embeddings=embeddings,
             embeddings_dir=opts["embeddings_dir"],
+            preview=opts["preview"],
+            decoder=opts["decoder"],
         )
         call = dict(
             steps=opts["steps"],
@@ -252,7 +266,8 @@ def generate_cmd(ctx, model, prompt, **opts):
         )
         if image is not None and opts["strength"] is not None:
             call["strength"] = opts["strength"]
-        previews = write_previews(opts["preview_dir"], pipe.vae_scale_factor) if opts["preview_dir"] else None
+        scale = 1 if pipe.preview_decoder is not None else pipe.vae_scale_factor  # a TAESD preview is full size
+        previews = write_previews(opts["preview_dir"], scale) if opts["preview_dir"] else None
         result = pipe(
             prompt,
             opts["negative_prompt"],
@@ -280,7 +295,7 @@ def generate_cmd(ctx, model, prompt, **opts):
         "weights": str(opts["weights"]) if opts["weights"] else None,
         "vae": str(opts["vae"]) if opts["vae"] else None,
         "target": opts["target"],
-        **{key: opts[key] for key in ("control_from", "safety", "face_fix", "upscale")},
+        **{key: opts[key] for key in ("control_from", "safety", "face_fix", "upscale", "decoder")},
     }
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
     for i, (path, one) in enumerate(zip(paths, images, strict=True)):

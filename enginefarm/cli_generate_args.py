@@ -69,6 +69,7 @@ def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> 
         "safety",
         "face_fix",
         "upscale",
+        "decoder",
     ):
         if not given(key) and record.get(key) is not None:
             opts[key] = record[key]
@@ -157,6 +158,11 @@ def check_filters(opts: dict) -> None:
     source = opts.get("control_from")
     if source and source != "canny":
         chosen["control_from"] = ("--control-from", "preprocessor", source)
+    for key in ("preview", "decoder"):
+        if opts.get(key):
+            chosen[key] = (f"--{key}", "preview_decoder", opts[key])
+    if opts.get("preview") and opts.get("preview_dir") is None:
+        raise ConfigError("--preview makes the previews --preview-dir writes", hint="give --preview-dir DIR too")
     for option, kind, name in chosen.values():
         find(name, kind, option, store=opts["store"], device=opts["device"])
 

@@ -125,3 +125,44 @@ def test_the_pipeline_previews_and_decodes_with_taesd(built, built_taesd, tmp_pa
     )
     assert found["preview"] is found["decoder"] and owned == [found["preview"]]
     owned[0].close()
+
+
+def _link_tree(source, into) -> None:
+    """Hard links of a store's files into another (blobs are content-addressed: a shared one is the same bytes)."""
+    import os
+
+    for path in source.rglob("*"):
+        if path.is_file():
+            target = into / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                os.link(path, target)
+
+
+def test_generate_writes_taesd_previews_and_decodes_with_it(built, built_taesd, tmp_path):
+    from enginefarm.diffusion import read_png
+    from enginefarm.diffusion.metadata import read_parameters
+
+    from ..conftest import run_cli
+    from ..diffusion.test_pipeline_matches_diffusers import _model_name
+
+    _, out, store = built("sd1")
+    merged = tmp_path / "store"
+    _link_tree(store, merged)
+    _link_tree(built_taesd[1], merged)
+    name, previews = _model_name(out), tmp_path / "previews"
+    common = (name, "a fox", "--store", str(merged), "--steps", "2", "--scheduler", "euler")
+    common += ("--target", "onnxruntime:cpu")
+    png = tmp_path / "fox.png"
+    run_cli("generate", *common, "--preview", "tiny-taesd", "--preview-dir", str(previews), "--decoder", "tiny-taesd",
+            "--precision", "fp32", "--out", str(png), check=True)  # fmt: skip
+    image = read_png(png)
+    shown = sorted(previews.glob("step-*.png"))
+    assert [p.name for p in shown] == ["step-001.png", "step-002.png"]
+    assert read_png(shown[-1]).shape == image.shape  # TAESD's preview is full size: written as is
+    assert np.abs(read_png(shown[-1]) - image).max() <= 1 / 255  # Euler's last preview is the image it decodes
+    assert read_parameters(png)["decoder"] == "tiny-taesd"
+    no_dir = run_cli("generate", *common, "--preview", "tiny-taesd", "--out", str(tmp_path / "x.png"))
+    assert no_dir.returncode != 0 and "give --preview-dir DIR too" in no_dir.stderr and "Traceback" not in no_dir.stderr
+    wrong = run_cli("generate", *common, "--decoder", name, "--out", str(tmp_path / "y.png"))
+    assert wrong.returncode != 0 and "not a filter" in wrong.stderr, wrong.stderr

@@ -70,6 +70,7 @@ class OrtSession:
 
     def close(self) -> None:
         self._session = None
+        self._overrides = []  # the replaced initializers' values (custom weights): the closed session read them
 
 
 class OrtBinding:

@@ -30,6 +30,23 @@ def test_pieces_are_read_whole_and_in_order():
         reader.close()
 
 
+def test_pieces_read_into_the_callers_buffers_come_back_whole_as_each_is_recycled():
+    data = bytes(range(256)) * 40
+    sizes = [1000, 1, 4000, 2000, 3239]
+    reader = Prefetcher(Trickle(data), depth=1, sizes=sizes, buffers=2)
+    try:
+        pieces, buffers = [], set()
+        for _ in sizes:
+            piece = reader.read()
+            pieces.append(bytes(piece))
+            buffers.add(id(piece.obj))
+            reader.recycle(piece)  # without it the third piece would wait for a buffer
+        assert [len(p) for p in pieces] == sizes and b"".join(pieces) == data
+        assert len(buffers) == 2 and not reader.read()
+    finally:
+        reader.close()
+
+
 @pytest.mark.parametrize("extra, match", [(-1, "truncated"), (1, "trailing bytes")])
 def test_a_source_of_the_wrong_length_is_an_error(extra, match):
     data = b"x" * (3000 + extra)

@@ -56,7 +56,9 @@ def load(
     sessions: dict = {}
     try:
         for role, other in dict(info.details.get("uses", {})).items():
-            uses[role] = load(other, store=store, precision=precision, target=target, device=device, progress=progress)
+            uses[role] = _load_used(
+                other, store=store, precision=precision, target=target, device=device, progress=progress
+            )
         for component in info.components:
             sessions[component] = load_session(
                 f"{name}/{component}",
@@ -74,6 +76,19 @@ def load(
         for other_filter in uses.values():
             other_filter.close()
         raise
+
+
+def _load_used(name: str, *, precision: str | None, **options) -> Filter:
+    """A filter another one runs (a face restorer's detector), at the asked precision where the store has it, else
+    at the fastest it has: a helper network need not be built at every precision its user is."""
+    from enginefarm.errors import ArtifactNotFoundError
+
+    try:
+        return load(name, precision=precision, **options)
+    except ArtifactNotFoundError:
+        if precision is None:
+            raise
+        return load(name, precision=None, **options)
 
 
 def fetch_filter_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:

@@ -138,6 +138,10 @@ def test_whole_restoration_matches_gfpgans_helper(face_store):
         np.testing.assert_array_equal(f(image), image)
         restored = f.restore(image, [landmarks])
         half = f.restore(image, [landmarks], strength=0.5)
+    with enginefarm.filters.load("gfpgan-tiny", store=str(store), target="onnxruntime:cpu", precision="fp16") as f16:
+        # its detector is built at fp32 only: taken at the precision the store has, not refused
+        assert f16.sessions["restorer"].artifact.precision == "fp16"
+        assert f16.uses["detector"].sessions["detector"].artifact.precision == "fp32"
     # GFPGAN's helper: OpenCV's estimate and warp, the network, clamp to [-1, 1], OpenCV's paste (in float)
     affine = cv2.estimateAffinePartial2D(landmarks, face_align.FACE_TEMPLATE_512, method=cv2.LMEDS)[0]
     border = tuple(face_align.CROP_BORDER.tolist())

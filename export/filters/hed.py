@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import re
 
-from enginefarm.errors import ConfigError
-
-from .registry import Architecture, Part, Parts, Source
+from .registry import Architecture, Part, Parts, Source, load_layout
 
 # controlnet-aux's HEDdetector: the short side to 512, each side a multiple of 64
 RESOLUTION = 512
@@ -67,16 +65,9 @@ def build_hed(source: Source) -> Parts:
                 maps.append(functional.interpolate(projection, size=image.shape[2:], mode="bilinear"))
             return torch.sigmoid(torch.cat(maps, 1).mean(1))
 
-    model = SoftEdges()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(
-            f"{source.path}: not the layout of ControlNetHED.pth ({len(missing)} missing keys, e.g. "
-            f"{(missing or ['-'])[0]}; {len(unexpected)} unexpected, e.g. {(unexpected or ['-'])[0]})",
-            hint="give lllyasviel's Annotators ControlNetHED.pth (the Apache-2 HED controlnet-aux loads)",
-        )
+    hint = "give lllyasviel's Annotators ControlNetHED.pth (the Apache-2 HED controlnet-aux loads)"
     part = Part(
-        module=model.float().eval(),
+        module=load_layout(SoftEdges(), source, "ControlNetHED.pth", hint),
         inputs={"image": (1, 3, "height", "width")},
         outputs={"edges": (1, "height", "width")},
         profile={"height": SIDE_PROFILE, "width": SIDE_PROFILE},

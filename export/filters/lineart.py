@@ -10,7 +10,7 @@ import re
 
 from enginefarm.errors import ConfigError
 
-from .registry import Architecture, Part, Parts, Source
+from .registry import Architecture, Part, Parts, Source, load_layout
 
 RESOLUTION = 512  # controlnet-aux's detect resolution; sides multiples of 64 (resize_image)
 MULTIPLE = 64
@@ -75,16 +75,9 @@ def build_lineart(source: Source) -> Parts:
             x = self.model4(self.model3(self.model2(self.model1(self.model0(image)))))
             return x[:, 0]
 
-    model = Lines()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(
-            f"{source.path}: not the layout of sk_model.pth ({len(missing)} missing keys, e.g. "
-            f"{(missing or ['-'])[0]}; {len(unexpected)} unexpected, e.g. {(unexpected or ['-'])[0]})",
-            hint="give lllyasviel's Annotators sk_model.pth or sk_model2.pth (controlnet-aux's LineartDetector)",
-        )
+    hint = "give lllyasviel's Annotators sk_model.pth or sk_model2.pth (controlnet-aux's LineartDetector)"
     part = Part(
-        module=model.float().eval(),
+        module=load_layout(Lines(), source, "sk_model.pth", hint),
         inputs={"image": (1, 3, "height", "width")},
         outputs={"lines": (1, "height", "width")},
         profile={"height": SIDE_PROFILE, "width": SIDE_PROFILE},

@@ -65,3 +65,18 @@ def architectures() -> list[Architecture]:
         module = importlib.import_module(f"{__package__}.{name}")
         found.extend(module.ARCHITECTURES)
     return found
+
+
+def load_layout(model, source: Source, layout: str, hint: str):
+    """`model` with the source's weights, fp32 and in eval mode; a file whose keys are not `layout`'s (a name users
+    know, e.g. "ControlNetHED.pth") is one ConfigError line naming a missing and an unexpected key."""
+    from enginefarm.errors import ConfigError
+
+    missing, unexpected = model.load_state_dict(source.state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(
+            f"{source.path}: not the layout of {layout} ({len(missing)} missing keys, e.g. "
+            f"{(missing or ['-'])[0]}; {len(unexpected)} unexpected, e.g. {(unexpected or ['-'])[0]})",
+            hint=hint,
+        )
+    return model.float().eval()

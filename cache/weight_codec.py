@@ -243,7 +243,7 @@ def decode_frames(
     frames = Prefetcher(stream, depth=depth, sizes=sizes, buffers=depth + threads + 2)
     try:
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            pending: list[tuple[Future, memoryview]] = []
+            pending: list[tuple[Future, bytes | memoryview]] = []
 
             def done(future: Future, piece) -> memoryview:
                 result = future.result()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from enginefarm.cache import workdirs
-from enginefarm.cache.stores.ranged import Limits
+from enginefarm.cache.stores.ranged import Limits, Pace
 from enginefarm.errors import SourceError
 
 log = logging.getLogger(__name__)
@@ -145,27 +144,11 @@ def paced(response, url: str, limits: Limits, most: int | None = None) -> Iterat
     """The body's chunks, one socket read each, under `limits`: past the deadline or below the rate floor over a
     window, a one-line SourceError (the stall timeout is the socket's: `stall_timeout`). With `most`, no read goes
     past `most` + 1 bytes in all (the caller sees an overrun without reading an endless body)."""
-    started = since = time.monotonic()
-    got = count = 0
+    pace = Pace(limits, url, error=SourceError)
     reader = getattr(response, "read1", None) or response.read
-    while chunk := reader(1 << 20 if most is None else max(1, min(1 << 20, most + 1 - got))):
+    while chunk := reader(1 << 20 if most is None else max(1, min(1 << 20, most + 1 - pace.got))):
         yield chunk
-        got += len(chunk)
-        now = time.monotonic()
-        if now - started > limits.deadline_s:
-            raise SourceError(
-                f"{url}: not downloaded within its {limits.deadline_s:.0f} s deadline ({got} bytes)",
-                hint="set ENGINEFARM_HTTP_DEADLINE for very large files on slow links",
-            )
-        count += len(chunk)
-        if now - since >= limits.window_s:
-            if count / (now - since) < limits.min_rate:
-                raise SourceError(
-                    f"{url}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} KiB/s "
-                    "floor",
-                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
-                )
-            since, count = now, 0
+        pace.add(len(chunk))
 
 
 def stall_timeout(limits: Limits) -> float:

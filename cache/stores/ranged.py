@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from enginefarm.errors import IntegrityError, StoreError
+from enginefarm.errors import EnginefarmError, IntegrityError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,37 @@ class Limits:
     window_s: float = 30.0
 
 
+class Pace:
+    """One transfer's deadline and throughput floor, checked after each read: past the deadline, or below
+    `min_rate` averaged over a window, a one-line `error` (every reader of remote bytes shares these rules)."""
+
+    def __init__(
+        self, limits: Limits, what: str, *, started: float | None = None, error: type[EnginefarmError] = TransferTooSlow
+    ):
+        self.limits, self.what, self.error = limits, what, error
+        self.started = time.monotonic() if started is None else started
+        self.got = 0  # bytes read in all
+        self._since, self._count = time.monotonic(), 0
+
+    def add(self, got: int) -> None:
+        self.got += got
+        now = time.monotonic()
+        if now - self.started > self.limits.deadline_s:
+            raise self.error(
+                f"{self.what}: not read within its {self.limits.deadline_s:.0f} s deadline ({self.got} bytes)",
+                hint="set ENGINEFARM_HTTP_DEADLINE for very large files on slow links",
+            )
+        self._count += got
+        if now - self._since >= self.limits.window_s:
+            rate = self._count / (now - self._since)
+            if rate < self.limits.min_rate:
+                raise self.error(
+                    f"{self.what}: {rate / 1024:.2f} KiB/s is below the {self.limits.min_rate / 1024:.0f} KiB/s floor",
+                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
+                )
+            self._since, self._count = now, 0
+
+
 class ResumableReader:
     """A file-like reader over `opener` that resumes on broken connections. Retryable errors: `transient`."""
 
@@ -84,13 +115,11 @@ class ResumableReader:
         self._base = base  # where this reader's bytes start in the object (parallel chunks)
         self._expected = expected_size
         self._transient = transient
-        self._limits = limits
         self._what = what
         self._pos = 0
         self._etag = etag
         self._current: RawStream | None = None
-        self._started = time.monotonic()
-        self._window = (self._started, 0)
+        self._pace = Pace(limits, what)
         self._attempts = 0
 
     def _open(self) -> None:
@@ -118,27 +147,6 @@ class ResumableReader:
         if self._etag is None:
             self._etag = opened.etag
         self._current = opened.stream
-
-    def _check_pace(self, got: int) -> None:
-        now = time.monotonic()
-        if now - self._started > self._limits.deadline_s:
-            raise TransferTooSlow(
-                f"{self._what}: transfer exceeded its {self._limits.deadline_s:.0f} s deadline",
-                hint="set ENGINEFARM_HTTP_DEADLINE for very large files on slow links",
-            )
-        since, count = self._window
-        count += got
-        if now - since >= self._limits.window_s:
-            rate = count / (now - since)
-            if rate < self._limits.min_rate:
-                raise TransferTooSlow(
-                    f"{self._what}: {rate / 1024:.1f} KiB/s is below the {self._limits.min_rate / 1024:.0f} KiB/s "
-                    "floor",
-                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
-                )
-            self._window = (now, 0)
-        else:
-            self._window = (since, count)
 
     def read(self, size: int = -1) -> bytes:
         if self._expected is not None and self._pos >= self._expected:
@@ -175,7 +183,7 @@ class ResumableReader:
                     continue
                 return b""
             self._pos += len(chunk)
-            self._check_pace(len(chunk))
+            self._pace.add(len(chunk))
             return chunk
 
     @property

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from enginefarm.errors import StoreError
 
-from .ranged import Limits, TransferTooSlow
+from .ranged import Limits, Pace
 
 log = logging.getLogger(__name__)
 
@@ -91,30 +91,14 @@ def read_whole(
 
 def _paced(response: Response, limit: int, limits: Limits, started: float, what: str) -> bytes:
     parts: list[bytes] = []
-    got = 0
-    since, count = time.monotonic(), 0
+    pace = Pace(limits, what, started=started)
     reader = getattr(response, "read1", None) or response.read  # one socket read at a time: the checks run on a trickle
-    while chunk := reader(min(CHUNK, limit + 1 - got)):
+    while chunk := reader(min(CHUNK, limit + 1 - pace.got)):
         parts.append(chunk)
-        got += len(chunk)
-        if got > limit:
+        if pace.got + len(chunk) > limit:
             raise StoreError(
                 f"{what} is larger than {limit >> 20} MiB; refusing to read more",
                 hint="this is not an enginefarm store object",
             )
-        now = time.monotonic()
-        if now - started > limits.deadline_s:
-            raise TransferTooSlow(
-                f"{what}: not read within its {limits.deadline_s:.0f} s deadline",
-                hint="the server is too slow; try again later",
-            )
-        count += len(chunk)
-        if now - since >= limits.window_s:
-            if count / (now - since) < limits.min_rate:
-                raise TransferTooSlow(
-                    f"{what}: {count / (now - since) / 1024:.2f} KiB/s is below the {limits.min_rate / 1024:.0f} "
-                    "KiB/s floor",
-                    hint="the server is trickling; try again later or set ENGINEFARM_HTTP_MIN_RATE",
-                )
-            since, count = now, 0
+        pace.add(len(chunk))
     return b"".join(parts)

@@ -98,6 +98,10 @@ class WeightsError(EnginefarmError, ValueError):
     """A checkpoint or LoRA file cannot be used: malformed, unknown tensor names, or shapes that do not fit."""
 
 
+class InputError(EnginefarmError, ValueError):
+    """Inputs that do not fit the artifact: a missing name, the wrong rank, or a shape outside the profile."""
+
+
 class SessionClosed(EnginefarmError, RuntimeError):
     """A session (or pipeline) was closed and then used: its memory was already given back."""
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from enginefarm.errors import EnginefarmError, SessionClosed
+from enginefarm.errors import EnginefarmError, InputError, SessionClosed
 from enginefarm.hardware.rss import give_back_memory
 
 if TYPE_CHECKING:
@@ -21,10 +21,6 @@ def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
         return True
     info = np.iinfo(dtype)
     return bool(array.min() >= info.min and array.max() <= info.max)
-
-
-class InputError(EnginefarmError, ValueError):
-    """Inputs that do not fit the artifact: a missing name, the wrong rank, or a shape outside the profile."""
 
 
 class Session:

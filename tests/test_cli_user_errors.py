@@ -103,7 +103,7 @@ def test_a_shape_inside_the_profile_that_breaks_the_models_stride_is_explained(c
     import pytest
 
     import enginefarm
-    from enginefarm.runner.session import InputError
+    from enginefarm.errors import InputError
     from tests import models
 
     models.strided(tmp_path / "m.onnx")

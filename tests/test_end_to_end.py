@@ -9,7 +9,7 @@ import pytest
 import enginefarm
 from enginefarm.cache.artifacts import read_index
 from enginefarm.cache.stores import open_store
-from enginefarm.runner.session import InputError
+from enginefarm.errors import InputError
 from tests import models
 
 TARGETS = ("openvino:cpu", "onnxruntime:cpu")

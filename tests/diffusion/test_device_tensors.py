@@ -33,8 +33,8 @@ def _unet_feeds(rng: np.random.Generator, hidden_width: int) -> tuple[dict, dict
 @pytest.mark.parametrize("target", BACKENDS)
 def test_bound_runs_and_kept_outputs_are_bit_identical_to_run(built, target):
     import enginefarm
+    from enginefarm.errors import InputError
     from enginefarm.hardware.tensors import DeviceTensor
-    from enginefarm.runner.session import InputError
 
     _, out, store = built("sd1")
     with enginefarm.load(f"{_name(out)}/unet", store=str(store), precision="fp32", target=target, device="cpu") as unet:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .catalog import CHECKPOINT, CatalogRecipe, load_catalog_recipe
 
@@ -267,3 +268,58 @@ def _activations(recipe: CatalogRecipe, component: str) -> tuple[int, float]:
         text = TEXT_TOKENS.get(recipe.family or "", 512)
         return attention_bytes(heads, batch, (latent // PATCH) ** 2 + text), 0.0
     return 0, 0.0
+
+
+def catalog_matrix(plan: CatalogPlan, runners_path: Path) -> dict[str, Any]:
+    """A GitHub Actions build matrix for the catalog: a model's jobs go together to the runner its largest job needs
+    (where that runner builds their target), so the model is downloaded and exported once (`build` of a catalog
+    recipe downloads, exports, then builds every job it is asked for); an entry's `targets` select its jobs (`build
+    --target`). Jobs no runner holds are listed under `skipped`."""
+    from enginefarm.backends import get_backend
+
+    from .ci_matrix import workflow_path
+    from .ci_runners import load_runners
+
+    runners = {runner.name: runner for runner in load_runners(runners_path)}
+    labels = {name: list(runner.labels) for name, runner in runners.items()}
+    paths = {recipe.name: recipe.path for recipe in plan.models}
+    biggest: dict[str, CatalogJob] = {}
+    for job in plan.jobs:
+        if job.runner is not None and (job.model not in biggest or _need(job) > _need(biggest[job.model])):
+            biggest[job.model] = job
+    groups: dict[tuple[str, str], list[CatalogJob]] = {}
+    for job in plan.jobs:
+        if job.runner is None:
+            continue
+        host = runners[biggest[job.model].runner or job.runner]
+        runner = host.name if job.target in host.targets else job.runner  # else its own (a GPU target, say)
+        groups.setdefault((job.model, runner), []).append(job)
+    include = []
+    for (model, runner), jobs in groups.items():
+        targets = sorted({job.target for job in jobs})
+        backends = {get_backend(target.split(":")[0]).extra for target in targets}
+        include.append(
+            {
+                "name": f"{model} on {runner}",
+                "runs-on": labels[runner],
+                "jobs": "",  # every job of the recipe for these targets: ids exist only once it is exported
+                "targets": " ".join(targets),
+                "recipes": workflow_path(paths[model]),
+                "extras": ",".join(["all", "export"] + sorted(e for e in backends if e)),
+                "memory_gb": max(_need(job) for job in jobs),
+            }
+        )
+    skipped = [
+        {"label": f"{job.model}/{job.component} {job.target} {job.precision}", "why": job.why}
+        for job in plan.unroutable
+    ]
+    return {
+        "jobs": sum(len(jobs) for jobs in groups.values()),
+        "entries": len(include),
+        "matrix": {"include": include},
+        "skipped": skipped,
+    }
+
+
+def _need(job: CatalogJob) -> float:
+    return max(job.need_gb, job.export_gb)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 GITHUB_MATRIX_CAP = 256
 
 
-def _relative(path: Path) -> str:
+def workflow_path(path: Path) -> str:
     """Recipe paths as the workflow's checkout sees them (relative to the working directory when possible)."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -50,7 +50,7 @@ def github_matrix(planned: list[PlannedJob], cap: int = GITHUB_MATRIX_CAP) -> di
                     "name": f"{', '.join(targets)} ({start // batch + 1}/{-(-len(jobs) // batch)})",
                     "runs-on": list(labels),
                     "jobs": " ".join(p.job.id for p in chunk),
-                    "recipes": " ".join(sorted({_relative(p.job.recipe_path) for p in chunk})),
+                    "recipes": " ".join(sorted({workflow_path(p.job.recipe_path) for p in chunk})),
                     "extras": _extras(chunk),
                     "memory_gb": max(
                         gb(job_need_bytes(p.job)) for p in chunk

@@ -19,7 +19,8 @@ def has_catalog(paths) -> bool:
 
 
 def print_catalog_plan(paths, runners: Path | None, fmt: str = "table") -> None:
-    """`plan FOLDER|CATALOG_RECIPE… [--runners FILE] [--format json]`: every job, offline, with totals."""
+    """`plan FOLDER|CATALOG_RECIPE… [--runners FILE] [--format json|github]`: every job, offline, with totals;
+    `github`: the farm workflow's matrix, one entry per model and runner."""
     import dataclasses
     import json
 
@@ -27,11 +28,16 @@ def print_catalog_plan(paths, runners: Path | None, fmt: str = "table") -> None:
     from rich.table import Table
 
     from enginefarm.builder.catalog import catalog_paths
-    from enginefarm.builder.catalog_plan import plan_catalog
+    from enginefarm.builder.catalog_plan import catalog_matrix, plan_catalog
 
     started = time.monotonic()
     planned = plan_catalog(catalog_paths(list(paths)), runners)
     seconds = time.monotonic() - started
+    if fmt == "github":
+        if runners is None:
+            raise click.UsageError("--format github needs --runners FILE (the matrix names each runner's labels)")
+        click.echo(json.dumps(catalog_matrix(planned, runners)))
+        return
     if fmt == "json":
         totals = {"stored_gb_per_target": planned.stored_gb_per_target(), "jobs_per_runner": planned.jobs_per_runner()}
         jobs = [dataclasses.asdict(job) for job in planned.jobs]

@@ -70,6 +70,28 @@ def test_plan_of_the_catalog_folder_prints_every_job_and_the_totals(cli):
     )
 
 
+def test_the_farm_matrix_builds_each_model_once_on_the_runner_of_its_largest_job(cli):
+    import json
+
+    matrix = json.loads(cli("plan", str(CATALOG), "--runners", str(RUNNERS), "--format", "github", check=True).stdout)
+    planned = plan_catalog(catalog_paths([CATALOG]), RUNNERS)
+    entries = matrix["matrix"]["include"]
+    assert matrix["jobs"] == len(planned.jobs) and matrix["entries"] == len(entries) and not matrix["skipped"]
+    # every CPU target is on both runners: one entry per model (one download, one export), where the UNet fits
+    sized = {job.model for job in planned.jobs}
+    recipes = sorted(r.path.name for r in planned.models if r.name in sized)
+    assert sorted(Path(e["recipes"]).name for e in entries) == recipes
+    sd15 = next(e for e in entries if e["name"].startswith("sd-1.5 "))
+    need = max(max(j.need_gb, j.export_gb) for j in planned.jobs if j.model == "sd-1.5")
+    assert sd15["runs-on"] == ["self-hosted", "linux", "x64", "ram-192"] and sd15["memory_gb"] == need
+    assert set(sd15["targets"].split()) == {j.target for j in planned.jobs if j.model == "sd-1.5"}
+    assert "export" in sd15["extras"].split(",") and sd15["jobs"] == ""
+    upscaler = next(e for e in entries if e["name"].startswith("realesrgan-x4plus "))
+    assert upscaler["runs-on"] == ["ubuntu-latest"]  # a small model stays on the hosted runner
+    refused = cli("plan", str(CATALOG), "--format", "github")
+    assert refused.returncode != 0 and "needs --runners" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_a_runner_too_small_for_a_job_is_named_with_what_it_needs(tmp_path):
     runners = tmp_path / "runners.toml"
     runners.write_text('[[runner]]\nname = "small"\nlabels = ["x"]\ntargets = ["onnxruntime:cpu"]\nram_gb = 8\n')

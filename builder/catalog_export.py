@@ -29,6 +29,7 @@ class Exported:
     recipe: Path  # the recipe `enginefarm export` wrote: what `build` builds
     download_seconds: float
     export_seconds: float  # 0 when the export was already there
+    export_peak_bytes: int = 0  # this process's peak RSS while exporting (0: the export was already there)
 
 
 def export_key(recipe: CatalogRecipe) -> str:
@@ -65,6 +66,9 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
         "overwrite": True,
         **recipe.ranges,
     }
+    from enginefarm.hardware.rss import peak_bytes, reset_peak
+
+    reset_peak()  # where it cannot be reset (not Linux), the process's whole peak: still an upper bound
     started = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
     holder = Path(tempfile.mkdtemp(prefix=f".{recipe.name}-folder-", dir=out.parent))
@@ -82,7 +86,7 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
                 overwrite=True,
                 progress=progress,
             )
-            return Exported(out / "recipe.toml", downloaded, time.monotonic() - started)
+            return Exported(out / "recipe.toml", downloaded, time.monotonic() - started, peak_bytes())
         folder = assemble(recipe, files, holder / recipe.name)
         options["controlnet"] = split_controlnet(folder)
         _check_family(recipe, folder, options["controlnet"])
@@ -92,7 +96,7 @@ def export_catalog(recipe: CatalogRecipe, home: Path, *, offline: bool = False, 
             export_model(folder, out, recipe.name, progress, origin=str(recipe.path), **options)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
-    return Exported(out / "recipe.toml", downloaded, time.monotonic() - started)
+    return Exported(out / "recipe.toml", downloaded, time.monotonic() - started, peak_bytes())
 
 
 def assemble(recipe: CatalogRecipe, files: dict[str, Path], folder: Path) -> Path:

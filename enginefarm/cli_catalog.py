@@ -84,9 +84,10 @@ def exported_recipes(paths) -> list[Path]:
             continue
         recipe = load_catalog_recipe(path)
         done = export_catalog(recipe, settings.home, offline=settings.offline)
+        peak = f", peak {done.export_peak_bytes / 1e9:.1f} GB" if done.export_peak_bytes else " (kept)"
         console.print(
             f"[green]exported[/] {recipe.name}: download {done.download_seconds:.0f} s, export "
-            f"{done.export_seconds:.0f} s → {done.recipe}"
+            f"{done.export_seconds:.0f} s{peak} → {done.recipe}"
         )
         out.append(done.recipe)
     return out

@@ -274,9 +274,11 @@ def test_a_filter_folder_downloads_and_goes_to_the_filter_exporter(hub, tmp_path
     )
     done = export_catalog(load_catalog_recipe(recipe), tmp_path / "home")
     assert done.recipe.is_file() and done.export_seconds > 0
+    assert done.export_peak_bytes > 100e6  # torch and the traced model were in this process's memory
     described = json.loads((done.recipe.parent / "assets" / "filter.json").read_text())
     assert described["kind"] == "preview_decoder" and described["details"]["latent_scaling_factor"] == 0.13025
-    assert export_catalog(load_catalog_recipe(recipe), tmp_path / "home").export_seconds == 0  # kept, not redone
+    kept = export_catalog(load_catalog_recipe(recipe), tmp_path / "home")
+    assert kept.export_seconds == 0 and kept.export_peak_bytes == 0  # kept, not redone
 
 
 def test_a_controlnet_recipe_exports_its_controlnet_with_the_base_pipeline(tmp_path):

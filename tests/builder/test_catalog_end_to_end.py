@@ -6,6 +6,7 @@ recipe's own config files) and builds with CI=true, and `enginefarm generate` dr
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 import pytest
@@ -50,6 +51,7 @@ def test_a_pinned_single_file_downloads_exports_builds_and_generates(tiny, tmp_p
         built = cli("build", str(recipe), "--store", str(store), "--no-bench", "-j", "2", *txt2img, env=env)
         assert built.returncode == 0, built.stdout + built.stderr
         assert "exported sd-narrow" in built.stdout and "0 failed" in built.stdout
+        assert re.search(r"exported sd-narrow: download \d+ s, export \d+ s, peak \d+\.\d GB", built.stdout)
         (export,) = (tmp_path / "home" / "catalog").glob("sd-narrow-*")
         ours, theirs = (
             SafeTensors(export / "unet.safetensors"),

@@ -106,6 +106,13 @@ from enginefarm.cli_options import precision_option, store_option
     help="How much of the restored faces to blend in (1: all of it, as Easy Diffusion's GFPGAN).",
 )
 @click.option("--upscale", default=None, metavar="NAME", help="Enlarge each image with this upscaler filter, last.")
+@click.option(
+    "--upscale-by",
+    type=click.FloatRange(0.0, 16.0, min_open=True),
+    default=None,
+    metavar="F",
+    help="The final size as a factor (2 with an x4 model, as Easy Diffusion's 'upscale by'; default: the model's).",
+)
 @precision_option(repeatable=False)
 @click.option(
     "--target", default=None, metavar="BACKEND:DEVICE", help="Use only artifacts of this target, e.g. openvino:cpu."
@@ -295,7 +302,7 @@ def generate_cmd(ctx, model, prompt, **opts):
         "weights": str(opts["weights"]) if opts["weights"] else None,
         "vae": str(opts["vae"]) if opts["vae"] else None,
         "target": opts["target"],
-        **{key: opts[key] for key in ("control_from", "safety", "face_fix", "upscale", "decoder")},
+        **{key: opts[key] for key in ("control_from", "safety", "face_fix", "upscale", "upscale_by", "decoder")},
     }
     paths = [out] if len(images) == 1 else [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(len(images))]
     for i, (path, one) in enumerate(zip(paths, images, strict=True)):

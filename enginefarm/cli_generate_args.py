@@ -69,6 +69,7 @@ def again_defaults(ctx: click.Context, png: Path, model, prompt, opts: dict) -> 
         "safety",
         "face_fix",
         "upscale",
+        "upscale_by",
         "decoder",
     ):
         if not given(key) and record.get(key) is not None:
@@ -185,7 +186,13 @@ def run_filters(opts: dict, images, progress=None) -> tuple[list, list[str]]:
         for key, name in chosen.items():
             loaded[key] = stack.enter_context(load_named(name, FILTER_OPTIONS[key][0], progress=progress, **load))
         for i, image in enumerate(images):
-            done = apply(image, **loaded, on_flagged=opts["on_flagged"], face_strength=opts["face_strength"])
+            done = apply(
+                image,
+                **loaded,
+                on_flagged=opts["on_flagged"],
+                face_strength=opts["face_strength"],
+                upscale_by=opts["upscale_by"],
+            )
             if done.flagged:
                 what = "refused: not written" if done.image is None else f"{opts['on_flagged']} image written"
                 notes.append(f"image {i} was flagged by the safety checker {opts['safety']} ({what})")

@@ -50,6 +50,7 @@ def apply(
     on_flagged: str = "blur",
     face_strength: float = 1.0,
     tile: int | None = None,
+    upscale_by: float | None = None,
     store: str | None = None,
     precision: str | None = None,
     target: str | None = None,
@@ -58,7 +59,8 @@ def apply(
 ) -> Filtered:
     """Run the filters given on one image float [H, W, 3] in [0, 1]: safety check → face fix (at `face_strength`:
     1, the default, pastes the restored faces whole, as Easy Diffusion's GFPGAN does; 0 keeps the image)
-    → upscale (in `tile`-pixel tiles when given). Names are loaded from `store` with `precision`, `target` and
+    → upscale (in `tile`-pixel tiles when given; `upscale_by` another factor than the model's, e.g. 2 with an x4
+    model, as Easy Diffusion's "upscale by"). Names are loaded from `store` with `precision`, `target` and
     `device` as `enginefarm.filters.load` takes them; a name the store lacks is one ConfigError line."""
     if on_flagged not in ON_FLAGGED:
         raise ConfigError(f"on_flagged={on_flagged!r}", hint=f"use one of {', '.join(ON_FLAGGED)}")
@@ -88,7 +90,7 @@ def apply(
     if upscale is not None:
         with _opened(upscale, "upscaler", "--upscale", options) as upscaler:
             started = time.perf_counter()
-            done.image = upscaler(done.image, tile=tile)
+            done.image = upscaler(done.image, tile=tile, outscale=upscale_by)
             _ran(done, "upscale", started)
     return done
 

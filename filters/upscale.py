@@ -11,6 +11,7 @@ import numpy as np
 from enginefarm.errors import ConfigError
 
 from .base import Filter
+from .lanczos import lanczos4
 
 INPUT, OUTPUT = "image", "upscaled"
 
@@ -31,11 +32,17 @@ class Upscaler(Filter):
         self.smallest = (int(bounds["min"][2]), int(bounds["min"][3]))
         self.largest = (int(bounds["max"][2]), int(bounds["max"][3]))
 
-    def __call__(self, image: np.ndarray, tile: int | None = None, overlap: int | None = None) -> np.ndarray:
+    def __call__(
+        self, image: np.ndarray, tile: int | None = None, overlap: int | None = None, outscale: float | None = None
+    ) -> np.ndarray:
         """`image` upscaled. Whole when it fits the engine's profile; else, or with `tile=N`, in N×N tiles
         overlapping by `overlap` pixels (default N/4) and blended, the seams within 2e-2 of the whole image's result.
         Sides the model cannot take (odd ones for x2plus, ones under the profile's minimum) are padded by reflection
-        and the padding cropped from the result."""
+        and the padding cropped from the result. `outscale`: the final size as a factor of the input's, when it is
+        not the model's (an x4 model asked for 2x): the model's output resized with Lanczos as Real-ESRGAN's helper
+        does (`int(side * outscale)` pixels)."""
+        if outscale is not None and not (isinstance(outscale, int | float) and 0 < outscale <= 16):
+            raise ConfigError(f"outscale {outscale!r} is not a factor", hint="e.g. outscale=2 (0 < outscale <= 16)")
         image = _as_image(image)
         height, width = image.shape[:2]
         padded = _pad(image, *(_ceil(n, self.multiple) for n in (height, width)))
@@ -47,7 +54,10 @@ class Upscaler(Filter):
             if not 0 <= overlap < tile:
                 raise ConfigError(f"overlap {overlap} must be at least 0 and less than the tile, {tile}")
             result = self._tiled(padded, tile, overlap)
-        return np.clip(result[: height * self.scale, : width * self.scale], 0.0, 1.0)
+        result = np.clip(result[: height * self.scale, : width * self.scale], 0.0, 1.0)
+        if outscale is not None and outscale != self.scale:  # clipped first, as Real-ESRGAN's helper resizes 8 bits
+            result = np.clip(lanczos4(result, int(height * outscale), int(width * outscale)), 0.0, 1.0)
+        return result
 
     def _tile_side(self, tile: int | None) -> int:
         low, high = max(self.smallest), min(self.largest)

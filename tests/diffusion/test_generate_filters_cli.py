@@ -90,6 +90,14 @@ def test_control_from_canny_and_upscale(with_upscaler, tmp_path):
 
     stored = read_parameters(tmp_path / "a.png")
     assert stored["upscale"] == "up-x2" and stored["control_from"] == "canny"
+    # another factor than the model's: its output resized with Lanczos, as Real-ESRGAN's helper does
+    by = _generate(name, store, tmp_path / "e.png", "--control-image", str(edges), "--upscale", "up-x2",
+                   "--upscale-by", "1.5")  # fmt: skip
+    assert by.returncode == 0, by.stderr
+    resized = read_png(tmp_path / "e.png")
+    with enginefarm.filters.load("up-x2", store=str(store)) as up:
+        assert resized.shape == (96, 96, 3) and np.abs(resized - up(generated, outscale=1.5)).max() < 2e-2
+    assert read_parameters(tmp_path / "e.png")["upscale_by"] == 1.5
 
     # a flagged image: refused (nothing written, exit 1), or made black and not upscaled
     common = ("--control-image", str(edges), "--safety", "flag-all", "--upscale", "up-x2")

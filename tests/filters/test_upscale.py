@@ -90,6 +90,23 @@ def test_tiles_match_the_whole_image(upscalers, name):
             up(image, tile=1000)
 
 
+def test_another_factor_is_the_models_output_resized_as_real_esrgans_helper_does(upscalers):
+    """Easy Diffusion's "upscale by 2" with an x4 model: RealESRGANer.enhance(outscale=2), the output clipped, then
+    cv2.resize with INTER_LANCZOS4 to int(side * 2)."""
+    cv2 = pytest.importorskip("cv2")
+    image = np.random.default_rng(5).random((45, 61, 3), dtype=np.float32)
+    with _load(upscalers, "srvgg-x4") as up:
+        whole = up(image)
+        assert np.array_equal(up(image, outscale=4), whole)
+        for factor in (2, 1.5, 3):
+            size = (int(61 * factor), int(45 * factor))
+            want = np.clip(cv2.resize(whole, size, interpolation=cv2.INTER_LANCZOS4), 0, 1)
+            got = up(image, outscale=factor)
+            assert got.shape == (size[1], size[0], 3) and np.abs(got - want).max() < 1e-5, factor
+        with pytest.raises(ConfigError, match="not a factor"):
+            up(image, outscale=0)
+
+
 def test_memory_beside_the_result_is_one_tiles(upscalers):
     """Tiled, the engine only ever sees a tile: every run's input is within the tile's sides."""
     with _load(upscalers, "srvgg-x4") as up:

@@ -101,7 +101,7 @@ def is_catalog_recipe(path: Path) -> bool:
     """A recipe with an [export] table (read cheaply: the TOML only)."""
     try:
         return "export" in tomllib.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not one: the recipe reader says what is wrong with it
         return False
 
 

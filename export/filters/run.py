@@ -128,7 +128,8 @@ def _triple(values) -> tuple[int, int, int]:
 
 def is_filter_source(path: str | Path, *, base: Path | None = None, controlnet: Path | None = None) -> bool:
     """Whether `enginefarm export PATH` means a filter: a file given without --base (a single-file checkpoint needs
-    one), or a folder that is neither a diffusers pipeline nor a ControlNet (a TAESD or safety checker folder)."""
+    one), or a folder with a config.json that is neither a diffusers pipeline nor a ControlNet (a TAESD or safety
+    checker folder). A folder with neither file is the pipeline export's to refuse (it names model_index.json)."""
     from ..source import _is_controlnet_folder
 
     path = Path(path)
@@ -136,7 +137,9 @@ def is_filter_source(path: str | Path, *, base: Path | None = None, controlnet: 
         return False
     if path.is_file():
         return True
-    return path.is_dir() and not (path / "model_index.json").is_file() and not _is_controlnet_folder(path)
+    if not path.is_dir() or (path / "model_index.json").is_file() or _is_controlnet_folder(path):
+        return False
+    return (path / "config.json").is_file()
 
 
 def check_points(part: Part) -> list[dict[str, int]]:

@@ -131,15 +131,7 @@ def compare_with_torch(
                     "config) are broken, not the export",
                     hint="check the checkpoint (a fp16 overflow, a damaged download): re-save or re-download it",
                 )
-            spread = float(np.ptp(want)) or 1.0
-            error = float(np.max(np.abs(want.astype(np.float64) - have))) / spread
-            if not np.isfinite(error) or error > limit:
-                raise ExportError(
-                    f"{name}: ONNX Runtime differs from torch by {error:.3g} of the output range in {tensor.name} at "
-                    f"{shape.label} (limit {limit:g})",
-                    hint="this is a bug in the exporter or an op the ONNX export cannot express; nothing was written",
-                )
-            deviation = max(deviation, error)
+            deviation = max(deviation, deviation_of(want, have, name, f"{tensor.name} at {shape.label}", limit))
         worst[shape.label] = deviation
     return worst
 
@@ -160,3 +152,18 @@ def example_inputs(
         else:
             tensors.append(low + (high - low) * torch.rand(size, generator=generator, dtype=torch.float32))
     return tuple(tensors)
+
+
+def deviation_of(want, have, name: str, where: str, limit: float) -> float:
+    """max |ONNX Runtime - torch| as a share of torch's output range; past `limit` (or not finite), the export
+    stops with one ExportError line naming `name` and `where` (the output and the shape)."""
+    import numpy as np
+
+    spread = float(np.ptp(want)) or 1.0
+    error = float(np.max(np.abs(want.astype(np.float64) - have))) / spread
+    if not np.isfinite(error) or error > limit:
+        raise ExportError(
+            f"{name}: ONNX Runtime differs from torch by {error:.3g} of the output range in {where} (limit {limit:g})",
+            hint="this is a bug in the exporter or an op the ONNX export cannot express; nothing was written",
+        )
+    return error

@@ -17,7 +17,7 @@ from enginefarm.cache.progress import ProgressLike, as_progress
 from enginefarm.errors import ConfigError, ExportError
 
 from .. import recipe as recipes
-from ..check import MAX_DEVIATION
+from ..check import MAX_DEVIATION, deviation_of
 from ..onnx_file import MAX_IR_VERSION, files_of
 from .reading import read_filter_source, recognise
 from .registry import Part, Parts
@@ -166,7 +166,6 @@ def _example(part: Part, point: dict[str, int], seed: int) -> tuple:
 
 
 def _export_part(part_name: str, part: Part, staging: Path) -> PartExport:
-    import numpy as np
     import torch
 
     start = time.monotonic()
@@ -197,15 +196,7 @@ def _export_part(part_name: str, part: Part, staging: Path) -> PartExport:
                     f"{part_name}: output {output_name} is {list(have.shape)} on ONNX Runtime, {list(want.shape)} on "
                     f"torch, {list(dims)} declared, at {label}"
                 )
-            spread = float(np.ptp(want)) or 1.0
-            error = float(np.max(np.abs(want.astype(np.float64) - have))) / spread
-            if not np.isfinite(error) or error > MAX_DEVIATION:
-                raise ExportError(
-                    f"{part_name}: ONNX Runtime differs from torch by {error:.3g} of the output range in "
-                    f"{output_name} at {label} (limit {MAX_DEVIATION:g})",
-                    hint="this is a bug in the exporter or an op the ONNX export cannot express; nothing was written",
-                )
-            worst = max(worst, error)
+            worst = max(worst, deviation_of(want, have, part_name, f"{output_name} at {label}", MAX_DEVIATION))
         deviations[label] = worst
     size = sum(p.stat().st_size for p in files_of(path))
     return PartExport(part_name, path, size, time.monotonic() - start, deviations)

@@ -132,24 +132,10 @@ def read_embeddings(embeddings, assets: ModelAssets) -> list:
 
 def fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
     """The model's assets folder from the store (`MODEL/assets`, fetched and verified like any artifact)."""
-    from enginefarm.errors import ArtifactNotFoundError, UnknownModelError
-    from enginefarm.runner.load import fetch
+    from enginefarm.runner.assets import fetch_assets as fetch_model_assets
 
-    try:
-        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
-    except UnknownModelError as exc:  # a typo: its message lists the models the store holds
-        hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
-        raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
-    except ArtifactNotFoundError as exc:
-        raise ConfigError(
-            f"{name} has no assets in the store ({exc})",
-            hint='build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass '
-            "assets=FOLDER",
-        ) from None
-    from enginefarm.cache.device_cache import hold
-
-    hold(folder)  # read after the engines load: no gc evicts it meanwhile (engines are read as they load)
-    return folder
+    hint = 'build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass assets=FOLDER'
+    return fetch_model_assets(name, store, device, version, progress, missing_hint=hint)
 
 
 def components(assets: ModelAssets, controlnet: bool) -> list[str]:

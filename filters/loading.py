@@ -93,17 +93,7 @@ def _load_used(name: str, *, precision: str | None, **options) -> Filter:
 
 def fetch_filter_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
     """The filter's assets folder (`NAME/assets`: filter.json and what its kind reads), fetched and verified."""
-    from enginefarm.errors import ArtifactNotFoundError, UnknownModelError
-    from enginefarm.runner.load import fetch
+    from enginefarm.runner.assets import fetch_assets
 
-    try:
-        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
-    except UnknownModelError as exc:
-        hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
-        raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
-    except ArtifactNotFoundError as exc:
-        raise ConfigError(
-            f"{name} has no assets in the store ({exc})",
-            hint="build the recipe `enginefarm export FILE` wrote for it: its assets say what kind of filter it is",
-        ) from None
-    return folder
+    hint = "build the recipe `enginefarm export FILE` wrote for it: its assets say what kind of filter it is"
+    return fetch_assets(name, store, device, version, progress, missing_hint=hint)

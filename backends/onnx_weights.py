@@ -109,7 +109,7 @@ def read(model: Path, names) -> dict[str, np.ndarray]:
     """The current values of these initializers, in their own float dtype (only their external data is read)."""
     from onnx import numpy_helper
 
-    from enginefarm.builder.onnx_data import load_model
+    from enginefarm.formats.onnx_data import load_model
 
     wanted = set(names)
     loaded = load_model(model, only=wanted)
@@ -122,7 +122,7 @@ def write_patched(model: Path, weights: dict[str, np.ndarray], outdir: Path, dat
     import onnx
     from onnx import numpy_helper
 
-    from enginefarm.builder.onnx_data import load_model
+    from enginefarm.formats.onnx_data import load_model
 
     loaded = load_model(model)
     for init in loaded.graph.initializer:

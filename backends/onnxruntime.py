@@ -69,7 +69,7 @@ class OnnxRuntime(Backend):
         return {"runtime": {"onnxruntime": ">=" + self.versions()["onnxruntime"].split("+")[0]}}
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        from enginefarm.builder.onnx_data import (
+        from enginefarm.formats.onnx_data import (
             link_or_copy,  # the prepared files are never rewritten: a link is a copy for free
         )
 

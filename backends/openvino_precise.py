@@ -35,7 +35,7 @@ def precise_names(onnx_path: Path, keep: Sequence[str]) -> set[str]:
     initializer by its own name)."""
     import onnx
 
-    from enginefarm.builder.fp16_rules import kept_nodes
+    from enginefarm.formats.fp16_rules import kept_nodes
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     ops, kept = kept_nodes(model, keep)

@@ -231,7 +231,7 @@ class TensorRTRTX(NvidiaBackend):
         """(why, fix) when TensorRT-RTX would refuse this job on any host: fp32 GEMMs for Turing (SM75)."""
         if job.precision != "fp32" or job.target.device not in TURING:
             return None
-        from enginefarm.builder.onnx_io import float32_gemms
+        from enginefarm.formats.onnx_io import float32_gemms
 
         nodes = float32_gemms(job.source.path)
         if not nodes:

@@ -151,8 +151,19 @@ ONLY = {
     "enginefarm.hardware": ("enginefarm.hardware", "enginefarm.errors", "enginefarm.settings"),
     # what a warm load opens (runner/warm.py): nothing of the registry, the cache or the resolver
     "enginefarm.sessions": ("enginefarm.sessions", "enginefarm.hardware", "enginefarm.errors"),
+    # the file formats every layer reads: above only the cache (atomic writes, manifests) and the errors
+    "enginefarm.formats": ("enginefarm.formats", "enginefarm.cache", "enginefarm.errors", "enginefarm.settings"),
+    # the store: below everything but the machine
+    "enginefarm.cache": ("enginefarm.cache", "enginefarm.hardware", "enginefarm.errors", "enginefarm.settings"),
 }
-NEVER = {"enginefarm.backends": ("enginefarm.runner",), "enginefarm.builder": ("enginefarm.runner",)}
+# The runner imports the builder only to compile on the device; nothing else below the runner reaches the builder.
+NEVER = {
+    "enginefarm.backends": ("enginefarm.runner", "enginefarm.builder"),
+    "enginefarm.builder": ("enginefarm.runner",),
+    "enginefarm.weights": ("enginefarm.runner", "enginefarm.builder"),
+    "enginefarm.diffusion": ("enginefarm.builder",),
+    "enginefarm.filters": ("enginefarm.builder",),
+}
 
 
 def _within(name: str, package: str) -> bool:

@@ -60,7 +60,7 @@ def generated_model(folder: Path) -> tuple[Path, Path, str, list[int]]:
     """A few large layers in the shape of a torch export; returns (onnx, checkpoint, input name, input shape)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from enginefarm.builder.safetensors_io import write_safetensors
+    from enginefarm.formats.safetensors_io import write_safetensors
 
     rng = np.random.default_rng(0)
     shapes = {
@@ -112,7 +112,7 @@ def generated_model(folder: Path) -> tuple[Path, Path, str, list[int]]:
 
 def lora_files(folder: Path, mapped: dict) -> list[tuple[Path, float]]:
     """A (kohya, rank 8) over every placed Linear/Conv weight, B (PEFT, rank 4) over every other one."""
-    from enginefarm.builder.safetensors_io import write_safetensors
+    from enginefarm.formats.safetensors_io import write_safetensors
 
     rng = np.random.default_rng(1)
     a, b = {}, {}
@@ -187,8 +187,8 @@ def main() -> int:
     from enginefarm.backends import Feature, get_backend
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
-    from enginefarm.builder.weightmap import read_map
     from enginefarm.cache.device_cache import DeviceCache
+    from enginefarm.formats.weightmap import read_map
     from enginefarm.runner.fallback import compile_on_device
 
     if args.model == "vae":

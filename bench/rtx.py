@@ -117,12 +117,12 @@ def stack(work: Path, precision: str) -> None:
     from enginefarm.builder.build import build
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
-    from enginefarm.builder.weightmap import read_map
     from enginefarm.cache.artifacts import read_manifest
     from enginefarm.cache.device_cache import DeviceCache
     from enginefarm.cache.progress import Progress
     from enginefarm.cache.stores.local import LocalStore
     from enginefarm.errors import BackendUnavailable
+    from enginefarm.formats.weightmap import read_map
     from enginefarm.runner import recompile
     from enginefarm.runner.custom import Stack
 

@@ -3,15 +3,15 @@
 
     python bench/weightmap_speed.py --make /tmp/wm                 # a synthetic ~2 GB model (below), then time it
     python bench/weightmap_speed.py --pair a.safetensors a.onnx    # a real component's checkpoint and fp32 ONNX
-    python bench/weightmap_speed.py --make /tmp/wm --impl old.py --impl builder/weightmap.py --out maps/
+    python bench/weightmap_speed.py --make /tmp/wm --impl old.py --impl formats/weightmap.py --out maps/
 
 The synthetic model is a transformer-like stack whose ONNX holds what exports do to a checkpoint: Linear weights
 transposed (onnx::MatMul_…), to_q/to_k/to_v and their biases fused, norms of ones and zero biases (some under their
 own names, some anonymous), an embedding tied to the LM head (a copy in the checkpoint, a transposed MatMul weight in
 the graph), a conv weight, a tensor in no graph and an integer one. Values are seeded: the same model each time.
 
-`--impl` times another weightmap.py (say the one before a change, from `git show REV:builder/weightmap.py`), loaded in
-the place of enginefarm.builder.weightmap; with `--out`, each run's map is written there and the maps are compared.
+`--impl` times another weightmap.py (say the one before a change, from `git show REV:formats/weightmap.py`), loaded in
+the place of enginefarm.formats.weightmap; with `--out`, each run's map is written there and the maps are compared.
 Speed is the checkpoint's size over the time (GB/s); peak is the child's maximum resident memory (file pages mapped
 from the model and the checkpoint included), and `before` the same just before derive() started.
 """
@@ -141,7 +141,7 @@ def measure(impl: str, checkpoint: str, onnx_path: str, out: str) -> None:
     import importlib.util
     import resource
 
-    module = "enginefarm.builder.weightmap"
+    module = "enginefarm.formats.weightmap"
     if impl:  # another weightmap.py, in the package so its relative imports resolve
         spec = importlib.util.spec_from_file_location("enginefarm.builder._weightmap_timed", impl)
         loaded = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look themselves up
@@ -152,7 +152,7 @@ def measure(impl: str, checkpoint: str, onnx_path: str, out: str) -> None:
         loaded = importlib.import_module(module)
     import onnx  # noqa: F401
 
-    import enginefarm.builder.onnx_data  # noqa: F401  (imported before the clock starts, as in a build)
+    import enginefarm.formats.onnx_data  # noqa: F401  (imported before the clock starts, as in a build)
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()

@@ -40,7 +40,7 @@ from .revalidate import revalidate
 from .sdk_errors import sdk_text
 from .stages import Stages
 from .validate import sample_cases
-from .weightmap import attach as attach_weight_map
+from .weight_map_step import attach as attach_weight_map
 from .workcache import source_folder
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import numpy as np
 
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.manifest import ArtifactFile, Manifest
+from enginefarm.formats.safetensors_io import write_safetensors
 
-from .safetensors_io import write_safetensors
 from .validate import Reference, Thresholds
 
 FILE = "golden.safetensors"

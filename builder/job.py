@@ -18,8 +18,8 @@ from enginefarm.backends import get_backend
 from enginefarm.cache import precision_table
 from enginefarm.cache.build_keys import build_key, canonical_json
 from enginefarm.cache.manifest import Target
+from enginefarm.formats.onnx_io import TensorInfo
 
-from .onnx_io import TensorInfo
 from .prep import prep_versions
 from .profiles import Resolved
 from .recipe import Resources, ValidateSpec

@@ -54,7 +54,7 @@ BASE = 3 << 30  # 3 GiB: the interpreter and SDKs, onnxsim's working copies and 
 def source_weight_bytes(path: Path) -> int:
     """The weights at fp32: the model file plus its external data files, with each tensor of a reduced precision
     counted at its fp32 size (a file holds the graph's few MB beside them; a need is never understated)."""
-    from .onnx_io import check_external_data, load_header
+    from enginefarm.formats.onnx_io import check_external_data, load_header
 
     header = load_header(path)
     files = [path, *check_external_data(header, path)]

@@ -20,12 +20,12 @@ from enginefarm.backends.base import Availability
 from enginefarm.cache.manifest import target_matches
 from enginefarm.cache.stores.base import Store
 from enginefarm.errors import BackendUnavailable, EnginefarmError, RecipeError
+from enginefarm.formats.onnx_io import TensorInfo, io_of, load_header, opset_of
 
 from .ci_runners import Runner, route, runner_labels
 from .gate import stale
 from .job import Job
 from .memory import gb, job_need_bytes, source_weight_bytes, too_big_here
-from .onnx_io import TensorInfo, io_of, load_header, opset_of
 from .profiles import STATIC_PROFILE, is_static, resolve_profile
 from .recipe import Recipe, Resources, ValidateSpec
 from .sources import LocalSource, materialize
@@ -150,8 +150,7 @@ def expand(recipe: Recipe, downloads: Path, *, offline: bool = False) -> list[Jo
 
 def _checkpoint(recipe: Recipe, path: Path, key: str) -> LocalSource:
     from enginefarm.cache.atomic import sha256_file
-
-    from .safetensors_io import SafeTensors
+    from enginefarm.formats.safetensors_io import SafeTensors
 
     try:
         SafeTensors(path)  # a malformed header fails the plan, not the build

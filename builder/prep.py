@@ -15,8 +15,13 @@ from enginefarm.cache import precision_table, workdirs
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.cache.locks import file_lock
 from enginefarm.errors import ModelError
-
-from .onnx_data import converter_reads_no_weights, data_files, external_tensors, rename_data_file, write_model
+from enginefarm.formats.onnx_data import (
+    converter_reads_no_weights,
+    data_files,
+    external_tensors,
+    rename_data_file,
+    write_model,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +31,7 @@ LAST_USED = ".last_used"  # touched by every job that uses a prep folder; old fo
 EXTERNAL_ABOVE = 64 << 20  # a prepared model larger than this keeps its weights in `<name>.data`
 # Bump when the rules for what stays fp32 in an fp16 model change: it is part of fp16 build keys.
 FP16_KEEP_VERSION = "1"
-# Bump when the bf16 retyping (builder/bf16.py) changes what it writes: it is part of bf16 build keys.
+# Bump when the bf16 retyping (formats/bf16.py) changes what it writes: it is part of bf16 build keys.
 BF16_VERSION = "1"
 
 
@@ -332,7 +337,7 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
 def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from .fp16_rules import elide_round_trips, fp16_blocked
+    from enginefarm.formats.fp16_rules import elide_round_trips, fp16_blocked
 
     ops, nodes = fp16_blocked(model, keep)
     # keep_io_types: callers feed and read float32; the casts live inside the graph.
@@ -353,7 +358,7 @@ def _to_fp16(model, notes: list[str], keep: tuple[str, ...] = ()):
 
 def _to_bf16(model, notes: list[str], keep: tuple[str, ...] = ()):
     """The fp16 conversion's graph (same borders, same ops kept fp32), retyped to bfloat16 from the fp32 weights."""
-    from .bf16 import float_initializers, retype
+    from enginefarm.formats.bf16 import float_initializers, retype
 
     originals = float_initializers(model)
     converted = _to_fp16(model, notes, keep)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from enginefarm.errors import RecipeError
+from enginefarm.formats.onnx_io import TensorInfo
 
-from .onnx_io import TensorInfo
 from .recipe import ProfileSpec
 
 Resolved = dict[str, dict[str, list[int]]]  # input → {"min": [...], "opt": [...], "max": [...]}

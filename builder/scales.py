@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from enginefarm.formats.fp16_rules import QUANTIZE_OPS
+
 # Ops whose output is bounded by (or is a rearrangement of) their first input: errors pass through them no larger.
 PASS_THROUGH = {
     "Sigmoid",
@@ -46,19 +48,6 @@ PASS_THROUGH = {
     "Tile",
     "Max",
     "Min",
-}
-QUANTIZE_OPS = {
-    "DynamicQuantizeLinear",
-    "QuantizeLinear",
-    "DequantizeLinear",
-    "ConvInteger",
-    "MatMulInteger",
-    "QLinearConv",
-    "QLinearMatMul",
-    "QLinearAdd",
-    "QLinearMul",
-    "DynamicQuantizeMatMul",
-    "MatMulIntegerToFloat",
 }
 _MAX_WALK = 64
 
@@ -144,7 +133,7 @@ def session_with_extra_outputs(model_path: Path, names: list[str], options):
         return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     for name in missing:
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    from .onnx_io import check_external_data
+    from enginefarm.formats.onnx_io import check_external_data
 
     if check_external_data(model, model_path):
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(model_path.parent))

@@ -121,7 +121,7 @@ def write_seamless(source: Path, outdir: Path, tiling: str) -> int:
     files (if any) are linked beside it unchanged, under the names the graph refers to. Returns the Convs changed."""
     import onnx
 
-    from .onnx_data import data_files, link_or_copy
+    from enginefarm.formats.onnx_data import data_files, link_or_copy
 
     model = onnx.load(str(source), load_external_data=False)
     changed = wrap_convs(model, tiling)

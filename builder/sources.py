@@ -10,9 +10,9 @@ from pathlib import Path
 from enginefarm.cache.atomic import sha256_file
 from enginefarm.cache.build_keys import canonical_json
 from enginefarm.errors import OfflineError, SourceError
+from enginefarm.formats.onnx_io import check_external_data, check_external_locations, external_locations, load_header
 
 from .downloads import beside, download, hf_to_https
-from .onnx_io import check_external_data, check_external_locations, external_locations, load_header
 from .recipe import Source
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Em
     before anything is loaded."""
     path, word = (item, None) if isinstance(item, (str, Path)) else _pair(item)
     path = Path(path)
-    from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
+    from enginefarm.formats.safetensors_io import FLOATS, SafeTensors
 
     st = SafeTensors(path)  # a lying header is refused here
     names = st.names

@@ -149,7 +149,7 @@ class LiveComponent:
 
     def __post_init__(self) -> None:
         from enginefarm.backends import get_backend
-        from enginefarm.builder.weightmap import read_map
+        from enginefarm.formats.weightmap import read_map
         from enginefarm.runner.live_weights import LIVE_BACKENDS
 
         self.backend = get_backend(self.manifest.parsed_target.backend)

@@ -22,7 +22,7 @@ _OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")  # pickles: counted at their s
 def folder_fp32_bytes(folder: Path) -> int:
     """The weights under `folder` at 4 bytes a float value: safetensors from their headers (every float dtype), other
     weight files at their size."""
-    from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
+    from enginefarm.formats.safetensors_io import FLOATS, SafeTensors
 
     total = 0
     for path in sorted(folder.rglob("*")):

@@ -6,8 +6,8 @@ import shutil
 import warnings
 from pathlib import Path
 
-from enginefarm.builder.onnx_data import external_tensors, write_model
 from enginefarm.families import Tensor, is_dynamic
+from enginefarm.formats.onnx_data import external_tensors, write_model
 
 OPSET = 17
 # onnx 1.23 writes IR 14, which older readers (onnxruntime before 1.32, some vendor parsers) refuse; opset 17 needs 8.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.errors import SourceError
+from enginefarm.formats.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.weights.single_file import component_part, open_file
 
 # diffusers folder → the components of the layout it gathers, and the weights file name its class loads

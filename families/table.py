@@ -156,7 +156,7 @@ def _clip_with_projection(name: str, index: int) -> Component:
 # 1000) the sin/cos arguments are off by up to 0.25 radians. Kept fp32, the tiny SD3's fp16 image on ONNX Runtime went
 # from 5.8e-3 to 5.0e-3 of diffusers' (OpenVINO compresses weights itself; keep-lists do not apply there). The names
 # are diffusers' module paths, the same in the real models.
-# `input:timestep` (builder/fp16_rules.input_path; OpenVINO's fp16 builds only) keeps what the timestep goes through
+# `input:timestep` (formats/fp16_rules.input_path; OpenVINO's fp16 builds only) keeps what the timestep goes through
 # before the first weights, the embedding's input included (computed in f16 on this CPU otherwise: the tiny SD3
 # transformer 1.8e-3 off fp32, 4.3e-4 kept).
 _SD3_TIMESTEP_EMBEDDING = tuple(

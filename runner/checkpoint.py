@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.safetensors_io import FLOATS, SafeTensors, TensorReader
-from enginefarm.builder.weightmap import WeightMap, same_as_base
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import WeightsError
+from enginefarm.formats.safetensors_io import FLOATS, SafeTensors, TensorReader
+from enginefarm.formats.weightmap import WeightMap, same_as_base
 
 ABSURD = 1e6  # no trained weight comes near this magnitude; a value past it is a broken file, and overflows at run time
 

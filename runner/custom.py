@@ -19,14 +19,14 @@ import numpy as np
 
 from enginefarm.backends.base import BuiltFile, Feature
 from enginefarm.backends.manifest_files import role_entry
-from enginefarm.builder.safetensors_io import SafeTensors, write_safetensors
-from enginefarm.builder.weightmap import WeightMap, read_map
 from enginefarm.cache.build_keys import build_key
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.locks import file_lock
 from enginefarm.cache.manifest import Manifest
 from enginefarm.cache.progress import Progress
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, WeightsError
+from enginefarm.formats.safetensors_io import SafeTensors, write_safetensors
+from enginefarm.formats.weightmap import WeightMap, read_map
 
 from .checkpoint import read_checkpoint
 from .lora import LoraLayer, read_lora

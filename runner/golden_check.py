@@ -92,8 +92,8 @@ def describe(verdict: dict[str, Any]) -> str:
 def check(session, manifest: Manifest, artifact_dir: Path) -> dict[str, Any]:
     # The gate's code is the builder's: imported only for an artifact that needs the check, never by a plain load.
     from enginefarm.builder.golden_samples import FILE, ROLE, tensor_name
-    from enginefarm.builder.safetensors_io import SafeTensors
     from enginefarm.builder.validate import Reference, validate
+    from enginefarm.formats.safetensors_io import SafeTensors
 
     golden = manifest.validation["golden"]
     entry = next((f for f in manifest.files if f.role == ROLE), None)

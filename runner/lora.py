@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.weightmap import WeightMap
 from enginefarm.errors import WeightsError
+from enginefarm.formats.weightmap import WeightMap
 from enginefarm.weights import layouts
 from enginefarm.weights import lora as lora_files
 from enginefarm.weights.denoisers import lora_fits_component

@@ -22,9 +22,9 @@ from typing import NoReturn
 import numpy as np
 
 from enginefarm.backends.base import Feature
-from enginefarm.builder.weightmap import Mapped, WeightMap
 from enginefarm.cache.manifest import Manifest
 from enginefarm.errors import BackendUnavailable, IntegrityError, WeightsError
+from enginefarm.formats.weightmap import Mapped, WeightMap
 
 from .lora import LoraLayer
 

@@ -61,6 +61,8 @@ def test_the_graph_sees_relative_function_level_and_type_checking_imports(tmp_pa
 
 def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runner():
     """hardware/ (devices, probes, timing, device tensors) sits below backends and builder, which sit below the runner;
+    formats/ (the file formats every layer reads) imports only the cache and the errors, and nothing below the runner
+    imports the builder;
     sessions/ (what a load opens) imports only hardware/ and the errors: every import counted, TYPE_CHECKING ones
     too, as bench/import_graph.py reports them."""
     graph = _graph()
@@ -73,6 +75,9 @@ def test_hardware_is_a_leaf_and_backends_and_builder_import_nothing_of_the_runne
         ("enginefarm.runner.detect", "enginefarm.hardware.devices"),
         ("enginefarm.backends.onnxruntime", "enginefarm.sessions.onnxruntime"),
         ("enginefarm.sessions.openvino", "enginefarm.hardware.tensors"),
+        ("enginefarm.runner.custom", "enginefarm.formats.weightmap"),
+        ("enginefarm.backends.onnxruntime", "enginefarm.formats.onnx_data"),
+        ("enginefarm.builder.prep", "enginefarm.formats.fp16_rules"),
     } <= used
     wrong = [f"{e.source} -> {e.target} (line {e.line}, {e.level})" for e in graph.upward(found)]
     assert wrong == [], f"imports against the layers: {wrong}"
@@ -102,5 +107,9 @@ def test_the_layer_rules_catch_an_upward_import():
         Edge("enginefarm.backends.base", "enginefarm.runner.detect", 3, "typing"),
         Edge("enginefarm.builder.bench", "enginefarm.hardware.timing", 4, "module"),
         Edge("enginefarm.runner.load", "enginefarm.builder.build", 5, "function"),
+        Edge("enginefarm.backends.onnxruntime", "enginefarm.builder.onnx_data", 6, "function"),
+        Edge("enginefarm.formats.weightmap", "enginefarm.backends.base", 7, "module"),
+        Edge("enginefarm.weights.lora", "enginefarm.formats.safetensors_io", 8, "module"),
+        Edge("enginefarm.diffusion.embeddings", "enginefarm.builder.safetensors_io", 9, "function"),
     ]
-    assert [e.line for e in graph.upward(found)] == [1, 3]
+    assert [e.line for e in graph.upward(found)] == [1, 3, 6, 7, 9]

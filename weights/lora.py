@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.safetensors_io import FLOATS, SafeTensors
 from enginefarm.errors import WeightsError
+from enginefarm.formats.safetensors_io import FLOATS, SafeTensors
 
 from .denoisers import same_family
 from .lora_layer import SUFFIXES, Layer, kind_of, missing_roles

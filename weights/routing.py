@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginefarm.builder.safetensors_io import SafeTensors
 from enginefarm.errors import WeightsError
+from enginefarm.formats.safetensors_io import SafeTensors
 
 from .single_file import open_file, same_family
 

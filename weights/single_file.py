@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enginefarm.builder.safetensors_io import SafeTensors, TensorEntry
 from enginefarm.errors import WeightsError
+from enginefarm.formats.safetensors_io import SafeTensors, TensorEntry
 
 from . import layouts
 from .denoisers import file_fits_component

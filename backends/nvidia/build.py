@@ -179,7 +179,7 @@ def stripped_files(prepared_onnx: Path, workdir: Path, strip_weights: bool) -> l
     """The plan, plus the ONNX its weights are refitted from when it is weight-stripped."""
     files = [BuiltFile("model.plan", "engine")]
     if strip_weights:
-        from enginefarm.builder.onnx_data import (
+        from enginefarm.formats.onnx_data import (
             link_or_copy,  # the prepared files are never rewritten: a link is a copy for free
         )
 

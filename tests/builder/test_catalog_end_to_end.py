@@ -19,8 +19,8 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.mark.slow
 def test_a_pinned_single_file_downloads_exports_builds_and_generates(tiny, tmp_path, cli):
-    from enginefarm.builder.safetensors_io import SafeTensors
     from enginefarm.diffusion import read_png
+    from enginefarm.formats.safetensors_io import SafeTensors
 
     source = tiny("sd1")
     checkpoint = write_file(tmp_path / "v1-5-narrow.safetensors", original_tensors(source, "sd1"))

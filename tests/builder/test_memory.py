@@ -225,7 +225,7 @@ def test_a_half_precision_source_needs_what_its_fp32_weights_would(tmp_path, sto
 def test_a_vae_needs_memory_for_its_largest_image_not_its_weights():
     """Measured (docs/large-models.md): SDXL's VAE decoder job peaked at 6.9 GB at 1024x1024 and SD 1.5's at 2.4 GB
     at 512x512, each with 0.2 GB of weights. A ControlNet's image input and a UNet's latents do not count."""
-    from enginefarm.builder.onnx_io import TensorInfo
+    from enginefarm.formats.onnx_io import TensorInfo
 
     latent = (TensorInfo("latent_sample", "float32", ("batch", 4, "height", "width")),)
     image = (TensorInfo("sample", "float32", ("batch", 3, "image_height", "image_width")),)
@@ -245,7 +245,7 @@ def test_a_vae_needs_memory_for_its_largest_image_not_its_weights():
 
 
 def _transformer_profile(batch: int, latent: int, context: int):
-    from enginefarm.builder.onnx_io import TensorInfo
+    from enginefarm.formats.onnx_io import TensorInfo
 
     inputs = (
         TensorInfo("hidden_states", "float32", ("batch", 16, "height", "width")),
@@ -302,7 +302,7 @@ def test_plan_counts_the_attention_heads_a_recipe_names(tmp_path, tiny_recipe):
 
 
 def _unet_profile(batch: int, latent: int):
-    from enginefarm.builder.onnx_io import TensorInfo
+    from enginefarm.formats.onnx_io import TensorInfo
 
     inputs = (
         TensorInfo("sample", "float32", ("batch", 4, "height", "width")),

@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 
 from enginefarm.builder import prep
-from enginefarm.builder.onnx_io import load_header
 from enginefarm.errors import ModelError
+from enginefarm.formats.onnx_io import load_header
 from tests import models
 
 
@@ -269,7 +269,7 @@ def test_a_kept_scope_keeps_its_nodes_and_the_constants_only_they_read():
     fp32 too (rounded to fp16 it moves sin's argument by up to a radian), and the result is exact to fp32."""
     from onnx import TensorProto, helper
 
-    from enginefarm.builder.fp16_rules import fp16_blocked
+    from enginefarm.formats.fp16_rules import fp16_blocked
 
     freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
     nodes = [
@@ -312,10 +312,10 @@ def test_an_input_path_keeps_the_arithmetic_before_the_first_weights(write_recip
     model has, and names a wrong one."""
     from onnx import TensorProto, helper
 
-    from enginefarm.builder.fp16_rules import fp16_blocked, kept_nodes
     from enginefarm.builder.planner import expand
     from enginefarm.builder.recipe import load_recipe
     from enginefarm.errors import RecipeError
+    from enginefarm.formats.fp16_rules import fp16_blocked, kept_nodes
 
     freqs = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)
     weight = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
@@ -361,7 +361,7 @@ def test_a_round_trip_cast_that_an_if_branch_reads_is_kept():
     longer defined, and the model that was valid before the pass failed onnx.checker after it."""
     from onnx import TensorProto, helper
 
-    from enginefarm.builder.fp16_rules import elide_round_trips
+    from enginefarm.formats.fp16_rules import elide_round_trips
 
     then = helper.make_graph(
         [helper.make_node("Cast", ["h"], ["t"], to=TensorProto.FLOAT)],

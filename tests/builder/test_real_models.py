@@ -123,10 +123,10 @@ GATE_PROFILES = {
 def test_the_gate_passes_correct_artifacts_and_fails_broken_ones(name, precision, tmp_path):
     import onnx
 
-    from enginefarm.builder.onnx_io import io_of, load_header
     from enginefarm.builder.prep import prepare
     from enginefarm.builder.recipe import ValidateSpec
     from enginefarm.builder.validate import Thresholds, model_traits, reference_outputs, sample_cases, validate
+    from enginefarm.formats.onnx_io import io_of, load_header
 
     source = real_model(name)
     inputs, _ = io_of(load_header(source))

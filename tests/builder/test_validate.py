@@ -223,9 +223,9 @@ def test_every_metric_is_reported_and_the_hint_names_the_knobs_with_the_numbers_
 
 
 def test_image_inputs_get_images_and_everything_stays_in_the_declared_range():
-    from enginefarm.builder.onnx_io import TensorInfo
     from enginefarm.builder.recipe import SampleSpec, ValidateSpec
     from enginefarm.builder.validate import sample_cases
+    from enginefarm.formats.onnx_io import TensorInfo
 
     inputs = [TensorInfo("image", "float32", ("b", 3, "h", "w")), TensorInfo("latent", "float32", (1, 4, 16, 16))]
     profile = {

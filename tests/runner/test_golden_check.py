@@ -22,10 +22,10 @@ from enginefarm.builder.build import build
 from enginefarm.builder.golden_samples import FILE
 from enginefarm.builder.planner import expand
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.builder.safetensors_io import SafeTensors
 from enginefarm.builder.validate import Thresholds
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import ArtifactNotFoundError
+from enginefarm.formats.safetensors_io import SafeTensors
 
 LATENT = np.random.default_rng(5).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
 

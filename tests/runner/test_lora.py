@@ -301,7 +301,7 @@ def refit_backend(tmp_path):
 
 
 def test_refit_gets_every_mapped_weight_and_caches_the_merge(store, tmp_path):
-    from enginefarm.builder.weightmap import read_map
+    from enginefarm.formats.weightmap import read_map
     from enginefarm.runner.custom import Stack, apply
     from enginefarm.runner.load import fetch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enginefarm.builder.weightmap import Mapped
+from enginefarm.formats.weightmap import Mapped
 from enginefarm.runner import merge
 from enginefarm.runner.lora import LoraLayer
 from enginefarm.weights.lora_layer import Layer

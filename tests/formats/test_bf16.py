@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from enginefarm.builder.bf16 import to_bf16_bits
+from enginefarm.formats.bf16 import to_bf16_bits
 
 
 def _cpu_has_bf16() -> bool:

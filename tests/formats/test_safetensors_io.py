@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from enginefarm.builder.safetensors_io import MAX_HEADER, SafeTensors, write_safetensors
 from enginefarm.errors import WeightsError
+from enginefarm.formats.safetensors_io import MAX_HEADER, SafeTensors, write_safetensors
 from tests import models
 
 
@@ -136,7 +136,7 @@ def test_a_tensor_past_the_address_space_limit_is_a_weights_error(tmp_path, alon
         handle.truncate(8 + len(header) + (1 << 30))  # sparse: no disk used
     code = (
         "import resource, sys\n"
-        "from enginefarm.builder.safetensors_io import SafeTensors\n"
+        "from enginefarm.formats.safetensors_io import SafeTensors\n"
         "from enginefarm.errors import WeightsError\n"
         "st = SafeTensors(sys.argv[1])\n"
         "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"

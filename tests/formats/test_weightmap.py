@@ -10,8 +10,8 @@ import pytest
 
 from enginefarm.builder.planner import expand
 from enginefarm.builder.recipe import load_recipe
-from enginefarm.builder.weightmap import WeightMap, derive
 from enginefarm.errors import IntegrityError, RecipeError
+from enginefarm.formats.weightmap import WeightMap, derive
 from tests import models
 
 
@@ -44,7 +44,7 @@ def test_linear_conv_and_norm_weights_are_found_by_content(tmp_path):
 
 
 def test_a_block_of_a_fused_weight_is_read_and_written_in_place():
-    from enginefarm.builder.weightmap import Mapped
+    from enginefarm.formats.weightmap import Mapped
 
     k, v = np.arange(32, dtype=np.float32).reshape(16, 2), -np.arange(32, dtype=np.float32).reshape(16, 2)
     fused = np.concatenate([k.T, v.T], axis=1)  # [2, 32]
@@ -56,7 +56,7 @@ def test_a_block_of_a_fused_weight_is_read_and_written_in_place():
 
 def test_layout_round_trip():
     found_w = np.arange(32, dtype=np.float32).reshape(16, 2)
-    from enginefarm.builder.weightmap import Mapped
+    from enginefarm.formats.weightmap import Mapped
 
     m = Mapped("onnx::MatMul_1", True, (16, 2), (2, 16))
     assert np.array_equal(m.to_onnx(found_w), found_w.T)
@@ -182,7 +182,7 @@ def _external_onnx(path, initializers: dict[str, np.ndarray]):
 
 
 def test_a_tensor_the_fingerprint_cannot_tell_apart_is_compared_in_full(tmp_path):
-    from enginefarm.builder.weightmatch import SAMPLE, _positions, fingerprint
+    from enginefarm.formats.weightmatch import SAMPLE, _positions, fingerprint
 
     rng = np.random.default_rng(3)
     w, q, k, v = (rng.normal(0, 0.3, (48, 64)).astype(np.float32) for _ in range(4))

@@ -129,7 +129,7 @@ def write_model(
     `to_fp16` names external tensors that were float32 in the files and are float16 in `model` (the fp16
     converter changes the type of a tensor it cannot see the data of): their values are converted here, with
     the converter's own clamping of what float16 cannot hold. `to_bf16` does the same for tensors retyped to
-    bfloat16 (rounded to nearest even from float32, see builder/bf16.py). Data moves in chunks: memory stays at CHUNK
+    bfloat16 (rounded to nearest even from float32, see formats/bf16.py). Data moves in chunks: memory stays at CHUNK
     bytes even for a single multi-GB tensor."""
     import onnx
 

@@ -16,7 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .scales import QUANTIZE_OPS
+# ONNX's quantization op types: they take and give float32 scales, so they and their islands stay fp32.
+QUANTIZE_OPS = {
+    "DynamicQuantizeLinear",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "ConvInteger",
+    "MatMulInteger",
+    "QLinearConv",
+    "QLinearMatMul",
+    "QLinearAdd",
+    "QLinearMul",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+}
 
 _FLOAT = 1
 _FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16

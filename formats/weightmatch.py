@@ -1,4 +1,4 @@
-"""Finding a checkpoint tensor's values among a model's initializers, for the weight map (`builder/weightmap.py`).
+"""Finding a checkpoint tensor's values among a model's initializers, for the weight map (`formats/weightmap.py`).
 
 A match is exact: the same float32 bits, in the initializer's layout or transposed (2-D), shapes equal but for
 size-1 axes. Hashing every value (and a transposed copy of every matrix) to look matches up took minutes at real

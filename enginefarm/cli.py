@@ -22,9 +22,34 @@ from enginefarm.errors import EnginefarmError, missing_extra
 def _setup_logging(verbose: int) -> None:
     from rich.logging import RichHandler
 
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = RichHandler(console=console(stderr=True), show_path=False, show_time=False)
-    logging.basicConfig(level=level, handlers=[handler], format="%(message)s")
+    logging.basicConfig(level=_level(verbose), handlers=[handler], format="%(message)s")
+
+
+def _level(verbose: int) -> int:
+    return logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+
+
+def _more_verbose(ctx: click.Context, param: click.Parameter, count: int) -> None:
+    """`enginefarm build -v`: the subcommand's -v adds to the group's (`enginefarm -v build -v` is -vv)."""
+    if count:
+        logging.getLogger().setLevel(_level(ctx.find_root().params.get("verbose", 0) + count))
+
+
+def _verbose_everywhere(group: click.Group) -> None:
+    """Every command takes -v after its name too, where users type it, not only before it."""
+    for command in group.commands.values():
+        command.params.append(
+            click.Option(
+                ["-v", "--verbose"],
+                count=True,
+                expose_value=False,
+                callback=_more_verbose,
+                help="More log output (-vv for debug).",
+            )  # fmt: skip
+        )
+        if isinstance(command, click.Group):
+            _verbose_everywhere(command)
 
 
 class _Group(click.Group):
@@ -95,6 +120,7 @@ for command in (
     release_group,
 ):
     main.add_command(command)
+_verbose_everywhere(main)
 
 if __name__ == "__main__":
     main()

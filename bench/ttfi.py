@@ -134,10 +134,10 @@ def main() -> None:
     started = time.perf_counter()
 
     from enginefarm.runner.load import fetch
+    from enginefarm.runner.request import Request
 
-    manifest, folder, _ = fetch(
-        args.ref, precision=args.precision, device="cpu", store=str(args.store), target="openvino:cpu"
-    )  # warms the cache
+    asked = Request(args.ref, precision=args.precision, device="cpu", store=str(args.store), target="openvino:cpu")
+    manifest, folder, _ = fetch(asked)  # warms the cache
     blob = any(f.role == "engine" for f in manifest.files)
     model = onnx if args.bare_reads == "source" else folder / next(f.path for f in manifest.files if f.role == "ir")
     tmp = Path(tempfile.mkdtemp(prefix="ttfi-"))

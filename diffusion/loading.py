@@ -7,11 +7,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefarm.errors import ConfigError
 
 from .assets import ModelAssets
 from .live_loras import LiveLoras
+
+if TYPE_CHECKING:
+    from enginefarm.runner.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +24,9 @@ class ComponentLoader:
     """One model's components as `enginefarm.load` serves them, with the settings `Pipeline.load` was given; loads
     on demand (`__call__`), so a memory budget can close and reload them."""
 
-    def __init__(
-        self, name: str, found: ModelAssets, controlnet: bool, *, store, precision, target, device, version, progress
-    ) -> None:
-        self.name, self.found, self.controlnet = name, found, controlnet
-        self.store, self.precision, self.target, self.device = store, precision, target, device
-        self.version, self.progress = version, progress
+    def __init__(self, request: Request, found: ModelAssets, controlnet: bool, progress=None) -> None:
+        self.request = request  # the model's: each component is asked as `request.component(name, ...)`
+        self.found, self.controlnet, self.progress = found, controlnet, progress
         self.files: dict = {}  # component → the user's weights file for it
         self.timings: dict[str, float] = {}
         self.live: LiveLoras | None = None
@@ -52,7 +53,7 @@ class ComponentLoader:
     def chosen_precision(self, component: str) -> str | None:
         """The asked precision where the family builds it for this component, else the component's first."""
         spec = self.found.family.component(component)
-        asked = self.precision
+        asked = self.request.precision
         return asked if asked is None or spec.precisions is None or asked in spec.precisions else spec.precisions[0]
 
     def estimate(self, component: str) -> int:
@@ -73,18 +74,14 @@ class ComponentLoader:
             session = live.session(component)
             self.timings[f"load {component}"] = time.perf_counter() - start
             return session
-        session = load_session(
-            f"{self.name}/{component}",
+        asked = self.request.component(
+            component,
             precision=self.chosen_precision(component),
-            device=self.device,
-            store=self.store,
-            target=self.target,
-            progress=self.progress,
-            version=self.version,
             weights=self.files.get(component),
             loras=(live.dealt.get(component, ()) if live is not None else ()) if stack is None else stack,
             tiling=tiling,  # its seamless variant (diffusion/seamless.py)
         )
+        session = load_session(asked, progress=self.progress)
         self.timings[f"load {component}" + (f" (tiling {tiling})" if tiling else "")] = time.perf_counter() - start
         return session
 
@@ -92,13 +89,8 @@ class ComponentLoader:
         from enginefarm.runner.load import fetch
 
         return fetch(
-            f"{self.name}/{component}",
-            precision=self.chosen_precision(component),
-            device=self.device,
-            store=self.store,
-            target=self.target,
+            self.request.component(component, precision=self.chosen_precision(component)),
             progress=self.progress if progress is ... else progress,
-            version=self.version,
         )
 
     def _deal(self, asked):
@@ -130,12 +122,13 @@ def read_embeddings(embeddings, assets: ModelAssets) -> list:
     return [read_embedding(item, clips, t5) for item in embeddings or ()]
 
 
-def fetch_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
-    """The model's assets folder from the store (`MODEL/assets`, fetched and verified like any artifact)."""
+def fetch_assets(request: Request, progress) -> Path:
+    """The assets folder of the request's model from the store (`MODEL/assets`, fetched and verified like any
+    artifact)."""
     from enginefarm.runner.assets import fetch_assets as fetch_model_assets
 
     hint = 'build its recipe with `[model] assets = "assets"` (what `enginefarm export` writes), or pass assets=FOLDER'
-    return fetch_model_assets(name, store, device, version, progress, missing_hint=hint)
+    return fetch_model_assets(request, progress, missing_hint=hint)
 
 
 def components(assets: ModelAssets, controlnet: bool) -> list[str]:

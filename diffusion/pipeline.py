@@ -149,9 +149,12 @@ class Pipeline:
         `enginefarm.filters.preview.PreviewDecoder`) that turns on_preview's latents into full-size images; decoder:
         one that decodes the final images instead of the VAE (which is then not loaded). Each is checked against the
         model's latent space (channels, and the family where the decoder's name tells it) before anything loads."""
+        from enginefarm.runner.request import Request
+
         from .budget import Residency, parse_budget
         from .loading import ComponentLoader, components, fetch_assets, preview_filters, read_embeddings
 
+        request = Request(name, precision, device, store, target, version)  # the model's; each component's from it
         budget = parse_budget(memory_budget)
         folder = None
         if embeddings_dir is not None:
@@ -159,20 +162,10 @@ class Pipeline:
 
             folder = EmbeddingFolder(embeddings_dir)  # checked before anything is fetched
         if assets is None:
-            assets = fetch_assets(name, store, device, version, progress)
+            assets = fetch_assets(request, progress)
         found = ModelAssets.from_folder(assets)
         read = read_embeddings(embeddings, found)  # a bad file costs nothing: nothing is fetched or loaded yet
-        loader = ComponentLoader(
-            name,
-            found,
-            controlnet,
-            store=store,
-            precision=precision,
-            target=target,
-            device=device,
-            version=version,
-            progress=progress,
-        )
+        loader = ComponentLoader(request, found, controlnet, progress)
         loader.route_weights(weights, vae)
         ignored = loader.start_loras(loras)
         wanted = components(found, controlnet)

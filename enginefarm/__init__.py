@@ -70,34 +70,35 @@ def load(
     tiling: "x", "y" or "xy": the artifact's seamless variant (every 2D convolution padding circularly in those axes),
     derived on this device at the first such load and cached.
     """
-    if weights is None and not loras and channel is None and trusted_root is None and tiling is None:
-        from enginefarm.runner import warm  # a warm start: the pick made last time, if nothing it read has changed
-        from enginefarm.settings import load_settings
+    from enginefarm.runner.request import Request
 
-        here = settings or load_settings()
-        if warm.remembers(store, here):
-            asked = warm.request(ref, precision, device, store, target, version, recipe, here)
-            session = warm.reopen(asked, here.home, warm.index_file(ref.partition("/")[0], store, here))
-            if session is not None:
-                return session
-    from enginefarm.runner.load import load as _load
-
-    return _load(
+    request = Request(
         ref,
         precision,
         device,
         store,
+        target,
+        version,
         weights,
         loras,
         recipe=recipe,
-        target=target,
-        progress=progress,
-        settings=settings,
         channel=channel,
         trusted_root=trusted_root,
-        version=version,
         tiling=tiling,
     )
+    if request.plain:
+        from enginefarm.runner import warm  # a warm start: the pick made last time, if nothing it read has changed
+        from enginefarm.settings import load_settings
+
+        here = settings or load_settings()
+        if warm.remembers(request.store, here):
+            index_file = warm.index_file(request.model, request.store, here)
+            session = warm.reopen(warm.request(request, here), here.home, index_file)
+            if session is not None:
+                return session
+    from enginefarm.runner.load import load as _load
+
+    return _load(request, progress=progress, settings=settings)
 
 
 def models(store: str | None = None, device: str = "auto") -> list:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from enginefarm.cache import precision_table
-from enginefarm.errors import ConfigError, EnginefarmError
+from enginefarm.errors import ConfigError, EnginefarmError, ProofFailed
 
 PROOF_MODEL = "bundle-proof/net"
 
@@ -84,10 +84,6 @@ class Proof:
     modules_from_bundle: int = 0
     seconds: float = 0.0
     outputs: dict | None = None  # name -> {"cosine", "max_abs"} against the reference
-
-
-class ProofFailed(EnginefarmError):
-    """The bundle did not load or compute what the full install does."""
 
 
 def prove(
@@ -225,10 +221,11 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(names, feeds), strict=True)), f"ONNX Runtime {ort.__version__} on the ONNX"
     from enginefarm.runner.load import load
+    from enginefarm.runner.request import Request
 
     if artifact["target"] != "onnxruntime:cpu" or artifact["precision"] != precision_table.REFERENCE:
         try:
-            session = load(
+            reference = Request(
                 model,
                 precision_table.REFERENCE,
                 "cpu",
@@ -236,14 +233,13 @@ def _reference(feeds: dict, onnx_path: Path | None, model: str, store: str, arti
                 target="onnxruntime:cpu",
                 version=artifact["model_version"],
             )
+            session = load(reference)
             return session.run(
                 feeds
             ), f"the store's onnxruntime:cpu fp32 artifact ({session.artifact.build_key[:12]}) in this environment"
         except EnginefarmError:
             pass  # no such artifact, or ONNX Runtime is not installed here: compare with the full install instead
-    session = load(
-        model, artifact["precision"], "cpu", store, target=artifact["target"], version=artifact["model_version"]
-    )
+    session = load(Request(model, artifact["precision"], "cpu", store, artifact["target"], artifact["model_version"]))
     return session.run(feeds), "the same artifact through this environment's full install"
 
 

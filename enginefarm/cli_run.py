@@ -59,24 +59,25 @@ def run_cmd(
     import numpy as np
 
     from enginefarm.runner.load import load
+    from enginefarm.runner.request import Request
 
+    request = Request(
+        ref,
+        precision,
+        device,
+        store,
+        target,
+        model_version,
+        weights,
+        [_lora_option(item) for item in loras],
+        recipe=recipe,
+        channel=channel,
+        trusted_root=trusted_root,
+    )
     feeds = _read_inputs(inputs)
     start = time.perf_counter()
     with RichProgress() as progress:
-        session = load(
-            ref,
-            precision,
-            device,
-            store,
-            weights,
-            [_lora_option(item) for item in loras],
-            recipe=recipe,
-            target=target,
-            progress=progress,
-            channel=channel,
-            trusted_root=trusted_root,
-            version=model_version,
-        )
+        session = load(request, progress=progress)
     loaded = time.perf_counter()
     outputs = session.run(feeds)
     done = time.perf_counter()
@@ -148,19 +149,11 @@ def _read_inputs(items: tuple[str, ...]) -> dict:
 def fetch_cmd(ref, explain, precision, device, target, store, channel, trusted_root, model_version):
     """Fetch and verify the artifact `run` would use, into the local cache (for offline use later)."""
     from enginefarm.runner.load import fetch
+    from enginefarm.runner.request import Request
 
+    request = Request(ref, precision, device, store, target, model_version, channel=channel, trusted_root=trusted_root)
     with RichProgress() as progress:
-        manifest, path, why = fetch(
-            ref,
-            precision,
-            device,
-            store,
-            target=target,
-            progress=progress,
-            channel=channel,
-            trusted_root=trusted_root,
-            version=model_version,
-        )
+        manifest, path, why = fetch(request, progress=progress)
     if explain:
         click.echo(why)
     click.echo(f"{manifest.ref} {manifest.target} {manifest.precision} [{manifest.build_key[:12]}] → {path}")

@@ -166,12 +166,13 @@ def find(name: str, kind: str, option: str, *, store: str | None = None, device:
     """The FilterInfo of `name` in the store, checked to be of `kind`, without loading its engines: what a command
     checks before it generates anything. One ConfigError line when it is missing or of another kind."""
     from enginefarm.errors import UnknownModelError
+    from enginefarm.runner.request import Request
 
     from .info import FilterInfo
     from .loading import fetch_filter_assets
 
     try:
-        info = FilterInfo.from_folder(fetch_filter_assets(name, store, device, None, progress), name)
+        info = FilterInfo.from_folder(fetch_filter_assets(Request(name, device=device, store=store), progress), name)
     except UnknownModelError as exc:
         raise _missing(name, option, exc) from None
     if info.kind != kind:

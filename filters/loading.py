@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefarm.errors import ConfigError
 
 from .base import Filter
 from .info import FilterInfo
+
+if TYPE_CHECKING:
+    from enginefarm.runner.request import Request
 
 # kind → "module:Class" in this package, imported only when a filter of that kind loads
 KIND_CLASSES = {
@@ -48,8 +52,10 @@ def load(
     and loaded. precision/target/device/version: as `enginefarm.load`. assets: the folder `enginefarm export` wrote
     (`DIR/assets`), to skip fetching it from the store. Close it (or use `with`) to give its memory back."""
     from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself, without the root package
+    from enginefarm.runner.request import Request
 
-    folder = Path(assets) if assets is not None else fetch_filter_assets(name, store, device, version, progress)
+    request = Request(name, precision, device, store, target, version)
+    folder = Path(assets) if assets is not None else fetch_filter_assets(request, progress)
     info = FilterInfo.from_folder(folder, name)
     cls = kind_class(info.kind)
     uses: dict[str, Filter] = {}
@@ -60,15 +66,7 @@ def load(
                 other, store=store, precision=precision, target=target, device=device, progress=progress
             )
         for component in info.components:
-            sessions[component] = load_session(
-                f"{name}/{component}",
-                precision=precision,
-                device=device,
-                store=store,
-                target=target,
-                progress=progress,
-                version=version,
-            )
+            sessions[component] = load_session(request.component(component), progress=progress)
         return cls(info, sessions, uses)
     except BaseException:
         for session in sessions.values():
@@ -91,9 +89,10 @@ def _load_used(name: str, *, precision: str | None, **options) -> Filter:
         return load(name, precision=None, **options)
 
 
-def fetch_filter_assets(name: str, store: str | None, device: str, version: str | None, progress) -> Path:
-    """The filter's assets folder (`NAME/assets`: filter.json and what its kind reads), fetched and verified."""
+def fetch_filter_assets(request: Request, progress) -> Path:
+    """The filter's assets folder (`NAME/assets`: filter.json and what its kind reads), fetched and verified; `request`
+    names the filter and where it is stored."""
     from enginefarm.runner.assets import fetch_assets
 
     hint = "build the recipe `enginefarm export FILE` wrote for it: its assets say what kind of filter it is"
-    return fetch_assets(name, store, device, version, progress, missing_hint=hint)
+    return fetch_assets(request, progress, missing_hint=hint)

@@ -7,22 +7,24 @@ from pathlib import Path
 
 from enginefarm.errors import ArtifactNotFoundError, ConfigError, UnknownModelError
 
+from .request import Request
 
-def fetch_assets(
-    name: str, store: str | None, device: str, version: str | None, progress, *, missing_hint: str
-) -> Path:
-    """The assets folder of `name`. A typo'd name is UnknownModelError with "did you mean"; a model stored without
+
+def fetch_assets(request: Request, progress, *, missing_hint: str) -> Path:
+    """The assets folder of the request's model (its store, device and version; not its target or precision: one
+    folder serves every engine). A typo'd name is UnknownModelError with "did you mean"; a model stored without
     assets is one ConfigError line with `missing_hint`."""
     from enginefarm.cache.device_cache import hold
 
     from .load import fetch
 
+    asked = Request(f"{request.model}/assets", device=request.device, store=request.store, version=request.version)
     try:
-        _, folder, _ = fetch(f"{name}/assets", device=device, store=store, progress=progress, version=version)
+        _, folder, _ = fetch(asked, progress=progress)
     except UnknownModelError as exc:  # a typo: its message lists the models the store holds
         hint = f"did you mean {exc.closest}?" if exc.closest else exc.hint
         raise UnknownModelError(exc.message, hint=hint, closest=exc.closest) from None
     except ArtifactNotFoundError as exc:
-        raise ConfigError(f"{name} has no assets in the store ({exc})", hint=missing_hint) from None
+        raise ConfigError(f"{request.model} has no assets in the store ({exc})", hint=missing_hint) from None
     hold(folder)  # read after the engines load: no gc evicts it meanwhile (engines are read as they load)
     return folder

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,10 +36,13 @@ from .detect import detect
 from .identity import check_served
 from .lookup import Lookup
 from .not_found import not_found
+from .request import Request
 from .resolve import Candidate, resolve
 from .session import Session
 
 if TYPE_CHECKING:
+    from enginefarm.cache.stores.base import Store
+
     from .custom import Stack
 
 log = logging.getLogger(__name__)
@@ -69,35 +72,20 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return model, component
 
 
-def lookup(
-    ref: str,
-    precision: str | None,
-    device: str,
-    store: str | None,
-    target: str | None,
-    settings: Settings,
-    version: str | None = None,
-) -> Lookup:
-    """`version`: the model version to serve (None: the newest with an artifact usable here)."""
+def lookup(request: Request, settings: Settings) -> Lookup:
+    """The candidates for `request` (its version: None is the newest with an artifact usable here), ranked."""
     with gc_paused():  # one cycle-collector pass over the index's objects at the end, not one per stage (see gc_paused)
-        return _lookup(ref, precision, device, store, target, settings, version)
+        return _lookup(request, settings)
 
 
-def _lookup(
-    ref: str,
-    precision: str | None,
-    device: str,
-    store: str | None,
-    target: str | None,
-    settings: Settings,
-    version: str | None,
-) -> Lookup:
-    if precision is not None and precision not in precision_table.NAMES:
+def _lookup(request: Request, settings: Settings) -> Lookup:
+    if request.precision is not None and request.precision not in precision_table.NAMES:
         raise ConfigError(
-            f"unknown precision {precision!r}", hint=f"{precision_table.hint()}, or leave it out for the fastest"
+            f"unknown precision {request.precision!r}",
+            hint=f"{precision_table.hint()}, or leave it out for the fastest",
         )
-    model, component = parse_ref(ref)
-    selectors = (target,) if target else ()
+    model, component = parse_ref(request.ref)
+    selectors = (request.target,) if request.target else ()
 
     def filtered(entries) -> tuple[list, list]:
         """(entries --target keeps, the component's entries it leaves out: named if nothing else fits)."""
@@ -112,22 +100,22 @@ def _lookup(
     def devices_for(entries) -> list[Device]:
         found = [
             d
-            for d in detect(device, probes_for(entries), settings)
+            for d in detect(request.device, probes_for(entries), settings)
             if any(target_matches(t, selectors) for t in d.targets)
         ]
         if not found:
-            raise ConfigError(f"no device here runs {target or device}", hint="see `enginefarm doctor`")
+            raise ConfigError(f"no device here runs {request.target or request.device}", hint="see `enginefarm doctor`")
         return found
 
     cache = DeviceCache(settings.home)
     if settings.channel or settings.trusted_root:
         from .release import open_channel, released_entries
 
-        client, opened = open_channel(store, settings)
+        client, opened = open_channel(request.store, settings)
         entries, left_out = filtered(released_entries(client, model))
         devices = devices_for(entries)
         return Lookup(
-            resolve(ref, entries, precision, devices, version=version),
+            resolve(request.ref, entries, request.precision, devices, version=request.version),
             devices,
             cache,
             opened,
@@ -144,61 +132,84 @@ def _lookup(
         for c in cache.entries()
         if c.manifest.model == model and "stack" not in c.manifest.options and "tiling" not in c.manifest.options
     ]
-    note, opened, stored, origin, unreadable = "", None, [], None, ""
-    listed: set[str] | None = None  # the build keys the store's index lists now; None: its index was not read
-    if settings.offline:
-        note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
-        origin = _url_of(store) if store else None  # a store the caller named: only what it served, even offline
-    else:
-        try:
-            opened = open_store(store or settings.store, must_exist=bool(store) or settings.store_explicit)
-            origin = opened.url
-            index = read_index(opened, model)
-            stored = [(e, "store") for e in index.entries.values()]
-            unreadable = f"{opened.url}/index/{model}.json {index.unreadable}" if index.unreadable else ""
-            listed = None if index.unreadable else set(index.entries)  # a damaged index is no word on anything
-        except StoreNotFound:
-            raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
-        except StoreError as exc:
-            note = f"store unreachable ({exc}); only the local cache was considered"
-            log.warning(note)
-    if origin is not None:
-        # What another store served never stands in for this one's: it is reached only through this store's own
-        # entry of the same key, once the two manifests are equal (_materialize).
-        foreign = {m.build_key for m in cached if not cache.served_by(m.build_key, origin)}
-        # What this store served but its index no longer lists (the store was rebuilt or replaced at the same URL,
-        # old versions were removed) is withdrawn: a warm cache serves what a fresh device would get from the store.
-        withdrawn: set[str] = set()
-        if listed is not None:
-            for m in cached:
-                if m.build_key not in foreign and m.build_key not in listed and cache.withdraw(m.build_key, origin):
-                    withdrawn.add(m.build_key)  # withdraw() also drops the store from the artifact's .origins
-        said = [note] if note else []
-        if foreign:
-            said.append(f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered")
-        if withdrawn:
-            said.append(
-                f"{len(withdrawn)} cached artifact(s) of {model} are no longer in the store's index (it was "
-                "rebuilt, replaced or pruned since) and were not considered"
-            )
-        note = "; ".join(said)
-        left_out_here = foreign | withdrawn
-        cached = [m for m in cached if m.build_key not in left_out_here]
-    else:  # no store to ask: the whole cache, less what every store that served it has withdrawn since
-        cached = [m for m in cached if not cache.withdrawn(m.build_key)]
-    entries, left_out = filtered([(IndexEntry.of(m), "cache") for m in cached] + stored)
+    store = _read_store(request, settings, model)
+    cached, note = _still_served(cached, cache, store, model)
+    entries, left_out = filtered([(IndexEntry.of(m), "cache") for m in cached] + store.entries)
     devices = devices_for(entries)
     return Lookup(
-        resolve(ref, entries, precision, devices, version=version),
+        resolve(request.ref, entries, request.precision, devices, version=request.version),
         devices,
         cache,
-        opened,
+        store.opened,
         note,
         settings,
         selectors=selectors,
         filtered_out=left_out,
-        unreadable_index=unreadable,
+        unreadable_index=store.unreadable,
     )
+
+
+@dataclass
+class _StoreView:
+    """What the store said of a model: its index entries, where it is, and why anything is missing."""
+
+    opened: Store | None = None
+    origin: str | None = None  # the URL its artifacts record as their origin; None: no store to ask
+    entries: list = field(default_factory=list)  # (index entry, "store")
+    listed: set[str] | None = None  # the build keys its index lists now; None: its index was not read
+    unreadable: str = ""
+    note: str = ""
+
+
+def _read_store(request: Request, settings: Settings, model: str) -> _StoreView:
+    view = _StoreView()
+    if settings.offline:
+        view.note = "offline (ENGINEFARM_OFFLINE): only the local cache was considered"
+        # a store the caller named: only what it served, even offline
+        view.origin = _url_of(request.store) if request.store else None
+        return view
+    try:
+        view.opened = opened = open_store(
+            request.store or settings.store, must_exist=bool(request.store) or settings.store_explicit
+        )
+        view.origin = opened.url
+        index = read_index(opened, model)
+        view.entries = [(e, "store") for e in index.entries.values()]
+        view.unreadable = f"{opened.url}/index/{model}.json {index.unreadable}" if index.unreadable else ""
+        view.listed = None if index.unreadable else set(index.entries)  # a damaged index is no word on anything
+    except StoreNotFound:
+        raise  # a mistyped path must not look like "nothing built", nor quietly serve what the cache holds
+    except StoreError as exc:
+        view.note = f"store unreachable ({exc}); only the local cache was considered"
+        log.warning(view.note)
+    return view
+
+
+def _still_served(cached: list[Manifest], cache: DeviceCache, store: _StoreView, model: str) -> tuple[list, str]:
+    """The cached manifests the store still serves, and the note naming what was left out."""
+    if store.origin is None:  # no store to ask: the whole cache, less what every store that served it has withdrawn
+        return [m for m in cached if not cache.withdrawn(m.build_key)], store.note
+    origin = store.origin
+    # What another store served never stands in for this one's: it is reached only through this store's own
+    # entry of the same key, once the two manifests are equal (_materialize).
+    foreign = {m.build_key for m in cached if not cache.served_by(m.build_key, origin)}
+    # What this store served but its index no longer lists (the store was rebuilt or replaced at the same URL,
+    # old versions were removed) is withdrawn: a warm cache serves what a fresh device would get from the store.
+    withdrawn: set[str] = set()
+    if store.listed is not None:
+        for m in cached:
+            if m.build_key not in foreign and m.build_key not in store.listed and cache.withdraw(m.build_key, origin):
+                withdrawn.add(m.build_key)  # withdraw() also drops the store from the artifact's .origins
+    said = [store.note] if store.note else []
+    if foreign:
+        said.append(f"{len(foreign)} cached artifact(s) of {model} came from another store and were not considered")
+    if withdrawn:
+        said.append(
+            f"{len(withdrawn)} cached artifact(s) of {model} are no longer in the store's index (it was "
+            "rebuilt, replaced or pruned since) and were not considered"
+        )
+    left_out = foreign | withdrawn
+    return [m for m in cached if m.build_key not in left_out], "; ".join(said)
 
 
 def probes_for(entries) -> tuple[str, ...] | None:
@@ -299,68 +310,40 @@ def with_channel(settings: Settings, channel: str | None, trusted_root: str | Pa
 
 
 def fetch(
-    ref: str,
-    precision: str | None = None,
-    device: str = "auto",
-    store: str | None = None,
-    *,
-    target: str | None = None,
-    progress: ProgressLike = None,
-    settings: Settings | None = None,
-    channel: str | None = None,
-    trusted_root: str | Path | None = None,
-    version: str | None = None,
+    request: Request, *, progress: ProgressLike = None, settings: Settings | None = None
 ) -> tuple[Manifest, Path, str]:
     """Fetch the artifact `load` would pick into the local cache, without loading it. Returns (manifest, folder,
     explanation). A winner this device timed before counts; nothing is timed here (that needs loading)."""
-    settings = with_channel(settings or load_settings(), channel, trusted_root)
-    found = lookup(ref, precision, device, store, target, settings, version)
+    settings = with_channel(settings or load_settings(), request.channel, request.trusted_root)
+    found = lookup(request, settings)
     report = as_progress(progress)
     measure.decide(found.resolution, settings, report, None)
     candidate, got, failures = _first_usable(found, lambda c: _materialize(c, found, report))
     if candidate is None:
-        raise not_found(ref, found, failures)
+        raise not_found(request.ref, found, failures)
     return got[0], got[1], found.resolution.explain(candidate, note=found.note)
 
 
-def load(
-    ref: str,
-    precision: str | None = None,
-    device: str = "auto",
-    store: str | None = None,
-    weights: str | Path | None = None,
-    loras: Sequence = (),
-    *,
-    recipe: str | Path | None = None,
-    target: str | None = None,
-    progress: ProgressLike = None,
-    settings: Settings | None = None,
-    channel: str | None = None,
-    trusted_root: str | Path | None = None,
-    version: str | None = None,
-    tiling: str | None = None,
-) -> Session:
-    """channel/trusted_root: resolve only among a signed release channel's targets, verified from the app's root.json.
-    version: serve this model version (the recipe's `model.version`); default the newest with an artifact usable
-    here. tiling: "x", "y" or "xy": the artifact's seamless variant, every 2D convolution padding circularly in those
-    axes (derived on this device once and cached: runner/seamless.py)."""
-    settings = with_channel(settings or load_settings(), channel, trusted_root)
-    if tiling is not None:
+def load(request: Request, *, progress: ProgressLike = None, settings: Settings | None = None) -> Session:
+    """`enginefarm.load` itself, asked with one `Request`: the best artifact for this device, fetched, verified and
+    opened (with the request's custom weights, LoRAs and seamless variant applied), else compiled here from its
+    recipe. `settings`: the environment's (`load_settings()`) when None; the request's channel overrides its own."""
+    settings = with_channel(settings or load_settings(), request.channel, request.trusted_root)
+    if request.tiling is not None:
         from .seamless import check_tiling
 
-        tiling = check_tiling(tiling)
+        request = replace(request, tiling=check_tiling(request.tiling))
     stack = None
-    if weights is not None or loras:  # custom weights and LoRAs bring their own code (and the builder's readers)
+    if request.custom:  # custom weights and LoRAs bring their own code (and the builder's readers)
         from .custom import Stack
 
-        stack = Stack.parse(weights, loras)
+        stack = Stack.parse(request.weights, request.loras)
     report = as_progress(progress)
     memo = None
-    if stack is None and tiling is None and warm.remembers(store, settings):  # the pick may be remembered (warm.py)
-        index_file = warm.index_file(ref.partition("/")[0], store, settings)
-        asked = warm.request(ref, precision, device, store, target, version, recipe, settings)
-        memo = (asked, index_file, warm.state(settings.home, index_file))
-    found = lookup(ref, precision, device, store, target, settings, version)
+    if stack is None and request.tiling is None and warm.remembers(request.store, settings):  # remembered? (warm.py)
+        index_file = warm.index_file(request.model, request.store, settings)
+        memo = (warm.request(request, settings), index_file, warm.state(settings.home, index_file))
+    found = lookup(request, settings)
 
     def timed(candidate: Candidate):
         manifest, path = _materialize(candidate, found, report)
@@ -370,43 +353,52 @@ def load(
 
     def open_session(candidate: Candidate) -> Session:
         key = candidate.entry.build_key
-        if stack is None and tiling is None and key in opened:  # loaded already to time it here
+        explanation = found.resolution.explain(candidate, note=found.note)
+        if stack is None and request.tiling is None and key in opened:  # loaded already to time it here
             manifest, backend_session = opened.pop(key)
             opened.clear()
-            return Session(backend_session, manifest, found.resolution.explain(candidate, note=found.note))
+            return Session(backend_session, manifest, explanation)
         manifest, path = _materialize(candidate, found, report)
-        return _session(
-            manifest, path, stack, found, found.resolution.explain(candidate, note=found.note), report, tiling
-        )
+        return _session(manifest, path, stack, found, explanation, report, request.tiling)
 
     candidate, session, failures = _first_usable(found, open_session)
-    if candidate is not None:
-        found.cache.gc(settings.cache_quota, keep={candidate.entry.build_key, session.artifact.build_key})
-        if memo is not None:
-            asked, index_file, before = memo
-            warm.remember(asked, settings.home, before, warm.state(settings.home, index_file), session)
-        return session
+    if candidate is None:
+        return _compile_here(request, found, failures, stack, report)
+    found.cache.gc(settings.cache_quota, keep={candidate.entry.build_key, session.artifact.build_key})
+    if memo is not None:
+        asked, index_file, before = memo
+        warm.remember(asked, settings.home, before, warm.state(settings.home, index_file), session)
+    return session
 
-    model, component = parse_ref(ref)
+
+def _compile_here(
+    request: Request, found: Lookup, failures: list[str], stack: Stack | None, report: Progress
+) -> Session:
+    """Nothing stored loads: compile the component on this device from its recipe, if there is one to compile."""
+    model, component = parse_ref(request.ref)
     from .fallback import compile_on_device, find_recipe, pick_job  # the builder: imported only to compile here
 
-    recipe_found = find_recipe(model, recipe, settings.recipe_path)
-    other_version = recipe_found is not None and version is not None and not same_version(recipe_found.version, version)
-    if recipe_found is None or other_version or (found.release is not None and found.refusals):
-        raise not_found(ref, found, failures)
-    report.message(f"no stored artifact fits; compiling {ref} on this device")
+    settings = found.settings
+    recipe = find_recipe(model, request.recipe, settings.recipe_path)
+    version = request.version
+    other_version = recipe is not None and version is not None and not same_version(recipe.version, version)
+    if recipe is None or other_version or (found.release is not None and found.refusals):
+        raise not_found(request.ref, found, failures)
+    report.message(f"no stored artifact fits; compiling {request.ref} on this device")
     job = pick_job(
-        recipe_found, component, precision, found.devices, settings.home / "sources", settings.offline, target
+        recipe, component, request.precision, found.devices, settings.home / "sources", settings.offline, request.target
     )
     manifest = compile_on_device(job, found.cache, report.message)
     path = found.cache.verified_dir(manifest.build_key)
     if path is None:
-        raise IntegrityError(f"the artifact just compiled for {ref} failed verification", key=manifest.build_key)
+        raise IntegrityError(
+            f"the artifact just compiled for {request.ref} failed verification", key=manifest.build_key
+        )
     chosen = Candidate(IndexEntry.of(manifest), source="cache (compiled on this device)")
     explanation = found.resolution.explain(
-        chosen, note=f"compiled on this device from {recipe_found.path}: nothing stored fit"
+        chosen, note=f"compiled on this device from {recipe.path}: nothing stored fit"
     )
-    return _session(manifest, path, stack, found, explanation, report, tiling)
+    return _session(manifest, path, stack, found, explanation, report, request.tiling)
 
 
 def _session(

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from enginefarm.runner.request import Request
     from enginefarm.runner.session import Session
     from enginefarm.settings import Settings
 
@@ -44,25 +45,17 @@ _FORMAT = 1
 _TIMINGS, _VERDICTS, _ARTIFACTS = "device-timings", "verdicts", "artifacts"
 
 
-def request(
-    ref: str,
-    precision: str | None,
-    device: str,
-    store: str | None,
-    target: str | None,
-    version: str | None,
-    recipe: Any,
-    settings: Settings,
-) -> dict[str, Any]:
+def request(asked: Request, settings: Settings) -> dict[str, Any]:
     """What a load was asked, as JSON values: equal requests get the same pick from the same state."""
     fields = {name: getattr(settings, name) for name in settings.__dataclass_fields__}
-    asked = {
+    recipe = None if asked.recipe is None else str(asked.recipe)
+    record = {
         "format": _FORMAT,
-        "args": [ref, precision, device, store, target, version, None if recipe is None else str(recipe)],
+        "args": [asked.ref, asked.precision, asked.device, asked.store, asked.target, asked.version, recipe],
         "settings": fields,
         "env": sorted((k, v) for k, v in os.environ.items() if k.startswith("ENGINEFARM_")),
     }
-    return json.loads(json.dumps(asked, default=str))  # the form it has once read back
+    return json.loads(json.dumps(record, default=str))  # the form it has once read back
 
 
 def _stat(path: Path) -> list[int] | None:

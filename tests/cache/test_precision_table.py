@@ -15,6 +15,7 @@ from enginefarm.builder.validate import Thresholds
 from enginefarm.cache import precision_table
 from enginefarm.errors import RecipeError
 from enginefarm.runner.load import load
+from enginefarm.runner.request import Request
 from tests import models
 
 ROOT = Path(enginefarm.__file__).resolve().parent.parent
@@ -78,7 +79,7 @@ def test_an_unknown_precision_names_the_table(tmp_path):
     assert "unknown precision 'fp8'" in str(caught.value)
     assert caught.value.hint == "use one of: " + ", ".join(precision_table.NAMES)
     with pytest.raises(enginefarm.errors.ConfigError) as asked:
-        load("m/c", precision="fp8", store=str(tmp_path / "store"))
+        load(Request("m/c", precision="fp8", store=str(tmp_path / "store")))
     assert precision_table.hint() in asked.value.hint
 
 

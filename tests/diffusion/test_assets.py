@@ -71,6 +71,7 @@ def test_a_gc_while_a_pipeline_loads_leaves_its_assets_and_says_so_if_they_went(
     until this process ends; assets gone all the same are said to be evicted, with a hint to retry."""
     from enginefarm.cache.device_cache import DeviceCache
     from enginefarm.diffusion.loading import fetch_assets
+    from enginefarm.runner.request import Request
     from tests.conftest import run_cli
     from tests.runner.test_lifecycle import _chain
 
@@ -87,7 +88,7 @@ def test_a_gc_while_a_pipeline_loads_leaves_its_assets_and_says_so_if_they_went(
     store, home = tmp_path / "store", tmp_path / "home"
     run_cli("build", str(tmp_path / "src" / "recipe.toml"), "--store", str(store), "--component", "assets", check=True)
     monkeypatch.setenv("ENGINEFARM_HOME", str(home))
-    folder = fetch_assets("held", str(store), "cpu", None, None)
+    folder = fetch_assets(Request("held", device="cpu", store=str(store)), None)
     run_cli("cache", "gc", "--quota", "1", env={"ENGINEFARM_HOME": str(home)}, check=True)  # another process
     found = ModelAssets.from_folder(folder)
     assert found.tokenizer_folder("text_encoder").is_dir()  # held: still there
@@ -118,11 +119,12 @@ def test_a_whole_model_file_without_a_unet_part_says_the_stored_unet_runs(tmp_pa
         str(path),
     )
     found = ModelAssets.from_folder(_assets(tmp_path / "assets"))
-    options = dict(store=None, precision=None, target=None, device="cpu", version=None, progress=None)
-    loader = ComponentLoader("m", found, False, **options)
+    from enginefarm.runner.request import Request
+
+    loader = ComponentLoader(Request("m", device="cpu"), found, False)
     loader.route_weights(path, None)
     assert sorted(loader.files) == ["text_encoder", "vae_decoder", "vae_encoder"]
     assert loader.notes == [f"weights={path}: it holds no unet part; the model's own unet runs"]
-    whole = ComponentLoader("m", found, False, **options)
+    whole = ComponentLoader(Request("m", device="cpu"), found, False)
     whole.route_weights(None, None)
     assert whole.notes == []

@@ -255,8 +255,9 @@ def test_a_patched_artifact_is_cached_and_keyed_by_strength(store, tmp_path, mon
     from enginefarm.cache.progress import Progress
     from enginefarm.runner.custom import Stack, patched_artifact
     from enginefarm.runner.load import fetch
+    from enginefarm.runner.request import Request
 
-    manifest, path, _ = fetch("net/body", "fp32", "cpu", target="onnxruntime:cpu")
+    manifest, path, _ = fetch(Request("net/body", "fp32", "cpu", target="onnxruntime:cpu"))
     backend, cache = get_backend("onnxruntime"), DeviceCache(tmp_path / "home")
     stack = lambda s: Stack.parse(None, [(store / "a_peft.safetensors", s)])  # noqa: E731
     first, _, how = patched_artifact(stack(0.5), manifest, path, backend, cache, Progress())
@@ -304,8 +305,9 @@ def test_refit_gets_every_mapped_weight_and_caches_the_merge(store, tmp_path):
     from enginefarm.formats.weightmap import read_map
     from enginefarm.runner.custom import Stack, apply
     from enginefarm.runner.load import fetch
+    from enginefarm.runner.request import Request
 
-    manifest, path, _ = fetch("net/body", "fp32", "cpu", target="onnxruntime:cpu")
+    manifest, path, _ = fetch(Request("net/body", "fp32", "cpu", target="onnxruntime:cpu"))
     backend, cache = refit_backend(tmp_path), DeviceCache(tmp_path / "home")
     covered = {m.initializer for m in read_map(path, manifest).mapped.values()}
     from enginefarm.cache.progress import Progress

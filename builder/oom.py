@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from enginefarm.errors import BuildError
+from enginefarm.errors import OutOfMemory
 
 from .memory import LATENT_SCALE, gb, job_need_bytes
 
@@ -22,14 +22,6 @@ _UNSIZED = re.compile(
 )
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 KILLED = -9  # a subprocess's return code when the kernel's OOM killer (or anyone) sent SIGKILL
-
-
-class OutOfMemory(BuildError, MemoryError):
-    """A job's process could not get the memory it asked for (`asked`: bytes, 0 when the SDK did not say)."""
-
-    def __init__(self, message: str, *, asked: int = 0, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.asked = asked
 
 
 def asked_bytes(text: str) -> int | None:

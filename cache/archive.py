@@ -15,17 +15,13 @@ import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from enginefarm.errors import IntegrityError
+from enginefarm.errors import UnsafeArchiveError
 
 from .atomic import CHUNK, atomic_writer
 
 FIXED_MTIME = 0
 _DIR_MODE = 0o755
 _FILE_MODE = 0o644
-
-
-class UnsafeArchiveError(IntegrityError):
-    """An archive entry would escape its folder or is not a plain file or folder."""
 
 
 def pack_dir(src: Path, dest: Path, root: str | None = None) -> Path:

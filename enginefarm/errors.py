@@ -49,12 +49,32 @@ class BuildError(EnginefarmError, RuntimeError):
     """A backend failed to build an artifact."""
 
 
+class OutOfMemory(BuildError, MemoryError):
+    """A job's process could not get the memory it asked for (`asked`: bytes, 0 when the SDK did not say)."""
+
+    def __init__(self, message: str, *, asked: int = 0, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.asked = asked
+
+
 class ValidationFailed(EnginefarmError):
     """An artifact's outputs missed the reference by more than the recipe allows."""
 
 
 class StoreError(EnginefarmError, OSError):
     """A store cannot be reached or written."""
+
+
+class BlobChanged(StoreError):
+    """The object changed under a transfer, or the server ignored a Range: the read must restart from zero."""
+
+
+class TransferTooSlow(StoreError):
+    """The server is slower than the throughput floor, or the transfer outlived its deadline."""
+
+
+class Unreachable(StoreError):
+    """A connection failed, reset or timed out before a response: worth another try."""
 
 
 class StoreNotFound(StoreError):
@@ -73,6 +93,10 @@ class UnknownModelError(ArtifactNotFoundError):
 
 class IntegrityError(EnginefarmError):
     """Bytes do not hash to what the manifest says: tampered, truncated or corrupt."""
+
+
+class UnsafeArchiveError(IntegrityError):
+    """An archive entry would escape its folder or is not a plain file or folder."""
 
 
 class OfflineError(EnginefarmError):
@@ -104,6 +128,10 @@ class InputError(EnginefarmError, ValueError):
 
 class SessionClosed(EnginefarmError, RuntimeError):
     """A session (or pipeline) was closed and then used: its memory was already given back."""
+
+
+class ProofFailed(EnginefarmError):
+    """`enginefarm bundle`'s proof: the bundle did not load or compute what the full install does."""
 
 
 class DiskFullError(EnginefarmError, OSError):

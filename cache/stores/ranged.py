@@ -14,19 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from enginefarm.errors import EnginefarmError, IntegrityError, StoreError
+from enginefarm.errors import BlobChanged, EnginefarmError, IntegrityError, StoreError, TransferTooSlow
 
 log = logging.getLogger(__name__)
 
 RESUME_ATTEMPTS = 8
-
-
-class BlobChanged(StoreError):
-    """The object changed under a transfer, or the server ignored a Range: the read must restart from zero."""
-
-
-class TransferTooSlow(StoreError):
-    """The server is slower than the throughput floor, or the transfer outlived its deadline."""
 
 
 class RawStream(Protocol):

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from enginefarm.errors import StoreError
+from enginefarm.errors import StoreError, Unreachable
 
 from .ranged import Limits, Pace
 
@@ -21,10 +21,6 @@ DEADLINE_S = 30.0  # all tries of one small read together: an index or manifest 
 WINDOW_S = 10.0  # the rate floor is judged over this window, and a recv waits at most this long (a stall)
 ATTEMPTS = 3
 CHUNK = 64 << 10
-
-
-class Unreachable(StoreError):
-    """A connection failed, reset or timed out before a response: worth another try."""
 
 
 class Headers(Protocol):

@@ -3,9 +3,8 @@ compressed to fp16, so OpenVINO keeps them and their constants fp32 and its CPU 
 at INFERENCE_PRECISION_HINT f16 (checked: the compiled model's runtime precision of each marked node is f32).
 
 Why: an fp16 artifact computes in f16 on a CPU that can (AVX512-FP16 here), and that, not the weights' compression,
-is where the transformers lost most. The tiny Chroma transformer's output was 1.3e-2 of its range off fp32 at f16
-(1.8e-4 with the same fp16 weights computed in f32): OpenVINO keeps sin/cos f32 itself, but their argument t · f, and
-the timestep's scaling before it (t / 1000, then · 1000 in the model), ran in f16. Marked, 4.1e-4.
+is where the transformers lose most (docs/benchmarks.md, "Measurements behind the code"): OpenVINO keeps sin/cos f32
+itself, but not their argument t · f, nor the timestep's scaling before it (t / 1000, then · 1000 in the model).
 
 The mark is the runtime attribute OpenVINO's `disable_fp16_compression` sets (named `precise`, version 0, in the
 IR). Python cannot create it (setting that rt_info key from Python stores a plain string, which every transformation
@@ -14,8 +13,8 @@ and reads it back.
 
 That staging IR holds the graph, not the weights: each constant of 64 KiB or more that the keep-list does not name
 is a Parameter of its type and shape there, and the marked model gets the original constant node back (its data
-shared, not copied). A full uncompressed copy made SD3.5 Medium's transformer job hold 9.9 GB more disk than its
-fp16 IR needs (docs/large-models.md); the final IR is byte for byte the one that copy gave (tests/backends).
+shared, not copied), so a large model's job holds no full uncompressed copy on disk; the final IR is byte for byte
+the one such a copy gives (tests/backends).
 """
 
 from __future__ import annotations

@@ -5,11 +5,9 @@ nothing imports torch). `enginefarm plan FOLDER --runners ci/runners.toml` print
 A job's need follows the build's own rule (builder/memory.py: need_bytes over the component's fp32 weights, plus
 the attention at the family's default profile's largest case and a VAE's activations); its stored size is the
 weights at the job's precision. A job is routed by the larger of its need and its model's export need (`build`
-downloads and exports on the runner that builds). The build-time estimate is fitted to measured CPU builds
-(docs/large-models.md:
-SDXL's UNet fp16 311 s for 10.3 GB of fp32 weights, SD3.5 Medium's transformer 888 s for 9.9 GB, SDXL's VAE
-decoder 633 s and encoder 484 s at 1024 px): 60 s + 70 s per GB of fp32 weights + 550 s per megapixel a VAE
-validates at; it is a planning figure, within about 2x of those."""
+downloads and exports on the runner that builds). The build-time estimate is fitted to the real-size CPU builds in
+docs/large-models.md: 60 s + 70 s per GB of fp32 weights + 550 s per megapixel a VAE validates at; it is a planning
+figure, within about 2x of those builds."""
 
 from __future__ import annotations
 

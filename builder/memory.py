@@ -10,18 +10,17 @@ a fixed part (the interpreter, onnx, ONNX Runtime, OpenVINO, onnxsim) stays the 
 
 `weights` counts every float tensor at 4 bytes an element, whatever the source stores: a source saved in fp16 or
 bf16 is still validated against ONNX Runtime's run of it, and the CPU backends hold fp32 copies of fp16 weights while
-they compile and run (the SD 1.5 UNet's fp16 jobs peaked at 6.1-6.4 GB: 3.6x its 1.72 GB of fp16 weights, 1.8x its
-fp32 ones). Counting file bytes would halve the need of an fp16 source (Flux: 60 GB instead of 119).
+they compile and run. Counting file bytes would halve the need of an fp16 source (Flux: 60 GB instead of 119).
 
-An fp16 or bf16 job's artifact is half the size, and its measured peaks stay under 2x the fp32 weights: SD 1.5's UNet
-1.74-1.86x (the highest: the source's fp32 reference run, shared by every job of the source), SDXL's UNet 1.53x (its
-OpenVINO validation), against 2.35x for OpenVINO's SD 1.5 fp32 job. HALF_FACTOR covers them with a margin.
+An fp16 or bf16 job's artifact is half the size, and its peaks stay under 2x the fp32 weights (the highest: the
+source's fp32 reference run, shared by every job of the source); HALF_FACTOR covers them with a margin. The measured
+peaks behind FACTOR and HALF_FACTOR are in docs/benchmarks.md, "Measurements behind the code".
 
 Attention, not only the weights, decides the need at large images (`attention_bytes`): the exported graphs
 materialize every score matrix, batch x heads x tokens² fp32 values, and the fp32 reference holds about three at
-once. A diffusion transformer's tokens are its 2x2 latent patches plus the text; SD3.5 Medium's (24 heads, batch 2):
-at 768 px, 2,893 tokens, a matrix is 1.6 GB and the job peaked at 15.0 GB; at 1024 px, 4,685 tokens, 4.2 GB, and
-its reference passed 21.8 GB, over the 19.8 GB its weights alone asked for, before it was stopped. A UNet's largest is
+once. A diffusion transformer's tokens are its 2x2 latent patches plus the text; SD3.5 Medium's (24 heads, batch 2)
+at 1024 px are 4,685 tokens, 4.2 GB a matrix, enough to take its reference run past what its weights alone ask for.
+A UNet's largest is
 its self-attention at the highest resolution that has attention: every latent pixel a token in SD 1.x and 2.x (so SD
 1.5 at batch 4 and 1024 px holds 34 GB per matrix), every 2x2 in SDXL. A VAE's mid-block attends over its latent
 pixels with one head. The need is then weights + BASE + the attention; the recipe names the heads and the tokens'
@@ -30,9 +29,9 @@ component's config) and the profile gives the tokens.
 
 A VAE's activations, not its weights, decide the rest of its need (`image_activation_bytes`): its widest level,
 in channels at full image resolution (`activation_channels`, from its config's block_out_channels: SD's VAE 256),
-ACTIVATION_COPIES times at the profile's largest image. The decoders' fp32 reference runs peaked at 6.9 GB for
-SDXL's at 1024x1024 and 2.4 GB for SD 1.5's at 512x512, with 0.2 GB of weights; the rule says 9.9 and 4.4 GB. A
-VAE recipe without `activation_channels` gets the rule fitted to those two peaks (`image_need_gb`).
+ACTIVATION_COPIES times at the profile's largest image, which stays above the decoders' measured peaks. A VAE recipe
+without `activation_channels` gets a rule fitted to two measured peaks, SDXL's and SD 1.5's decoders
+(`image_need_gb`; docs/benchmarks.md).
 
 A recipe's `[components.X.resources] host_ram_gb` raises a component's need, never lowers it.
 """

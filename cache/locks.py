@@ -1,7 +1,7 @@
 """Best-effort file locks. They save duplicate work; correctness never depends on them (flock lies on NFS).
 
-POSIX uses flock; Windows, which has no fcntl, locks the file's first byte with msvcrt.locking (before, it ran
-unlocked, so two processes fetched and built the same thing twice). A platform with neither runs unlocked: every
+POSIX uses flock; Windows, which has no fcntl, locks the file's first byte with msvcrt.locking, so two processes
+do not fetch and build the same thing twice. A platform with neither runs unlocked: every
 write is atomic, so that only costs duplicate work."""
 
 from __future__ import annotations

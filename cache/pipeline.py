@@ -34,7 +34,7 @@ class Prefetcher:
         """buffers (with sizes): read the pieces into that many buffers made here, on the caller's thread, which the
         caller hands back with `recycle` once done with a piece (at least 2 more than it holds at once). A buffer
         made on the reading thread would be freed into that thread's malloc arena, which keeps it (malloc_trim
-        cannot shrink another thread's arena): 30 MB after a 1.2 GB fetch."""
+        cannot shrink another thread's arena)."""
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stream = stream
         self._chunk = chunk

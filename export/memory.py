@@ -1,9 +1,8 @@
 """What an export holds at once, known before torch loads anything: the largest component's model at fp32 (the
 exporter loads each component at fp32, whatever its files store) and about as much again while torch traces it and
-writes and checks the ONNX file. Measured peaks (docs/large-models.md): SD 1.5 4.7 GB for a 3.4 GB UNet (1.4x),
-SDXL 16.8 GB for a 10.3 GB UNet (1.6x), SD3.5 Medium 17.4 GB for a 9.0 GB transformer (1.9x), T5-XXL 29.5 GB for
-19.0 GB (1.55x). A model whose export needs more than the machine has would swap, or be killed minutes in with no
-word; it is refused before anything loads."""
+writes and checks the ONNX file (the measured peaks, 1.4x to 1.9x the model, are in docs/large-models.md). A model
+whose export needs more than the machine has would swap, or be killed minutes in with no word; it is refused before
+anything loads."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A resumable export. Each component that passed its checks is recorded in the staging folder; a failed or
 interrupted export keeps that folder, and the same command run again (same source files, same options) exports only
-what is left. SDXL's UNet alone takes 17 minutes here: a VAE failing after it must not throw it away."""
+what is left. A large UNet alone takes many minutes to export on a CPU: a VAE failing after it must not throw it
+away."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class Partial:
 
 
 def refuse_if_busy(out: Path) -> None:
-    """Refuse at once an export to `out` while another holds it: before torch is imported (24 s here), not after.
+    """Refuse at once an export to `out` while another holds it: before torch is imported (seconds), not after.
     The lock itself is taken by `staging`; this only asks whether it is free now."""
     lock = out.parent / f".{out.name}.export-lock"
     if not out.parent.is_dir():

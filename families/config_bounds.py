@@ -1,8 +1,8 @@
 """Bounds on the sizes a model's configs give (component configs, the scheduler config, an export's family.json),
 checked when the assets are read (diffusion/assets.py) and when an export reads its source (export/source.py): each
 sizes arrays (the default image, the scheduler's tables, the prompt embeddings, the model torch builds), and they come
-from a store or a folder the user may not control. A `unet.sample_size` of 10000 made `generate` reach
-9 GB, `num_train_timesteps: 3e9` asked 22 GiB, before any check. Real models sit far inside each bound."""
+from a store or a folder the user may not control: unchecked, a `unet.sample_size` of 10000 would make `generate`
+reach gigabytes, and `num_train_timesteps: 3e9` ask for tens of them. Real models sit far inside each bound."""
 
 from __future__ import annotations
 

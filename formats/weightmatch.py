@@ -1,8 +1,8 @@
 """Finding a checkpoint tensor's values among a model's initializers, for the weight map (`formats/weightmap.py`).
 
 A match is exact: the same float32 bits, in the initializer's layout or transposed (2-D), shapes equal but for
-size-1 axes. Hashing every value (and a transposed copy of every matrix) to look matches up took minutes at real
-size (T5-XXL: 60 GB hashed), so the lookup key is a fingerprint instead: the squeezed shape and SAMPLE values at
+size-1 axes. Hashing every value (and a transposed copy of every matrix) to look matches up would take minutes at
+real size (T5-XXL: 60 GB to hash), so the lookup key is a fingerprint instead: the squeezed shape and SAMPLE values at
 fixed positions, read from a memory map without touching the rest. Equal tensors always have equal fingerprints, so
 the fingerprint only narrows the candidates; each candidate is then compared value for value, and only those equal in
 full match. Comparisons run in chunks that stop at the first difference, and a transposed comparison goes tile by tile

@@ -1,7 +1,7 @@
 """Resident memory of this process, measured honestly: its own peak, resettable per stage, and freed heap given back.
 
 `getrusage().ru_maxrss` cannot be trusted in a child: Linux carries the parent's peak into a child across
-fork/vfork + exec, so a benchmark process started from a 10 GB build reported 10 GB. /proc/self/status's
+fork/vfork + exec, so a benchmark process started from a large build reports the build's peak. /proc/self/status's
 VmHWM belongs to the process's own address space (new at exec), and writing "5" to /proc/self/clear_refs
 resets it, so each stage of a build measures its own peak. Elsewhere (macOS) ru_maxrss is what there is: it is
 the process's peak since it started, and `reset_peak` says it could not reset it; on Windows, psutil's peak

@@ -15,8 +15,8 @@ T = TypeVar("T")
 
 @dataclass(eq=False)
 class Tie:
-    """The candidates within each other's noise, shared by all of them (each holding a list of all the others was
-    quadratic in memory: 20 000 tied entries took 3.4 GB)."""
+    """The candidates within each other's noise, shared by all of them (each holding a list of all the others would
+    be quadratic in memory)."""
 
     members: list
 

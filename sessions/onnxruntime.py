@@ -119,9 +119,8 @@ class OrtBinding:
 
 def _run_options(ort):
     """Each run gives the CPU arena's free chunks back when it ends. Without it the arena keeps the largest run's
-    high-water mark and grows past it on the next: the real-size SD 1.5 UNet (fp16, 512², batch 2) peaked at 6.1 GB
-    on its first run and 8.4 GB from its second on; with shrinkage 6.2 GB on every run. Turning the arena off
-    instead peaked at 6.7 GB."""
+    high-water mark and grows past it on the next; turning the arena off instead costs more than shrinking it
+    (docs/benchmarks.md, "Measurements behind the code")."""
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options

@@ -265,7 +265,8 @@ class _ParallelReader:
         return data
 
     def read(self, size: int = -1) -> memoryview:
-        """Views of the fetched ranges, not copies: slicing bytes copied the rest of the 8 MiB range on every read."""
+        """Views of the fetched ranges, not copies: slicing bytes would copy the rest of the 8 MiB range on every
+        read."""
         while not self._buffer and self._futures:
             future = self._futures.pop(0)
             self._buffer = memoryview(future.result())

@@ -82,27 +82,14 @@ def _full_size_text_and_vae(source: Path) -> None:
     from diffusers import AutoencoderKL
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    from enginefarm.builder.catalog_configs import class_config
+
     torch.manual_seed(0)
     tiny = CLIPTextConfig.from_pretrained(source / "text_encoder")
-    config = CLIPTextConfig(
-        **{k: getattr(tiny, k) for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")},
-        hidden_size=768,
-        intermediate_size=3072,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        max_position_embeddings=77,
-        hidden_act="quick_gelu",
-    )
+    ids = {k: getattr(tiny, k) for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+    config = CLIPTextConfig(**class_config("sd-1.5", "text_encoder/config.json", **ids))
     CLIPTextModel(config).eval().save_pretrained(source / "text_encoder")
-    AutoencoderKL(
-        block_out_channels=(128, 256, 512, 512),
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        layers_per_block=2,
-        latent_channels=4,
-        sample_size=512,
-        scaling_factor=0.18215,
-    ).eval().save_pretrained(source / "vae")
+    AutoencoderKL(**class_config("sd-1.5", "vae/config.json")).eval().save_pretrained(source / "vae")
 
 
 def measure(out: Path, store: Path, home: Path, target: str, precision: str, cycles: int, size: int) -> dict:

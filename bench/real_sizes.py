@@ -15,25 +15,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from enginefarm.builder.catalog_configs import class_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
-_CLIP_L = dict(
-    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, projection_dim=768
-)
-_CLIP_G = dict(
-    hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20, projection_dim=1280
-)
+# the published configs enginefarm ships (builder/catalog_configs.py)
+_CLIP_L = class_config("sd-1.5", "text_encoder/config.json")
+_CLIP_G = class_config("sdxl-base-1.0", "text_encoder_2/config.json")
 _T5_XXL = dict(
     d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=32128, feed_forward_proj="gated-gelu"
 )
-_VAE_LEVELS = dict(
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-)
-_VAE4 = dict(_VAE_LEVELS, latent_channels=4)
-_VAE16 = dict(_VAE_LEVELS, latent_channels=16)
+_VAE4 = class_config("sd-1.5", "vae/config.json")
+_VAE16 = class_config("sd-1.5", "vae/config.json", latent_channels=16)
 _SD3_BASE = dict(
     patch_size=2,
     in_channels=16,
@@ -53,26 +46,13 @@ _FLUX = dict(
     joint_attention_dim=4096,
     pooled_projection_dim=768,
 )
-_SDXL_UNET = dict(
-    sample_size=128,
-    cross_attention_dim=2048,
-    block_out_channels=(320, 640, 1280),
-    layers_per_block=2,
-    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-    attention_head_dim=(5, 10, 20),
-    transformer_layers_per_block=(1, 2, 10),
-    use_linear_projection=True,
-    addition_embed_type="text_time",
-    addition_time_embed_dim=256,
-    projection_class_embeddings_input_dim=2816,
-)
+_SDXL_UNET = class_config("sdxl-base-1.0", "unet/config.json")
 
 # model → component → (class, config). The VAE's encoder and decoder are counted separately (separate artifacts).
 MODELS: dict[str, dict[str, tuple[str, dict]]] = {
     "sd15": {
         "text_encoder": ("CLIPTextModel", _CLIP_L),
-        "unet": ("UNet2DConditionModel", dict(cross_attention_dim=768, attention_head_dim=8)),
+        "unet": ("UNet2DConditionModel", class_config("sd-1.5", "unet/config.json")),
         "vae_decoder": ("AutoencoderKL", _VAE4),
     },
     "sdxl": {

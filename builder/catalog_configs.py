@@ -227,3 +227,13 @@ def write_configs(name: str, folder: Path) -> list[Path]:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         written.append(path)
     return written
+
+
+def class_config(name: str, relative: str, **changes: Any) -> dict[str, Any]:
+    """One file of set `name` as keyword arguments of its class (`UNet2DConditionModel(**...)`, `CLIPTextConfig`):
+    the diffusers and transformers bookkeeping keys dropped, lists made tuples, `changes` applied. For the makers of
+    real-size folders (recipes/make_real_pipeline.py) and the benches, which build the published architectures."""
+    data = CONFIGS[name][relative]
+    skip = {"architectures", "model_type"}
+    kept = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k[0] != "_" and k not in skip}
+    return {**kept, **changes}

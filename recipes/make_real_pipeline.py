@@ -31,78 +31,20 @@ import sys
 import time
 from pathlib import Path
 
+from enginefarm.builder.catalog_configs import class_config
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 0
 
-# stabilityai/stable-diffusion-xl-base-1.0: text_encoder/, text_encoder_2/, unet/, vae/ config.json
-CLIP_L = dict(
-    vocab_size=49408,
-    hidden_size=768,
-    intermediate_size=3072,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    max_position_embeddings=77,
-    hidden_act="quick_gelu",
-    projection_dim=768,
-)
-CLIP_G = dict(
-    vocab_size=49408,
-    hidden_size=1280,
-    intermediate_size=5120,
-    num_hidden_layers=32,
-    num_attention_heads=20,
-    max_position_embeddings=77,
-    hidden_act="gelu",
-    projection_dim=1280,
-)
-SD15_UNET = dict(
-    sample_size=64,
-    in_channels=4,
-    out_channels=4,
-    cross_attention_dim=768,
-    block_out_channels=(320, 640, 1280, 1280),
-    layers_per_block=2,
-    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
-    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
-    attention_head_dim=8,
-)
-UNET = dict(
-    sample_size=128,
-    in_channels=4,
-    out_channels=4,
-    cross_attention_dim=2048,
-    block_out_channels=(320, 640, 1280),
-    layers_per_block=2,
-    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-    attention_head_dim=(5, 10, 20),
-    transformer_layers_per_block=(1, 2, 10),
-    use_linear_projection=True,
-    addition_embed_type="text_time",
-    addition_time_embed_dim=256,
-    projection_class_embeddings_input_dim=2816,
-)
-VAE = dict(
-    in_channels=3,
-    out_channels=3,
-    latent_channels=4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    sample_size=1024,
-    scaling_factor=0.13025,
-    force_upcast=True,
-)
-SD15_VAE = dict(VAE, sample_size=512, scaling_factor=0.18215)
-SCHEDULER = dict(
-    num_train_timesteps=1000,
-    beta_start=0.00085,
-    beta_end=0.012,
-    beta_schedule="scaled_linear",
-    steps_offset=1,
-    timestep_spacing="leading",
-)
+# The published configs enginefarm ships (builder/catalog_configs.py), as the classes' keyword arguments
+CLIP_L = class_config("sd-1.5", "text_encoder/config.json")
+CLIP_G = class_config("sdxl-base-1.0", "text_encoder_2/config.json")
+SD15_UNET = class_config("sd-1.5", "unet/config.json")
+UNET = class_config("sdxl-base-1.0", "unet/config.json")
+VAE = class_config("sdxl-base-1.0", "vae/config.json")
+SD15_VAE = class_config("sd-1.5", "vae/config.json")
+SD15_SCHEDULER = class_config("sd-1.5", "scheduler/scheduler_config.json")
+SCHEDULER = class_config("sdxl-base-1.0", "scheduler/scheduler_config.json")
 # stabilityai/stable-diffusion-3.5-medium: transformer/, vae/, scheduler/ config.json (its CLIPs are SDXL's, both
 # with projections; T5-XXL is left out, see make_sd35_medium)
 SD35_MEDIUM_TRANSFORMER = dict(
@@ -157,14 +99,14 @@ def make_sd15(out: Path) -> Path:
 
     torch.manual_seed(SEED)
     tokens = out.parent / f".{out.name}-tokenizers"
-    text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, bos_token_id=512, eos_token_id=513, pad_token_id=513)).eval()
-    schedule = {k: v for k, v in SCHEDULER.items() if k != "timestep_spacing"}
+    ids = dict(bos_token_id=512, eos_token_id=513, pad_token_id=513)  # the hand-written vocabulary's
+    text_encoder = CLIPTextModel(CLIPTextConfig(**{**CLIP_L, **ids})).eval()
     pipeline = StableDiffusionPipeline(
         vae=AutoencoderKL(**SD15_VAE),
         text_encoder=text_encoder,
         tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
         unet=UNet2DConditionModel(**SD15_UNET),
-        scheduler=PNDMScheduler(**schedule, skip_prk_steps=True, set_alpha_to_one=False),
+        scheduler=PNDMScheduler.from_config(SD15_SCHEDULER),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
@@ -187,8 +129,8 @@ def make_sdxl(out: Path) -> Path:
     torch.manual_seed(SEED)
     tokens = out.parent / f".{out.name}-tokenizers"
     ids = dict(bos_token_id=512, eos_token_id=513)  # the hand-written vocabulary's <|startoftext|>, <|endoftext|>
-    text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L, **ids, pad_token_id=513)).eval()
-    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G, **ids, pad_token_id=ord("!"))).eval()
+    text_encoder = CLIPTextModel(CLIPTextConfig(**{**CLIP_L, **ids, "pad_token_id": 513})).eval()
+    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**{**CLIP_G, **ids, "pad_token_id": ord("!")})).eval()
     unet = UNet2DConditionModel(**UNET).half()  # 10.3 GB at fp32; the exporter reads it back at fp32
     pipeline = StableDiffusionXLPipeline(
         vae=AutoencoderKL(**VAE),
@@ -197,7 +139,7 @@ def make_sdxl(out: Path) -> Path:
         tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
         tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),
         unet=unet,
-        scheduler=EulerDiscreteScheduler(**SCHEDULER),
+        scheduler=EulerDiscreteScheduler.from_config(SCHEDULER),
     )
     pipeline.save_pretrained(out)
     import shutil
@@ -226,11 +168,12 @@ def make_sd35_medium(out: Path) -> Path:
     transformer = SD3Transformer2DModel(**SD35_MEDIUM_TRANSFORMER).half()
     tokens = out.parent / f".{out.name}-tokenizers"
     ids = dict(bos_token_id=512, eos_token_id=513)
+    clip_g = CLIPTextConfig(**{**CLIP_G, **ids, "pad_token_id": ord("!")})
     pipeline = StableDiffusion3Pipeline(
         transformer=transformer,
         vae=AutoencoderKL(**SD3_VAE),
-        text_encoder=CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_L, **ids, pad_token_id=513)).eval(),
-        text_encoder_2=CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_G, **ids, pad_token_id=ord("!"))).eval(),
+        text_encoder=CLIPTextModelWithProjection(CLIPTextConfig(**{**CLIP_L, **ids, "pad_token_id": 513})).eval(),
+        text_encoder_2=CLIPTextModelWithProjection(clip_g).eval(),
         text_encoder_3=None,
         tokenizer=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer")),
         tokenizer_2=CLIPTokenizer.from_pretrained(write_tokenizer(tokens / "tokenizer_2", pad_token="!")),

@@ -26,6 +26,7 @@ from enginefarm.errors import BackendUnavailable
 
 from .base import Availability, Built, Feature, Rank
 from .build_job import BuildJob
+from .nvidia.activations import new_context, plan_size
 from .nvidia.backend import NvidiaBackend
 from .nvidia.build import build_engine
 from .nvidia.devices import build_host_arch, matching_gpu
@@ -130,8 +131,16 @@ class TensorRT(NvidiaBackend):
         engine, gpu, how = open_engine(
             trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "plan", weights
         )
+        context, shared = new_context(trt, engine)  # the pipeline's shared activation buffer, when it shares one
         return TrtSession(
-            trt, engine, engine.create_execution_context(), manifest.precision, how=how, device_index=gpu["index"]
+            trt,
+            engine,
+            context,
+            manifest.precision,
+            how=how,
+            device_index=gpu["index"],
+            shared=shared,
+            plan_bytes=plan_size(manifest),
         )
 
     def before_build(self, store, job: BuildJob, workdir: Path) -> None:

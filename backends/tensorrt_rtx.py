@@ -29,6 +29,7 @@ from enginefarm.errors import BackendUnavailable, BuildError
 
 from .base import Availability, Built, Feature, Rank
 from .build_job import BuildJob, PlannedJob
+from .nvidia.activations import new_context, plan_size
 from .nvidia.backend import NvidiaBackend
 from .nvidia.build import BuildProgress, build_engine
 from .nvidia.devices import matching_gpu
@@ -177,7 +178,7 @@ class TensorRTRTX(NvidiaBackend):
                 seen.add(signature)
                 write_bytes_atomic(path, bytes(cache.serialize()))
 
-        context = engine.create_execution_context(config)
+        context, shared = new_context(trt, engine, config)  # the pipeline's shared activation buffer, if any
         return TrtSession(
             trt,
             engine,
@@ -186,6 +187,8 @@ class TensorRTRTX(NvidiaBackend):
             how=f"{how}, runtime cache {path.name}",
             after_run=save_new_kernels,
             device_index=gpu["index"],
+            shared=shared,
+            plan_bytes=plan_size(manifest),
         )
 
     artifact_noun = "engine"

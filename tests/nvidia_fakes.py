@@ -79,3 +79,41 @@ def require_real_rtx(env=os.environ):
     if env.get("CI", "").lower() == "true":
         pytest.fail("CI=true but tensorrt-rtx is not installed: the test extra must bring it")
     pytest.skip("tensorrt-rtx is not installed (pip install 'enginefarm[tensorrt-rtx]')")
+
+
+PROFILE = {"latent": {"min": [1, 4, 8, 8], "opt": [1, 4, 16, 16], "max": [2, 4, 32, 32]}}
+
+
+def fake_plans(fake_nvidia, onnx: Path, folder: Path, sizes: dict[str, tuple[int, int]], sdk: str) -> dict[str, bytes]:
+    """A fake plan per name, each of `onnx` (a tiny graph that really runs) but recording the device memory `sizes`
+    gives it ((weights, activations) bytes: real-size numbers, FAKE_TRT_DEVICE_MEMORY), built in this process."""
+    import shutil
+
+    from enginefarm.backends.nvidia.build import BuildSpec
+    from enginefarm.backends.nvidia.build_process import build_plan
+    from enginefarm.backends.nvidia.sdk import capturing_logger
+
+    fake_nvidia.set(FAKE_TRT_DEVICE_MEMORY=json.dumps({f"/{n}.onnx": list(s) for n, s in sizes.items()}))
+    trt = importlib.import_module(sdk)
+    folder.mkdir(parents=True, exist_ok=True)
+    plans = {}
+    for name in sizes:
+        shutil.copy(onnx, folder / f"{name}.onnx")
+        plan = folder / f"{name}.plan"
+        spec = dict(onnx=str(folder / f"{name}.onnx"), plan=str(plan), profile=PROFILE, precision="fp32")
+        build_plan(trt, BuildSpec(sdk=sdk, strip_weights=False, refittable=False, **spec), capturing_logger(trt))
+        plans[name] = plan.read_bytes()
+    return plans
+
+
+def open_fake_session(trt, plan: bytes):
+    """A TrtSession of a fake plan, made as the backends make theirs: sharing the activation buffer of the pool
+    `sharing(...)` names around it, else with its own."""
+    from enginefarm.backends.nvidia.activations import new_context
+    from enginefarm.backends.nvidia.sdk import capturing_logger
+    from enginefarm.backends.nvidia.session import TrtSession
+
+    engine = trt.Runtime(capturing_logger(trt)).deserialize_cuda_engine(plan)
+    config = engine.create_runtime_config() if hasattr(engine, "create_runtime_config") else None
+    context, shared = new_context(trt, engine, config)
+    return TrtSession(trt, engine, context, "fp32", shared=shared, plan_bytes=len(plan))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from enginefarm.errors import BackendUnavailable, SessionClosed
+
+from ..device_memory import DeviceMemory
+from .activations import SharedActivations, engine_memory
 
 
 def cudart():
@@ -77,10 +82,21 @@ class _Cuda:
 
 class TrtSession:
     """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address,
-    execute_async_v3)."""
+    execute_async_v3). `shared`: the pipeline's activation buffer its context (made without device memory) runs in;
+    `plan_bytes`: its plan's size, the weights' stand-in where the SDK cannot say."""
 
     def __init__(
-        self, trt, engine, context, precision: str, *, how: str = "", after_run=None, device_index: int = 0
+        self,
+        trt,
+        engine,
+        context,
+        precision: str,
+        *,
+        how: str = "",
+        after_run=None,
+        device_index: int = 0,
+        shared: SharedActivations | None = None,
+        plan_bytes: int = 0,
     ) -> None:
         self._trt, self._engine, self._context = trt, engine, context
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
@@ -91,6 +107,23 @@ class TrtSession:
         self.how = how
         self._after_run = after_run  # called with the input shapes after each run (RTX saves its runtime cache)
         self._cuda: _Cuda | None = _Cuda(device_index)
+        self._memory = engine_memory(trt, engine, plan_bytes, shared is not None)
+        self._shared = shared
+        if shared is not None:
+            shared.join(self, self._memory.activations)
+
+    def device_memory(self) -> DeviceMemory | None:
+        """Its bytes on the GPU (weights, activations, our input and output buffers); None once closed."""
+        if self._cuda is None:
+            return None
+        return replace(self._memory, io=sum(capacity for _, capacity in self._cuda.buffers.values()))
+
+    def device_free(self) -> int | None:
+        """The GPU's free bytes now (cudaMemGetInfo): what a memory budget of "auto" starts from."""
+        if self._cuda is None:
+            return None
+        free, _ = self._cuda.call(self._cuda.rt.cudaMemGetInfo())
+        return int(free)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         context, cuda = self._context, self._cuda
@@ -110,6 +143,8 @@ class TrtSession:
             array = np.empty(tuple(context.get_tensor_shape(name)), dtype=self._dtypes[name])
             outputs[name] = array
             context.set_tensor_address(name, cuda.buffer(name, array.nbytes))
+        if self._shared is not None:  # another engine may have grown or moved the buffer since this one last ran
+            self._shared.bind(context, self, cuda.rt)
         if not context.execute_async_v3(int(cuda.stream)):
             raise RuntimeError("TensorRT execute_async_v3 failed")
         for name, array in outputs.items():
@@ -125,6 +160,9 @@ class TrtSession:
         if cuda is not None:
             cuda.close()
         self._context = self._engine = None
+        shared, self._shared = getattr(self, "_shared", None), None
+        if shared is not None:  # after the context: it may not outlive the buffer it was given
+            shared.leave(self)
 
     def __del__(self) -> None:
         cuda = getattr(self, "_cuda", None)
@@ -133,3 +171,6 @@ class TrtSession:
                 cuda.close()
             except Exception:
                 pass
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            shared.leave(self)

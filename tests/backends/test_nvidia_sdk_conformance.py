@@ -183,3 +183,20 @@ def test_the_runtime_without_a_gpu_cannot_check_or_load_a_good_plan(rtx, models,
         deserialize(
             rtx, data, "the tiny decoder"
         )  # our loader asks first, and never deserializes what the SDK calls invalid
+
+
+def test_the_device_memory_calls_we_make_exist_with_the_same_values(rtx):
+    """What the budget and the shared activation buffer call (backends/nvidia/activations.py). Their answers cannot
+    be compared here: without a GPU the real SDK deserializes no engine to ask."""
+    members = lambda e: {name: int(value) for name, value in e.__members__.items()}  # noqa: E731
+    assert members(rtx.EngineStat) == {"TOTAL_WEIGHTS_SIZE": 0, "STRIPPED_WEIGHTS_SIZE": 1}
+    assert members(rtx.ExecutionContextAllocationStrategy) == {"STATIC": 0, "ON_PROFILE_CHANGE": 1, "USER_MANAGED": 2}
+    for cls, names in (
+        (rtx.ICudaEngine, ("device_memory_size_v2", "get_device_memory_size_for_profile_v2", "get_engine_stat")),
+        (rtx.IExecutionContext, ("set_device_memory",)),
+        (
+            rtx.IRuntimeConfig,
+            ("set_execution_context_allocation_strategy", "get_execution_context_allocation_strategy"),
+        ),
+    ):
+        assert all(hasattr(cls, name) for name in names), (cls, [n for n in names if not hasattr(cls, n)])

@@ -16,6 +16,13 @@ tests/backends/test_nvidia_sdk_conformance.py against the real SDK): errors go t
 was given, set_compute_capability returns False instead of raising, fp32 GEMMs for SM75 and weight stripping or refit
 without a GPU make build_serialized_network return None, and without a GPU get_engine_validity says (INVALID, 0) and
 deserialize_cuda_engine returns None. "Without a GPU" is FAKE_NVML_GPUS empty, as NVML sees it.
+
+Device memory (the fake cudart's ledger, tests/fakes/cuda): a deserialized engine takes its weights' bytes
+(get_engine_stat(TOTAL_WEIGHTS_SIZE)), a context made STATIC (the default) takes device_memory_size_v2 more, one made
+USER_MANAGED takes none and refuses to run until set_device_memory gave it a buffer that large. The builder records
+both sizes in the plan, as the real one does: weights are the initializers' bytes, activations a stand-in (4x the
+inputs at their profile's max; the real sizes cannot be read without a GPU: even deserialize_cuda_engine returns None),
+or FAKE_TRT_DEVICE_MEMORY={"<part of the ONNX path>": [weights, activations]} for real-size numbers.
 """
 
 from __future__ import annotations
@@ -82,6 +89,17 @@ class HardwareCompatibilityLevel(enum.IntEnum):
 
 class MemoryPoolType(enum.IntEnum):
     WORKSPACE = 0
+
+
+class EngineStat(enum.IntEnum):
+    TOTAL_WEIGHTS_SIZE = 0
+    STRIPPED_WEIGHTS_SIZE = 1
+
+
+class ExecutionContextAllocationStrategy(enum.IntEnum):
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
 
 
 class EngineValidity(enum.IntEnum):
@@ -402,6 +420,7 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 "arch": None if rtx else _gpu_arch(),
                 "compute_capabilities": [config.capabilities[i] for i in sorted(config.capabilities)] if rtx else [],
                 "weights": {i.name: _digest(i) for i in network.model.graph.initializer},
+                "device_memory": _device_memory(network, profile),
             }
             record(
                 sdk,
@@ -469,8 +488,18 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             if "VERSION_COMPATIBLE" in header["flags"] and not self.engine_host_code_allowed:
                 return None
             import onnx
+            from cuda.bindings import runtime as cudart
 
-            return Engine(header, onnx.load_from_string(data[HEADER:]))
+            weights = header["device_memory"]["weights"]
+            if not cudart.reserve(weights):
+                _error(
+                    self.logger,
+                    f"IRuntime::deserializeCudaEngine: Error Code 2: OutOfMemory (Requested size was {weights} bytes.)",
+                )
+                return None
+            engine = Engine(header, onnx.load_from_string(data[HEADER:]))
+            engine.gpu = cudart  # what it gives back to when freed, even at interpreter exit
+            return engine
 
     if not os.environ.get("FAKE_TRT_NO_VALIDITY"):
 
@@ -517,6 +546,12 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             self.cache = cache
             return True
 
+        def set_execution_context_allocation_strategy(self, strategy=ExecutionContextAllocationStrategy.STATIC):
+            self.strategy = ExecutionContextAllocationStrategy(strategy)
+
+        def get_execution_context_allocation_strategy(self):
+            return getattr(self, "strategy", ExecutionContextAllocationStrategy.STATIC)
+
     class Engine:
         def __init__(self, header, model):
             self.header, self.model = header, model
@@ -542,8 +577,32 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
         def get_tensor_dtype(self, name):
             return self.types[name]
 
+        @property
+        def device_memory_size_v2(self):
+            return self.header["device_memory"]["activations"]
+
+        def get_device_memory_size_for_profile_v2(self, profile_index):
+            return self.device_memory_size_v2
+
+        def get_engine_stat(self, stat=EngineStat.TOTAL_WEIGHTS_SIZE):
+            if EngineStat(stat) == EngineStat.STRIPPED_WEIGHTS_SIZE and not self.stripped:
+                return -1
+            return self.header["device_memory"]["weights"]
+
+        gpu = None  # the fake cudart its weights were reserved in (set by deserialize_cuda_engine)
+
+        def __del__(self):
+            if self.gpu is not None:
+                self.gpu.release(self.header["device_memory"]["weights"])
+
         def create_execution_context(self, config=None):
-            return Context(self, config)
+            """TensorRT-RTX takes a runtime config (its allocation strategy inside); TensorRT the strategy itself."""
+            if isinstance(config, RuntimeConfig):
+                strategy = config.get_execution_context_allocation_strategy()
+            else:
+                strategy, config = ExecutionContextAllocationStrategy(config or 0), None
+            record(sdk, "create_execution_context", strategy=strategy.name)
+            return Context(self, config, strategy)
 
         if rtx:
 
@@ -551,9 +610,30 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 return RuntimeConfig()
 
     class Context:
-        def __init__(self, engine, config):
-            self.engine, self.config = engine, config
+        def __init__(self, engine, config, strategy=ExecutionContextAllocationStrategy.STATIC):
+            from cuda.bindings import runtime as cudart
+
+            self.engine, self.config, self.strategy = engine, config, strategy
             self.shapes, self.addresses, self._outputs = {}, {}, None
+            self.owned = (
+                0 if strategy == ExecutionContextAllocationStrategy.USER_MANAGED else engine.device_memory_size_v2
+            )
+            self.device_memory_bound = None  # (pointer, size) given by set_device_memory
+            self.gpu = cudart
+            if not cudart.reserve(self.owned):
+                self.owned = 0
+                raise MemoryError("fake GPU: out of memory for a context's activations")
+
+        def __del__(self):
+            self.gpu.release(self.owned)
+
+        def set_device_memory(self, memory, size):
+            from cuda.bindings import runtime as cudart
+
+            ok = size >= self.engine.device_memory_size_v2 and cudart.allocation_size(memory) >= size
+            record(sdk, "set_device_memory", size=size, ok=ok)
+            if ok:  # the real one logs an API usage error and keeps what it had
+                self.device_memory_bound = (memory, size)
 
         def set_input_shape(self, name, shape):
             lo, _, hi = self.engine.header["profile"][name]
@@ -595,6 +675,9 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
 
             if self.engine.stripped and not self.engine.refitted:
                 record(sdk, "execute_unrefitted")
+                return False
+            if self.strategy == ExecutionContextAllocationStrategy.USER_MANAGED and self.device_memory_bound is None:
+                record(sdk, "execute_without_device_memory")
                 return False
             feeds = {}
             for name, mode in self.engine.io:
@@ -700,8 +783,13 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
         HardwareCompatibilityLevel=HardwareCompatibilityLevel,
         MemoryPoolType=MemoryPoolType,
         EngineValidity=EngineValidity,
+        EngineStat=EngineStat,
+        ExecutionContextAllocationStrategy=ExecutionContextAllocationStrategy,
         EngineInvalidityDiagnostics=EngineInvalidityDiagnostics,
         IStreamWriter=IStreamWriter,
+        ICudaEngine=Engine,
+        IExecutionContext=Context,
+        IRuntimeConfig=RuntimeConfig,
     )
     if rtx:
         namespace["ComputeCapability"] = ComputeCapability
@@ -745,6 +833,16 @@ def _runs_on_gpu(capabilities: list[str]) -> bool:
     arch = _gpu_arch()
     here = int(arch[3:])
     return f"SM{here}" in capabilities if capabilities else here >= 86
+
+
+def _device_memory(network, profile) -> dict:
+    """What the plan records of the engine's device memory (see the module's docstring)."""
+    for part, (weights, activations) in json.loads(os.environ.get("FAKE_TRT_DEVICE_MEMORY") or "{}").items():
+        if part in network.path:
+            return {"weights": int(weights), "activations": int(activations)}
+    weights = sum(_array(i).nbytes for i in network.model.graph.initializer)
+    inputs = sum(int(np.prod(shapes[2])) * 4 for shapes in profile.shapes.values())
+    return {"weights": weights, "activations": 4 * inputs}
 
 
 def _array(init):

@@ -31,9 +31,11 @@ class SharedActivations:
 
     @property
     def allocated(self) -> int:
+        """The bytes allocated now (0 until a member first runs, and after the largest leaves until the next run)."""
         return self._capacity
 
     def join(self, member: object, nbytes: int) -> None:
+        """`member` (a session) runs in this buffer and needs `nbytes` of it."""
         self.sizes[id(member)] = int(nbytes)
 
     def leave(self, member: object) -> None:
@@ -41,14 +43,17 @@ class SharedActivations:
         if self._capacity > self.size:  # what the largest member needed goes back now, not at the next run
             self._free()
 
-    def bind(self, context, member: object, rt) -> None:
-        """Give `member`'s context the buffer, (re)allocated to the largest member's size first."""
+    def bind(self, context, rt) -> None:
+        """Give a member's context the buffer, (re)allocated to the largest member's size first (`rt`: cudart)."""
         need = max(self.size, 1)
         if self._capacity < need:
             self._free()
             status, pointer = rt.cudaMalloc(need)
             if int(status) != 0:
-                raise MemoryError(f"cannot allocate the shared activation buffer of {need} bytes: {status}")
+                raise MemoryError(
+                    f"the GPU has no {need} bytes free for the activations its engines share (cudaMalloc: {status}); "
+                    "a memory_budget closes the components a stage does not need first"
+                )
             self._pointer, self._capacity, self._rt = int(pointer), need, rt
         if hasattr(context, "set_device_memory"):  # TensorRT 10.1+ and TensorRT-RTX
             context.set_device_memory(self._pointer, self._capacity)
@@ -72,6 +77,7 @@ def sharing(pool: SharedActivations):
 
 
 def current() -> SharedActivations | None:
+    """The pool engines opened here share, if any."""
     return _POOL.get()
 
 

@@ -144,7 +144,7 @@ class TrtSession:
             outputs[name] = array
             context.set_tensor_address(name, cuda.buffer(name, array.nbytes))
         if self._shared is not None:  # another engine may have grown or moved the buffer since this one last ran
-            self._shared.bind(context, self, cuda.rt)
+            self._shared.bind(context, cuda.rt)
         if not context.execute_async_v3(int(cuda.stream)):
             raise RuntimeError("TensorRT execute_async_v3 failed")
         for name, array in outputs.items():

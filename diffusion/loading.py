@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 class ComponentLoader:
     """One model's components as `enginefarm.load` serves them, with the settings `Pipeline.load` was given; loads
-    on demand (`__call__`), so a memory budget can close and reload them."""
+    on demand (`__call__`), so a memory budget can close and reload them. Its TensorRT engines share one activation
+    buffer (`activations`; they run a stage at a time), as TensorRT's demo/Diffusion does."""
 
     def __init__(self, request: Request, found: ModelAssets, controlnet: bool, progress=None) -> None:
         self.request = request  # the model's: each component is asked as `request.component(name, ...)`
@@ -31,6 +32,9 @@ class ComponentLoader:
         self.timings: dict[str, float] = {}
         self.live: LiveLoras | None = None
         self.notes: list[str] = []  # what the user's files leave to the stored weights (pipe.notes)
+        from enginefarm.backends.nvidia.activations import SharedActivations
+
+        self.activations = SharedActivations()
 
     def route_weights(self, weights, vae) -> None:
         """The user's whole-model or UNet file and VAE file, each component's part, checked against the family."""
@@ -66,6 +70,12 @@ class ComponentLoader:
     def __call__(self, component: str, tiling: str | None = None, stack=None):
         """A component's session: its live-LoRA session where `set_loras` can change its weights in place, else
         `enginefarm.load` with its weights, its LoRA stack (or `stack`) and its seamless variant (`tiling`)."""
+        from enginefarm.backends.nvidia.activations import sharing
+
+        with sharing(self.activations):
+            return self._open(component, tiling, stack)
+
+    def _open(self, component: str, tiling: str | None, stack):
         from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself
 
         start = time.perf_counter()
@@ -93,13 +103,14 @@ class ComponentLoader:
             progress=self.progress if progress is ... else progress,
         )
 
-    def _deal(self, asked):
+    def _deal(self, asked, read):
+        """The asked LoRAs, each file read once (`read`), dealt to the components as parsed files."""
         from enginefarm.runner.custom import Stack
-        from enginefarm.weights.lora import split
+        from enginefarm.weights.lora import deal
 
         width = self.found.configs.get("unet", {}).get("cross_attention_dim")
-        dealt, ignored = split(
-            Stack.parse(None, asked).loras,
+        dealt, ignored = deal(
+            Stack.parse(None, asked, read).loras,
             components(self.found, self.controlnet),
             self.found.family,
             width if isinstance(width, int) else None,

@@ -5,7 +5,8 @@ placing its layers on the weight map, merging them into the weights they touch (
 opening a session with those weights (OpenVINO compiles the IR, ONNX Runtime optimizes the graph). Here each
 component that takes LoRAs is opened once with the weights its stack touches as graph inputs
 (`runner/live_weights.py`), and keeps what a change reuses: its manifest and weight map, each file's layers placed
-on it (each file is read once per process: `weights.lora.read`), and the base values of the touched weights. A new
+on it (each file is read once, when a stack first names it: `weights.lora.read`), and the base values of the
+touched weights. A new
 stack is merged from those and copied into the fed arrays; a session is opened again only when the stack touches a
 weight the open one does not take as an input (the inputs then grow to cover both stacks).
 
@@ -26,9 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from enginefarm.weights.lora import LoraFile, file_key
+from enginefarm.weights.lora import read as read_file
+
 log = logging.getLogger(__name__)
 
-Loras = list[tuple[Path, float]]
+Loras = list[tuple[LoraFile, float]]  # files as read (weights.lora.read), with their strengths
 
 
 class LiveLoras:
@@ -36,25 +40,27 @@ class LiveLoras:
 
     def __init__(
         self,
-        deal: Callable[[object], tuple[dict[str, Loras], str]],
+        deal: Callable[[object, Callable[[Path], LoraFile]], tuple[dict[str, Loras], str]],
         fetch: Callable[[str], tuple],
         load_former: Callable[[str, Loras], Any],
         excluded: set[str],
     ) -> None:
-        self._deal = deal  # the asked LoRAs → (component → its files, the line naming layers no component takes)
+        self._deal = deal  # the asked LoRAs, a reader → (component → its files, the line naming layers none takes)
         self._fetch = fetch  # component → (manifest, artifact folder, explanation): the artifact load would pick
         self._load_former = load_former  # component, its files → a session loaded the former way
         self._excluded = excluded  # components given a custom checkpoint: their weights are not the artifact's
         self.dealt: dict[str, Loras] = {}
         self.ignored = ""
         self._live: dict[str, LiveComponent] = {}
+        self._files: dict[tuple, LoraFile] = {}  # file_key → the file as read: the stack's files, read once
         self.timings: dict[str, float] = {}  # stage → seconds, of the last change
 
     def start(self, loras) -> str:
         """The stack at load: read and dealt (a bad file is refused here, before anything loads). Returns the line
         naming the layers no component takes ('' if none)."""
         if loras:
-            self.dealt, self.ignored = self._deal(loras)
+            self.dealt, self.ignored = self._deal(loras, self._read)
+            self._keep_read()
         return self.ignored
 
     def takes(self, component: str) -> bool:
@@ -74,7 +80,7 @@ class LiveLoras:
         merging) is done for every component before any session changes, so a bad file leaves the previous stack
         in use. `sessions`: the pipeline's loaded sessions, updated in place. Returns the components changed."""
         started = time.perf_counter()
-        dealt, ignored = self._deal(loras) if loras else ({}, "")
+        dealt, ignored = self._deal(loras, self._read) if loras else ({}, "")
         read = time.perf_counter()
         changed = [
             c for c in sorted(set(dealt) | set(self.dealt)) if _key(dealt.get(c, [])) != _key(self.dealt.get(c, []))
@@ -87,6 +93,7 @@ class LiveLoras:
         }
         merged = time.perf_counter()
         self.dealt, self.ignored = dealt, ignored
+        self._keep_read()
         for component, plan in plans.items():
             if component not in sessions:  # not loaded now (a memory budget): loads with the stack when needed
                 continue
@@ -103,6 +110,18 @@ class LiveLoras:
         }
         return changed
 
+    def _read(self, path: Path) -> LoraFile:
+        """The file as read before, while it is unchanged; else read now."""
+        key = file_key(Path(path))
+        if key not in self._files or key[1] is None:
+            self._files[key] = read_file(Path(path))
+        return self._files[key]
+
+    def _keep_read(self) -> None:
+        """Keep only the files of the current stack."""
+        keys = {f.key for loras in self.dealt.values() for f, _ in loras}
+        self._files = {k: f for k, f in self._files.items() if k in keys}
+
     def _component(self, component: str) -> LiveComponent:
         if component not in self._live:
             manifest, folder, explanation = self._fetch(component)
@@ -111,16 +130,8 @@ class LiveLoras:
 
 
 def _key(loras: Loras) -> tuple:
-    """A stack as compared: a file rewritten in place (another size or time) is another file."""
-    return tuple((*_file_key(Path(p)), float(s)) for p, s in loras)
-
-
-def _file_key(path: Path) -> tuple:
-    try:
-        stat = path.stat()
-    except OSError:  # gone since it was read: unlike any file read now
-        return (str(path), None, None)
-    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    """A stack as compared: a file rewritten in place (another size or time) was read again, as another file."""
+    return tuple((*f.key, float(s)) for f, s in loras)
 
 
 @dataclass
@@ -140,7 +151,7 @@ class LiveComponent:
     manifest: Any
     folder: Path
     explanation: str
-    _layers: dict[tuple, list] = field(default_factory=dict)  # (file, size, mtime) → its layers placed here
+    _layers: dict[tuple, list] = field(default_factory=dict)  # file_key → the file's layers placed here
     _base: dict[str, np.ndarray] = field(default_factory=dict)  # initializer → the artifact's own value
     _session: Any = None  # the runner Session wrapping `_fed`
     _fed: Any = None  # its FedSession (runner/live_weights.py)
@@ -161,7 +172,7 @@ class LiveComponent:
         from enginefarm.runner.merge import merged_weights
 
         assert self.wmap is not None, "only fed components prepare"
-        stacked = [(self._placed(path), strength) for path, strength in loras]
+        stacked = [(self._placed(parsed), strength) for parsed, strength in loras]
         merged = merged_weights(
             self.wmap, _CachedBase(self), self.folder, self.manifest, {}, stacked, every=False, stored=True
         )
@@ -195,7 +206,7 @@ class LiveComponent:
         log.info(
             "%s: opened with %d weights as inputs in %.2f s", self.component, len(values), time.perf_counter() - started
         )
-        shown = ", ".join(f"{Path(p).name}@{s:g}" for p, s in loras) or "none"
+        shown = ", ".join(f"{f.name}@{s:g}" for f, s in loras) or "none"
         record = {"base": self.manifest.build_key, "fed": sorted(values)}  # the strengths change in place
         self._session = Session(
             fed,
@@ -206,16 +217,13 @@ class LiveComponent:
         self._inputs, self._loras, self._fed = frozenset(values), list(loras), fed
         return self._session
 
-    def _placed(self, path: Path) -> list:
-        from enginefarm.runner.lora import read_lora
-        from enginefarm.weights import lora as lora_files
+    def _placed(self, parsed: LoraFile) -> list:
+        from enginefarm.runner.lora import place_lora
 
-        key = _file_key(Path(path))
-        if key not in self._layers:
+        if parsed.key not in self._layers:
             assert self.wmap is not None, "only fed components place layers"
-            ref = f"{self.manifest.ref}"
-            self._layers[key] = read_lora(Path(path), self.wmap, self.component, lora_files.read(Path(path)), ref=ref)
-        return self._layers[key]
+            self._layers[parsed.key] = place_lora(parsed, self.wmap, self.component, ref=f"{self.manifest.ref}")
+        return self._layers[parsed.key]
 
     def _bases(self, names) -> dict[str, np.ndarray]:
         return _CachedBase(self).read_weights(self.folder, self.manifest, sorted(names))

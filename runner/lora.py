@@ -122,13 +122,14 @@ def _layout_part(component_part: str, modules) -> str:
     return layouts.FLUX if any(m.startswith("single_transformer_blocks.") for m in modules) else layouts.SD3
 
 
-def read_lora(
-    path: Path, wmap: WeightMap, component: str = "", parsed: lora_files.LoraFile | None = None, ref: str | None = None
+def place_lora(
+    parsed: lora_files.LoraFile, wmap: WeightMap, component: str = "", ref: str | None = None
 ) -> list[LoraLayer]:
-    """The layers of a LoRA file that `component` (`ref`: MODEL/COMPONENT) takes, each placed on a weight of the
-    map. All problems are raised together; a file with nothing for this component is an error too (the pipeline
-    passes a component only the files that hold its part), and so is one for another kind of denoiser."""
-    parsed = parsed or lora_files.read(path)
+    """The layers of a LoRA file (read once by the load: `weights.lora.read`) that `component` (`ref`:
+    MODEL/COMPONENT) takes, each placed on a weight of the map. All problems are raised together; a file with
+    nothing for this component is an error too (the pipeline passes a component only the files that hold its part),
+    and so is one for another kind of denoiser."""
+    path = parsed.path
     lora_fits_component(parsed, wmap.names, ref or component or "this component")
     mine = parsed.for_component(component)
     if not mine:
@@ -149,7 +150,7 @@ def read_lora(
             if why := _misfit(layer, target, fused, wmap):
                 problems.append(why)
             else:
-                layers.append(LoraLayer(target, layer, Path(path), fused))
+                layers.append(LoraLayer(target, layer, path, fused))
     if problems:
         raise WeightsError(
             f"{path}: {len(problems)} problem(s) in this LoRA: {lora_files.shown(problems)}", hint=NAMING

@@ -95,17 +95,7 @@ def _overflow(name: str, deltas: Deltas) -> NoReturn:
 
 def _low_rank(m: Mapped, items) -> bool:
     """Whether every change to this weight is a plain up @ down on the whole initializer."""
-    return (
-        bool(items)
-        and m.block is None
-        and all(
-            layer.rows is None
-            and layer.layer.kind == "lora"
-            and "mid" not in layer.layer.t
-            and layer.layer.magnitude is None
-            for layer, _ in items
-        )
-    )
+    return bool(items) and m.block is None and all(layer.rows is None and layer.layer.low_rank for layer, _ in items)
 
 
 def _factors(m: Mapped, items) -> tuple[np.ndarray, np.ndarray]:

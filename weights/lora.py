@@ -5,12 +5,13 @@ says whose it is (PARTS): kohya's `lora_unet_…`, `lora_te_…` (SDXL: `lora_te
 diffusers/PEFT prefixes `unet.`, `text_encoder.`, `text_encoder_2.`, `transformer.`; a name with none of them
 is the denoiser's, or the first text encoder's when it starts with `text_model.`.
 
-The formats (LoRA/LoCon, LoHa, LoKr, full, DoRA) and the change each makes are `lora_layer.py`'s.
+The formats (LoRA/LoCon, LoHa, LoKr, full, DoRA) and the change each makes are `lora_layer.py`'s, one class each.
+A load reads each file once (`read`) and deals the parsed files to its components (`deal`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from enginefarm.errors import WeightsError
 from enginefarm.formats.safetensors_io import FLOATS, SafeTensors
 
 from .denoisers import same_family
-from .lora_layer import SUFFIXES, Layer, kind_of, missing_roles
+from .lora_layer import SUFFIXES, Layer, format_of
 
 KOHYA_PARTS = {
     "lora_unet_": "unet",
@@ -59,10 +60,29 @@ def part_of(module: str) -> tuple[str, str]:
     return ("text_encoder" if module.startswith("text_model.") else "unet"), module
 
 
-@dataclass
+@dataclass(eq=False)
 class LoraFile:
+    """A LoRA file as read once: its layers (each of its format's class), and the file's identity when read. Two
+    reads are two values (compared and hashed by identity): a load reads each file once and passes that value on."""
+
     path: Path
     layers: list[Layer]
+    key: tuple = ()  # (resolved path, size, mtime) when read: a file rewritten in place is another file
+    _digest: str | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def digest(self) -> str:
+        """The file's sha256 (what a cached result of it is keyed by), hashed on first use: a load that caches
+        nothing never hashes."""
+        if self._digest is None:
+            from enginefarm.cache.atomic import sha256_file
+
+            self._digest = sha256_file(self.path)
+        return self._digest
 
     def parts(self) -> dict[str, int]:
         """part → how many layers it holds."""
@@ -78,44 +98,41 @@ class LoraFile:
         return [layer for layer in self.layers if component in PART_COMPONENTS[layer.part]]
 
 
-_READ: dict[tuple, LoraFile] = {}  # (path, size, mtime) → the file as read: a pipeline's components share one read
-reads = 0  # files parsed in this process (a read served from _READ is not one): what the tests count
+def file_key(path: Path) -> tuple:
+    """(resolved path, size, mtime): what tells a file read before from one rewritten since."""
+    try:
+        stat = Path(path).stat()
+    except OSError:  # gone (or never there): unlike any file read
+        return (str(path), None, None)
+    return (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
 
 
 def read(path: Path) -> LoraFile:
-    """Every layer of the file, its format checked and its tensors finite; all problems are raised together."""
-    try:
-        stat = Path(path).stat()
-        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-    except OSError:
-        key = None
-    global reads
-    if key is not None and key in _READ:
-        return _READ[key]
-    reads += 1
+    """Every layer of the file, its format checked and its tensors finite; all problems are raised together. A load
+    reads each of its files once here and hands the parsed file on (`deal`, `runner.custom.Stack`)."""
+    key = file_key(Path(path))
     found = _read(Path(path))
-    if key is not None:
-        if len(_READ) >= 8:
-            _READ.pop(next(iter(_READ)))
-        _READ[key] = found
+    found.key = key
     return found
 
 
-def split(loras, components, family=None, text_width=None) -> tuple[dict[str, list[tuple[Path, float]]], str]:
-    """A pipeline's LoRAs, [(path, strength)], dealt to its components: component → the files that hold layers
-    for it. Also one line naming the layers no component takes ('' when every layer has a taker). A file with
+def deal(
+    loras: list[tuple[LoraFile, float]], components, family=None, text_width=None
+) -> tuple[dict[str, list[tuple[LoraFile, float]]], str]:
+    """A pipeline's LoRAs, read, dealt to its components: component → [(file, strength)] of the files that hold
+    layers for it. Also one line naming the layers no component takes ('' when every layer has a taker). A file with
     nothing for any of them, or for another family's denoiser (`text_width`: the UNet's cross-attention width), is
     an error."""
-    dealt: dict[str, list[tuple[Path, float]]] = {}
+    dealt: dict[str, list[tuple[LoraFile, float]]] = {}
     left: list[str] = []
-    for path, strength in loras:
-        parsed = read(path)
+    for parsed, strength in loras:
+        path = parsed.path
         if family is not None:
             same_family(parsed, family, text_width)
         taken = 0
         for component in components:
             if mine := parsed.for_component(component) if component in TAKERS else []:
-                dealt.setdefault(component, []).append((Path(path), strength))
+                dealt.setdefault(component, []).append((parsed, strength))
                 taken += len(mine)
         counts = {
             part: n for part, n in parsed.parts().items() if not any(c in components for c in PART_COMPONENTS[part])
@@ -177,20 +194,14 @@ def _split(name: str) -> tuple[str, str | None]:
 
 
 def _layer(st: SafeTensors, module: str, roles: dict[str, str]) -> tuple[Layer | None, str]:
-    kind = kind_of(set(roles))
-    if kind is None:
+    form = format_of(set(roles))
+    if form is None:
         return (
             None,
             f"has only {', '.join(sorted(name.rsplit('.', 1)[-1] for name in roles.values()))}, no LoRA weights",
         )
-    lacking = missing_roles(kind, set(roles))
-    if lacking and kind == "lora" and not {"up", "down"} <= set(roles):
-        return (
-            None,
-            f"needs both up and down tensors, has {', '.join(sorted(r for r in roles if r in ('up', 'down', 'mid')))}",
-        )
-    if lacking:
-        return None, f"{kind} layer lacks {lacking}"
+    if why := form.incomplete(set(roles)):
+        return None, why
     tensors = {}
     for role, name in roles.items():
         entry = st.entries[name]
@@ -204,39 +215,9 @@ def _layer(st: SafeTensors, module: str, roles: dict[str, str]) -> tuple[Layer |
     if alpha is not None and alpha.size != 1:
         return None, "alpha must be one number"
     part, local = part_of(module)
-    layer = Layer(module, part, local, kind, tensors, float(alpha.reshape(-1)[0]) if alpha is not None else None)
-    return (layer, "") if (why := _shapes(layer)) == "" else (None, why)
-
-
-def _shapes(layer: Layer) -> str:
-    """Whether the tensors agree with each other (the weight's shape is checked against the model later)."""
-    t = layer.t
-    try:
-        if layer.kind == "lora":
-            up, down = t["up"], t["down"]
-            if up.ndim < 2 or down.ndim < 2 or any(d != 1 for d in up.shape[2:]):
-                return f"up {list(up.shape)} / down {list(down.shape)} are not Linear or Conv LoRA shapes"
-            if up.shape[1] != down.shape[0] or ("mid" in t and t["mid"].shape[:2] != (down.shape[0], down.shape[0])):
-                return f"up {list(up.shape)} and down {list(down.shape)} disagree on the rank"
-        elif layer.kind == "loha":
-            if ("t1" in t) and (t["w1a"].shape[1], t["w1b"].shape[1]) != (t["w2a"].shape[1], t["w2b"].shape[1]):
-                return "w1 and w2 give different shapes"
-            if "t1" not in t and (t["w1a"].shape[0], t["w1b"].shape[1]) != (t["w2a"].shape[0], t["w2b"].shape[1]):
-                return (
-                    f"w1 {[t['w1a'].shape[0], t['w1b'].shape[1]]} and w2 {[t['w2a'].shape[0], t['w2b'].shape[1]]} "
-                    "differ in shape"
-                )
-            if "t1" not in t and (t["w1a"].shape[1] != t["w1b"].shape[0] or t["w2a"].shape[1] != t["w2b"].shape[0]):
-                return "hada_w*_a and hada_w*_b disagree on the rank"
-        elif layer.kind == "lokr":
-            for i in "12":
-                if (
-                    f"k{i}" not in t
-                    and f"k{i}a" in t
-                    and "kt2" not in t
-                    and t[f"k{i}a"].shape[1] != t[f"k{i}b"].shape[0]
-                ):
-                    return f"lokr_w{i}_a and lokr_w{i}_b disagree on the rank"
+    layer = form(module, part, local, tensors, float(alpha.reshape(-1)[0]) if alpha is not None else None)
+    try:  # the weight's shape is checked against the model later
+        why = layer.problem()
     except (IndexError, ValueError) as exc:
-        return f"tensor shapes do not fit the format ({exc})"
-    return ""
+        why = f"tensor shapes do not fit the format ({exc})"
+    return (layer, "") if why == "" else (None, why)

@@ -15,6 +15,7 @@ from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.stores import open_store
 from enginefarm.errors import ConfigError, WeightsError
 from tests import models
+from tests.conftest import builds
 
 TARGETS = ("onnxruntime:cpu", "openvino:cpu")
 RECIPE = """
@@ -55,6 +56,7 @@ LAYERS_B = {
 
 
 @pytest.fixture(scope="module")
+@builds
 def farm(tmp_path_factory):
     return build_farm(tmp_path_factory.mktemp("lora"), RECIPE)
 
@@ -508,14 +510,14 @@ def test_a_lora_given_in_the_command_lines_form_or_as_one_string_is_named(tmp_pa
     from enginefarm.errors import ConfigError
     from enginefarm.runner.custom import Stack
 
-    lora = tmp_path / "a.safetensors"
-    lora.write_bytes(b"")
+    lora = models.lora_file(tmp_path / "a.safetensors", {"m": (*models.lora_pair((4, 4), 2, 0), None)}, "peft")
     with pytest.raises(ConfigError, match="PATH:STRENGTH is the command line's form") as caught:
         Stack.parse(None, [f"{lora}:0.8"])
     assert caught.value.hint == f'loras=[("{lora}", 0.8)]'
     with pytest.raises(ConfigError, match="is one path, not a list of LoRAs"):
         Stack.parse(None, str(lora))
-    assert Stack.parse(None, [str(lora)]).loras == ((lora, 1.0),)
+    ((parsed, strength),) = Stack.parse(None, [str(lora)]).loras  # read once, here
+    assert (parsed.path, strength, [layer.module for layer in parsed.layers]) == (lora, 1.0, ["m"])
 
 
 # A LoRA that is a special file or a hostile header (issue 25, "crashes and hangs") --------------------------------

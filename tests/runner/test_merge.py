@@ -11,7 +11,7 @@ import pytest
 from enginefarm.formats.weightmap import Mapped
 from enginefarm.runner import merge
 from enginefarm.runner.lora import LoraLayer
-from enginefarm.weights.lora_layer import Layer
+from enginefarm.weights.lora_layer import LoRA
 from tests import models
 
 LINEAR = Mapped("onnx::MatMul_1", True, (700, 300), (300, 700))  # ONNX holds a Linear transposed: [in, out]
@@ -23,7 +23,7 @@ def stack(m: Mapped) -> list[tuple[LoraLayer, float]]:
     items = []
     for seed, rank, alpha, strength in ((1, 8, 4.0, 0.7), (2, 4, None, -1.3)):
         up, down = models.lora_pair(m.shape, rank, seed)
-        layer = Layer("m", "unet", "m", "lora", {"up": up, "down": down}, alpha)
+        layer = LoRA("m", "unet", "m", {"up": up, "down": down}, alpha)
         items.append((LoraLayer("m.weight", layer, Path("lora.safetensors")), strength))
     return items
 
@@ -72,7 +72,7 @@ def test_overflow_in_the_stored_dtype_is_none():
 
 def test_dora_tucker_and_fused_blocks_take_the_general_path():
     ((layer, strength),) = stack(LINEAR)[:1]
-    dora = Layer("m", "unet", "m", "lora", {**layer.layer.t, "dora": np.ones(700, np.float32)}, None)
+    dora = LoRA("m", "unet", "m", {**layer.layer.t, "dora": np.ones(700, np.float32)}, None)
     assert not merge._low_rank(LINEAR, [(LoraLayer("m.weight", dora, Path("d")), 1.0)])
     assert not merge._low_rank(Mapped("qkv", True, (700, 300), (300, 2100), (1, 0, 700)), [(layer, strength)])
     assert not merge._low_rank(LINEAR, [])

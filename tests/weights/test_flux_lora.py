@@ -237,7 +237,7 @@ def test_a_lora_of_another_family_is_one_line(flux, tmp_path):
     """A Flux LoRA on an SD model, an SD one on Flux: one line naming the file and both families, before anything
     loads."""
     from enginefarm.families import FAMILIES
-    from enginefarm.weights.lora import read, split
+    from enginefarm.weights.lora import deal, read
 
     rng = np.random.default_rng(4)
     flux_lora = write_safetensors(tmp_path / "flux_style.safetensors", kohya_file(rng))
@@ -246,7 +246,7 @@ def test_a_lora_of_another_family_is_one_line(flux, tmp_path):
         pair(rng, "lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q", 64, 64, kohya=True),
     )
     with pytest.raises(WeightsError) as info:
-        split([(flux_lora, 1.0)], ["text_encoder", "unet", "vae_decoder"], FAMILIES["sd1"])
+        deal([(read(flux_lora), 1.0)], ["text_encoder", "unet", "vae_decoder"], FAMILIES["sd1"])
     assert (
         "flux_style.safetensors" in str(info.value) and "a Flux LoRA" in str(info.value) and "(sd1)" in str(info.value)
     )

@@ -116,7 +116,8 @@ def engine_memory(trt, engine, plan_bytes: int = 0, shared: bool = False) -> Dev
     budget = int(getattr(engine, "weight_streaming_budget_v2", -1) if streamable else -1)
     if streamable and 0 <= budget < streamable:
         weights -= streamable - budget
-    activations = getattr(engine, "device_memory_size_v2", None)
-    if activations is None:
-        activations = getattr(engine, "device_memory_size", 0)
-    return DeviceMemory(weights=weights, activations=int(activations), shared=shared)
+    if hasattr(engine, "device_memory_size_v2"):  # TensorRT 10+, TensorRT-RTX
+        activations = int(engine.device_memory_size_v2)
+    else:
+        activations = int(getattr(engine, "device_memory_size", 0))
+    return DeviceMemory(weights=weights, activations=activations, shared=shared)

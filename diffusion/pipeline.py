@@ -138,8 +138,9 @@ class Pipeline:
         files are checked against the family before anything loads. loras: [(file, strength), ...], files as shipped:
         each component takes its own part (UNet, text encoders); layers no component takes are named once, in
         `pipe.notes` and the log. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs
-        them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`);
-        None: all loaded up front. embeddings:
+        them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`),
+        counted in the GPU's memory where the SDK reports it (TensorRT, TensorRT-RTX), else the host's ("auto": 90%
+        of what is available there); None: all loaded up front. embeddings:
         textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
         `enginefarm.diffusion.embeddings`). embeddings_dir: a folder of embedding files, each loaded when a prompt first
         names its stem, as Easy Diffusion does (`enginefarm.diffusion.embedding_folder`). loras: changed later, without
@@ -194,7 +195,7 @@ class Pipeline:
         pipe.notes = ([ignored] if ignored else []) + loader.notes
         pipe._loras = loader.live
         if budget is not None:
-            pipe.residency = Residency(budget, loader, pipe.sessions, loader.estimate)
+            pipe.residency = Residency(budget, loader, pipe.sessions, loader.estimate, auto=memory_budget == "auto")
         return pipe
 
     def session(self, component: str):

@@ -83,11 +83,7 @@ class ModelAssets:
     @property
     def patch_size(self) -> int:
         """Latent pixels per transformer token side (1 for UNets; Flux and Chroma: 2, their 2x2 packing)."""
-        from .flux import PATCH, is_flux_like
-
-        return int(self.configs.get("transformer", {}).get("patch_size") or 1) * (
-            PATCH if is_flux_like(self.family) else 1
-        )
+        return self.family.traits.patch_size(self.configs.get("transformer"))
 
     @property
     def scheduler_config(self) -> dict[str, Any]:

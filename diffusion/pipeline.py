@@ -19,7 +19,7 @@ import numpy as np
 
 from enginefarm.errors import ConfigError, SessionClosed
 
-from . import batch, flux, inpaint, seamless, transformer_step
+from . import batch, inpaint, seamless, transformer_step
 from .assets import ModelAssets
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
@@ -498,12 +498,13 @@ class Pipeline:
         shape = (call.count, self.latent_channels, call.height // factor, call.width // factor)
         noise = self._noise(latents, shape, call.rng)
         sched, strength = call.sched, call.strength if image is not None else 1.0
-        if not self.transformer:
-            sched.set_timesteps(call.steps, strength)
-        elif flux.is_flux_like(self.family):
-            flux.set_timesteps(sched, call.steps, strength, shape)
-        else:
-            transformer_step.set_timesteps(sched, call.steps, strength, shape, self.assets.patch_size)
+        patch = self.assets.patch_size  # a flow-matching schedule shifts with the image's token count
+        sched.set_timesteps_for_image(
+            call.steps,
+            strength,
+            image_seq_len=(shape[-2] // patch) * (shape[-1] // patch),
+            spacing=self.family.traits.sigma_spacing,
+        )
         start = time.perf_counter()
         if call.mask is not None:
             encode = lambda pixels: self._encode_image(pixels, call.height, call.width)  # noqa: E731
@@ -529,12 +530,7 @@ class Pipeline:
             if painter is not None:  # an inpainting UNet's mask and masked image beside the latents
                 x_in = painter.model_input(x_in)
             if self.transformer:
-                feeds = (
-                    flux.feeds(self.family, x_in, t, text.hidden, text.pooled, text.mask, call.guidance)
-                    if flux.is_flux_like(self.family)
-                    else transformer_step.feeds(x_in, t, text)
-                )
-                predicted = denoiser(feeds)
+                predicted = denoiser(transformer_step.feeds(self.family, x_in, t, text, call.guidance))
             else:
                 feeds = {
                     "sample": x_in,

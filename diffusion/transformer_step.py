@@ -1,6 +1,8 @@
-"""The transformer families' half of the denoising loop (SD3, SD3.5): what the transformer is fed at a step and
-how the flow-matching schedule is set. The loop itself (true classifier-free guidance, the scheduler's Euler
-step, the VAE's scaling and shift factors) is the Pipeline's, shared with the UNet families."""
+"""The transformer families' half of the denoising loop (SD3, SD3.5, Flux.1, Chroma): which scheduler can step
+them and what the transformer is fed at a step, by the family's contract and traits. The schedule is the
+flow-matching scheduler's (`set_timesteps_for_image`); the loop itself (classifier-free guidance where the family's
+`guidance` trait is "cfg", the scheduler's Euler step, the VAE's scaling and shift factors) is the Pipeline's, shared
+with the UNet families."""
 
 from __future__ import annotations
 
@@ -22,26 +24,24 @@ def check_scheduler(sched) -> None:
         )
 
 
-def set_timesteps(sched, steps: int, strength: float, latent_shape: tuple[int, ...], patch_size: int) -> None:
-    """The schedule, with the resolution-dependent shift `mu` when the scheduler config asks for it (as diffusers'
-    SD3 pipeline computes it: from the latent's patch count)."""
-    from .schedulers import dynamic_shift_mu
-
-    if sched.config.use_dynamic_shifting:
-        tokens = (latent_shape[-2] // patch_size) * (latent_shape[-1] // patch_size)
-        sched.set_timesteps(steps, strength, mu=dynamic_shift_mu(sched.config, tokens))
-    else:
-        sched.set_timesteps(steps, strength)
-
-
-def feeds(x: np.ndarray, t: float, text: TextConditioning) -> dict[str, np.ndarray]:
-    """SD3's MMDiT inputs: the latent, the timestep on the scheduler's 0…1000 scale, the joint text states and the
-    pooled text."""
+def feeds(family, x: np.ndarray, t: float, text: TextConditioning, guidance: float) -> dict[str, np.ndarray]:
+    """The transformer's inputs at one step, as the family's contract names them: the latent, the timestep on the
+    scheduler's 0…1000 scale (the exported graph divides it where the model wants), the joint text states, then the
+    pooled text (SD3, Flux), the guidance scale where the family's guidance is embedded in the model (Flux dev) and
+    the text mask (Chroma)."""
     batch = x.shape[0]
-    assert text.pooled is not None, "SD3's text encoders give a pooled state"
-    return {
+    inputs = {
         "hidden_states": x.astype(np.float32),
         "timestep": np.full((batch,), t, np.float32),
         "encoder_hidden_states": text.hidden,
-        "pooled_projections": text.pooled.astype(np.float32),
     }
+    names = {tensor.name for tensor in family.component("transformer").inputs}
+    if "pooled_projections" in names:
+        assert text.pooled is not None, "the family's text encoders give a pooled state"
+        inputs["pooled_projections"] = text.pooled.astype(np.float32)
+    if family.traits.guidance == "embedded":
+        inputs["guidance"] = np.full((batch,), guidance, np.float32)
+    if "attention_mask" in names:
+        assert text.mask is not None, "the family's text encoder reads the tokenizer's mask"
+        inputs["attention_mask"] = text.mask.astype(np.float32)
+    return inputs

@@ -1,10 +1,11 @@
-"""Flux's and Chroma's transformers as modules the TorchScript exporter turns into ONNX files whose dynamic dims
-really are dynamic (checked at a second shape by `export.check`).
+"""What the export of a packed transformer (Flux's, Chroma's: a family whose `latent_packing` trait is 2) needs for
+ONNX files whose dynamic dims really are dynamic (checked at a second shape by `export.check`).
 
-The contract is the SD3 transformer's: unpacked latents in and out, (batch, channels, height, width). The module
-packs them into Flux's 2x2-patch tokens, builds the position ids (image: (0, row, column); text: zeros) and unpacks
-the result inside the graph, so every dynamic dim is batch, height or width, which recipe profiles already range,
-and the runtime's denoising loop is the same for every transformer family.
+The contract is the SD3 transformer's: unpacked latents in and out, (batch, channels, height, width). The exporter
+(export/wrappers.py, PackedTransformer) packs them into 2x2-patch tokens, builds the position ids (image: (0, row,
+column); text: zeros) and unpacks the result inside the graph with the functions here, so every dynamic dim is
+batch, height or width, which recipe profiles already range, and the runtime's denoising loop is the same for every
+transformer family.
 
 Three things in diffusers 0.42 stop a plain `torch.onnx.export(dynamo=False)`, each fixed for the duration of the
 export only (`traceable_flux`):
@@ -120,55 +121,3 @@ def position_ids(latents, text):
     image = torch.stack([torch.zeros_like(grid_rows), grid_rows, grid_columns], dim=-1).reshape(-1, 3)
     text_ids = torch.zeros_like(text[0, :, :1]).repeat(1, 3)
     return image, text_ids
-
-
-def flux_module(model, guidance: bool):
-    """FluxTransformer2DModel with the contract (hidden_states, timestep, encoder_hidden_states, pooled_projections
-    [, guidance]) → out_sample. `timestep` is the scheduler's (0…1000), as the SD3 transformer takes it; Flux's
-    pipeline divides it by 1000 and the model multiplies it back, which this module does in the same order."""
-    import torch
-
-    class FluxTransformer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, hidden_states, timestep, encoder_hidden_states, pooled_projections, *rest):
-            image_ids, text_ids = position_ids(hidden_states, encoder_hidden_states)
-            scale = rest[0] if guidance else None
-            out = self.model(
-                pack(hidden_states),
-                encoder_hidden_states,
-                pooled_projections,
-                timestep / 1000,
-                image_ids,
-                text_ids,
-                scale,
-                return_dict=False,
-            )[0]
-            return unpack(out, hidden_states)
-
-    return FluxTransformer().eval()
-
-
-def chroma_module(model):
-    """ChromaTransformer2DModel with the contract (hidden_states, timestep, encoder_hidden_states, attention_mask)
-    → out_sample. `attention_mask` covers the text tokens (1: attend, 0: padding, as Chroma's pipeline keeps the
-    first padding token); the image tokens are appended as attended, as the pipeline does."""
-    import torch
-
-    class ChromaTransformer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, hidden_states, timestep, encoder_hidden_states, attention_mask):
-            image_ids, text_ids = position_ids(hidden_states, encoder_hidden_states)
-            tokens = pack(hidden_states)
-            mask = torch.cat([attention_mask, torch.ones_like(tokens[:, :, 0])], dim=1)
-            out = self.model(
-                tokens, encoder_hidden_states, timestep / 1000, image_ids, text_ids, mask, return_dict=False
-            )[0]
-            return unpack(out, hidden_states)
-
-    return ChromaTransformer().eval()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from enginefarm.cache.progress import ProgressLike, as_progress
 from enginefarm.errors import ConfigError
-from enginefarm.families import TOKENS, Family, input_ranges, text_length_range
+from enginefarm.families import TOKENS, Component, Family, input_ranges, text_length_range
 
 from . import recipe as recipes
 from . import resume
@@ -31,7 +31,7 @@ from .asset_files import (
     trusted_roots,
 )
 from .check import Shape, check_contract, compare_with_torch, example_inputs, torch_outputs
-from .components import PACKED_TRANSFORMERS, SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
+from .components import SHARED_CHECKPOINTS, Loaded, wrap, write_checkpoint
 from .config_size import check_weight_files
 from .memory import check_built_fits, check_fits
 from .onnx_file import EXTERNAL_DATA_ABOVE, export_onnx, files_of
@@ -236,9 +236,10 @@ def _require_export_modules() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _tracing(model):
-    """What the tracer needs patched for this model while it exports (Flux's and Chroma's, export/flux.py)."""
-    if type(model).__name__ in PACKED_TRANSFORMERS:
+def _tracing(family: Family, component: Component):
+    """What the tracer needs patched while a component exports: a packed transformer's (Flux's, Chroma's:
+    export/flux.py)."""
+    if component.kind == "transformer" and family.traits.latent_packing > 1:
         from .flux import traceable_flux
 
         return traceable_flux()
@@ -249,10 +250,8 @@ def latent_multiple(found: ExportSource) -> int:
     """What latent sizes must be multiples of: the UNet's downsampling (8 for the real families), or a transformer's
     patch size (2). The traced graph fixes how each level upsamples, so other sizes would not come out right."""
     if "transformer" in found.configs:
-        transformer = found.configs["transformer"]
         # Flux and Chroma (patch_size 1 in their configs) are fed 2x2 patches of the latent, packed in the graph
-        packed = 2 if transformer.get("_class_name") in PACKED_TRANSFORMERS else 1
-        return int(transformer.get("patch_size", 1)) * packed
+        return found.family.traits.patch_size(found.configs["transformer"])
     denoiser = found.configs.get("unet") or found.configs.get("controlnet") or {}
     return 2 ** (len(denoiser.get("block_out_channels", (0,))) - 1)
 
@@ -353,7 +352,7 @@ def _export_components(
             done.append(_kept(staging, component_name, kept))
             continue
         model = loaded.get(component.folder)
-        module = wrap(component, model, family.time_ids)
+        module = wrap(family, component, model)
         inputs, outputs = component.io(sizes)
         ranges = input_ranges(family, component, sizes, found.vae_scaling_factor)
         cases = [
@@ -361,7 +360,7 @@ def _export_components(
             for seed, shape in enumerate(shapes)
         ]
         path = staging / f"{component_name}.onnx"
-        with _tracing(model):
+        with _tracing(family, component):
             external = export_onnx(module, cases[0][1], inputs, outputs, path, external_data_above)
         check_contract(path, component_name, inputs, outputs)
         expected = torch_outputs(module, cases)

@@ -8,8 +8,11 @@ from .spec import Family
 from .table import FAMILIES
 
 _HINT = f"known families: {', '.join(FAMILIES)}"
-# SD 1.x and 2.x share a pipeline class; their UNets differ in the text width they attend to.
-_SD_BY_TEXT_WIDTH = {768: "sd1", 1024: "sd2"}
+# SD 1.x and 2.x share a pipeline class; their UNets differ in the text width they attend to, and 2.x's 768-pixel
+# model predicts v (its scheduler config says): (width, prediction type) → family, any other prediction as epsilon.
+_SD_BY_TEXT_WIDTH = {(768, "epsilon"): "sd1", (1024, "epsilon"): "sd2", (1024, "v_prediction"): "sd2-v"}
+# Their inpainting families (a 9-channel UNet saved as either pipeline; the v model's inpainting is SD 2.x's).
+_SD_INPAINTING = {"sd1": "sd1-inpaint", "sd2": "sd2-inpaint", "sd2-v": "sd2-inpaint"}
 _SD_PIPELINES = ("StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline", "StableDiffusionInpaintPipeline")
 _INPAINT_CHANNELS = 9  # latents, mask, masked-image latents
 
@@ -82,8 +85,7 @@ def detect_family(model_index: dict, configs: dict[str, dict]) -> Family:
 def _inpainting(cls: str | None, unet: dict, scheduler: dict) -> Family:
     """The inpainting family of a 9-channel UNet, saved as an inpaint pipeline or (some fine-tunes) a plain one."""
     if cls in _SD_PIPELINES:
-        base = _sd(unet, scheduler).id
-        return FAMILIES["sd1-inpaint" if base == "sd1" else "sd2-inpaint"]  # the scheduler config says v or epsilon
+        return FAMILIES[_SD_INPAINTING[_sd(unet, scheduler).id]]
     if cls in ("StableDiffusionXLPipeline", "StableDiffusionXLInpaintPipeline"):
         return FAMILIES["sdxl-inpaint"]
     raise ConfigError(
@@ -99,15 +101,19 @@ def _present(entry: object) -> bool:
 
 def _sd(unet: dict, scheduler: dict) -> Family:
     width = unet.get("cross_attention_dim")  # one number, or (in some configs) a list of one per block
-    found = _SD_BY_TEXT_WIDTH.get(width) if isinstance(width, int) else None
+    prediction = scheduler.get("prediction_type")
+    prediction = prediction if isinstance(prediction, str) else "epsilon"
+    found = (
+        _SD_BY_TEXT_WIDTH.get((width, prediction)) or _SD_BY_TEXT_WIDTH.get((width, "epsilon"))
+        if isinstance(width, int)
+        else None
+    )
     if found is None:
         raise ConfigError(
             f"unknown model family: a Stable Diffusion UNet with cross_attention_dim {width!r} (SD 1.x has 768, SD "
             "2.x 1024)",
             hint=_HINT,
         )
-    if found == "sd2" and scheduler.get("prediction_type") == "v_prediction":
-        found = "sd2-v"
     return FAMILIES[found]
 
 

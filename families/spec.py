@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .traits import Traits
+
 TOKENS = 77  # CLIP's context: every prompt is padded or cut to it, so CLIP's text length is never dynamic
 # T5's token count is the pipeline's choice (diffusers' `max_sequence_length`, at most 512 there): dynamic, from
 # TEXT_LENGTH_MIN (below it nearly every prompt would be cut) to TEXT_LENGTH_MAX, the family's default as the opt.
@@ -230,8 +232,9 @@ class Family:
     vae_shift_factor: float = 0.0  # the default; a model's vae/config.json `shift_factor` wins
     optional: tuple[str, ...] = ()  # components a model may ship without (SD3's T5): exported when present
     guidance_scale: float = 7.5  # the pipeline's default classifier-free guidance
-    true_cfg: bool = True  # False: one transformer pass per step (Flux: dev's guidance is an input, schnell has none)
     default_steps: int = 25  # the pipeline's default step count (schnell is distilled to a few steps)
+    # How its denoiser is driven (guidance, latent packing, sigma spacing, block layout): read instead of its id
+    traits: Traits = Traits()
 
     def scaling_factor(self, vae_config: dict | None) -> float:
         """The VAE scaling factor: the model's vae/config.json `scaling_factor` when it has one, else the family's."""
@@ -242,6 +245,11 @@ class Family:
         family's."""
         value = (vae_config or {}).get("shift_factor")
         return float(self.vae_shift_factor if value is None else value)
+
+    @property
+    def true_cfg(self) -> bool:
+        """Classifier-free guidance: a negative and a positive pass per step (not Flux's one pass)."""
+        return self.traits.true_cfg
 
     @property
     def denoiser(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from . import traits
 from .spec import TOKENS, Component, Family, JointText, Sizes, Tensor, controlnet_residuals
 
 F32, I64 = "float32", "int64"
@@ -394,6 +395,7 @@ SD3 = Family(
     joint_text=_SD3_TEXT,
     optional=("text_encoder_3",),
     guidance_scale=7.0,
+    traits=traits.MMDIT,
 )
 
 SD3_5 = Family(
@@ -413,6 +415,7 @@ SD3_5 = Family(
     joint_text=_SD3_TEXT,
     optional=SD3.optional,
     guidance_scale=3.5,
+    traits=SD3.traits,
 )
 
 # Flux.1 and Chroma: the transformer takes unpacked latents like SD3's; the export packs them into 2x2-patch
@@ -525,7 +528,7 @@ FLUX = Family(
     prompt_output="last_hidden_state",
     joint_text=JointText(tokens=("text_encoder_2",), pooled=("text_encoder",)),
     guidance_scale=3.5,
-    true_cfg=False,
+    traits=traits.FLUX_DEV,
     batch_range=(1, 1, 2),
 )
 
@@ -540,7 +543,7 @@ FLUX_SCHNELL = Family(
     prompt_output="last_hidden_state",
     joint_text=FLUX.joint_text,
     guidance_scale=0.0,
-    true_cfg=False,
+    traits=traits.FLUX_SCHNELL,
     batch_range=(1, 1, 2),
     default_steps=4,  # timestep-distilled: its model card samples 4 steps
 )
@@ -564,6 +567,7 @@ CHROMA = Family(
     prompt_output="last_hidden_state",
     joint_text=JointText(tokens=("text_encoder",)),
     guidance_scale=5.0,
+    traits=traits.CHROMA,
 )
 
 FAMILIES: dict[str, Family] = {

@@ -9,34 +9,24 @@ A file whose names say no kind (a LoRA of text-encoder layers only) is not judge
 from __future__ import annotations
 
 from enginefarm.errors import WeightsError
+from enginefarm.families import FAMILIES
 
-# kind → (its module names in LoRAs, original or diffusers, dotted or kohya's '_'; the families it fits: () is
-# every family whose denoiser is a UNet)
+# kind → (its module names in LoRAs, original or diffusers, dotted or kohya's '_'; the `blocks` trait of the
+# families it fits)
 DENOISERS = {
-    "Flux": (("double_blocks", "single_blocks", "single_transformer_blocks"), ("flux", "flux-schnell", "chroma")),
-    "SD3": (("joint_blocks",), ("sd3", "sd3.5")),
+    "Flux": (("double_blocks", "single_blocks", "single_transformer_blocks"), "double-single"),
+    "SD3": (("joint_blocks",), "mmdit"),
     "UNet (SD 1.x/2.x/SDXL)": (
         ("down_blocks", "up_blocks", "mid_block", "input_blocks", "output_blocks", "middle_block"),
-        (),
+        "unet",
     ),
 }
 UNET_KIND = "UNet (SD 1.x/2.x/SDXL)"
-_UNET_FAMILIES = (
-    "sd1",
-    "sd2",
-    "sd2-v",
-    "sdxl",
-    "sdxl-refiner",
-    "controlnet-sd1",
-    "controlnet-sdxl",
-    "sd1-inpaint",
-    "sd2-inpaint",
-    "sdxl-inpaint",
-)
 
 
 def families_of(kind: str) -> tuple[str, ...]:
-    return DENOISERS[kind][1] or _UNET_FAMILIES
+    """The ids of the families whose denoiser has this kind's blocks, in the family table's order."""
+    return tuple(f.id for f in FAMILIES.values() if f.traits.blocks == DENOISERS[kind][1])
 
 
 def denoiser_of(parsed) -> tuple[str, str] | None:
@@ -58,7 +48,7 @@ def same_family(parsed, family, text_width: int | None = None) -> None:
     if found is None:
         return
     kind, example = found
-    if family.id not in families_of(kind):
+    if family.traits.blocks != DENOISERS[kind][1]:
         raise WeightsError(
             f"{parsed.path}: a {kind} LoRA (e.g. {example}); this model is {family.title} ({family.id})",
             hint=f"use a LoRA trained for {family.title}",

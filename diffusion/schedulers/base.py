@@ -92,6 +92,14 @@ class Scheduler:
         self._begin = self._index = begin
         self._reset()
 
+    def set_timesteps_for_image(
+        self, steps: int, strength: float = 1.0, *, image_seq_len: int, spacing: str = "scheduler"
+    ) -> None:
+        """`set_timesteps` for an image of `image_seq_len` denoiser tokens with the family's sigma spacing (its
+        `sigma_spacing` trait): only a flow-matching schedule depends on them (FlowMatchEulerDiscreteScheduler);
+        any other plans the same steps whatever the image."""
+        self.set_timesteps(steps, strength)
+
     def scale_model_input(self, x: np.ndarray, t: float) -> np.ndarray:
         """The UNet's input for this step (sigma-based schedulers divide by sqrt(sigma^2 + 1))."""
         return x

@@ -60,6 +60,20 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         self._custom_sigmas = None if sigmas is None else np.asarray(sigmas, F32)
         super().set_timesteps(steps, strength)
 
+    def set_timesteps_for_image(
+        self, steps: int, strength: float = 1.0, *, image_seq_len: int, spacing: str = "scheduler"
+    ) -> None:
+        """The schedule as diffusers' SD3, Flux and Chroma pipelines set it for an image of `image_seq_len`
+        transformer tokens (OpenVINO GenAI's `set_timesteps_with_mu`): a config that shifts by resolution
+        (`use_dynamic_shifting`) gets `mu` from the token count (`dynamic_shift_mu`, diffusers' `calculate_shift`),
+        any other its static `shift`. `spacing` is the family's: "unit" passes sigmas linspace(1, 1/steps) (Flux's
+        and Chroma's pipelines), "scheduler" keeps this scheduler's own (SD3's)."""
+        if spacing not in ("scheduler", "unit"):
+            raise ValueError(f"unknown sigma spacing {spacing!r}")
+        sigmas = np.linspace(1.0, 1.0 / steps, steps) if spacing == "unit" else None
+        mu = dynamic_shift_mu(self.config, image_seq_len) if self.config.use_dynamic_shifting else None
+        self.set_timesteps(steps, strength, mu=mu, sigmas=sigmas)
+
     def _schedule(self, steps, strength):
         # SD3's and Flux's img2img pipelines round the cut differently from SD's: int(steps - steps * strength)
         return self._timesteps_for(steps), int(max(steps - min(steps * strength, steps), 0)) * self.order

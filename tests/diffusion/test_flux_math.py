@@ -1,5 +1,6 @@
-"""The numpy half of Flux and Chroma (enginefarm.diffusion.flux) against diffusers: the schedule (sigmas from 1 to
-1/steps, shifted by mu from the image's token count where the config says) and Chroma's transformer text mask."""
+"""The numpy half of Flux and Chroma against diffusers: the schedule their traits ask of the flow-matching scheduler
+(sigmas from 1 to 1/steps, shifted by mu from the image's token count where the config says; SD3's spacing beside
+it) and Chroma's transformer text mask (enginefarm.diffusion.flux)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from enginefarm.diffusion import flux
 from enginefarm.diffusion.schedulers import FlowMatchEulerDiscreteScheduler
+from enginefarm.families import FAMILIES
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -34,13 +36,31 @@ def test_the_schedule_matches_flux_pipeline(config, latent):
     )
     theirs.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     ours = FlowMatchEulerDiscreteScheduler(dict(theirs.config))
-    flux.set_timesteps(ours, steps, 1.0, (1, 16, *latent))
+    spacing = FAMILIES["flux"].traits.sigma_spacing
+    ours.set_timesteps_for_image(steps, image_seq_len=tokens, spacing=spacing)
     np.testing.assert_allclose(ours.timesteps, theirs.timesteps.numpy(), rtol=1e-6)
     np.testing.assert_allclose(ours.sigmas, theirs.sigmas.numpy(), rtol=1e-6, atol=1e-7)
     if latent != (8, 8) and config is DEV:  # a bigger image shifts the schedule toward noise
         small = FlowMatchEulerDiscreteScheduler(dict(theirs.config))
-        flux.set_timesteps(small, steps, 1.0, (1, 16, 8, 8))
+        small.set_timesteps_for_image(steps, image_seq_len=16, spacing=spacing)
         assert (ours.sigmas[1:-1] > small.sigmas[1:-1]).all()
+
+
+@pytest.mark.parametrize("config", [dict(shift=3.0), DEV], ids=["static", "dynamic"])
+def test_sd3s_spacing_matches_sd3_pipeline(config):
+    """SD3's trait keeps the scheduler's own spacing; mu (when the config shifts by size) from 2x2-patch tokens."""
+    from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+
+    steps, tokens = 5, 24 * 40
+    theirs = diffusers.FlowMatchEulerDiscreteScheduler(**config)
+    cfg = theirs.config
+    dynamic = dict(
+        mu=calculate_shift(tokens, cfg.base_image_seq_len, cfg.max_image_seq_len, cfg.base_shift, cfg.max_shift)
+    )
+    theirs.set_timesteps(steps, **(dynamic if cfg.use_dynamic_shifting else {}))
+    ours = FlowMatchEulerDiscreteScheduler(dict(cfg))
+    ours.set_timesteps_for_image(steps, image_seq_len=tokens, spacing=FAMILIES["sd3"].traits.sigma_spacing)
+    np.testing.assert_allclose(ours.sigmas, theirs.sigmas.numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_chroma_text_mask_matches_chroma_pipeline(tiny):

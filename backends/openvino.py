@@ -14,7 +14,7 @@ import numpy as np
 from enginefarm.cache.space import ensure_room, sdk_writes
 from enginefarm.errors import BackendUnavailable
 from enginefarm.hardware.device_info import cpu_description
-from enginefarm.sessions.openvino import OpenVinoSession
+from enginefarm.sessions.openvino import OpenVinoSession, open_ir
 
 from .base import Availability, Backend, Built, BuiltFile, BundleSpec, Feature, Rank
 from .build_job import BuildJob
@@ -238,19 +238,24 @@ class OpenVINO(Backend):
         return core or self.sdk().Core()
 
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OpenVinoSession:
+        """The shipped blob imported where it is for this OpenVINO and CPU, else the IR compiled through the
+        device's compiled-model cache in the artifact's folder (sessions/openvino_compiled.py)."""
         core = self._core()
         dev = manifest.parsed_target.device.upper()
         config = inference_config(core, dev, manifest.precision)
         root = Path(artifact_dir)
-        plan = {"module": "enginefarm.sessions.openvino", "device": dev, "config": config}
+        plan = {
+            "module": "enginefarm.sessions.openvino",
+            "device": dev,
+            "config": config,
+            "ir": role_file(manifest, "ir"),
+        }
         blob = next((f.path for f in manifest.files if f.role == "engine"), None)
         if blob and dev == "CPU":
             why_not = blob_compatible(manifest)
             if why_not is None:
                 try:
-                    session = OpenVinoSession(
-                        core.import_model((root / blob).read_bytes(), dev, config), "imported compiled blob"
-                    )
+                    session = open_ir(core, root, {**plan, "blob": blob})
                     session.reopen_plan = {**plan, "blob": blob}
                     return session
                 except RuntimeError as exc:
@@ -259,9 +264,8 @@ class OpenVINO(Backend):
                     )
             else:
                 log.info("openvino: %s; compiling the IR", why_not)
-        xml = role_file(manifest, "ir")
-        session = OpenVinoSession(core.compile_model(core.read_model(str(root / xml)), dev, config), "compiled IR")
-        session.reopen_plan = {**plan, "ir": xml}
+        session = open_ir(core, root, plan)
+        session.reopen_plan = plan
         return session
 
     def precision_refusal(self, precision: str, device: str) -> str | None:

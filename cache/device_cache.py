@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 _USED_STAMP = ".last_used"
+# What a backend compiled on this device from an artifact (OpenVINO's model cache: sessions/openvino_compiled.py),
+# kept in the artifact's folder: held and evicted with it, and counted in its size against the quota.
+COMPILED = ".compiled"
 _READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 RESTARTS = 3  # times a file is fetched again from zero when the object changes under the transfer
@@ -105,6 +108,18 @@ def _held(folder: Path) -> bool:
     return held
 
 
+def compiled_bytes(path: Path) -> int:
+    """What the device compiled from the artifact at `path` holds on disk (COMPILED)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path / COMPILED):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def _last_used(path: Path) -> float | None:
     """When the artifact at `path` was last used; None if it is gone."""
     for candidate in (path / _USED_STAMP, path):
@@ -167,7 +182,7 @@ class DeviceCache:
             used = _last_used(path)
             if used is None:  # evicted meanwhile by another process (a second gc): no longer an entry
                 continue
-            yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files), used)
+            yield CachedArtifact(manifest, path, sum(f.size for f in manifest.files) + compiled_bytes(path), used)
 
     def problems(self, key: str, *, trust_proof: bool = False) -> list[str]:
         """Hash every file of a cached artifact, or with `trust_proof` only those whose stat changed since they were

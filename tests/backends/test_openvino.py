@@ -64,7 +64,7 @@ def test_blob_from_another_cpu_or_version_falls_back_to_ir(built):
             manifest, constraints={**manifest.constraints, "engine": {**manifest.constraints["engine"], **change}}
         )
         session = backend.load(path, foreign)
-        assert session.how == "compiled IR"
+        assert session.how.startswith("compiled IR")  # the second from the device's compiled-model cache
         out = session.run({"latent": np.zeros((1, 4, 8, 8), np.float32)})["sample"]
         assert out.shape == (1, 3, 16, 16)
 
@@ -74,7 +74,7 @@ def test_damaged_blob_falls_back_to_ir(built):
     if not any(f.role == "engine" for f in manifest.files):
         pytest.skip("no blob shipped")
     (path / "model.blob").write_bytes(b"not a blob")
-    assert backend.load(path, manifest).how == "compiled IR"
+    assert backend.load(path, manifest).how.startswith("compiled IR")
 
 
 def _timestep_model(path, width=1024):

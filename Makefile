@@ -1,4 +1,5 @@
-# The two commands: `make demo` and `make test`. Each creates or refreshes .venv as it needs.
+# The two commands: `make demo` and `make test` (`make test-fast` for the quick loop). Each creates or refreshes .venv
+# as it needs.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # The versions CI tests, pinned: both commands install from them (see `make constraints`).
 CONSTRAINTS := enginefarm/constraints.txt
 
-.PHONY: demo test lint bench clean constraints
+.PHONY: demo test test-fast lint bench clean constraints
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,12 @@ demo: $(VENV)/.demo-deps
 
 test: $(VENV)/.test-deps
 	@$(PY) -m pytest -q $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$code
+
+# The quick loop: every test but those marked slow, which tests/conftest.py marks by fixture (a test that uses a
+# fixture declared with `builds`: engine builds, exports, servers). CI runs `make test`, which runs everything.
+test-fast: $(VENV)/.test-deps
+	@$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; exit $$code
 
 # ruff check, ruff format --check and mypy (configured in pyproject.toml); .ci/run runs it before the tests.

@@ -18,6 +18,14 @@ from tests.tiny_pipelines import make_tiny_controlnet, make_tiny_pipeline
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def builds(fixture_function):
+    """Declares a fixture slow: it builds engines, exports a model (torch export), or starts a server. Put it under
+    `@pytest.fixture`; every test that uses the fixture, directly or through other fixtures, is marked `slow`, so
+    `make test-fast` (`-m "not slow"`) leaves it out without the test saying so."""
+    fixture_function.enginefarm_builds = True
+    return fixture_function
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path, monkeypatch):
     """Every test gets its own cache and an empty store; nothing touches the user's real ones. (The store folder
@@ -52,7 +60,9 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+# The tiny decoder's tests build engines from it (most through tiny_recipe): declared slow with them.
 @pytest.fixture
+@builds
 def tiny_sd(tmp_path) -> Path:
     return models.tiny_sd(tmp_path / "models" / "tiny_sd.onnx")
 
@@ -118,7 +128,10 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subproc
     return proc
 
 
+# Declared slow: the real CLI in a subprocess pays the interpreter's and enginefarm's start-up each call, and most of
+# its users build or export with it.
 @pytest.fixture
+@builds
 def cli():
     return run_cli
 
@@ -169,10 +182,25 @@ def pytest_runtest_setup(item):
     _stop_if_short(tmp_root(item.config), 0, RUN_OUT_OF_DISK, f"before {item.nodeid}", pytest.ExitCode.TESTS_FAILED)
 
 
+def uses_a_slow_fixture(item) -> bool:
+    """Whether any fixture `item` runs (its whole closure, as resolved for it) is declared with `builds`."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        getattr(defs[-1].func, "enginefarm_builds", False)
+        for name in item.fixturenames
+        if (defs := info.name2fixturedefs.get(name))
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `hardware(kind)` run only where ENGINEFARM_TEST_HARDWARE lists that kind."""
+    """Tests that use a fixture declared with `builds` are marked `slow`. Tests marked `hardware(kind)` run only where
+    ENGINEFARM_TEST_HARDWARE lists that kind."""
     enabled = {k.strip() for k in os.environ.get("ENGINEFARM_TEST_HARDWARE", "").split(",") if k.strip()}
     for item in items:
+        if uses_a_slow_fixture(item) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
         marker = item.get_closest_marker("hardware")
         if marker and marker.args[0] not in enabled:
             kind = marker.args[0]
@@ -184,6 +212,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+@builds
 def moto_server():
     server = MotoServer()
     yield server
@@ -243,6 +272,7 @@ TINY_PROFILE = ("--latent", "8,8,16", "--batch", "1,2,2")
 
 
 @pytest.fixture(scope="session")
+@builds
 def tiny(tmp_path_factory):
     """family → the folder of its tiny pipeline (written on first use)."""
     root = tmp_path_factory.mktemp("tiny-pipelines")
@@ -257,6 +287,7 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@builds
 def tiny_controlnet(tiny, tmp_path_factory):
     """base family ("sd1", "sdxl") → a standalone ControlNet folder made from that tiny pipeline's UNet."""
     root = tmp_path_factory.mktemp("tiny-controlnets")
@@ -277,6 +308,7 @@ class Export:
 
 
 @pytest.fixture(scope="session")
+@builds
 def exported(tmp_path_factory):
     """(source folder, extra CLI args) → the Export of `enginefarm export SOURCE --out … <tiny profile> <extra>`,
     run once per session; a failed export fails the test that asked for it, with the CLI's output."""
@@ -335,6 +367,7 @@ ADDED_BUILDS = {"flux+vae_encoder": ("flux", _TXT2IMG("vae_encoder") + NARROW_BU
 
 
 @pytest.fixture(scope="session")
+@builds
 def built(tiny, tiny_controlnet, exported, tmp_path_factory):
     """family → (diffusers folder, export folder, store): the family's tiny pipeline exported and built by the real CLI
     as FAMILY_BUILDS says (assets included), once per session, shared by every test that reads it."""
@@ -373,6 +406,7 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
 
 
 @pytest.fixture
+@builds
 def fake_nvidia(monkeypatch, tmp_path):
     """An RTX 4090 with the fake SDKs installed (tests/fakes, tests/nvidia_fakes.py); the CLI subprocesses see them
     through PYTHONPATH."""
@@ -381,6 +415,7 @@ def fake_nvidia(monkeypatch, tmp_path):
 
 
 @pytest.fixture
+@builds
 def real_rtx():
     """The real TensorRT-RTX module; every test that builds an RTX engine builds it with this."""
     return nvidia_fakes.require_real_rtx()

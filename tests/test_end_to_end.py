@@ -11,12 +11,14 @@ from enginefarm.cache.artifacts import read_index
 from enginefarm.cache.stores import open_store
 from enginefarm.errors import InputError
 from tests import models
+from tests.conftest import builds
 
 TARGETS = ("openvino:cpu", "onnxruntime:cpu")
 EDGES = [(1, 8, 8), (1, 16, 16), (2, 32, 32), (2, 8, 32)]
 
 
 @pytest.fixture(scope="module")
+@builds
 def farm(tmp_path_factory):
     """All four artifacts of the tiny model, built once through the CLI with benchmarks."""
     from tests.conftest import TINY_RECIPE, run_cli

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import builds
+
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
@@ -46,6 +48,7 @@ def circular(module: torch.nn.Module, tiling: str) -> None:
 
 
 @pytest.fixture(scope="module")
+@builds
 def exported(tmp_path_factory):
     torch.manual_seed(0)
     net = _Net().eval()

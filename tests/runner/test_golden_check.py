@@ -26,6 +26,7 @@ from enginefarm.builder.validate import Thresholds
 from enginefarm.cache.stores.local import LocalStore
 from enginefarm.errors import ArtifactNotFoundError
 from enginefarm.formats.safetensors_io import SafeTensors
+from tests.conftest import builds
 
 LATENT = np.random.default_rng(5).uniform(-3, 3, (1, 4, 16, 16)).astype(np.float32)
 
@@ -157,6 +158,7 @@ def test_the_device_needs_neither_onnx_runtime_nor_the_source_model(tiny_recipe,
 # TensorRT-RTX: built on a CPU (the fake, told there is no GPU), first loaded on an RTX 4090
 # ------------------------------
 @pytest.fixture
+@builds
 def rtx_farm(fake_nvidia, tiny_recipe, tmp_path):
     """An RTX engine built without a GPU (unvalidated, with golden samples) and an ONNX Runtime artifact, in one
     store."""

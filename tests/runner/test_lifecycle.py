@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from enginefarm.errors import SessionClosed
+from tests.conftest import builds
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="RSS from /proc and malloc_trim are Linux's"
@@ -49,6 +50,7 @@ def _chain(path, width: int = WIDTH, layers: int = LAYERS):
 
 
 @pytest.fixture(scope="module")
+@builds
 def chain_store(tmp_path_factory):
     from tests.conftest import run_cli
 

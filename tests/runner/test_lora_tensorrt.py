@@ -12,6 +12,7 @@ import pytest
 import enginefarm
 from enginefarm.errors import EnginefarmError
 from tests import models
+from tests.conftest import builds
 from tests.nvidia_fakes import FAKES, FakeNvidia, forget_fakes
 from tests.runner.test_lora import BASE, LAYERS_A, LAYERS_B, X, build_farm, cosine, reference
 
@@ -41,6 +42,7 @@ batch = [1, 1, 2]
 
 
 @pytest.fixture(scope="module")
+@builds
 def farm(tmp_path_factory):
     """One RTX 4090 (fake SDK) for the whole module: refittable fp32 + fp16 plans of `body`; `fixed` as a plain
     plan and for ONNX Runtime on the CPU."""

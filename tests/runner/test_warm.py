@@ -14,12 +14,14 @@ import pytest
 
 import enginefarm
 from enginefarm.runner import warm
+from tests.conftest import builds
 from tests.runner.test_lifecycle import _chain
 
 WIDTH, LAYERS = 64, 3
 
 
 @pytest.fixture(scope="module")
+@builds
 def store(tmp_path_factory):
     from tests.conftest import run_cli
 

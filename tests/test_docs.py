@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLE_MARK = "<!-- tests/test_docs.py runs this block"
@@ -190,3 +193,116 @@ def test_the_readmes_pipeline_example_fits_the_api():
             targets[name].bind(*args, **{k.arg: None for k in call.keywords})  # TypeError: an argument it does not take
             bound.add(name)
     assert bound == set(targets)
+
+
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+INSTALLS = ("make", "source", "pip")  # commands that set up an environment: checked, not run (see below)
+
+
+def _code_blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, body) of each fenced block of `page`, in order."""
+    return re.findall(r"^```(\w+)\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+
+
+def _check_install(line: str) -> None:
+    """An install line cannot run inside the suite (it would rebuild .venv), so each is held to what it names: `make
+    X` to a target make can plan (`make -n`), `pip install '.[a,b]'` to extras pyproject declares, `source
+    .venv/bin/activate` to the venv this test runs in."""
+    import shlex
+    import tomllib
+
+    words = shlex.split(line, comments=True)
+    if words[0] == "make":
+        proc = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"{line}: {proc.stderr}"
+    elif words[0] == "source":
+        assert words[1] == ".venv/bin/activate" and (Path(sys.executable).parent / "activate").is_file()
+    else:
+        assert words[:2] == ["pip", "install"], line
+        declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        extras = [w for w in words[2:] if w.startswith(".[")]
+        assert extras, line
+        for extra in (e for w in extras for e in w[2:-1].split(",")):
+            assert extra in declared, f"{line}: pyproject has no extra {extra!r}"
+        if '"$(python -m enginefarm.toolchain)"' in line:
+            assert words[words.index("-c") + 1] == "$(python -m enginefarm.toolchain)", line
+
+
+@pytest.mark.slow
+def test_every_command_of_getting_started_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The page's walkthrough, run in order from a folder laid out as a checkout (recipes/ linked): make the tiny
+    model, export, build, generate, from Python too, a LoRA, a single-file checkpoint; each command must succeed and
+    each image must be what the page says it is."""
+    from enginefarm.diffusion import read_png
+
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran, checked = [], 0
+    for language, body in _code_blocks(GETTING_STARTED):
+        if language == "python":
+            exec(compile(body, "getting-started.md", "exec"), {"__name__": "getting_started"})
+            ran.append("python block")
+            continue
+        assert language == "sh", f"a {language} block in getting-started.md: say how the docs test runs it"
+        for line in (raw.strip() for raw in body.splitlines()):
+            if not line or line.startswith("#"):
+                continue
+            if line.split()[0] in INSTALLS:
+                _check_install(line)
+                checked += 1
+                continue
+            proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=600)
+            assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+            ran.append(line.split("#")[0].strip())
+    assert checked >= 8 and len(ran) >= 10, (checked, ran)
+    assert any(c.startswith("enginefarm build") for c in ran) and "python block" in ran
+
+    plain = read_png("lighthouse.png")
+    assert plain.shape == (64, 64, 3) and plain.std() > 0.01  # the tiny model's native size; an image, not a flat fill
+    assert capsys.readouterr().out.splitlines()[-1] == "(64, 64, 3)"
+    assert np.array_equal(read_png("lighthouse-python.png"), plain)  # the page's Python is the command, same seed
+    for changed in ("lighthouse-lora.png", "lighthouse-finetune.png"):
+        assert np.abs(read_png(changed) - plain).max() > 4 / 255, changed  # the LoRA, the fine-tune were applied
+
+
+def test_every_argument_the_diffusers_page_names_exists_on_both_sides():
+    """docs/coming-from-diffusers.md's tables: each `name=` in the diffusers column is a parameter of one of diffusers'
+    pipelines (or the loading calls the row names), each in the enginefarm column one of `Pipeline.load`,
+    `Pipeline.__call__` or `set_loras`; each `--option` of the generate column is one `enginefarm generate` takes."""
+    import inspect
+
+    diffusers = pytest.importorskip("diffusers")
+    from enginefarm.cli_generate import generate_cmd
+    from enginefarm.diffusion import Pipeline
+
+    theirs: set[str] = set()
+    methods = ("__init__", "__call__", "from_pretrained", "load_lora_weights", "set_adapters", "load_textual_inversion")
+    classes = ("StableDiffusion", "StableDiffusionImg2Img", "StableDiffusionInpaint", "StableDiffusionControlNet")
+    classes += ("StableDiffusionXL", "StableDiffusionXLImg2Img", "StableDiffusion3", "Flux", "Chroma", "Diffusion")
+    for cls in [getattr(diffusers, f"{name}Pipeline") for name in classes] + [diffusers.AutoencoderKL]:
+        for method in (getattr(cls, m, None) for m in methods):
+            if callable(method):
+                theirs |= set(inspect.signature(method).parameters)
+                # from_pretrained takes most of its arguments as **kwargs, documented as `name (type, ...)`
+                theirs |= set(re.findall(r"^\s+(\w+) \(", method.__doc__ or "", flags=re.M))
+    ours = {
+        *inspect.signature(Pipeline.load).parameters,
+        *inspect.signature(Pipeline.__call__).parameters,
+        *inspect.signature(Pipeline.set_loras).parameters,
+    }
+    options = {o for p in generate_cmd.params for o in getattr(p, "opts", ())}
+    rows = [
+        line.split("|")[1:-1]
+        for line in (ROOT / "docs" / "coming-from-diffusers.md").read_text().splitlines()
+        if line.startswith("| `") or line.startswith("| (")
+    ]
+    assert len(rows) >= 25
+    named = lambda cell: set(re.findall(r"(?<![\w.])([a-z_]+)=", cell))  # noqa: E731
+    missing = []
+    for row in rows:
+        missing += [f"diffusers {n}" for n in named(row[0]) - theirs]
+        missing += [f"enginefarm {n}" for n in named(row[1]) - ours]
+        if len(row) == 4:  # the calling table: diffusers, pipe(...), enginefarm generate, what differs
+            missing += [f"generate {o}" for o in re.findall(r"(--[a-z-]+)", row[2]) if o not in options]
+    assert not missing, missing

@@ -12,9 +12,9 @@ import math
 import secrets
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,11 +28,9 @@ from enginefarm.cache.progress import Progress
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, WeightsError
 from enginefarm.formats.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.formats.weightmap import WeightMap, read_map
-from enginefarm.weights.lora import LoraFile
-from enginefarm.weights.lora import read as read_lora_file
 
 from .checkpoint import read_checkpoint
-from .lora import LoraLayer, place_lora
+from .lora import LoraLayer, read_lora
 from .merge import merged_weights
 
 log = logging.getLogger(__name__)
@@ -43,15 +41,13 @@ REFIT_FILE = "refit.safetensors"  # a refit stack's cached merged weights, by ON
 
 @dataclass(frozen=True)
 class Stack:
-    """What the user asked for: a checkpoint and LoRAs with strengths, in order, each LoRA file read once."""
+    """What the user asked for: a checkpoint and LoRAs with strengths, in order."""
 
     weights: Path | None = None
-    loras: tuple[tuple[LoraFile, float], ...] = ()
+    loras: tuple[tuple[Path, float], ...] = ()
 
     @classmethod
-    def parse(cls, weights, loras, read: Callable[[Path], LoraFile] = read_lora_file) -> Stack:
-        """The stack checked, each LoRA file read by `read` (a pipeline passes files it read already as they
-        are: it reads each once per load and deals them to its components)."""
+    def parse(cls, weights, loras) -> Stack:
         if isinstance(loras, (str, Path)):  # iterating it would read each character as a LoRA file
             raise ConfigError(
                 f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]'
@@ -64,14 +60,13 @@ class Stack:
                 raise ConfigError(
                     f"LoRA {item!r}: PATH:STRENGTH is the command line's form", hint=f'loras=[("{head}", {tail})]'
                 )
-            items.append((path if isinstance(path, LoraFile) else Path(path), strength))
-        for what, path in [("weights", weights), *(("LoRA", p) for p, _ in items if not isinstance(p, LoraFile))]:
+            items.append((Path(path), strength))
+        for what, path in [("weights", weights), *(("LoRA", p) for p, _ in items)]:
             if (
                 path is not None and Path(path).is_dir()
             ):  # else an IsADirectoryError deep in the reader, reported as a load failure
                 raise WeightsError(f"{what} {path} is a folder, not a file", hint="pass the .safetensors file itself")
-        files = tuple((p if isinstance(p, LoraFile) else read(p), s) for p, s in items)
-        return cls(Path(weights) if weights is not None else None, files)
+        return cls(Path(weights) if weights is not None else None, tuple(items))
 
     @property
     def active(self) -> bool:
@@ -106,54 +101,68 @@ class Applied:
     how: str
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A stack applied to one base artifact: the artifact as its backend opens it, the stack's cache key, and the
+    user's tensors read against the artifact's weight map."""
+
+    stack: Stack
+    key: str
+    manifest: Manifest
+    artifact_dir: Path
+    backend: Any
+    wmap: WeightMap
+    custom: dict[str, np.ndarray]
+    loras: list[tuple[list[LoraLayer], float]]
+
+    @classmethod
+    def of(cls, stack: Stack, manifest: Manifest, artifact_dir: Path, backend, read=None) -> _Job:
+        """`read`: the map and the user's tensors, when the caller has them already."""
+        wmap, custom, loras = read if read is not None else _read_mapped(stack, artifact_dir, manifest)
+        key = stack_key(manifest.build_key, stack)
+        return cls(stack, key, manifest, artifact_dir, backend, wmap, custom, loras)
+
+    def merged(self, *, every: bool, stored: bool = False) -> dict[str, np.ndarray]:
+        """The stack's new values (runner/merge.py): every weight the map covers, or those the stack changes."""
+        base = (self.wmap, self.backend, self.artifact_dir, self.manifest)
+        return merged_weights(*base, self.custom, self.loras, every=every, stored=stored)
+
+    def stacked(self) -> Manifest:
+        """The base artifact's manifest, marked with the stack its session carries."""
+        record = _stack_record(self.manifest, self.stack, self.key)
+        return replace(self.manifest, options={**self.manifest.options, "stack": record})
+
+
 def apply(
     stack: Stack, manifest: Manifest, artifact_dir: Path, backend, cache: DeviceCache, report: Progress
 ) -> Applied:
     """A backend session of the base artifact with `stack` applied (the base session itself if the stack is empty)."""
     device = manifest.parsed_target.device
-    wmap, custom, loras = _read_mapped(stack, artifact_dir, manifest)
+    read = _read_mapped(stack, artifact_dir, manifest)
     if not stack.active:
         return Applied(
             backend.load(artifact_dir, manifest, device), manifest, "base weights (every LoRA strength is 0)"
         )
     check_stackable(backend, manifest)  # before any merging or caching
+    job = _Job.of(stack, manifest, artifact_dir, backend, read)
     if backend.has(Feature.REFIT):
-        return _refit(
-            stack,
-            stack_key(manifest.build_key, stack),
-            wmap,
-            backend,
-            artifact_dir,
-            manifest,
-            custom,
-            loras,
-            cache,
-            report,
-        )
+        return _refit(job, cache, report)
     if backend.has(Feature.WEIGHTS_AT_LOAD):
-        return _at_load(stack, wmap, backend, artifact_dir, manifest, custom, loras, report)
-    patched, path, how = patched_artifact(
-        stack, manifest, artifact_dir, backend, cache, report, read=(wmap, custom, loras)
-    )
+        return _at_load(job, report)
+    patched, path, how = _patched(job, cache, report)
     return Applied(backend.load(path, patched, device), patched, how)
 
 
-def _at_load(
-    stack: Stack, wmap: WeightMap, backend, artifact_dir: Path, manifest: Manifest, custom, loras, report: Progress
-) -> Applied:
+def _at_load(job: _Job, report: Progress) -> Applied:
     """The changed weights merged in memory and given to the backend as the session opens: every combination costs
     a merge and a load, and no cache space."""
-    report.message(f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision} in memory")
+    manifest = job.manifest
+    report.message(f"applying {describe(job.stack)} to {manifest.ref} {manifest.target} {manifest.precision} in memory")
     started = time.perf_counter()
-    weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False, stored=True)
-    session = backend.load_with_weights(artifact_dir, manifest, weights, manifest.parsed_target.device)
+    weights = job.merged(every=False, stored=True)
+    session = job.backend.load_with_weights(job.artifact_dir, manifest, weights, manifest.parsed_target.device)
     log.info("%d weights applied at load in %.2f s", len(weights), time.perf_counter() - started)
-    key = stack_key(manifest.build_key, stack)
-    return Applied(
-        session,
-        replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}),
-        "applied in memory at load (nothing cached)",
-    )
+    return Applied(session, job.stacked(), "applied in memory at load (nothing cached)")
 
 
 def patched_artifact(
@@ -162,8 +171,11 @@ def patched_artifact(
     """A copy of the artifact with the stack merged into its weights (backends with Feature.PATCH_WEIGHTS), cached under
     the stack's key. Returns its manifest, verified folder and how it was had. `read`: the map and the user's
     tensors, when the caller has them already."""
-    wmap, custom, loras = read if read is not None else _read_mapped(stack, artifact_dir, manifest)
-    key = stack_key(manifest.build_key, stack)
+    return _patched(_Job.of(stack, manifest, artifact_dir, backend, read), cache, report)
+
+
+def _patched(job: _Job, cache: DeviceCache, report: Progress) -> tuple[Manifest, Path, str]:
+    key, manifest = job.key, job.manifest
     with file_lock(
         cache.locks / f"{key}.lock"
     ):  # saves a second process the same work; the cache stays correct without it
@@ -171,9 +183,9 @@ def patched_artifact(
         how = "patched and compiled earlier (cached)"
         if path is None:
             report.message(
-                f"applying {describe(stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling"
+                f"applying {describe(job.stack)} to {manifest.ref} {manifest.target} {manifest.precision}; compiling"
             )
-            path = _patch_and_cache(stack, key, wmap, backend, artifact_dir, manifest, custom, loras, cache)
+            path = _patch_and_cache(job, cache)
             how = "patched and compiled on this device"
     return cache.manifest_in_use(key), path, how
 
@@ -200,44 +212,28 @@ def check_stackable(backend, manifest: Manifest) -> None:
         )
 
 
-def _refit(
-    stack: Stack,
-    key: str,
-    wmap: WeightMap,
-    backend,
-    artifact_dir: Path,
-    manifest: Manifest,
-    custom,
-    loras,
-    cache: DeviceCache,
-    report: Progress,
-) -> Applied:
+def _refit(job: _Job, cache: DeviceCache, report: Progress) -> Applied:
     """Refit with every weight the map covers. The merged weights are what is cached: a later load refits
     straight from them."""
-    report.message(f"refitting {manifest.ref} {manifest.target} with {describe(stack)}")
+    key, manifest = job.key, job.manifest
+    report.message(f"refitting {manifest.ref} {manifest.target} with {describe(job.stack)}")
     path = cache.built_here_dir(key)
     if path is not None:
         cached = SafeTensors(path / REFIT_FILE)
         weights, how = {name: cached.array(name) for name in cached.names}, "refit in place from cached merged weights"
     else:
-        weights, how = (
-            merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=True),
-            "refit in place",
-        )
+        weights, how = job.merged(every=True), "refit in place"
         workdir = work_folder(cache, key)
         try:
             write_safetensors(workdir / REFIT_FILE, weights)
-            cache.add_local(
-                stack_manifest(manifest, stack, key, workdir, [BuiltFile(REFIT_FILE, "weights")], ()), workdir
-            )
+            built = [BuiltFile(REFIT_FILE, "weights")]
+            cache.add_local(stack_manifest(manifest, job.stack, key, workdir, built, ()), workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     started = time.perf_counter()
-    session = backend.refit(artifact_dir, manifest, weights, manifest.parsed_target.device)
+    session = job.backend.refit(job.artifact_dir, manifest, weights, manifest.parsed_target.device)
     log.info("refit %d weights in %.2f s", len(weights), time.perf_counter() - started)
-    return Applied(
-        session, replace(manifest, options={**manifest.options, "stack": _stack_record(manifest, stack, key)}), how
-    )
+    return Applied(session, job.stacked(), how)
 
 
 def stack_manifest(
@@ -263,14 +259,14 @@ def stack_key(base_key: str, stack: Stack) -> str:
         {
             "base": base_key,
             "weights": digest(stack.weights) if stack.weights else None,
-            "loras": [[f.digest, s] for f, s in stack.loras if s != 0],
+            "loras": [[digest(p), s] for p, s in stack.loras if s != 0],
         }
     )
 
 
 def describe(stack: Stack) -> str:
     parts = ([f"weights {stack.weights.name}"] if stack.weights else []) + [
-        f"LoRA {f.name}@{s:g}" for f, s in stack.loras if s != 0
+        f"LoRA {p.name}@{s:g}" for p, s in stack.loras if s != 0
     ]
     return ", ".join(parts)
 
@@ -280,7 +276,7 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
         "base": manifest.build_key,
         "key": key,
         "weights": str(stack.weights) if stack.weights else None,
-        "loras": [[str(f.path), s] for f, s in stack.loras],
+        "loras": [[str(p), s] for p, s in stack.loras],
     }
 
 
@@ -289,7 +285,7 @@ def _read(
 ) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
     custom = read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
     return custom, [
-        (place_lora(parsed, wmap, manifest.component, ref=manifest.ref), strength) for parsed, strength in stack.loras
+        (read_lora(path, wmap, manifest.component, ref=manifest.ref), strength) for path, strength in stack.loras
     ]
 
 
@@ -300,25 +296,17 @@ def work_folder(cache: DeviceCache, key: str) -> Path:
     return path
 
 
-def _patch_and_cache(
-    stack: Stack,
-    key: str,
-    wmap: WeightMap,
-    backend,
-    artifact_dir: Path,
-    manifest: Manifest,
-    custom,
-    loras,
-    cache: DeviceCache,
-) -> Path:
+def _patch_and_cache(job: _Job, cache: DeviceCache) -> Path:
+    key, manifest = job.key, job.manifest
     workdir = work_folder(cache, key)
     try:
         started = time.perf_counter()
-        weights = merged_weights(wmap, backend, artifact_dir, manifest, custom, loras, every=False, stored=True)
-        built = backend.patch_weights(artifact_dir, manifest, weights, workdir)
+        weights = job.merged(every=False, stored=True)
+        built = job.backend.patch_weights(job.artifact_dir, manifest, weights, workdir)
         map_entry = role_entry(manifest, "map")
-        shutil.copyfile(Path(artifact_dir) / map_entry.path, workdir / map_entry.path)
-        patched = stack_manifest(manifest, stack, key, workdir, built, (map_entry,), time.perf_counter() - started)
+        shutil.copyfile(Path(job.artifact_dir) / map_entry.path, workdir / map_entry.path)
+        seconds = time.perf_counter() - started
+        patched = stack_manifest(manifest, job.stack, key, workdir, built, (map_entry,), seconds)
         cache.add_local(patched, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,10 +1,12 @@
 """`Pipeline.set_loras` and `embeddings_dir` on the tiny SD 1.5 that `enginefarm export` and `build` made (the session's
 `built` fixture), fp32: a stack set on a loaded pipeline gives a fresh load's latent, a strength change reads no file
-again and opens no session, no LoRA gives the base latent back, and a bad file leaves the previous stack in use."""
+again and opens no session, no LoRA gives the base latent back, a bad file leaves the previous stack in use, and a
+load parses each LoRA file once."""
 
 from __future__ import annotations
 
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,22 @@ def load(sd1, target, **kwargs):
     return Pipeline.load(
         name, store=str(store), precision="fp32", target=target, device="cpu", assets=out / "assets", **kwargs
     )
+
+
+@pytest.fixture
+def parses(monkeypatch) -> Counter:
+    """file → how many times its safetensors header was parsed: the real reader, counted."""
+    from enginefarm.formats import safetensors_io
+
+    counted: Counter = Counter()
+    real = safetensors_io._read_header
+
+    def counting(path):
+        counted[Path(path).resolve()] += 1
+        return real(path)
+
+    monkeypatch.setattr(safetensors_io, "_read_header", counting)
+    return counted
 
 
 def latent(pipe, prompt=PROMPT) -> np.ndarray:
@@ -73,9 +91,7 @@ SUFFIXES = ("attn1.to_q", "attn2.to_k", "resnets.0.conv1", "proj_in", "self_attn
 
 
 @pytest.mark.parametrize("target", ["onnxruntime:cpu", "openvino:cpu"])
-def test_set_loras_is_a_fresh_load_and_a_strength_change_reads_nothing_again(sd1, tmp_path, target):
-    from enginefarm.weights import lora as lora_files
-
+def test_set_loras_is_a_fresh_load_and_a_strength_change_reads_nothing_again(sd1, tmp_path, target, parses):
     a = kohya_lora(tmp_path / "a.safetensors", sd1, 1, SUFFIXES)
     b = kohya_lora(tmp_path / "b.safetensors", sd1, 2, SUFFIXES[:2])
     pipe = load(sd1, target)
@@ -87,9 +103,9 @@ def test_set_loras_is_a_fresh_load_and_a_strength_change_reads_nothing_again(sd1
     assert np.array_equal(latent(fresh), first)  # the same graph, the same values
     assert np.abs(first - base).max() > 1e-2  # it changed something
 
-    reads, unet = lora_files.reads, fresh.sessions["unet"]
+    reads, unet = dict(parses), fresh.sessions["unet"]
     fresh.set_loras([(a, 0.3), (b, -0.5)])  # strengths only: nothing is read or opened again
-    assert lora_files.reads == reads
+    assert parses == reads
     assert fresh.sessions["unet"] is unet and "as inputs" in unet.explain()
     changed = latent(fresh)
     assert np.array_equal(changed, latent(load(sd1, target, loras=[(a, 0.3), (b, -0.5)])))
@@ -98,6 +114,35 @@ def test_set_loras_is_a_fresh_load_and_a_strength_change_reads_nothing_again(sd1
     fresh.set_loras([])  # no LoRA: the base weights fed back
     back = latent(fresh)
     assert np.abs(back - base).max() <= 1e-4 * np.ptp(base), np.abs(back - base).max()
+
+
+def test_a_load_parses_each_lora_file_once(sd1, tmp_path, parses):
+    """Pipeline.load reads each file once and deals the parsed layers to the UNet and the text encoder; a component
+    loaded by itself with a stack (`enginefarm.load`, the way a custom-weights or seamless component loads) reads
+    each once too, its cache key hashing the file's bytes without parsing it again."""
+    import enginefarm
+
+    a = kohya_lora(tmp_path / "a.safetensors", sd1, 1, SUFFIXES)
+    b = kohya_lora(tmp_path / "b.safetensors", sd1, 2, SUFFIXES[:2])
+    pipe = load(sd1, "onnxruntime:cpu", loras=[(a, 0.8), (b, -0.5)])
+    assert (parses[a.resolve()], parses[b.resolve()]) == (1, 1)
+    dealt = {c: [f.name for f, _ in files] for c, files in pipe._loras.dealt.items()}
+    assert dealt == {"unet": ["a.safetensors", "b.safetensors"], "text_encoder": ["a.safetensors"]}
+
+    _, out, store = sd1
+    name = tomllib.loads((out / "recipe.toml").read_text())["model"]["name"]
+    unet = enginefarm.load(
+        f"{name}/unet",
+        precision="fp32",
+        device="cpu",
+        store=str(store),
+        target="onnxruntime:cpu",
+        loras=[(a, 0.8), (b, -0.5)],
+    )
+    assert (parses[a.resolve()], parses[b.resolve()]) == (2, 2)
+    assert "weights: applied in memory at load" in unet.explain()
+    assert unet.artifact.options["stack"]["loras"] == [[str(a), 0.8], [str(b), -0.5]]
+    unet.close()
 
 
 def test_a_bad_file_is_one_line_and_keeps_the_previous_stack(sd1, tmp_path):

@@ -87,8 +87,10 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
     from rich.table import Table
 
     table = Table(title=f"{len(planned)} jobs")
+    farm = bool(runners or labels)  # the CI runner a job goes to means something only for a farm's runners
     for column in ("job", "key", "model/component", "precision", "profile", "target", "memory", "runs on", "status"):
-        table.add_column(column)
+        if column != "runs on" or farm:
+            table.add_column(column)
     for p in planned:
         style = (
             "green"
@@ -107,7 +109,7 @@ def plan_cmd(recipes, store, targets, precisions, components, fmt, runners, runn
             p.job.profile_name,
             str(p.job.target),
             f"{p.to_dict()['memory_gb']:g} GB",
-            escape(",".join(p.runs_on)),
+            *([escape(",".join(p.runs_on))] if farm else []),
             f"[{style}]{escape(p.status)}[/]",
         )
     _console().print(table)

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from enginefarm.errors import ConfigError
 
 from .base import Filter
+
+if TYPE_CHECKING:
+    from enginefarm.cache.progress import ProgressLike
 
 ON_FLAGGED = ("blur", "black", "refuse")
 # Easy Diffusion (sdkit's nsfw_checker) blurs a flagged image with PIL's GaussianBlur(75): a 75-pixel sigma.
@@ -55,13 +58,36 @@ def apply(
     precision: str | None = None,
     target: str | None = None,
     device: str = "auto",
-    progress=None,
+    progress: ProgressLike = None,
 ) -> Filtered:
-    """Run the filters given on one image float [H, W, 3] in [0, 1]: safety check → face fix (at `face_strength`:
-    1, the default, pastes the restored faces whole, as Easy Diffusion's GFPGAN does; 0 keeps the image)
-    → upscale (in `tile`-pixel tiles when given; `upscale_by` another factor than the model's, e.g. 2 with an x4
-    model, as Easy Diffusion's "upscale by"). Names are loaded from `store` with `precision`, `target` and
-    `device` as `enginefarm.filters.load` takes them; a name the store lacks is one ConfigError line."""
+    """Run the filters given on one image, in Easy Diffusion's order: safety check → face fix → upscale.
+
+    Each filter is a name in the store (loaded for this call and closed after it) or a loaded `Filter`.
+
+    Args:
+        image: float [H, W, 3] in [0, 1].
+        safety: A safety checker; a flagged image gets `on_flagged` and no face fix or upscale.
+        face_fix: A face restorer.
+        upscale: An upscaler.
+        on_flagged: "blur" (Easy Diffusion's), "black" (diffusers') or "refuse" (`Filtered.image` is None).
+        face_strength: 1 pastes the restored faces whole, as Easy Diffusion's GFPGAN does; 0 keeps the image.
+        tile: Upscale in tiles of this many pixels (large images in little memory); default whole.
+        upscale_by: Another factor than the model's (2 with an x4 model, resized with Lanczos), as Easy
+            Diffusion's "upscale by".
+        store: Where the names are loaded from, with `precision`, `target`, `device` and `progress` as
+            `enginefarm.filters.load` takes them.
+        precision: See `enginefarm.filters.load`.
+        target: See `enginefarm.filters.load`.
+        device: See `enginefarm.filters.load`.
+        progress: See `enginefarm.filters.load`.
+
+    Returns:
+        The image, whether it was flagged (and the scores), the filters that ran and their seconds.
+
+    Raises:
+        ConfigError: An image that is not [H, W, 3], an unknown `on_flagged`, a name the store lacks or a filter of
+            another kind, in one line.
+    """
     if on_flagged not in ON_FLAGGED:
         raise ConfigError(f"on_flagged={on_flagged!r}", hint=f"use one of {', '.join(ON_FLAGGED)}")
     image = np.asarray(image, dtype=np.float32)

@@ -13,6 +13,7 @@ from .base import Filter
 from .info import FilterInfo
 
 if TYPE_CHECKING:
+    from enginefarm.cache.progress import ProgressLike
     from enginefarm.runner.request import Request
 
 # kind → "module:Class" in this package, imported only when a filter of that kind loads
@@ -45,12 +46,29 @@ def load(
     target: str | None = None,
     device: str = "auto",
     version: str | None = None,
-    progress=None,
+    progress: ProgressLike = None,
     assets: str | Path | None = None,
 ) -> Filter:
     """The filter `name` from the store, its engines picked for this device (as `enginefarm.load` picks), verified
-    and loaded. precision/target/device/version: as `enginefarm.load`. assets: the folder `enginefarm export` wrote
-    (`DIR/assets`), to skip fetching it from the store. Close it (or use `with`) to give its memory back."""
+    and loaded. Close it (or use `with`) to give its memory back.
+
+    Args:
+        name: The filter's model name in the store (`enginefarm export FILE --name NAME`).
+        store: A store URL or folder; default ENGINEFARM_STORE.
+        precision: "fp32", "fp16" or "bf16"; default the fastest measured for this device.
+        target: A backend or target ("openvino", "onnxruntime:cpu"); default any this device runs.
+        device: "auto", "cpu", "nvidia", "intel"…
+        version: The model version; default the newest usable here.
+        progress: A callable receiving messages, or a `Progress`.
+        assets: The folder `enginefarm export` wrote (`DIR/assets`), to skip fetching it from the store.
+
+    Returns:
+        The loaded filter, of its kind's class (`Upscaler`, `FaceRestorer`, `SafetyChecker`…).
+
+    Raises:
+        UnknownModelError: The store holds no model `name` (the message lists what it holds).
+        ConfigError: The model is not a filter, or is a filter of an unknown kind.
+    """
     from enginefarm.runner.load import load as load_session  # `enginefarm.load` itself, without the root package
     from enginefarm.runner.request import Request
 

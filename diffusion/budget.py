@@ -7,9 +7,9 @@ SDK reports once it is loaded (`session.device_memory()`: TensorRT's and TensorR
 components loaded together hold their weights plus the largest activations, not the sum. On the CPU (and for a session
 that reports nothing) it is the process's resident memory before and after it loads, plus what its stage grew by while
 it ran (`Session.close` gives both back). Before its first load here, its artifact says: the resident memory its
-benchmark measured after running (`resident_mb`), else 1.5x its files (ONNX Runtime held 69 MB for a 48 MB model; a
-TensorRT plan is mostly its weights). Outputs are the same with or without a budget: the same artifacts run, only
-their lifetimes differ.
+benchmark measured after running (`resident_mb`), else 1.5x its files (what an ONNX Runtime session holds beside its
+model; a TensorRT plan is mostly its weights). Outputs are the same with or without a budget: the same artifacts run,
+only their lifetimes differ.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class Residency:
 
     def _count_last_stage(self) -> None:
         """What the last stage's components grew by while they ran, shared among them by what they held loaded.
-        OpenVINO allocates most of a model's memory at its first inference: the real-size SD 1.5 UNet (fp16) held
-        0.3 GB once loaded and 6.7 GB after one step; counting the load alone let a budget keep everything."""
+        OpenVINO allocates most of a model's memory at its first inference, so counting the load alone would let a
+        budget keep everything."""
         if self._stage is None:
             return
         components, started = self._stage

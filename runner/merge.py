@@ -6,8 +6,7 @@ the initializer's own layout, straight from the artifact's stored values: base +
 the CPU's cache, A @ B being Σ strength · scale · up @ down laid out as the initializer is (down.T @ up.T for a
 transposed Linear) with the coefficients folded into the small factor. No float32 copy of the base, no transposed
 copies, no full-size temporaries, and the weights are shared out over the cores (numpy's matmul and ufuncs release
-the GIL). On the real-size SD 1.5 UNet (fp16) this took the merge of a rank-8 LoRA on its attention and
-feed-forward Linears (242 M weights) from 8.0 s of CPU time to 2.4 s (ARCHITECTURE.md). Everything else
+the GIL) (docs/benchmarks.md, "Measurements behind the code", has what it saves at SD 1.5 size). Everything else
 (LoHa, LoKr, full diffs, DoRA, Tucker, a fused QKV block, a custom checkpoint's own tensors) takes the general
 path: float32, the checkpoint's layout, one layer after another.
 """

@@ -306,3 +306,25 @@ def test_every_argument_the_diffusers_page_names_exists_on_both_sides():
         if len(row) == 4:  # the calling table: diffusers, pipe(...), enginefarm generate, what differs
             missing += [f"generate {o}" for o in re.findall(r"(--[a-z-]+)", row[2]) if o not in options]
     assert not missing, missing
+
+
+def test_docstrings_say_what_and_why_not_what_a_past_run_measured():
+    """A measurement ("took 8.0 s", "peaked at 6.1 GB") is history the day the code changes; docstrings of the product
+    say what and why, and the numbers live in docs/benchmarks.md ("Measurements behind the code")."""
+    import ast
+    import tomllib
+
+    unit = r"\d+(?:\.\d+)?\s?(?:ms|s|min|minutes|MB|GB|MiB|GiB|KB)\b"
+    past = re.compile(rf"\b(?:took|was|were|peaked|held)\b[^.;]*?{unit}")
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found, read = [], 0
+    for folder in package_dir.values():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    text = " ".join((ast.get_docstring(node, clean=False) or "").split())
+                    read += bool(text)
+                    if m := past.search(text):
+                        found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'name', '')}: {m.group(0)}")
+    assert read > 1000  # the product's docstrings were read
+    assert not found, "move these measurements to docs/benchmarks.md:\n" + "\n".join(found)

@@ -23,6 +23,7 @@ import numpy as np
 
 from enginefarm.errors import ConfigError, WeightsError
 
+EmbeddingSpec = str | Path | tuple[str | Path, str]  # a file (its word from the file or its name) or (file, word)
 MAX_VECTORS = 75  # a prompt has 77 positions, two of them the start and end tokens
 ABSURD = 1e6  # as for custom weights (runner/custom.py): no trained embedding comes near it
 SDXL_KEYS = {"clip_l": "text_encoder", "clip_g": "text_encoder_2"}  # an SDXL/SD3 pair's tensor → the encoder it is for
@@ -42,7 +43,7 @@ class Embedding:
         return [self.word] + [f"{self.word}_{i}" for i in range(1, count)]
 
 
-def read_embedding(item, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Embedding:
+def read_embedding(item: EmbeddingSpec, widths: dict[str, int], t5: tuple[str, ...] = ()) -> Embedding:
     """`item`: FILE, or (FILE, WORD) to choose the word. `widths`: each of the model's CLIP text encoders → its
     width; `t5`: its T5 encoders (they take no embeddings). Everything wrong is one WeightsError naming the file,
     before anything is loaded."""

@@ -33,6 +33,7 @@ from .errors import (
 if TYPE_CHECKING:
     from enginefarm.cache.progress import ProgressLike
     from enginefarm.diffusion import Pipeline
+    from enginefarm.runner.models import ModelSummary
     from enginefarm.runner.session import Session
     from enginefarm.settings import Settings
 
@@ -101,9 +102,23 @@ def load(
     return _load(request, progress=progress, settings=settings)
 
 
-def models(store: str | None = None, device: str = "auto") -> list:
-    """Every model in `store` with its family, versions, built targets and the bytes this device would download to
-    run it, from the store's index alone (`enginefarm.runner.models.ModelSummary` each)."""
+def models(store: str | None = None, device: str = "auto") -> list[ModelSummary]:
+    """Every model in a store, from the store's index alone: nothing is fetched or loaded.
+
+    Args:
+        store: A store URL or folder; default ENGINEFARM_STORE.
+        device: The device to judge "runs here" and the download size by: "auto" (this machine's), "cpu",
+            "nvidia", "intel"…
+
+    Returns:
+        One `enginefarm.runner.models.ModelSummary` per model, by name: its family, versions (newest first),
+        components, built targets, the bytes this device would download to run it, and whether every component
+        has an artifact it can load (`missing` names those that have none).
+
+    Raises:
+        StoreError: The store cannot be read (a remote one unreachable). A local folder that does not exist yet
+            is an empty store.
+    """
     from enginefarm.runner.models import models as _models
 
     return _models(store, device)

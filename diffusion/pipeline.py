@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,7 @@ from enginefarm.errors import ConfigError, SessionClosed
 
 from . import batch, inpaint, seamless, transformer_step
 from .assets import ModelAssets
+from .call import Asked, Call, PreviewCallback, StepCallback, added_conditioning
 from .images import to_image, to_nchw
 from .joint_text import JointTextEncoder
 from .loading import components, read_embeddings
@@ -31,37 +31,9 @@ if TYPE_CHECKING:
     from .budget import Residency
     from .embedding_folder import EmbeddingFolder
     from .live_loras import LiveLoras
-    from .schedulers import Scheduler
     from .tiles import Tiling
 
 log = logging.getLogger(__name__)
-
-StepCallback = Callable[[int, int], None]  # (steps done, steps in all)
-PreviewCallback = Callable[[int, np.ndarray], None]  # (steps done, the predicted image(s): see Pipeline.__call__)
-
-
-@dataclass
-class _Call:
-    """One call's settings, resolved and checked, and what its stages hand the denoising loop."""
-
-    height: int
-    width: int
-    steps: int
-    count: int  # images
-    rng: np.random.Generator
-    sched: Scheduler
-    guidance: float
-    use_guidance: bool
-    mask: np.ndarray | None
-    strength: float
-    painter: inpaint.Inpainting | None = None
-    control: np.ndarray | None = None
-    controlnet_scale: float = 1.0
-    text: TextConditioning | None = None
-    extra: dict[str, np.ndarray] = field(default_factory=dict)
-    step_noise: list[np.ndarray] | None = None
-    on_step: StepCallback | None = None
-    on_preview: PreviewCallback | None = None
 
 
 class Pipeline:
@@ -356,68 +328,96 @@ class Pipeline:
         circularly in those axes (Easy Diffusion's `tiling`): the UNet families' UNet (and ControlNet) and VAE run as
         their seamless variants, made on this device from the stored artifacts at the first call with that setting
         and kept per setting (`enginefarm.diffusion.seamless`); VAE tiling is off for the call."""
+        asked = Asked(
+            prompt,
+            negative_prompt,
+            steps=steps,
+            guidance_scale=guidance_scale,
+            width=width,
+            height=height,
+            seed=seed,
+            latents=latents,
+            scheduler=scheduler,
+            image=image,
+            mask_image=mask_image,
+            strength=strength,
+            control_image=control_image,
+            controlnet_conditioning_scale=controlnet_conditioning_scale,
+            original_size=original_size,
+            crops_coords_top_left=crops_coords_top_left,
+            target_size=target_size,
+            aesthetic_score=aesthetic_score,
+            negative_aesthetic_score=negative_aesthetic_score,
+            output_type=output_type,
+            on_step=on_step,
+            step_noise=step_noise,
+            max_sequence_length=max_sequence_length,
+            num_images_per_prompt=num_images_per_prompt,
+            on_preview=on_preview,
+            prompt_syntax=prompt_syntax,
+            clip_skip=clip_skip,
+        )
+        return self._generate(asked)
+
+    def _generate(self, asked: Asked) -> np.ndarray:
+        """`pipe(...)` with its arguments as one record, through its stages."""
+        self._check(asked)
+        call = self._plan(asked)  # the user's mistakes surface before any work is done
+        call.control = self._control(asked.control_image, call.height, call.width)
+        self.last_settings = call.resolved()
+        timings: dict[str, float] = {}
+        text = self._encode_text(call, timings)
+        x = self._start_latents(call, timings)
+        self._condition(call, text)
+        x = self._run_denoiser(call, x, timings)
+        self.timings = {**self._load_timings, **timings}
+        return x if asked.output_type == "latent" else self._decode(call, x)
+
+    def _check(self, asked: Asked) -> None:
+        """What can be refused from the arguments alone; the embedding folder's files the prompts name, loaded."""
         if self.closed:
             raise SessionClosed(f"{self.name}: this pipeline is closed", hint="load it again with Pipeline.load(...)")
         if self.embedding_folder is not None:  # the folder's files these prompts name (embedding_folder.py)
             self.embedding_folder.load_named(
-                [prompt, negative_prompt],
+                [asked.prompt, asked.negative_prompt],
                 lambda items: read_embeddings(items, self.assets),
                 self.prompts.add_embeddings,
             )
-        if output_type not in ("np", "latent"):
-            raise ConfigError(f"output_type {output_type!r}", hint='use "np" (an image) or "latent"')
-        if max_sequence_length is not None and not self.transformer:
+        if asked.output_type not in ("np", "latent"):
+            raise ConfigError(f"output_type {asked.output_type!r}", hint='use "np" (an image) or "latent"')
+        if asked.max_sequence_length is not None and not self.transformer:
             raise ConfigError(
                 f"max_sequence_length is for the T5 encoders of SD3, Flux and Chroma; {self.family.title} reads "
                 "CLIP's 77 tokens",
                 hint="leave max_sequence_length out",
             )
-        # the user's mistakes surface before any work is done
-        call = self._plan(
-            steps, guidance_scale, width, height, seed, scheduler, image, mask_image, strength, num_images_per_prompt
-        )
-        call.control = self._control(control_image, call.height, call.width)
-        call.controlnet_scale = controlnet_conditioning_scale
-        self.last_settings = {  # what the call's defaults resolved to, for an image's stored parameters
-            "steps": call.steps,
-            "guidance_scale": call.guidance,
-            "scheduler": scheduler or type(call.sched).__name__,
-            "width": call.width,
-            "height": call.height,
-            **({"strength": call.strength} if image is not None else {}),
-        }
-        call.step_noise, call.on_step, call.on_preview = step_noise, on_step, on_preview
-        check_prompt_options(self.family, [prompt, negative_prompt], prompt_syntax, clip_skip)
 
-        timings: dict[str, float] = {}
+    def _encode_text(self, call: Call, timings: dict[str, float]) -> TextConditioning:
+        """The prompts' conditioning, [negative, positive] under guidance."""
+        asked = call.asked
+        prompts = (asked.prompt, asked.negative_prompt)
+        check_prompt_options(self.family, list(prompts), asked.prompt_syntax, asked.clip_skip)
         start = time.perf_counter()
         self._stage(self._text_encoders())
         text = (
-            self.prompts.encode_pair(prompt, negative_prompt, call.use_guidance, max_sequence_length)
+            self.prompts.encode_pair(*prompts, call.use_guidance, asked.max_sequence_length)
             if isinstance(self.prompts, JointTextEncoder)
-            else self.prompts.encode_pair(prompt, negative_prompt, call.use_guidance, prompt_syntax, clip_skip)
+            else self.prompts.encode_pair(*prompts, call.use_guidance, asked.prompt_syntax, asked.clip_skip)
         )
         check_prompt_tokens(self.family, self.sessions, text)
         timings["text"] = time.perf_counter() - start
+        return text
 
-        x = self._start_latents(call, image, latents, timings)
-        extra = self._added_conditioning(
-            call.height,
-            call.width,
-            original_size,
-            crops_coords_top_left,
-            target_size,
-            aesthetic_score,
-            negative_aesthetic_score,
-            text,
-            call.use_guidance,
-        )
-        # [negative × N, positive × N]
+    def _condition(self, call: Call, text: TextConditioning) -> None:
+        """What the denoiser takes beside the latent, repeated per image: rows [negative × N, positive × N]."""
+        extra = added_conditioning(self.family, call, text)
         call.extra = {name: batch.per_image(value, call.count) for name, value in extra.items()}
         call.text = batch.per_image_text(text, call.count)
         control = batch.per_image(call.control, call.count)
         call.control = np.concatenate([control, control]) if control is not None and call.use_guidance else control
 
+    def _run_denoiser(self, call: Call, x: np.ndarray, timings: dict[str, float]) -> np.ndarray:
+        """The denoising loop over the denoiser's sessions, in calls of the rows its engines take."""
         start = time.perf_counter()
         self._stage(self._denoisers())
         with batch.ChunkedDenoiser(
@@ -426,25 +426,28 @@ class Pipeline:
             x = self._denoise_loop(call, x, denoiser, timings)
         timings["denoise"] = time.perf_counter() - start - timings.get("preview", 0.0)
         timings["steps"] = len(call.sched.timesteps)
-        self.timings = {**self._load_timings, **timings}
-        if output_type == "latent":
-            return x
+        return x
+
+    def _decode(self, call: Call, x: np.ndarray) -> np.ndarray:
+        """The final latents as images, image by image (diffusers' VAE slicing: the decoder's memory and profile are
+        those of one image)."""
         start = time.perf_counter()
-        latent = (x / np.float32(self.assets.vae_scaling_factor) + np.float32(self.assets.vae_shift_factor)).astype(
-            np.float32
-        )
-        # image by image (diffusers' VAE slicing): the decoder's memory and profile are those of one image
         if self.image_decoder is not None:  # a preview decoder takes the model-space latent
             images = list(self.image_decoder(x))
         else:
+            scale, shift = np.float32(self.assets.vae_scaling_factor), np.float32(self.assets.vae_shift_factor)
+            latent = (x / scale + shift).astype(np.float32)
             decoded = [self._vae("vae_decoder", "latent_sample", "sample", one) for one in np.split(latent, call.count)]
             images = [to_image(one) for one in decoded]
         self.timings["decode"] = time.perf_counter() - start
         return images[0] if call.count == 1 else np.stack(images)
 
-    def _plan(self, steps, guidance_scale, width, height, seed, scheduler, image, mask_image, strength, count) -> _Call:
+    def _plan(self, asked: Asked) -> Call:
         """A call's settings resolved (the family's defaults, the image's size) and checked, before any work."""
         from .schedulers import make_scheduler
+
+        steps, guidance_scale, width, height = asked.steps, asked.guidance_scale, asked.width, asked.height
+        image, mask_image, strength = asked.image, asked.mask_image, asked.strength
 
         steps = self.family.default_steps if steps is None else steps
         if steps < 1:
@@ -470,14 +473,15 @@ class Pipeline:
         )
         mask = inpaint.check_mask(self.family, image, mask_image, height, width)
         strength = inpaint.default_strength(self.family, strength, mask is not None)
-        count = batch.check_count(count)
-        seeds = batch.seeds_for(seed, count)
-        sched = make_scheduler(scheduler, self.assets.scheduler_config, rng=batch.noise_streams(seeds, 1))
+        count = batch.check_count(asked.num_images_per_prompt)
+        seeds = batch.seeds_for(asked.seed, count)
+        sched = make_scheduler(asked.scheduler, self.assets.scheduler_config, rng=batch.noise_streams(seeds, 1))
         if self.transformer:
             transformer_step.check_scheduler(sched)
         default_guidance = self.family.guidance_scale if self.transformer else 5.0 if self.family.time_ids else 7.5
         guidance = guidance_scale if guidance_scale is not None else default_guidance
-        return _Call(
+        return Call(
+            asked=asked,
             height=height,
             width=width,
             steps=steps,
@@ -491,9 +495,10 @@ class Pipeline:
             strength=strength,
         )
 
-    def _start_latents(self, call: _Call, image, latents, timings: dict[str, float]) -> np.ndarray:
+    def _start_latents(self, call: Call, timings: dict[str, float]) -> np.ndarray:
         """The scheduler's timesteps set, and the loop's first latent: noise (txt2img), the image noised to the first
         timestep (img2img), or an inpainting start."""
+        image, latents = call.asked.image, call.asked.latents
         factor = self.vae_scale_factor
         shape = (call.count, self.latent_channels, call.height // factor, call.width // factor)
         noise = self._noise(latents, shape, call.rng)
@@ -520,7 +525,7 @@ class Pipeline:
         timings["encode image"] = time.perf_counter() - start
         return x
 
-    def _denoise_loop(self, call: _Call, x: np.ndarray, denoiser, timings: dict[str, float]) -> np.ndarray:
+    def _denoise_loop(self, call: Call, x: np.ndarray, denoiser, timings: dict[str, float]) -> np.ndarray:
         sched, text, control, painter = call.sched, call.text, call.control, call.painter
         assert text is not None  # set by __call__ before the loop
         total = len(sched.timesteps)
@@ -648,30 +653,6 @@ class Pipeline:
         min_tile = max(bounds["min"][2:]) if bounds else 1
         assert tiling is not None  # a tile size came from it
         return (tiles.decode if component == "vae_decoder" else tiles.encode)(run, x, tiling, min_tile)
-
-    def _added_conditioning(
-        self,
-        height,
-        width,
-        original_size,
-        crops,
-        target_size,
-        aesthetic,
-        negative_aesthetic,
-        text: TextConditioning,
-        use_guidance: bool,
-    ) -> dict[str, np.ndarray]:
-        """SDXL's pooled text and micro-conditioning time ids ([negative, positive] under guidance)."""
-        if not self.family.time_ids:
-            return {}
-        original = tuple(original_size or (height, width))
-        if self.family.aesthetic_score:
-            ids = [[*original, *crops, negative_aesthetic], [*original, *crops, aesthetic]]
-        else:
-            ids = [[*original, *crops, *(target_size or (height, width))]] * 2
-        time_ids = np.array(ids if use_guidance else ids[1:], np.float32)
-        assert text.pooled is not None, "SDXL's second text encoder gives a pooled state"
-        return {"text_embeds": text.pooled.astype(np.float32), "time_ids": time_ids}
 
     def _denoise(self, feeds: dict[str, np.ndarray], control: np.ndarray | None, scale: float) -> np.ndarray:
         if control is None:

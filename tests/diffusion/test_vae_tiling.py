@@ -15,39 +15,42 @@ TILE_PIXELS, LATENT_TILE = 64, 8
 
 
 @pytest.fixture(scope="module")
-def small_tile_vae(tiny, tmp_path_factory):
+def small_tile_vae(tiny, exported, tmp_path_factory):
     """The tiny SD 1.x VAE built with a profile down to 4 latent pixels (its UNet's multiple), so every tile of
-    diffusers' grid (the last ones are 4) runs as diffusers runs it."""
+    diffusers' grid (the last ones are 4) runs as diffusers runs it. Built from the session's sd1 export (linked, not
+    exported again) with the recipe `export --name tiles --latent 4,8,16 --batch 1,1,1` writes: the ONNX files take
+    any size, only the recipe's profiles differ."""
+    import os
+    import shutil
+    import tomllib
+
+    from enginefarm.export import recipe as recipes
+    from enginefarm.export.source import read_source
+
     root = tmp_path_factory.mktemp("vae-tiling")
     source = tiny("sd1")
+    folder = shutil.copytree(exported(source).out, root / "export", copy_function=os.link)
+    components = tomllib.loads((folder / "recipe.toml").read_text())["components"]
+    checkpoints = {name: table.get("checkpoint") for name, table in components.items()}
+    text = recipes.recipe_text(read_source(source), "tiles", checkpoints, batch=(1, 1, 1), latent=(4, 8, 16))
+    (folder / "recipe.toml").unlink()  # a link to the shared export's: replaced, never written through
+    (folder / "recipe.toml").write_text(text)
     run_cli(
-        "export",
-        str(source),
-        "--out",
-        str(root / "export"),
-        "--latent",
-        "4,8,16",
-        "--batch",
-        "1,1,1",
-        "--name",
-        "tiles",
+        "build",
+        str(folder / "recipe.toml"),
+        "--store",
+        str(root / "store"),
+        "--no-bench",
+        "--target",
+        "onnxruntime:cpu",
+        "--precision",
+        "fp32",
+        "--component",
+        "vae_decoder",
+        "--component",
+        "vae_encoder",
         check=True,
     )
-    for component in ("vae_decoder", "vae_encoder"):
-        run_cli(
-            "build",
-            str(root / "export" / "recipe.toml"),
-            "--store",
-            str(root / "store"),
-            "--no-bench",
-            "--target",
-            "onnxruntime:cpu",
-            "--precision",
-            "fp32",
-            "--component",
-            component,
-            check=True,
-        )
     return source, root / "store"
 
 

@@ -28,8 +28,15 @@ from .prompts import PromptEncoder, TextConditioning, check_prompt_options, chec
 from .sizes import check_image_size
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from enginefarm.cache.progress import ProgressLike
+    from enginefarm.filters.preview import PreviewDecoder
+    from enginefarm.runner.request import LoraSpec
+
     from .budget import Residency
     from .embedding_folder import EmbeddingFolder
+    from .embeddings import EmbeddingSpec
     from .live_loras import LiveLoras
     from .tiles import Tiling
 
@@ -88,40 +95,62 @@ class Pipeline:
         version: str | None = None,
         weights: str | Path | None = None,
         vae: str | Path | None = None,
-        loras=(),
-        embeddings=(),
+        loras: Sequence[LoraSpec] = (),
+        embeddings: Sequence[EmbeddingSpec] = (),
         embeddings_dir: str | Path | None = None,
-        progress=None,
+        progress: ProgressLike = None,
         memory_budget: int | str | None = None,
-        preview=None,
-        decoder=None,
+        preview: str | PreviewDecoder | None = None,
+        decoder: str | PreviewDecoder | None = None,
     ) -> Pipeline:
-        """Load every component of model `name` a generation needs through `enginefarm.load`.
+        """Load every component of model `name` a generation needs, each through `enginefarm.load`.
 
-        assets: a folder to read the model's assets from (tokenizers, scheduler and component configs: the assets/
-        that `enginefarm export` writes); default: `MODEL/assets` from the store, where `build` publishes them, fetched
-        and verified like any artifact. version: the model version (default the newest). controlnet: also load the
-        ControlNet and the UNet that takes its residuals (the model must be exported with one). precision applies where
-        the family builds it (SDXL's VAE is fp32).
+        Args:
+            name: The model's name in the store (the recipe's `[model] name`).
+            store: A store URL or folder; default ENGINEFARM_STORE.
+            precision: "fp32", "fp16" or "bf16", where the family builds it (SDXL's VAE is fp32); default the
+                fastest measured for this device.
+            target: A backend or target every component must run on ("openvino", "onnxruntime:cpu"); default any.
+            device: "auto", "cpu", "nvidia", "intel"…
+            controlnet: Also load the ControlNet and the UNet that takes its residuals (the model must be exported
+                with one).
+            assets: A folder to read the model's assets from (tokenizers, scheduler and component configs: the
+                assets/ that `enginefarm export` writes); default `MODEL/assets` from the store, where `build`
+                publishes them, fetched and verified like any artifact.
+            version: The model version; default the newest.
+            weights: A whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the
+                original layout, SDXL's in the SGM layout) or a UNet in diffusers names. Each component takes its
+                part, applied to its stored artifact (`enginefarm.load(..., weights=)`); the file is checked against
+                the family before anything loads.
+            vae: A VAE file (diffusers AutoencoderKL or the original layout), applied the same way.
+            loras: LoRA files as shipped, each a path (strength 1) or (path, strength): each component takes its own
+                part (UNet, text encoders); layers no component takes are named once, in `pipe.notes` and the log.
+                Changed later, without a reload, by `pipe.set_loras`.
+            embeddings: Textual-inversion files, each a path or (path, word), read and checked before anything is
+                loaded; no rebuild (see `enginefarm.diffusion.embeddings`).
+            embeddings_dir: A folder of embedding files, each loaded when a prompt first names its stem, as Easy
+                Diffusion does (`enginefarm.diffusion.embedding_folder`).
+            progress: A callable receiving messages, or a `Progress`.
+            memory_budget: Bytes, a size ("6G") or "auto": components load when a stage needs them and those no
+                stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`), counted in
+                the GPU's memory where the SDK reports it (TensorRT, TensorRT-RTX), else the host's ("auto": 90% of
+                what is available there). None: all loaded up front.
+            preview: A preview decoder (a TAESD-class filter: its name in the store, or a loaded
+                `enginefarm.filters.preview.PreviewDecoder`) that turns on_preview's latents into full-size images.
+            decoder: One that decodes the final images instead of the VAE (which is then not loaded). Each of
+                `preview` and `decoder` is checked against the model's latent space (channels, and the family where
+                the decoder's name tells it) before anything loads.
 
-        weights: a whole-model file as model sites ship it (an SD 1.x/2.x single-file checkpoint in the original layout,
-        SDXL's in the SGM layout) or a UNet in diffusers names; vae: a VAE file (diffusers AutoencoderKL or the original
-        layout). Each component takes its part, applied to its stored artifact (`enginefarm.load(..., weights=)`); the
-        files are checked against the family before anything loads. loras: [(file, strength), ...], files as shipped:
-        each component takes its own part (UNet, text encoders); layers no component takes are named once, in
-        `pipe.notes` and the log. memory_budget: bytes, a size ("6G") or "auto": components load when a stage needs
-        them and those no stage needs now are closed when the next would not fit (`enginefarm.diffusion.budget`),
-        counted in the GPU's memory where the SDK reports it (TensorRT, TensorRT-RTX), else the host's ("auto": 90%
-        of what is available there); None: all loaded up front. embeddings:
-        textual-inversion files (FILE, or (FILE, WORD)), read and checked before anything is loaded; no rebuild (see
-        `enginefarm.diffusion.embeddings`). embeddings_dir: a folder of embedding files, each loaded when a prompt first
-        names its stem, as Easy Diffusion does (`enginefarm.diffusion.embedding_folder`). loras: changed later, without
-        a reload, by `pipe.set_loras`.
+        Returns:
+            The pipeline, its components loaded (or loaded by stage under a budget); close it (or use `with`) to
+            give their memory back.
 
-        preview: a preview decoder (TAESD-class filter: its name in the store, or a loaded
-        `enginefarm.filters.preview.PreviewDecoder`) that turns on_preview's latents into full-size images; decoder:
-        one that decodes the final images instead of the VAE (which is then not loaded). Each is checked against the
-        model's latent space (channels, and the family where the decoder's name tells it) before anything loads."""
+        Raises:
+            UnknownModelError: The store holds no model `name` (the message names what it holds).
+            WeightsError: A weights, VAE, LoRA or embedding file that does not fit the model's family or shapes.
+            ConfigError: An option the model cannot take (`controlnet=True` on a model exported without one, a
+                preview decoder of another latent space).
+        """
         from enginefarm.runner.request import Request
 
         from .budget import Residency, parse_budget
@@ -282,52 +311,80 @@ class Pipeline:
         prompt_syntax: str = "a1111",
         clip_skip: int | None = None,
     ) -> np.ndarray:
-        """One image: float [H, W, 3] in [0, 1] (output_type "np") or the final latent [1, C, H/f, W/f] ("latent").
+        """One image (or a batch) from a prompt, with the family's own denoising loop over the loaded engines.
 
-        steps: default the family's (25; Flux schnell, distilled: 4). latents: the starting noise, [1, C, H/f, W/f]
-        unscaled (the scheduler's init sigma is applied, as diffusers
-        does); default drawn from `seed`. image + strength: image to image (the VAE posterior's mean is the start:
-        its spread is negligible for trained VAEs, and the result stays reproducible); `latents` is then the noise
-        added to it. scheduler: a diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the
-        model's own. original_size, crops_coords_top_left, target_size: SDXL's micro-conditioning (default: the
-        output size, no crop); aesthetic scores: the refiner's. step_noise: the fresh noise of each ancestral step
-        (default drawn from `seed`), for reproducing another implementation's run: one entry per denoiser call
-        (`len(sched.timesteps)`: order-2 schedulers such as heun and dpm2_a call it twice per step), each used by
-        the step call that adds noise, if it does. max_sequence_length: the T5 token
-        count of the transformer families (diffusers' argument; default the export's: SD3 and schnell 256, Flux dev
-        and Chroma 512), within what the engines were built for (`enginefarm export --text-length`).
+        Image i of a batch is the image a one-image call with seed + i makes: its start noise is drawn from
+        `default_rng(seed + i)` and an ancestral scheduler's fresh noise from `default_rng([seed + i, 1])`. The
+        denoiser runs the batch (2N rows under classifier-free guidance) in calls of at most its engine profile's max
+        batch (or `pipe.denoiser_batch`, when set lower); the VAE decodes image by image.
 
-        prompt_syntax: how prompt weights are written: "a1111" (`(word:1.3)`, `(word)`, `[word]`, `\\(`; A1111's
-        emphasis), "compel" (`word+`, `word--`, `(words)1.3`; as the compel package computes it) or "none"; prompts
-        past 75 tokens are encoded in chunks of 77 (`enginefarm.diffusion.weighted_text`). SD3, Flux and Chroma read
-        the prompt as written. clip_skip: diffusers' meaning (1: the layer before the one the pipeline reads), for
-        SD 1.x, 2.x and SDXL.
+        Args:
+            prompt: The prompt; weights in it are read as `prompt_syntax` says.
+            negative_prompt: What to steer away from (classifier-free guidance); default the empty prompt.
+            steps: Denoising steps; default the family's (25; Flux schnell, distilled: 4).
+            guidance_scale: Classifier-free guidance (Flux dev: the guidance it was distilled with); default the
+                family's (7.5 SD 1.x/2.x, 5.0 SDXL, 7.0 SD3, 3.5 SD3.5 and Flux dev, 5.0 Chroma).
+            width: Image width in pixels; default the model's native size (or `image`'s).
+            height: Image height in pixels; default as `width`.
+            seed: Seeds the start noise and an ancestral scheduler's fresh noise (numpy's `default_rng`).
+            latents: The starting noise, [1, C, H/f, W/f] unscaled (the scheduler's init sigma is applied, as
+                diffusers does); for a batch [N, C, H/f, W/f], or [1, ...] for one noise for every image. Default
+                drawn from `seed`. With `image`, the noise added to it.
+            scheduler: A diffusers class name or alias (see `enginefarm.diffusion.ALIASES`); default the model's own.
+            image: Image to image (or inpainting, with `mask_image`): float [H, W, 3] in [0, 1]. The VAE posterior's
+                mean is the start (its spread is negligible for trained VAEs, and the result stays reproducible);
+                used for every image of a batch.
+            mask_image: Inpainting, as diffusers' StableDiffusion(XL)InpaintPipeline (`diffusion/inpaint.py`):
+                float [H, W] in [0, 1] at the image's size, 1 = repaint (binarized at 0.5). An inpainting model
+                (9-channel UNet) sees the mask and the masked image; any other UNet model keeps the unmasked region
+                by blending the image, re-noised, back in after each step.
+            strength: How far `image` is noised; default 0.8 for image to image, 1.0 for inpainting (SDXL
+                families: 0.9999, diffusers' default).
+            control_image: The ControlNet's condition, float [H, W, 3] in [0, 1] (a pipeline loaded with
+                `controlnet=True` needs it).
+            controlnet_conditioning_scale: How strongly the ControlNet's residuals steer the UNet.
+            original_size: SDXL's micro-conditioning; default the output size.
+            crops_coords_top_left: SDXL's micro-conditioning; default no crop.
+            target_size: SDXL's micro-conditioning; default the output size.
+            aesthetic_score: The SDXL refiner's conditioning.
+            negative_aesthetic_score: The SDXL refiner's conditioning for the negative prompt.
+            output_type: "np" for images, "latent" for the final latents.
+            on_step: Called as on_step(steps done, steps in all) after each step.
+            step_noise: The fresh noise of each ancestral step (default drawn from `seed`), for reproducing another
+                implementation's run: one entry per denoiser call (`len(sched.timesteps)`: order-2 schedulers such
+                as heun and dpm2_a call it twice per step), each used by the step call that adds noise, if it does;
+                [N, C, H/f, W/f] for a batch.
+            max_sequence_length: The T5 token count of the transformer families (diffusers' argument; default the
+                export's: SD3 and schnell 256, Flux dev and Chroma 512), within what the engines were built for
+                (`enginefarm export --text-length`).
+            num_images_per_prompt: N images of the prompt in one call.
+            on_preview: Called as on_preview(step, preview) after each step's model call with the image the step
+                predicts (the scheduler's predicted clean latent where it gives one, else the latent itself), mapped
+                to RGB by the family's linear latent-to-RGB factors (`enginefarm.diffusion.preview`): float
+                [h, w, 3] in [0, 1] at the latent's resolution (H/f × W/f; `np.repeat` it f times on both axes for
+                full size), [N, h, w, 3] for a batch. `pipe.preview_decoder` (a TAESD from
+                `Pipeline.load(preview=)`), when set, replaces the linear map: its images are full size.
+            tiling: "x", "y" or "xy": a seamless texture, as diffusers with every Conv2d of the UNet and VAE padding
+                circularly in those axes (Easy Diffusion's `tiling`): the UNet families' UNet (and ControlNet) and
+                VAE run as their seamless variants, made on this device from the stored artifacts at the first call
+                with that setting and kept per setting (`enginefarm.diffusion.seamless`); VAE tiling is off for the
+                call.
+            prompt_syntax: How prompt weights are written: "a1111" (`(word:1.3)`, `(word)`, `[word]`, `\\(`;
+                A1111's emphasis), "compel" (`word+`, `word--`, `(words)1.3`; as the compel package computes it) or
+                "none". Prompts past 75 tokens are encoded in chunks of 77 (`enginefarm.diffusion.weighted_text`).
+                SD3, Flux and Chroma read the prompt as written.
+            clip_skip: diffusers' meaning (1: the layer before the one the pipeline reads), for SD 1.x, 2.x and
+                SDXL.
 
-        num_images_per_prompt=N: N images of the prompt, [N, H, W, 3] (latents [N, C, H/f, W/f]); one image stays
-        [H, W, 3]. Image i is the image of a one-image call with seed + i: its start noise is drawn from
-        `default_rng(seed + i)` and an ancestral scheduler's fresh noise from `default_rng([seed + i, 1])`, the
-        streams a one-image call uses. `latents` may be [N, C, H/f, W/f] (or [1, ...]: one noise for every image);
-        `step_noise[k]` is then [N, C, H/f, W/f]; an image= is used for every image. The denoiser runs the batch (2N
-        rows under classifier-free guidance) in calls of at most its engine profile's max batch (or
-        `pipe.denoiser_batch`, when set lower); the VAE decodes image by image.
+        Returns:
+            One image float [H, W, 3] in [0, 1] ("np"), or [N, H, W, 3] for N images; with "latent", the final
+            latents [N, C, H/f, W/f].
 
-        on_preview(step, preview): called after each step's model call with the image the step predicts (the
-        scheduler's predicted clean latent where it gives one, else the latent itself), mapped to RGB by the family's
-        linear latent-to-RGB factors (`enginefarm.diffusion.preview`): float [h, w, 3] in [0, 1] at the latent's
-        resolution (H/f × W/f; `np.repeat` it f times on both axes for full size), [N, h, w, 3] for a batch.
-        `pipe.preview_decoder` (a TAESD from `Pipeline.load(preview=)`), when set, replaces the linear map: its
-        images are full size.
-
-        image + mask_image: inpainting, as diffusers' StableDiffusion(XL)InpaintPipeline (`diffusion/inpaint.py`):
-        mask_image float [H, W] in [0, 1] at the image's size, 1 = repaint (binarized at 0.5). An inpainting model
-        (9-channel UNet) sees the mask and the masked image; any other UNet model keeps the unmasked region by
-        blending the image, re-noised, back in after each step. strength: default 0.8 for image to image, 1.0 for
-        inpainting (SDXL families: 0.9999, diffusers' default); `latents` is the start noise, as for image to image.
-
-        tiling="x" | "y" | "xy": a seamless texture, as diffusers with every Conv2d of the UNet and VAE padding
-        circularly in those axes (Easy Diffusion's `tiling`): the UNet families' UNet (and ControlNet) and VAE run as
-        their seamless variants, made on this device from the stored artifacts at the first call with that setting
-        and kept per setting (`enginefarm.diffusion.seamless`); VAE tiling is off for the call."""
+        Raises:
+            ConfigError: A size, step count, scheduler, mask, strength or option this model cannot take, in one
+                line, before any work.
+            SessionClosed: The pipeline was closed.
+        """
         asked = Asked(
             prompt,
             negative_prompt,

@@ -31,9 +31,12 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from enginefarm.cache.progress import ProgressLike
     from enginefarm.diffusion import Pipeline
     from enginefarm.runner.models import ModelSummary
+    from enginefarm.runner.request import LoraSpec
     from enginefarm.runner.session import Session
     from enginefarm.settings import Settings
 
@@ -46,7 +49,7 @@ def load(
     device: str = "auto",
     store: str | None = None,
     weights: str | Path | None = None,
-    loras=(),
+    loras: Sequence[LoraSpec] = (),
     *,
     recipe: str | Path | None = None,
     target: str | None = None,
@@ -57,19 +60,37 @@ def load(
     version: str | None = None,
     tiling: str | None = None,
 ) -> Session:
-    """The best artifact of `ref` ("model/component") for this device, verified and loaded; close it (or use it in a
-    `with` block) to give its memory back.
+    """The best artifact of `ref` for this device, fetched into the local cache, verified and loaded; close it (or
+    use it in a `with` block) to give its memory back. `session.explain()` says why it was chosen.
 
-    precision: "fp32", "fp16", "bf16" or None (the fastest measured). device: "auto", "cpu", "nvidia", "intel"...
-    store: a store URL (default ENGINEFARM_STORE). weights: a custom checkpoint (the base checkpoint's names, or a
-    whole-model file as model sites ship it: the component takes its part); loras: [(path, strength), ...].
-    recipe: compile here from this recipe when nothing stored fits. target: force a backend or target
-    ("openvino", "openvino:cpu"). progress: a callable receiving messages, or a Progress. channel="stable",
-    trusted_root=PATH (the channel's root.json, shipped with the app): load only what the maintainers released and
-    signed in that channel (default ENGINEFARM_CHANNEL, ENGINEFARM_TRUSTED_ROOT). version: the model version to serve
-    (default the newest usable here). settings: overrides the environment's (`enginefarm.settings.load_settings`).
-    tiling: "x", "y" or "xy": the artifact's seamless variant (every 2D convolution padding circularly in those axes),
-    derived on this device at the first such load and cached.
+    Args:
+        ref: "model/component" (the recipe's model name and one of its components).
+        precision: "fp32", "fp16" or "bf16"; None: the fastest measured.
+        device: "auto", "cpu", "nvidia", "intel"…
+        store: A store URL or folder; default ENGINEFARM_STORE.
+        weights: A custom checkpoint: the base checkpoint's names, or a whole-model file as model sites ship it
+            (the component takes its part).
+        loras: LoRA files, each a path (strength 1) or (path, strength), applied in order.
+        recipe: Compile here from this recipe when nothing stored fits.
+        target: A backend or target that must serve it ("openvino", "openvino:cpu"); default any.
+        progress: A callable receiving messages, or a `Progress`.
+        settings: Overrides the environment's (`enginefarm.settings.load_settings`).
+        channel: A release channel ("stable"): with `trusted_root`, load only what the maintainers released and
+            signed in it; default ENGINEFARM_CHANNEL.
+        trusted_root: The channel's root.json, shipped with the app; default ENGINEFARM_TRUSTED_ROOT.
+        version: The model version to serve; default the newest usable here.
+        tiling: "x", "y" or "xy": the artifact's seamless variant (every 2D convolution padding circularly in those
+            axes), derived on this device at the first such load and cached.
+
+    Returns:
+        The loaded `Session`: `session.run({name: array})` runs it.
+
+    Raises:
+        UnknownModelError: The store holds no such model (the message names what it holds).
+        ArtifactNotFoundError: Nothing stored runs on this device (and no `recipe` to compile from).
+        IntegrityError: A fetched or cached file is not what its manifest says.
+        WeightsError: `weights` or a LoRA that does not fit the artifact.
+        TrustError: The release channel's signatures do not check out.
     """
     from enginefarm.runner.request import Request
 

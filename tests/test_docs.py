@@ -54,6 +54,8 @@ def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_
     # A docstring's `<2>` outside backticks is read as an HTML tag and vanishes; the store layout keeps it.
     assert "blobs/sha256/&lt;2&gt;/&lt;digest&gt;" in (site / "api" / "stores" / "index.html").read_text()
     assert 'id="enginefarm.load"' in (site / "api" / "enginefarm" / "index.html").read_text()
+    pipeline = (site / "api" / "diffusion" / "index.html").read_text()  # the call is the pipeline's API
+    assert 'id="enginefarm.diffusion.Pipeline.__call__"' in pipeline and "num_images_per_prompt" in pipeline
     # ARCHITECTURE.md is embedded, not copied: its first heading is on the page.
     first_heading = next(line for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines() if line.startswith("# "))
     assert first_heading[2:].split("(")[0].strip() in (site / "architecture" / "index.html").read_text()
@@ -328,3 +330,32 @@ def test_docstrings_say_what_and_why_not_what_a_past_run_measured():
                         found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'name', '')}: {m.group(0)}")
     assert read > 1000  # the product's docstrings were read
     assert not found, "move these measurements to docs/benchmarks.md:\n" + "\n".join(found)
+
+
+def test_the_entry_points_document_every_parameter_in_args_sections():
+    """mkdocs reads Google style: each public entry point has an `Args:` section naming every parameter it takes, so
+    the API reference lists them (a parameter added without a line fails here)."""
+    import inspect
+
+    import enginefarm
+    import enginefarm.filters
+    from enginefarm.diffusion import Pipeline
+
+    entry_points = {
+        "enginefarm.load": enginefarm.load,
+        "enginefarm.models": enginefarm.models,
+        "Pipeline.load": Pipeline.load,
+        "Pipeline.__call__": Pipeline.__call__,
+        "enginefarm.filters.load": enginefarm.filters.load,
+        "enginefarm.filters.apply": enginefarm.filters.apply,
+    }
+    for name, function in entry_points.items():
+        doc = inspect.getdoc(function) or ""
+        assert "\nArgs:\n" in doc, f"{name} has no Args: section"
+        args = doc.split("\nArgs:\n", 1)[1].split("\n\n", 1)[0]
+        documented = set(re.findall(r"^    (\w+)(?: \([^)]*\))?:", args, flags=re.M))
+        wanted = {p for p in inspect.signature(function).parameters if p not in ("self", "cls")}
+        assert documented == wanted, (
+            f"{name}: Args lacks {sorted(wanted - documented)}, or names {sorted(documented - wanted)}"
+        )
+        assert "\nReturns:\n" in doc, f"{name} has no Returns: section"

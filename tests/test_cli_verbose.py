@@ -17,6 +17,7 @@ LEVEL_AFTER = (
 )
 
 
+@pytest.mark.slow  # the command's start-up in a subprocess, four times
 @pytest.mark.parametrize(
     "args, level",
     [

@@ -268,6 +268,7 @@ def test_every_command_of_getting_started_runs_as_written(tmp_path, monkeypatch,
         assert np.abs(read_png(changed) - plain).max() > 4 / 255, changed  # the LoRA, the fine-tune were applied
 
 
+@pytest.mark.slow  # imports diffusers (and torch)
 def test_every_argument_the_diffusers_page_names_exists_on_both_sides():
     """docs/coming-from-diffusers.md's tables: each `name=` in the diffusers column is a parameter of one of diffusers'
     pipelines (or the loading calls the row names), each in the enginefarm column one of `Pipeline.load`,

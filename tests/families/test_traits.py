@@ -83,9 +83,10 @@ def test_a_made_up_family_with_flux_traits_gets_flux_schedule_and_inputs():
     }
     shape = (1, 16, 8, 12)
     schedules = {}
-    for family in (FAMILIES["flux"], MADE_UP, FAMILIES["sd3"]):
+    # each with its transformer config's patch size: Flux's 1 (packed 2x2), SD3's 2 (unpacked): the same token grid
+    for family, patch_size in ((FAMILIES["flux"], 1), (MADE_UP, 1), (FAMILIES["sd3"], 2)):
         sched = make_scheduler(None, config)
-        patch = family.traits.patch_size({"patch_size": 2 if family.id == "sd3" else 1})
+        patch = family.traits.patch_size({"patch_size": patch_size})
         tokens = (shape[-2] // patch) * (shape[-1] // patch)
         sched.set_timesteps_for_image(4, image_seq_len=tokens, spacing=family.traits.sigma_spacing)
         schedules[family.id] = sched.sigmas

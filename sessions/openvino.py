@@ -7,7 +7,6 @@ static compile where that was timed faster here (sessions/openvino_static.py).""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,12 @@ import numpy as np
 from .openvino_compiled import shape_key
 from .openvino_static import MAX_LIVE_STATIC, StaticShapes, compile_kept, device_tag, has_dynamic_inputs, time_both
 
-log = logging.getLogger(__name__)
+
+def _log():
+    import logging  # here: a warm load of an artifact that needs no warning imports no logging (runner/warm.py)
+
+    return logging.getLogger(__name__)
+
 
 _PRECISION_NAMES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 FROM_CACHE = " (loaded from the device's compiled-model cache)"
@@ -89,8 +93,8 @@ class OpenVinoSession:
         if verdict != "dynamic":
             try:
                 variant = _Variant(self._static.compile(shapes, key))
-            except RuntimeError as exc:  # a shape the reshaped graph refuses: the dynamic compile says why, if so
-                log.warning("openvino: no static compile for %s (%s)", shapes, str(exc).splitlines()[0][:200])
+            except (RuntimeError, OSError) as exc:  # a shape the reshaped graph refuses, a cache it cannot write
+                _log().warning("openvino: no static compile for %s (%s)", shapes, str(exc).splitlines()[0][:200])
         if variant is not None and verdict is None:
             inputs = {name: _as_input(value) for name, value in feeds.items()}
             dynamic_ms, static_ms = time_both(self._dynamic.request, variant.request, inputs)
@@ -198,7 +202,8 @@ def open_ir(core, root: Path, plan: dict) -> OpenVinoSession:
     blob imported, else the IR compiled through the device's compiled-model cache, so only the first load on this
     device (OpenVINO version, config) compiles. Raises what OpenVINO raises for a blob it cannot import."""
     dev, config = plan["device"], plan["config"]
-    tag = device_tag(core, root, dev, config)
+    weights = root / (plan["ir"][: -len(".xml")] + ".bin") if "ir" in plan else root
+    tag = device_tag(core, root, dev, config, weights)
     static = StaticShapes(core, root / plan["ir"], dev, config, tag) if "ir" in plan else None
     if "blob" in plan:
         compiled = core.import_model((root / plan["blob"]).read_bytes(), dev, config)

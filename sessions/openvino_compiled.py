@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 FOLDER = ".compiled"  # the device cache's COMPILED (cache/device_cache.py): evicted and counted with the artifact
-MAX_STATIC_SHAPES = 4  # compiled static shapes kept per artifact (each holds the weights again)
+MAX_STATIC_SHAPES = 3  # compiled static shapes kept per artifact (each holds the weights again)
+ROOM_FACTOR = 2  # a compile is kept only while the disk has this many times the IR's weights free
 MAX_CHOICES = 32  # remembered static-or-dynamic verdicts per artifact
 _CHOICES = "shapes.json"
 _PROOF = ".verified"
@@ -89,6 +90,15 @@ def usable(tag: Path) -> bool:
     except OSError:
         pass
     return True
+
+
+def room_for(tag: Path, weights: Path) -> bool:
+    """Whether the disk has room for a compiled copy of the IR's `weights` and then some; a full disk is the cache's
+    to refuse at fetch time, not a compile's to cause."""
+    try:
+        return shutil.disk_usage(tag).free > ROOM_FACTOR * os.stat(weights).st_size
+    except OSError:
+        return False
 
 
 def _blobs(folder: Path) -> list[str]:

@@ -9,14 +9,18 @@ second image of that size, in this process or the next, pays nothing."""
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from . import openvino_compiled as kept
 
-log = logging.getLogger(__name__)
+
+def _log():
+    import logging  # here: a warm load of an artifact that needs no warning imports no logging (runner/warm.py)
+
+    return logging.getLogger(__name__)
+
 
 KEEP_COMPILED = True  # False: compile at every load, keep nothing (what loads did before; benchmarks compare)
 STATIC = "auto"  # "auto": static where timed faster here; "always" / "never": tests and benchmarks choose
@@ -25,9 +29,9 @@ MAX_LIVE_STATIC = 2  # static variants one session holds compiled at once (each 
 TIMED_CALLS = 2  # calls of each, alternating, on the first request of a new shape
 
 
-def device_tag(core, artifact: Path, device: str, config: dict[str, str]) -> Path | None:
+def device_tag(core, artifact: Path, device: str, config: dict[str, str], weights: Path) -> Path | None:
     """The folder of this artifact's compiled models for this OpenVINO, device and config; None where the cache
-    cannot keep them (read-only)."""
+    cannot keep them (read-only, or too little room on its disk for a compiled copy of `weights`)."""
     import openvino
 
     if not KEEP_COMPILED:
@@ -37,7 +41,7 @@ def device_tag(core, artifact: Path, device: str, config: dict[str, str]) -> Pat
         "capabilities": [str(c) for c in core.get_property(device, "OPTIMIZATION_CAPABILITIES")],
     }
     tag = kept.tag_dir(artifact, openvino.get_version().split("-")[0], device, identity, config)
-    return tag if kept.usable(tag) else None
+    return tag if kept.usable(tag) and kept.room_for(tag, weights) else None
 
 
 def compile_kept(core, model: Any, device: str, config: dict[str, str], folder: Path | None):
@@ -46,9 +50,17 @@ def compile_kept(core, model: Any, device: str, config: dict[str, str], folder: 
     if folder is None:
         return core.compile_model(model, device, config), True
     before = kept.before_compile(folder)
-    compiled = core.compile_model(model, device, {**config, "CACHE_DIR": str(folder)})
-    wrote = kept.after_compile(folder, before)
-    return compiled, wrote
+    # Whole blobs (weights included). OpenVINO 2026.4.1's weightless CPU blobs (CACHE_MODE=OPTIMIZE_SIZE) came back
+    # wrong from the cache (a tiny RetinaFace: outputs off by 10, dynamic or reshaped alike), so never those.
+    caching = (
+        {"CACHE_DIR": str(folder), "CACHE_MODE": "OPTIMIZE_SPEED"} if device == "CPU" else {"CACHE_DIR": str(folder)}
+    )
+    try:
+        compiled = core.compile_model(model, device, {**config, **caching})
+    except RuntimeError as exc:  # the cache itself (a full disk, a blob OpenVINO chokes on): compile without it
+        _log().warning("openvino: compiling without the compiled-model cache (%s)", str(exc).splitlines()[0][:200])
+        return core.compile_model(model, device, config), True
+    return compiled, kept.after_compile(folder, before)
 
 
 def has_dynamic_inputs(compiled) -> bool:
@@ -77,7 +89,7 @@ class StaticShapes:
         folder = None if self._tag is None else kept.static_dir(self._tag, key)
         start = time.perf_counter()
         compiled, wrote = compile_kept(self._core, model, self._device, self._config, folder)
-        log.info(
+        _log().info(
             "openvino: static %s %s in %.0f ms",
             {n: list(s) for n, s in shapes.items()},
             "compiled" if wrote else "loaded from the compiled cache",
@@ -87,7 +99,7 @@ class StaticShapes:
 
     def remember(self, key: str, shapes: dict[str, tuple[int, ...]], dynamic_ms: float, static_ms: float) -> str:
         pick = "static" if static_ms < STATIC_MIN_GAIN * dynamic_ms else "dynamic"
-        log.info("openvino: %s: static %.1f ms, dynamic %.1f ms a call → %s", key, static_ms, dynamic_ms, pick)
+        _log().info("openvino: %s: static %.1f ms, dynamic %.1f ms a call → %s", key, static_ms, dynamic_ms, pick)
         if self._tag is not None:
             entry = {
                 "shape": {n: list(s) for n, s in shapes.items()},

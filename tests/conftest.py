@@ -128,6 +128,29 @@ def run_cli(*args: str, env: dict | None = None, check: bool = False) -> subproc
     return proc
 
 
+def build_tiny_store(root: Path, precisions: tuple[str, ...], targets: tuple[str, ...]) -> Path:
+    """The tiny decoder's TINY_RECIPE built by the real CLI into root/store, in an environment of its own under root
+    (a module fixture's: the tests' isolated_env is not set yet). Tests copy the store they damage."""
+    models.tiny_sd(root / "models" / "tiny_sd.onnx")
+    as_toml = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
+    recipe = root / "recipe.toml"
+    recipe.write_text(TINY_RECIPE.format(precisions=as_toml(precisions), targets=as_toml(targets)))
+    (root / "store").mkdir()
+    run_cli("build", str(recipe), "--no-bench", env=tiny_store_env(root), check=True)
+    return root / "store"
+
+
+def tiny_store_env(root: Path) -> dict[str, str]:
+    """The environment build_tiny_store builds root/store in."""
+    return {
+        "ENGINEFARM_STORE": str(root / "store"),
+        "ENGINEFARM_HOME": str(root / "home"),
+        "ENGINEFARM_HOST_LOCK_DIR": str(root / "host-locks"),
+        "ENGINEFARM_MEASURE": "off",
+        "ENGINEFARM_PROBE_CACHE": "off",
+    }
+
+
 # Declared slow: the real CLI in a subprocess pays the interpreter's and enginefarm's start-up each call, and most of
 # its users build or export with it.
 @pytest.fixture
@@ -361,6 +384,9 @@ FAMILY_BUILDS = {
     # schnell (no guidance input, no shift): text to image on both backends and precisions
     "flux-schnell": _TXT2IMG("text_encoder", "text_encoder_2", "transformer", "vae_decoder"),
 }
+# The two ways in to a ControlNet model: the base pipeline's folder with `--controlnet FOLDER` (SD 1.x), or diffusers'
+# ControlNet pipeline folder (SDXL: the export tests/export/test_export.py checks, so it is exported once, not twice).
+CONTROLNET_BESIDE = ("controlnet-sd1",)
 # Checks that need one more component of a family already built: built into the same store (the jobs built before
 # are found there and skipped). Flux dev's image to image: its VAE encoder, on ONNX Runtime fp32.
 ADDED_BUILDS = {"flux+vae_encoder": ("flux", _TXT2IMG("vae_encoder") + NARROW_BUILD)}
@@ -382,7 +408,7 @@ def built(tiny, tiny_controlnet, exported, tmp_path_factory):
             )
             done[family] = done[base]
         if family not in done:
-            if family.startswith("controlnet-"):
+            if family in CONTROLNET_BESIDE:  # the base pipeline and a ControlNet folder, exported with --controlnet
                 base = family.removeprefix("controlnet-")
                 source, export = tiny(base), exported(tiny(base), "--controlnet", str(tiny_controlnet(base)))
             else:

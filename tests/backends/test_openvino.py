@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import openvino as ov
@@ -14,12 +16,22 @@ from enginefarm.backends.openvino import BACKEND as backend
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.device_cache import DeviceCache
 from enginefarm.cache.stores import open_store
+from tests.conftest import build_tiny_store, builds
+
+
+@pytest.fixture(scope="module")
+@builds
+def openvino_store(tmp_path_factory) -> Path:
+    """The tiny model's OpenVINO fp32 and fp16 artifacts, built once by the real CLI into a store the tests copy."""
+    return build_tiny_store(tmp_path_factory.mktemp("openvino"), ("fp32", "fp16"), ("openvino:cpu",))
 
 
 @pytest.fixture
-def built(tiny_recipe, cli, tmp_path):
+def built(openvino_store, tmp_path):
+    """precision → (its manifest, its files fetched into this test's empty cache) from a copy of the shared store."""
+    shutil.copytree(openvino_store, tmp_path / "store", dirs_exist_ok=True)
+
     def build(precision):
-        cli("build", str(tiny_recipe(precisions=(precision,), targets=("openvino:cpu",))), "--no-bench", check=True)
         store = open_store(tmp_path / "store")
         manifest = next(
             read_manifest(store, k)

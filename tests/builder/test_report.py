@@ -6,34 +6,49 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from tests import models
+from tests.conftest import TINY_RECIPE, builds, run_cli, tiny_store_env
 
-@pytest.fixture
-def reported(tiny_recipe, cli, tmp_path):
-    """fp32 builds on both CPU backends, an fp16 ORT job forced to fail validation, and a TensorRT job missing."""
-    good = tiny_recipe(
-        precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89"), name="good.toml"
-    )
-    cli("build", str(good), "--report", str(tmp_path / "r1.json"), check=True)
-    bad = tiny_recipe(precisions=("fp16",), targets=("onnxruntime:cpu",), name="bad.toml")
+
+@pytest.fixture(scope="module")
+@builds
+def reported(tmp_path_factory):
+    """fp32 builds on both CPU backends, an fp16 ORT job forced to fail validation, and a TensorRT job missing: the
+    report of them, made once (the tests only read it)."""
+    root = tmp_path_factory.mktemp("report")
+    models.tiny_sd(root / "models" / "tiny_sd.onnx")
+    (root / "store").mkdir()
+    env = tiny_store_env(root)
+
+    def recipe(precision: str, targets: str, name: str) -> Path:
+        path = root / name
+        path.write_text(TINY_RECIPE.format(precisions=f'["{precision}"]', targets=targets))
+        return path
+
+    good = recipe("fp32", '["onnxruntime:cpu", "openvino:cpu", "tensorrt:sm_89"]', "good.toml")
+    run_cli("build", str(good), "--report", str(root / "r1.json"), env=env, check=True)
+    bad = recipe("fp16", '["onnxruntime:cpu"]', "bad.toml")
     bad.write_text(bad.read_text().replace("inputs = {", "min_cosine = 1.0\nmax_abs_rel = 0.0\ninputs = {"))
-    assert cli("build", str(bad), "--report", str(tmp_path / "r2.json")).returncode == 1
-    out = cli(
+    assert run_cli("build", str(bad), "--report", str(root / "r2.json"), env=env).returncode == 1
+    out = run_cli(
         "report",
         "--reports",
-        str(tmp_path / "r1.json"),
+        str(root / "r1.json"),
         "--reports",
-        str(tmp_path / "r2.json"),
+        str(root / "r2.json"),
         "--recipe",
         str(good),
         "--out",
-        str(tmp_path / "report"),
+        str(root / "report"),
+        env=env,
         check=True,
     )
     assert "2 built, 1 failed, 1 missing" in out.stdout
-    return tmp_path / "report"
+    return root / "report"
 
 
 def test_html_has_the_status_grid_with_reasons(reported):

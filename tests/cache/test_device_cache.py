@@ -15,27 +15,14 @@ from enginefarm.cache.device_cache import MANIFEST_NAME, DeviceCache
 from enginefarm.cache.stores import open_store
 from enginefarm.cache.stores.base import blob_relpath
 from enginefarm.errors import ArtifactNotFoundError, IntegrityError
-from tests import models
-from tests.conftest import TINY_RECIPE, builds, run_cli
+from tests.conftest import build_tiny_store, builds
 
 
 @pytest.fixture(scope="module")
 @builds
 def built_store(tmp_path_factory) -> Path:
     """One ORT fp32 artifact of the tiny model, built once by the real CLI into a store the tests copy."""
-    root = tmp_path_factory.mktemp("device-cache")
-    models.tiny_sd(root / "models" / "tiny_sd.onnx")
-    recipe = root / "recipe.toml"
-    recipe.write_text(TINY_RECIPE.format(precisions='["fp32"]', targets='["onnxruntime:cpu"]'))
-    (root / "store").mkdir()
-    env = {
-        "ENGINEFARM_STORE": str(root / "store"),
-        "ENGINEFARM_HOME": str(root / "home"),
-        "ENGINEFARM_HOST_LOCK_DIR": str(root / "host-locks"),
-        "ENGINEFARM_MEASURE": "off",
-    }
-    run_cli("build", str(recipe), "--no-bench", env=env, check=True)
-    return root / "store"
+    return build_tiny_store(tmp_path_factory.mktemp("device-cache"), ("fp32",), ("onnxruntime:cpu",))
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from enginefarm.cache.manifest import ArtifactFile, Manifest
 from enginefarm.cache.prune import older_versions
 from enginefarm.cache.versions import by_age, newest, same_version, version_key
+from tests.conftest import build_tiny_store, builds, run_cli, tiny_store_env
 
 
 @pytest.mark.parametrize(
@@ -77,19 +79,28 @@ def test_older_versions_are_chosen_per_component():
 
 
 # End to end: real builds, the CLI, the store and the cache ------------------------------------------------
-@pytest.fixture
-def two_versions(tiny_recipe, cli, tmp_path):
-    """tiny-sd version 1 (fp32 + fp16) and version 2 (fp32 only) in one store. Same source: the fp32 ONNX blob is
-    shared by both versions, the fp16 one belongs to version 1 alone."""
-    v1 = tiny_recipe(precisions=("fp32", "fp16"), name="v1.toml")
-    v2 = v1.with_name("v2.toml")
+@pytest.fixture(scope="module")
+@builds
+def two_versions_built(tmp_path_factory):
+    """tiny-sd version 1 (fp32 + fp16) and version 2 (fp32 only) in one store, built once by the real CLI. Same
+    source: the fp32 ONNX blob is shared by both versions, the fp16 one belongs to version 1 alone."""
+    root = tmp_path_factory.mktemp("versions")
+    store = build_tiny_store(root, ("fp32", "fp16"), ("onnxruntime:cpu",))
+    v2 = root / "v2.toml"
     v2.write_text(
-        v1.read_text()
+        (root / "recipe.toml")
+        .read_text()
         .replace('version = "1"', 'version = "2"')
         .replace('precisions = ["fp32", "fp16"]', 'precisions = ["fp32"]')
     )
-    cli("build", str(v1), "--no-bench", check=True)
-    cli("build", str(v2), "--no-bench", check=True)
+    run_cli("build", str(v2), "--no-bench", env=tiny_store_env(root), check=True)
+    return store
+
+
+@pytest.fixture
+def two_versions(two_versions_built, tmp_path):
+    """The two versions in this test's store (a copy: the tests gc it), its cache empty."""
+    shutil.copytree(two_versions_built, tmp_path / "store", dirs_exist_ok=True)
     return tmp_path / "store"
 
 

@@ -188,7 +188,9 @@ def test_controlnet_matches_diffusers(built, tiny_controlnet, base):
     cls = (
         diffusers.StableDiffusionXLControlNetPipeline if base == "sdxl" else diffusers.StableDiffusionControlNetPipeline
     )
-    theirs = cls.from_pretrained(source, controlnet=diffusers.ControlNetModel.from_pretrained(tiny_controlnet(base)))
+    # SDXL's is built from diffusers' ControlNet pipeline folder, SD 1.x's from its base beside a ControlNet folder
+    folder = source / "controlnet" if (source / "controlnet").is_dir() else tiny_controlnet(base)
+    theirs = cls.from_pretrained(source, controlnet=diffusers.ControlNetModel.from_pretrained(folder))
     theirs.set_progress_bar_config(disable=True)
     reference = theirs(
         PROMPT,

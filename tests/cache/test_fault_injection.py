@@ -120,10 +120,16 @@ def assert_loads(store_url: str, manifest: Manifest, home: Path, monkeypatch) ->
     assert session.run({"x": np.ones((1, 8), np.float32)})["y"].shape == (1, 8)
 
 
+# A local store, and S3 on moto's server: the s3 case asks for `bucket` at run time (request.getfixturevalue), which
+# the fixture rule cannot see, so it is marked slow here (tests/conftest.py: builds).
+KINDS = ["local", pytest.param("s3", marks=pytest.mark.slow)]
+
+
 # kill -9 at every publish stage ----------------------------------------------------------------------------
 LOCAL_PUBLISH_STAGES = ["store:blob-temp", "publish:blob#1", "publish:blob#2", "publish:manifest", "publish:index"]
 
 
+@pytest.mark.slow  # a build killed and run again at each stage: five builds in subprocesses
 @pytest.mark.parametrize("stage", LOCAL_PUBLISH_STAGES)
 def test_kill_9_at_a_local_publish_stage_then_a_rerun_completes(stage, tmp_path, monkeypatch):
     url = str(tmp_path / "store")
@@ -374,7 +380,7 @@ def test_an_injected_enospc_while_fetching_is_a_clear_error_and_frees_the_space(
 
 
 # Concurrent publishers ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_racing_publishers_of_one_job_index_the_winner(kind, tmp_path, request):
     """Finding 4: a losing publisher overwrote the winner's index entry with its own (another provenance)."""
     url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"
@@ -390,7 +396,7 @@ def test_racing_publishers_of_one_job_index_the_winner(kind, tmp_path, request):
     assert read_index(store, "fi").entries[manifest.build_key].created == manifest.provenance["created"]
 
 
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_racing_publishers_of_different_jobs_keep_every_entry(kind, tmp_path, request):
     url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"
     go = tmp_path / "go"
@@ -419,7 +425,7 @@ def _stopped(proc, timeout: float = 60.0) -> None:
     raise AssertionError("the publisher never reached its checkpoint")
 
 
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_gc_during_a_publish_keeps_the_orphan_blob_it_reuses(kind, tmp_path, request, monkeypatch):
     """A killed build left an orphan blob, older than the grace. A new publish of the same bytes found it "exists"
     and left it old; `gc --delete`, running between that publish's blobs and its manifest, deleted it; the manifest
@@ -447,7 +453,7 @@ def test_gc_during_a_publish_keeps_the_orphan_blob_it_reuses(kind, tmp_path, req
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_build_repairs_a_stored_artifact_whose_blob_is_missing(kind, tiny_recipe, cli, tmp_path, request, monkeypatch):
     """Before, `build` said "1 already stored" and never noticed the manifest pointed at a missing blob."""
     url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"

@@ -10,6 +10,8 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from enginefarm.cache.index import IndexEntry
 from enginefarm.cache.records import tied
 from enginefarm.hardware.devices import Device
@@ -73,6 +75,7 @@ print(json.dumps({"key": session.artifact.build_key, "explain": explained, "peak
 """
 
 
+@pytest.mark.slow  # 100 000 entries written, then a load in a child process
 def test_a_load_among_100000_tied_entries_stays_under_500_mb(tmp_path):
     """20 000 near-identical entries took 3.4 GB (every candidate listed every other as tied); 10^5 ended in
     MemoryError. The child's address space is capped so a regression fails here instead of taking the machine."""

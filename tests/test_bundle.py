@@ -48,6 +48,7 @@ def _check_listing(bundle: Path) -> dict:
     return listing
 
 
+@pytest.mark.slow  # writes the bundle (OpenVINO's libraries) and runs it in a child process
 def test_an_openvino_cpu_bundle_runs_an_artifact_with_nothing_but_itself_and_the_standard_library(tmp_path):
     bundle = write_bundle("openvino:cpu", tmp_path / "app")
     files = _files(bundle.folder)

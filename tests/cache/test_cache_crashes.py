@@ -85,6 +85,7 @@ RACER = textwrap.dedent("""
 ROUNDS, RACERS = 24, 2
 
 
+@pytest.mark.slow  # two gc processes
 def test_two_cache_gc_at_once_both_succeed_and_leave_a_valid_cache(tmp_path):
     """Before: FileNotFoundError in 7 of 80 runs (an artifact the other gc removed between reading its manifest and
     its stat). Here, unfixed: 1 to 4 of 24 rounds crashed in 4 of 5 runs."""

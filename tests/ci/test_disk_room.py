@@ -28,6 +28,7 @@ def _pytest(tmpdir, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a pytest run in a child process
 def test_a_run_on_a_full_disk_stops_before_any_test_in_one_line(small_fs):
     proc = _pytest(small_fs, A_TEST)
     assert proc.returncode == 4, proc.stdout + proc.stderr
@@ -39,6 +40,7 @@ def test_a_run_on_a_full_disk_stops_before_any_test_in_one_line(small_fs):
     assert not any(small_fs.iterdir()), "nothing is written where there is no room"
 
 
+@pytest.mark.slow  # a pytest run in a child process
 def test_the_same_run_with_room_runs(tmp_path):
     proc = _pytest(tmp_path, A_TEST)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -58,6 +60,7 @@ def test_two_never_starts():
 """
 
 
+@pytest.mark.slow  # a pytest run in a child process
 def test_a_disk_that_fills_mid_run_stops_it_at_the_next_test_in_one_line(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")

@@ -157,6 +157,7 @@ def test_a_model_without_assets_in_the_store_says_how_to_publish_them(tmp_path, 
     assert "[model] assets" in raised.value.hint
 
 
+@pytest.mark.slow  # a build run
 def test_the_assets_are_published_before_the_first_job_runs(tmp_path):
     """A build killed (or failing) before its last job left component artifacts and no MODEL/assets, and
     `Pipeline.load` said the model has no assets: they are published before any job runs now."""

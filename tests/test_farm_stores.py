@@ -11,22 +11,40 @@ import pytest
 import enginefarm
 from enginefarm.cache.artifacts import read_index, read_manifest
 from enginefarm.cache.stores import open_store
+from tests import models
+from tests.conftest import TINY_RECIPE, builds, make_bucket, run_cli, tiny_store_env
+
+# What s3_env sets, for the module fixture that builds before any test's environment is set.
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="module")
+@builds
+def farm_built(moto_server, tmp_path_factory) -> str:
+    """The tiny model built by the real CLI straight to S3 (fp32 on both CPU backends), once: its bucket."""
+    root = tmp_path_factory.mktemp("farm-s3")
+    models.tiny_sd(root / "models" / "tiny_sd.onnx")
+    recipe = root / "recipe.toml"
+    recipe.write_text(TINY_RECIPE.format(precisions='["fp32"]', targets='["onnxruntime:cpu", "openvino:cpu"]'))
+    (root / "store").mkdir()
+    name = make_bucket(moto_server.url)
+    env = {**tiny_store_env(root), **S3_ENV, "AWS_ENDPOINT_URL": moto_server.url}
+    proc = run_cli("build", str(recipe), "--store", f"s3://{name}/farm", "-j", "2", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 built" in proc.stdout
+    return name
 
 
 @pytest.fixture
-def farm_bucket(tiny_recipe, cli, bucket):
-    url = f"s3://{bucket}/farm"
-    proc = cli(
-        "build",
-        str(tiny_recipe(precisions=("fp32",), targets=("onnxruntime:cpu", "openvino:cpu"))),
-        "--store",
-        url,
-        "-j",
-        "2",
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "2 built" in proc.stdout
-    return url
+def farm_bucket(farm_built, bucket, s3_env):
+    """The built farm copied object by object into this test's own bucket (the tests gc it, rebuild its index)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env.url)  # credentials and region: s3_env's
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=farm_built, Prefix="farm/"):
+        for item in page.get("Contents", []):
+            client.copy_object(Bucket=bucket, Key=item["Key"], CopySource={"Bucket": farm_built, "Key": item["Key"]})
+    return f"s3://{bucket}/farm"
 
 
 def test_build_publishes_to_s3_and_skips_existing(farm_bucket, tiny_recipe, cli):

@@ -114,7 +114,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--narrow", action="store_true", help="the issue's narrow SD 1.5 instead of the tiny SD 1.x")
     p.add_argument("--starts", type=int, default=3, help="process starts per mode (the first of 'keep' compiles)")
-    p.add_argument("--calls", type=int, default=7, help="UNet calls of each compile in the A/B")
+    p.add_argument("--calls", type=int, default=7, help="UNet calls of each compile in the A/B (0: no A/B)")
     p.add_argument("--size", type=int, default=0, help="image side in px (default: the profile's largest)")
     p.add_argument("--work", type=Path, default=None)
     args = p.parse_args()
@@ -128,14 +128,16 @@ def main() -> int:
         shutil.rmtree(home, ignore_errors=True)
         for _ in range(args.starts):
             loads[mode].append(child(_LOAD, name, str(store), str(out / "assets"), mode, home=home)["load_s"])
-    ab = child(_AB, name, str(store), str(size), str(args.calls), home=work / "home-keep")
-    dyn, sta = statistics.median(ab["dynamic_ms"]), statistics.median(ab["static_ms"])
     print(f"Pipeline.load, s per process start (the first fetches the artifacts into an empty cache): {loads}")
     warm_before, warm_after = statistics.median(loads["compile"][1:]), statistics.median(loads["keep"][1:])
     print(
         f"warm load: compiled each start {warm_before:.2f} s, kept compiled {warm_after:.2f} s "
         f"({warm_after / warm_before:.2f}x)"
     )
+    if args.calls == 0:
+        return 0
+    ab = child(_AB, name, str(store), str(size), str(args.calls), home=work / "home-keep")
+    dyn, sta = statistics.median(ab["dynamic_ms"]), statistics.median(ab["static_ms"])
     print(
         f"UNet call at {size} px, batch 2: dynamic {dyn:.1f} ms, static {sta:.1f} ms (static/dynamic "
         f"{sta / dyn:.3f}; {args.calls} alternating calls each, medians); static vs dynamic max abs / range "

@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("pipelines_child.py")
 RUNTIMES = ("enginefarm", "genai", "genai-static", "diffusers")
 STAGES = ("text", "step", "first step", "decode", "load", "start to image", "peak RSS")
+# CPU seconds of this process (all threads), which a busy machine changes less than wall time: a later step, text
+# and the first step (one span: the call's start to its first step's end), the last step's end to the image
+CPU_STAGES = ("step CPU", "text+step 1 CPU", "decode CPU")
 NAME = "sd15narrow"
 
 
@@ -232,6 +235,17 @@ def one_run(runtime: str, args: argparse.Namespace, paths: dict[str, Path], late
         "start to image": got["first_image_at"] - started,
         "peak RSS": got["peak_rss_mb"],
         "raw": got["images"],
+        **cpu_seconds(got["images"]),
+    }
+
+
+def cpu_seconds(images: list[dict]) -> dict[str, float]:
+    spans = [image["spans"] for image in images]
+    later = [span["cpu"] for one in spans for span in one[1:-1]]
+    return {
+        "step CPU": statistics.median(later) if later else float("nan"),
+        "text+step 1 CPU": spans[0][0]["cpu"],
+        "decode CPU": statistics.median(one[-1]["cpu"] for one in spans),
     }
 
 
@@ -241,8 +255,8 @@ def span_line(got: dict) -> str:
 
     def one(span: dict) -> str:
         return (
-            f"{span['wall']:.2f} s ({span['cpu'] / max(span['wall'], 1e-9):.2f} cores, {span['majflt']} majflt, "
-            f"{span['nivcsw']} preempted)"
+            f"{span['wall']:.2f} s ({span['cpu']:.2f} CPU s, {span['cpu'] / max(span['wall'], 1e-9):.2f} cores, "
+            f"{span['majflt']} majflt, {span['nivcsw']} preempted)"
         )
 
     parts = []
@@ -257,6 +271,9 @@ def span_line(got: dict) -> str:
 
 def fmt(stage: str, value: float) -> str:
     return f"{value:.0f} MB" if stage == "peak RSS" else f"{value:.2f} s"
+
+
+ALL = STAGES + CPU_STAGES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,15 +316,15 @@ def check_image(args: argparse.Namespace) -> None:
 
 def report(results: dict[str, list[dict]]) -> None:
     print("\nmedians over the rounds")
-    print(f"{'':<14}" + "".join(f"{s:>16}" for s in STAGES))
+    print(f"{'':<14}" + "".join(f"{s:>16}" for s in ALL))
     for runtime, rows in results.items():
-        print(f"{runtime:<14}" + "".join(f"{fmt(s, statistics.median(x[s] for x in rows)):>16}" for s in STAGES))
+        print(f"{runtime:<14}" + "".join(f"{fmt(s, statistics.median(x[s] for x in rows)):>16}" for s in ALL))
     ours = results["enginefarm"]
     for other, rows in results.items():
         if other == "enginefarm":
             continue
         print(f"\nenginefarm / {other}: ratio of medians, then min / median / max of the rounds' pairs")
-        for stage in STAGES:
+        for stage in ALL:
             pairs = [a[stage] / b[stage] for a, b in zip(ours, rows, strict=True)]
             whole = statistics.median(a[stage] for a in ours) / statistics.median(b[stage] for b in rows)
             print(f"  {stage:<16}{whole:6.2f}   {min(pairs):.2f} / {statistics.median(pairs):.2f} / {max(pairs):.2f}")

@@ -12,6 +12,7 @@ import math
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ from enginefarm.cache.progress import Progress
 from enginefarm.errors import BackendUnavailable, ConfigError, IntegrityError, WeightsError
 from enginefarm.formats.safetensors_io import SafeTensors, write_safetensors
 from enginefarm.formats.weightmap import WeightMap, read_map
+from enginefarm.weights.lora import LoraFile
+from enginefarm.weights.lora import read as read_lora_file
 
 from .checkpoint import read_checkpoint
-from .lora import LoraLayer, read_lora
+from .lora import LoraLayer, place_lora
 from .merge import merged_weights
 
 log = logging.getLogger(__name__)
@@ -41,13 +44,15 @@ REFIT_FILE = "refit.safetensors"  # a refit stack's cached merged weights, by ON
 
 @dataclass(frozen=True)
 class Stack:
-    """What the user asked for: a checkpoint and LoRAs with strengths, in order."""
+    """What the user asked for: a checkpoint and LoRAs with strengths, in order, each LoRA file read once."""
 
     weights: Path | None = None
-    loras: tuple[tuple[Path, float], ...] = ()
+    loras: tuple[tuple[LoraFile, float], ...] = ()
 
     @classmethod
-    def parse(cls, weights, loras) -> Stack:
+    def parse(cls, weights, loras, read: Callable[[Path], LoraFile] = read_lora_file) -> Stack:
+        """The stack checked, each LoRA file read by `read` (a pipeline passes files it read already as they
+        are: it reads each once per load and deals them to its components)."""
         if isinstance(loras, (str, Path)):  # iterating it would read each character as a LoRA file
             raise ConfigError(
                 f"loras={str(loras)!r} is one path, not a list of LoRAs", hint=f'loras=[("{loras}", 1.0)]'
@@ -60,13 +65,14 @@ class Stack:
                 raise ConfigError(
                     f"LoRA {item!r}: PATH:STRENGTH is the command line's form", hint=f'loras=[("{head}", {tail})]'
                 )
-            items.append((Path(path), strength))
-        for what, path in [("weights", weights), *(("LoRA", p) for p, _ in items)]:
+            items.append((path if isinstance(path, LoraFile) else Path(path), strength))
+        for what, path in [("weights", weights), *(("LoRA", p) for p, _ in items if not isinstance(p, LoraFile))]:
             if (
                 path is not None and Path(path).is_dir()
             ):  # else an IsADirectoryError deep in the reader, reported as a load failure
                 raise WeightsError(f"{what} {path} is a folder, not a file", hint="pass the .safetensors file itself")
-        return cls(Path(weights) if weights is not None else None, tuple(items))
+        files = tuple((p if isinstance(p, LoraFile) else read(p), s) for p, s in items)
+        return cls(Path(weights) if weights is not None else None, files)
 
     @property
     def active(self) -> bool:
@@ -259,14 +265,14 @@ def stack_key(base_key: str, stack: Stack) -> str:
         {
             "base": base_key,
             "weights": digest(stack.weights) if stack.weights else None,
-            "loras": [[digest(p), s] for p, s in stack.loras if s != 0],
+            "loras": [[f.digest, s] for f, s in stack.loras if s != 0],
         }
     )
 
 
 def describe(stack: Stack) -> str:
     parts = ([f"weights {stack.weights.name}"] if stack.weights else []) + [
-        f"LoRA {p.name}@{s:g}" for p, s in stack.loras if s != 0
+        f"LoRA {f.name}@{s:g}" for f, s in stack.loras if s != 0
     ]
     return ", ".join(parts)
 
@@ -276,7 +282,7 @@ def _stack_record(manifest: Manifest, stack: Stack, key: str) -> dict:
         "base": manifest.build_key,
         "key": key,
         "weights": str(stack.weights) if stack.weights else None,
-        "loras": [[str(p), s] for p, s in stack.loras],
+        "loras": [[str(f.path), s] for f, s in stack.loras],
     }
 
 
@@ -285,7 +291,7 @@ def _read(
 ) -> tuple[dict[str, np.ndarray], list[tuple[list[LoraLayer], float]]]:
     custom = read_checkpoint(stack.weights, wmap, manifest) if stack.weights is not None else {}
     return custom, [
-        (read_lora(path, wmap, manifest.component, ref=manifest.ref), strength) for path, strength in stack.loras
+        (place_lora(parsed, wmap, manifest.component, ref=manifest.ref), strength) for parsed, strength in stack.loras
     ]
 
 

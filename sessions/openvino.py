@@ -94,7 +94,8 @@ class OpenVinoSession:
             try:
                 variant = _Variant(self._static.compile(shapes, key))
             except (RuntimeError, OSError) as exc:  # a shape the reshaped graph refuses, a cache it cannot write
-                _log().warning("openvino: no static compile for %s (%s)", shapes, str(exc).splitlines()[0][:200])
+                # debug only: the dynamic model runs next, and a shape it refuses too gets its own one-line error
+                _log().debug("openvino: no static compile for %s (%s)", shapes, str(exc).splitlines()[0][:200])
         if variant is not None and verdict is None:
             inputs = {name: _as_input(value) for name, value in feeds.items()}
             dynamic_ms, static_ms = time_both(self._dynamic.request, variant.request, inputs)

@@ -175,6 +175,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Path]:
         "--store",
         str(paths["store"]),
         "--no-bench",
+        *("--component", "text_encoder", "--component", "unet", "--component", "vae_decoder"),  # what txt2img loads
     )
     print(f"enginefarm build (what the store lacked): {time.perf_counter() - started:.0f} s", flush=True)
     return paths

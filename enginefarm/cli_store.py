@@ -152,7 +152,10 @@ def _sizes_text(profile: dict) -> str | None:
     from enginefarm.diffusion.sizes import pixel_range
 
     for name in ("sample", "hidden_states", "latent_sample"):
-        covered = pixel_range(profile, name, 8)
+        bounds = profile.get(name) or {}
+        # a VAE encoder's `sample` is the image itself (3 channels): already pixels
+        factor = 1 if len(bounds.get("min", ())) == 4 and bounds["min"][1] == 3 else 8
+        covered = pixel_range(profile, name, factor)
         if covered is not None:
             return str(covered)
     return None

@@ -266,6 +266,9 @@ def test_ls_shows_the_sizes_each_engine_takes_in_pixels(sd1):
     assert unet["sizes"] == f"{lo[3] * 8}-{hi[3] * 8} x {lo[2] * 8}-{hi[2] * 8} px, batch {lo[0]}-{hi[0]}"
     assert unet["sizes"] == str(pixel_range(entry.profile, "sample", 8))
     assert next(r for r in rows if r["component"] == "text_encoder")["sizes"] is None
+    # the VAE encoder takes the image itself: its sizes are the unet's, not 8 times them
+    encoder = next(r for r in rows if r["component"] == "vae_encoder")
+    assert encoder["sizes"].split(" px")[0] == unet["sizes"].split(" px")[0], (encoder, unet)
     table = run_cli("ls", "--store", str(store), "--model", name, env={"COLUMNS": "400"}, check=True).stdout
     assert "sizes" in table and unet["sizes"] in table
 

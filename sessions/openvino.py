@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 
 from .openvino_compiled import shape_key
-from .openvino_static import MAX_LIVE_STATIC, StaticShapes, compile_kept, device_tag, has_dynamic_inputs, time_both
+from .openvino_static import (
+    MAX_LIVE_STATIC,
+    StaticShapes,
+    compile_kept,
+    device_tag,
+    has_dynamic_inputs,
+    static_mode,
+    time_both,
+)
 
 
 def _log():
@@ -205,7 +213,9 @@ def open_ir(core, root: Path, plan: dict) -> OpenVinoSession:
     dev, config = plan["device"], plan["config"]
     weights = root / (plan["ir"][: -len(".xml")] + ".bin") if "ir" in plan else root
     tag = device_tag(core, root, dev, config, weights)
-    static = StaticShapes(core, root / plan["ir"], dev, config, tag) if "ir" in plan else None
+    # a wrong ENGINEFARM_OPENVINO_STATIC is refused here, at load, in one line
+    trial = "ir" in plan and static_mode() != "never"
+    static = StaticShapes(core, root / plan["ir"], dev, config, tag) if trial else None
     if "blob" in plan:
         compiled = core.import_model((root / plan["blob"]).read_bytes(), dev, config)
         return OpenVinoSession(compiled, "imported compiled blob", static=static)

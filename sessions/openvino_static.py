@@ -23,7 +23,11 @@ def _log():
 
 
 KEEP_COMPILED = True  # False: compile at every load, keep nothing (what loads did before; benchmarks compare)
-STATIC = "auto"  # "auto": static where timed faster here; "always" / "never": tests and benchmarks choose
+# ENGINEFARM_OPENVINO_STATIC: "never" (the default), "auto" (static where timed faster here) or "always". Off by
+# default: at 512 px the narrow SD 1.5 UNet ran 0.99x dynamic on this CPU, while the first call of each new size paid
+# a static compile and the timing (a first decode ~5x a later one) and a session held both compiles (peak RSS 1.38x).
+STATIC: str | None = None  # set by tests and benchmarks; None reads the environment
+STATIC_MODES = ("never", "auto", "always")
 STATIC_MIN_GAIN = 0.98  # static is picked when its call takes under 98% of the dynamic one's
 MAX_LIVE_STATIC = 2  # static variants one session holds compiled at once (each holds its own compiled weights)
 TIMED_CALLS = 2  # calls of each, alternating, on the first request of a new shape
@@ -63,6 +67,21 @@ def compile_kept(core, model: Any, device: str, config: dict[str, str], folder: 
     return compiled, kept.after_compile(folder, before)
 
 
+def static_mode() -> str:
+    """`STATIC`, else ENGINEFARM_OPENVINO_STATIC, else "never"; a value outside STATIC_MODES is a ConfigError."""
+    import os
+
+    from enginefarm.errors import ConfigError
+
+    mode = STATIC or os.environ.get("ENGINEFARM_OPENVINO_STATIC", "").strip().lower() or "never"
+    if mode not in STATIC_MODES:
+        raise ConfigError(
+            f"ENGINEFARM_OPENVINO_STATIC={mode!r}",
+            hint=f"use one of {', '.join(STATIC_MODES)} (or leave it unset: never)",
+        )
+    return mode
+
+
 def has_dynamic_inputs(compiled) -> bool:
     return any(port.get_partial_shape().is_dynamic for port in compiled.inputs)
 
@@ -76,8 +95,9 @@ class StaticShapes:
 
     def verdict(self, key: str) -> str | None:
         """ "static", "dynamic", or None where this device has not timed the shape yet."""
-        if STATIC != "auto":
-            return "static" if STATIC == "always" else "dynamic"
+        mode = static_mode()
+        if mode != "auto":
+            return "static" if mode == "always" else "dynamic"
         if self._tag is None:
             return None
         entry = kept.choices(self._tag).get(key)

@@ -153,3 +153,17 @@ def test_a_static_compile_computes_what_the_dynamic_one_does(built, monkeypatch)
     assert (tag / f"static-{openvino_compiled.shape_key({k: v.shape for k, v in feeds.items()})}").is_dir() == (
         verdict["pick"] == "static"
     )
+
+
+def test_static_shapes_are_off_unless_the_environment_asks_and_a_wrong_value_is_one_line(monkeypatch):
+    from enginefarm.errors import ConfigError
+
+    monkeypatch.setattr(openvino_static, "STATIC", None)
+    monkeypatch.delenv("ENGINEFARM_OPENVINO_STATIC", raising=False)
+    assert openvino_static.static_mode() == "never"
+    monkeypatch.setenv("ENGINEFARM_OPENVINO_STATIC", " Auto ")
+    assert openvino_static.static_mode() == "auto"
+    monkeypatch.setenv("ENGINEFARM_OPENVINO_STATIC", "sometimes")
+    with pytest.raises(ConfigError) as refused:
+        openvino_static.static_mode()
+    assert "ENGINEFARM_OPENVINO_STATIC='sometimes'" in str(refused.value) and "never" in refused.value.hint

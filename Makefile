@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 # The demo is often a newcomer's first command, and its first install downloads torch and the SDKs: pip shows its
 # progress (what it collects, downloads and installs) instead of minutes of silence.
-PIP_SHOWN := $(PY) -m pip --disable-pip-version-check --progress-bar on
+PIP_SHOWN := $(PY) -m pip --disable-pip-version-check
 # The versions CI tests, pinned: both commands install from them (see `make constraints`).
 CONSTRAINTS := enginefarm/constraints.txt
 
@@ -19,7 +19,7 @@ $(VENV)/bin/python:
 # Stamps re-run the install (which also compiles the codec's C loop) whenever pyproject.toml or the C source changes.
 $(VENV)/.demo-deps: pyproject.toml $(CONSTRAINTS) cache/_interleave.c | $(VENV)/bin/python
 	@echo "installing enginefarm into $(VENV) with the onnxruntime, openvino, build, cli and export extras (pinned: $(CONSTRAINTS))"
-	$(PIP_SHOWN) install -c $(CONSTRAINTS) -e '.[onnxruntime,openvino,build,cli,export]'
+	$(PIP_SHOWN) install --progress-bar on -c $(CONSTRAINTS) -e '.[onnxruntime,openvino,build,cli,export]'
 	touch $@
 
 $(VENV)/.test-deps: pyproject.toml $(CONSTRAINTS) cache/_interleave.c | $(VENV)/bin/python

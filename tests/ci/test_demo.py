@@ -61,3 +61,12 @@ def test_the_demos_install_shows_pips_progress():
     (install,) = [line for line in proc.stdout.splitlines() if " pip " in line and " install " in line]
     assert " -q" not in install and "--progress-bar on" in install and "-c enginefarm/constraints.txt" in install
     assert "installing enginefarm into .venv" in proc.stdout  # a line says what the wait is for
+    # pip parses the line as written (an install option before `install` is "no such option"); --help runs nothing
+    import shlex
+    import sys
+
+    words = shlex.split(install)
+    parsed = subprocess.run(
+        [sys.executable, *words[1:], "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert parsed.returncode == 0, parsed.stderr

@@ -41,6 +41,7 @@ FILE_TYPES = (
 SOURCE = re.compile(r"(?<![\w./<>-])(" + FOLDERS + r"/[\w./-]*?\.(?:py|toml|yml|c|txt))(?::(\w+))?")
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_the_site_builds_strict_with_the_api_reference_and_the_architecture(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

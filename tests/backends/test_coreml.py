@@ -122,6 +122,7 @@ def test_enumerated_shapes_option_is_in_the_spec_and_the_key(tiny_sd, write_reci
     assert manifest.validation["passed"] and manifest.options["shapes"] == "enumerated"
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_same_job_gives_the_same_bytes(tmp_path, write_recipe):
     from enginefarm.builder.build import compile_artifact
     from enginefarm.cache.atomic import sha256_file
@@ -146,6 +147,7 @@ def test_same_job_gives_the_same_bytes(tmp_path, write_recipe):
     assert digests[0] == digests[1]
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_static_profile_gives_fixed_shapes(tmp_path, write_recipe):
     from enginefarm.builder.build import compile_artifact
 

@@ -84,6 +84,7 @@ def holders(tmp_path):
     h.finish()
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_builds_share_the_host_and_a_benchmark_waits_for_them(holders):
     holders.start("build", "b1")
     holders.start("build", "b2")
@@ -99,6 +100,7 @@ def test_builds_share_the_host_and_a_benchmark_waits_for_them(holders):
     assert "t2 in alone=True" in holders.lines()
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_benchmarks_exclude_each_other(holders):
     holders.start("alone", "t1")
     holders.wait_for("t1 in")
@@ -107,6 +109,7 @@ def test_benchmarks_exclude_each_other(holders):
     assert holders.lines()[-1] == "t2 in alone=False"
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_waiting_benchmark_is_not_starved_by_builds_that_keep_starting(holders):
     """While a benchmark waits for the running build, a build that starts later waits behind the benchmark."""
     import fcntl

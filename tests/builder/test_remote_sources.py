@@ -107,6 +107,7 @@ def serve(server: Server, folder: str, original: Path) -> tuple[bytes, bytes]:
     return graph, data
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_an_hf_source_brings_its_external_data_and_plans_the_same_source(hub, published, tmp_path):
     graph, data = serve(hub[0], "/org/repo/resolve/main/unet", published)
     path = recipe(tmp_path, "hf://org/repo/unet/model.onnx", sha(graph), {"model.onnx.data": sha(data)})
@@ -125,6 +126,7 @@ def test_an_hf_source_brings_its_external_data_and_plans_the_same_source(hub, pu
     assert len(hub[0].requests) == before
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_unpinned_external_data_names_the_digests_to_check(hub, published, tmp_path):
     graph, data = serve(hub[0], "/org/repo/resolve/v2", published)
     with pytest.raises(RecipeError, match=f'external data is not pinned.*"model.onnx.data" = "{sha(data)}"'):
@@ -160,6 +162,7 @@ def test_a_gated_repository_takes_a_token_that_stays_on_the_hub(hub, published, 
     assert ("/gated/repo/resolve/main/model.onnx", f"Bearer {TOKEN}") in hub[0].requests
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_missing_file_and_a_location_outside_the_folder_are_one_line_errors(hub, tmp_path):
     with pytest.raises(RecipeError, match="HTTP 404, not found"):
         expand(load_recipe(recipe(tmp_path, "hf://org/repo/nothing.onnx", "0" * 64, {})), tmp_path / "downloads")
@@ -181,6 +184,7 @@ def test_external_sha256_is_for_remote_sources(tmp_path):
         load_recipe(path)
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_an_escaped_path_in_the_url_stays_in_the_download_folder(hub, tmp_path):
     graph = models.linear(tmp_path / "plain" / "model.onnx").read_bytes()
     hub[0].files["/a/%2F..%2F..%2Fescaped.onnx"] = graph

@@ -113,6 +113,7 @@ def _one_line(exc) -> str:
     return str(exc)
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_trickling_source_is_given_up_at_its_deadline(server, tmp_path, monkeypatch):
     monkeypatch.setenv("ENGINEFARM_HTTP_DEADLINE", "2")
     path = recipe(tmp_path, f"{server.url}/trickle.onnx", "0" * 64, None)
@@ -122,6 +123,7 @@ def test_a_trickling_source_is_given_up_at_its_deadline(server, tmp_path, monkey
     assert not [p for p in (tmp_path / "downloads").rglob("*") if p.is_file()]  # nothing half written is kept
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_trickle_below_the_rate_floor_and_a_stall_are_refused(server, tmp_path):
     floor = Limits(deadline_s=60, min_rate=100_000, window_s=0.5)
     said = _one_line(
@@ -175,6 +177,7 @@ def test_a_redirect_to_a_local_file_is_refused_in_words(server, tmp_path):
     assert "redirect" in said and "file:///etc/hostname" in said
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_catalog_source_that_trickles_is_given_up_and_kept_to_resume(server, tmp_path, monkeypatch):
     """Catalog recipes fetch their pinned files resumably (builder/catalog_fetch.py): under the same limits."""
     from enginefarm.builder.catalog import PinnedFile

@@ -147,6 +147,7 @@ def npz_bomb(path: Path, shape: tuple[int, ...]) -> None:
                 member.write(zeros)
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_samples_zip_bomb_does_not_blow_up_plan(tmp_path, write_recipe):
     """A 2 MB .npz took `plan` to 2.1 GB RSS (the array was inflated to read its shape). Shapes now come from the
     header; the declared size is bounded. Measured from the planning process itself."""

@@ -313,6 +313,7 @@ def test_fetching_onto_a_full_disk_is_refused_before_writing(small_fs, tmp_path,
     assert list(cache.entries()) == [] and cache.work_size() == 0
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_manifest_that_lies_about_its_size_is_capped(tmp_path, monkeypatch):
     """Finding 2: a 98 KB blob whose manifest claims 3 GiB wrote 3 GiB before its hash check failed. An unsigned
     manifest may claim at most ENGINEFARM_MAX_ARTIFACT_SIZE; nothing is written for one that claims more."""
@@ -381,6 +382,7 @@ def test_an_injected_enospc_while_fetching_is_a_clear_error_and_frees_the_space(
 
 # Concurrent publishers ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_racing_publishers_of_one_job_index_the_winner(kind, tmp_path, request):
     """Finding 4: a losing publisher overwrote the winner's index entry with its own (another provenance)."""
     url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"
@@ -397,6 +399,7 @@ def test_racing_publishers_of_one_job_index_the_winner(kind, tmp_path, request):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_racing_publishers_of_different_jobs_keep_every_entry(kind, tmp_path, request):
     url = str(tmp_path / "store") if kind == "local" else f"s3://{request.getfixturevalue('bucket')}/farm"
     go = tmp_path / "go"
@@ -426,6 +429,7 @@ def _stopped(proc, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_gc_during_a_publish_keeps_the_orphan_blob_it_reuses(kind, tmp_path, request, monkeypatch):
     """A killed build left an orphan blob, older than the grace. A new publish of the same bytes found it "exists"
     and left it old; `gc --delete`, running between that publish's blobs and its manifest, deleted it; the manifest

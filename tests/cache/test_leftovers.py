@@ -76,6 +76,7 @@ def test_store_gc_ages_out_files_dated_in_the_future(tmp_path):
     assert later.stale_caches  # the slot's oldest, once its files' dates are no longer in the future
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_device_cache_gc_ages_out_leftovers_dated_in_the_future(tmp_path):
     cache = DeviceCache(tmp_path / "home")
     stray = cache.tmp / "stray-download"  # no owner in its name: removed once older than max_tmp_age

@@ -134,6 +134,7 @@ def _streamed_decode_peak_mib(tmp_path, mib: int) -> float:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_a_streamed_decode_holds_a_bounded_number_of_frames_whatever_the_size(tmp_path):
     from enginefarm.cache import weight_codec
 

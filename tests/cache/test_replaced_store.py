@@ -92,6 +92,7 @@ class _Server:
             self.server = None
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_an_unreachable_store_serves_what_it_served_last_until_it_is_reached_again(tmp_path):
     artifact(open_store(tmp_path / "S"), tmp_path, "old")
     server = _Server(tmp_path)

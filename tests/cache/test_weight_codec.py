@@ -150,12 +150,14 @@ def _peak_mb(fn) -> float:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_high_ratio_bomb_is_refused_in_bounded_memory():
     bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (512 << 20))  # 512 MiB of zeros in ~16 KiB
     blob = _forged(4096, 4096, [(weight_codec.ZSTD, bomb, 0), (weight_codec.RAW, b"", 0)])
     assert _peak_mb(lambda: weight_codec.decompress(blob, 4096)) < 32
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_bomb_without_a_declared_size_is_refused_in_bounded_memory():
     stream = zstandard.ZstdCompressor(level=19, write_content_size=False).compressobj()
     bomb = b"".join(stream.compress(b"\0" * (64 << 20)) for _ in range(8)) + stream.flush()  # 512 MiB, size unknown
@@ -215,6 +217,7 @@ def test_streamed_blob_of_the_wrong_length_is_refused(damage):
         decode_stream(io.BytesIO(bad), io.BytesIO(), "efw1", len(data))
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_concurrent_decodes_share_scratch_buffers_safely():
     from concurrent.futures import ThreadPoolExecutor
 

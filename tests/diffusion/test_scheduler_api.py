@@ -23,6 +23,7 @@ def test_importing_diffusion_loads_no_torch_and_no_tokenizers():
     assert json.loads(out.stdout) == []
 
 
+@pytest.mark.slow  # over a second of the quick loop's time (make test-fast)
 def test_the_import_check_would_see_torch():
     code = "import sys, enginefarm.diffusion, torch; print('torch' in sys.modules)"
     assert (

@@ -54,7 +54,10 @@ def _bytes(raw: str) -> int:
 )
 @click.option("--precisions", default="fp32,fp16", show_default=True, metavar="P,…", help="The recipe's precisions.")
 @click.option(
-    "--batch", metavar="MIN,OPT,MAX", help="Batch range of the profiles (default: the family's, 1,2,4; VAE 1,1,2)."
+    "--batch",
+    metavar="MIN,OPT,MAX",
+    help="Batch range of the text encoders' and denoiser's profiles (default: the family's, 1,2,2: one "
+    "image with guidance). The VAE stays at batch 1: it runs an image at a time.",
 )
 @click.option(
     "--latent",

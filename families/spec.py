@@ -297,9 +297,12 @@ def profile_dims(
 ) -> dict[str, tuple[int, int, int]]:
     """(min, opt, max) of each dynamic dim of `component`'s inputs: a recipe profile in its shorthand form.
     `batch`, `latent` and `text_length` override the family's ranges (latent pixels; pixel dims follow at the VAE's
-    scale; the transformer's context tokens follow the T5 token count)."""
-    if batch is None:
-        batch = family.vae_batch_range if component.kind.startswith("vae") else family.batch_range
+    scale; the transformer's context tokens follow the T5 token count). A VAE keeps its own batch range: the runtime
+    decodes and encodes a batch an image at a time, so a wider batch would only raise its build's memory."""
+    if component.kind.startswith("vae"):
+        batch = family.vae_batch_range
+    elif batch is None:
+        batch = family.batch_range
     latent = latent or family.latent_range
     ranges: dict[str, tuple[int, int, int]] = {}
     for dim in component.dynamic_dims(sizes):

@@ -203,8 +203,10 @@ def test_profiles_and_validation_ranges():
         "width": (32, 64, 96),
     }
     assert profile_dims(sd1, sd1.component("vae_decoder"), sd1.sizes)["batch"] == (1, 1, 1)
+    # `--batch` widens the denoiser, never the VAE (it runs an image at a time)
     encoder = profile_dims(sd1, sd1.component("vae_encoder"), sd1.sizes, latent=(8, 8, 16), batch=(1, 1, 2))
-    assert encoder == {"batch": (1, 1, 2), "image_height": (64, 64, 128), "image_width": (64, 64, 128)}
+    assert encoder == {"batch": (1, 1, 1), "image_height": (64, 64, 128), "image_width": (64, 64, 128)}
+    assert profile_dims(sd1, sd1.component("unet"), sd1.sizes, batch=(1, 2, 4))["batch"] == (1, 2, 4)
     cn = FAMILIES["controlnet-sd1"]
     assert profile_dims(cn, cn.component("unet_controlnet"), cn.sizes)["height_div8"] == (4, 8, 12)
     ranges = input_ranges(sdxl, sdxl.component("unet"), sdxl.sizes, 0.13025)

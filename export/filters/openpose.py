@@ -1,0 +1,140 @@
+"""Poses for ControlNet (openpose): the CMU body-pose network as lllyasviel's Annotators ship it
+(`body_pose_model.pth`, controlnet-aux's `bodypose_model`): a VGG backbone at stride 8, then six stages of two
+branches, L1 giving the 38 part affinity fields (19 limbs, x and y) and L2 the 19 heatmaps (18 joints and the
+background). The file's keys are the layer names alone (`conv1_1.weight`, `Mconv7_stage6_L2.bias`): controlnet-aux's
+`util.transfer` strips the `model0.` / `modelS_B.` prefixes its module adds.
+
+The graph is the network alone: `image` [1, 3, height, width] (BGR, `u / 256 - 0.5` of 8-bit values, sides padded to
+a multiple of 8) → `pafs` and `heatmaps` at an eighth of its size. Resizing, the peaks, the limbs, the people and the
+drawing are numpy at run time (`enginefarm.filters.openpose`). The widths are read from the file's shapes."""
+
+from __future__ import annotations
+
+import re
+
+from .registry import Architecture, Part, Parts, Source, load_layout
+
+STRIDE = 8
+# controlnet-aux's Body: the image scaled so its height is half of the 368-pixel box (one scale, 0.5, of CMU's four)
+BOX = 368
+SCALE = 0.5
+# controlnet-aux's OpenposeDetector: the short side to 512, each side a multiple of 64
+RESOLUTION = 512
+MULTIPLE = 64
+# the network's sides: the height is always about 184 (BOX * SCALE, padded to the stride); the width follows the
+# image's aspect: down to a quarter of that for a tall photo, up to four times for a wide one
+SIDE_PROFILE = (48, 184, 736)
+BACKBONE = (
+    ("conv1_1", "conv1_2"),
+    ("conv2_1", "conv2_2"),
+    ("conv3_1", "conv3_2", "conv3_3", "conv3_4"),
+    ("conv4_1", "conv4_2", "conv4_3_CPM", "conv4_4_CPM"),
+)  # a 2x2 max pool after each group but the last
+_STAGE = re.compile(r"Mconv1_stage(\d+)_L1\.weight")
+
+
+def is_openpose_body(source: Source) -> bool:
+    state = source.state
+    return all(
+        f"{name}.weight" in state
+        for name in ("conv1_1", "conv4_3_CPM", "conv4_4_CPM", "conv5_5_CPM_L1", "conv5_5_CPM_L2", "Mconv7_stage2_L2")
+    )
+
+
+def branch_layers(stage: int, branch: int) -> list[str]:
+    """The layer names of one branch (1: PAFs, 2: heatmaps) of one stage, in order."""
+    if stage == 1:
+        return [f"conv5_{i}_CPM_L{branch}" for i in range(1, 6)]
+    return [f"Mconv{i}_stage{stage}_L{branch}" for i in range(1, 8)]
+
+
+def build_openpose_body(source: Source) -> Parts:
+    import torch
+    from torch.nn import functional
+
+    state = source.state
+    stages = max((int(m.group(1)) for k in state if (m := _STAGE.fullmatch(k))), default=1)
+
+    def conv(name: str) -> torch.nn.Conv2d:
+        shape = getattr(state.get(f"{name}.weight"), "shape", None)
+        if shape is None or len(shape) != 4:
+            raise _layout_error(source, f"{name}.weight")
+        cout, cin, kernel = int(shape[0]), int(shape[1]), int(shape[2])
+        return torch.nn.Conv2d(cin, cout, kernel, padding=kernel // 2)
+
+    class BodyPose(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.groups = [list(group) for group in BACKBONE]
+            self.branches = {
+                (s, b): branch_layers(s, b) for s in range(1, stages + 1) for b in (1, 2)
+            }  # fmt: skip
+            for name in [n for group in self.groups for n in group]:
+                self.add_module(name, conv(name))
+            for names in self.branches.values():
+                for name in names:
+                    self.add_module(name, conv(name))
+
+        def forward(self, image):
+            x = image
+            for index, group in enumerate(self.groups):
+                if index:
+                    x = functional.max_pool2d(x, 2, 2)
+                for name in group:
+                    x = functional.relu(getattr(self, name)(x))
+            features, flow = x, x
+            pafs = heatmaps = x
+            for stage in range(1, stages + 1):
+                pafs = self._branch(flow, stage, 1, stages)
+                heatmaps = self._branch(flow, stage, 2, stages)
+                flow = torch.cat([pafs, heatmaps, features], 1)
+            return pafs, heatmaps
+
+        def _branch(self, x, stage: int, branch: int, last: int):
+            names = self.branches[(stage, branch)]
+            for index, name in enumerate(names):
+                x = getattr(self, name)(x)
+                # controlnet-aux's list of layers without a ReLU names Mconv7_stage6_L1 twice and not
+                # Mconv7_stage6_L2, so its last heatmaps pass a ReLU: kept, the control images are its
+                if index < len(names) - 1 or (branch == 2 and stage == last == 6):
+                    x = functional.relu(x)
+            return x
+
+    hint = "give lllyasviel's Annotators body_pose_model.pth (the CMU body net controlnet-aux loads)"
+    module = load_layout(BodyPose(), source, "body_pose_model.pth", hint)
+    limbs = int(state[f"{branch_layers(stages, 1)[-1]}.weight"].shape[0])
+    joints = int(state[f"{branch_layers(stages, 2)[-1]}.weight"].shape[0])
+    if (limbs, joints) != (38, 19):
+        raise _layout_error(source, f"38 PAF and 19 heatmap channels (it has {limbs} and {joints})")
+    part = Part(
+        module=module,
+        inputs={"image": (1, 3, "height", "width")},
+        outputs={"pafs": (1, limbs, "map_height", "map_width"), "heatmaps": (1, joints, "map_height", "map_width")},
+        profile={"height": SIDE_PROFILE, "width": SIDE_PROFILE},
+        ranges={"image": (-0.5, 0.5)},
+    )
+    details = {
+        "task": "openpose",
+        "resolution": RESOLUTION,
+        "multiple": MULTIPLE,
+        "stride": STRIDE,
+        "box": BOX,
+        "scale": SCALE,
+        "stages": stages,
+        "widths": [int(state[f"{g[-1]}.weight"].shape[0]) for g in BACKBONE],
+    }
+    return Parts("OpenposeBody", "preprocessor", {"body": part}, details)
+
+
+def _layout_error(source: Source, what: str):
+    from enginefarm.errors import ConfigError
+
+    return ConfigError(
+        f"{source.path}: not the layout of body_pose_model.pth (no {what})",
+        hint="give lllyasviel's Annotators body_pose_model.pth (the CMU body net controlnet-aux loads)",
+    )
+
+
+ARCHITECTURES = [
+    Architecture("Openpose body (body_pose_model.pth)", "preprocessor", is_openpose_body, build_openpose_body)
+]

@@ -1,0 +1,150 @@
+"""Openpose (body_pose_model.pth) as a ControlNet preprocessor: recognised from its keys, its graph equal to
+controlnet-aux's bodypose_model, the numpy decoder (peaks, limbs, people) and drawing against controlnet-aux's
+Body.__call__ and draw_bodypose re-created (openpose_files.py), on synthetic people and on a seeded net's maps; one
+build on ONNX Runtime and OpenVINO checked against the torch net."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from enginefarm.errors import ConfigError
+
+from ...conftest import run_cli
+from ...filters.scenes import scene
+from .openpose_files import (
+    PERSON,
+    reference_decode,
+    reference_draw,
+    reference_maps,
+    synthetic_maps,
+    write_body_file,
+)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cv2")
+pytest.importorskip("scipy")
+
+
+def _two_people():
+    """Two people side by side, the first without its right ear, the second without its right wrist."""
+    second = [(x + 76, y + 8) for x, y in PERSON]
+    return synthetic_maps([PERSON, second], missing={(0, 16), (1, 4)})
+
+
+def test_openpose_body_is_recognised_and_is_controlnet_aux_network(tmp_path):
+    from enginefarm.export.filters.openpose import build_openpose_body
+    from enginefarm.export.filters.reading import read_filter_source, recognise
+
+    network = write_body_file(tmp_path / "body_pose_model.pth")
+    source = read_filter_source(tmp_path / "body_pose_model.pth")
+    architecture = recognise(source)
+    parts = architecture.build(source)
+    assert architecture.kind == "preprocessor" and parts.details["task"] == "openpose"
+    assert parts.details["widths"] == [4, 8, 8, 8] and parts.details["stages"] == 6
+    x = torch.rand(1, 3, 184, 248) - 0.5
+    with torch.no_grad():
+        pafs, heatmaps = parts.parts["body"].module(x)
+        expected = network(x)
+    assert torch.equal(pafs, expected[0]) and torch.equal(heatmaps, expected[1])
+    assert heatmaps.shape == (1, 19, 23, 31) and float(heatmaps.min()) == 0  # the ReLU controlnet-aux leaves on
+    state = dict(source.state)
+    state.pop("Mconv3_stage4_L2.weight")
+    with pytest.raises(ConfigError, match="not the layout of body_pose_model.pth"):
+        build_openpose_body(type(source)(source.path, state))
+
+
+def test_gaussian_is_scipys():
+    from scipy.ndimage import gaussian_filter  # type: ignore[import-untyped]
+
+    from enginefarm.filters.openpose import gaussian_filter as ours
+
+    values = np.random.default_rng(0).random((37, 52))
+    assert np.abs(ours(values) - gaussian_filter(values, sigma=3)).max() < 1e-12
+
+
+def test_decoder_finds_the_reference_people_and_draws_them():
+    from enginefarm.filters.openpose import Poses, decode
+    from enginefarm.filters.pose_draw import draw_bodies
+
+    heatmaps, pafs = _two_people()
+    candidate, subset = decode(heatmaps, pafs)
+    expected_candidate, expected_subset = reference_decode(heatmaps, pafs)
+    assert np.array_equal(candidate, expected_candidate) and np.array_equal(subset, expected_subset)
+    people = Poses(candidate, subset, 256, 192).people()
+    assert len(people) == 2 and sum(j is None for j in people[0]) == 1 and sum(j is None for j in people[1]) == 1
+    first = next(p for p in people if p[16] is None)  # the person without its right ear
+    assert first[0] == pytest.approx((64 / 192, 40 / 256))
+    canvas = draw_bodies(256, 192, people)
+    expected = reference_draw(expected_candidate, expected_subset, 256, 192)
+    equal = np.all(canvas == expected, axis=2)
+    drawn = np.any((canvas > 0) | (expected > 0), axis=2)
+    assert drawn.mean() > 0.1 and equal[drawn].mean() > 0.99, equal[drawn].mean()
+
+
+def test_decoder_matches_on_a_seeded_nets_maps(tmp_path):
+    """A random net's maps are meaningless but busy (hundreds of candidates, dozens of 'people'): every merge and
+    tie-break of the assembly runs."""
+    from enginefarm.filters.openpose import decode
+    from enginefarm.filters.preprocess import resize
+
+    network = write_body_file(tmp_path / "body_pose_model.pth")
+    photo = resize(scene(11, height=96, width=128), (128, 192), "bicubic")
+    heatmaps, pafs = reference_maps(network, photo[:, :, ::-1] * 255)
+    candidate, subset = decode(heatmaps, pafs)
+    expected_candidate, expected_subset = reference_decode(heatmaps, pafs)
+    assert len(expected_candidate) > 50 and len(expected_subset) > 2
+    assert np.array_equal(candidate, expected_candidate) and np.array_equal(subset, expected_subset)
+
+
+@pytest.mark.slow
+def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
+    import enginefarm.filters
+    from enginefarm.export.filters.run import export_filter
+    from enginefarm.filters.openpose import body_maps, detect_poses
+    from enginefarm.filters.preprocess import resize
+
+    network = write_body_file(tmp_path / "body_pose_model.pth")
+    out = tmp_path / "openpose"
+    export_filter(tmp_path / "body_pose_model.pth", out, name="openpose", targets=("onnxruntime:cpu", "openvino:cpu"))
+    recipe = (out / "recipe.toml").read_text().replace("[48, 184, 736]", "[48, 184, 288]")
+    assert recipe.count("[48, 184, 288]") == 2
+    (out / "recipe.toml").write_text(recipe)
+    store = tmp_path / "store"
+    run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", check=True)
+
+    photo = scene(11, height=96, width=128)
+    detected = resize(photo, (128, 192), "bicubic")  # the detect size at resolution 128: short side 128, sides x64
+    heatmaps, pafs = reference_maps(network, detected[:, :, ::-1] * 255)
+    candidate, subset = reference_decode(heatmaps, pafs)
+    scale = max(np.abs(heatmaps).max(), np.abs(pafs).max())
+    expected = resize(reference_draw(candidate, subset, 128, 192).astype(np.float32) / 255, (96, 128), "bilinear")
+    measured, controls = {}, {}
+    for target, precision, tolerance in (
+        ("onnxruntime:cpu", "fp32", 1e-3),
+        ("onnxruntime:cpu", "fp16", 2e-2),
+        ("openvino:cpu", "fp32", 1e-3),
+        ("openvino:cpu", "fp16", 2e-2),
+    ):
+        with enginefarm.filters.load("openpose", store=str(store), precision=precision, target=target) as pose:
+            assert pose.task == "openpose" and pose.detect_size(96, 128, 128) == (128, 192)
+            ours = body_maps(pose, detected)
+            control = controls[target, precision] = pose(photo, detect_resolution=128)
+            found = detect_poses(pose, photo, detect_resolution=128)
+        deviation = max(np.abs(ours[0] - heatmaps).max(), np.abs(ours[1] - pafs).max()) / scale
+        measured[f"{target} {precision}"] = f"{deviation:.1e}"
+        assert deviation < tolerance, measured
+        assert control.shape == (96, 128, 3) and control.dtype == np.float32 and control.max() > 0.3
+        if precision == "fp32":  # the same people from the engine's maps as from the torch net's
+            assert np.array_equal(found.subset[:, :18], subset[:, :18])
+            assert np.array_equal(found.candidate[:, [0, 1, 3]], candidate[:, [0, 1, 3]])
+            # the control image: the same drawing (but for pixels on an ellipse's edge), resized alike
+            assert np.abs(control - expected).mean() < 1e-2, np.abs(control - expected).mean()
+    print(json.dumps(measured))
+
+    # by name, as `generate --control-from openpose` makes it
+    options = dict(store=str(store), precision="fp32", target="onnxruntime:cpu")
+    by_name = enginefarm.filters.control_from(photo, "openpose", detect_resolution=128, **options)
+    assert np.array_equal(by_name, controls["onnxruntime:cpu", "fp32"])

@@ -60,6 +60,10 @@ class Preprocessor(Filter):
             raise ConfigError(
                 f"{self.name} takes an image [H, W, 3], got shape {list(image.shape)}", hint="give an RGB image"
             )
+        if self.task == "openpose":  # two maps, decoded into people and drawn: filters/openpose.py
+            from .openpose import pose_control
+
+            return pose_control(self, image, detect_resolution)
         height, width = image.shape[:2]
         details = self.info.details
         size = self.detect_size(height, width, detect_resolution)

@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Any
 
 # the architecture modules of this package, in the order they are asked (a more specific layout first)
-MODULES: list[str] = ["esrgan", "gfpgan", "codeformer", "retinaface", "depth", "hed", "lineart", "taesd", "safety"]
+MODULES: list[str] = [
+    "esrgan",
+    "gfpgan",
+    "codeformer",
+    "retinaface",
+    "depth",
+    "hed",
+    "lineart",
+    "openpose",
+    "taesd",
+    "safety",
+]
 
 
 @dataclass(frozen=True)

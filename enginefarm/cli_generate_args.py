@@ -158,7 +158,9 @@ def check_filters(opts: dict) -> None:
     chosen = {key: (*FILTER_OPTIONS[key], opts[key]) for key in FILTER_OPTIONS if opts.get(key)}
     source = opts.get("control_from")
     if source and source != "canny":
-        chosen["control_from"] = ("--control-from", "preprocessor", source)
+        from enginefarm.filters.softedge import control_source
+
+        chosen["control_from"] = ("--control-from", "preprocessor", control_source(source)[0])
     for key in ("preview", "decoder"):
         if opts.get(key):
             chosen[key] = (f"--{key}", "preview_decoder", opts[key])

@@ -133,16 +133,28 @@ def control_from(
     target: str | None = None,
     device: str = "auto",
     progress=None,
+    safe: bool = False,
+    scribble: bool = False,
 ) -> np.ndarray:
     """A ControlNet's control image float32 [H, W, 3] in [0, 1] from a photo float [H, W, 3]: `source` "canny"
-    (numpy, thresholds `low`/`high` as cv2.Canny's) or a preprocessor filter (its name in the store, or loaded)."""
+    (numpy, thresholds `low`/`high` as cv2.Canny's) or a preprocessor filter (its name in the store, or loaded).
+    A soft-edge filter takes the modes `safe`/`scribble`, or in the name: `NAME:scribble,safe`, or Easy
+    Diffusion's names (`softedge_pidsafe`, `scribble_hed`…: the filters `pidinet`, `hed`; filters/softedge.py)."""
     if isinstance(source, str) and source == "canny":
         from .canny import canny_control
 
         return canny_control(image, low, high)
+    if isinstance(source, str):
+        from .softedge import control_source
+
+        source, named_safe, named_scribble = control_source(source)
+        safe, scribble = safe or named_safe, scribble or named_scribble
     options = dict(store=store, precision=precision, target=target, device=device, progress=progress)
     with _opened(source, "preprocessor", "--control-from", options) as preprocessor:
-        return preprocessor(image, detect_resolution=detect_resolution)
+        modes = {"safe": True} if safe else {}
+        if scribble:
+            modes["scribble"] = True
+        return preprocessor(image, detect_resolution=detect_resolution, **modes)
 
 
 def blur(image: np.ndarray, sigma: float = BLUR_SIGMA) -> np.ndarray:

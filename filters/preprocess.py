@@ -16,6 +16,7 @@ import numpy as np
 
 from enginefarm.errors import ConfigError
 
+from . import softedge
 from .base import Filter
 
 
@@ -53,8 +54,17 @@ class Preprocessor(Filter):
         except (KeyError, IndexError, TypeError, AttributeError):
             return 1 << 30
 
-    def __call__(self, image: np.ndarray, detect_resolution: int | None = None) -> np.ndarray:
-        """A photo float [H, W, 3] in [0, 1] → its control image float32 [H, W, 3] in [0, 1]."""
+    def __call__(
+        self, image: np.ndarray, detect_resolution: int | None = None, *, safe: bool = False, scribble: bool = False
+    ) -> np.ndarray:
+        """A photo float [H, W, 3] in [0, 1] → its control image float32 [H, W, 3] in [0, 1]. Soft edges take
+        controlnet-aux's modes (filters/softedge.py): `safe` quantises the edge map at the detect size, `scribble`
+        makes it binary strokes at the photo's size."""
+        if (safe or scribble) and self.task != "softedge":
+            raise ConfigError(
+                f"{self.name} makes {self.task} control images: safe and scribble are soft-edge modes",
+                hint="give them to a soft-edge preprocessor (HED, PiDiNet)",
+            )
         image = np.asarray(image, dtype=np.float32)
         if image.ndim != 3 or image.shape[2] not in (3, 4):
             raise ConfigError(
@@ -70,13 +80,18 @@ class Preprocessor(Filter):
         x = resize(image[:, :, :3], size, details.get("resample", "bicubic"))
         x = (x - np.asarray(details["mean"], np.float32)) / np.asarray(details["std"], np.float32)
         (output,) = self.sessions[self.info.components[0]].run({"image": x.transpose(2, 0, 1)[None]}).values()
-        found = resize(np.asarray(output, np.float32).reshape(size)[:, :, None], (height, width), "bilinear")[:, :, 0]
+        found = np.asarray(output, np.float32).reshape(size)
+        if safe:
+            found = np.minimum(softedge.safe_step(found), 1)  # controlnet-aux clips it to 8 bits here
+        found = resize(found[:, :, None], (height, width), "bilinear")[:, :, 0]
         # depth is relative: scaled by its own range; edges and lines are probabilities already (line art's
         # control image is white lines on black: the inverse of its network's dark lines on white)
         output = details.get("output", "min_max")
         found = min_max(found) if output == "min_max" else np.clip(found, 0, 1)
         if output == "inverted":
             found = 1 - found
+        if scribble:
+            found = softedge.scribble(found)
         return np.repeat(found[:, :, None], 3, axis=2)
 
 

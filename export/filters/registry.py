@@ -21,6 +21,7 @@ MODULES: list[str] = [
     "retinaface",
     "depth",
     "hed",
+    "pidinet",
     "lineart",
     "openpose",
     "taesd",

@@ -117,6 +117,7 @@ def test_control_from_canny_and_upscale(with_upscaler, tmp_path):
         (("--upscale", "CONTROLNET"), "error: CONTROLNET is not a filter: its assets have no filter.json"),
         (("--face-fix", "up-x2"), "error: --face-fix up-x2: an upscaler, not a face restorer"),
         (("--control-from", "canny"), "error: --control-from needs a photo"),
+        (("--control-from", "scribble_pidsafe"), "error: --control-from pidinet: pidinet is not in the store"),
     ],
 )
 def test_a_missing_or_wrong_filter_is_one_line_before_generating(with_upscaler, tmp_path, args, message):

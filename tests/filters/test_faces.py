@@ -16,7 +16,14 @@ from enginefarm.errors import ConfigError
 from enginefarm.filters import face_align, faces
 from enginefarm.filters.info import FilterInfo
 from tests.conftest import run_cli
-from tests.export.filters.face_files import facexlib_retinaface, save_gfpgan, save_retinaface, tiny_gfpgan
+from tests.export.filters.face_files import (
+    facexlib_retinaface,
+    save_codeformer,
+    save_gfpgan,
+    save_retinaface,
+    tiny_codeformer,
+    tiny_gfpgan,
+)
 from tests.filters.test_face_align import facexlib_paste, known_landmarks, smooth_image
 
 torch = pytest.importorskip("torch")
@@ -154,3 +161,52 @@ def test_whole_restoration_matches_gfpgans_helper(face_store):
     assert np.abs(want - image).max() > 0.1  # the face changed the image
     assert np.abs(restored - want).max() < 1e-3
     np.testing.assert_allclose(half, (image + restored) / 2, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def codeformer_store(face_store, tmp_path_factory):
+    """A narrow CodeFormer (the published block layout, seeded) exported from its codeformer.pth and built for ONNX
+    Runtime at fp32 into the face store, using the tiny detector built there. (OpenVINO's build of it takes 24 s
+    more here; its engine matched spandrel's to 2.5e-6 when checked by hand.)"""
+    from enginefarm.export.filters.run import export_filter
+
+    store, _ = face_store
+    root = tmp_path_factory.mktemp("codeformer")
+    model = tiny_codeformer()
+    export = export_filter(save_codeformer(model, root / "codeformer.pth"), root / "codeformer", "codeformer-tiny")
+    info_path = export.out / "assets" / "filter.json"
+    info = json.loads(info_path.read_text())
+    info["details"]["uses"]["detector"] = "retinaface-tiny"
+    info_path.write_text(json.dumps(info))
+    choice = ("--target", "onnxruntime:cpu", "--precision", "fp32")
+    run_cli("build", str(export.recipe), "--store", str(store), "--no-bench", *choice, check=True)
+    return store, model
+
+
+def _codeformer_helper(model, image, landmarks, fidelity):
+    """sdkit's CodeFormer filter in float: OpenCV's alignment, `codeformer_net(face, w=fidelity, adain=True)` (here
+    spandrel's CodeFormer, whose `weight` is that w, AdaIN always on), clamped to [-1, 1], OpenCV's paste."""
+    affine = cv2.estimateAffinePartial2D(landmarks, face_align.FACE_TEMPLATE_512, method=cv2.LMEDS)[0]
+    border = tuple(face_align.CROP_BORDER.tolist())
+    crop = cv2.warpAffine(image, affine, (512, 512), borderMode=cv2.BORDER_CONSTANT, borderValue=border)
+    with torch.no_grad():
+        feed = torch.from_numpy(np.ascontiguousarray(crop.transpose(2, 0, 1)[None] * 2 - 1))
+        out = model(feed, weight=fidelity)[0]
+    face = ((out.clamp(-1, 1)[0].numpy() + 1) / 2).transpose(1, 2, 0)
+    return facexlib_paste(image, face, affine)
+
+
+@pytest.mark.slow
+def test_codeformer_restoration_matches_sdkits_steps(codeformer_store):
+    """Through export, build and enginefarm.filters.load, at a fidelity other than the default (each run of the
+    512² network costs seconds here, so one): the engine's `w` is the reference's."""
+    store, model = codeformer_store
+    image = smooth_image(300, 380, seed=2)
+    landmarks = known_landmarks(0.5, 0.15, (40.0, 30.0), 1.0)
+    with enginefarm.filters.load("codeformer-tiny", store=str(store), target="onnxruntime:cpu", precision="fp32") as f:
+        assert isinstance(f, faces.FaceRestorer) and f.info.architecture == "CodeFormer"
+        assert f._fidelity_feed(None)["w"].tolist() == [0.5]  # sdkit's codeformer_fidelity default
+        restored = f.restore(image, [landmarks], fidelity=0.7)
+    want = _codeformer_helper(model, image, landmarks, 0.7)
+    assert np.abs(want - image).max() > 0.1  # the face changed the image
+    assert np.abs(restored - want).max() < 1e-3

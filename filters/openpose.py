@@ -55,10 +55,13 @@ class Poses:
         """Per person, the 18 joints as (x, y) fractions of the width and height, None where not found."""
         found = []
         for row in self.subset:
-            joints = []
+            joints: list[tuple[float, float] | None] = []
             for index in row[:JOINTS].astype(int):
-                x, y = self.candidate[index, :2] if index != -1 else (0.0, 0.0)
-                joints.append((float(x) / float(self.width), float(y) / float(self.height)) if index != -1 else None)
+                if index == -1:
+                    joints.append(None)
+                    continue
+                x, y = self.candidate[index, :2]
+                joints.append((float(x) / float(self.width), float(y) / float(self.height)))
             found.append(joints)
         return found
 
@@ -87,7 +90,9 @@ def body_maps(preprocessor, photo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     height, width = photo.shape[:2]
     scale = float(details.get("box", 368)) * float(details.get("scale", 0.5)) / height
     net_size = (int(height * scale), int(width * scale))
-    shrunk = _apply(photo, _resize_matrix(height, net_size[0]), _resize_matrix(width, net_size[1]))
+    # OpenCV's INTER_AREA or Lanczos-4, chosen for both sides at once by how the sides' sum changes
+    area = sum(net_size) < height + width
+    shrunk = _apply(photo, _resize_matrix(height, net_size[0], area), _resize_matrix(width, net_size[1], area))
     padded = [-(-side // stride) * stride for side in net_size]
     largest = preprocessor._engine_largest()
     if max(padded) > largest:
@@ -102,8 +107,9 @@ def body_maps(preprocessor, photo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     session = preprocessor.sessions[preprocessor.info.components[0]]
     outputs = session.run({"image": np.ascontiguousarray(x.transpose(2, 0, 1)[None])})
     maps = padded[0] // stride, padded[1] // stride
-    rows = _back_matrix(maps[0], stride, net_size[0], height)
-    cols = _back_matrix(maps[1], stride, net_size[1], width)
+    area = height + width < sum(net_size)
+    rows = _back_matrix(maps[0], stride, net_size[0], height, area)
+    cols = _back_matrix(maps[1], stride, net_size[1], width, area)
     heatmaps = _apply(np.asarray(outputs["heatmaps"], np.float32)[0].transpose(1, 2, 0), rows, cols)
     pafs = _apply(np.asarray(outputs["pafs"], np.float32)[0].transpose(1, 2, 0), rows, cols)
     return heatmaps, pafs
@@ -114,20 +120,18 @@ def _apply(image: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return np.einsum("wx,hxc->hwc", cols, out, optimize=True).astype(np.float32)
 
 
-def _back_matrix(side: int, stride: int, cropped: int, target: int) -> np.ndarray:
+def _back_matrix(side: int, stride: int, cropped: int, target: int, area: bool) -> np.ndarray:
     """[target, side]: a map's side enlarged by the stride (Lanczos-4), cropped to the unpadded image's side, then
-    resized to the photo's side, as one matrix."""
-    enlarged = _resize_matrix(side, side * stride)[:cropped]
-    return _resize_matrix(cropped, target, shrink_with_area=(target + target) < (cropped + cropped)) @ enlarged
+    resized to the photo's side (INTER_AREA where `area`), as one matrix."""
+    enlarged = _resize_matrix(side, side * stride, area=False)[:cropped]
+    return _resize_matrix(cropped, target, area) @ enlarged
 
 
-def _resize_matrix(source: int, size: int, shrink_with_area: bool | None = None) -> np.ndarray:
-    """[size, source]: cv2.resize's weights along one side, INTER_AREA when shrinking, else INTER_LANCZOS4."""
-    if shrink_with_area is None:
-        shrink_with_area = size < source
+def _resize_matrix(source: int, size: int, area: bool) -> np.ndarray:
+    """[size, source]: cv2.resize's weights along one side, INTER_AREA (`area`) or INTER_LANCZOS4."""
     if size == source:
         return np.eye(size, dtype=np.float32)
-    if shrink_with_area:
+    if area:
         return _area_matrix(source, size)
     index, weights = _taps(source, size)
     matrix = np.zeros((size, source), np.float64)

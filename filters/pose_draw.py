@@ -55,10 +55,13 @@ def draw_body(canvas: np.ndarray, joints: list[tuple[float, float] | None]) -> N
 def ellipse_polygon(center: tuple[int, int], axes: tuple[int, int], angle: int) -> np.ndarray:
     """int [N, 2] (x, y): the outline of an ellipse rotated by `angle` degrees, one point per degree, rounded to
     pixels, repeats dropped (cv2.ellipse2Poly with delta 1)."""
-    theta = np.radians(np.arange(0, 361))
-    alpha, beta = math.cos(math.radians(angle)), math.sin(math.radians(angle))
-    x = axes[0] * np.cos(theta)
-    y = axes[1] * np.sin(theta)
+    angle %= 360
+    # OpenCV's sine table holds float32 values per degree; its cosine is the sine 90 degrees on
+    table = np.sin(np.radians(np.arange(451))).astype(np.float32).astype(np.float64)
+    alpha, beta = table[450 - angle], table[angle]
+    degrees = np.arange(0, 361)
+    x = axes[0] * table[450 - degrees]
+    y = axes[1] * table[degrees]
     points = np.stack([np.rint(center[0] + x * alpha - y * beta), np.rint(center[1] + x * beta + y * alpha)], 1)
     points = points.astype(np.int64)
     keep = np.ones(len(points), bool)
@@ -84,8 +87,31 @@ def fill_convex(canvas: np.ndarray, polygon: np.ndarray, color: tuple[int, ...])
     left = np.where(crosses, np.where(flat, np.minimum(x0, x1), at), np.inf).min(axis=1)
     right = np.where(crosses, np.where(flat, np.maximum(x0, x1), at), -np.inf).max(axis=1)
     columns = np.arange(width)[None, :]
-    mask = (columns >= np.rint(left)[:, None]) & (columns <= np.rint(right)[:, None])
+    mask = (columns >= np.floor(left + 0.5)[:, None]) & (columns <= np.floor(right + 0.5)[:, None])
     canvas[top : bottom + 1][mask] = color
+    # the outline too, as OpenCV draws it: a near-horizontal edge covers more of a row than its crossing there
+    xs, ys = _outline(polygon, ends)
+    inside = (xs >= 0) & (xs < width) & (ys >= 0) & (ys < height)
+    canvas[ys[inside], xs[inside]] = color
+
+
+def _outline(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pixels of each edge from `starts` to `ends` as OpenCV's 8-connected line draws them: walked left to
+    right, one pixel per step of the longer axis, the shorter axis stepping where Bresenham's error goes negative."""
+    swap = ends[:, 0] < starts[:, 0]
+    first = np.where(swap[:, None], ends, starts)
+    last = np.where(swap[:, None], starts, ends)
+    dx, dy = last[:, 0] - first[:, 0], last[:, 1] - first[:, 1]
+    sy = np.where(dy < 0, -1, 1)
+    steep = np.abs(dy) > dx
+    major, minor = np.where(steep, np.abs(dy), dx), np.where(steep, dx, np.abs(dy))
+    edge = np.repeat(np.arange(len(first)), major + 1)
+    k = np.arange(len(edge)) - np.repeat(np.cumsum(major + 1) - (major + 1), major + 1)
+    big, small = major[edge], minor[edge]
+    m = np.where(big > 0, (2 * small * k + big - 1) // np.maximum(2 * big, 1), 0)
+    xs = first[edge, 0] + np.where(steep[edge], m, k)
+    ys = first[edge, 1] + sy[edge] * np.where(steep[edge], k, m)
+    return xs, ys
 
 
 def fill_disc(canvas: np.ndarray, center: tuple[int, int], radius: int, color: tuple[int, ...]) -> None:

@@ -35,7 +35,9 @@ class Preprocessor(Filter):
         details = self.info.details
         resolution = int(detect_resolution or details.get("resolution", 512))
         multiple = int(details.get("multiple", 1))
-        largest = min(int(details.get("max_side", 1 << 30)), self._engine_largest())
+        largest = int(details.get("max_side", 1 << 30))
+        if self.task != "openpose":  # openpose's network sees the photo shrunk to a 184-pixel height, not this size
+            largest = min(largest, self._engine_largest())
         if resolution < multiple:
             raise ConfigError(
                 f"{self.name}: detect resolution {resolution} is below its {multiple}-pixel step",

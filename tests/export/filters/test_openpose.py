@@ -79,9 +79,23 @@ def test_decoder_finds_the_reference_people_and_draws_them():
     assert first[0] == pytest.approx((64 / 192, 40 / 256))
     canvas = draw_bodies(256, 192, people)
     expected = reference_draw(expected_candidate, expected_subset, 256, 192)
-    equal = np.all(canvas == expected, axis=2)
-    drawn = np.any((canvas > 0) | (expected > 0), axis=2)
-    assert drawn.mean() > 0.1 and equal[drawn].mean() > 0.99, equal[drawn].mean()
+    assert np.any(expected > 0, axis=2).mean() > 0.1
+    assert np.array_equal(canvas, expected)  # OpenCV's polygon, scan fill and 8-connected outline, pixel for pixel
+
+
+def test_drawing_is_opencvs_on_random_poses():
+    from enginefarm.filters.openpose import Poses
+    from enginefarm.filters.pose_draw import draw_bodies
+
+    rng = np.random.default_rng(0)
+    height, width = 256, 320
+    candidate = np.concatenate([rng.uniform(0, [width - 1, height - 1], (54, 2)).round(), np.ones((54, 2))], 1)
+    subset = -np.ones((3, 20))
+    subset[:, :18] = np.where(rng.random((3, 18)) < 0.2, -1, np.arange(54).reshape(3, 18))
+    canvas = draw_bodies(height, width, Poses(candidate, subset, height, width).people())
+    expected = reference_draw(candidate, subset, height, width)
+    equal = np.all(canvas == expected, axis=2)[np.any(expected > 0, axis=2)]
+    assert equal.mean() > 0.999, equal.mean()  # long sticks at every angle: a rare edge pixel may differ
 
 
 def test_decoder_matches_on_a_seeded_nets_maps(tmp_path):
@@ -130,6 +144,7 @@ def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
     ):
         with enginefarm.filters.load("openpose", store=str(store), precision=precision, target=target) as pose:
             assert pose.task == "openpose" and pose.detect_size(96, 128, 128) == (128, 192)
+            assert pose.detect_size(96, 384, 128) == (128, 512)  # the detect size is not the engine's (up to 288)
             ours = body_maps(pose, detected)
             control = controls[target, precision] = pose(photo, detect_resolution=128)
             found = detect_poses(pose, photo, detect_resolution=128)
@@ -140,11 +155,13 @@ def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
         if precision == "fp32":  # the same people from the engine's maps as from the torch net's
             assert np.array_equal(found.subset[:, :18], subset[:, :18])
             assert np.array_equal(found.candidate[:, [0, 1, 3]], candidate[:, [0, 1, 3]])
-            # the control image: the same drawing (but for pixels on an ellipse's edge), resized alike
-            assert np.abs(control - expected).mean() < 1e-2, np.abs(control - expected).mean()
+            # the control image: the same drawing, resized alike
+            assert np.abs(control - expected).max() < 1e-6, np.abs(control - expected).max()
     print(json.dumps(measured))
 
     # by name, as `generate --control-from openpose` makes it
     options = dict(store=str(store), precision="fp32", target="onnxruntime:cpu")
     by_name = enginefarm.filters.control_from(photo, "openpose", detect_resolution=128, **options)
     assert np.array_equal(by_name, controls["onnxruntime:cpu", "fp32"])
+    with pytest.raises(ConfigError, match="pixels wide for its network, which takes up to 288"):
+        enginefarm.filters.control_from(scene(3, height=48, width=256), "openpose", detect_resolution=128, **options)

@@ -33,6 +33,7 @@ from .gate import stale, thresholds, validation_report
 from .golden_samples import attach as attach_golden
 from .hostlock import building
 from .job import Job
+from .memory import job_need_bytes
 from .oom import asked_bytes, out_of_memory
 from .prep import prepare
 from .references import reference_outputs_cached
@@ -60,6 +61,7 @@ class BuildResult:
     what: dict[str, str] = field(default_factory=dict)  # model, component, precision, profile, target: for reports
     stages: list[dict[str, Any]] = field(default_factory=list)  # time and peak memory per stage (stages.py)
     detail: str = ""  # the SDK's own traceback behind a failure, for `-v` and the report
+    planned_mb: float | None = None  # what the plan said the job needs (memory.job_need_bytes), beside its peak
 
     @classmethod
     def of(
@@ -79,9 +81,9 @@ class BuildResult:
             "profile": job.profile_name,
             "target": str(job.target),
         }
-        return cls(
-            job.id, job.label, key, status, reason, seconds, manifest, what, list(stages.records) if stages else []
-        )
+        records = list(stages.records) if stages else []
+        planned = round(job_need_bytes(job) / 2**20, 1)
+        return cls(job.id, job.label, key, status, reason, seconds, manifest, what, records, planned_mb=planned)
 
     @property
     def peak_rss_mb(self) -> float | None:
@@ -97,6 +99,7 @@ class BuildResult:
             "seconds": round(self.seconds, 2),
             **self.what,
             "peak_rss_mb": self.peak_rss_mb,
+            "planned_mb": self.planned_mb,
             "stages": self.stages,
             **({"detail": self.detail} if self.detail else {}),
         }

@@ -297,7 +297,9 @@ def _run_jobs(
                     "failed": "red",
                 }[detail.status]
                 reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
-                peak = f", peak {detail.peak_rss_mb / 1024:.1f} GB" if detail.peak_rss_mb else ""
+                peak = f", peak {_decimal_gb(detail.peak_rss_mb):.1f} GB" if detail.peak_rss_mb else ""
+                if peak and detail.planned_mb:  # in the plan's unit (GB, 10^9), as `plan` prints it
+                    peak += f" of {_decimal_gb(detail.planned_mb):.1f} planned"
                 extra = (
                     f" ({detail.seconds:.1f}s{peak})"
                     if detail.status in ("built", "revalidated")
@@ -318,6 +320,10 @@ def _run_jobs(
             memory=memory,
             validate_only=validate_only,
         )
+
+
+def _decimal_gb(mib: float) -> float:
+    return mib * 2**20 / 1e9
 
 
 def _finish(results: list, report: Path | None) -> None:

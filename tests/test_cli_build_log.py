@@ -12,6 +12,10 @@ def test_build_without_a_terminal_prints_a_line_per_stage_and_job(cli, tiny_reci
     jobs = [line for line in lines if " built " in f" {line} "]
     assert len(jobs) == 2, proc.stdout + proc.stderr  # fp32 and fp16, each said once as it finished
     assert all("tiny-sd/decoder" in line for line in jobs)
+    # each finished job says its measured peak beside what the plan counted for it, in the plan's unit
+    for line in jobs:
+        peak, planned = map(float, re.search(r"peak (\d+\.\d) GB of (\d+\.\d) planned", line).groups())
+        assert 0 < peak < planned, line
     stages = {line.split("] ", 1)[1].split()[0] for line in lines} - {"built"}
     assert len(stages) >= 2, lines  # the stages each job went through, not only its end
     seconds = [int(line[1:].split()[0]) for line in lines]

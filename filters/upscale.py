@@ -1,6 +1,8 @@
 """Upscalers (ESRGAN, Real-ESRGAN, the compact SRVGG nets): an image in, the image `scale` times larger out. An
 image the engine's profile holds runs whole; a larger one (or any, with `tile=`) runs in overlapping tiles blended
-with linear ramps, so memory beside the result stays one tile's."""
+with linear ramps, so memory beside the result stays one tile's. A window-attention net (SwinIR, HAT, DAT) is built for
+one fixed tile (`details["tile"]`): it always runs in tiles of exactly that side, the last ones and smaller images
+padded by reflection."""
 
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ class Upscaler(Filter):
         bounds = self.session.artifact.profile[INPUT]
         self.smallest = (int(bounds["min"][2]), int(bounds["min"][3]))
         self.largest = (int(bounds["max"][2]), int(bounds["max"][3]))
+        # the one side a fixed-size net was traced at (its graph is right at no other), None for a convolutional net
+        self.fixed_tile = int(info.details["tile"]) if info.details.get("tile") else None
 
     def __call__(
         self, image: np.ndarray, tile: int | None = None, overlap: int | None = None, outscale: float | None = None
@@ -60,6 +64,14 @@ class Upscaler(Filter):
         return result
 
     def _tile_side(self, tile: int | None) -> int:
+        if self.fixed_tile is not None:
+            if tile is not None and int(tile) != self.fixed_tile:
+                raise ConfigError(
+                    f"tile {tile}: {self.name} ({self.info.architecture}) runs in tiles of exactly "
+                    f"{self.fixed_tile} pixels, the size it was exported for",
+                    hint=f"leave tile unset (or tile={self.fixed_tile}); export it again for another tile",
+                )
+            return self.fixed_tile
         low, high = max(self.smallest), min(self.largest)
         side = high if tile is None else int(tile)
         if not low <= side <= high or side % self.multiple:

@@ -1,7 +1,8 @@
 """Upscalers of the ESRGAN line: RRDBNet (ESRGAN, BSRGAN, Real-ESRGAN x4plus/x2plus/anime_6B, 4x-UltraSharp and the
-other community files) and SRVGGNetCompact (realesr-animevideov3, realesr-general-x4v3). Recognised from the keys
-as spandrel recognises them; the torch modules are built here, in basicsr's layout, and the old ESRGAN key layout
-(`model.0…`) is renamed into it."""
+other community files, ESRGAN+ with its dense blocks' extra 1x1 residual branches (its Gaussian noise is a training
+step only), the old layout's ×3 files) and SRVGGNetCompact (realesr-animevideov3, realesr-general-x4v3). Recognised
+from the keys as spandrel recognises them; the torch modules are built here, in basicsr's layout, and the old ESRGAN
+key layout (`model.0…`) is renamed into it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ IMAGE_RANGE = (0.0, 1.0)
 _RDB_NEW = re.compile(r"body\.(\d+)\.rdb(\d)\.conv(\d)\.(weight|bias)")
 _RDB_BSRGAN = re.compile(r"RRDB_trunk\.(\d+)\.RDB(\d)\.conv(\d)\.(weight|bias)")
 _RDB_OLD = re.compile(r"model\.1\.sub\.(\d+)\.RDB(\d)\.conv(\d)\.0\.(weight|bias)")
+_RDB_PLUS_OLD = re.compile(r"model\.1\.sub\.(\d+)\.RDB(\d)\.conv1x1\.weight")
+# A ×3 file of the old layout has the keys of a ×2 one (one upsample step: ×3 instead of ×2), so only its name tells:
+# "3x_…", "…_x3", "…-3x" as the community's files are named.
+_NAMED_X3 = re.compile(r"(?:^|[^a-z0-9])(?:3x|x3)(?:$|[^a-z0-9])", re.IGNORECASE)
 _MODEL_OLD = re.compile(r"model\.(\d+)\.(weight|bias)")
 _UPCONV_NEW = re.compile(r"(?:upconv|conv_up)(\d)\.(weight|bias)")
 
@@ -29,14 +34,14 @@ def _has_all(state: dict, *keys: str) -> bool:
 
 
 def is_rrdbnet(source: Source) -> bool:
-    """The three RRDBNet layouts spandrel knows (old ESRGAN, BSRGAN/RealSR, Real-ESRGAN's basicsr), without
-    ESRGAN+ (its conv1x1 branches are not built here)."""
+    """The RRDBNet layouts spandrel knows: old ESRGAN (and ESRGAN+ in it), BSRGAN/RealSR, Real-ESRGAN's basicsr."""
     s = source.state
     return (
         _has_all(s, "model.0.weight", "model.1.sub.0.RDB1.conv1.0.weight")
+        or _has_all(s, "model.0.weight", "model.1.sub.0.RDB1.conv1x1.weight")
         or _has_all(s, "conv_first.weight", "body.0.rdb1.conv1.weight", "conv_body.weight", "conv_last.weight")
         or _has_all(s, "conv_first.weight", "RRDB_trunk.0.RDB1.conv1.weight", "trunk_conv.weight", "conv_last.weight")
-    ) and not any(".conv1x1." in k for k in s)
+    )
 
 
 def rrdb_state(state: dict[str, Any]) -> dict[str, Any]:
@@ -63,6 +68,8 @@ def rrdb_state(state: dict[str, Any]) -> dict[str, Any]:
     for key, value in state.items():
         if found := _RDB_OLD.fullmatch(key):
             renamed["body.{}.rdb{}.conv{}.{}".format(*found.groups())] = value
+        elif found := _RDB_PLUS_OLD.fullmatch(key):
+            renamed["body.{}.rdb{}.conv1x1.weight".format(*found.groups())] = value
         elif key.startswith(f"model.1.sub.{blocks}."):
             renamed["conv_body." + key.rsplit(".", 1)[1]] = value
         elif found := _MODEL_OLD.fullmatch(key):
@@ -82,7 +89,7 @@ def rrdb_state(state: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-def _torch_rrdbnet(state: dict[str, Any]):
+def _torch_rrdbnet(state: dict[str, Any], triple: bool = False):
     import torch
     from torch import nn
     from torch.nn import functional
@@ -100,11 +107,18 @@ def _torch_rrdbnet(state: dict[str, Any]):
             super().__init__()
             for j in range(1, 6):
                 setattr(self, f"conv{j}", conv(f"{prefix}.conv{j}"))
+            # ESRGAN+: a bias-free 1x1 conv from the block's input added to the second conv's output
+            plus = state.get(f"{prefix}.conv1x1.weight")
+            self.conv1x1 = None if plus is None else nn.Conv2d(plus.shape[1], plus.shape[0], 1, bias=False)
 
         def forward(self, x):
             features = [x]
             for j in range(1, 5):
                 features.append(lrelu(getattr(self, f"conv{j}")(torch.cat(features, 1))))
+                if self.conv1x1 is not None and j == 2:
+                    features[2] = features[2] + self.conv1x1(x)
+                elif self.conv1x1 is not None and j == 4:  # and the second's output to the fourth's
+                    features[4] = features[4] + features[2]
             return self.conv5(torch.cat(features, 1)) * 0.2 + x
 
     class RRDB(nn.Module):
@@ -134,7 +148,7 @@ def _torch_rrdbnet(state: dict[str, Any]):
             features = self.conv_first(x)
             features = features + self.conv_body(self.body(features))
             for k in range(1, self.upsamples + 1):
-                up = functional.interpolate(features, scale_factor=2.0, mode="nearest")
+                up = functional.interpolate(features, scale_factor=3.0 if triple else 2.0, mode="nearest")
                 features = lrelu(getattr(self, f"conv_up{k}")(up))
             return self.conv_last(lrelu(self.conv_hr(features)))
 
@@ -150,15 +164,21 @@ def _torch_rrdbnet(state: dict[str, Any]):
             "upscalers only",
             hint="export a 3-channel RGB model",
         )
+    if triple and (upsamples != 1 or unshuffle != 1):
+        raise ConfigError(
+            f"a file named as a ×3 ESRGAN model with {upsamples} upsample steps (a ×3 file has one)",
+            hint="rename it if it is not a ×3 model",
+        )
     model = RRDBNet(blocks, upsamples, unshuffle)
     model.load_state_dict(state, strict=True)
-    return model.eval(), 2**upsamples // unshuffle, unshuffle, blocks
+    return model.eval(), (3 if triple else 2**upsamples // unshuffle), unshuffle, blocks
 
 
 def build_rrdbnet(source: Source) -> Parts:
     try:
         state = rrdb_state(source.state)
-        model, scale, multiple, blocks = _torch_rrdbnet(state)
+        triple = "model.0.weight" in source.state and bool(_NAMED_X3.search(source.path.stem))
+        model, scale, multiple, blocks = _torch_rrdbnet(state, triple)
     except (KeyError, ValueError, RuntimeError) as exc:
         raise ConfigError(
             f"{source.path}: an ESRGAN model whose layers do not fit together ({str(exc).splitlines()[0]})",
@@ -166,6 +186,8 @@ def build_rrdbnet(source: Source) -> Parts:
         ) from None
     width = int(state["conv_first.weight"].shape[0])
     details = {"scale": scale, "multiple": multiple, "blocks": blocks, "features": width}
+    if any(".conv1x1." in k for k in state):
+        details["plus"] = True  # ESRGAN+
     return _upscaler_parts("RRDBNet", model, scale, multiple, details)
 
 

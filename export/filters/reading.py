@@ -151,7 +151,8 @@ _NOT_FILTERS: tuple[tuple[Any, str], ...] = (
     ),
     (
         lambda keys: any(".residual_group.blocks." in k or "layers.0.residual_group" in k for k in keys),
-        "a SwinIR-class transformer upscaler (SwinIR, Swin2SR, HAT), which enginefarm does not export yet",
+        "a SwinIR-class transformer upscaler that is not SwinIR or HAT (Swin2SR's layout: a patch-embedding conv and "
+        "continuous position bias), which enginefarm does not export",
     ),
 )
 

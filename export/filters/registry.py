@@ -16,6 +16,9 @@ from typing import Any
 # the architecture modules of this package, in the order they are asked (a more specific layout first)
 MODULES: list[str] = [
     "esrgan",
+    "swinir",
+    "hat",
+    "dat",
     "gfpgan",
     "codeformer",
     "retinaface",

@@ -114,6 +114,10 @@ def with_profile(parts: Parts, profile: dict[str, tuple[int, int, int]]) -> Part
             )
         if len(triple) != 3 or not 0 < triple[0] <= triple[1] <= triple[2]:
             raise ConfigError(f"profile {dim} {list(triple)} is not MIN, OPT, MAX", hint="e.g. (64, 256, 512)")
+    if parts.details.get("tile") and profile:  # a window-attention net: one fixed tile, not a range
+        from .swinir import with_fixed_tile
+
+        return with_fixed_tile(parts, profile)
     replaced = {
         name: dataclasses.replace(part, profile={dim: _triple(profile.get(dim, r)) for dim, r in part.profile.items()})
         for name, part in parts.parts.items()

@@ -6,7 +6,8 @@ fraction of the VAE's cost.
     pipe = Pipeline.load("my-sd15", store=STORE, preview="taesd")  # on_preview then gets these images
 
 The exported graph (`export/filters/taesd.py`) holds the whole decode of a diffusers pipeline whose `vae` is this
-AutoencoderTiny: its own scaling and shift, the decoder, and the image processor's `(x / 2 + 0.5).clamp(0, 1)`."""
+AutoencoderTiny: its own scaling and shift, the decoder, and the image processor's `(x / 2 + 0.5).clamp(0, 1)`.
+Exported from a diffusers folder, it also has the encoder: `taesd.encode(image)` → the model-space latent."""
 
 from __future__ import annotations
 
@@ -65,6 +66,32 @@ class PreviewDecoder(Filter):
         session = self.sessions["decoder"]
         images = [session.run({"latent": one})["image"] for one in np.split(latents, latents.shape[0])]
         return np.ascontiguousarray(np.concatenate(images).transpose(0, 2, 3, 1), dtype=np.float32)
+
+    @property
+    def has_encoder(self) -> bool:
+        """Whether it was exported with its encoder (from a diffusers AutoencoderTiny folder)."""
+        return "encoder" in self.sessions
+
+    def encode(self, image: np.ndarray) -> np.ndarray:
+        """Images float [H, W, 3] (or [N, H, W, 3]) in [0, 1], sides multiples of `upscale` → model-space latents
+        float32 [N, C, H / upscale, W / upscale]: what a diffusers img2img pipeline with this VAE makes of them
+        (`(encode(2 x - 1).latents - shift_factor) * scaling_factor`), one engine run per image."""
+        if not self.has_encoder:
+            raise ConfigError(
+                f"{self.name} has no encoder: it was exported from a decoder file",
+                hint="export the diffusers AutoencoderTiny folder (e.g. madebyollin/taesd) to get both",
+            )
+        images = np.asarray(image, dtype=np.float32)
+        images = images[None] if images.ndim == 3 else images
+        side = self.upscale
+        if images.ndim != 4 or images.shape[3] != 3 or images.shape[1] % side or images.shape[2] % side:
+            raise ConfigError(
+                f"{self.name} encodes images [N, H, W, 3] with sides multiples of {side}, got {list(images.shape)}",
+                hint="float images in [0, 1] as the pipeline returns them; crop or resize to a multiple of 8",
+            )
+        session = self.sessions["encoder"]
+        feeds = [np.ascontiguousarray(one.transpose(2, 0, 1)[None]) for one in images]
+        return np.concatenate([session.run({"image": feed})["latent"] for feed in feeds]).astype(np.float32)
 
     def __call__(self, latent: np.ndarray) -> np.ndarray:
         """A latent [1, C, h, w] (or [C, h, w]) → image float32 [H, W, 3] in [0, 1]; [N, C, h, w] → [N, H, W, 3]."""

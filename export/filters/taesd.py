@@ -7,6 +7,9 @@ and shifted for SD3/Flux) and gives the image in [0, 1]: what a diffusers pipeli
 AutoencoderTiny gives, i.e. `decode(latent / scaling_factor + shift_factor)` and the image processor's
 `(x / 2 + 0.5).clamp(0, 1)`. madebyollin's decoders are trained on model-space latents, so their configs (and the
 single files, which have none) say scaling 1 and shift 0; a config that says otherwise is followed, as diffusers does.
+
+A folder (which holds the encoder too) also gives the component `encoder`: an image in [0, 1] → the model-space
+latent a diffusers img2img pipeline with this VAE makes from it, `(encode(2 x - 1).latents - shift) * scaling`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ _DECODER_CONVS = (1, 7, 12, 17, 19)
 _FILE_KEY = re.compile(r"^(\d+)\.(.+)$")
 # the preview and decoding sizes an app asks for: 64 px to 1536 px images, 8 latent pixels per image pixel...
 LATENT_PROFILE = (8, 64, 192)
+IMAGE_PROFILE = tuple(8 * side for side in LATENT_PROFILE)  # the encoder's image sides, the same sizes in pixels
 
 
 def _keys(source: Source) -> set[str]:
@@ -87,6 +91,11 @@ def _folder_model(source: Source):
         ) from None
     decoder_state = {k: v for k, v in source.state.items() if k.startswith("decoder.")}
     _load(model.decoder, {k.removeprefix("decoder."): v for k, v in decoder_state.items()}, source)
+    encoder_state = {k.removeprefix("encoder."): v for k, v in source.state.items() if k.startswith("encoder.")}
+    if encoder_state:
+        _load(model.encoder, encoder_state, source, "encoder")
+    else:
+        model.encoder = None  # a folder of the decoder alone: no encoder part
     return model, float(config.get("scaling_factor", 1.0)), float(config.get("shift_factor", 0.0))
 
 
@@ -106,10 +115,11 @@ def _file_model(source: Source):
         index, rest = _FILE_KEY.match(key).groups()  # type: ignore[union-attr]  # matches() checked every key
         state[f"layers.{int(index) - 1}.{rest}"] = value
     _load(model.decoder, state, source)
+    model.encoder = None  # a single decoder file
     return model, 1.0, 0.0
 
 
-def _load(module, state: dict[str, Any], source: Source) -> None:
+def _load(module, state: dict[str, Any], source: Source, part: str = "decoder") -> None:
     expected = module.state_dict()
     wrong = [k for k, v in state.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
@@ -122,7 +132,7 @@ def _load(module, state: dict[str, Any], source: Source) -> None:
             else f"shapes differ at {wrong[:3]}"
         )
         raise ConfigError(
-            f"{source.path}: not a TAESD decoder of the published layout ({what})",
+            f"{source.path}: not a TAESD {part} of the published layout ({what})",
             hint="give madebyollin's taesd*_decoder file or a diffusers AutoencoderTiny folder",
         )
     module.load_state_dict({k: v.float() for k, v in state.items()})
@@ -149,6 +159,28 @@ class PreviewDecoderModule:
         return Decode().eval()
 
 
+class EncoderModule:
+    """The encoder as the ONNX graph runs it: image in [0, 1] → model-space latent (built lazily: torch)."""
+
+    @staticmethod
+    def make(model, scaling_factor: float, shift_factor: float):
+        import torch
+
+        identity = (scaling_factor, shift_factor) == (1.0, 0.0)
+
+        class Encode(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.encoder = model.encoder
+
+            def forward(self, image):
+                # diffusers' EncoderTiny maps the pipeline's [-1, 1] image back to [0, 1] first: taken as it is here
+                latent = self.encoder.layers(image)
+                return latent if identity else (latent - shift_factor) * scaling_factor
+
+        return Encode().eval()
+
+
 def build(source: Source) -> Parts:
     """The `decoder` component and the facts a pipeline checks before it uses it."""
     if not _is_folder(source) and _is_encoder_file(source):
@@ -169,6 +201,16 @@ def build(source: Source) -> Parts:
         # its widest level, held at the image's size (the builder's VAE rule would assume SD's 6 GB per megapixel)
         resources={"activation_channels": int(max(model.config.decoder_block_out_channels))},
     )
+    parts = {"decoder": part}
+    if model.encoder is not None:
+        parts["encoder"] = Part(
+            module=EncoderModule.make(model, scaling, shift),
+            inputs={"image": (1, 3, "image_height", "image_width")},
+            outputs={"latent": (1, channels, "latent_height", "latent_width")},
+            profile={"image_height": IMAGE_PROFILE, "image_width": IMAGE_PROFILE},
+            ranges={"image": (0.0, 1.0)},
+            resources={"activation_channels": int(max(model.config.encoder_block_out_channels))},
+        )
     details = {
         "latent_channels": channels,
         "upscale": upscale,  # image pixels per latent pixel
@@ -176,7 +218,7 @@ def build(source: Source) -> Parts:
         "scaling_factor": scaling,
         "shift_factor": shift,
     }
-    return Parts("AutoencoderTiny", "preview_decoder", {"decoder": part}, details)
+    return Parts("AutoencoderTiny", "preview_decoder", parts, details)
 
 
 ARCHITECTURES = [

@@ -12,7 +12,8 @@ from enginefarm.errors import ConfigError
 from enginefarm.filters import FilterInfo
 from enginefarm.filters.preview import PreviewDecoder
 
-from .tiny_filters import taesd_reference, write_taesd_folder
+from .scenes import scene
+from .tiny_filters import taesd_encode_reference, taesd_reference, write_taesd_folder
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -31,8 +32,10 @@ def built_taesd(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("taesd")
     write_taesd_folder(root / "taesd")
-    # latent sides 8 to 32 (the tests' latents): validation and the builder's memory rule stay at test size
+    # latent sides 8 to 32 (the tests' latents), images 64 to 256: validation and the builder's memory rule stay at
+    # test size
     small = {"latent_height": (8, 16, 32), "latent_width": (8, 16, 32)}
+    small |= {"image_height": (64, 128, 256), "image_width": (64, 128, 256)}
     export = export_filter(root / "taesd", root / "out", name="tiny-taesd", targets=TARGETS, profile=small)
     run_cli("build", str(export.recipe), "--store", str(root / "store"), "--no-bench", "-j", "2", check=True)
     return AutoencoderTiny.from_pretrained(root / "taesd").eval(), root / "store"
@@ -49,7 +52,7 @@ def _load(built_taesd, target="onnxruntime:cpu", precision="fp32") -> PreviewDec
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-3), ("fp16", 2e-2)])
-def test_the_built_decoder_decodes_as_diffusers(built_taesd, target, precision, tolerance):
+def test_the_built_decoder_and_encoder_match_diffusers(built_taesd, target, precision, tolerance):
     model, _ = built_taesd
     latents = np.random.default_rng(3).standard_normal((2, 4, 12, 10)).astype(np.float32) * 1.5
     want = taesd_reference(model, latents)
@@ -62,12 +65,27 @@ def test_the_built_decoder_decodes_as_diffusers(built_taesd, target, precision, 
         assert np.ptp(want) > 0.3  # the images vary: the comparison sees real values
         with pytest.raises(ConfigError, match=r"takes latents \[N, 4, h, w\]"):
             decoder(np.zeros((1, 16, 8, 8), np.float32))
+        # the folder's encoder: the model-space latent diffusers' img2img makes with this VAE
+        images = np.stack([scene(7, 96, 136), scene(8, 96, 136)])
+        want_latents = taesd_encode_reference(model, images)
+        assert decoder.has_encoder
+        encoded = decoder.encode(images)
+        assert encoded.shape == (2, 4, 12, 17) and encoded.dtype == np.float32
+        assert np.abs(encoded - want_latents).max() < tolerance * np.ptp(want_latents)
+        assert np.array_equal(decoder.encode(images[0]), encoded[:1])
+        with pytest.raises(ConfigError, match="sides multiples of 8"):
+            decoder.encode(images[:, :90])
 
 
 def _fake_taesd(channels: int, space: float | None) -> PreviewDecoder:
     """A decoder's description alone (no engine): what the pipeline checks before anything loads."""
     details = {"latent_channels": channels, "upscale": 8, "latent_scaling_factor": space}
     return PreviewDecoder(FilterInfo("taesd-x", "preview_decoder", "AutoencoderTiny", ("decoder",), details), {})
+
+
+def test_a_decoder_without_its_encoder_says_so():
+    with pytest.raises(ConfigError, match="has no encoder"):
+        _fake_taesd(4, None).encode(np.zeros((64, 64, 3), np.float32))
 
 
 def test_a_decoder_of_another_latent_space_is_one_line():

@@ -62,6 +62,16 @@ def taesd_reference(model, latent: np.ndarray) -> np.ndarray:
     return image.permute(0, 2, 3, 1).numpy()
 
 
+def taesd_encode_reference(model, images: np.ndarray) -> np.ndarray:
+    """The model-space latents a diffusers img2img pipeline with `model` as its VAE makes of images [N, H, W, 3] in
+    [0, 1]: the image processor's 2x - 1, `encode(...).latents`, then (latents - shift) * scaling."""
+    config = model.config
+    with torch.no_grad():
+        x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))) * 2 - 1
+        latents = model.encode(x).latents
+        return ((latents - config.shift_factor) * config.scaling_factor).numpy()
+
+
 # images of several sizes: square, wide, tall, smaller than CLIP's 224 (upsampled) and larger (downsampled)
 SAFETY_SIZES = ((256, 256), (192, 320), (320, 200), (96, 96), (512, 384), (150, 151), (64, 200), (300, 300))
 

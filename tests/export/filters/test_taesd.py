@@ -15,7 +15,13 @@ pytest.importorskip("diffusers")
 from enginefarm.export.filters import taesd as taesd_export  # noqa: E402
 from enginefarm.export.filters.reading import read_filter_source, recognise  # noqa: E402
 
-from ...filters.tiny_filters import taesd, taesd_reference, write_taesd_decoder_file  # noqa: E402
+from ...filters.scenes import scene  # noqa: E402
+from ...filters.tiny_filters import (  # noqa: E402
+    taesd,
+    taesd_encode_reference,
+    taesd_reference,
+    write_taesd_decoder_file,
+)
 
 
 def _decode(parts, latent: np.ndarray) -> np.ndarray:
@@ -36,6 +42,7 @@ def test_madebyollins_decoder_file_is_recognised_and_decodes_as_diffusers(tmp_pa
     assert parts.details["latent_channels"] == 4 and parts.details["upscale"] == 8
     assert parts.details["latent_scaling_factor"] == 0.13025  # "taesdxl": SDXL's latent space
     assert parts.parts["decoder"].inputs["latent"] == (1, 4, "latent_height", "latent_width")
+    assert list(parts.parts) == ["decoder"]  # a decoder file: no encoder part
 
 
 @pytest.mark.parametrize(
@@ -67,6 +74,14 @@ def test_a_folder_follows_its_configs_scaling_and_shift(tmp_path):
     assert np.abs(_decode(parts, latent) - taesd_reference(model, latent)).max() < 1e-5
     assert (parts.details["scaling_factor"], parts.details["shift_factor"]) == (1.5305, 0.0609)
     assert parts.details["latent_scaling_factor"] == 1.5305
+    # the folder's encoder: image in [0, 1] → the latent SD3's img2img makes, (latents - shift) * scaling
+    assert parts.parts["encoder"].inputs["image"] == (1, 3, "image_height", "image_width")
+    images = np.stack([scene(5, 48, 40), scene(6, 48, 40)])
+    with torch.no_grad():
+        got = parts.parts["encoder"].module(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+    want = taesd_encode_reference(model, images)
+    assert got.shape == (2, 16, 6, 5) and np.ptp(want) > 0.1
+    assert np.abs(got - want).max() < 1e-5 * np.ptp(want)
 
 
 def test_a_decoder_file_of_another_layout_or_an_encoder_is_one_line(tmp_path):

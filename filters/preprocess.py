@@ -36,7 +36,7 @@ class Preprocessor(Filter):
         resolution = int(detect_resolution or details.get("resolution", 512))
         multiple = int(details.get("multiple", 1))
         largest = int(details.get("max_side", 1 << 30))
-        if self.task != "openpose":  # openpose's network sees the photo shrunk to a 184-pixel height, not this size
+        if not self.task.startswith("openpose"):  # openpose's network sees the photo shrunk to a 184-pixel height
             largest = min(largest, self._engine_largest())
         if resolution < multiple:
             raise ConfigError(
@@ -72,9 +72,11 @@ class Preprocessor(Filter):
             raise ConfigError(
                 f"{self.name} takes an image [H, W, 3], got shape {list(image.shape)}", hint="give an RGB image"
             )
-        if self.task == "openpose":  # two maps, decoded into people and drawn: filters/openpose.py
+        if self.task in ("openpose", "openpose_hand"):  # maps decoded into people and drawn: filters/openpose.py
             from .openpose import pose_control
 
+            if self.task == "openpose_hand":  # the hand net runs on boxes its body filter finds
+                return pose_control(self.uses["body"], image, detect_resolution, hand=self)
             return pose_control(self, image, detect_resolution)
         height, width = image.shape[:2]
         details = self.info.details

@@ -31,6 +31,17 @@ BACKBONE = (
     ("conv4_1", "conv4_2", "conv4_3_CPM", "conv4_4_CPM"),
 )  # a 2x2 max pool after each group but the last
 _STAGE = re.compile(r"Mconv1_stage(\d+)_L1\.weight")
+# the hand net: a deeper backbone (conv5_3_CPM, 128 channels), one branch of 22 heatmaps (21 joints and the
+# background), run on a square crop around each hand at four sides (0.5 to 2 times the 368 box)
+HAND_BACKBONE = (
+    ("conv1_1", "conv1_2"),
+    ("conv2_1", "conv2_2"),
+    ("conv3_1", "conv3_2", "conv3_3", "conv3_4"),
+    ("conv4_1", "conv4_2", "conv4_3", "conv4_4", "conv5_1", "conv5_2", "conv5_3_CPM"),
+)
+HAND_SCALES = (0.5, 1.0, 1.5, 2.0)
+HAND_PROFILE = (184, 368, 736)
+_HAND_STAGE = re.compile(r"Mconv1_stage(\d+)\.weight")
 
 
 def is_openpose_body(source: Source) -> bool:
@@ -55,12 +66,8 @@ def build_openpose_body(source: Source) -> Parts:
     state = source.state
     stages = max((int(m.group(1)) for k in state if (m := _STAGE.fullmatch(k))), default=1)
 
-    def conv(name: str) -> torch.nn.Conv2d:
-        shape = getattr(state.get(f"{name}.weight"), "shape", None)
-        if shape is None or len(shape) != 4:
-            raise _layout_error(source, f"{name}.weight")
-        cout, cin, kernel = int(shape[0]), int(shape[1]), int(shape[2])
-        return torch.nn.Conv2d(cin, cout, kernel, padding=kernel // 2)
+    def conv(name: str):
+        return _conv(source, name, "body_pose_model.pth")
 
     class BodyPose(torch.nn.Module):
         def __init__(self):
@@ -126,15 +133,93 @@ def build_openpose_body(source: Source) -> Parts:
     return Parts("OpenposeBody", "preprocessor", {"body": part}, details)
 
 
-def _layout_error(source: Source, what: str):
+def _conv(source: Source, name: str, layout: str):
+    """A convolution shaped as the file's `name` (its padding keeps the size)."""
+    import torch
+
+    shape = getattr(source.state.get(f"{name}.weight"), "shape", None)
+    if shape is None or len(shape) != 4:
+        raise _layout_error(source, f"{name}.weight", layout)
+    cout, cin, kernel = int(shape[0]), int(shape[1]), int(shape[2])
+    return torch.nn.Conv2d(cin, cout, kernel, padding=kernel // 2)
+
+
+def _layout_error(source: Source, what: str, layout: str = "body_pose_model.pth"):
     from enginefarm.errors import ConfigError
 
     return ConfigError(
-        f"{source.path}: not the layout of body_pose_model.pth (no {what})",
-        hint="give lllyasviel's Annotators body_pose_model.pth (the CMU body net controlnet-aux loads)",
+        f"{source.path}: not the layout of {layout} (no {what})",
+        hint=f"give lllyasviel's Annotators {layout} (the CMU net controlnet-aux loads)",
     )
 
 
+def is_openpose_hand(source: Source) -> bool:
+    state = source.state
+    return all(
+        f"{name}.weight" in state for name in ("conv1_1", "conv5_3_CPM", "conv6_1_CPM", "conv6_2_CPM", "Mconv1_stage2")
+    )
+
+
+def build_openpose_hand(source: Source) -> Parts:
+    """hand_pose_model.pth: the hand net (one branch, six stages) as the `hand` part of an openpose_hand filter,
+    which runs the body filter it names (`uses.body`, default "openpose") and adds each person's hands."""
+    import torch
+    from torch.nn import functional
+
+    state = source.state
+    stages = max((int(m.group(1)) for k in state if (m := _HAND_STAGE.fullmatch(k))), default=1)
+
+    class HandPose(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.groups = [list(group) for group in HAND_BACKBONE]
+            self.stages = [["conv6_1_CPM", "conv6_2_CPM"]]
+            self.stages += [[f"Mconv{i}_stage{s}" for i in range(1, 8)] for s in range(2, stages + 1)]
+            for name in [n for names in self.groups + self.stages for n in names]:
+                self.add_module(name, _conv(source, name, "hand_pose_model.pth"))
+
+        def forward(self, image):
+            x = image
+            for index, group in enumerate(self.groups):
+                if index:
+                    x = functional.max_pool2d(x, 2, 2)
+                for name in group:
+                    x = functional.relu(getattr(self, name)(x))
+            features, heatmaps = x, x
+            for index, names in enumerate(self.stages):
+                y = features if index == 0 else torch.cat([heatmaps, features], 1)
+                for position, name in enumerate(names):
+                    y = getattr(self, name)(y)
+                    y = functional.relu(y) if position < len(names) - 1 else y
+                heatmaps = y
+            return heatmaps
+
+    hint = "give lllyasviel's Annotators hand_pose_model.pth (the CMU hand net controlnet-aux loads)"
+    module = load_layout(HandPose(), source, "hand_pose_model.pth", hint)
+    joints = int(state[f"{(['conv6_2_CPM'] + [f'Mconv7_stage{s}' for s in range(2, stages + 1)])[-1]}.weight"].shape[0])
+    if joints != 22:
+        raise _layout_error(source, f"22 heatmap channels (it has {joints})", "hand_pose_model.pth")
+    part = Part(
+        module=module,
+        inputs={"image": (1, 3, "side", "side")},
+        outputs={"heatmaps": (1, joints, "map_side", "map_side")},
+        profile={"side": HAND_PROFILE},
+        ranges={"image": (-0.5, 0.5)},
+    )
+    details = {
+        "task": "openpose_hand",
+        "resolution": RESOLUTION,
+        "multiple": MULTIPLE,
+        "stride": STRIDE,
+        "box": BOX,
+        "scales": list(HAND_SCALES),
+        "stages": stages,
+        "uses": {"body": "openpose"},
+    }
+    return Parts("OpenposeHand", "preprocessor", {"hand": part}, details)
+
+
 ARCHITECTURES = [
-    Architecture("Openpose body (body_pose_model.pth)", "preprocessor", is_openpose_body, build_openpose_body)
+    Architecture("Openpose body (body_pose_model.pth)", "preprocessor", is_openpose_body, build_openpose_body),
+    Architecture("Openpose hands (hand_pose_model.pth)", "preprocessor", is_openpose_hand, build_openpose_hand),
 ]

@@ -268,3 +268,153 @@ def synthetic_maps(people, height: int = 256, width: int = 192, missing=()):
             pafs[near, cx - 19], pafs[near, cy - 19] = ux, uy
     heatmaps[:, :, 18] = np.clip(1 - heatmaps[:, :, :18].max(axis=2), 0, 1)
     return heatmaps, pafs
+
+
+def hand_reference_network(widths=(4, 8, 8, 16, 8), branch=8, wide=16):
+    """controlnet-aux's handpose_model (model1_0 / model1_1 / model2..6, make_layers) at narrow widths: the published
+    64, 128, 256, 512 -> 128 backbone, 512-wide conv6_1_CPM and 128-wide stages, shrunk."""
+    import torch
+    from torch import nn
+
+    c1, c2, c3, c4, out = widths
+    no_relu = {"conv6_2_CPM"} | {f"Mconv7_stage{s}" for s in range(2, 7)}
+
+    def make(block):
+        layers = []
+        for name, v in block:
+            if "pool" in name:
+                layers.append((name, nn.MaxPool2d(kernel_size=v[0], stride=v[1], padding=v[2])))
+                continue
+            layers.append((name, nn.Conv2d(v[0], v[1], kernel_size=v[2], stride=v[3], padding=v[4])))
+            if name not in no_relu:
+                layers.append(("relu_" + name, nn.ReLU(inplace=True)))
+        return nn.Sequential(OrderedDict(layers))
+
+    backbone = [
+        ("conv1_1", [3, c1, 3, 1, 1]), ("conv1_2", [c1, c1, 3, 1, 1]), ("pool1_stage1", [2, 2, 0]),
+        ("conv2_1", [c1, c2, 3, 1, 1]), ("conv2_2", [c2, c2, 3, 1, 1]), ("pool2_stage1", [2, 2, 0]),
+        ("conv3_1", [c2, c3, 3, 1, 1]), ("conv3_2", [c3, c3, 3, 1, 1]), ("conv3_3", [c3, c3, 3, 1, 1]),
+        ("conv3_4", [c3, c3, 3, 1, 1]), ("pool3_stage1", [2, 2, 0]),
+        ("conv4_1", [c3, c4, 3, 1, 1]), ("conv4_2", [c4, c4, 3, 1, 1]), ("conv4_3", [c4, c4, 3, 1, 1]),
+        ("conv4_4", [c4, c4, 3, 1, 1]), ("conv5_1", [c4, c4, 3, 1, 1]), ("conv5_2", [c4, c4, 3, 1, 1]),
+        ("conv5_3_CPM", [c4, out, 3, 1, 1]),
+    ]  # fmt: skip
+
+    class HandPoseModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model1_0 = make(backbone)
+            self.model1_1 = make([("conv6_1_CPM", [out, wide, 1, 1, 0]), ("conv6_2_CPM", [wide, 22, 1, 1, 0])])
+            for s in range(2, 7):
+                layers = [(f"Mconv1_stage{s}", [22 + out, branch, 7, 1, 3])]
+                layers += [(f"Mconv{i}_stage{s}", [branch, branch, 7, 1, 3]) for i in range(2, 6)]
+                layers += [(f"Mconv6_stage{s}", [branch, branch, 1, 1, 0]), (f"Mconv7_stage{s}", [branch, 22, 1, 1, 0])]
+                setattr(self, f"model{s}", make(layers))
+
+        def forward(self, x):
+            features = self.model1_0(x)
+            heatmaps = self.model1_1(features)
+            for s in range(2, 7):
+                heatmaps = getattr(self, f"model{s}")(torch.cat([heatmaps, features], 1))
+            return heatmaps
+
+    return HandPoseModel()
+
+
+def write_hand_file(path: Path, seed: int = 1):
+    """A seeded narrow hand net saved as hand_pose_model.pth (keys without their module prefix); its torch module."""
+    import torch
+
+    torch.manual_seed(seed)
+    network = hand_reference_network().eval()
+    with torch.no_grad():
+        for name, param in network.named_parameters():
+            if name.endswith("weight"):
+                param.copy_(torch.randn(param.shape) * (2 / param[0].numel()) ** 0.5)
+    torch.save({name.split(".", 1)[1]: value for name, value in network.state_dict().items()}, str(path))
+    return network
+
+
+def reference_hand_boxes(joints, height: int, width: int):
+    """util.handDetect on a person's 18 joints in pixels (None where not found): [(x, y, side, is_left)]."""
+    found = []
+    for s, e, w, is_left in ((5, 6, 7, True), (2, 3, 4, False)):
+        if joints[s] is None or joints[e] is None or joints[w] is None:
+            continue
+        (x1, y1), (x2, y2), (x3, y3) = joints[s], joints[e], joints[w]
+        x = x3 + 0.33 * (x3 - x2)
+        y = y3 + 0.33 * (y3 - y2)
+        width_ = 1.5 * max(math.sqrt((x3 - x2) ** 2 + (y3 - y2) ** 2), 0.9 * math.sqrt((x2 - x1) ** 2 + (y2 - y1) ** 2))
+        x -= width_ / 2
+        y -= width_ / 2
+        x, y = max(x, 0), max(y, 0)
+        width1 = image_width = width_
+        width2 = width_
+        if x + width_ > width:
+            width1 = width - x
+        if y + width_ > height:
+            width2 = height - y
+        image_width = min(width1, width2)
+        if image_width >= 20:
+            found.append((int(x), int(y), int(image_width), is_left))
+    return found
+
+
+def reference_hand(network, crop: np.ndarray) -> np.ndarray:
+    """Hand.__call__ on an 8-bit BGR crop [s, s, 3] (uint8): int [21, 2] joint (x, y) in the crop's pixels."""
+    import cv2
+    import torch
+    from scipy.ndimage import gaussian_filter, label
+
+    def smart(x, height, width):
+        k = float(height + width) / float(x.shape[0] + x.shape[1])
+        mode = cv2.INTER_AREA if k < 1 else cv2.INTER_LANCZOS4
+        if x.ndim == 3 and x.shape[2] not in (1, 3):
+            return np.stack([cv2.resize(x[:, :, i], (width, height), interpolation=mode) for i in range(x.shape[2])], 2)
+        return cv2.resize(x, (width, height), interpolation=mode)
+
+    side_in = crop.shape[0]
+    blurred = cv2.GaussianBlur(crop, (0, 0), 0.8)
+    average = np.zeros((128, 128, 22))
+    for scale in (0.5, 1.0, 1.5, 2.0):
+        side = int(scale * 368)
+        image = smart(blurred, side, side)
+        x = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)[None].astype(np.float32) / 256 - 0.5))
+        with torch.no_grad():
+            maps = network(x)[0].numpy().transpose(1, 2, 0)
+        maps = smart(np.ascontiguousarray(maps), maps.shape[0] * 8, maps.shape[1] * 8)[:side, :side]
+        average += smart(np.ascontiguousarray(maps), 128, 128) / 4
+    peaks = []
+    for part in range(21):
+        raw = average[:, :, part].copy()
+        binary = gaussian_filter(raw, sigma=3) > 0.05
+        if not binary.any():
+            peaks.append([0, 0])
+            continue
+        labels, count = label(binary, structure=np.ones((3, 3)))
+        best = np.argmax([np.sum(raw[labels == i]) for i in range(1, count + 1)]) + 1
+        raw[labels != best] = 0
+        y, x = np.unravel_index(np.argmax(raw), raw.shape)
+        peaks.append([int(float(x) * side_in / 128), int(float(y) * side_in / 128)])
+    return np.array(peaks)
+
+
+def reference_draw_hand(canvas: np.ndarray, joints) -> None:
+    """draw_handpose with OpenCV: joints [21, 2] fractions of the image (negative where not found)."""
+    import colorsys
+
+    import cv2
+
+    height, width = canvas.shape[:2]
+    bones = [[0, 1], [1, 2], [2, 3], [3, 4], [0, 5], [5, 6], [6, 7], [7, 8], [0, 9], [9, 10], [10, 11], [11, 12],
+             [0, 13], [13, 14], [14, 15], [15, 16], [0, 17], [17, 18], [18, 19], [19, 20]]  # fmt: skip
+    for index, (a, b) in enumerate(bones):
+        x1, y1 = int(joints[a][0] * width), int(joints[a][1] * height)
+        x2, y2 = int(joints[b][0] * width), int(joints[b][1] * height)
+        if x1 > 0.01 and y1 > 0.01 and x2 > 0.01 and y2 > 0.01:
+            color = np.array(colorsys.hsv_to_rgb(index / float(len(bones)), 1.0, 1.0)) * 255
+            cv2.line(canvas, (x1, y1), (x2, y2), color.tolist(), thickness=2)
+    for x, y in joints:
+        x, y = int(x * width), int(y * height)
+        if x > 0.01 and y > 0.01:
+            cv2.circle(canvas, (x, y), 4, (0, 0, 255), thickness=-1)

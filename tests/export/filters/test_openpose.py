@@ -18,9 +18,13 @@ from .openpose_files import (
     PERSON,
     reference_decode,
     reference_draw,
+    reference_draw_hand,
+    reference_hand,
+    reference_hand_boxes,
     reference_maps,
     synthetic_maps,
     write_body_file,
+    write_hand_file,
 )
 
 torch = pytest.importorskip("torch")
@@ -113,21 +117,66 @@ def test_decoder_matches_on_a_seeded_nets_maps(tmp_path):
     assert np.array_equal(candidate, expected_candidate) and np.array_equal(subset, expected_subset)
 
 
+def test_openpose_hand_is_recognised_and_is_controlnet_aux_network(tmp_path):
+    from enginefarm.export.filters.reading import read_filter_source, recognise
+
+    network = write_hand_file(tmp_path / "hand_pose_model.pth")
+    source = read_filter_source(tmp_path / "hand_pose_model.pth")
+    parts = recognise(source).build(source)
+    assert parts.details["task"] == "openpose_hand" and parts.details["uses"] == {"body": "openpose"}
+    x = torch.rand(1, 3, 184, 184) - 0.5
+    with torch.no_grad():
+        assert torch.equal(parts.parts["hand"].module(x), network(x))
+
+
+def test_hand_boxes_regions_and_drawing_are_controlnet_auxs():
+    from scipy.ndimage import label
+
+    from enginefarm.filters.openpose_hand import _largest_region, draw_hand, hand_boxes
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # the largest-scoring 8-connected region, as skimage's label (here scipy's) finds them
+        mask, values = rng.random((40, 40)) < 0.45, rng.random((40, 40))
+        labels, count = label(mask, structure=np.ones((3, 3)))
+        best = 1 + int(np.argmax([values[labels == i].sum() for i in range(1, count + 1)]))
+        assert np.array_equal(_largest_region(mask, values), labels == best)
+    for shift in (0, 60, 130):  # whole boxes, boxes cut at the right edge, a hand too small
+        joints = [(x + shift, y) for x, y in PERSON]
+        joints[3] = None if shift == 130 else joints[3]
+        assert hand_boxes(joints, 256, 192) == reference_hand_boxes(joints, 256, 192)
+    equal = []
+    for _ in range(10):
+        joints = rng.uniform(0.05, 0.95, (21, 2)).astype(np.float32)
+        joints[rng.random(21) < 0.1] = -1
+        ours, expected = np.zeros((128, 128, 3), np.uint8), np.zeros((128, 128, 3), np.uint8)
+        draw_hand(ours, joints)
+        reference_draw_hand(expected, joints)
+        drawn = np.any((ours > 0) | (expected > 0), axis=2)
+        equal.append(np.all(ours == expected, axis=2)[drawn].mean())
+    # the joints' discs are OpenCV's exactly; its two-pixel lines place their corners to 1/65536 of a pixel
+    assert np.mean(equal) > 0.9, np.mean(equal)
+
+
 @pytest.mark.slow
 def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
     import enginefarm.filters
     from enginefarm.export.filters.run import export_filter
     from enginefarm.filters.openpose import body_maps, detect_poses
+    from enginefarm.filters.openpose_hand import hand_joints
     from enginefarm.filters.preprocess import resize
 
     network = write_body_file(tmp_path / "body_pose_model.pth")
-    out = tmp_path / "openpose"
+    hand_network = write_hand_file(tmp_path / "hand_pose_model.pth")
+    out, hand_out = tmp_path / "openpose", tmp_path / "openpose-hand"
     export_filter(tmp_path / "body_pose_model.pth", out, name="openpose", targets=("onnxruntime:cpu", "openvino:cpu"))
+    hand_targets = dict(targets=("onnxruntime:cpu",), precisions=("fp32",))
+    export_filter(tmp_path / "hand_pose_model.pth", hand_out, name="openpose-hand", **hand_targets)
     recipe = (out / "recipe.toml").read_text().replace("[48, 184, 736]", "[48, 184, 288]")
     assert recipe.count("[48, 184, 288]") == 2
     (out / "recipe.toml").write_text(recipe)
     store = tmp_path / "store"
-    run_cli("build", str(out / "recipe.toml"), "--store", str(store), "--no-bench", "-j", "2", check=True)
+    recipes = (str(out / "recipe.toml"), str(hand_out / "recipe.toml"))
+    run_cli("build", *recipes, "--store", str(store), "--no-bench", "-j", "2", check=True)
 
     photo = scene(11, height=96, width=128)
     detected = resize(photo, (128, 192), "bicubic")  # the detect size at resolution 128: short side 128, sides x64
@@ -165,3 +214,14 @@ def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
     assert np.array_equal(by_name, controls["onnxruntime:cpu", "fp32"])
     with pytest.raises(ConfigError, match="pixels wide for its network, which takes up to 288"):
         enginefarm.filters.control_from(scene(3, height=48, width=256), "openpose", detect_resolution=128, **options)
+
+    # hands (openpose_hand): the hand filter loads its body filter; its joints on a crop against Hand.__call__
+    with enginefarm.filters.load("openpose-hand", **options) as hand:
+        assert hand.task == "openpose_hand" and hand.uses["body"].task == "openpose"
+        crop = np.floor(scene(5, height=72, width=72)[:, :, ::-1] * 255 + 0.5)
+        ours, expected_joints = hand_joints(hand, crop), reference_hand(hand_network, crop.astype(np.uint8))
+        # 8-bit resizes: OpenCV's fixed-point Lanczos against float weights, rounded alike but for ties
+        assert (ours == expected_joints).all(axis=1).mean() > 0.85 and np.abs(ours - expected_joints).max() <= 2
+        control_hands = hand(photo, detect_resolution=128)
+    assert control_hands.shape == (96, 128, 3)
+    assert not np.array_equal(control_hands, controls["onnxruntime:cpu", "fp32"])  # the hands drawn over the bodies

@@ -80,9 +80,11 @@ from enginefarm.cli_options import precision_option, store_option
 @click.option(
     "--control-from",
     default=None,
-    metavar="canny|NAME",
-    help="Make the control image from --control-image as a photo: canny (edges, in numpy) or a preprocessor filter "
-    "in the store (e.g. a depth model). The image takes the photo's size unless --width/--height are given.",
+    metavar="canny|shuffle|NAME",
+    help="Make the control image from --control-image as a photo: canny (edges) or shuffle (content shuffle, by "
+    "--seed), in numpy, or a preprocessor filter in the store (e.g. a depth model); soft edges take modes, "
+    "NAME:safe, NAME:scribble, or Easy Diffusion's names (softedge_pidsafe, scribble_hed… for the filters pidinet, "
+    "hed). The image takes the photo's size unless --width/--height are given.",
 )
 @click.option(
     "--safety",

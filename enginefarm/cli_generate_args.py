@@ -112,9 +112,9 @@ def write_previews(folder: Path, scale: int):
 
 
 def control_image(opts: dict, progress=None):
-    """--control-image PNG as the control image; with --control-from canny|NAME, the PNG is a photo made into one
-    (numpy canny, or the preprocessor NAME from the store). Without --width/--height the image takes the photo's
-    size; with them, the photo is resized to it first."""
+    """--control-image PNG as the control image; with --control-from canny|shuffle|NAME, the PNG is a photo made
+    into one (numpy canny or content shuffle, by the run's seed; or the preprocessor NAME from the store). Without
+    --width/--height the image takes the photo's size; with them, the photo is resized to it first."""
     from enginefarm.diffusion import read_png
 
     source = opts.get("control_from")
@@ -141,6 +141,7 @@ def control_image(opts: dict, progress=None):
         target=opts["target"],
         device=opts["device"],
         progress=progress,
+        seed=opts.get("seed"),
     )
 
 
@@ -157,7 +158,7 @@ def check_filters(opts: dict) -> None:
 
     chosen = {key: (*FILTER_OPTIONS[key], opts[key]) for key in FILTER_OPTIONS if opts.get(key)}
     source = opts.get("control_from")
-    if source and source != "canny":
+    if source and source not in ("canny", "shuffle"):
         from enginefarm.filters.softedge import control_source
 
         chosen["control_from"] = ("--control-from", "preprocessor", control_source(source)[0])

@@ -135,15 +135,21 @@ def control_from(
     progress=None,
     safe: bool = False,
     scribble: bool = False,
+    seed: int | None = None,
 ) -> np.ndarray:
     """A ControlNet's control image float32 [H, W, 3] in [0, 1] from a photo float [H, W, 3]: `source` "canny"
     (numpy, thresholds `low`/`high` as cv2.Canny's) or a preprocessor filter (its name in the store, or loaded).
     A soft-edge filter takes the modes `safe`/`scribble`, or in the name: `NAME:scribble,safe`, or Easy
-    Diffusion's names (`softedge_pidsafe`, `scribble_hed`…: the filters `pidinet`, `hed`; filters/softedge.py)."""
+    Diffusion's names (`softedge_pidsafe`, `scribble_hed`…: the filters `pidinet`, `hed`; filters/softedge.py).
+    "shuffle" needs no network either: the photo's content shuffled by `seed`'s smooth noise (filters/shuffle.py)."""
     if isinstance(source, str) and source == "canny":
         from .canny import canny_control
 
         return canny_control(image, low, high)
+    if isinstance(source, str) and source == "shuffle":
+        from .shuffle import content_shuffle
+
+        return content_shuffle(np.asarray(image, np.float32)[:, :, :3], seed)
     if isinstance(source, str):
         from .softedge import control_source
 

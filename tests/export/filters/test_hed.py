@@ -11,6 +11,7 @@ from enginefarm.errors import ConfigError
 
 from ...conftest import run_cli
 from ...filters.scenes import scene
+from ...filters.test_softedge import aux_scribble
 from .hed_files import hed_reference, lineart_reference, write_hed_file, write_lineart_file
 
 torch = pytest.importorskip("torch")
@@ -76,3 +77,9 @@ def test_hed_and_lineart_built_match_controlnet_aux_steps(tmp_path):
             deviation = float(np.abs(control - expected).max())
             assert deviation < tolerance, (name, precision, deviation)
             print(f"{name} {precision}: {deviation:.1e}")
+
+    # HED takes the soft-edge modes (Easy Diffusion's scribble_hed): against controlnet-aux's cv2 steps
+    hed_edges = hed_reference(networks["hed-tiny"][0], photo, (128, 192))[:, :, 0]
+    options = dict(store=str(tmp_path / "store"), precision="fp32", detect_resolution=128)
+    strokes = enginefarm.filters.control_from(photo, "hed-tiny:scribble", **options)[:, :, 0]
+    assert 0.01 < strokes.mean() < 0.9 and (strokes * 255 != aux_scribble(hed_edges * 255)).mean() < 1e-3

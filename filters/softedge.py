@@ -104,7 +104,7 @@ def gaussian_blur(image: np.ndarray, sigma: float, eight_bit: bool = False) -> n
     exactly flat (nms compares neighbours for equality). `eight_bit`: `image` holds 0..255 integers and the result
     is OpenCV's 8-bit one exactly (its fixed-point kernel, rounded to integers)."""
     kernel = gaussian_kernel(sigma, eight_bit)
-    out = np.asarray(image, np.float64 if eight_bit else np.float32)
+    out: np.ndarray = np.asarray(image, np.float64 if eight_bit else np.float32)
     for axis in (0, 1):
         out = _filter_axis(out, kernel.astype(out.dtype), axis)
     return np.floor(out + 0.5).astype(np.float32) if eight_bit else out

@@ -87,3 +87,13 @@ def test_control_source_names():
     for bad, said in (("hed:thin", "thin is not a soft-edge mode"), ("hed:", "no mode is not")):
         with pytest.raises(ConfigError, match=said):
             softedge.control_source(bad)
+
+
+def test_a_mode_on_a_preprocessor_that_is_not_soft_edges_is_one_line():
+    from enginefarm.filters.info import FilterInfo
+    from enginefarm.filters.preprocess import Preprocessor
+
+    depth = Preprocessor(FilterInfo("depth-small", "preprocessor", "DepthAnything", ("depth",), {"task": "depth"}), {})
+    for mode in ("safe", "scribble"):
+        with pytest.raises(ConfigError, match="depth-small makes depth control images: safe and scribble are soft"):
+            depth(scene(1, 64, 64), **{mode: True})

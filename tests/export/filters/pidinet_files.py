@@ -150,7 +150,7 @@ def calibrate(network) -> None:
 
     from ...filters.scenes import scene
 
-    photo = torch.from_numpy(scene(99, height=128, width=192)).permute(2, 0, 1)[None].flip(1)
+    photo = torch.from_numpy(scene(99, height=64, width=96)).permute(2, 0, 1)[None].flip(1)
     with torch.no_grad():
         logits = torch.logit(network(photo)[-1].double().clamp(1e-12, 1 - 1e-12))
         scale = 4 / float(logits.std())

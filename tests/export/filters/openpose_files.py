@@ -1,6 +1,7 @@
-"""body_pose_model.pth as lllyasviel's Annotators ship it (the CMU body net's layer names as keys: controlnet-aux's
-`bodypose_model` with its `util.transfer` prefix-stripping), narrow and seeded, and controlnet-aux's `Body.__call__`
-and `draw_bodypose` re-created as the reference: its loops, scipy's gaussian_filter, OpenCV's resizes and drawing.
+"""body_pose_model.pth and hand_pose_model.pth as lllyasviel's Annotators ship them (the CMU nets' layer names as
+keys: controlnet-aux's `bodypose_model` / `handpose_model` with its `util.transfer` prefix-stripping), narrow and
+seeded, and controlnet-aux's `Body.__call__`, `Hand.__call__`, `handDetect`, `draw_bodypose` and `draw_handpose`
+re-created as the reference: its loops, scipy's gaussian_filter and label, OpenCV's resizes, blur and drawing.
 (controlnet-aux itself imports timm, scikit-image and more at import; its openpose code is torch, numpy, scipy, cv2.)"""
 
 from __future__ import annotations
@@ -344,19 +345,15 @@ def reference_hand_boxes(joints, height: int, width: int):
         (x1, y1), (x2, y2), (x3, y3) = joints[s], joints[e], joints[w]
         x = x3 + 0.33 * (x3 - x2)
         y = y3 + 0.33 * (y3 - y2)
-        width_ = 1.5 * max(math.sqrt((x3 - x2) ** 2 + (y3 - y2) ** 2), 0.9 * math.sqrt((x2 - x1) ** 2 + (y2 - y1) ** 2))
-        x -= width_ / 2
-        y -= width_ / 2
+        side = 1.5 * max(math.sqrt((x3 - x2) ** 2 + (y3 - y2) ** 2), 0.9 * math.sqrt((x2 - x1) ** 2 + (y2 - y1) ** 2))
+        x -= side / 2
+        y -= side / 2
         x, y = max(x, 0), max(y, 0)
-        width1 = image_width = width_
-        width2 = width_
-        if x + width_ > width:
-            width1 = width - x
-        if y + width_ > height:
-            width2 = height - y
-        image_width = min(width1, width2)
-        if image_width >= 20:
-            found.append((int(x), int(y), int(image_width), is_left))
+        side_x = width - x if x + side > width else side
+        side_y = height - y if y + side > height else side
+        side = min(side_x, side_y)
+        if side >= 20:
+            found.append((int(x), int(y), int(side), is_left))
     return found
 
 

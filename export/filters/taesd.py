@@ -30,7 +30,7 @@ _DECODER_CONVS = (1, 7, 12, 17, 19)
 _FILE_KEY = re.compile(r"^(\d+)\.(.+)$")
 # the preview and decoding sizes an app asks for: 64 px to 1536 px images, 8 latent pixels per image pixel...
 LATENT_PROFILE = (8, 64, 192)
-IMAGE_PROFILE = tuple(8 * side for side in LATENT_PROFILE)  # the encoder's image sides, the same sizes in pixels
+IMAGE_PROFILE = (64, 512, 1536)  # the encoder's image sides: the same sizes in pixels
 
 
 def _keys(source: Source) -> set[str]:

@@ -64,6 +64,11 @@ class OnnxRuntime(Backend):
             return Availability.missing(f"onnxruntime here has no {provider or device}")
         return Availability(True, True)
 
+    def versions(self) -> dict[str, str]:
+        from .onnxruntime_attention import FUSION_VERSION
+
+        return {"onnxruntime": str(self.sdk().__version__), "attention_fusion": FUSION_VERSION}
+
     def constraints(self, job: BuildJob) -> dict:
         # ONNX runs on any ORT that knows its opset; we ask for the build's minor or newer as a safe floor.
         return {"runtime": {"onnxruntime": ">=" + self.versions()["onnxruntime"].split("+")[0]}}
@@ -73,15 +78,20 @@ class OnnxRuntime(Backend):
             link_or_copy,  # the prepared files are never rewritten: a link is a copy for free
         )
 
+        from .onnxruntime_attention import write_fused
+
         out = workdir / "model.onnx"
-        link_or_copy(prepared_onnx, out)
+        fused = write_fused(prepared_onnx, out)
+        if fused is None:
+            link_or_copy(prepared_onnx, out)
         files = [BuiltFile("model.onnx", "model")]
         data = prepared_onnx.with_name(prepared_onnx.name + ".data")
         if data.exists():
             # External data keeps its original file name, which the ONNX graph refers to.
             link_or_copy(data, workdir / data.name)
             files.append(BuiltFile(data.name, "weights"))
-        return Built(files)
+        # The fused count, and the Softmax nodes left beside them (a text encoder's masked attention stays as it is).
+        return Built(files, {"attention_fused": fused[0], "softmax_left": fused[1]} if fused else {})
 
     def load(self, artifact_dir: Path, manifest, device: str = "cpu") -> OrtSession:
         model = role_file(manifest, "model")

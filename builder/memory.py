@@ -136,8 +136,10 @@ def attention_tokens(inputs, profile, downscale: int = 0) -> tuple[int, int]:
 
 
 def attention_bytes(heads: int, batch: int, tokens: int) -> int:
-    """What one attention holds at once: ATTENTION_COPIES score matrices of batch x heads x tokens² fp32 (the
-    exported graphs materialize them: no fused attention on the CPU backends)."""
+    """What one attention holds at once: ATTENTION_COPIES score matrices of batch x heads x tokens² fp32. The
+    artifacts do not materialize them (onnxruntime:cpu's are fused into MultiHeadAttention, OpenVINO fuses when it
+    compiles), but the fp32 reference runs the exported graph unfused on purpose, as the independent check of the
+    fused artifact, and any job of a source may be the one that runs it: every job counts it, ONNX Runtime's too."""
     return ATTENTION_COPIES * batch * heads * tokens * tokens * 4
 
 

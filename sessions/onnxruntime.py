@@ -48,7 +48,7 @@ class OrtSession:
             options,
             providers=[PROVIDERS.get(device, "CPUExecutionProvider")],
         )
-        self._run_options = _run_options(ort)
+        self._run_options = shrinking_run_options(ort)
         self.input_names = [i.name for i in self._session.get_inputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.compute_precision = precision
@@ -117,10 +117,10 @@ class OrtBinding:
         self._fixed = {}
 
 
-def _run_options(ort):
+def shrinking_run_options(ort):
     """Each run gives the CPU arena's free chunks back when it ends. Without it the arena keeps the largest run's
-    high-water mark and grows past it on the next; turning the arena off instead costs more than shrinking it
-    (docs/benchmarks.md, "Measurements behind the code")."""
+    high-water mark and grows past it on the next (runs of growing shapes: a build's validation cases); turning the
+    arena off instead costs more than shrinking it (docs/benchmarks.md, "Measurements behind the code")."""
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options

@@ -63,3 +63,21 @@ def test_masked_attention_is_left_as_exported(built, tmp_path):
         graph = _loaded_graph(tmp_path / "home")
     assert not any(node.op_type == "MultiHeadAttention" for node in graph.node)
     assert sum(node.op_type == "Softmax" for node in graph.node) > 0
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_transformer_joint_attention_is_fused(built, tmp_path, family):
+    """SD3's joint attention (text and image tokens concatenated after the heads' split) and Flux's (rotary embedding
+    applied between the split and the scores) are fused too; the build's validation against ONNX Runtime's run of the
+    unfused export passed, and the artifact's inputs are the exported graph's."""
+    _, out, store = built(family)
+    exported = onnx.load(str(out / "transformer.onnx"), load_external_data=False)
+    attentions = graph_attention_left(exported)
+    assert attentions > 0
+    with enginefarm.load(
+        f"{family}/transformer", precision="fp32", device="cpu", store=str(store), target="onnxruntime:cpu"
+    ) as transformer:
+        assert all(check["passed"] for check in transformer.artifact.validation["checks"])
+        assert transformer.input_names == [i.name for i in exported.graph.input]
+        ops = Counter(node.op_type for node in _loaded_graph(tmp_path / "home").node)
+    assert ops["MultiHeadAttention"] == attentions and ops["Softmax"] == 0

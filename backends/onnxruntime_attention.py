@@ -30,6 +30,7 @@ matrix is 537 MB in fp16) and its UNet output is the same as with fp32 attention
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,15 +80,42 @@ def fuse_attention(model) -> int:
 def write_fused(prepared: Path, out: Path) -> tuple[int, int] | None:
     """`prepared`'s graph with its attention fused, written to `out` (external weights stay in the data file beside
     `prepared`, under the name the graph gives it): (attentions fused, Softmax nodes left), or None, with nothing
-    written, where nothing could be fused."""
+    written, where nothing could be fused or this ONNX Runtime has no MultiHeadAttention kernel for the graph's
+    precision."""
     import onnx
 
     model = onnx.load(str(prepared), load_external_data=False)
-    fused = fuse_attention(model) if graph_attention_left(model) else 0
+    half = any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
+    if not graph_attention_left(model) or not kernel_runs(onnx.TensorProto.FLOAT16 if half else onnx.TensorProto.FLOAT):
+        return None
+    fused = fuse_attention(model)
     if not fused:
         return None
     onnx.save(model, str(out))
     return fused, graph_attention_left(model)
+
+
+@functools.cache
+def kernel_runs(elem: int) -> bool:
+    """Whether this ONNX Runtime's CPU provider runs MultiHeadAttention on `elem` (an ONNX element type): the float16
+    kernel came in later releases than the float32 one, and the build extra allows ONNX Runtime 1.17."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain=MS_DOMAIN, num_heads=2)
+    io = [helper.make_tensor_value_info(name, elem, [1, 3, 8]) for name in ("q", "k", "v", "o")]
+    graph = helper.make_graph([node], "probe", io[:3], io[3:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS_DOMAIN, 1)])
+    model.ir_version = 8
+    value = np.ones((1, 3, 8), onnx.helper.tensor_dtype_to_np_dtype(elem))
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session.run(None, {"q": value, "k": value, "v": value})
+    except Exception:  # no such kernel here: the artifact keeps the exported attention
+        return False
+    return True
 
 
 def graph_attention_left(model) -> int:

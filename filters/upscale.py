@@ -54,7 +54,8 @@ class Upscaler(Filter):
             result = self._run(padded)
         else:
             tile = self._tile_side(tile)
-            overlap = tile // 4 if overlap is None else int(overlap)
+            # a window-attention net's tile edges reach further in (its shifted windows wrap there): half a tile
+            overlap = (tile // 2 if self.fixed_tile else tile // 4) if overlap is None else int(overlap)
             if not 0 <= overlap < tile:
                 raise ConfigError(f"overlap {overlap} must be at least 0 and less than the tile, {tile}")
             result = self._tiled(padded, tile, overlap)

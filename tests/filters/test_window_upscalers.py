@@ -88,26 +88,26 @@ def test_the_built_upscaler_matches_spandrel(window_upscalers, name, target, pre
 
 @pytest.mark.parametrize("name", FILES)
 def test_attention_nets_run_in_tiles_of_exactly_their_side(window_upscalers, name):
-    """A smaller image is padded by reflection to the tile (what spandrel gives for the padded image, cropped); a
-    larger one runs in overlapping tiles of exactly that side, each what spandrel gives for it; another tile is
-    one line."""
+    """A smaller image is padded by reflection to the window (as spandrel pads it) and then to the tile: what
+    spandrel gives for the padded image, cropped. A larger one runs in tiles of exactly that side, started on the
+    window and overlapping by half a tile, within 2e-2 of spandrel's whole-image result. Another tile is one line."""
     rng = np.random.default_rng(4)
     path = window_upscalers[name][0]
     with _load(window_upscalers, name) as up:
         assert up.fixed_tile == TILE
         small = rng.random((37, 50, 3), dtype=np.float32)
-        padded = np.pad(small, ((0, TILE - 37), (0, TILE - 50), (0, 0)), mode="reflect")
+        window = np.pad(small, ((0, -37 % up.multiple), (0, -50 % up.multiple), (0, 0)), mode="reflect")
+        padded = np.pad(window, ((0, TILE - window.shape[0]), (0, TILE - window.shape[1]), (0, 0)), mode="reflect")
         want = np.clip(_reference(path, padded)[: 37 * up.scale, : 50 * up.scale], 0, 1)
         assert np.abs(up(small) - want).max() <= 1e-3
         seen, run = [], up.session.run
         up.session.run = lambda feeds: seen.append(feeds["image"].shape) or run(feeds)  # type: ignore[method-assign]
-        large = rng.random((100, 90, 3), dtype=np.float32)
+        # a smooth image, sides on the window (so the whole image is not padded): its tiles' seams are what differs
+        y, x = np.mgrid[0:112, 0:96] / 20.0
+        large = np.stack([0.5 + 0.4 * np.sin(x + k) * np.cos(y - k) for k in range(3)], -1).astype(np.float32)
         got = up(large)
-        assert len(seen) == 4 and all(shape[2:] == (TILE, TILE) for shape in seen)
-        assert got.shape == (100 * up.scale, 90 * up.scale, 3)
-        # the top-left corner, before the second tiles start (at 36 and 26 pixels), is the first tile's own result
-        corner = TILE // 2 * up.scale
-        want = np.clip(_reference(path, large[:TILE, :TILE]), 0, 1)[:corner, :corner]
-        assert np.abs(got[:corner, :corner] - want).max() <= 1e-3
+        assert len(seen) >= 4 and all(shape[2:] == (TILE, TILE) for shape in seen)
+        assert got.shape == (112 * up.scale, 96 * up.scale, 3)
+        assert np.abs(got - np.clip(_reference(path, large), 0, 1)).max() <= 2e-2
         with pytest.raises(ConfigError, match=f"exactly {TILE} pixels"):
             up(large, tile=96)

@@ -19,9 +19,8 @@ import numpy as np
 
 from enginefarm.errors import ConfigError
 
-from .lanczos import _taps
 from .pose_draw import draw_body
-from .preprocess import resize
+from .resampling import apply_matrices, back_matrix, gaussian_filter, resize, resize_matrix
 
 JOINTS = 18
 PEAK_THRESHOLD = 0.1  # a smoothed heatmap's value a joint must pass
@@ -114,7 +113,7 @@ def body_maps(preprocessor, photo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     net_size = (int(height * scale), int(width * scale))
     # OpenCV's INTER_AREA or Lanczos-4, chosen for both sides at once by how the sides' sum changes
     area = sum(net_size) < height + width
-    shrunk = _apply(photo, _resize_matrix(height, net_size[0], area), _resize_matrix(width, net_size[1], area))
+    shrunk = apply_matrices(photo, resize_matrix(height, net_size[0], area), resize_matrix(width, net_size[1], area))
     padded = [-(-side // stride) * stride for side in net_size]
     largest = preprocessor._engine_largest()
     if max(padded) > largest:
@@ -130,62 +129,11 @@ def body_maps(preprocessor, photo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     outputs = session.run({"image": np.ascontiguousarray(x.transpose(2, 0, 1)[None])})
     maps = padded[0] // stride, padded[1] // stride
     area = height + width < sum(net_size)
-    rows = _back_matrix(maps[0], stride, net_size[0], height, area)
-    cols = _back_matrix(maps[1], stride, net_size[1], width, area)
-    heatmaps = _apply(np.asarray(outputs["heatmaps"], np.float32)[0].transpose(1, 2, 0), rows, cols)
-    pafs = _apply(np.asarray(outputs["pafs"], np.float32)[0].transpose(1, 2, 0), rows, cols)
+    rows = back_matrix(maps[0], stride, net_size[0], height, area)
+    cols = back_matrix(maps[1], stride, net_size[1], width, area)
+    heatmaps = apply_matrices(np.asarray(outputs["heatmaps"], np.float32)[0].transpose(1, 2, 0), rows, cols)
+    pafs = apply_matrices(np.asarray(outputs["pafs"], np.float32)[0].transpose(1, 2, 0), rows, cols)
     return heatmaps, pafs
-
-
-def _apply(image: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    out = np.einsum("hy,yxc->hxc", rows, image.astype(np.float32), optimize=True)
-    return np.einsum("wx,hxc->hwc", cols, out, optimize=True).astype(np.float32)
-
-
-def _back_matrix(side: int, stride: int, cropped: int, target: int, area: bool) -> np.ndarray:
-    """[target, side]: a map's side enlarged by the stride (Lanczos-4), cropped to the unpadded image's side, then
-    resized to the photo's side (INTER_AREA where `area`), as one matrix."""
-    enlarged = _resize_matrix(side, side * stride, area=False)[:cropped]
-    return _resize_matrix(cropped, target, area) @ enlarged
-
-
-def _resize_matrix(source: int, size: int, area: bool) -> np.ndarray:
-    """[size, source]: cv2.resize's weights along one side, INTER_AREA (`area`) or INTER_LANCZOS4."""
-    if size == source:
-        return np.eye(size, dtype=np.float32)
-    if area:
-        return _area_matrix(source, size)
-    index, weights = _taps(source, size)
-    matrix = np.zeros((size, source), np.float64)
-    np.add.at(matrix, (np.repeat(np.arange(size), index.shape[1]), index.ravel()), weights.ravel())
-    return matrix.astype(np.float32)
-
-
-def _area_matrix(source: int, size: int) -> np.ndarray:
-    """INTER_AREA's weights: each output pixel the mean of the source span it covers, partial pixels by their share."""
-    scale = source / size
-    starts = np.arange(size) * scale
-    edges = np.arange(source + 1, dtype=np.float64)
-    low = np.maximum(edges[None, :-1], starts[:, None])
-    high = np.minimum(edges[None, 1:], starts[:, None] + scale)
-    matrix = np.clip(high - low, 0, None)
-    return (matrix / matrix.sum(axis=1, keepdims=True)).astype(np.float32)
-
-
-def gaussian_filter(values: np.ndarray, sigma: float = SIGMA, truncate: float = 4.0) -> np.ndarray:
-    """scipy.ndimage.gaussian_filter of a 2-D float64 map: a separable Gaussian out to `truncate` sigmas, the
-    edges mirrored (scipy's "reflect": the edge pixel repeated)."""
-    radius = int(truncate * sigma + 0.5)
-    taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
-    taps /= taps.sum()
-    out = np.asarray(values, np.float64)
-    for axis in (0, 1):
-        pad = [(0, 0), (0, 0)]
-        pad[axis] = (radius, radius)
-        padded = np.pad(out, pad, mode="symmetric")
-        length = out.shape[axis]
-        out = sum(taps[k] * np.take(padded, range(k, k + length), axis=axis) for k in range(len(taps)))
-    return out
 
 
 def find_peaks(heatmaps: np.ndarray) -> list[np.ndarray]:

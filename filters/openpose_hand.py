@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from .openpose import _apply, _back_matrix, _resize_matrix, gaussian_filter
 from .pose_draw import fill_convex, fill_disc
+from .resampling import apply_matrices, back_matrix, gaussian_filter, resize_matrix
 from .softedge import gaussian_blur
 
 GRID = 128  # the heatmaps' common size before the peaks are found
@@ -59,14 +59,14 @@ def hand_joints(hand, crop: np.ndarray) -> np.ndarray:
     scales = details.get("scales", [0.5, 1.0, 1.5, 2.0])
     for scale in scales:
         side = int(scale * box)
-        matrix = _resize_matrix(side_in, side, side < side_in)
-        x = np.clip(np.floor(_apply(blurred, matrix, matrix) + 0.5), 0, 255)  # OpenCV rounds to 8 bits
+        matrix = resize_matrix(side_in, side, side < side_in)
+        x = np.clip(np.floor(apply_matrices(blurred, matrix, matrix) + 0.5), 0, 255)  # OpenCV rounds to 8 bits
         padded = -(-side // stride) * stride
         image = np.zeros((padded, padded, 3), np.float32)
         image[:side, :side] = x / 256 - 0.5
         (maps,) = session.run({"image": np.ascontiguousarray(image.transpose(2, 0, 1)[None])}).values()
-        back = _back_matrix(padded // stride, stride, side, GRID, GRID < side)
-        total += _apply(np.asarray(maps, np.float32)[0].transpose(1, 2, 0), back, back) / len(scales)
+        back = back_matrix(padded // stride, stride, side, GRID, GRID < side)
+        total += apply_matrices(np.asarray(maps, np.float32)[0].transpose(1, 2, 0), back, back) / len(scales)
     found = np.zeros((21, 2), np.int64)
     for joint in range(21):
         raw = total[:, :, joint].copy()

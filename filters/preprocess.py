@@ -18,6 +18,7 @@ from enginefarm.errors import ConfigError
 
 from . import softedge
 from .base import Filter
+from .resampling import resize
 
 
 class Preprocessor(Filter):
@@ -106,43 +107,3 @@ def min_max(values: np.ndarray) -> np.ndarray:
     if high <= low:
         return np.zeros_like(values, dtype=np.float32)
     return ((values - low) / (high - low)).astype(np.float32)
-
-
-def resize(image: np.ndarray, size: tuple[int, int], mode: str = "bicubic") -> np.ndarray:
-    """[H, W, C] → [h, w, C] as `torch.nn.functional.interpolate(mode, antialias=True, align_corners=False)`
-    (and PIL) resample: a separable filter widened by the shrink factor, its weights normalised over the taps
-    inside the image."""
-    height, width = size
-    rows = _weights(image.shape[0], height, mode)
-    cols = _weights(image.shape[1], width, mode)
-    out = np.einsum("hy,yxc->hxc", rows, image.astype(np.float64), optimize=True)
-    return np.einsum("wx,hxc->hwc", cols, out, optimize=True).astype(np.float32)
-
-
-def _cubic(x: np.ndarray) -> np.ndarray:
-    a = -0.5  # the antialiased (PIL) Keys kernel; plain bicubic in torch uses -0.75
-    x = np.abs(x)
-    near = ((a + 2) * x - (a + 3)) * x * x + 1
-    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
-
-
-def _linear(x: np.ndarray) -> np.ndarray:
-    return np.clip(1 - np.abs(x), 0, None)
-
-
-_KERNELS = {"bicubic": (_cubic, 2.0), "bilinear": (_linear, 1.0)}
-
-
-def _weights(size_in: int, size_out: int, mode: str) -> np.ndarray:
-    """[size_out, size_in]: row i holds output pixel i's weights over the input pixels."""
-    kernel, reach = _KERNELS[mode]
-    scale = size_in / size_out
-    stretch = max(scale, 1.0)
-    centers = scale * (np.arange(size_out) + 0.5)
-    first = np.maximum((centers - reach * stretch + 0.5).astype(np.int64), 0)  # torch truncates toward zero
-    last = np.minimum((centers + reach * stretch + 0.5).astype(np.int64), size_in)
-    taps = np.arange(size_in)
-    weights = kernel((taps[None, :] - centers[:, None] + 0.5) / stretch)
-    weights *= (taps[None, :] >= first[:, None]) & (taps[None, :] < last[:, None])
-    return weights / weights.sum(axis=1, keepdims=True)

@@ -90,6 +90,7 @@ def test_codeformer_file_is_recognised_and_matches_spandrel_extra_arches(tmp_pat
     assert architecture.kind == "face_restorer" and architecture.name == "CodeFormer"
     parts = architecture.build(source)
     assert parts.details["fidelity"] == 0.5 and list(parts.parts["restorer"].inputs) == ["face", "w"]
+    assert parts.parts["restorer"].precisions == ("fp32",)  # its codebook lookup does not survive fp16
     face = torch.rand(1, 3, 512, 512, generator=torch.Generator().manual_seed(4)) * 2 - 1
     with torch.no_grad():
         want = model(face, weight=0.7)[0]

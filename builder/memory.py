@@ -17,12 +17,12 @@ source's fp32 reference run, shared by every job of the source); HALF_FACTOR cov
 peaks behind FACTOR and HALF_FACTOR are in docs/benchmarks.md, "Measurements behind the code".
 
 Attention, not only the weights, decides the need at large images (`attention_bytes`): the exported graphs
-materialize every score matrix, batch x heads x tokens² fp32 values, and the fp32 reference holds about three at
-once. A diffusion transformer's tokens are its 2x2 latent patches plus the text; SD3.5 Medium's (24 heads, batch 2)
-at 1024 px are 4,685 tokens, 4.2 GB a matrix, enough to take its reference run past what its weights alone ask for.
+materialize every score matrix, heads x tokens² fp32 values per item, and the fp32 reference (which runs a batch an
+item at a time) holds about three of one item's at once. A diffusion transformer's tokens are its 2x2 latent patches
+plus the text; SD3.5 Medium's (24 heads) at 1024 px are 4,685 tokens, 2.1 GB a matrix per item.
 A UNet's largest is
 its self-attention at the highest resolution that has attention: every latent pixel a token in SD 1.x and 2.x (so SD
-1.5 at batch 4 and 1024 px holds 34 GB per matrix), every 2x2 in SDXL. A VAE's mid-block attends over its latent
+1.5 at 1024 px holds 8.6 GB per matrix and item), every 2x2 in SDXL. A VAE's mid-block attends over its latent
 pixels with one head. The need is then weights + BASE + the attention; the recipe names the heads and the tokens'
 size (`[components.X.resources] attention_heads`, `attention_downscale`, which `enginefarm export` writes from the
 component's config) and the profile gives the tokens.
@@ -108,7 +108,7 @@ def job_need_bytes(job) -> int:
     return need_bytes(job.weight_bytes, host_ram_gb, job.target.backend, job.precision, attention + activations)
 
 
-ATTENTION_COPIES = 3  # the scores, their scaling and the softmax, alive at once in the fp32 reference
+ATTENTION_COPIES = 3  # the scores, their scaling and the softmax of one item, alive at once in the fp32 reference
 PATCH = 2  # latent pixels per token side in every diffusion-transformer family (SD3, Flux, Chroma)
 
 
@@ -136,11 +136,13 @@ def attention_tokens(inputs, profile, downscale: int = 0) -> tuple[int, int]:
 
 
 def attention_bytes(heads: int, batch: int, tokens: int) -> int:
-    """What one attention holds at once: ATTENTION_COPIES score matrices of batch x heads x tokens² fp32. The
-    artifacts do not materialize them (onnxruntime:cpu's are fused into MultiHeadAttention, OpenVINO fuses when it
-    compiles), but the fp32 reference runs the exported graph unfused on purpose, as the independent check of the
-    fused artifact, and any job of a source may be the one that runs it: every job counts it, ONNX Runtime's too."""
-    return ATTENTION_COPIES * batch * heads * tokens * tokens * 4
+    """What one attention holds at once, in heads x tokens² fp32 score matrices: ATTENTION_COPIES of one item's, or
+    one of the whole batch's, whichever is more. The fp32 reference runs the exported graph unfused on purpose (the
+    independent check of a fused artifact), a batch an item at a time (`validate.reference_outputs`), and any job of
+    a source may be the one that runs it; onnxruntime:cpu's artifacts fuse attention into MultiHeadAttention and hold
+    no score matrix, while OpenVINO's validation at the full batch held about one (SD 1.5's UNet at fp32, batch 2 x
+    768 px: 9.3 GB, its 3.4 GB of weights and a 5.4 GB matrix)."""
+    return max(ATTENTION_COPIES, batch) * heads * tokens * tokens * 4
 
 
 # A VAE's convolutions at its widest level: the input, the normalized copy and the output of a resnet at once.

@@ -33,11 +33,12 @@ def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
         for target in bench.TARGETS:
             _, runners = row[target]
             assert "none" not in runners, f"{row['model']}/{row['component']} on {target}: {row['why']}"
-    # SD 1.5's UNet at its default profile (up to 768 px, batch 2): 3 attention score matrices of 9216 tokens at the
-    # full latent resolution beside the weights, more than a 16 GB hosted runner, within a 24 GB machine
+    # SD 1.5's UNet at its default profile (up to 768 px, batch 2): 3 attention score matrices of one item's 9216
+    # tokens at the full latent resolution (the reference runs a batch an item at a time) beside the weights: more
+    # than its weights ask for, within a 16 GB hosted runner (measured: docs/large-models.md)
     sd15 = by_component["sd15", "unet"]
-    assert all(16 < need < 24 for need in sd15["openvino:cpu"][0]), sd15["openvino:cpu"]
-    assert flux["openvino:cpu"][1] == ["big-cpu"] * 2 and sd15["openvino:cpu"][1] == ["big-cpu"] * 2
+    assert all(3.44 * 2.5 < need < 16 for need in sd15["openvino:cpu"][0]), sd15["openvino:cpu"]
+    assert flux["openvino:cpu"][1] == ["big-cpu"] * 2 and sd15["openvino:cpu"][1] == ["hosted-cpu"] * 2
     assert by_component["sd15", "vae_decoder"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
 
 

@@ -195,8 +195,9 @@ def batch_axis_everywhere(session, outputs: list[str]) -> bool:
 
 
 def _batch(feeds: dict[str, np.ndarray]) -> int:
-    sizes = {np.shape(value)[0] if np.ndim(value) else None for value in feeds.values()}
-    return sizes.pop() if len(sizes) == 1 and None not in sizes else 1
+    """The leading size all `feeds` share (1 when they do not, or one is a scalar)."""
+    sizes = {int(np.shape(value)[0]) if np.ndim(value) else 0 for value in feeds.values()}
+    return sizes.pop() if len(sizes) == 1 and 0 not in sizes else 1
 
 
 def _item(feeds: dict[str, np.ndarray], index: int) -> dict[str, np.ndarray]:

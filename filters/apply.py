@@ -150,12 +150,16 @@ def control_from(
         from .shuffle import content_shuffle
 
         return content_shuffle(np.asarray(image, np.float32)[:, :, :3], seed)
+    options = dict(store=store, precision=precision, target=target, device=device, progress=progress)
     if isinstance(source, str):
+        from .openpose_face import POSE_NAMES, named_pose_control
+
+        if source in POSE_NAMES:  # Easy Diffusion's openpose_face, _faceonly, _full: two or three filters at once
+            return named_pose_control(image, source, detect_resolution, **options)
         from .softedge import control_source
 
         source, named_safe, named_scribble = control_source(source)
         safe, scribble = safe or named_safe, scribble or named_scribble
-    options = dict(store=store, precision=precision, target=target, device=device, progress=progress)
     with _opened(source, "preprocessor", "--control-from", options) as preprocessor:
         modes = {"safe": True} if safe else {}
         if scribble:

@@ -50,6 +50,7 @@ class Poses:
     height: int
     width: int
     hands: list[tuple[np.ndarray | None, np.ndarray | None]] | None = None  # per person (left, right), with a hand net
+    faces: list[np.ndarray | None] | None = None  # per person [n, 2] landmark fractions, with a face net
 
     def people(self) -> list[list[tuple[float, float] | None]]:
         """Per person, the 18 joints as (x, y) fractions of the width and height, None where not found."""
@@ -66,42 +67,54 @@ class Poses:
         return found
 
 
-def pose_control(preprocessor, image: np.ndarray, detect_resolution: int | None = None, hand=None) -> np.ndarray:
+def pose_control(
+    preprocessor, image: np.ndarray, detect_resolution: int | None = None, hand=None, face=None, body: bool = True
+) -> np.ndarray:
     """The openpose control image float32 [H, W, 3] in [0, 1] of a photo float [H, W, 3] in [0, 1]; with `hand`
-    (a loaded openpose_hand filter) each person's hands too."""
+    (a loaded openpose_hand filter) each person's hands too, with `face` (openpose_face) their faces; `body` False
+    leaves the bodies undrawn (controlnet-aux's include_body)."""
+    from .openpose_face import draw_face
     from .openpose_hand import draw_hand
 
-    poses = detect_poses(preprocessor, image, detect_resolution, hand)
+    poses = detect_poses(preprocessor, image, detect_resolution, hand, face)
     canvas = np.zeros((poses.height, poses.width, 3), np.uint8)
-    for index, joints in enumerate(poses.people()):  # person by person, body then hands, as controlnet-aux
-        draw_body(canvas, joints)
+    for index, joints in enumerate(poses.people()):  # person by person: body, hands, face, as controlnet-aux
+        if body:
+            draw_body(canvas, joints)
         for found in (poses.hands or [])[index : index + 1]:
             draw_hand(canvas, found[0])
             draw_hand(canvas, found[1])
+        for landmarks in (poses.faces or [])[index : index + 1]:
+            draw_face(canvas, landmarks)
     return np.clip(resize(canvas.astype(np.float32) / 255, image.shape[:2], "bilinear"), 0, 1)
 
 
-def detect_poses(preprocessor, image: np.ndarray, detect_resolution: int | None = None, hand=None) -> Poses:
+def detect_poses(preprocessor, image: np.ndarray, detect_resolution: int | None = None, hand=None, face=None) -> Poses:
     """The people in a photo float [H, W, 3] in [0, 1], at the preprocessor's detect size; with `hand` (a loaded
-    openpose_hand filter) their hands."""
+    openpose_hand filter) their hands, with `face` (openpose_face) their faces."""
     image = np.asarray(image, dtype=np.float32)[:, :, :3]
     size = preprocessor.detect_size(image.shape[0], image.shape[1], detect_resolution)
     photo = resize(image, size, "bicubic")
     heatmaps, pafs = body_maps(preprocessor, photo)
     candidate, subset = decode(heatmaps, pafs)
     poses = Poses(candidate, subset, size[0], size[1])
-    if hand is None:
+    if hand is None and face is None:
         return poses
+    from .openpose_face import detect_face
     from .openpose_hand import detect_hands
 
     photo8 = np.floor(np.clip(photo[:, :, ::-1], 0, 1) * 255 + 0.5)  # the 8-bit BGR image controlnet-aux crops
-    hands = []
+    hands, faces = [], []
     for row in subset:
         joints = [
             None if i == -1 else (float(candidate[i, 0]), float(candidate[i, 1])) for i in row[:JOINTS].astype(int)
         ]
-        hands.append(detect_hands(hand, photo8, joints))
-    return Poses(candidate, subset, size[0], size[1], hands)
+        if hand is not None:
+            hands.append(detect_hands(hand, photo8, joints))
+        if face is not None:
+            faces.append(detect_face(face, photo8, joints))
+    found_hands = hands if hand is not None else None
+    return Poses(candidate, subset, size[0], size[1], found_hands, faces if face is not None else None)
 
 
 def body_maps(preprocessor, photo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

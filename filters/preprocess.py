@@ -74,11 +74,13 @@ class Preprocessor(Filter):
             raise ConfigError(
                 f"{self.name} takes an image [H, W, 3], got shape {list(image.shape)}", hint="give an RGB image"
             )
-        if self.task in ("openpose", "openpose_hand"):  # maps decoded into people and drawn: filters/openpose.py
+        if self.task in ("openpose", "openpose_hand", "openpose_face"):  # people decoded and drawn: openpose.py
             from .openpose import pose_control
 
             if self.task == "openpose_hand":  # the hand net runs on boxes its body filter finds
                 return pose_control(self.uses["body"], image, detect_resolution, hand=self)
+            if self.task == "openpose_face":  # as the face net (openpose_face; filters/openpose_face.py for the rest)
+                return pose_control(self.uses["body"], image, detect_resolution, face=self)
             return pose_control(self, image, detect_resolution)
         height, width = image.shape[:2]
         details = self.info.details

@@ -24,6 +24,11 @@ EASY_DIFFUSION_NAMES = {
     "softedge_pidsafe": ("pidinet", True, False),
     "scribble_pidinet": ("pidinet", False, True),
     "scribble_pidsafe": ("pidinet", True, True),
+    # openpose's (the catalog's filter names; control_from draws the face ones as filters/openpose_face.py says)
+    "openpose_hand": ("openpose-hand", False, False),
+    "openpose_face": ("openpose-face", False, False),
+    "openpose_faceonly": ("openpose-face", False, False),
+    "openpose_full": ("openpose-face", False, False),
 }
 MODES = ("safe", "scribble")
 SCRIBBLE_THRESHOLD = 127  # controlnet-aux's nms(map, 127, 3.0) on the 8-bit map

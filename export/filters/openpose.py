@@ -6,7 +6,11 @@ background). The file's keys are the layer names alone (`conv1_1.weight`, `Mconv
 
 The graph is the network alone: `image` [1, 3, height, width] (BGR, `u / 256 - 0.5` of 8-bit values, sides padded to
 a multiple of 8) → `pafs` and `heatmaps` at an eighth of its size. Resizing, the peaks, the limbs, the people and the
-drawing are numpy at run time (`enginefarm.filters.openpose`). The widths are read from the file's shapes."""
+drawing are numpy at run time (`enginefarm.filters.openpose`). The widths are read from the file's shapes.
+
+The hand net (`hand_pose_model.pth`) and the face net (`facenet.pth`, controlnet-aux's FaceNet) share one layout,
+CMU's one-branch CPM: the same layer names, told apart by their heatmaps (22 and 71). Each is a filter of its own
+that names the body filter it runs (`uses.body`)."""
 
 from __future__ import annotations
 
@@ -42,6 +46,9 @@ HAND_BACKBONE = (
 HAND_SCALES = (0.5, 1.0, 1.5, 2.0)
 HAND_PROFILE = (184, 368, 736)
 _HAND_STAGE = re.compile(r"Mconv1_stage(\d+)\.weight")
+# the face net (controlnet-aux's FaceNet, facenet.pth): the hand net's layers with 71 heatmaps, on a 384 square
+FACE_HEATMAPS = 71
+FACE_SIDE = 384
 
 
 def is_openpose_body(source: Source) -> bool:
@@ -153,52 +160,28 @@ def _layout_error(source: Source, what: str, layout: str = "body_pose_model.pth"
     )
 
 
-def is_openpose_hand(source: Source) -> bool:
+def _cpm_heatmaps(source: Source) -> int:
+    """How many heatmaps a one-branch CPM net (the hand and face nets share their layer names) gives: 22 for the
+    hand's, 71 for the face's; 0 for another file."""
     state = source.state
-    return all(
-        f"{name}.weight" in state for name in ("conv1_1", "conv5_3_CPM", "conv6_1_CPM", "conv6_2_CPM", "Mconv1_stage2")
-    )
+    names = ("conv1_1", "conv5_3_CPM", "conv6_1_CPM", "conv6_2_CPM", "Mconv1_stage2")
+    if not all(f"{name}.weight" in state for name in names):
+        return 0
+    return int(getattr(state["conv6_2_CPM.weight"], "shape", (0,))[0])
+
+
+def is_openpose_hand(source: Source) -> bool:
+    return _cpm_heatmaps(source) == 22
+
+
+def is_openpose_face(source: Source) -> bool:
+    return _cpm_heatmaps(source) == FACE_HEATMAPS
 
 
 def build_openpose_hand(source: Source) -> Parts:
     """hand_pose_model.pth: the hand net (one branch, six stages) as the `hand` part of an openpose_hand filter,
     which runs the body filter it names (`uses.body`, default "openpose") and adds each person's hands."""
-    import torch
-    from torch.nn import functional
-
-    state = source.state
-    stages = max((int(m.group(1)) for k in state if (m := _HAND_STAGE.fullmatch(k))), default=1)
-
-    class HandPose(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.groups = [list(group) for group in HAND_BACKBONE]
-            self.stages = [["conv6_1_CPM", "conv6_2_CPM"]]
-            self.stages += [[f"Mconv{i}_stage{s}" for i in range(1, 8)] for s in range(2, stages + 1)]
-            for name in [n for names in self.groups + self.stages for n in names]:
-                self.add_module(name, _conv(source, name, "hand_pose_model.pth"))
-
-        def forward(self, image):
-            x = image
-            for index, group in enumerate(self.groups):
-                if index:
-                    x = functional.max_pool2d(x, 2, 2)
-                for name in group:
-                    x = functional.relu(getattr(self, name)(x))
-            features, heatmaps = x, x
-            for index, names in enumerate(self.stages):
-                y = features if index == 0 else torch.cat([heatmaps, features], 1)
-                for position, name in enumerate(names):
-                    y = getattr(self, name)(y)
-                    y = functional.relu(y) if position < len(names) - 1 else y
-                heatmaps = y
-            return heatmaps
-
-    hint = "give lllyasviel's Annotators hand_pose_model.pth (the CMU hand net controlnet-aux loads)"
-    module = load_layout(HandPose(), source, "hand_pose_model.pth", hint)
-    joints = int(state[f"{(['conv6_2_CPM'] + [f'Mconv7_stage{s}' for s in range(2, stages + 1)])[-1]}.weight"].shape[0])
-    if joints != 22:
-        raise _layout_error(source, f"22 heatmap channels (it has {joints})", "hand_pose_model.pth")
+    module, stages, joints = _cpm_net(source, "hand_pose_model.pth", 22)
     part = Part(
         module=module,
         inputs={"image": (1, 3, "side", "side")},
@@ -219,7 +202,75 @@ def build_openpose_hand(source: Source) -> Parts:
     return Parts("OpenposeHand", "preprocessor", {"hand": part}, details)
 
 
+def build_openpose_face(source: Source) -> Parts:
+    """facenet.pth: the face net (the hand net's layers, 71 heatmaps: 70 landmarks and the background) as the
+    `face` part of an openpose_face filter, which runs the body filter it names (`uses.body`, default "openpose")
+    and adds each person's face; its input is always a 384-pixel square crop."""
+    module, stages, landmarks = _cpm_net(source, "facenet.pth", FACE_HEATMAPS)
+    side = FACE_SIDE
+    part = Part(
+        module=module,
+        inputs={"image": (1, 3, "side", "side")},
+        outputs={"heatmaps": (1, landmarks, "map_side", "map_side")},
+        profile={"side": (side, side, side)},
+        ranges={"image": (-0.5, 0.5)},
+    )
+    details = {
+        "task": "openpose_face",
+        "resolution": RESOLUTION,
+        "multiple": MULTIPLE,
+        "stride": STRIDE,
+        "side": side,
+        "stages": stages,
+        "uses": {"body": "openpose"},
+    }
+    return Parts("OpenposeFace", "preprocessor", {"face": part}, details)
+
+
+def _cpm_net(source: Source, layout: str, heatmaps: int):
+    """The hand or face net (CMU's one-branch CPM: a VGG backbone at stride 8, then stages refining the heatmaps
+    from the features and the last stage's maps) loaded from the file: (module, stages, heatmap channels)."""
+    import torch
+    from torch.nn import functional
+
+    state = source.state
+    stages = max((int(m.group(1)) for k in state if (m := _HAND_STAGE.fullmatch(k))), default=1)
+
+    class CpmNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.groups = [list(group) for group in HAND_BACKBONE]
+            self.stages = [["conv6_1_CPM", "conv6_2_CPM"]]
+            self.stages += [[f"Mconv{i}_stage{s}" for i in range(1, 8)] for s in range(2, stages + 1)]
+            for name in [n for names in self.groups + self.stages for n in names]:
+                self.add_module(name, _conv(source, name, layout))
+
+        def forward(self, image):
+            x = image
+            for index, group in enumerate(self.groups):
+                if index:
+                    x = functional.max_pool2d(x, 2, 2)
+                for name in group:
+                    x = functional.relu(getattr(self, name)(x))
+            features, heatmaps = x, x
+            for index, names in enumerate(self.stages):
+                y = features if index == 0 else torch.cat([heatmaps, features], 1)
+                for position, name in enumerate(names):
+                    y = getattr(self, name)(y)
+                    y = functional.relu(y) if position < len(names) - 1 else y
+                heatmaps = y
+            return heatmaps
+
+    hint = f"give lllyasviel's Annotators {layout} (the CMU net controlnet-aux loads)"
+    module = load_layout(CpmNet(), source, layout, hint)
+    joints = int(state[f"{(['conv6_2_CPM'] + [f'Mconv7_stage{s}' for s in range(2, stages + 1)])[-1]}.weight"].shape[0])
+    if joints != heatmaps:
+        raise _layout_error(source, f"{heatmaps} heatmap channels (it has {joints})", layout)
+    return module, stages, joints
+
+
 ARCHITECTURES = [
     Architecture("Openpose body (body_pose_model.pth)", "preprocessor", is_openpose_body, build_openpose_body),
     Architecture("Openpose hands (hand_pose_model.pth)", "preprocessor", is_openpose_hand, build_openpose_hand),
+    Architecture("Openpose face (facenet.pth)", "preprocessor", is_openpose_face, build_openpose_face),
 ]

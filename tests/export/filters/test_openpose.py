@@ -225,3 +225,65 @@ def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
         control_hands = hand(photo, detect_resolution=128)
     assert control_hands.shape == (96, 128, 3)
     assert not np.array_equal(control_hands, controls["onnxruntime:cpu", "fp32"])  # the hands drawn over the bodies
+
+
+def test_openpose_face_is_recognised_and_is_controlnet_aux_network(tmp_path):
+    from enginefarm.export.filters.reading import read_filter_source, recognise
+
+    from .openpose_face_files import write_face_file
+
+    network = write_face_file(tmp_path / "facenet.pth")
+    source = read_filter_source(tmp_path / "facenet.pth")
+    architecture = recognise(source)
+    parts = architecture.build(source)
+    assert architecture.name.startswith("Openpose face") and parts.details["task"] == "openpose_face"
+    assert parts.details["uses"] == {"body": "openpose"} and parts.details["side"] == 384
+    x = torch.rand(1, 3, 96, 96) - 0.5  # any side: the engine's is 384
+    with torch.no_grad():
+        heatmaps = parts.parts["face"].module(x)
+        assert heatmaps.shape == (1, 71, 12, 12) and torch.equal(heatmaps, network(x)[-1])
+    write_hand_file(tmp_path / "hand_pose_model.pth")  # the same layer names, 22 heatmaps: still the hand net
+    assert recognise(read_filter_source(tmp_path / "hand_pose_model.pth")).name.startswith("Openpose hands")
+
+
+def test_face_boxes_peaks_and_drawing_are_controlnet_auxs():
+    from torch.nn import functional
+
+    from enginefarm.filters.openpose_face import aligned_matrix, draw_face, face_box, face_peaks
+    from enginefarm.filters.resampling import apply_matrices
+
+    from .openpose_face_files import reference_draw_face, reference_face_box, reference_face_peaks
+
+    cases = []
+    for shift_x, shift_y in ((0, 0), (120, 0), (-50, -20), (0, 200)):  # whole, cut right, at the top-left, bottom
+        cases.append([(x + shift_x, y + shift_y) for x, y in PERSON])
+    cases.append([None if i in (14, 15) else joint for i, joint in enumerate(PERSON)])  # ears alone
+    cases.append([None if i in (15, 16, 17) else joint for i, joint in enumerate(PERSON)])  # one eye
+    cases.append([None if i == 0 else joint for i, joint in enumerate(PERSON)])  # no nose: no face
+    cases.append([(x * 0.4, y * 0.4) for x, y in PERSON])  # a face under 20 pixels
+    boxes = [face_box(joints, 256, 192) for joints in cases]
+    assert boxes == [reference_face_box(joints, 256, 192) for joints in cases]
+    assert boxes[0] == (46, 22, 36) and boxes[-2] is None and boxes[-1] is None
+
+    rng = np.random.default_rng(0)
+    maps = rng.standard_normal((71, 48, 48)).astype(np.float32)
+    expected = functional.interpolate(torch.from_numpy(maps)[None], (37, 52), mode="bilinear", align_corners=True)
+    ours = apply_matrices(maps.transpose(1, 2, 0), aligned_matrix(48, 37), aligned_matrix(48, 52))
+    assert np.abs(ours - expected[0].numpy().transpose(1, 2, 0)).max() < 1e-5
+
+    yy, xx = np.mgrid[:60, :50]
+    heatmaps = np.zeros((60, 50, 71), np.float32)
+    for index in range(71):  # blobs, some too faint, one map with a tie (the first in raster order wins)
+        x, y, peak = rng.integers(0, 50), rng.integers(0, 60), rng.choice([0.04, 0.3, 0.9])
+        heatmaps[:, :, index] = peak * np.exp(-((xx - x) ** 2 + (yy - y) ** 2) / 18)
+    heatmaps[5, 7, 3] = heatmaps[40, 2, 3] = 2.0
+    found = face_peaks(heatmaps)
+    assert 0 < len(found) < 71 and np.array_equal(found, reference_face_peaks(heatmaps.transpose(2, 0, 1)))
+
+    for _ in range(5):
+        landmarks = rng.uniform(-0.02, 1.0, (70, 2)).astype(np.float32)
+        landmarks[rng.random(70) < 0.1] = -1
+        ours_canvas, expected_canvas = np.zeros((96, 128, 3), np.uint8), np.zeros((96, 128, 3), np.uint8)
+        draw_face(ours_canvas, landmarks)
+        reference_draw_face(expected_canvas, landmarks)
+        assert expected_canvas.any() and np.array_equal(ours_canvas, expected_canvas)

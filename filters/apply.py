@@ -152,7 +152,7 @@ def control_from(
         return content_shuffle(np.asarray(image, np.float32)[:, :, :3], seed)
     options = dict(store=store, precision=precision, target=target, device=device, progress=progress)
     if isinstance(source, str):
-        from .openpose_face import POSE_NAMES, named_pose_control
+        from .openpose_names import POSE_NAMES, named_pose_control
 
         if source in POSE_NAMES:  # Easy Diffusion's openpose_face, _faceonly, _full: two or three filters at once
             return named_pose_control(image, source, detect_resolution, **options)

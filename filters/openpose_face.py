@@ -7,7 +7,7 @@ a landmark. The landmarks are drawn as white dots of radius 3 after each person'
 
     face = enginefarm.filters.load("openpose-face", store=STORE)    # loads the body filter it names too
     control = face(photo)                                           # bodies and faces (openpose_face)
-    control = face_control(face, photo, body=False)                 # faces alone (openpose_faceonly)
+    control = face_control(face, photo, body=False)                 # faces alone (filters/openpose_names.py)
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ THRESHOLD = 0.05
 MIN_BOX = 20
 EPS = 0.01
 DOT_RADIUS = 3
-# Easy Diffusion's openpose names → (draw the bodies, run the hand filter too): the face filter always runs
-POSE_NAMES = {"openpose_face": (True, False), "openpose_faceonly": (False, False), "openpose_full": (True, True)}
-FACE_FILTER = "openpose-face"  # the catalog's names, what control_from loads for Easy Diffusion's names
-HAND_FILTER = "openpose-hand"
 
 
 def face_box(joints: list[tuple[float, float] | None], height: int, width: int) -> tuple[int, int, int] | None:
@@ -52,15 +48,22 @@ def face_box(joints: list[tuple[float, float] | None], height: int, width: int) 
 def face_heatmaps(face, crop: np.ndarray) -> np.ndarray:
     """float32 [h, w, 71] heatmaps of an 8-bit BGR crop [h, w, 3] (float 0..255): the last stage's maps enlarged
     to the crop, corners aligned."""
-    side = int(face.info.details.get("side", 384))
     height, width = crop.shape[:2]
-    area = 2 * side < height + width  # OpenCV's INTER_AREA or Lanczos-4, chosen for both sides at once
-    resized = apply_matrices(crop, resize_matrix(height, side, area), resize_matrix(width, side, area))
-    x = np.clip(np.floor(resized + 0.5), 0, 255) / 256 - 0.5  # OpenCV rounds the 8-bit resize
+    x = face_input(crop, int(face.info.details.get("side", 384))) / 256 - 0.5
     session = face.sessions[face.info.components[0]]
     (maps,) = session.run({"image": np.ascontiguousarray(x.transpose(2, 0, 1)[None], np.float32)}).values()
     maps = np.asarray(maps, np.float32)[0].transpose(1, 2, 0)
     return apply_matrices(maps, aligned_matrix(maps.shape[0], height), aligned_matrix(maps.shape[1], width))
+
+
+def face_input(crop: np.ndarray, side: int = 384) -> np.ndarray:
+    """An 8-bit crop [h, w, 3] (float 0..255) resized to the net's square as controlnet-aux's smart_resize: OpenCV's
+    INTER_AREA or Lanczos-4, chosen for both sides at once, rounded to 8 bits (OpenCV's Lanczos on 8-bit images
+    uses fixed-point weights, these are float: a few pixels land one step apart)."""
+    height, width = crop.shape[:2]
+    area = 2 * side < height + width
+    resized = apply_matrices(crop, resize_matrix(height, side, area), resize_matrix(width, side, area))
+    return np.clip(np.floor(resized + 0.5), 0, 255)
 
 
 def aligned_matrix(source: int, size: int) -> np.ndarray:
@@ -116,42 +119,3 @@ def draw_face(canvas: np.ndarray, landmarks: np.ndarray | None) -> None:
         x, y = int(fx * np.float32(width)), int(fy * np.float32(height))
         if x > EPS and y > EPS:
             fill_disc(canvas, (x, y), DOT_RADIUS, (255, 255, 255))
-
-
-def face_control(face, image: np.ndarray, detect_resolution: int | None = None, *, body: bool = True, hand=None):
-    """The control image float32 [H, W, 3] in [0, 1] of a photo: each person's face (the face filter `face`, its
-    body filter finding the people), over their body unless `body` is False, with their hands where `hand` (a
-    loaded openpose_hand filter) is given: controlnet-aux's include_body / include_hand / include_face."""
-    from .openpose import pose_control
-
-    return pose_control(face.uses["body"], image, detect_resolution, hand=hand, face=face, body=body)
-
-
-def named_pose_control(image: np.ndarray, name: str, detect_resolution: int | None = None, **options) -> np.ndarray:
-    """Easy Diffusion's `openpose_face`, `openpose_faceonly` or `openpose_full` control image of a photo, from the
-    store's filters `openpose-face` (and `openpose-hand` for full; each loads its body filter): `options` are
-    `enginefarm.filters.load`'s. A filter the store lacks is one line naming it."""
-    from enginefarm.errors import ArtifactNotFoundError, ConfigError
-
-    from .loading import load
-
-    body, with_hand = POSE_NAMES[name]
-    needed = [FACE_FILTER, HAND_FILTER] if with_hand else [FACE_FILTER]
-    try:
-        with load(FACE_FILTER, **options) as face:
-            if face.task != "openpose_face":
-                raise ConfigError(
-                    f"--control-from {name}: {FACE_FILTER} is a {face.task} filter, not openpose_face",
-                    hint="build recipes/catalog/openpose-face.toml (facenet.pth) as openpose-face",
-                )
-            if not with_hand:
-                return face_control(face, image, detect_resolution, body=body)
-            with load(HAND_FILTER, **options) as hand:
-                return face_control(face, image, detect_resolution, body=body, hand=hand)
-    except ArtifactNotFoundError as exc:
-        raise ConfigError(
-            f"--control-from {name} runs the filters {', '.join(needed)} and their body filter: {exc.message}",
-            hint="build openpose-body.toml, openpose-face.toml"
-            + (" and openpose-hand.toml" if with_hand else "")
-            + " from recipes/catalog into the store",
-        ) from None

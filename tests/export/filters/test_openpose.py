@@ -14,6 +14,7 @@ from enginefarm.errors import ConfigError
 
 from ...conftest import run_cli
 from ...filters.scenes import scene
+from .openpose_face_files import write_face_file
 from .openpose_files import (
     PERSON,
     reference_decode,
@@ -28,7 +29,7 @@ from .openpose_files import (
 )
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("cv2")
+cv2 = pytest.importorskip("cv2")
 pytest.importorskip("scipy")
 
 
@@ -167,15 +168,17 @@ def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
 
     network = write_body_file(tmp_path / "body_pose_model.pth")
     hand_network = write_hand_file(tmp_path / "hand_pose_model.pth")
-    out, hand_out = tmp_path / "openpose", tmp_path / "openpose-hand"
+    face_network = write_face_file(tmp_path / "facenet.pth")
+    out, hand_out, face_out = tmp_path / "openpose", tmp_path / "openpose-hand", tmp_path / "openpose-face"
     export_filter(tmp_path / "body_pose_model.pth", out, name="openpose", targets=("onnxruntime:cpu", "openvino:cpu"))
     hand_targets = dict(targets=("onnxruntime:cpu",), precisions=("fp32",))
     export_filter(tmp_path / "hand_pose_model.pth", hand_out, name="openpose-hand", **hand_targets)
+    export_filter(tmp_path / "facenet.pth", face_out, name="openpose-face", **hand_targets)
     recipe = (out / "recipe.toml").read_text().replace("[48, 184, 736]", "[48, 184, 288]")
     assert recipe.count("[48, 184, 288]") == 2
     (out / "recipe.toml").write_text(recipe)
     store = tmp_path / "store"
-    recipes = (str(out / "recipe.toml"), str(hand_out / "recipe.toml"))
+    recipes = (str(out / "recipe.toml"), str(hand_out / "recipe.toml"), str(face_out / "recipe.toml"))
     run_cli("build", *recipes, "--store", str(store), "--no-bench", "-j", "2", check=True)
 
     photo = scene(11, height=96, width=128)
@@ -225,6 +228,44 @@ def test_openpose_built_matches_torch_and_controlnet_aux_steps(tmp_path):
         control_hands = hand(photo, detect_resolution=128)
     assert control_hands.shape == (96, 128, 3)
     assert not np.array_equal(control_hands, controls["onnxruntime:cpu", "fp32"])  # the hands drawn over the bodies
+
+    # faces (openpose_face, _faceonly, _full): the face filter loads its body filter; its maps against Face.__call__
+    from enginefarm.filters.openpose_face import face_heatmaps, face_input
+
+    from .openpose_face_files import reference_face_heatmaps
+
+    with enginefarm.filters.load("openpose-face", **options) as face:
+        assert face.task == "openpose_face" and face.uses["body"].task == "openpose"
+        for side in (40, 400):  # Lanczos-4 up and area down to the engine's 384 square
+            crop = np.floor(scene(7, height=side, width=side + 4)[:, :, ::-1] * 255 + 0.5)
+            resized = face_input(crop)
+            mode = cv2.INTER_AREA if side > 384 else cv2.INTER_LANCZOS4
+            opencv = cv2.resize(crop.astype(np.uint8), (384, 384), interpolation=mode)
+            steps = np.abs(resized - opencv)  # OpenCV's fixed-point 8-bit Lanczos: some pixels a step apart
+            assert steps.max() <= 1 and (steps == 0).mean() > 0.9 and (side < 384 or steps.max() == 0)
+            with torch.no_grad():  # the engine against the torch net on the same input
+                x = torch.from_numpy(np.float32(resized.transpose(2, 0, 1)[None] / 256 - 0.5))
+                maps = face_network(x)[-1]
+                maps = torch.nn.functional.interpolate(maps, (side, side + 4), mode="bilinear", align_corners=True)
+            ours = face_heatmaps(face, crop)
+            deviation = np.abs(ours - maps[0].numpy().transpose(1, 2, 0)).max() / float(maps.abs().max())
+            expected_maps = reference_face_heatmaps(face_network, crop.astype(np.uint8)).transpose(1, 2, 0)
+            from_opencv = np.abs(ours - expected_maps).max() / np.abs(expected_maps).max()
+            print(f"face maps {side}px: engine {deviation:.1e}, against Face.__call__ {from_opencv:.1e}")
+            assert deviation < 1e-3 and (side < 384 or from_opencv < 1e-3)
+        control_face = face(photo, detect_resolution=128)
+    named = {
+        name: enginefarm.filters.control_from(photo, name, detect_resolution=128, **options)
+        for name in ("openpose_face", "openpose_faceonly", "openpose_full")
+    }
+    assert np.array_equal(named["openpose_face"], control_face)
+    only = named["openpose_faceonly"]
+    # the seeded nets find faces (dozens of "people"): white dots alone, no body colours
+    assert only.max() > 0.3 and np.array_equal(only[:, :, 0], only[:, :, 2])
+    assert not np.array_equal(named["openpose_full"], control_face)  # the hands drawn too
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="openpose-face"):  # one line naming the filter the store lacks
+        enginefarm.filters.control_from(photo, "openpose_full", **{**options, "store": str(tmp_path / "empty")})
 
 
 def test_openpose_face_is_recognised_and_is_controlnet_aux_network(tmp_path):

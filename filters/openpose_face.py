@@ -1,9 +1,9 @@
 """Openpose's faces (Easy Diffusion's `openpose_face`, `openpose_faceonly`, `openpose_full`): controlnet-aux's
 `faceDetect`, `Face.__call__`, `compute_peaks_from_heatmaps` and `draw_facepose` in numpy around the farm-built face
 network. Each person's face box is a square around the nose sized by the eyes and ears (CMU's faceDetector); the
-8-bit crop is resized to 384x384 (OpenCV's area or Lanczos-4, rounded to 8 bits) and run; the last stage's 71
-heatmaps are enlarged to the crop (bilinear, corners aligned, as torch's) and each map's largest value over 0.05 is
-a landmark. The landmarks are drawn as white dots of radius 3 after each person's body and hands.
+8-bit crop is resized to 384x384 (OpenCV's area or fixed-point Lanczos-4, to its 8-bit values) and run; the last
+stage's 71 heatmaps are enlarged to the crop (bilinear, corners aligned, as torch's) and each map's largest value
+over 0.05 is a landmark. The landmarks are drawn as white dots of radius 3 after each person's body and hands.
 
     face = enginefarm.filters.load("openpose-face", store=STORE)    # loads the body filter it names too
     control = face(photo)                                           # bodies and faces (openpose_face)
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .pose_draw import fill_disc
-from .resampling import apply_matrices, resize_matrix
+from .resampling import apply_matrices, lanczos_8bit, resize_matrix
 
 THRESHOLD = 0.05
 MIN_BOX = 20
@@ -57,12 +57,13 @@ def face_heatmaps(face, crop: np.ndarray) -> np.ndarray:
 
 
 def face_input(crop: np.ndarray, side: int = 384) -> np.ndarray:
-    """An 8-bit crop [h, w, 3] (float 0..255) resized to the net's square as controlnet-aux's smart_resize: OpenCV's
-    INTER_AREA or Lanczos-4, chosen for both sides at once, rounded to 8 bits (OpenCV's Lanczos on 8-bit images
-    uses fixed-point weights, these are float: a few pixels land one step apart)."""
+    """An 8-bit crop [h, w, 3] (float 0..255) resized to the net's square as controlnet-aux's smart_resize does with
+    OpenCV, to the same 8-bit values: INTER_AREA when the sides' sum shrinks, else Lanczos-4 (its fixed-point
+    8-bit arithmetic)."""
     height, width = crop.shape[:2]
-    area = 2 * side < height + width
-    resized = apply_matrices(crop, resize_matrix(height, side, area), resize_matrix(width, side, area))
+    if 2 * side >= height + width:
+        return lanczos_8bit(crop, side, side)
+    resized = apply_matrices(crop, resize_matrix(height, side, True), resize_matrix(width, side, True))
     return np.clip(np.floor(resized + 0.5), 0, 255)
 
 

@@ -99,3 +99,37 @@ def gaussian_filter(values: np.ndarray, sigma: float = 3.0, truncate: float = 4.
         length = out.shape[axis]
         out = sum(taps[k] * np.take(padded, range(k, k + length), axis=axis) for k in range(len(taps)))
     return out
+
+
+def lanczos_8bit(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """cv2.resize(uint8 image, INTER_LANCZOS4) exactly: OpenCV's float32 Lanczos-4 weights turned into 11-bit
+    integers, summed in integers along the rows then the columns, rounded back by 22 bits ([h, w, C] of 0..255
+    values → float32 [height, width, C] of 0..255 integers)."""
+    rows, row_weights = _fixed_lanczos(image.shape[0], height)
+    cols, col_weights = _fixed_lanczos(image.shape[1], width)
+    values = np.asarray(image).astype(np.int64)
+    across = np.einsum("wk,hwkc->hwc", col_weights, values[:, cols, :])
+    both = np.einsum("hk,hkwc->hwc", row_weights, across[rows])
+    return np.clip((both + (1 << 21)) >> 22, 0, 255).astype(np.float32)
+
+
+def _fixed_lanczos(source: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """[size, 8] source indices (clamped) and int weights (x 2048, rounded) as OpenCV's interpolateLanczos4 computes
+    them: the position in float32, the taps from its sine identities in double, normalised in float32."""
+    s45 = 0.70710678118654752440084436210485
+    cs = np.array([(1, 0), (-s45, -s45), (0, 1), (s45, -s45), (-1, 0), (s45, s45), (0, -1), (-s45, s45)])
+    position = ((np.arange(size) + 0.5) * (source / size) - 0.5).astype(np.float32)
+    start = np.floor(position)
+    fraction = (position - start.astype(np.float32)).astype(np.float32)
+    y0 = -(fraction.astype(np.float64) + 3) * np.pi * 0.25
+    y = -(fraction[:, None] + np.arange(3, -5, -1, dtype=np.float32)).astype(np.float64) * np.pi * 0.25
+    with np.errstate(divide="ignore", invalid="ignore"):
+        taps = ((cs[:, 0] * np.sin(y0)[:, None] + cs[:, 1] * np.cos(y0)[:, None]) / (y * y)).astype(np.float32)
+    taps[fraction < np.finfo(np.float32).eps] = np.eye(8, dtype=np.float32)[3]  # on a source pixel: that pixel
+    total = np.zeros(size, np.float32)
+    for k in range(8):  # summed in order in float32, as OpenCV
+        total = (total + taps[:, k]).astype(np.float32)
+    taps = (taps * (np.float32(1) / total)[:, None]).astype(np.float32)
+    weights = np.rint(taps * np.float32(2048)).astype(np.int64)
+    index = np.clip(start.astype(np.int64)[:, None] + np.arange(-3, 5)[None, :], 0, source - 1)
+    return index, weights

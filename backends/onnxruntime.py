@@ -47,6 +47,9 @@ class OnnxRuntime(Backend):
     device_hint = "cpu"
     install = "pip install 'enginefarm[onnxruntime]'"
     onnx_precision = "same"  # fp16 artifacts are fp16 ONNX (float32 I/O)
+    # the artifact is the prepared source itself, attention fused: SD 1.5's fp32 UNet validated at 1.4x its weights
+    # at batch 2 x 768 px; the shared fp32 reference, an item at a time, is under the attention term
+    build_memory_factor = 2.2
     lacks = {
         "bf16": "ONNX Runtime's CPU provider has no bf16 kernels for Conv and most other ops (a bf16 model does "
         "not even load); build bf16 for openvino:cpu"

@@ -5,8 +5,8 @@ A job's peak resident memory is bounded by its source's weights (docs/large-mode
 holds more than the model twice over, the model and the artifact are never in memory in the same process, and
 a fixed part (the interpreter, onnx, ONNX Runtime, OpenVINO, onnxsim) stays the same for any model:
 
-    need = max(FACTOR × weights, weights + BASE)     (FACTOR 2.5; 3.0 for the NVIDIA builders;
-                                                       HALF_FACTOR 2.0 for fp16 and bf16 jobs)
+    need = max(FACTOR × weights, weights + BASE)     (FACTOR 2.5; 2.2 for OpenVINO and ONNX Runtime, 3.0 for
+                                                       the NVIDIA builders; HALF_FACTOR 2.0 for fp16 and bf16 jobs)
 
 `weights` counts every float tensor at 4 bytes an element, whatever the source stores: a source saved in fp16 or
 bf16 is still validated against ONNX Runtime's run of it, and the CPU backends hold fp32 copies of fp16 weights while

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -299,7 +300,7 @@ def _run_jobs(
                 reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
                 peak = f", peak {_decimal_gb(detail.peak_rss_mb):.1f} GB" if detail.peak_rss_mb else ""
                 if peak and detail.planned_mb:  # in the plan's unit (GB, 10^9), as `plan` prints it
-                    peak += f" of {_decimal_gb(detail.planned_mb):.1f} planned"
+                    peak += f" of {math.ceil(_decimal_gb(detail.planned_mb) * 10) / 10:.1f} planned"  # as plan rounds
                 extra = (
                     f" ({detail.seconds:.1f}s{peak})"
                     if detail.status in ("built", "revalidated")

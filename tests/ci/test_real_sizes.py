@@ -22,12 +22,13 @@ def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
     by_component = {(r["model"], r["component"]): r for r in table}
     flux = by_component["flux-dev", "transformer"]
     assert 11.8 < flux["params_b"] < 12.0  # FLUX.1's 11.9B parameters, from its published sizes
-    assert 118 < flux["onnxruntime:cpu"][0][0] < 120  # 2.5 x 47.6 GB of fp32-equivalent weights
+    assert 104 < flux["onnxruntime:cpu"][0][0] < 106  # 2.2 x 47.6 GB of fp32-equivalent weights (the CPU backends)
+    assert 142 < flux["tensorrt-rtx:sm_86"][0][0] < 144  # 3 x for NVIDIA's builders
     assert 95 < flux["onnxruntime:cpu"][0][1] < 96  # fp16 jobs: 2 x (builder/memory.py)
     sdxl = by_component["sdxl", "unet"]
     assert (
-        sdxl["openvino:cpu"][0][1] < 24 < sdxl["openvino:cpu"][0][0]
-    )  # its fp16 jobs fit a 24 GB machine, fp32 ones not
+        16 < sdxl["openvino:cpu"][0][1] < sdxl["openvino:cpu"][0][0] < 24 < sdxl["tensorrt-rtx:sm_86"][0][0]
+    )  # its CPU jobs fit a 24 GB machine (the fp32 OpenVINO job peaked at 19.4 GB), not the hosted 16 GB runner
     assert 3.43 < by_component["sd15", "unet"]["fp32_gb"] < 3.45  # the SD 1.5 UNet's measured 3.44 GB of fp32 weights
     for row in table:
         for target in bench.TARGETS:
@@ -37,7 +38,7 @@ def test_every_real_model_job_has_a_runner_with_the_memory_it_needs():
     # tokens at the full latent resolution (the reference runs a batch an item at a time) beside the weights: more
     # than its weights ask for, within a 16 GB hosted runner (measured: docs/large-models.md)
     sd15 = by_component["sd15", "unet"]
-    assert all(3.44 * 2.5 < need < 16 for need in sd15["openvino:cpu"][0]), sd15["openvino:cpu"]
+    assert all(3.44 * 2.2 < need < 16 for need in sd15["openvino:cpu"][0]), sd15["openvino:cpu"]
     assert flux["openvino:cpu"][1] == ["big-cpu"] * 2 and sd15["openvino:cpu"][1] == ["hosted-cpu"] * 2
     assert by_component["sd15", "vae_decoder"]["openvino:cpu"][1] == ["hosted-cpu"] * 2
 

@@ -90,12 +90,7 @@ def build_openpose_body(source: Source) -> Parts:
                     self.add_module(name, conv(name))
 
         def forward(self, image):
-            x = image
-            for index, group in enumerate(self.groups):
-                if index:
-                    x = functional.max_pool2d(x, 2, 2)
-                for name in group:
-                    x = functional.relu(getattr(self, name)(x))
+            x = _vgg_features(self, image)
             features, flow = x, x
             pafs = heatmaps = x
             for stage in range(1, stages + 1):
@@ -227,6 +222,20 @@ def build_openpose_face(source: Source) -> Parts:
     return Parts("OpenposeFace", "preprocessor", {"face": part}, details)
 
 
+def _vgg_features(module, image):
+    """The VGG backbone every CMU net starts with: `module.groups` of ReLU convolutions, a 2x2 max-pool between
+    groups (stride 8 after the fourth)."""
+    from torch.nn import functional
+
+    x = image
+    for index, group in enumerate(module.groups):
+        if index:
+            x = functional.max_pool2d(x, 2, 2)
+        for name in group:
+            x = functional.relu(getattr(module, name)(x))
+    return x
+
+
 def _cpm_net(source: Source, layout: str, heatmaps: int):
     """The hand or face net (CMU's one-branch CPM: a VGG backbone at stride 8, then stages refining the heatmaps
     from the features and the last stage's maps) loaded from the file: (module, stages, heatmap channels)."""
@@ -246,12 +255,7 @@ def _cpm_net(source: Source, layout: str, heatmaps: int):
                 self.add_module(name, _conv(source, name, layout))
 
         def forward(self, image):
-            x = image
-            for index, group in enumerate(self.groups):
-                if index:
-                    x = functional.max_pool2d(x, 2, 2)
-                for name in group:
-                    x = functional.relu(getattr(self, name)(x))
+            x = _vgg_features(self, image)
             features, heatmaps = x, x
             for index, names in enumerate(self.stages):
                 y = features if index == 0 else torch.cat([heatmaps, features], 1)

@@ -150,10 +150,11 @@ def reference_outputs(model_path: Path, cases, feeding: dict[str, list[str]] | N
     """ONNX Runtime fp32 on the original model, plus the magnitude of the tensors feeding each output."""
     import onnxruntime as ort
 
+    from enginefarm.sessions.onnxruntime import shrinking_run_options
+
     if feeding is None:
         feeding = model_traits(model_path)[1]
     extra = sorted({name for names in feeding.values() for name in names})
-    from enginefarm.sessions.onnxruntime import shrinking_run_options
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -168,7 +169,8 @@ def reference_outputs(model_path: Path, cases, feeding: dict[str, list[str]] | N
         # A batched case runs an item at a time where every input and output leads with the same batch axis: the
         # items are independent, and the unfused attention's score matrices are then one item's, not the batch's
         # (SD 1.5's UNet at batch 2 x 768 px: 5.4 GB a matrix, 2.7 item by item).
-        parts = [_item(feeds, i) for i in range(_batch(feeds))] if split and _batch(feeds) > 1 else [feeds]
+        batch = _batch(feeds) if split else 1
+        parts = [_item(feeds, i) for i in range(batch)] if batch > 1 else [feeds]
         runs = [dict(zip(names, session.run(names, part, run_options), strict=True)) for part in parts]
         outputs = {
             name: np.concatenate([run[name] for run in runs]) if len(runs) > 1 else runs[0][name] for name in feeding

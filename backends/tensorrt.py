@@ -9,6 +9,8 @@ Recipe options (`[components.NAME.options.tensorrt]`, all in the build key):
     strip_weights      ship a weightless plan plus weights.onnx, refitted on load (default true)
     refittable         any weights can be refitted (custom weights, LoRA); otherwise only the build's own
     version_compatible the plan also runs on newer TensorRT of the same major version (embeds the lean runtime)
+    opt_profiles       "edges" (default): more optimization profiles, each its opt at a size users ask (the job's opt,
+                       the image height and/or width at the max); "opt": one (nvidia/profiles.py)
 """
 
 from __future__ import annotations
@@ -31,12 +33,19 @@ from .nvidia.backend import NvidiaBackend
 from .nvidia.build import build_engine
 from .nvidia.devices import build_host_arch, matching_gpu
 from .nvidia.plan import open_engine
+from .nvidia.profiles import OPT_RULES
 from .nvidia.sdk import sdk_missing
 from .nvidia.session import TrtSession, cudart
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {"strip_weights": True, "refittable": False, "version_compatible": False, "weight_streaming": False}
+OPTIONS = {
+    "strip_weights": True,
+    "refittable": False,
+    "version_compatible": False,
+    "weight_streaming": False,
+    "opt_profiles": OPT_RULES,  # optimization profiles per plan (nvidia/profiles.py): the opt plus its edges at the max
+}
 FAMILY_FLOORS = {"ampere+": (8, 0)}
 TIMING_PREFIX = "tensorrt-timing"
 # The oldest driver each CUDA major runs on with minor-version compatibility (CUDA release notes), Linux x86-64.

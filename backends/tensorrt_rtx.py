@@ -9,7 +9,8 @@ each run with new input shapes.
 
 Recipe options (`[components.NAME.options.tensorrt-rtx]`, in the build key): strip_weights and refittable, both false
 by default, because TensorRT-RTX needs a GPU to build either ("CPU-only AoT does not support executing Myelin weights
-engines"): such jobs go to runners with an NVIDIA GPU, and a farm without one refuses them at plan time.
+engines"): such jobs go to runners with an NVIDIA GPU, and a farm without one refuses them at plan time. opt_profiles:
+"opt" (one optimization profile, the default) or "edges" (nvidia/profiles.py).
 
 What the SDK refuses whatever the host: fp32 GEMMs (MatMul, Gemm, Einsum of two operands) for Turing (SM75). Jobs
 that would ask for that are refused at plan time, naming the model's nodes.
@@ -34,16 +35,43 @@ from .nvidia.backend import NvidiaBackend
 from .nvidia.build import BuildProgress, build_engine
 from .nvidia.devices import matching_gpu
 from .nvidia.plan import open_engine
+from .nvidia.profiles import OPT_RULES
 from .nvidia.sdk import sdk_missing
 from .nvidia.session import TrtSession, cuda_devices, cudart
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {"strip_weights": False, "refittable": False, "weight_streaming": False}
+# opt_profiles: one by default, as the runtime compiles kernels for the very shapes it meets (SPECIALIZATION below);
+# "edges" builds TensorRT's several (nvidia/profiles.py) where someone measures a gain.
+OPTIONS = {"strip_weights": False, "refittable": False, "weight_streaming": False, "opt_profiles": OPT_RULES[::-1]}
 GPU_BUILD_OPTIONS = ("strip_weights", "refittable")  # what TensorRT-RTX cannot build without a GPU
 # TensorRT-RTX runs on RTX GPUs: Turing (7.5), then Ampere from 8.6 (8.0 is a datacenter part it does not list).
 FAMILY_FLOORS = {"turing+": (7, 5), "ampere+": (8, 6), "ada+": (8, 9), "blackwell+": (12, 0)}
 NOT_RTX = {80}  # capabilities the SDK can name that family classes leave out
+
+
+# How the runtime specialises kernels to the input shapes it meets (ENGINEFARM_TRT_RTX_SPECIALIZATION, read at load):
+# "eager" (our default) compiles the kernels for a new shape before its first run, so every run of that shape, the
+# first step of an image included, runs kernels specialised to it, the same ones from run to run, and the runtime
+# cache saved after that run holds them; "lazy" (the SDK's default) runs generic kernels while compiling in the
+# background, so the runs of one image may switch kernels midway and the cache saved after the first run may lack
+# them; "none" never specialises.
+SPECIALIZATION_ENV = "ENGINEFARM_TRT_RTX_SPECIALIZATION"
+SPECIALIZATIONS = ("eager", "lazy", "none")
+
+
+def kernel_specialization() -> str:
+    """The strategy ENGINEFARM_TRT_RTX_SPECIALIZATION names ("eager" when unset); another value is a ConfigError."""
+    import os
+
+    from enginefarm.errors import ConfigError
+
+    mode = os.environ.get(SPECIALIZATION_ENV, "").strip().lower() or SPECIALIZATIONS[0]
+    if mode not in SPECIALIZATIONS:
+        raise ConfigError(
+            f"{SPECIALIZATION_ENV}={mode!r}", hint=f"use one of {', '.join(SPECIALIZATIONS)} (or leave it unset: eager)"
+        )
+    return mode
 
 
 # Unlike TensorRT's, these are the real wheels, on PyPI (tensorrt_rtx_cu13 libs + bindings: 244 MB installed, measured).
@@ -157,12 +185,18 @@ class TensorRTRTX(NvidiaBackend):
         )
 
     def open(self, artifact_dir: Path, manifest, weights: dict[str, np.ndarray] | None) -> TrtSession:
-        """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes."""
+        """The engine, with this device's runtime cache of JIT-compiled kernels loaded and saved after new shapes,
+        specialising its kernels to each new shape as ENGINEFARM_TRT_RTX_SPECIALIZATION says (eager by default)."""
+        specialization = kernel_specialization()  # a wrong value is refused before anything is read
         trt = self.sdk()
         engine, gpu, how = open_engine(
             trt, artifact_dir, manifest, {**OPTIONS, **manifest.options}, FAMILY_FLOORS, "engine", weights
         )
         config = engine.create_runtime_config()
+        strategies = getattr(trt, "DynamicShapesKernelSpecializationStrategy", None)
+        if strategies is not None:
+            config.dynamic_shapes_kernel_specialization_strategy = getattr(strategies, specialization.upper())
+            how += f", {specialization} kernel specialisation"
         cache = config.create_runtime_cache()
         path = runtime_cache_path(manifest, gpu)
         if path.is_file() and not cache.deserialize(path.read_bytes()):

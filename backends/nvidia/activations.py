@@ -118,6 +118,12 @@ def engine_memory(trt, engine, plan_bytes: int = 0, shared: bool = False) -> Dev
         weights -= streamable - budget
     if hasattr(engine, "device_memory_size_v2"):  # TensorRT 10+, TensorRT-RTX
         activations = int(engine.device_memory_size_v2)
+        # Any run may select any profile (profiles.py), so the buffer is the largest profile's, asked per profile too.
+        profiles = int(getattr(engine, "num_optimization_profiles", 1) or 1)
+        if profiles > 1 and hasattr(engine, "get_device_memory_size_for_profile_v2"):
+            activations = max(
+                activations, *(int(engine.get_device_memory_size_for_profile_v2(i)) for i in range(profiles))
+            )
     else:
         activations = int(getattr(engine, "device_memory_size", 0))
     return DeviceMemory(weights=weights, activations=activations, shared=shared)

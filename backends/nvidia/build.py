@@ -44,6 +44,8 @@ class BuildSpec:
     timing_caches: list[str] = field(default_factory=list)  # serialized caches to merge before building
     timing_cache_out: str | None = None
     progress: str | None = None  # where the build process appends its phases (JSON lines), when someone watches
+    # More optimization profiles after `profile` (profiles.py: the recipe's opt_profiles), each its own opt
+    extra_profiles: list[dict[str, dict[str, list[int]]]] = field(default_factory=list)
 
 
 # (done, total, phase) of the engine build, as the SDK's progress monitor reports it.
@@ -158,13 +160,19 @@ def build_engine(
     progress: BuildProgress | None = None,
     **sdk_fields,
 ) -> Built:
-    """What both SDKs' builds share: the job's profile and precision, weight stripping and refit, run in the build
-    process; `sdk_fields` are the BuildSpec fields only one of them sets."""
+    """What both SDKs' builds share: the job's profile (and the more profiles its `opt_profiles` rule adds) and
+    precision, weight stripping and refit, run in the build process; `sdk_fields` are the BuildSpec fields only one
+    of them sets."""
+    from .profiles import optimization_profiles
+
+    rule = options.get("opt_profiles", "opt")
+    first, *more = optimization_profiles(job.profile, rule[0] if isinstance(rule, tuple) else rule)
     spec = BuildSpec(
         sdk=sdk,
         onnx=str(prepared_onnx),
         plan=str(workdir / "model.plan"),
-        profile={name: {k: list(dims) for k, dims in bounds.items()} for name, bounds in job.profile.items()},
+        profile=first,
+        extra_profiles=more,
         precision=job.precision,
         strip_weights=options["strip_weights"],
         refittable=options["refittable"],

@@ -81,14 +81,8 @@ def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise SdkError("the ONNX parser failed: " + ("; ".join(errors) or logger.last_error()))
     config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for index in range(network.num_inputs):
-        name = network.get_input(index).name
-        shapes = spec.profile.get(name)
-        if shapes is None:
-            raise SdkError(f"the profile has no shapes for input {name!r}")
-        profile.set_shape(name, tuple(shapes["min"]), tuple(shapes["opt"]), tuple(shapes["max"]))
-    config.add_optimization_profile(profile)
+    for shapes in (spec.profile, *spec.extra_profiles):
+        _add_profile(builder, network, config, shapes, logger)
     if typed is None and spec.precision in _WEAKLY_TYPED_FLAGS:
         config.set_flag(getattr(trt.BuilderFlag, _WEAKLY_TYPED_FLAGS[spec.precision]))
     if spec.strip_weights:
@@ -113,13 +107,28 @@ def build_plan(trt, spec: BuildSpec, logger) -> dict[str, Any]:
         monitor = progress_monitor(trt, spec.progress)
         if monitor is not None:
             config.progress_monitor = monitor
-    notes: dict[str, Any] = {}
+    notes: dict[str, Any] = {"optimization_profiles": 1 + len(spec.extra_profiles)}
     if spec.timing_cache_out is not None:
         notes.update(_use_timing_cache(config, spec.timing_caches))
     _write_plan(trt, builder, network, config, Path(spec.plan), logger)
     if spec.timing_cache_out is not None:
         write_bytes_atomic(Path(spec.timing_cache_out), bytes(config.get_timing_cache().serialize()))
     return notes
+
+
+def _add_profile(builder, network, config, shapes: dict[str, dict[str, list[int]]], logger) -> None:
+    """One optimization profile of min/opt/max per input. The SDK answers -1 (and logs why) for a profile it finds
+    invalid, such as an opt outside min..max; the build stops there rather than build without it."""
+    profile = builder.create_optimization_profile()
+    for index in range(network.num_inputs):
+        name = network.get_input(index).name
+        bounds = shapes.get(name)
+        if bounds is None:
+            raise SdkError(f"the profile has no shapes for input {name!r}")
+        profile.set_shape(name, tuple(bounds["min"]), tuple(bounds["opt"]), tuple(bounds["max"]))
+    if config.add_optimization_profile(profile) < 0:
+        opts = {name: bounds["opt"] for name, bounds in shapes.items()}
+        raise logger.refused(f"add_optimization_profile(opt {opts}) was refused")
 
 
 def _write_plan(trt, builder, network, config, plan: Path, logger) -> None:

@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from enginefarm.errors import BackendUnavailable, SessionClosed
+from enginefarm.errors import BackendUnavailable, InputError, SessionClosed
 
 from ..device_memory import DeviceMemory
 from .activations import SharedActivations, engine_memory
+from .profiles import ProfilePicker
 
 
 def cudart():
@@ -82,7 +83,9 @@ class _Cuda:
 
 class TrtSession:
     """Runs a deserialized engine through TensorRT's tensor API (set_input_shape, set_tensor_address,
-    execute_async_v3). `shared`: the pipeline's activation buffer its context (made without device memory) runs in;
+    execute_async_v3). An engine built with several optimization profiles runs each request in the one whose opt is
+    its shape, else the nearest that holds it (profiles.py), selected with set_optimization_profile_async before its
+    shapes are set. `shared`: the pipeline's activation buffer its context (made without device memory) runs in;
     `plan_bytes`: its plan's size, the weights' stand-in where the SDK cannot say."""
 
     def __init__(
@@ -107,6 +110,8 @@ class TrtSession:
         self.how = how
         self._after_run = after_run  # called with the input shapes after each run (RTX saves its runtime cache)
         self._cuda: _Cuda | None = _Cuda(device_index)
+        self._profiles = ProfilePicker(engine, self.input_names)
+        self._active = 0  # a new context runs in profile 0
         self._memory = engine_memory(trt, engine, plan_bytes, shared is not None)
         self._shared = shared
         if shared is not None:
@@ -129,12 +134,14 @@ class TrtSession:
         context, cuda = self._context, self._cuda
         if cuda is None:
             raise SessionClosed("this TensorRT session is closed")
-        held = []
-        for name in self.input_names:
-            array = np.ascontiguousarray(feeds[name], dtype=self._dtypes[name])
-            held.append(array)
+        held = [np.ascontiguousarray(feeds[name], dtype=self._dtypes[name]) for name in self.input_names]
+        self._select_profile({n: tuple(a.shape) for n, a in zip(self.input_names, held, strict=True)}, cuda.stream)
+        for name, array in zip(self.input_names, held, strict=True):
             if not context.set_input_shape(name, tuple(array.shape)):
-                raise ValueError(f"input {name} shape {array.shape} is outside the plan's profile")
+                raise InputError(
+                    f"input {name} shape {list(array.shape)} is outside the plan's profile",
+                    hint=self._profiles.describe(self._active) if self._profiles.profiles else None,
+                )
             pointer = cuda.buffer(name, array.nbytes)
             cuda.upload(pointer, array)
             context.set_tensor_address(name, pointer)
@@ -153,6 +160,21 @@ class TrtSession:
         if self._after_run is not None:
             self._after_run({n: a.shape for n, a in zip(self.input_names, held, strict=True)})
         return outputs
+
+    @property
+    def active_profile(self) -> int:
+        """The optimization profile the last run ran in."""
+        return self._active
+
+    def _select_profile(self, shapes: dict[str, tuple[int, ...]], stream) -> None:
+        """Switch the context to the profile picked for `shapes`, on the session's stream (the run that follows is
+        enqueued after the switch); the SDK asks for every input shape again after it."""
+        index = self._profiles.pick(shapes)
+        if index == self._active:
+            return
+        if not self._context.set_optimization_profile_async(index, int(stream)):
+            raise RuntimeError(f"TensorRT refused optimization profile {index} of {len(self._profiles)}")
+        self._active = index
 
     def close(self) -> None:
         """The device buffers and stream first, then the context before the engine that made it."""

@@ -10,6 +10,7 @@ checked is also what the farm sees. The real SDK is the version the test extra p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -198,5 +199,41 @@ def test_the_device_memory_calls_we_make_exist_with_the_same_values(rtx):
             rtx.IRuntimeConfig,
             ("set_execution_context_allocation_strategy", "get_execution_context_allocation_strategy"),
         ),
+    ):
+        assert all(hasattr(cls, name) for name in names), (cls, [n for n in names if not hasattr(cls, n)])
+
+
+def test_several_optimization_profiles_build_and_an_invalid_one_is_refused(rtx, models, tmp_path):
+    """The plan of `opt_profiles = "edges"` (backends/nvidia/profiles.py): four profiles sharing one min and max.
+    Without a GPU the real SDK deserializes nothing, so the plan's profiles cannot be read back here: the build is the
+    check (measured on the tiny decoder, fp16: 4 profiles 0.5 s and a plan about 3x one profile's, its kernels per
+    profile; the weights are not repeated)."""
+    from enginefarm.backends.nvidia.profiles import optimization_profiles
+
+    first, *more = optimization_profiles(PROFILE, "edges")
+    notes = build_plan(rtx, replace(spec(models, tmp_path), profile=first, extra_profiles=more), capturing_logger(rtx))
+    assert notes["optimization_profiles"] == len(more) + 1 == 4 and (tmp_path / "model.plan").stat().st_size > 1000
+    (tmp_path / "model.plan").unlink()
+    inverted = {"latent": {**PROFILE["latent"], "opt": [1, 4, 64, 64]}}  # opt beyond max
+    with pytest.raises(
+        SdkError,
+        match=r"^add_optimization_profile\(opt \{'latent': \[1, 4, 64, 64\]\}\) was refused: "
+        r"IBuilderConfig::addOptimizationProfile: Error Code 3: API Usage Error \(Parameter check failed, condition: "
+        r"profile->isValid\(\)",
+    ):
+        build_plan(rtx, replace(spec(models, tmp_path), extra_profiles=[inverted]), capturing_logger(rtx))
+    assert not (tmp_path / "model.plan").exists()
+
+
+def test_the_profile_and_specialisation_calls_we_make_exist_with_the_same_values(rtx):
+    """What the session's profile pick (nvidia/profiles.py, nvidia/session.py) and the RTX backend's kernel
+    specialisation call; their answers need a deserialized engine, which needs a GPU."""
+    members = lambda e: {name: int(value) for name, value in e.__members__.items()}  # noqa: E731
+    assert members(rtx.DynamicShapesKernelSpecializationStrategy) == {"LAZY": 0, "EAGER": 1, "NONE": 2}
+    for cls, names in (
+        (rtx.ICudaEngine, ("num_optimization_profiles", "get_tensor_profile_shape")),
+        (rtx.IExecutionContext, ("set_optimization_profile_async", "active_optimization_profile", "set_input_shape")),
+        (rtx.IRuntimeConfig, ("dynamic_shapes_kernel_specialization_strategy",)),
+        (rtx.IBuilderConfig, ("add_optimization_profile", "num_optimization_profiles")),
     ):
         assert all(hasattr(cls, name) for name in names), (cls, [n for n in names if not hasattr(cls, n)])

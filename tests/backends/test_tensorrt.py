@@ -60,6 +60,16 @@ def test_build_asks_for_the_profile_of_each_input_strongly_typed_and_stripped(
     assert result.status == "built", result.reason
     (call,) = fake_nvidia.calls("build_serialized_network")
     assert call["profile"] == {"latent": [[1, 4, 8, 8], [1, 4, 16, 16], [2, 4, 32, 32]]}
+    # opt_profiles = "edges" (the default): the opt, then its height, width or both at the max; one min and max
+    assert [p["latent"][1] for p in call["profiles"]] == [
+        [1, 4, 16, 16],
+        [1, 4, 32, 16],
+        [1, 4, 16, 32],
+        [1, 4, 32, 32],
+    ]
+    assert {(tuple(p["latent"][0]), tuple(p["latent"][2])) for p in call["profiles"]} == {
+        ((1, 4, 8, 8), (2, 4, 32, 32))
+    }
     assert call["strongly_typed"] is True  # fp16 comes from the prepared fp16 ONNX, not the deprecated FP16 flag
     assert "FP16" not in call["flags"]
     assert set(call["flags"]) == {"STRIP_PLAN", "REFIT_IDENTICAL"}
@@ -73,7 +83,9 @@ def test_build_asks_for_the_profile_of_each_input_strongly_typed_and_stripped(
         "refittable": False,
         "version_compatible": False,
         "weight_streaming": False,
+        "opt_profiles": "edges",
     }
+    assert manifest.provenance["build_notes"]["optimization_profiles"] == 4
     assert manifest.validation["passed"] and manifest.validation["compute_precision"] == "fp16"
     assert manifest.constraints["runtime"] == {"tensorrt": "==10.13.0.35"}
     assert manifest.constraints["engine"]["arch"] == "sm_89"

@@ -69,7 +69,12 @@ def test_a_recipe_without_options_builds_every_class_on_this_cpu(real_rtx, write
         assert {f.path: f.role for f in manifest.files if f.role != "golden"} == {
             "model.plan": "engine"
         }  # weights embedded
-        assert manifest.options == {"strip_weights": False, "refittable": False, "weight_streaming": False}
+        assert manifest.options == {
+            "strip_weights": False,
+            "refittable": False,
+            "weight_streaming": False,
+            "opt_profiles": "opt",
+        }
         assert manifest.constraints["runtime"] == {"tensorrt-rtx": "==1.7.1.116"}
         assert manifest.constraints["engine"] == {
             "compute_capabilities": CLASSES[job.target.device] or ["SM86 and later (SDK default)"],
@@ -99,7 +104,12 @@ def test_weight_streaming_builds_a_streamable_plan_on_this_cpu(real_rtx, write_r
         build(job, LocalStore(tmp_path / "store"), tmp_path / "work", bench=False) for job in (plain_job, streamed_job)
     ]
     assert [r.status for r in results] == ["built", "built"], [r.reason for r in results]
-    assert results[1].manifest.options == {"strip_weights": False, "refittable": False, "weight_streaming": True}
+    assert results[1].manifest.options == {
+        "strip_weights": False,
+        "refittable": False,
+        "weight_streaming": True,
+        "opt_profiles": "opt",
+    }
     engines = [next(f for f in r.manifest.files if f.role == "engine") for r in results]
     assert engines[0].sha256 != engines[1].sha256  # the flag reached the SDK
 
@@ -281,6 +291,9 @@ def test_the_runtime_cache_lives_in_the_local_cache_per_gpu_and_driver(
     assert path.is_file() and b"[1, 4, 8, 8]" in path.read_bytes()
     assert not list(path.parent.glob(".*"))  # written atomically: no temp file left behind
     assert not fake_nvidia.calls("runtime_cache_deserialize")  # nothing to load the first time
+    # kernels specialised to each new shape before its first run, so the cache saved after it holds them
+    assert [c["specialization"] for c in fake_nvidia.calls("create_execution_context")] == ["EAGER"]
+    assert "eager kernel specialisation" in session.how
 
     fake_nvidia.clear()
     backend.load(folder, result.manifest, "ampere+").run({"latent": np.zeros((1, 4, 8, 8), np.float32)})

@@ -23,6 +23,11 @@ USER_MANAGED takes none and refuses to run until set_device_memory gave it a buf
 both sizes in the plan, as the real one does: weights are the initializers' bytes, activations a stand-in (4x the
 inputs at their profile's max; the real sizes cannot be read without a GPU: even deserialize_cuda_engine returns None),
 or FAKE_TRT_DEVICE_MEMORY={"<part of the ONNX path>": [weights, activations]} for real-size numbers.
+
+Optimization profiles: a plan keeps every profile added (add_optimization_profile answers -1 and logs why for one
+whose opt is outside min..max, as the real one does); a context starts in profile 0, set_optimization_profile_async
+selects another (False for an index the engine lacks) and forgets the input shapes, and set_input_shape answers
+False for a shape outside the selected profile. Activations are per profile; device_memory_size_v2 is the largest.
 """
 
 from __future__ import annotations
@@ -116,6 +121,12 @@ class EngineInvalidityDiagnostics(enum.IntFlag):
     INSUFFICIENT_GPU_MEMORY = 16
     MALFORMED_ENGINE = 32
     CUDA_ERROR = 64
+
+
+class DynamicShapesKernelSpecializationStrategy(enum.IntEnum):  # TensorRT-RTX's IRuntimeConfig
+    LAZY = 0
+    EAGER = 1
+    NONE = 2
 
 
 class ComputeCapability(enum.IntEnum):
@@ -300,7 +311,13 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             self.shapes = {}
 
         def set_shape(self, name, lo, opt, hi):
-            self.shapes[name] = [list(lo), list(opt), list(hi)]
+            self.shapes[name] = [list(lo), list(opt), list(hi)]  # the real one checks MIN<=OPT<=MAX when added
+
+        def __bool__(self):
+            return all(
+                len(lo) == len(opt) == len(hi) and all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True))
+                for lo, opt, hi in self.shapes.values()
+            )
 
     class TimingCache:
         def __init__(self, entries):
@@ -328,8 +345,20 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             self.flags.add(flags_enum(flag).name)
 
         def add_optimization_profile(self, profile):
+            if not profile:  # the real one logs why and answers -1
+                _error(
+                    self.logger,
+                    "IBuilderConfig::addOptimizationProfile: Error Code 3: API Usage Error (Parameter check failed, "
+                    "condition: profile->isValid().  In addOptimizationProfile at "
+                    "/_src/optimizer/api/builderConfig.cpp:569)",
+                )
+                return -1
             self.profiles.append(profile)
             return len(self.profiles) - 1
+
+        @property
+        def num_optimization_profiles(self):
+            return len(self.profiles)
 
         def set_memory_pool_limit(self, pool, size):
             pass
@@ -404,8 +433,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 import time
 
                 time.sleep(600)
-            (profile,) = config.profiles
-            if set(profile.shapes) != set(network.inputs):
+            profiles = config.profiles
+            if not profiles or any(set(p.shapes) != set(network.inputs) for p in profiles):
                 return None
             if rtx and not _rtx_can_build(self.logger, network, config):
                 return None
@@ -416,11 +445,12 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 "flags": sorted(config.flags),
                 "strongly_typed": network.strongly_typed,
                 "hardware_compatibility_level": HardwareCompatibilityLevel(config.hardware_compatibility_level).name,
-                "profile": profile.shapes,
+                "profile": profiles[0].shapes,
+                "profiles": [p.shapes for p in profiles],
                 "arch": None if rtx else _gpu_arch(),
                 "compute_capabilities": [config.capabilities[i] for i in sorted(config.capabilities)] if rtx else [],
                 "weights": {i.name: _digest(i) for i in network.model.graph.initializer},
-                "device_memory": _device_memory(network, profile),
+                "device_memory": _device_memory(network, profiles),
             }
             record(
                 sdk,
@@ -536,6 +566,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return _HostMemory(b"FAKEKERNELS" + json.dumps(sorted(self.kernels)).encode())
 
     class RuntimeConfig:
+        dynamic_shapes_kernel_specialization_strategy = DynamicShapesKernelSpecializationStrategy.LAZY  # the default
+
         def __init__(self):
             self.cache = None
 
@@ -578,11 +610,19 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             return self.types[name]
 
         @property
-        def device_memory_size_v2(self):
+        def device_memory_size_v2(self):  # the largest over its profiles, what a STATIC context allocates
             return self.header["device_memory"]["activations"]
 
         def get_device_memory_size_for_profile_v2(self, profile_index):
-            return self.device_memory_size_v2
+            return self.header["device_memory"]["per_profile"][profile_index]
+
+        @property
+        def num_optimization_profiles(self):
+            return len(self.header["profiles"])
+
+        def get_tensor_profile_shape(self, name, profile_index):
+            """[min, opt, max] of an input in one profile."""
+            return [tuple(dims) for dims in self.header["profiles"][profile_index][name]]
 
         def get_engine_stat(self, stat=EngineStat.TOTAL_WEIGHTS_SIZE):
             if EngineStat(stat) == EngineStat.STRIPPED_WEIGHTS_SIZE and not self.stripped:
@@ -599,9 +639,11 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             """TensorRT-RTX takes a runtime config (its allocation strategy inside); TensorRT the strategy itself."""
             if isinstance(config, RuntimeConfig):
                 strategy = config.get_execution_context_allocation_strategy()
+                specialization = config.dynamic_shapes_kernel_specialization_strategy.name
+                record(sdk, "create_execution_context", strategy=strategy.name, specialization=specialization)
             else:
                 strategy, config = ExecutionContextAllocationStrategy(config or 0), None
-            record(sdk, "create_execution_context", strategy=strategy.name)
+                record(sdk, "create_execution_context", strategy=strategy.name)
             return Context(self, config, strategy)
 
         if rtx:
@@ -610,6 +652,8 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 return RuntimeConfig()
 
     class Context:
+        active_optimization_profile = 0  # a new context runs in profile 0
+
         def __init__(self, engine, config, strategy=ExecutionContextAllocationStrategy.STATIC):
             from cuda.bindings import runtime as cudart
 
@@ -635,8 +679,18 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
             if ok:  # the real one logs an API usage error and keeps what it had
                 self.device_memory_bound = (memory, size)
 
+        def set_optimization_profile_async(self, profile_index, stream_handle):
+            """False for an index the engine does not have (the real one logs an API usage error); a switch forgets
+            the input shapes, which must be set again in the new profile."""
+            if not 0 <= profile_index < self.engine.num_optimization_profiles:
+                return False
+            record(sdk, "set_optimization_profile_async", index=profile_index)
+            self.active_optimization_profile, self.shapes = profile_index, {}
+            return True
+
         def set_input_shape(self, name, shape):
-            lo, _, hi = self.engine.header["profile"][name]
+            """False for a shape outside the active profile: the real one never moves to another profile itself."""
+            lo, _, hi = self.engine.header["profiles"][self.active_optimization_profile][name]
             ok = len(shape) == len(lo) and all(a <= s <= b for a, s, b in zip(lo, shape, hi, strict=True))
             if ok:
                 self.shapes[name] = tuple(shape)
@@ -695,7 +749,12 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
                 cudart.MEMORY[self.addresses[name]][: len(raw)] = raw
             if self.config is not None and self.config.cache is not None:
                 self.config.cache.kernels.add(json.dumps({n: list(s) for n, s in sorted(self.shapes.items())}))
-            record(sdk, "execute_async_v3", shapes={n: list(s) for n, s in self.shapes.items()})
+            record(
+                sdk,
+                "execute_async_v3",
+                shapes={n: list(s) for n, s in self.shapes.items()},
+                profile=self.active_optimization_profile,
+            )
             return True
 
     class Refitter:
@@ -789,10 +848,12 @@ def make_sdk(namespace: dict, sdk: str, version: str, *, rtx: bool) -> None:
         IStreamWriter=IStreamWriter,
         ICudaEngine=Engine,
         IExecutionContext=Context,
+        IBuilderConfig=BuilderConfig,
         IRuntimeConfig=RuntimeConfig,
     )
     if rtx:
         namespace["ComputeCapability"] = ComputeCapability
+        namespace["DynamicShapesKernelSpecializationStrategy"] = DynamicShapesKernelSpecializationStrategy
 
 
 def _rtx_can_build(logger, network, config) -> bool:
@@ -835,14 +896,16 @@ def _runs_on_gpu(capabilities: list[str]) -> bool:
     return f"SM{here}" in capabilities if capabilities else here >= 86
 
 
-def _device_memory(network, profile) -> dict:
-    """What the plan records of the engine's device memory (see the module's docstring)."""
+def _device_memory(network, profiles) -> dict:
+    """What the plan records of the engine's device memory (see the module's docstring): activations per profile,
+    and the largest of them, which is what device_memory_size_v2 answers."""
     for part, (weights, activations) in json.loads(os.environ.get("FAKE_TRT_DEVICE_MEMORY") or "{}").items():
         if part in network.path:
-            return {"weights": int(weights), "activations": int(activations)}
+            per_profile = [int(activations)] * len(profiles)
+            return {"weights": int(weights), "activations": int(activations), "per_profile": per_profile}
     weights = sum(_array(i).nbytes for i in network.model.graph.initializer)
-    inputs = sum(int(np.prod(shapes[2])) * 4 for shapes in profile.shapes.values())
-    return {"weights": weights, "activations": 4 * inputs}
+    per_profile = [4 * sum(int(np.prod(shapes[2])) * 4 for shapes in p.shapes.values()) for p in profiles]
+    return {"weights": weights, "activations": max(per_profile), "per_profile": per_profile}
 
 
 def _array(init):

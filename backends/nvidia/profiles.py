@@ -71,11 +71,9 @@ class ProfilePicker:
             for index in range(count):
                 bounds: Bounds = {}
                 for name in inputs:
-                    low, opt, high = (
-                        tuple(int(d) for d in dims) for dims in engine.get_tensor_profile_shape(name, index)
-                    )
-                    if low and min(low) >= 0:  # a static input has no profile shapes to speak of
-                        bounds[name] = (low, opt, high)
+                    shapes = _profile_shapes(engine, name, index)
+                    if shapes is not None:
+                        bounds[name] = shapes
                 self.profiles.append(bounds)
         self._picked: dict[tuple, int] = {}
 
@@ -111,6 +109,16 @@ class ProfilePicker:
             f"{name} {list(low)} .. {list(high)} (opt {list(opt)})"
             for name, (low, opt, high) in self.profiles[index].items()
         )
+
+
+def _profile_shapes(engine, name: str, index: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """(min, opt, max) of one input in one profile; None where the SDK has none to give (an input of fixed shape
+    may answer empty or negative dims, or refuse), which then constrains no pick."""
+    try:
+        low, opt, high = (tuple(int(d) for d in dims) for dims in engine.get_tensor_profile_shape(name, index))
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    return (low, opt, high) if low and min(low) >= 0 else None
 
 
 def _holds(bounds: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> bool:

@@ -111,6 +111,8 @@ class TrtSession:
         self._after_run = after_run  # called with the input shapes after each run (RTX saves its runtime cache)
         self._cuda: _Cuda | None = _Cuda(device_index)
         self._profiles = ProfilePicker(engine, self.input_names)
+        if len(self._profiles) > 1:  # what explain() says the session opened
+            self.how += f", {len(self._profiles)} optimization profiles"
         self._active = 0  # a new context runs in profile 0
         self._memory = engine_memory(trt, engine, plan_bytes, shared is not None)
         self._shared = shared

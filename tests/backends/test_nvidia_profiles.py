@@ -88,6 +88,7 @@ def test_each_request_runs_in_the_profile_whose_opt_is_its_shape_else_the_neares
     trt, plan = fake_engine(tmp_path, tiny_sd, sdk, profiles)
     _, one = fake_engine(tmp_path, tiny_sd, sdk, profiles[:1], "single")
     session, single = open_fake_session(trt, plan), open_fake_session(trt, one)
+    assert session.how.endswith("4 optimization profiles") and "profiles" not in single.how
     asked = [((1, 4, 16, 16), 0), ((1, 4, 32, 16), 1), ((1, 4, 16, 32), 2), ((2, 4, 32, 32), 3)]  # the opts
     asked += [((1, 4, 24, 24), 3), ((1, 4, 8, 8), 0), ((1, 4, 28, 12), 1), ((1, 4, 32, 32), 3), ((1, 4, 16, 16), 0)]
     fake_nvidia.clear()

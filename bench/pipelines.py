@@ -6,11 +6,12 @@ UNet narrowed to block widths 128/256/512/512, Euler, seeded random weights; 512
 --quick: a smoke run of the machinery (UNet 32/64/64/64, VAE 32/64/64/64, a 2-layer CLIP, 128 px, 2 steps, 1 round).
 
 Every run is a fresh process (its own venv's Python: GenAI and optimum-intel in --genai-python's, the others in
-this one), which loads the pipeline (timed: the warm load; the round-0 runs warm the OS file cache and enginefarm's
-local cache and are printed, not counted), makes --images images and reports each stage's seconds, its peak RSS
-and when its first image came back (from the parent's Popen: process start to first image). The runtimes take
-turns, --rounds times, so a busy moment of the machine hits all. Printed: every run's numbers as it ends, then
-medians per runtime and the ratios enginefarm / other as min / median / max over the rounds' adjacent pairs.
+this one), which loads the pipeline (timed from before its runtime's imports: the warm load; the round-0 runs warm
+the OS file cache and enginefarm's local cache and are printed, not counted), makes --images images and reports
+each stage's seconds, its peak RSS and when its first image came back (from the parent's Popen: process start to
+first image). The runtimes take turns, --rounds times, so a busy moment of the machine hits all. Printed: every
+run's numbers as it ends, then medians per runtime and the ratios enginefarm / other as min / median / max over the
+rounds' adjacent pairs.
 A benchmark, not a test: it never fails on numbers. It does fail when the runtimes would not compute the same
 thing: the text encoder as each venv's transformers reads it from the folder and as optimum-intel exported it must
 agree (a folder saved by transformers >= 5.6 loads in optimum-intel's pinned older one with a freshly initialised

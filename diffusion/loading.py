@@ -95,6 +95,23 @@ class ComponentLoader:
         self.timings[f"load {component}" + (f" (tiling {tiling})" if tiling else "")] = time.perf_counter() - start
         return session
 
+    def side_by_side(self) -> bool:
+        """Whether components may open at once: stored artifacts only (no weights file or LoRA to merge, whose
+        memory would add up) on CPU devices only (a GPU's engines share one activation pool and device context)."""
+        request = self.request
+        if self.files or (self.live is not None and any(self.live.dealt.values())) or not request.plain:
+            return False
+        if request.device == "cpu" or (request.target or "").endswith(":cpu"):
+            return True
+        if request.device != "auto":
+            return False
+        from enginefarm.runner.detect import detect
+
+        try:
+            return all(found.kind == "cpu" for found in detect("auto"))
+        except Exception:  # a probe that fails here fails again, with its message, in the load itself
+            return False
+
     def _fetch(self, component: str, progress=...):
         from enginefarm.runner.load import fetch
 
@@ -118,6 +135,40 @@ class ComponentLoader:
         if ignored:
             log.warning("%s", ignored)
         return dealt, ignored
+
+
+def open_components(loader: ComponentLoader, wanted: list[str]) -> dict:
+    """Each wanted component's session, opened side by side where `loader.side_by_side()` allows: OpenVINO's
+    compile, or its import from the device's compiled-model cache, releases the GIL, so a warm start takes about
+    as long as its largest component (docs/benchmarks.md). Where one fails, those opened are closed and its error
+    raised."""
+    if len(wanted) < 2 or not loader.side_by_side():
+        opened: dict = {}
+        try:
+            for component in wanted:
+                opened[component] = loader(component)
+        except BaseException:
+            _close_all(opened.values())
+            raise
+        return opened
+    import os
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(max_workers=min(len(wanted), os.cpu_count() or 1, 4), thread_name_prefix="load") as pool:
+        futures = {component: pool.submit(loader, component) for component in wanted}
+        wait(futures.values())
+    failed = [f.exception() for f in futures.values() if f.exception() is not None]
+    if failed:
+        _close_all(f.result() for f in futures.values() if f.exception() is None)
+        raise failed[0]
+    return {component: future.result() for component, future in futures.items()}
+
+
+def _close_all(sessions) -> None:
+    for session in sessions:
+        close = getattr(session, "close", None)
+        if close is not None:
+            close()
 
 
 def read_embeddings(embeddings, assets: ModelAssets) -> list:

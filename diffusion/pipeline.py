@@ -154,7 +154,14 @@ class Pipeline:
         from enginefarm.runner.request import Request
 
         from .budget import Residency, parse_budget
-        from .loading import ComponentLoader, components, fetch_assets, preview_filters, read_embeddings
+        from .loading import (
+            ComponentLoader,
+            components,
+            fetch_assets,
+            open_components,
+            preview_filters,
+            read_embeddings,
+        )
 
         request = Request(name, precision, device, store, target, version)  # the model's; each component's from it
         budget = parse_budget(memory_budget)
@@ -177,7 +184,7 @@ class Pipeline:
             found, preview, decoder, store=store, precision=precision, target=target, device=device, progress=progress
         )
         try:
-            sessions = {component: loader(component) for component in wanted} if budget is None else {}
+            sessions = open_components(loader, wanted) if budget is None else {}
         except BaseException:
             for one in owned:
                 one.close()

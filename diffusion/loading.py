@@ -157,7 +157,7 @@ def open_components(loader: ComponentLoader, wanted: list[str]) -> dict:
     with ThreadPoolExecutor(max_workers=min(len(wanted), os.cpu_count() or 1, 4), thread_name_prefix="load") as pool:
         futures = {component: pool.submit(loader, component) for component in wanted}
         wait(futures.values())
-    failed = [f.exception() for f in futures.values() if f.exception() is not None]
+    failed = [error for error in (f.exception() for f in futures.values()) if error is not None]
     if failed:
         _close_all(f.result() for f in futures.values() if f.exception() is None)
         raise failed[0]

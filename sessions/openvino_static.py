@@ -1,11 +1,11 @@
 """Compiling an OpenVINO IR with its compiled model kept on the device (sessions/openvino_compiled.py), and the
 static-shape variants of a session: the IR reshaped to one request's input shapes and compiled static, used where
-timing both on this device found it faster than the dynamic compile.
+it ran faster than the dynamic compile on this device.
 
 OpenVINO plans a static model's memory and picks its kernels once, for one shape; a model dynamic within its profile
-does that per call. Which wins depends on the model, the shape and the device, so the first call of a new shape on
-a device times both (alternating, the best of two calls each) and the verdict is kept with the compiled blobs: the
-second image of that size, in this process or the next, pays nothing."""
+does that per call. Which wins depends on the model, the shape and the device, so a new shape is tried on the
+caller's own calls (`Trial`): no call is made only to time. The verdict is kept with the compiled blobs: the next
+image of that size, in this process or the next, runs on the winner."""
 
 from __future__ import annotations
 
@@ -23,14 +23,11 @@ def _log():
 
 
 KEEP_COMPILED = True  # False: compile at every load, keep nothing (what loads did before; benchmarks compare)
-# ENGINEFARM_OPENVINO_STATIC: "never" (the default), "auto" (static where timed faster here) or "always". Off by
-# default: at 512 px the narrow SD 1.5 UNet ran 0.99x dynamic on this CPU, while the first call of each new size paid
-# a static compile and the timing (a first decode ~5x a later one) and a session held both compiles (peak RSS 1.38x).
+# ENGINEFARM_OPENVINO_STATIC: "auto" (the default: static where it ran faster here), "always" or "never".
 STATIC: str | None = None  # set by tests and benchmarks; None reads the environment
 STATIC_MODES = ("never", "auto", "always")
 STATIC_MIN_GAIN = 0.98  # static is picked when its call takes under 98% of the dynamic one's
 MAX_LIVE_STATIC = 2  # static variants one session holds compiled at once (each holds its own compiled weights)
-TIMED_CALLS = 2  # calls of each, alternating, on the first request of a new shape
 
 
 def device_tag(core, artifact: Path, device: str, config: dict[str, str], weights: Path) -> Path | None:
@@ -68,16 +65,16 @@ def compile_kept(core, model: Any, device: str, config: dict[str, str], folder: 
 
 
 def static_mode() -> str:
-    """`STATIC`, else ENGINEFARM_OPENVINO_STATIC, else "never"; a value outside STATIC_MODES is a ConfigError."""
+    """`STATIC`, else ENGINEFARM_OPENVINO_STATIC, else "auto"; a value outside STATIC_MODES is a ConfigError."""
     import os
 
     from enginefarm.errors import ConfigError
 
-    mode = STATIC or os.environ.get("ENGINEFARM_OPENVINO_STATIC", "").strip().lower() or "never"
+    mode = STATIC or os.environ.get("ENGINEFARM_OPENVINO_STATIC", "").strip().lower() or "auto"
     if mode not in STATIC_MODES:
         raise ConfigError(
             f"ENGINEFARM_OPENVINO_STATIC={mode!r}",
-            hint=f"use one of {', '.join(STATIC_MODES)} (or leave it unset: never)",
+            hint=f"use one of {', '.join(STATIC_MODES)} (or leave it unset: auto)",
         )
     return mode
 
@@ -87,21 +84,36 @@ def has_dynamic_inputs(compiled) -> bool:
 
 
 class StaticShapes:
-    """The static variants of one artifact's IR on one device: compiled per input shapes, with the verdict of timing
-    each against the dynamic compile kept in the tag folder."""
+    """The static variants of one artifact's IR on one device: compiled per input shapes, with the verdict of each
+    shape's trial against the dynamic compile kept in the tag folder. Also opens the dynamic compile again (from the
+    device's compiled-model cache, or the shipped blob) after a session let it go."""
 
-    def __init__(self, core, xml: Path, device: str, config: dict[str, str], tag: Path | None) -> None:
+    def __init__(
+        self, core, xml: Path, device: str, config: dict[str, str], tag: Path | None, blob: Path | None = None
+    ) -> None:
         self._core, self._xml, self._device, self._config, self._tag = core, Path(xml), device, config, tag
+        self._blob = blob
 
     def verdict(self, key: str) -> str | None:
-        """ "static", "dynamic", or None where this device has not timed the shape yet."""
+        """ "static", "dynamic", or None where this device has not finished trying the shape."""
         mode = static_mode()
         if mode != "auto":
             return "static" if mode == "always" else "dynamic"
+        entry = self._entry(key)
+        return entry.get("pick") if entry else None
+
+    def progress(self, key: str) -> dict[str, float]:
+        """What an unfinished trial of the shape timed in an earlier process: {"dynamic"|"static": ms}."""
+        entry = self._entry(key)
+        if not entry or entry.get("pick"):
+            return {}
+        return {label: float(entry[f"{label}_ms"]) for label in ("dynamic", "static") if f"{label}_ms" in entry}
+
+    def _entry(self, key: str) -> dict | None:
         if self._tag is None:
             return None
         entry = kept.choices(self._tag).get(key)
-        return entry.get("pick") if isinstance(entry, dict) else None
+        return entry if isinstance(entry, dict) else None
 
     def compile(self, shapes: dict[str, tuple[int, ...]], key: str):
         model = self._core.read_model(str(self._xml))
@@ -117,6 +129,25 @@ class StaticShapes:
         )
         return compiled
 
+    def open_dynamic(self):
+        """The dynamic compile again, as the session's load opened it: the shipped blob imported, else the IR
+        compiled through the device's compiled-model cache (a cache hit: the load kept it)."""
+        start = time.perf_counter()
+        if self._blob is not None:
+            compiled = self._core.import_model(self._blob.read_bytes(), self._device, self._config)
+        else:
+            folder = None if self._tag is None else self._tag / "dynamic"
+            compiled, _ = compile_kept(self._core, str(self._xml), self._device, self._config, folder)
+        _log().info("openvino: dynamic compile of %s opened again in %.0f ms", self._xml.name, _ms(start))
+        return compiled
+
+    def note(self, key: str, shapes: dict[str, tuple[int, ...]], times: dict[str, float]) -> None:
+        """Keep an unfinished trial's times, so that a component called once or twice per process (a VAE decoder)
+        finishes its trial in a later one."""
+        if self._tag is not None:
+            entry = {"shape": {n: list(s) for n, s in shapes.items()}}
+            kept.remember(self._tag, key, {**entry, **{f"{k}_ms": round(v, 2) for k, v in times.items()}})
+
     def remember(self, key: str, shapes: dict[str, tuple[int, ...]], dynamic_ms: float, static_ms: float) -> str:
         pick = "static" if static_ms < STATIC_MIN_GAIN * dynamic_ms else "dynamic"
         _log().info("openvino: %s: static %.1f ms, dynamic %.1f ms a call → %s", key, static_ms, dynamic_ms, pick)
@@ -131,13 +162,33 @@ class StaticShapes:
         return pick
 
 
-def time_both(dynamic_request, static_request, feeds: dict) -> tuple[float, float]:
-    """The best of TIMED_CALLS calls of each request on the same inputs, alternating (ms): a first call's own
-    costs and a loaded machine's drift fall on both."""
-    best = {"dynamic": float("inf"), "static": float("inf")}
-    for _ in range(TIMED_CALLS):
-        for name, request in (("dynamic", dynamic_request), ("static", static_request)):
-            start = time.perf_counter()
-            request.infer(feeds)
-            best[name] = min(best[name], (time.perf_counter() - start) * 1000)
-    return best["dynamic"], best["static"]
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+class Trial:
+    """One shape's trial of the static compile against the dynamic one, run on the caller's own calls: the dynamic
+    compile's first call (untimed: a first call allocates), its second (timed), then the static compile's first and
+    second the same way; the verdict follows the second timed call. A time an earlier process measured (kept by
+    `StaticShapes.note`) counts, so a component called twice per process finishes in the next one. `static` is the
+    static compile's variant, made when its turn comes."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], earlier: dict[str, float]) -> None:
+        self.shapes = shapes
+        self.times = dict(earlier)  # "dynamic" | "static" → the best timed call, ms
+        self.calls = {"dynamic": 0, "static": 0}  # made in this session
+        self.static: Any = None
+
+    def turn(self) -> tuple[str, bool]:
+        """The variant the next call runs on, and whether that call is timed."""
+        label = "dynamic" if "dynamic" not in self.times else "static"
+        return label, self.calls[label] > 0
+
+    def ran(self, label: str, ms: float | None) -> None:
+        self.calls[label] += 1
+        if ms is not None:
+            self.times[label] = min(self.times.get(label, float("inf")), ms)
+
+    @property
+    def done(self) -> bool:
+        return "dynamic" in self.times and "static" in self.times

@@ -113,8 +113,8 @@ def compiled_bytes(path: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path / COMPILED):
         for name in files:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
+            try:  # lstat: a static shape's IR links to the artifact's weights, counted with the artifact
+                total += os.lstat(os.path.join(dirpath, name)).st_size
             except OSError:
                 pass
     return total

@@ -116,10 +116,18 @@ class StaticShapes:
         return entry if isinstance(entry, dict) else None
 
     def compile(self, shapes: dict[str, tuple[int, ...]], key: str):
-        model = self._core.read_model(str(self._xml))
-        model.reshape({port.get_any_name(): list(shapes[port.get_any_name()]) for port in model.inputs})
+        """The IR compiled static at `shapes`: through the device's compiled-model cache as a file of its own
+        (`kept.static_ir`), else reshaped in memory."""
         folder = None if self._tag is None else kept.static_dir(self._tag, key)
         start = time.perf_counter()
+        model: Any = None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = kept.static_ir(self._xml, folder, shapes)
+            model = None if path is None else str(path)
+        if model is None:
+            model = self._core.read_model(str(self._xml))
+            model.reshape({port.get_any_name(): list(shapes[port.get_any_name()]) for port in model.inputs})
         compiled, wrote = compile_kept(self._core, model, self._device, self._config, folder)
         _log().info(
             "openvino: static %s %s in %.0f ms",

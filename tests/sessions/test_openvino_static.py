@@ -48,6 +48,7 @@ print(json.dumps({
     "dynamic_held": session._dynamic is not None,
     "trials": len(session._trials),
     "static_shapes": session.static_shapes,
+    "static_from_cache": [bool(v.compiled.get_property("LOADED_FROM_CACHE")) for v in session._variants.values()],
 }))
 np.save(feeds_file + ".out.npy", result)
 """
@@ -156,7 +157,11 @@ def test_a_new_shape_is_tried_on_the_callers_calls_kept_and_run_static_in_the_ne
     tag, shapes = _tag(home), {name: value.shape for name, value in {**fixed, **steps[0]}.items()}
     verdict = openvino_compiled.choices(tag)[openvino_compiled.shape_key(shapes)]
     assert verdict["pick"] == "static" and verdict["static_ms"] > 0 and verdict["dynamic_ms"] > 0
-    assert (tag / f"static-{openvino_compiled.shape_key(shapes)}").is_dir()
+    folder = tag / f"static-{openvino_compiled.shape_key(shapes)}"
+    ir = folder / openvino_compiled.STATIC_IR
+    # its own IR file, inputs fixed, weights a link to the artifact's: OpenVINO keys its cache by the file
+    assert 'name="sample" type="Parameter"' in ir.read_text() and ir.with_suffix(".bin").is_symlink()
+    assert ir.with_suffix(".bin").resolve() == (tag.parent.parent / "model.bin").resolve()
 
     np.savez(tmp_path / "feeds.npz", **fixed, **steps[0])
     env = {**os.environ, "ENGINEFARM_OPENVINO_STATIC": ""}  # the default
@@ -172,6 +177,8 @@ def test_a_new_shape_is_tried_on_the_callers_calls_kept_and_run_static_in_the_ne
     # no trial: the static compile opened at once, after the dynamic one was let go (one compile at the peak)
     assert later["dynamic_at_static_compile"] == [False] and not later["dynamic_held"] and later["trials"] == 0
     assert [shape["sample"] for shape in later["static_shapes"]] == [list(shapes["sample"])]
+    # read from its own IR file (weights linked, not copied), so OpenVINO finds its blob without hashing the weights
+    assert later["static_from_cache"] == [True]
     _close([np.load(str(tmp_path / "feeds.npz") + ".out.npy")], want[:1])
 
 

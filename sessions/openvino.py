@@ -78,17 +78,8 @@ class _Route(NamedTuple):
 
 
 class OpenVinoSession:
-    def __init__(
-        self,
-        compiled,
-        how: str,
-        held: list | None = None,
-        static: StaticShapes | None = None,
-        static_key: str | None = None,
-    ) -> None:
-        """`compiled`: the dynamic compile, or with `static_key` the static compile of that shape key (the dynamic
-        one is then opened when a shape needs it)."""
-        self._dynamic: _Variant | None = _Variant(compiled) if static_key is None else None
+    def __init__(self, compiled, how: str, held: list | None = None, static: StaticShapes | None = None) -> None:
+        self._dynamic: _Variant | None = _Variant(compiled)
         self._held = (
             held or []
         )  # arrays the model's constants share (load_with_weights): kept while a request may read them
@@ -99,11 +90,8 @@ class OpenVinoSession:
         self.compute_precision = _PRECISION_NAMES.get(name, name)
         self.how = how
         self.reopen_plan: dict | None = None  # how runner/warm.py opens it again (set by the backend's plain load)
-        dynamic = static_key is not None or has_dynamic_inputs(compiled)
-        self._static = static if static is not None and dynamic else None
+        self._static = static if static is not None and has_dynamic_inputs(compiled) else None
         self._variants: dict[str, _Variant] = {}  # static compiles by shape key
-        if static_key is not None:
-            self._variants[static_key] = _Variant(compiled)
         self._dynamic_keys: set[str] = set()  # shapes that run on the dynamic compile
         self._trials: dict[str, Trial] = {}  # shapes being tried, static against dynamic
         self._drop_dynamic = False  # a shape runs static: let the dynamic compile go once nothing holds its requests
@@ -326,17 +314,6 @@ def open_ir(core, root: Path, plan: dict) -> OpenVinoSession:
     trial = "ir" in plan and static_mode() != "never"
     blob = root / plan["blob"] if "blob" in plan else None
     static = StaticShapes(core, root / plan["ir"], dev, config, tag, blob) if trial else None
-    last = static.last_static() if static is not None else None
-    if last is not None:  # the size this device ran last: opened static at once, the dynamic compile when needed
-        key, shapes = last
-        try:
-            first = static.compile(shapes, key)  # type: ignore[union-attr]
-        except (RuntimeError, OSError) as exc:  # a blob or IR it cannot read: the dynamic compile, as without
-            _log().debug("openvino: no static compile at load (%s)", str(exc).splitlines()[0][:200])
-        else:
-            return OpenVinoSession(
-                first, f"static compile of the last size run here{FROM_CACHE}", static=static, static_key=key
-            )
     if blob is not None:
         compiled = core.import_model(blob.read_bytes(), dev, config)
         return OpenVinoSession(compiled, "imported compiled blob", static=static)

@@ -102,25 +102,6 @@ class StaticShapes:
         entry = self._entry(key)
         return entry.get("pick") if entry else None
 
-    def last_static(self) -> tuple[str, dict[str, tuple[int, ...]]] | None:
-        """The static shape this device ran most recently (key, shapes), its compile kept: a load opens it instead
-        of the dynamic compile, since an app makes its next image at the size of its last (a text encoder's shape
-        never changes). None unless "auto" found one."""
-        if static_mode() != "auto" or self._tag is None:
-            return None
-        newest: tuple[float, str, dict[str, tuple[int, ...]]] | None = None
-        for key, entry in kept.choices(self._tag).items():
-            if not isinstance(entry, dict) or entry.get("pick") != "static" or not isinstance(entry.get("shape"), dict):
-                continue
-            try:
-                used = kept.static_dir(self._tag, key).stat().st_mtime  # touched by each load of its compile
-                shapes = {str(n): tuple(int(d) for d in dims) for n, dims in entry["shape"].items()}
-            except (OSError, TypeError, ValueError):
-                continue
-            if newest is None or used > newest[0]:
-                newest = (used, key, shapes)
-        return None if newest is None else (newest[1], newest[2])
-
     def progress(self, key: str) -> dict[str, float]:
         """What an unfinished trial of the shape timed in an earlier process: {"dynamic"|"static": ms}."""
         entry = self._entry(key)

@@ -20,7 +20,17 @@ from typing import TYPE_CHECKING
 from enginefarm.cache.manifest import Target
 from enginefarm.errors import BackendUnavailable, ConfigError
 
-from .base import Availability, Backend, BackendSession, Built, BuiltFile, BundleSpec, Feature, Rank
+from .base import (
+    Availability,
+    Backend,
+    BackendSession,
+    Built,
+    BuiltFile,
+    BundleSpec,
+    Feature,
+    Rank,
+    option_defaults,
+)
 from .build_job import BuildJob, PlannedJob
 
 if TYPE_CHECKING:
@@ -208,8 +218,7 @@ def job_options(target: Target, written: dict[str, dict]) -> dict:
     """The options a job of `target` is built with: the backend's defaults (a tuple's first choice), overridden by
     what the recipe wrote. All go into the build key, so changing one rebuilds; backends without options give {}."""
     declared = get_backend(target.backend).options
-    defaults = {name: d[0] if isinstance(d, tuple) else d for name, d in declared.items()}
-    return {**defaults, **written.get(target.backend, {})}
+    return {**option_defaults(declared), **written.get(target.backend, {})}
 
 
 def validate_target(target: Target) -> tuple[str, str] | None:

@@ -38,6 +38,11 @@ def import_sdk(module: str, install: str) -> ModuleType:
         raise BackendUnavailable(f"{module} is not installed ({exc})", hint=install) from None
 
 
+def option_defaults(declared: dict[str, Any]) -> dict[str, Any]:
+    """A backend's OPTIONS as the values a job gets when the recipe writes none: a tuple's first choice."""
+    return {name: d[0] if isinstance(d, tuple) else d for name, d in declared.items()}
+
+
 @dataclass(frozen=True)
 class Availability:
     can_build: bool

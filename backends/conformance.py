@@ -29,7 +29,7 @@ from enginefarm.cache.manifest import ArtifactFile, Manifest, Target
 from enginefarm.errors import BackendUnavailable
 
 from . import get_backend
-from .base import FEATURE_HOOKS, Availability, Backend, Built, BuiltFile, Feature, Rank
+from .base import FEATURE_HOOKS, Availability, Backend, Built, BuiltFile, Feature, Rank, option_defaults
 from .build_job import BuildJob, PlannedJob
 
 ROLES = {"engine", "weights", "ir", "model", "asset"}
@@ -116,8 +116,8 @@ class BackendConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def job(cls, subject) -> ConformanceJob:
-        defaults = {name: d[0] if isinstance(d, tuple) else d for name, d in subject.options.items()}
-        return ConformanceJob(Target(subject.name, cls.device), {**defaults, **cls.build_options})
+        options = {**option_defaults(subject.options), **cls.build_options}
+        return ConformanceJob(Target(subject.name, cls.device), options)
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -26,7 +26,7 @@ import numpy as np
 from enginefarm.cache.artifacts import newest_cache_objects
 from enginefarm.errors import BackendUnavailable
 
-from .base import Availability, Built, Feature, Rank
+from .base import Availability, Built, Feature, Rank, option_defaults
 from .build_job import BuildJob
 from .nvidia.activations import new_context, plan_size
 from .nvidia.backend import NvidiaBackend
@@ -101,7 +101,7 @@ class TensorRT(NvidiaBackend):
 
     def constraints(self, job: BuildJob) -> dict:
         version = self.versions()["tensorrt"]
-        options = {**OPTIONS, **job.options}
+        options = {**option_defaults(OPTIONS), **job.options}
         # A plan runs only on the TensorRT that built it, unless it is version-compatible: then on any newer one of
         # the same major version.
         runtime = f">={version},<{int(version.split('.')[0]) + 1}" if options["version_compatible"] else f"=={version}"
@@ -121,7 +121,7 @@ class TensorRT(NvidiaBackend):
         return found
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        options = {**OPTIONS, **job.options}
+        options = {**option_defaults(OPTIONS), **job.options}
         timing = _timing_dir(workdir)
         return build_engine(
             "tensorrt",

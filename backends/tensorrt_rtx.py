@@ -28,7 +28,7 @@ import numpy as np
 from enginefarm.cache.atomic import write_bytes_atomic
 from enginefarm.errors import BackendUnavailable, BuildError
 
-from .base import Availability, Built, Feature, Rank
+from .base import Availability, Built, Feature, Rank, option_defaults
 from .build_job import BuildJob, PlannedJob
 from .nvidia.activations import new_context, plan_size
 from .nvidia.backend import NvidiaBackend
@@ -172,7 +172,7 @@ class TensorRTRTX(NvidiaBackend):
     def build(
         self, prepared_onnx: Path, job: BuildJob, workdir: Path, *, progress: BuildProgress | None = None
     ) -> Built:
-        options = {**OPTIONS, **job.options}
+        options = {**option_defaults(OPTIONS), **job.options}
         return build_engine(
             "tensorrt_rtx",
             prepared_onnx,
@@ -236,7 +236,7 @@ class TensorRTRTX(NvidiaBackend):
 
     def gpu_build_reason(self, job: PlannedJob) -> tuple[str, str] | None:
         """(why, fix) when this job needs an NVIDIA GPU on the build host; None when any CPU with the SDK builds it."""
-        options = {**OPTIONS, **job.options}
+        options = {**option_defaults(OPTIONS), **job.options}
         wanted = [name for name in GPU_BUILD_OPTIONS if options[name]]
         if not wanted:
             return None

@@ -165,8 +165,7 @@ def build_engine(
     of them sets."""
     from .profiles import optimization_profiles
 
-    rule = options.get("opt_profiles", "opt")
-    first, *more = optimization_profiles(job.profile, rule[0] if isinstance(rule, tuple) else rule)
+    first, *more = optimization_profiles(job.profile, options.get("opt_profiles", "opt"))
     spec = BuildSpec(
         sdk=sdk,
         onnx=str(prepared_onnx),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -258,6 +257,7 @@ def _run_jobs(
     from rich.text import Text
 
     from enginefarm.builder.executor import run_jobs
+    from enginefarm.builder.memory import gb as memory_gb
 
     if not todo:
         return []
@@ -299,8 +299,8 @@ def _run_jobs(
                 }[detail.status]
                 reason = detail.reason.removeprefix(f"{labels[job_id]}: ").splitlines()[0] if detail.reason else ""
                 peak = f", peak {_decimal_gb(detail.peak_rss_mb):.1f} GB" if detail.peak_rss_mb else ""
-                if peak and detail.planned_mb:  # in the plan's unit (GB, 10^9), as `plan` prints it
-                    peak += f" of {math.ceil(_decimal_gb(detail.planned_mb) * 10) / 10:.1f} planned"  # as plan rounds
+                if peak and detail.planned_mb:  # in the plan's unit and rounding (GB, 10^9, up), as `plan` prints it
+                    peak += f" of {memory_gb(int(detail.planned_mb * 2**20)):.1f} planned"
                 extra = (
                     f" ({detail.seconds:.1f}s{peak})"
                     if detail.status in ("built", "revalidated")

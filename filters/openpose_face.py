@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .pose_draw import fill_disc
-from .resampling import apply_matrices, lanczos_8bit, resize_matrix
+from .resampling import apply_matrices, smart_resize_8bit
 
 THRESHOLD = 0.05
 MIN_BOX = 20
@@ -57,14 +57,8 @@ def face_heatmaps(face, crop: np.ndarray) -> np.ndarray:
 
 
 def face_input(crop: np.ndarray, side: int = 384) -> np.ndarray:
-    """An 8-bit crop [h, w, 3] (float 0..255) resized to the net's square as controlnet-aux's smart_resize does with
-    OpenCV, to the same 8-bit values: INTER_AREA when the sides' sum shrinks, else Lanczos-4 (its fixed-point
-    8-bit arithmetic)."""
-    height, width = crop.shape[:2]
-    if 2 * side >= height + width:
-        return lanczos_8bit(crop, side, side)
-    resized = apply_matrices(crop, resize_matrix(height, side, True), resize_matrix(width, side, True))
-    return np.clip(np.floor(resized + 0.5), 0, 255)
+    """An 8-bit crop [h, w, 3] (float 0..255) as the net's `side` square takes it (controlnet-aux's smart_resize)."""
+    return smart_resize_8bit(crop, side)
 
 
 def aligned_matrix(source: int, size: int) -> np.ndarray:

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from .pose_draw import fill_convex, fill_disc
-from .resampling import apply_matrices, back_matrix, gaussian_filter, lanczos_8bit, resize_matrix
+from .resampling import apply_matrices, back_matrix, gaussian_filter, smart_resize_8bit
 from .softedge import gaussian_blur
 
 GRID = 128  # the heatmaps' common size before the peaks are found
@@ -59,11 +59,7 @@ def hand_joints(hand, crop: np.ndarray) -> np.ndarray:
     scales = details.get("scales", [0.5, 1.0, 1.5, 2.0])
     for scale in scales:
         side = int(scale * box)
-        if side < side_in:
-            matrix = resize_matrix(side_in, side, True)
-            x = np.clip(np.floor(apply_matrices(blurred, matrix, matrix) + 0.5), 0, 255)  # OpenCV rounds to 8 bits
-        else:  # OpenCV's fixed-point 8-bit Lanczos, value for value
-            x = lanczos_8bit(blurred, side, side)
+        x = smart_resize_8bit(blurred, side)  # area down, OpenCV's fixed-point 8-bit Lanczos up, value for value
         padded = -(-side // stride) * stride
         image = np.zeros((padded, padded, 3), np.float32)
         image[:side, :side] = x / 256 - 0.5

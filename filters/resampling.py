@@ -101,6 +101,17 @@ def gaussian_filter(values: np.ndarray, sigma: float = 3.0, truncate: float = 4.
     return out
 
 
+def smart_resize_8bit(image: np.ndarray, side: int) -> np.ndarray:
+    """An 8-bit image [h, w, C] (float 0..255) resized to a `side` square as controlnet-aux's smart_resize does with
+    OpenCV, to the same 8-bit values: INTER_AREA when the sides' sum shrinks, else Lanczos-4 (its fixed-point 8-bit
+    arithmetic)."""
+    height, width = image.shape[:2]
+    if 2 * side >= height + width:
+        return lanczos_8bit(image, side, side)
+    resized = apply_matrices(image, resize_matrix(height, side, True), resize_matrix(width, side, True))
+    return np.clip(np.floor(resized + 0.5), 0, 255)  # OpenCV rounds to 8 bits
+
+
 def lanczos_8bit(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """cv2.resize(uint8 image, INTER_LANCZOS4) exactly: OpenCV's float32 Lanczos-4 weights turned into 11-bit
     integers, summed in integers along the rows then the columns, rounded back by 22 bits ([h, w, C] of 0..255

@@ -18,9 +18,9 @@ from .openvino_static import (
     MAX_LIVE_STATIC,
     StaticShapes,
     Trial,
-    compile_kept,
     device_tag,
     has_dynamic_inputs,
+    open_dynamic,
     static_mode,
 )
 
@@ -308,18 +308,15 @@ def open_ir(core, root: Path, plan: dict) -> OpenVinoSession:
     blob imported, else the IR compiled through the device's compiled-model cache, so only the first load on this
     device (OpenVINO version, config) compiles. Raises what OpenVINO raises for a blob it cannot import."""
     dev, config = plan["device"], plan["config"]
-    weights = root / (plan["ir"][: -len(".xml")] + ".bin") if "ir" in plan else root
-    tag = device_tag(core, root, dev, config, weights)
+    xml = root / plan["ir"] if "ir" in plan else root  # a plan of a blob alone (the blob is all it opens)
+    tag = device_tag(core, root, dev, config, xml.with_suffix(".bin") if "ir" in plan else root)
     # a wrong ENGINEFARM_OPENVINO_STATIC is refused here, at load, in one line
     trial = "ir" in plan and static_mode() != "never"
     blob = root / plan["blob"] if "blob" in plan else None
-    static = StaticShapes(core, root / plan["ir"], dev, config, tag, blob) if trial else None
-    if blob is not None:
-        compiled = core.import_model(blob.read_bytes(), dev, config)
-        return OpenVinoSession(compiled, "imported compiled blob", static=static)
-    folder = None if tag is None else tag / "dynamic"
-    compiled, wrote = compile_kept(core, str(root / plan["ir"]), dev, config, folder)
-    return OpenVinoSession(compiled, "compiled IR" + ("" if wrote else FROM_CACHE), static=static)
+    static = StaticShapes(core, xml, dev, config, tag, blob) if trial else None
+    compiled, wrote = open_dynamic(core, xml, dev, config, tag, blob)
+    how = "imported compiled blob" if blob is not None else "compiled IR" + ("" if wrote else FROM_CACHE)
+    return OpenVinoSession(compiled, how, static=static)
 
 
 def reopen(root: Path, plan: dict) -> OpenVinoSession:

@@ -64,6 +64,14 @@ def compile_kept(core, model: Any, device: str, config: dict[str, str], folder: 
     return compiled, kept.after_compile(folder, before)
 
 
+def open_dynamic(core, xml: Path, device: str, config: dict[str, str], tag: Path | None, blob: Path | None):
+    """The IR's dynamic compile: the shipped `blob` imported, else the IR compiled through the device's
+    compiled-model cache in `tag`. Returns (compiled model, whether it was compiled rather than loaded)."""
+    if blob is not None:
+        return core.import_model(blob.read_bytes(), device, config), False
+    return compile_kept(core, str(xml), device, config, None if tag is None else tag / "dynamic")
+
+
 def static_mode() -> str:
     """`STATIC`, else ENGINEFARM_OPENVINO_STATIC, else "auto"; a value outside STATIC_MODES is a ConfigError."""
     import os
@@ -133,19 +141,14 @@ class StaticShapes:
             "openvino: static %s %s in %.0f ms",
             {n: list(s) for n, s in shapes.items()},
             "compiled" if wrote else "loaded from the compiled cache",
-            (time.perf_counter() - start) * 1000,
+            _ms(start),
         )
         return compiled
 
     def open_dynamic(self):
-        """The dynamic compile again, as the session's load opened it: the shipped blob imported, else the IR
-        compiled through the device's compiled-model cache (a cache hit: the load kept it)."""
+        """The dynamic compile again, as the session's load opened it (a cache hit: the load kept it)."""
         start = time.perf_counter()
-        if self._blob is not None:
-            compiled = self._core.import_model(self._blob.read_bytes(), self._device, self._config)
-        else:
-            folder = None if self._tag is None else self._tag / "dynamic"
-            compiled, _ = compile_kept(self._core, str(self._xml), self._device, self._config, folder)
+        compiled, _ = open_dynamic(self._core, self._xml, self._device, self._config, self._tag, self._blob)
         _log().info("openvino: dynamic compile of %s opened again in %.0f ms", self._xml.name, _ms(start))
         return compiled
 

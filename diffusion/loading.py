@@ -97,20 +97,13 @@ class ComponentLoader:
 
     def side_by_side(self) -> bool:
         """Whether components may open at once: stored artifacts only (no weights file or LoRA to merge, whose
-        memory would add up) on CPU devices only (a GPU's engines share one activation pool and device context)."""
+        memory would add up) on a CPU the request names (a GPU's engines share one activation pool and device
+        context). "auto" opens in turn: finding out what it means here (every device probe, 0.35 s) cost what
+        opening side by side saved."""
         request = self.request
         if self.files or (self.live is not None and any(self.live.dealt.values())) or not request.plain:
             return False
-        if request.device == "cpu" or (request.target or "").endswith(":cpu"):
-            return True
-        if request.device != "auto":
-            return False
-        from enginefarm.runner.detect import detect
-
-        try:
-            return all(found.kind == "cpu" for found in detect("auto"))
-        except Exception:  # a probe that fails here fails again, with its message, in the load itself
-            return False
+        return request.device == "cpu" or (request.target or "").endswith(":cpu")
 
     def _fetch(self, component: str, progress=...):
         from enginefarm.runner.load import fetch

@@ -69,6 +69,7 @@ def test_only_stored_artifacts_on_a_cpu_open_side_by_side(tmp_path):
     assert loader(device="cpu").side_by_side()
     assert loader(target="openvino:cpu").side_by_side()
     assert not loader(device="nvidia").side_by_side()
+    assert not loader(device="auto").side_by_side()  # no device probe on the load's path only to decide this
     assert not loader(device="cpu", weights=tmp_path / "model.safetensors").side_by_side()
     with_files = loader(device="cpu")
     with_files.files = {"unet": tmp_path / "unet.safetensors"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from enginefarm.errors import ConfigError
 
@@ -144,17 +144,31 @@ def open_components(loader: ComponentLoader, wanted: list[str]) -> dict:
             _close_all(opened.values())
             raise
         return opened
-    import os
-    from concurrent.futures import ThreadPoolExecutor, wait
+    from concurrent.futures import wait
 
-    with ThreadPoolExecutor(max_workers=min(len(wanted), os.cpu_count() or 1, 4), thread_name_prefix="load") as pool:
-        futures = {component: pool.submit(loader, component) for component in wanted}
-        wait(futures.values())
+    futures = {component: _loading_threads().submit(loader, component) for component in wanted}
+    wait(futures.values())
     failed = [error for error in (f.exception() for f in futures.values()) if error is not None]
     if failed:
         _close_all(f.result() for f in futures.values() if f.exception() is None)
         raise failed[0]
     return {component: future.result() for component, future in futures.items()}
+
+
+_THREADS: Any = None  # a ThreadPoolExecutor, made at the first side-by-side load
+
+
+def _loading_threads():
+    """The process's loading threads, made once and kept: threads made per load and ended would each leave the
+    memory they freed in a heap of their own (glibc's arenas), which load and close cycles then grow (1.7 MB a
+    cycle on ONNX Runtime, tests/diffusion/test_close_memory.py)."""
+    global _THREADS
+    if _THREADS is None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        _THREADS = ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 4), thread_name_prefix="load")
+    return _THREADS
 
 
 def _close_all(sessions) -> None:

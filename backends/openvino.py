@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,9 @@ class OpenVINO(Backend):
         return Availability(True, True)
 
     def versions(self) -> dict[str, str]:
-        return {"openvino": self.sdk().get_version().split("-")[0]}
+        from enginefarm.builder.upsample_conv import FOLD_VERSION
+
+        return {"openvino": self.sdk().get_version().split("-")[0], "upsample_fold": FOLD_VERSION}
 
     def constraints(self, job: BuildJob) -> dict:
         # IR is read by the same or a newer OpenVINO. A compiled blob, if one ships, only by the identical
@@ -196,8 +199,20 @@ class OpenVINO(Backend):
         return found
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
+        from enginefarm.builder.upsample_conv import fold_upsample_convs
+        from enginefarm.formats.onnx_data import write_rewritten
+
         ov = self.sdk()
         core = ov.Core()
+        folded_dir = workdir / ".upsample-folded"  # the graph only: its weights stay linked to the prepared files
+        try:
+            folded = write_rewritten(prepared_onnx, folded_dir, fold_upsample_convs, keep_unchanged=False)
+            source = folded_dir / prepared_onnx.name if folded else prepared_onnx
+            return self._build(ov, core, source, job, workdir, {"upsample_convs_folded": folded} if folded else {})
+        finally:
+            shutil.rmtree(folded_dir, ignore_errors=True)
+
+    def _build(self, ov, core, prepared_onnx: Path, job: BuildJob, workdir: Path, rewrites: dict) -> Built:
         model = core.read_model(str(prepared_onnx))
         bounds = {}
         for name, shapes in job.profile.items():
@@ -208,7 +223,7 @@ class OpenVINO(Backend):
             bounds[name] = ov.PartialShape(dims)
         model.reshape(bounds)
         xml = workdir / "model.xml"
-        kept: dict = {}
+        kept: dict = dict(rewrites)
         staged: tuple = ()
         fp16 = job.precision == "fp16"
         names = None

@@ -119,14 +119,7 @@ def _pads(node) -> list[int] | None:
 def write_seamless(source: Path, outdir: Path, tiling: str) -> int:
     """The ONNX model at `source` rewritten by `wrap_convs` into `outdir` under the same file name; its external data
     files (if any) are linked beside it unchanged, under the names the graph refers to. Returns the Convs changed."""
-    import onnx
+    from enginefarm.formats.onnx_data import write_rewritten
 
-    from enginefarm.formats.onnx_data import data_files, link_or_copy
-
-    model = onnx.load(str(source), load_external_data=False)
-    changed = wrap_convs(model, tiling)
-    outdir.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(outdir / source.name))
-    for location in data_files(model):
-        link_or_copy(source.parent / location, outdir / location)
-    return changed
+    parse_axes(tiling)  # a bad tiling is refused before the model is read
+    return write_rewritten(source, outdir, lambda model: wrap_convs(model, tiling))

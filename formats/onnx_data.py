@@ -223,3 +223,20 @@ def link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copyfile(src, dst)
+
+
+def write_rewritten(source: Path, outdir: Path, change, keep_unchanged: bool = True):
+    """`source`'s graph (weights not loaded) changed in place by `change(model)` and written into `outdir` under the
+    same file name, its external data files linked beside it under the names the graph gives them: `change`'s
+    result. With keep_unchanged=False nothing is written where that result is falsy (nothing changed)."""
+    import onnx
+
+    model = onnx.load(str(source), load_external_data=False)
+    changed = change(model)
+    if not changed and not keep_unchanged:
+        return changed
+    outdir.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(outdir / source.name))
+    for location in data_files(model):
+        link_or_copy(source.parent / location, outdir / location)
+    return changed

@@ -113,9 +113,11 @@ def test_weights_keep_their_names_and_values(exported, tmp_path):
     assert weights <= read
 
 
-def test_a_weight_replaced_by_name_reaches_the_output(exported, tmp_path):
-    """What OpenVINO's load_with_weights does (a Constant replaced by name in the read IR, then compiled): the
-    compile folds the new value into the four phase kernels, as torch computes with it."""
+@pytest.mark.parametrize("how", ["constant", "input"])
+def test_a_weight_replaced_by_name_reaches_the_output(exported, tmp_path, how):
+    """What OpenVINO's load_with_weights does (a Constant replaced by name in the read IR, then compiled: the compile
+    folds the new value into the four phase kernels) and what a live LoRA session does (runner/live_weights.py: the
+    Constant becomes an input fed with every call): either way the output is torch's with the new weight."""
     ov = pytest.importorskip("openvino")
     from openvino.utils import replace_node
 
@@ -126,9 +128,17 @@ def test_a_weight_replaced_by_name_reaches_the_output(exported, tmp_path):
     new = (np.random.default_rng(3).standard_normal(tuple(net.up1.conv.weight.shape)) * 0.3).astype(np.float32)
     hits = [op for op in read.get_ordered_ops() if "up1.conv.weight" in op.output(0).get_names()]
     assert len(hits) == 1 and hits[0].get_type_name() == "Constant"  # the IR keeps the named weight, unfolded
-    fresh = ov.op.Constant(new)
-    fresh.output(0).set_names(hits[0].output(0).get_names())
-    replace_node(hits[0], fresh)
+    feeds = {}
+    if how == "constant":
+        fresh = ov.op.Constant(new)
+        fresh.output(0).set_names(hits[0].output(0).get_names())
+        replace_node(hits[0], fresh)
+    else:
+        parameter = ov.op.Parameter(ov.Type.f32, ov.PartialShape(list(new.shape)))
+        parameter.output(0).set_names({"up1.conv.weight"})
+        hits[0].output(0).replace(parameter.output(0))
+        read.add_parameters([parameter])
+        feeds["up1.conv.weight"] = new
     compiled = ov.Core().compile_model(read, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     x = np.random.default_rng(0).standard_normal((1, 3, 6, 6)).astype(np.float32)
     with torch.no_grad():
@@ -137,8 +147,8 @@ def test_a_weight_replaced_by_name_reaches_the_output(exported, tmp_path):
         try:
             want = net(torch.from_numpy(x)).numpy()
         finally:
-            net.up1.conv.weight.copy_(torch.from_numpy(_initializer(path, "up1.conv.weight")))
-    got = compiled({"x": x})[compiled.output(0)]
+            net.up1.conv.weight.copy_(torch.from_numpy(_initializer(path, "up1.conv.weight").copy()))
+    got = compiled({"x": x, **feeds})[compiled.output(0)]
     assert np.abs(got - want).max() < 1e-5 * max(1.0, float(np.abs(want).max()))
     assert np.abs(old - want).max() > 1e-2  # the new weight changed the output: the comparison can fail
 

@@ -18,15 +18,17 @@ agree (a folder saved by transformers >= 5.6 loads in optimum-intel's pinned old
 CLIP text encoder, silently), and enginefarm's image must match diffusers' from the same starting noise.
 
     python3 -m venv /work/venvs/genai && /work/venvs/genai/bin/pip install openvino-genai "optimum-intel[openvino]"
-    .venv/bin/python bench/pipelines.py [--quick] [--rounds 3] [--images 2] [--work DIR] [--genai-python PY]
+    .venv/bin/python bench/pipelines.py [--quick] [--rounds 3] [--images 2] [--work DIR] [--genai-python PY] [--fresh-store]
                                         [--runtimes enginefarm,genai,genai-static,diffusers]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,6 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the Python of a venv with openvino-genai and optimum-intel[openvino] (env GENAI_PYTHON)",
     )
     p.add_argument("--runtimes", default="enginefarm,genai,diffusers", help=f"comma-separated, of {RUNTIMES}")
+    p.add_argument(
+        "--fresh-store",
+        action="store_true",
+        help="empty --work's enginefarm store and home before building (after a change to what builds write)",
+    )
     args = p.parse_args(argv)
     args.runtimes = [r for r in args.runtimes.split(",") if r]
     unknown = [r for r in args.runtimes if r not in RUNTIMES]
@@ -166,6 +173,9 @@ def prepare(args: argparse.Namespace) -> dict[str, Path]:
             "--latent",
             f"{min(latent, 32)},{latent},{max(latent, 64)}",
         )
+    if args.fresh_store:  # builds of an older enginefarm: unmeasured, they tie with the new ones (a cached one wins)
+        for stale in (paths["store"], paths["home"]):
+            shutil.rmtree(stale, ignore_errors=True)
     started = time.perf_counter()
     run(
         sys.executable,
@@ -179,6 +189,15 @@ def prepare(args: argparse.Namespace) -> dict[str, Path]:
         *("--component", "text_encoder", "--component", "unet", "--component", "vae_decoder"),  # what txt2img loads
     )
     print(f"enginefarm build (what the store lacked): {time.perf_counter() - started:.0f} s", flush=True)
+    index = json.loads((paths["store"] / "index" / f"{NAME}.json").read_text())["entries"].values()
+    builds = collections.Counter(entry["component"] for entry in index)
+    stale = sorted(component for component, count in builds.items() if count > 1)
+    if stale:
+        print(
+            f"warning: the store holds builds of an older enginefarm for {', '.join(stale)}; the run may load those "
+            "(--fresh-store builds into an empty store)",
+            flush=True,
+        )
     return paths
 
 

@@ -18,8 +18,8 @@ agree (a folder saved by transformers >= 5.6 loads in optimum-intel's pinned old
 CLIP text encoder, silently), and enginefarm's image must match diffusers' from the same starting noise.
 
     python3 -m venv /work/venvs/genai && /work/venvs/genai/bin/pip install openvino-genai "optimum-intel[openvino]"
-    .venv/bin/python bench/pipelines.py [--quick] [--rounds 3] [--images 2] [--work DIR] [--genai-python PY] [--fresh-store]
-                                        [--runtimes enginefarm,genai,genai-static,diffusers]
+    .venv/bin/python bench/pipelines.py [--quick] [--rounds 3] [--images 2] [--work DIR] [--genai-python PY]
+                                        [--fresh-store] [--runtimes enginefarm,genai,genai-static,diffusers]
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ convolution (diffusers' Upsample2D). Each output pixel of that convolution sees 
 upsampling, so output rows 2i and 2i+1 (and columns alike) are 2x2 convolutions of the input with the 3x3 kernel's
 taps summed: row phase 0 takes input rows i-1, i with taps [w0, w1+w2]; phase 1 rows i, i+1 with [w0+w1, w2]. The
 four phases, interleaved by DepthToSpace, are the same output from 16 multiply-adds per input pixel and channel pair
-instead of 36: the same sum in another order (fp32 outputs within ~3e-6 of their size). OpenVINO's CPU plugin runs
+instead of 36: the same sum in another order (fp32 outputs within ~1e-5 of their size). OpenVINO's CPU plugin runs
 the SD 1.5 VAE decoder's three upsampling convolutions in 0.44-0.50x their time (bench/upsample_conv.py).
 
-The phase kernels are computed in the graph from the convolution's own weight (MatMuls with 0/1 matrices, which every
-runtime folds when it compiles), so the artifact keeps the exported initializer under its name: the weight map,
+The phase kernels are computed in the graph from the convolution's own weight (MatMuls with 0/1 matrices, which OpenVINO
+folds when it compiles), so the artifact keeps the exported initializer under its name: the weight map,
 LoRA patching and weights given at load find it as before. Reads and writes the graph only.
 
     X -> Resize(nearest, x2) -> Conv(W, B; 3x3, pads 1)       becomes
@@ -22,12 +22,11 @@ import math
 
 import numpy as np
 
-FOLD_VERSION = (
-    "1"  # part of the OpenVINO and ONNX Runtime build keys: bump when what fold_upsample_convs writes changes
-)
+# Part of the OpenVINO build key: bump when what fold_upsample_convs writes changes.
+FOLD_VERSION = "1"
 # Row (and column) phase -> which of the 3x3 kernel's taps each of the 2x2 kernel's taps sums.
 _TAPS = {0: np.array([[1, 0, 0], [0, 1, 1]], np.float32), 1: np.array([[1, 1, 0], [0, 0, 1]], np.float32)}
-_FLOATS = {1: np.float32, 10: np.float16, 11: np.float64, 16: None}  # ONNX element type -> numpy (16: bfloat16)
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})  # ONNX float, float16, double, bfloat16
 
 
 def fold_upsample_convs(model) -> int:
@@ -77,7 +76,7 @@ def fold_upsample_convs(model) -> int:
         conv = users[0]
         weight = conv.input[1]
         elem = elem_types.get(weight)
-        if elem not in _FLOATS:
+        if elem not in _FLOAT_TYPES:
             continue
         stem = conv.name or conv.output[0]
         nodes = []

@@ -226,9 +226,9 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def write_rewritten(source: Path, outdir: Path, change, keep_unchanged: bool = True):
-    """`source`'s graph (weights not loaded) changed in place by `change(model)` and written into `outdir` under the
-    same file name, its external data files linked beside it under the names the graph gives them: `change`'s
-    result. With keep_unchanged=False nothing is written where that result is falsy (nothing changed)."""
+    """`source`'s graph (external weights not loaded) changed in place by `change(model)`, written into `outdir`
+    under the same file name, its external data files linked beside it under the names the graph gives them:
+    `change`'s result. With keep_unchanged=False nothing is written where that result is falsy (nothing changed)."""
     import onnx
 
     model = onnx.load(str(source), load_external_data=False)

@@ -127,15 +127,20 @@ def runner(backend: str, path: Path):
     return lambda inputs: compiled(inputs)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("unet", "vae"), default="unet")
+def model_arguments(description: str, model: str, work: str, backends: str) -> argparse.Namespace:
+    """The command line of a bench that times one SD 1.5 model's graph against a rewrite of it."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", choices=("unet", "vae"), default=model)
     p.add_argument("--pixels", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--work", type=Path, default=Path("/tmp/seamless-bench"))
-    p.add_argument("--backends", default="onnxruntime,openvino")
+    p.add_argument("--work", type=Path, default=Path(work))
+    p.add_argument("--backends", default=backends)
     p.add_argument("--onnx", type=Path, help="the model's ONNX (its inputs named as the exporter names them)")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> int:
+    args = model_arguments(__doc__.splitlines()[0], "unet", "/tmp/seamless-bench", "onnxruntime,openvino")
     from enginefarm.builder.seamless_onnx import write_seamless
 
     plain = args.onnx or export(args.model, args.work)

@@ -12,7 +12,6 @@ its own reader in f32, as a build's IR is compiled.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,18 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from seamless import export, feeds, runner, timed  # noqa: E402
+from seamless import export, feeds, model_arguments, runner, timed  # noqa: E402
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=("unet", "vae"), default="vae")
-    p.add_argument("--pixels", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--work", type=Path, default=Path("/tmp/upsample-bench"))
-    p.add_argument("--backends", default="openvino,onnxruntime")
-    p.add_argument("--onnx", type=Path, help="the model's ONNX (its inputs named as the exporter names them)")
-    args = p.parse_args()
+    args = model_arguments(__doc__.splitlines()[0], "vae", "/tmp/upsample-bench", "openvino,onnxruntime")
     from enginefarm.builder.upsample_conv import fold_upsample_convs
     from enginefarm.formats.onnx_data import write_rewritten
 

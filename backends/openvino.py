@@ -184,7 +184,7 @@ class OpenVINO(Backend):
         return Availability(True, True)
 
     def versions(self) -> dict[str, str]:
-        from enginefarm.builder.upsample_conv import FOLD_VERSION
+        from enginefarm.backends.upsample_conv import FOLD_VERSION
 
         return {"openvino": self.sdk().get_version().split("-")[0], "upsample_fold": FOLD_VERSION}
 
@@ -199,7 +199,7 @@ class OpenVINO(Backend):
         return found
 
     def build(self, prepared_onnx: Path, job: BuildJob, workdir: Path) -> Built:
-        from enginefarm.builder.upsample_conv import fold_upsample_convs
+        from enginefarm.backends.upsample_conv import fold_upsample_convs
         from enginefarm.formats.onnx_data import write_rewritten
 
         ov = self.sdk()

@@ -1,4 +1,4 @@
-"""The nearest-2x-then-3x3 fold (builder/upsample_conv.py) against the graph as exported, per run, on OpenVINO CPU
+"""The nearest-2x-then-3x3 fold (backends/upsample_conv.py) against the graph as exported, per run, on OpenVINO CPU
 (whose builds apply it) and ONNX Runtime CPU.
 
 The real SD 1.5 VAE decoder or UNet, random weights (bench/seamless.py's export: diffusers' classes from the published
@@ -26,7 +26,7 @@ from seamless import export, feeds, model_arguments, runner, timed  # noqa: E402
 
 def main() -> int:
     args = model_arguments(__doc__.splitlines()[0], "vae", "/tmp/upsample-bench", "openvino,onnxruntime")
-    from enginefarm.builder.upsample_conv import fold_upsample_convs
+    from enginefarm.backends.upsample_conv import fold_upsample_convs
     from enginefarm.formats.onnx_data import write_rewritten
 
     plain = args.onnx or export(args.model, args.work)

@@ -1,4 +1,4 @@
-"""The nearest-2x-then-3x3 fold (builder/upsample_conv.py) against torch: diffusers' own Upsample2D, exported by torch,
+"""The nearest-2x-then-3x3 fold (backends/upsample_conv.py) against torch: diffusers' own Upsample2D, exported by torch,
 folded, run by ONNX Runtime and OpenVINO at another size than the export's; its weights keep their names and a new
 value given by name reaches the output; seamless tiling of the folded graph is torch's circular padding of the plain
 module; what is not that pattern stays as it was; the rounding rules it accepts are those ONNX Runtime's Resize
@@ -17,8 +17,8 @@ onnx = pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from enginefarm.backends.upsample_conv import _nearest_sources, fold_upsample_convs  # noqa: E402
 from enginefarm.builder.seamless_onnx import parse_axes, write_seamless  # noqa: E402
-from enginefarm.builder.upsample_conv import _nearest_sources, fold_upsample_convs  # noqa: E402
 
 F = torch.nn.functional
 

@@ -35,6 +35,8 @@ def fold_upsample_convs(model) -> int:
     other pads, stays as it is."""
     from onnx import helper, numpy_helper
 
+    from enginefarm.formats.onnx_data import name_maker
+
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 11:  # Resize's inputs were (X, scales) before opset 11
@@ -46,16 +48,8 @@ def fold_upsample_convs(model) -> int:
     outputs = {o.name for o in graph.output}
     constants = _constant_values(graph)
     elem_types = _elem_types(graph)
-    taken = {n for node in graph.node for n in (*node.input, *node.output)} | set(constants) | set(elem_types)
+    fresh = name_maker(graph)
     made: dict[str, str] = {}
-
-    def fresh(stem: str) -> str:
-        name, k = stem, 0
-        while name in taken:
-            k += 1
-            name = f"{stem}_{k}"
-        taken.add(name)
-        return name
 
     def taps(phase: int, transposed: bool) -> str:
         key = f"upsample_conv_taps{phase}{'T' if transposed else ''}"

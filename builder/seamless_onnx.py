@@ -29,18 +29,12 @@ def wrap_convs(model, tiling: str) -> int:
     axes. Returns how many Convs changed (those with padding in a tiled axis)."""
     from onnx import helper, numpy_helper
 
+    from enginefarm.formats.onnx_data import name_maker
+
     axes = parse_axes(tiling)
     graph = model.graph
-    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
+    fresh = name_maker(graph)
     constants: dict[tuple[int, ...], str] = {}
-
-    def fresh(stem: str) -> str:
-        name, k = stem, 0
-        while name in taken:
-            k += 1
-            name = f"{stem}_{k}"
-        taken.add(name)
-        return name
 
     def constant(*values: int) -> str:
         if values not in constants:

@@ -240,3 +240,19 @@ def write_rewritten(source: Path, outdir: Path, change, keep_unchanged: bool = T
     for location in data_files(model):
         link_or_copy(source.parent / location, outdir / location)
     return changed
+
+
+def name_maker(graph):
+    """A function giving names no tensor of `graph` (an onnx GraphProto) has, nor any it gave before: `stem`, else
+    `stem_1`, `stem_2`, ... For the nodes and initializers a rewrite adds."""
+    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {i.name for i in graph.initializer}
+
+    def fresh(stem: str) -> str:
+        name, k = stem, 0
+        while name in taken:
+            k += 1
+            name = f"{stem}_{k}"
+        taken.add(name)
+        return name
+
+    return fresh

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.builder.test_seamless_onnx import circular
+from tests.builder.test_seamless_onnx import _run, circular
 from tests.conftest import builds
 
 torch = pytest.importorskip("torch")
@@ -67,16 +67,6 @@ def _folded(path, outdir):
     from enginefarm.formats.onnx_data import write_rewritten
 
     return write_rewritten(path, outdir, fold_upsample_convs, keep_unchanged=False), outdir / path.name
-
-
-def _run(runtime: str, path, x: np.ndarray) -> np.ndarray:
-    if runtime == "onnxruntime":
-        import onnxruntime as ort
-
-        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    ov = pytest.importorskip("openvino")
-    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    return compiled({"x": x})[compiled.output(0)]
 
 
 def _ops(path) -> list[str]:
